@@ -1,0 +1,26 @@
+# Installs headers and libraries and exports pmapcc::{pmapcc,runtime,kernels,ensemble} for find_package(pmapcc CONFIG).
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set_target_properties(pmapcc_runtime PROPERTIES EXPORT_NAME runtime)
+set_target_properties(pmapcc_kernels PROPERTIES EXPORT_NAME kernels)
+set_target_properties(pmapcc_ensemble PROPERTIES EXPORT_NAME ensemble)
+
+install(TARGETS pmapcc pmapcc_runtime pmapcc_kernels pmapcc_ensemble
+        EXPORT pmapccTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} ${CMAKE_INSTALL_INCLUDEDIR}/pmapcc)
+install(DIRECTORY include/pmap DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY kernels ensemble DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pmapcc
+        FILES_MATCHING PATTERN "*.h")
+install(EXPORT pmapccTargets NAMESPACE pmapcc:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/pmapcc)
+
+configure_package_config_file(cmake/pmapccConfig.cmake.in
+  ${CMAKE_CURRENT_BINARY_DIR}/pmapccConfig.cmake
+  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/pmapcc)
+write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/pmapccConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/pmapccConfig.cmake
+              ${CMAKE_CURRENT_BINARY_DIR}/pmapccConfigVersion.cmake
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/pmapcc)

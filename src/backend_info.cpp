@@ -1,0 +1,14 @@
+// Reports which backends this build of pmapcc has.
+#include <pmap/backends.h>
+
+#include "backend.h"
+
+namespace pmap {
+
+BuildInfo build_info() {
+  return BuildInfo{PMAPCC_HAVE_CUDA != 0, detail::nccl_available(), detail::mpi_available()};
+}
+
+int cuda_device_count() { return detail::cuda_device_count(); }
+
+}  // namespace pmap
