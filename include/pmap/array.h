@@ -1,0 +1,110 @@
+// Array: a dense, contiguous, row-major n-d buffer of one dtype on one device. Move-only; copies are
+// explicit (copy(), to(), copy_from()). CPU arrays live in 64-byte aligned host memory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <pmap/device.h>
+#include <pmap/dtype.h>
+#include <pmap/error.h>
+
+namespace pmap {
+
+using Shape = std::vector<std::int64_t>;
+
+std::int64_t num_elements(const Shape& shape);  // product of dims; 1 for a scalar shape ()
+std::string shape_str(const Shape& shape);      // "(2, 3)", "()"
+
+class Array {
+ public:
+  Array() = default;  // an empty handle: valid() is false
+  // A zero-filled array. Throws ShapeError for negative dims.
+  Array(Shape shape, DType dtype, Device device = {});
+  Array(Array&&) noexcept;
+  Array& operator=(Array&&) noexcept;
+  Array(const Array&) = delete;  // copies are explicit: copy(), to()
+  Array& operator=(const Array&) = delete;
+  ~Array();
+
+  // A new array on `device` holding `values` (host memory) in `shape`; sizes must agree.
+  template <Element T>
+  static Array from_host(std::span<const T> values, Shape shape, Device device = {}) {
+    Array a(std::move(shape), dtype_of<T>, device);
+    a.copy_from_host(values.data(), values.size_bytes());
+    return a;
+  }
+  template <Element T>
+  static Array from_host(const std::vector<T>& values, Shape shape, Device device = {}) {
+    return from_host(std::span<const T>(values), std::move(shape), device);
+  }
+  template <Element T> static Array scalar(T value, Device device = {}) {
+    return from_host(std::span<const T>(&value, 1), Shape{}, device);
+  }
+
+  bool valid() const { return data_ != nullptr || (dtype_set_ && size() == 0); }
+  const Shape& shape() const { return shape_; }
+  int ndim() const { return static_cast<int>(shape_.size()); }
+  std::int64_t dim(int axis) const;  // negative axes count from the end
+  std::int64_t size() const { return size_; }  // elements
+  std::size_t nbytes() const { return static_cast<std::size_t>(size_) * size_of(dtype_); }
+  DType dtype() const { return dtype_; }
+  const Device& device() const { return device_; }
+
+  // Raw storage (a device pointer for CUDA arrays).
+  void* raw_data() { return data_; }
+  const void* raw_data() const { return data_; }
+  // Typed storage; throws ShapeError when T is not this array's dtype.
+  template <Element T> T* data() {
+    check_dtype(dtype_of<T>);
+    return static_cast<T*>(data_);
+  }
+  template <Element T> const T* data() const {
+    check_dtype(dtype_of<T>);
+    return static_cast<const T*>(data_);
+  }
+
+  // Blocking copies between this array and host memory; `nbytes` must equal this->nbytes().
+  void copy_to_host(void* dst, std::size_t nbytes) const;
+  void copy_from_host(const void* src, std::size_t nbytes);
+  template <Element T> std::vector<T> to_vector() const {
+    check_dtype(dtype_of<T>);
+    std::vector<T> out(static_cast<std::size_t>(size_));
+    copy_to_host(out.data(), nbytes());
+    return out;
+  }
+  template <Element T> T item() const {  // the single element of a size-1 array
+    if (size_ != 1) throw ShapeError("item() needs an array of one element, got shape " + shape_str(shape_));
+    return to_vector<T>()[0];
+  }
+
+  Array copy() const;                       // same device
+  Array to(const Device& device) const;     // a copy on `device`
+  void copy_from(const Array& src);         // same shape and dtype, any devices; blocking
+  void fill_zero();
+  Array reshape(Shape shape) &&;            // same element count; moves the storage
+  // Rows [begin, end) of the leading axis, copied to `device`.
+  Array slice_rows(std::int64_t begin, std::int64_t end, const Device& device) const;
+  std::string str() const;  // "f32(2, 3) on cpu:0"
+
+ private:
+  void check_dtype(DType want) const;
+  void allocate();
+  void release() noexcept;
+
+  Shape shape_;
+  std::int64_t size_ = 0;
+  DType dtype_ = DType::f32;
+  bool dtype_set_ = false;
+  Device device_;
+  void* data_ = nullptr;
+};
+
+// Concatenates arrays (same dtype, same trailing dims) along the leading axis onto `device`.
+// stacked=true first adds a new leading axis of size parts.size() (all parts must share one shape).
+Array concatenate(const std::vector<const Array*>& parts, const Device& device, bool stacked = false);
+
+}  // namespace pmap

@@ -1,0 +1,99 @@
+// Named-axis collectives, called inside a function run by pmap. They are SPMD: every device of the
+// named axes calls the same collective, in the same order, with the same shape and dtype; a device
+// that does otherwise makes every device raise CollectiveMismatch instead of hanging.
+// `axes` is one axis name or a tuple ({"data", "model"}); an unknown name raises AxisError.
+// CPU results reduce in device order 0..n-1, so they are bitwise identical on every device.
+// Array versions return a new array on the calling device; *_inplace versions overwrite x.
+#pragma once
+
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <pmap/array.h>
+#include <pmap/communicator.h>
+#include <pmap/mesh.h>
+#include <pmap/tree.h>
+
+namespace pmap {
+
+int axis_index(const AxisNames& axes);  // this device's index along the axes (row-major over a tuple)
+int axis_size(const AxisNames& axes);   // number of devices along the axes
+Device current_device();                // the device the calling pmapped function runs on
+
+Array psum(const Array& x, const AxisNames& axes);
+Array pmean(const Array& x, const AxisNames& axes);  // floating dtypes only (ValueError otherwise)
+Array pmax(const Array& x, const AxisNames& axes);
+Array pmin(const Array& x, const AxisNames& axes);
+void psum_inplace(Array& x, const AxisNames& axes);
+void pmean_inplace(Array& x, const AxisNames& axes);
+void pmax_inplace(Array& x, const AxisNames& axes);
+void pmin_inplace(Array& x, const AxisNames& axes);
+// Stacked: shape (n, *x.shape). Tiled: the leading axes concatenated, (n * x.shape[0], ...).
+Array all_gather(const Array& x, const AxisNames& axes, bool tiled = false);
+// Sums over the axes and keeps this device's block of the leading axis. Not tiled: x.shape[0] must be
+// n and the result has shape x.shape[1:]. Tiled: x.shape[0] divisible by n; result (x.shape[0]/n, ...).
+Array psum_scatter(const Array& x, const AxisNames& axes, bool tiled = false);
+// Sends x from device src to device dst for each (src, dst) pair (indices along the axes); devices that
+// receive nothing get zeros. Sources and destinations must each be unique.
+Array ppermute(const Array& x, const AxisNames& axes, const std::vector<std::pair<int, int>>& perm);
+// Waits until every device of the axes has arrived.
+void barrier(const AxisNames& axes);
+
+// Scalars.
+template <ScalarLeaf T> T psum(T x, const AxisNames& axes) { return psum(Array::scalar(x), axes).template item<T>(); }
+template <ScalarLeaf T> T pmax(T x, const AxisNames& axes) { return pmax(Array::scalar(x), axes).template item<T>(); }
+template <ScalarLeaf T> T pmin(T x, const AxisNames& axes) { return pmin(Array::scalar(x), axes).template item<T>(); }
+template <ScalarLeaf T> T pmean(T x, const AxisNames& axes) {
+  static_assert(std::is_floating_point_v<T>, "pmean needs a floating-point value");
+  return pmean(Array::scalar(x), axes).template item<T>();
+}
+template <ScalarLeaf T> std::vector<T> all_gather(T x, const AxisNames& axes) {
+  return all_gather(Array::scalar(x), axes).template to_vector<T>();
+}
+
+// Trees: the collective applied to every leaf, in tree order.
+#define PMAPCC_TREE_COLLECTIVE(name)                                                         \
+  template <class T>                                                                         \
+    requires(!Leaf<T>)                                                                       \
+  T name(const T& tree, const AxisNames& axes) {                                             \
+    return tree_map(tree, [&](const auto& leaf) { return name(leaf, axes); });              \
+  }
+PMAPCC_TREE_COLLECTIVE(psum)
+PMAPCC_TREE_COLLECTIVE(pmean)
+PMAPCC_TREE_COLLECTIVE(pmax)
+PMAPCC_TREE_COLLECTIVE(pmin)
+#undef PMAPCC_TREE_COLLECTIVE
+
+template <class T>
+  requires(!Leaf<T>)
+void psum_inplace(T& tree, const AxisNames& axes) {
+  tree_for_each(tree, [&](auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) psum_inplace(leaf, axes);
+    else leaf = psum(leaf, axes);
+  });
+}
+template <class T>
+  requires(!Leaf<T>)
+void pmean_inplace(T& tree, const AxisNames& axes) {
+  tree_for_each(tree, [&](auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) pmean_inplace(leaf, axes);
+    else leaf = pmean(leaf, axes);
+  });
+}
+
+// all_gather of a tree of Arrays (scalar leaves raise ShapeError: their gather is not a scalar).
+template <class T>
+  requires(!Leaf<T>)
+T all_gather(const T& tree, const AxisNames& axes, bool tiled = false) {
+  return tree_map(tree, [&](const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+      return all_gather(leaf, axes, tiled);
+    } else {
+      throw ShapeError("all_gather of a tree with a scalar leaf: hold the scalar in an Array");
+      return leaf;
+    }
+  });
+}
+
+}  // namespace pmap

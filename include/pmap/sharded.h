@@ -1,0 +1,35 @@
+// Sharded<T>: one T per device of a mesh, in the mesh's device order. pmap maps over Sharded
+// arguments and returns Sharded results.
+#pragma once
+
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace pmap {
+
+template <class T> class Sharded {
+ public:
+  Sharded() = default;
+  explicit Sharded(std::vector<T> values) : values_(std::move(values)) {}
+
+  std::size_t size() const { return values_.size(); }
+  T& operator[](std::size_t device) { return values_[device]; }
+  const T& operator[](std::size_t device) const { return values_[device]; }
+  auto begin() { return values_.begin(); }
+  auto end() { return values_.end(); }
+  auto begin() const { return values_.begin(); }
+  auto end() const { return values_.end(); }
+  std::vector<T>& values() { return values_; }
+  const std::vector<T>& values() const { return values_; }
+
+ private:
+  std::vector<T> values_;
+};
+
+template <class T> struct is_sharded : std::false_type {};
+template <class T> struct is_sharded<Sharded<T>> : std::true_type {};
+template <class T> inline constexpr bool is_sharded_v = is_sharded<std::remove_cvref_t<T>>::value;
+
+}  // namespace pmap

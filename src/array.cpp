@@ -1,0 +1,203 @@
+// Array storage, copies between devices, slicing and concatenation.
+#include <pmap/array.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <sstream>
+
+#include "backend.h"
+
+namespace pmap {
+namespace {
+
+constexpr std::size_t kAlign = 64;
+
+void copy_bytes(void* dst, const Device& dd, const void* src, const Device& sd, std::size_t n) {
+  if (n == 0) return;
+  if (dd.is_cpu() && sd.is_cpu()) {
+    std::memcpy(dst, src, n);
+  } else {
+    detail::cuda_copy(dst, dd, src, sd, n);
+  }
+}
+
+}  // namespace
+
+std::int64_t num_elements(const Shape& shape) {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+std::string shape_str(const Shape& shape) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + ")";
+}
+
+Array::Array(Shape shape, DType dtype, Device device)
+    : shape_(std::move(shape)), dtype_(dtype), dtype_set_(true), device_(device) {
+  for (auto d : shape_)
+    if (d < 0) throw ShapeError("Array: negative dimension in shape " + shape_str(shape_));
+  size_ = num_elements(shape_);
+  allocate();
+  fill_zero();
+}
+
+Array::Array(Array&& o) noexcept
+    : shape_(std::move(o.shape_)), size_(o.size_), dtype_(o.dtype_), dtype_set_(o.dtype_set_),
+      device_(o.device_), data_(o.data_) {
+  o.data_ = nullptr;
+  o.size_ = 0;
+  o.dtype_set_ = false;
+  o.shape_.clear();
+}
+
+Array& Array::operator=(Array&& o) noexcept {
+  if (this != &o) {
+    release();
+    shape_ = std::move(o.shape_);
+    size_ = o.size_;
+    dtype_ = o.dtype_;
+    dtype_set_ = o.dtype_set_;
+    device_ = o.device_;
+    data_ = o.data_;
+    o.data_ = nullptr;
+    o.size_ = 0;
+    o.dtype_set_ = false;
+    o.shape_.clear();
+  }
+  return *this;
+}
+
+Array::~Array() { release(); }
+
+void Array::allocate() {
+  std::size_t bytes = nbytes();
+  if (bytes == 0) return;
+  if (device_.is_cpu()) {
+    std::size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+    data_ = std::aligned_alloc(kAlign, rounded);
+    if (data_ == nullptr) throw std::bad_alloc();
+  } else {
+    data_ = detail::cuda_alloc(device_.ordinal, bytes);
+  }
+}
+
+void Array::release() noexcept {
+  if (data_ == nullptr) return;
+  if (device_.is_cpu()) {
+    std::free(data_);
+  } else {
+    detail::cuda_free(device_.ordinal, data_);
+  }
+  data_ = nullptr;
+}
+
+std::int64_t Array::dim(int axis) const {
+  int n = ndim();
+  int a = axis < 0 ? axis + n : axis;
+  if (a < 0 || a >= n)
+    throw ShapeError("axis " + std::to_string(axis) + " is out of range for shape " + shape_str(shape_));
+  return shape_[static_cast<std::size_t>(a)];
+}
+
+void Array::check_dtype(DType want) const {
+  if (want != dtype_)
+    throw ShapeError("array " + str() + " accessed as " + std::string(name(want)));
+}
+
+void Array::copy_to_host(void* dst, std::size_t n) const {
+  if (n != nbytes())
+    throw ShapeError("copy_to_host: " + str() + " holds " + std::to_string(nbytes()) + " bytes, destination has " +
+                     std::to_string(n));
+  copy_bytes(dst, Device{}, data_, device_, n);
+}
+
+void Array::copy_from_host(const void* src, std::size_t n) {
+  if (n != nbytes())
+    throw ShapeError("copy_from_host: " + str() + " holds " + std::to_string(nbytes()) + " bytes, source has " +
+                     std::to_string(n));
+  copy_bytes(data_, device_, src, Device{}, n);
+}
+
+Array Array::copy() const { return to(device_); }
+
+Array Array::to(const Device& device) const {
+  Array out(shape_, dtype_, device);
+  out.copy_from(*this);
+  return out;
+}
+
+void Array::copy_from(const Array& src) {
+  if (src.shape_ != shape_ || src.dtype_ != dtype_)
+    throw ShapeError("copy_from: destination " + str() + " does not match source " + src.str());
+  copy_bytes(data_, device_, src.data_, src.device_, nbytes());
+}
+
+void Array::fill_zero() {
+  if (nbytes() == 0) return;
+  if (device_.is_cpu()) {
+    std::memset(data_, 0, nbytes());
+  } else {
+    detail::cuda_memset_zero(device_.ordinal, data_, nbytes());
+  }
+}
+
+Array Array::reshape(Shape shape) && {
+  for (auto d : shape)
+    if (d < 0) throw ShapeError("reshape: negative dimension in " + shape_str(shape));
+  if (num_elements(shape) != size_)
+    throw ShapeError("reshape: cannot reshape " + str() + " to " + shape_str(shape));
+  Array out(std::move(*this));
+  out.shape_ = std::move(shape);
+  return out;
+}
+
+Array Array::slice_rows(std::int64_t begin, std::int64_t end, const Device& device) const {
+  if (ndim() == 0) throw ShapeError("slice_rows: " + str() + " has no leading axis");
+  if (begin < 0 || end < begin || end > shape_[0])
+    throw ShapeError("slice_rows: rows [" + std::to_string(begin) + ", " + std::to_string(end) +
+                     ") are out of range for " + str());
+  Shape s = shape_;
+  s[0] = end - begin;
+  Array out(s, dtype_, device);
+  std::size_t row_bytes = shape_[0] == 0 ? 0 : nbytes() / static_cast<std::size_t>(shape_[0]);
+  copy_bytes(out.data_, device, static_cast<const char*>(data_) + static_cast<std::size_t>(begin) * row_bytes,
+             device_, out.nbytes());
+  return out;
+}
+
+std::string Array::str() const {
+  return std::string(name(dtype_)) + shape_str(shape_) + " on " + device_.str();
+}
+
+Array concatenate(const std::vector<const Array*>& parts, const Device& device, bool stacked) {
+  if (parts.empty()) throw ShapeError("concatenate: no arrays");
+  const Array& first = *parts[0];
+  Shape tail = first.shape();
+  if (!stacked) {
+    if (tail.empty()) throw ShapeError("concatenate: scalars have no leading axis (use stacked)");
+    tail.erase(tail.begin());
+  }
+  std::int64_t rows = 0;
+  for (const Array* p : parts) {
+    Shape t = p->shape();
+    if (!stacked && !t.empty()) t.erase(t.begin());
+    if (p->dtype() != first.dtype() || t != tail || (!stacked && p->ndim() == 0))
+      throw ShapeError("concatenate: " + p->str() + " does not fit " + first.str());
+    rows += stacked ? 1 : p->shape()[0];
+  }
+  Shape out_shape = tail;
+  out_shape.insert(out_shape.begin(), rows);
+  Array out(out_shape, first.dtype(), device);
+  char* dst = static_cast<char*>(out.raw_data());
+  for (const Array* p : parts) {
+    copy_bytes(dst, device, p->raw_data(), p->device(), p->nbytes());
+    dst += p->nbytes();
+  }
+  return out;
+}
+
+}  // namespace pmap

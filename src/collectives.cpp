@@ -1,0 +1,214 @@
+// Named-axis collectives on Arrays: argument checks, output allocation, and dispatch to the device's
+// communicator. Arrays on CUDA devices meeting the thread communicator are staged through the host.
+#include <pmap/collectives.h>
+
+#include <functional>
+#include <set>
+
+#include "mesh_impl.h"
+
+namespace pmap {
+namespace {
+
+using detail::CollectiveOp;
+using detail::OpKind;
+
+struct Target {
+  detail::MeshImpl* mesh;
+  int device;
+  Communicator* comm;
+};
+
+Target target(const char* what, const AxisNames& axes) {
+  auto& ctx = detail::current_context(what);
+  return Target{ctx.mesh, ctx.device, &ctx.mesh->comm(ctx.device, axes)};
+}
+
+void dispatch(Communicator& c, const CollectiveOp& op) {
+  if (auto* t = dynamic_cast<detail::ThreadCommunicator*>(&c)) return t->run(op);
+  switch (op.kind) {
+    case OpKind::all_reduce: return c.all_reduce(op.send, op.recv, op.count, op.dtype, op.reduce);
+    case OpKind::all_gather: return c.all_gather(op.send, op.recv, op.count, op.dtype);
+    case OpKind::reduce_scatter: return c.reduce_scatter(op.send, op.recv, op.count, op.dtype, op.reduce);
+    case OpKind::broadcast: return c.broadcast(op.send, op.recv, op.count, op.dtype, op.root);
+    case OpKind::permute:
+      return c.permute(op.send, op.recv, op.count, op.dtype, op.send_to, op.recv_from, op.perm_id);
+    case OpKind::barrier: return c.barrier();
+  }
+}
+
+// Runs op with `in` as the send buffer and `out` as the receive buffer. Host-resident arrays go
+// straight to the communicator; device arrays are staged through host copies for the thread hub.
+void run(const Target& t, CollectiveOp op, const Array& in, Array& out) {
+  bool staged = !in.device().is_cpu() && dynamic_cast<detail::ThreadCommunicator*>(t.comm) != nullptr;
+  if (!staged) {
+    op.send = in.raw_data();
+    op.recv = out.raw_data();
+    return dispatch(*t.comm, op);
+  }
+  Array host_in = in.to(Device{});
+  Array host_out(out.shape(), out.dtype(), Device{});
+  op.send = host_in.raw_data();
+  op.recv = host_out.raw_data();
+  dispatch(*t.comm, op);
+  out.copy_from(host_out);
+}
+
+CollectiveOp make(OpKind kind, const char* name, const Array& x, std::size_t count) {
+  CollectiveOp op;
+  op.kind = kind;
+  op.name = name;
+  op.dtype = x.dtype();
+  op.count = count;
+  return op;
+}
+
+void reduce_into(const char* name, const Array& x, Array& out, const AxisNames& axes, ReduceOp r) {
+  Target t = target(name, axes);
+  CollectiveOp op = make(OpKind::all_reduce, name, x, static_cast<std::size_t>(x.size()));
+  op.reduce = r;
+  run(t, op, x, out);
+}
+
+void divide_by(Array& x, int n) {
+  if (x.device().is_cpu()) {
+    if (x.dtype() == DType::f32) {
+      float* p = x.data<float>();
+      const float d = static_cast<float>(n);
+      for (std::int64_t i = 0; i < x.size(); ++i) p[i] /= d;
+    } else {
+      double* p = x.data<double>();
+      for (std::int64_t i = 0; i < x.size(); ++i) p[i] /= n;
+    }
+    return;
+  }
+  Array host = x.to(Device{});
+  divide_by(host, n);
+  x.copy_from(host);
+}
+
+void check_floating(const char* name, const Array& x) {
+  if (!is_floating(x.dtype()))
+    throw ValueError(std::string(name) + " of " + x.str() + ": needs a floating dtype (f32 or f64)");
+}
+
+}  // namespace
+
+int axis_index(const AxisNames& axes) {
+  auto& ctx = detail::current_context("axis_index");
+  return ctx.mesh->axis_index(ctx.device, axes);
+}
+
+int axis_size(const AxisNames& axes) { return detail::current_context("axis_size").mesh->axis_size(axes); }
+
+Device current_device() {
+  auto& ctx = detail::current_context("current_device");
+  return ctx.mesh->devices()[static_cast<std::size_t>(ctx.device)];
+}
+
+Array psum(const Array& x, const AxisNames& axes) {
+  Array out(x.shape(), x.dtype(), x.device());
+  reduce_into("psum", x, out, axes, ReduceOp::sum);
+  return out;
+}
+
+Array pmax(const Array& x, const AxisNames& axes) {
+  Array out(x.shape(), x.dtype(), x.device());
+  reduce_into("pmax", x, out, axes, ReduceOp::max);
+  return out;
+}
+
+Array pmin(const Array& x, const AxisNames& axes) {
+  Array out(x.shape(), x.dtype(), x.device());
+  reduce_into("pmin", x, out, axes, ReduceOp::min);
+  return out;
+}
+
+Array pmean(const Array& x, const AxisNames& axes) {
+  check_floating("pmean", x);
+  Array out(x.shape(), x.dtype(), x.device());
+  reduce_into("pmean", x, out, axes, ReduceOp::sum);
+  divide_by(out, axis_size(axes));
+  return out;
+}
+
+void psum_inplace(Array& x, const AxisNames& axes) { reduce_into("psum", x, x, axes, ReduceOp::sum); }
+void pmax_inplace(Array& x, const AxisNames& axes) { reduce_into("pmax", x, x, axes, ReduceOp::max); }
+void pmin_inplace(Array& x, const AxisNames& axes) { reduce_into("pmin", x, x, axes, ReduceOp::min); }
+
+void pmean_inplace(Array& x, const AxisNames& axes) {
+  check_floating("pmean", x);
+  reduce_into("pmean", x, x, axes, ReduceOp::sum);
+  divide_by(x, axis_size(axes));
+}
+
+Array all_gather(const Array& x, const AxisNames& axes, bool tiled) {
+  Target t = target("all_gather", axes);
+  const int n = t.comm->size();
+  Shape shape = x.shape();
+  if (tiled) {
+    if (shape.empty()) throw ShapeError("all_gather(tiled=true) of " + x.str() + ": a scalar has no leading axis");
+    shape[0] *= n;
+  } else {
+    shape.insert(shape.begin(), n);
+  }
+  Array out(shape, x.dtype(), x.device());
+  run(t, make(OpKind::all_gather, tiled ? "all_gather(tiled)" : "all_gather", x, static_cast<std::size_t>(x.size())),
+      x, out);
+  return out;
+}
+
+Array psum_scatter(const Array& x, const AxisNames& axes, bool tiled) {
+  Target t = target("psum_scatter", axes);
+  const int n = t.comm->size();
+  if (x.ndim() == 0) throw ShapeError("psum_scatter of " + x.str() + ": a scalar has no leading axis");
+  Shape shape = x.shape();
+  if (tiled) {
+    if (shape[0] % n != 0)
+      throw ShapeError("psum_scatter(tiled=true) over " + axes.str() + ": leading size " + std::to_string(shape[0]) +
+                       " of " + x.str() + " is not divisible by " + std::to_string(n));
+    shape[0] /= n;
+  } else {
+    if (shape[0] != n)
+      throw ShapeError("psum_scatter over " + axes.str() + ": leading size of " + x.str() + " must equal the " +
+                       std::to_string(n) + " devices (or pass tiled=true)");
+    shape.erase(shape.begin());
+  }
+  Array out(shape, x.dtype(), x.device());
+  CollectiveOp op = make(OpKind::reduce_scatter, "psum_scatter", x, static_cast<std::size_t>(out.size()));
+  run(t, op, x, out);
+  return out;
+}
+
+Array ppermute(const Array& x, const AxisNames& axes, const std::vector<std::pair<int, int>>& perm) {
+  Target t = target("ppermute", axes);
+  const int n = t.comm->size();
+  const int me = t.comm->rank();
+  std::set<int> srcs, dsts;
+  CollectiveOp op = make(OpKind::permute, "ppermute", x, static_cast<std::size_t>(x.size()));
+  std::size_t id = 1469598103934665603ull;
+  for (const auto& [s, d] : perm) {
+    if (s < 0 || s >= n || d < 0 || d >= n)
+      throw ValueError("ppermute over " + axes.str() + ": pair (" + std::to_string(s) + ", " + std::to_string(d) +
+                       ") is out of range for " + std::to_string(n) + " devices");
+    if (!srcs.insert(s).second || !dsts.insert(d).second)
+      throw ValueError("ppermute over " + axes.str() + ": source " + std::to_string(s) + " or destination " +
+                       std::to_string(d) + " appears twice");
+    if (s == me) op.send_to = d;
+    if (d == me) op.recv_from = s;
+    id = (id ^ static_cast<std::size_t>(s * 4099 + d)) * 1099511628211ull;
+  }
+  op.perm_id = id;
+  Array out(x.shape(), x.dtype(), x.device());
+  run(t, op, x, out);
+  return out;
+}
+
+void barrier(const AxisNames& axes) {
+  Target t = target("barrier", axes);
+  CollectiveOp op;
+  op.name = "barrier";
+  dispatch(*t.comm, op);
+}
+
+}  // namespace pmap

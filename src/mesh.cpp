@@ -1,0 +1,244 @@
+// Mesh and MeshImpl: topology, eager communicator setup, and pmap's run loop with failure handling.
+#include "mesh_impl.h"
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <limits>
+#include <set>
+
+#include <pmap/error.h>
+
+namespace pmap {
+
+std::string AxisNames::str() const {
+  if (names_.size() == 1) return "'" + names_[0] + "'";
+  std::string s = "(";
+  for (std::size_t i = 0; i < names_.size(); ++i) s += (i ? ", '" : "'") + names_[i] + "'";
+  return s + ")";
+}
+
+namespace detail {
+namespace {
+
+thread_local DeviceContext tls_context;
+
+std::vector<std::vector<int>> ordered_tuples(int n) {
+  // Every non-empty ordered tuple of distinct axis indices: permutations of every subset.
+  std::vector<std::vector<int>> out;
+  for (unsigned mask = 1; mask < (1u << n); ++mask) {
+    std::vector<int> t;
+    for (int i = 0; i < n; ++i)
+      if (mask & (1u << i)) t.push_back(i);
+    do out.push_back(t);
+    while (std::next_permutation(t.begin(), t.end()));
+  }
+  return out;
+}
+
+}  // namespace
+
+DeviceContext& current_context(const char* what) {
+  if (tls_context.mesh == nullptr)
+    throw Error(std::string(what) + " can only be called inside a function run by pmap");
+  return tls_context;
+}
+
+bool in_pmap() { return tls_context.mesh != nullptr; }
+
+MeshImpl::MeshImpl(std::vector<Device> devices, std::vector<AxisSpec> axes, MeshOptions options)
+    : devices_(std::move(devices)), axes_(std::move(axes)), options_(options) {
+  if (axes_.empty()) throw AxisError("Mesh: at least one axis is needed");
+  if (axes_.size() > 4) throw AxisError("Mesh: at most 4 axes are supported, got " + std::to_string(axes_.size()));
+  std::set<std::string> seen;
+  long long total = 1;
+  for (const auto& a : axes_) {
+    if (a.name.empty()) throw AxisError("Mesh: axis names must not be empty");
+    if (!seen.insert(a.name).second) throw AxisError("Mesh: axis '" + a.name + "' appears twice");
+    if (a.size < 1) throw ShapeError("Mesh: axis '" + a.name + "' has size " + std::to_string(a.size));
+    total *= a.size;
+  }
+  if (total != static_cast<long long>(devices_.size()))
+    throw ShapeError("Mesh: axis sizes multiply to " + std::to_string(total) + " but " +
+                     std::to_string(devices_.size()) + " devices were given");
+  std::set<std::pair<int, int>> ids;
+  for (const auto& d : devices_)
+    if (!ids.insert({static_cast<int>(d.kind), d.index}).second)
+      throw ValueError("Mesh: device " + d.str() + " appears twice");
+  if (options_.collective_timeout.count() <= 0) throw ValueError("Mesh: collective_timeout must be positive");
+  std::vector<std::string> names;
+  for (const auto& d : devices_) names.push_back(d.str());
+  hub_ = std::make_unique<ThreadHub>(names, options_.collective_timeout);
+  build_comms();
+  workers_ = std::make_unique<WorkerPool>(devices_, options_.pin_threads);
+}
+
+MeshImpl::~MeshImpl() { workers_.reset(); }
+
+std::vector<int> MeshImpl::coords(int device) const {
+  std::vector<int> c(axes_.size());
+  for (int a = static_cast<int>(axes_.size()) - 1; a >= 0; --a) {
+    c[static_cast<std::size_t>(a)] = device % axes_[static_cast<std::size_t>(a)].size;
+    device /= axes_[static_cast<std::size_t>(a)].size;
+  }
+  return c;
+}
+
+std::string MeshImpl::scope_str() const {
+  std::string s;
+  for (const auto& a : axes_) s += (s.empty() ? "'" : ", '") + a.name + "'";
+  return s;
+}
+
+std::vector<int> MeshImpl::resolve(const AxisNames& axes) const {
+  std::vector<int> ids;
+  if (axes.empty()) {
+    for (std::size_t i = 0; i < axes_.size(); ++i) ids.push_back(static_cast<int>(i));
+    return ids;
+  }
+  for (const auto& n : axes.names()) {
+    auto it = std::find_if(axes_.begin(), axes_.end(), [&](const AxisSpec& a) { return a.name == n; });
+    if (it == axes_.end()) throw AxisError("unknown axis name '" + n + "'; axes in scope: " + scope_str());
+    int id = static_cast<int>(it - axes_.begin());
+    if (std::find(ids.begin(), ids.end(), id) != ids.end())
+      throw AxisError("axis '" + n + "' is named twice in " + axes.str());
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+int MeshImpl::axis_size(const AxisNames& axes) const {
+  int n = 1;
+  for (int id : resolve(axes)) n *= axes_[static_cast<std::size_t>(id)].size;
+  return n;
+}
+
+int MeshImpl::axis_index(int device, const AxisNames& axes) const {
+  auto c = coords(device);
+  int idx = 0;
+  for (int id : resolve(axes)) idx = idx * axes_[static_cast<std::size_t>(id)].size + c[static_cast<std::size_t>(id)];
+  return idx;
+}
+
+std::string MeshImpl::key(const std::vector<int>& axis_ids) const {
+  std::string k;
+  for (int id : axis_ids) k += std::to_string(id) + ",";
+  return k;
+}
+
+void MeshImpl::build_comms() {
+  for (const auto& tuple : ordered_tuples(static_cast<int>(axes_.size()))) {
+    std::vector<std::string> names;
+    for (int id : tuple) names.push_back(axes_[static_cast<std::size_t>(id)].name);
+    AxisNames an(names);
+    AxisComms ac;
+    ac.group_of.assign(devices_.size(), -1);
+    std::map<std::vector<int>, int> by_rest;  // coordinates on the other axes -> group
+    for (int d = 0; d < size(); ++d) {
+      auto c = coords(d);
+      std::vector<int> rest;
+      for (std::size_t a = 0; a < axes_.size(); ++a)
+        if (std::find(tuple.begin(), tuple.end(), static_cast<int>(a)) == tuple.end()) rest.push_back(c[a]);
+      auto [it, fresh] = by_rest.emplace(rest, static_cast<int>(ac.groups.size()));
+      if (fresh) ac.groups.push_back(Group{std::vector<int>(static_cast<std::size_t>(axis_size(an)), -1), an.str()});
+      ac.groups[static_cast<std::size_t>(it->second)].members[static_cast<std::size_t>(axis_index(d, an))] = d;
+      ac.group_of[static_cast<std::size_t>(d)] = it->second;
+    }
+    comms_.emplace(key(tuple), std::move(ac));
+  }
+  // Communicators hold references to groups: create them once the map no longer moves.
+  for (auto& [k, ac] : comms_) {
+    for (int d = 0; d < size(); ++d) {
+      const Group& g = ac.groups[static_cast<std::size_t>(ac.group_of[static_cast<std::size_t>(d)])];
+      int rank = static_cast<int>(std::find(g.members.begin(), g.members.end(), d) - g.members.begin());
+      ac.comms.push_back(std::make_unique<ThreadCommunicator>(*hub_, g, d, rank));
+    }
+  }
+}
+
+MeshImpl::AxisComms& MeshImpl::lookup(const AxisNames& axes) { return comms_.at(key(resolve(axes))); }
+
+Communicator& MeshImpl::comm(int device, const AxisNames& axes) {
+  return *lookup(axes).comms[static_cast<std::size_t>(device)];
+}
+
+const Group& MeshImpl::group(int device, const AxisNames& axes) {
+  auto& ac = lookup(axes);
+  return ac.groups[static_cast<std::size_t>(ac.group_of[static_cast<std::size_t>(device)])];
+}
+
+void MeshImpl::run(const std::function<void(int)>& fn) {
+  if (in_pmap() || workers_->on_worker_thread())
+    throw Error("pmap called inside a pmapped function: nested pmap is not supported (use a 2-D mesh)");
+  std::lock_guard run_lock(run_mu_);  // one pmap at a time per mesh
+  struct Failure {
+    std::exception_ptr error;
+    std::uint64_t order = std::numeric_limits<std::uint64_t>::max();
+    bool aborted = false;
+  };
+  std::vector<Failure> failures(devices_.size());
+  std::atomic<std::uint64_t> clock{0};
+  hub_->reset();
+  workers_->run_all([&](int d) {
+    tls_context = DeviceContext{this, d};
+    const std::string dev = devices_[static_cast<std::size_t>(d)].str();
+    Failure& f = failures[static_cast<std::size_t>(d)];
+    try {
+      fn(d);
+    } catch (Aborted& e) {
+      e.set_device(dev);
+      f = {std::current_exception(), clock++, true};
+    } catch (Error& e) {
+      e.set_device(dev);
+      f = {std::current_exception(), clock++, false};
+      hub_->abort(dev + " raised: " + e.message());
+    } catch (const std::exception& e) {
+      DeviceError err(e.what());
+      err.set_device(dev);
+      f = {std::make_exception_ptr(err), clock++, false};
+      hub_->abort(dev + " raised: " + e.what());
+    } catch (...) {
+      DeviceError err("an exception that is not a std::exception");
+      err.set_device(dev);
+      f = {std::make_exception_ptr(err), clock++, false};
+      hub_->abort(dev + " raised " + err.message());
+    }
+    hub_->finished(d, static_cast<bool>(f.error));
+    tls_context = DeviceContext{};
+  });
+  const Failure* first = nullptr;
+  for (const auto& f : failures) {
+    if (!f.error) continue;
+    if (first == nullptr || (first->aborted && !f.aborted) || (first->aborted == f.aborted && f.order < first->order))
+      first = &f;
+  }
+  if (first != nullptr) std::rethrow_exception(first->error);
+}
+
+}  // namespace detail
+
+Mesh::Mesh(std::vector<Device> devices, std::vector<AxisSpec> axes, MeshOptions options)
+    : impl_(std::make_unique<detail::MeshImpl>(std::move(devices), std::move(axes), options)) {}
+
+Mesh::Mesh(std::vector<Device> devices, std::string axis_name, MeshOptions options)
+    : Mesh(devices, {AxisSpec{std::move(axis_name), static_cast<int>(devices.size())}}, options) {}
+
+Mesh::Mesh(Mesh&&) noexcept = default;
+Mesh& Mesh::operator=(Mesh&&) noexcept = default;
+Mesh::~Mesh() = default;
+
+int Mesh::size() const { return impl_->size(); }
+const std::vector<Device>& Mesh::devices() const { return impl_->devices(); }
+const std::vector<AxisSpec>& Mesh::axes() const { return impl_->axes(); }
+int Mesh::axis_size(const AxisNames& axes) const { return impl_->axis_size(axes); }
+std::vector<int> Mesh::coords(int device) const { return impl_->coords(device); }
+const MeshOptions& Mesh::options() const { return impl_->options(); }
+
+std::string Mesh::str() const {
+  std::string s = "Mesh(";
+  for (std::size_t i = 0; i < axes().size(); ++i)
+    s += (i ? ", " : "") + axes()[i].name + "=" + std::to_string(axes()[i].size);
+  return s + "; " + devices().front().str() + ".." + devices().back().str() + ")";
+}
+
+}  // namespace pmap

@@ -1,0 +1,70 @@
+// MeshImpl: a mesh's topology, worker threads and communicators, and the pmap execution loop.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <pmap/communicator.h>
+#include <pmap/mesh.h>
+
+#include "thread_hub.h"
+#include "workers.h"
+
+namespace pmap::detail {
+
+class MeshImpl {
+ public:
+  MeshImpl(std::vector<Device> devices, std::vector<AxisSpec> axes, MeshOptions options);
+  ~MeshImpl();
+
+  const std::vector<Device>& devices() const { return devices_; }
+  const std::vector<AxisSpec>& axes() const { return axes_; }
+  const MeshOptions& options() const { return options_; }
+  int size() const { return static_cast<int>(devices_.size()); }
+  std::vector<int> coords(int device) const;
+  // Indices of the named axes in tuple order (empty = all axes); AxisError names the axes in scope.
+  std::vector<int> resolve(const AxisNames& axes) const;
+  int axis_size(const AxisNames& axes) const;
+  // The device's index along the axis tuple (row-major over the tuple, in the tuple's order).
+  int axis_index(int device, const AxisNames& axes) const;
+  // The device's communicator for the axis tuple, and its group.
+  Communicator& comm(int device, const AxisNames& axes);
+  const Group& group(int device, const AxisNames& axes);
+  std::string scope_str() const;  // "'data', 'model'"
+
+  // Runs fn(device) on every device's worker; rethrows the first failure (see pmap.h).
+  void run(const std::function<void(int)>& fn);
+
+ private:
+  struct AxisComms {
+    std::vector<Group> groups;
+    std::vector<int> group_of;  // per device
+    std::vector<std::unique_ptr<Communicator>> comms;  // per device
+  };
+  void build_comms();
+  std::string key(const std::vector<int>& axis_ids) const;
+  AxisComms& lookup(const AxisNames& axes);
+
+  std::vector<Device> devices_;
+  std::vector<AxisSpec> axes_;
+  MeshOptions options_;
+  std::unique_ptr<ThreadHub> hub_;
+  std::map<std::string, AxisComms> comms_;  // by axis tuple key ("0,1")
+  std::mutex run_mu_;
+  std::unique_ptr<WorkerPool> workers_;  // last: threads stop before the rest is destroyed
+};
+
+// The device a pmapped function runs on; set on worker threads for the duration of a pmap call.
+struct DeviceContext {
+  MeshImpl* mesh = nullptr;
+  int device = -1;
+};
+// The calling thread's context; throws pmap::Error naming `what` when called outside pmap.
+DeviceContext& current_context(const char* what);
+bool in_pmap();
+
+}  // namespace pmap::detail

@@ -1,0 +1,132 @@
+// Tests of Devices, Arrays and trees (pytrees in C++).
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <map>
+#include <tuple>
+
+#include <pmap/pmap.h>
+
+namespace {
+
+struct State {
+  pmap::Array params;
+  std::vector<pmap::Array> layers;
+  std::int64_t step = 0;
+};
+PMAPCC_TREE(State, params, layers, step)
+
+pmap::Array iota(std::int64_t n, pmap::Device d = {}) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = static_cast<float>(i);
+  return pmap::Array::from_host(v, {n}, d);
+}
+
+}  // namespace
+
+TEST_CASE("devices print and parse") {
+  auto devs = pmap::local_devices(pmap::DeviceKind::cpu, 3);
+  REQUIRE(devs.size() == 3);
+  CHECK(devs[2].str() == "cpu:2");
+  CHECK(pmap::parse_device_kind("cuda") == pmap::DeviceKind::cuda);
+  CHECK_THROWS_AS(pmap::parse_device_kind("tpu"), pmap::ValueError);
+  CHECK_THROWS_AS(pmap::local_devices(pmap::DeviceKind::cpu, 0), pmap::ValueError);
+  CHECK(pmap::Device{pmap::DeviceKind::cuda, 5, 1}.str() == "cuda:5(gpu1)");
+}
+
+TEST_CASE("PMAPCC_CPU_DEVICES sets the default CPU device count and is validated") {
+  const char* old = std::getenv("PMAPCC_CPU_DEVICES");
+  std::string saved = old ? old : "";
+  setenv("PMAPCC_CPU_DEVICES", "5", 1);
+  CHECK(pmap::local_devices(pmap::DeviceKind::cpu).size() == 5);
+  setenv("PMAPCC_CPU_DEVICES", "five", 1);
+  CHECK_THROWS_WITH_AS(pmap::local_devices(pmap::DeviceKind::cpu), doctest::Contains("PMAPCC_CPU_DEVICES='five'"),
+                       pmap::ValueError);
+  setenv("PMAPCC_CPU_DEVICES", "0", 1);
+  CHECK_THROWS_AS(pmap::default_cpu_device_count(), pmap::ValueError);
+  if (old) setenv("PMAPCC_CPU_DEVICES", saved.c_str(), 1);
+  else unsetenv("PMAPCC_CPU_DEVICES");
+}
+
+TEST_CASE("CUDA devices without a GPU are NotAvailable, never a crash") {
+  if (pmap::cuda_device_count() > 0) return;
+  CHECK_THROWS_AS(pmap::local_devices(pmap::DeviceKind::cuda), pmap::NotAvailable);
+}
+
+TEST_CASE("Array basics: shape, dtype, copies, reshape, slices") {
+  pmap::Array a({2, 3}, pmap::DType::i32);
+  CHECK(a.size() == 6);
+  CHECK(a.nbytes() == 24);
+  CHECK(a.dim(-1) == 3);
+  CHECK(a.to_vector<std::int32_t>() == std::vector<std::int32_t>(6, 0));  // zero-filled
+  CHECK_THROWS_AS(a.data<float>(), pmap::ShapeError);
+  CHECK_THROWS_AS(pmap::Array({-1}, pmap::DType::f32), pmap::ShapeError);
+
+  pmap::Array b = iota(12);
+  pmap::Array c = b.copy();
+  c.data<float>()[0] = 42;
+  CHECK(b.data<float>()[0] == 0);  // copies are deep
+  pmap::Array r = std::move(c).reshape({3, 4});
+  CHECK(r.shape() == pmap::Shape{3, 4});
+  CHECK_FALSE(c.valid());  // NOLINT: moved-from is empty by contract
+  CHECK_THROWS_AS(std::move(r).reshape({5}), pmap::ShapeError);
+
+  pmap::Array m = std::move(b).reshape({4, 3});
+  pmap::Array rows = m.slice_rows(1, 3, pmap::Device{});
+  CHECK(rows.shape() == pmap::Shape{2, 3});
+  CHECK(rows.to_vector<float>() == std::vector<float>{3, 4, 5, 6, 7, 8});
+  CHECK_THROWS_AS(m.slice_rows(2, 5, pmap::Device{}), pmap::ShapeError);
+
+  auto s = pmap::Array::scalar(2.5);
+  CHECK(s.ndim() == 0);
+  CHECK(s.item<double>() == 2.5);
+  CHECK_THROWS_AS(rows.item<float>(), pmap::ShapeError);
+  std::vector<float> wrong(5);
+  CHECK_THROWS_AS(rows.copy_from_host(wrong.data(), wrong.size() * 4), pmap::ShapeError);
+}
+
+TEST_CASE("concatenate and stack") {
+  pmap::Array a = iota(4), b = iota(4);
+  auto cat = pmap::concatenate({&a, &b}, pmap::Device{});
+  CHECK(cat.shape() == pmap::Shape{8});
+  auto st = pmap::concatenate({&a, &b}, pmap::Device{}, true);
+  CHECK(st.shape() == pmap::Shape{2, 4});
+  CHECK(st.to_vector<float>() == std::vector<float>{0, 1, 2, 3, 0, 1, 2, 3});
+  pmap::Array c({4}, pmap::DType::i32);
+  CHECK_THROWS_AS(pmap::concatenate({&a, &c}, pmap::Device{}), pmap::ShapeError);
+}
+
+TEST_CASE("trees: containers, structs, paths, map") {
+  State s;
+  s.params = iota(3);
+  s.layers.push_back(iota(2));
+  s.layers.push_back(iota(1));
+  s.step = 7;
+  std::vector<std::string> paths;
+  pmap::tree_for_each_with_path(s, [&](const std::string& p, const auto&) { paths.push_back(p); });
+  CHECK(paths == std::vector<std::string>{"params", "layers/0", "layers/1", "step"});
+  CHECK(pmap::tree_num_leaves(s) == 4);
+
+  State doubled = pmap::tree_map(s, [](const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, pmap::Array>) {
+      pmap::Array out = leaf.copy();
+      for (std::int64_t i = 0; i < out.size(); ++i) out.data<float>()[i] *= 2;
+      return out;
+    } else {
+      return leaf * 2;
+    }
+  });
+  CHECK(doubled.params.to_vector<float>() == std::vector<float>{0, 2, 4});
+  CHECK(doubled.layers[0].to_vector<float>() == std::vector<float>{0, 2});
+  CHECK(doubled.step == 14);
+
+  std::map<std::string, std::tuple<pmap::Array, float>> m;
+  m.emplace("b", std::make_tuple(iota(1), 1.5f));
+  m.emplace("a", std::make_tuple(iota(2), 2.5f));
+  paths.clear();
+  pmap::tree_for_each_with_path(m, [&](const std::string& p, const auto&) { paths.push_back(p); });
+  CHECK(paths == std::vector<std::string>{"a/0", "a/1", "b/0", "b/1"});
+  std::array<pmap::Array, 2> arr{iota(1), iota(2)};
+  auto arr2 = pmap::tree_copy(arr);
+  CHECK(arr2[1].to_vector<float>() == std::vector<float>{0, 1});
+}

@@ -1,0 +1,171 @@
+// Tests of pmap's failure semantics: mismatched collectives, exceptions on one device, timeouts,
+// devices that return early, and thread cleanup. None of them may hang.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <dirent.h>
+#include <mutex>
+#include <thread>
+
+#include <pmap/pmap.h>
+
+namespace {
+
+pmap::Mesh mesh_of(int n, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  pmap::MeshOptions o;
+  o.collective_timeout = timeout;
+  return pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cpu, n), "i", o);
+}
+
+pmap::Array ones(std::int64_t n) { return pmap::Array::from_host(std::vector<float>(static_cast<std::size_t>(n), 1.0f), {n}); }
+
+// Runs body on every device and records what each device raised (type name), then rethrows.
+struct Outcomes {
+  std::mutex mu;
+  std::vector<std::string> kind;
+  explicit Outcomes(int n) : kind(static_cast<std::size_t>(n), "none") {}
+  template <class F> void run(int d, F&& body) {
+    try {
+      body();
+    } catch (const pmap::CollectiveMismatch&) {
+      set(d, "mismatch");
+      throw;
+    } catch (const pmap::Aborted&) {
+      set(d, "aborted");
+      throw;
+    } catch (const pmap::Timeout&) {
+      set(d, "timeout");
+      throw;
+    } catch (...) {
+      set(d, "other");
+      throw;
+    }
+  }
+  void set(int d, const char* k) {
+    std::lock_guard lk(mu);
+    kind[static_cast<std::size_t>(d)] = k;
+  }
+};
+
+int thread_count() {
+  int n = 0;
+  if (DIR* dir = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(dir))
+      if (e->d_name[0] != '.') ++n;
+    closedir(dir);
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("devices calling different collectives all raise instead of hanging") {
+  auto mesh = mesh_of(3);
+  SUBCASE("different op") {
+    Outcomes o(3);
+    CHECK_THROWS_WITH_AS(pmap::pmap([&] {
+      int d = pmap::axis_index("i");
+      o.run(d, [&] { d == 1 ? (void)pmap::pmax(ones(4), "i") : (void)pmap::psum(ones(4), "i"); });
+    }, mesh)(), doctest::Contains("different collectives"), pmap::CollectiveMismatch);
+    CHECK(o.kind == std::vector<std::string>{"mismatch", "mismatch", "mismatch"});
+  }
+  SUBCASE("different shape") {
+    Outcomes o(3);
+    CHECK_THROWS_WITH_AS(pmap::pmap([&] {
+      int d = pmap::axis_index("i");
+      o.run(d, [&] { pmap::psum(ones(d == 2 ? 5 : 4), "i"); });
+    }, mesh)(), doctest::Contains("f32[5]"), pmap::CollectiveMismatch);
+    CHECK(o.kind == std::vector<std::string>{"mismatch", "mismatch", "mismatch"});
+  }
+  SUBCASE("different dtype") {
+    Outcomes o(3);
+    CHECK_THROWS_AS(pmap::pmap([&] {
+      int d = pmap::axis_index("i");
+      o.run(d, [&] {
+        if (d == 0) pmap::psum(pmap::Array({4}, pmap::DType::i32), "i");
+        else pmap::psum(ones(4), "i");
+      });
+    }, mesh)(), pmap::CollectiveMismatch);
+    CHECK(o.kind == std::vector<std::string>{"mismatch", "mismatch", "mismatch"});
+  }
+}
+
+TEST_CASE("devices naming different axes of a 2-D mesh raise instead of hanging") {
+  pmap::MeshOptions opt;
+  opt.collective_timeout = std::chrono::seconds(30);
+  pmap::Mesh mesh(pmap::local_devices(pmap::DeviceKind::cpu, 4), {{"data", 2}, {"model", 2}}, opt);
+  Outcomes o(4);
+  CHECK_THROWS_AS(pmap::pmap([&] {
+    int d = pmap::axis_index({"data", "model"});
+    o.run(d, [&] { pmap::psum(ones(2), d == 3 ? "data" : "model"); });
+  }, mesh)(), pmap::CollectiveMismatch);
+  // Devices 0 and 1 form a complete "model" group and may legitimately finish their psum; the devices
+  // whose groups cannot complete (2 waits for 3 along "model", 3 for 1 along "data") raise.
+  CHECK(o.kind[2] == "mismatch");
+  CHECK(o.kind[3] == "mismatch");
+}
+
+TEST_CASE("a device that returns without the collective its peers wait in is reported") {
+  auto mesh = mesh_of(2);
+  CHECK_THROWS_WITH_AS(pmap::pmap([&] {
+    if (pmap::axis_index("i") == 0) pmap::psum(ones(3), "i");
+  }, mesh)(), doctest::Contains("returned after 0 collective(s)"), pmap::CollectiveMismatch);
+}
+
+TEST_CASE("an exception on one device releases the others and is rethrown with its device") {
+  auto mesh = mesh_of(4);
+  Outcomes o(4);
+  try {
+    pmap::pmap([&] {
+      int d = pmap::axis_index("i");
+      o.run(d, [&] {
+        if (d == 2) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the others are waiting by now
+          throw pmap::ValueError("bad value on purpose");
+        }
+        pmap::psum(ones(8), "i");
+      });
+    }, mesh)();
+    FAIL("pmap did not throw");
+  } catch (const pmap::ValueError& e) {
+    CHECK(std::string(e.what()) == "cpu:2: bad value on purpose");
+    CHECK(e.device() == "cpu:2");
+  }
+  CHECK(o.kind == std::vector<std::string>{"aborted", "aborted", "other", "aborted"});
+  // A non-pmapcc exception comes back as DeviceError, still naming the device.
+  CHECK_THROWS_WITH_AS(pmap::pmap([] {
+    if (pmap::axis_index("i") == 1) throw std::runtime_error("plain failure");
+  }, mesh)(), "cpu:1: plain failure", pmap::DeviceError);
+  // The mesh stays usable.
+  auto out = pmap::pmap([] { return pmap::psum(pmap::axis_index("i") + 1, "i"); }, mesh)();
+  for (int v : out) CHECK(v == 10);
+}
+
+TEST_CASE("a collective timeout names the devices that never arrived") {
+  auto mesh = mesh_of(3, std::chrono::milliseconds(200));
+  Outcomes o(3);
+  auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(pmap::pmap([&] {
+    int d = pmap::axis_index("i");
+    o.run(d, [&] {
+      if (d == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      pmap::psum(ones(2), "i");
+    });
+  }, mesh)(), doctest::Contains("waiting for cpu:1"), pmap::Timeout);
+  auto took = std::chrono::steady_clock::now() - start;
+  CHECK(took < std::chrono::seconds(10));
+  CHECK(o.kind[1] == "aborted");  // the late device finds the call cancelled
+  auto out = pmap::pmap([] { return pmap::psum(1, "i"); }, mesh)();
+  CHECK(out[0] == 3);
+}
+
+TEST_CASE("meshes leave no threads behind") {
+  const int before = thread_count();
+  for (int round = 0; round < 5; ++round) {
+    auto mesh = mesh_of(8);
+    CHECK(thread_count() == before + 8);
+    pmap::pmap([] { pmap::psum(1, "i"); }, mesh)();
+    CHECK_THROWS(pmap::pmap([] { throw pmap::ValueError("x"); }, mesh)());
+  }
+  CHECK(thread_count() == before);
+}

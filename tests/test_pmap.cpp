@@ -1,0 +1,222 @@
+// Tests of pmap and the named-axis collectives on CPU devices, with computed expectations:
+// device r contributes r + 1, so psum over n devices is n(n+1)/2 exactly.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include <pmap/pmap.h>
+
+namespace {
+
+pmap::Mesh cpu_mesh(int n, const std::string& axis = "i") {
+  return pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cpu, n), axis);
+}
+
+pmap::Array filled(std::int64_t n, float v) {
+  return pmap::Array::from_host(std::vector<float>(static_cast<std::size_t>(n), v), {n});
+}
+
+}  // namespace
+
+TEST_CASE("pmap runs once per device, concurrently, on worker threads") {
+  for (int n : {1, 2, 3, 5, 8}) {
+    auto mesh = cpu_mesh(n);
+    std::atomic<int> inside{0}, peak{0};
+    auto out = pmap::pmap([&](int base) {
+      int now = ++inside;
+      int p = peak.load();
+      while (now > p && !peak.compare_exchange_weak(p, now)) {}
+      pmap::barrier("i");  // every device must be inside at once to pass this
+      --inside;
+      return base + pmap::axis_index("i") * 10 + pmap::axis_size("i") * 1000;
+    }, mesh, "i")(7);
+    REQUIRE(out.size() == static_cast<std::size_t>(n));
+    for (int d = 0; d < n; ++d) CHECK(out[static_cast<std::size_t>(d)] == 7 + d * 10 + n * 1000);
+    CHECK(peak.load() == n);
+  }
+}
+
+TEST_CASE("collectives on 1-D meshes of 1, 2, 3, 5 and 8 devices: computed expectations") {
+  for (int n : {1, 2, 3, 5, 8}) {
+    CAPTURE(n);
+    auto mesh = cpu_mesh(n, "ens");
+    const float tri = static_cast<float>(n * (n + 1) / 2);
+    pmap::pmap([&](int) {
+      const int r = pmap::axis_index("ens");
+      pmap::Array x = filled(5, static_cast<float>(r + 1));
+      CHECK(pmap::psum(x, "ens").to_vector<float>() == std::vector<float>(5, tri));
+      CHECK(pmap::pmean(x, "ens").to_vector<float>() == std::vector<float>(5, tri / static_cast<float>(n)));
+      CHECK(pmap::pmax(x, "ens").to_vector<float>() == std::vector<float>(5, static_cast<float>(n)));
+      CHECK(pmap::pmin(x, "ens").to_vector<float>() == std::vector<float>(5, 1.0f));
+      CHECK(pmap::psum(r + 1, "ens") == n * (n + 1) / 2);
+      CHECK(pmap::pmean(static_cast<double>(r + 1), "ens") == (n + 1) / 2.0);
+      std::vector<int> expect_g(static_cast<std::size_t>(n));
+      for (int k = 0; k < n; ++k) expect_g[static_cast<std::size_t>(k)] = k + 1;
+      CHECK(pmap::all_gather(r + 1, "ens") == expect_g);
+      // all_gather stacked and tiled of a (2,) array [r, 10 r].
+      auto v = pmap::Array::from_host(std::vector<std::int32_t>{r, 10 * r}, {2});
+      auto stacked = pmap::all_gather(v, "ens");
+      auto tiled = pmap::all_gather(v, "ens", true);
+      CHECK(stacked.shape() == pmap::Shape{n, 2});
+      CHECK(tiled.shape() == pmap::Shape{2 * n});
+      std::vector<std::int32_t> expect_t;
+      for (int k = 0; k < n; ++k) expect_t.insert(expect_t.end(), {k, 10 * k});
+      CHECK(tiled.to_vector<std::int32_t>() == expect_t);
+      CHECK(stacked.to_vector<std::int32_t>() == expect_t);
+      // psum_scatter: x[k] = (r+1) * (k+1); device r keeps sum over devices of x[r] = tri * (r+1).
+      std::vector<float> xs;
+      for (int k = 0; k < n; ++k) xs.insert(xs.end(), 3, static_cast<float>((r + 1) * (k + 1)));
+      auto blocks = pmap::Array::from_host(xs, {n, 3});
+      auto mine = pmap::psum_scatter(blocks, "ens");
+      CHECK(mine.shape() == pmap::Shape{3});
+      CHECK(mine.to_vector<float>() == std::vector<float>(3, tri * static_cast<float>(r + 1)));
+      auto flat = pmap::Array::from_host(xs, {3 * n});
+      auto mine_t = pmap::psum_scatter(flat, "ens", true);
+      CHECK(mine_t.to_vector<float>() == std::vector<float>(3, tri * static_cast<float>(r + 1)));
+      // ppermute: a ring shift r -> r+1; and a partial permutation where only 0 -> n-1 is sent.
+      std::vector<std::pair<int, int>> ring;
+      for (int k = 0; k < n; ++k) ring.emplace_back(k, (k + 1) % n);
+      auto got = pmap::ppermute(x, "ens", ring);
+      CHECK(got.to_vector<float>() == std::vector<float>(5, static_cast<float>((r - 1 + n) % n + 1)));
+      auto partial = pmap::ppermute(x, "ens", {{0, n - 1}});
+      float want = (r == n - 1) ? 1.0f : 0.0f;
+      CHECK(partial.to_vector<float>() == std::vector<float>(5, want));
+      pmap::psum_inplace(x, "ens");
+      CHECK(x.to_vector<float>() == std::vector<float>(5, tri));
+    }, mesh, "ens")(0);
+  }
+}
+
+TEST_CASE("2-D meshes: collectives over either axis, both, and both in the other order") {
+  for (auto [rows, cols] : {std::pair{2, 3}, std::pair{2, 4}, std::pair{3, 1}}) {
+    CAPTURE(rows);
+    CAPTURE(cols);
+    pmap::Mesh mesh(pmap::local_devices(pmap::DeviceKind::cpu, rows * cols), {{"data", rows}, {"model", cols}});
+    auto out = pmap::pmap([&] {
+      const int i = pmap::axis_index("data"), j = pmap::axis_index("model");
+      const int g = pmap::axis_index({"data", "model"});
+      CHECK(g == i * cols + j);
+      CHECK(pmap::axis_index({"model", "data"}) == j * rows + i);
+      CHECK(pmap::axis_size({"data", "model"}) == rows * cols);
+      // Contribution 1 + global index: sums along model within row i, along data within column j.
+      const int v = g + 1;
+      int row_sum = 0, col_sum = 0;
+      for (int c = 0; c < cols; ++c) row_sum += i * cols + c + 1;
+      for (int r = 0; r < rows; ++r) col_sum += r * cols + j + 1;
+      CHECK(pmap::psum(v, "model") == row_sum);
+      CHECK(pmap::psum(v, "data") == col_sum);
+      CHECK(pmap::psum(v, {"data", "model"}) == rows * cols * (rows * cols + 1) / 2);
+      // all_gather over ("model", "data") orders by model first.
+      auto gathered = pmap::all_gather(v, {"model", "data"});
+      for (int c = 0; c < cols; ++c)
+        for (int r = 0; r < rows; ++r) CHECK(gathered[static_cast<std::size_t>(c * rows + r)] == r * cols + c + 1);
+      return g;
+    }, mesh, {"data", "model"})();
+    for (int d = 0; d < rows * cols; ++d) CHECK(out[static_cast<std::size_t>(d)] == d);
+  }
+}
+
+TEST_CASE("CPU reductions are bitwise identical on every device and from run to run") {
+  auto mesh = cpu_mesh(5);
+  auto run = [&] {
+    return pmap::pmap([](int) {
+      const int r = pmap::axis_index("i");
+      std::vector<float> v(1000);
+      for (std::size_t k = 0; k < v.size(); ++k) v[k] = 1.0f / static_cast<float>(r * 7 + static_cast<int>(k) + 1) * 1e3f;
+      return pmap::psum(pmap::Array::from_host(v, {1000}), "i").to_vector<float>();
+    }, mesh)(0);
+  };
+  auto a = run(), b = run();
+  // Expected: left-to-right sum in device order, as the library promises.
+  std::vector<float> expect(1000, 0.0f);
+  for (std::size_t k = 0; k < 1000; ++k) {
+    float acc = 1.0f / static_cast<float>(static_cast<int>(k) + 1) * 1e3f;
+    for (int r = 1; r < 5; ++r) acc = acc + 1.0f / static_cast<float>(r * 7 + static_cast<int>(k) + 1) * 1e3f;
+    expect[k] = acc;
+  }
+  for (int d = 0; d < 5; ++d) {
+    CHECK(a[static_cast<std::size_t>(d)] == expect);
+    CHECK(b[static_cast<std::size_t>(d)] == expect);
+  }
+}
+
+TEST_CASE("collectives over trees") {
+  auto mesh = cpu_mesh(3);
+  pmap::pmap([](int) {
+    const float r = static_cast<float>(pmap::axis_index("i") + 1);
+    std::vector<pmap::Array> inner;
+    inner.push_back(filled(3, 2 * r));
+    std::tuple<pmap::Array, std::vector<pmap::Array>, double> t(filled(2, r), std::move(inner), static_cast<double>(r));
+    auto s = pmap::psum(t, "i");
+    CHECK(std::get<0>(s).to_vector<float>() == std::vector<float>(2, 6.0f));
+    CHECK(std::get<1>(s)[0].to_vector<float>() == std::vector<float>(3, 12.0f));
+    CHECK(std::get<2>(s) == 6.0);
+    pmap::pmean_inplace(t, "i");
+    CHECK(std::get<0>(t).to_vector<float>() == std::vector<float>(2, 2.0f));
+    CHECK(std::get<2>(t) == 2.0);
+  }, mesh)(0);
+}
+
+TEST_CASE("shard, unshard, replicate, unreplicate") {
+  pmap::Mesh mesh(pmap::local_devices(pmap::DeviceKind::cpu, 4), {{"data", 2}, {"model", 2}});
+  std::vector<float> v(8);
+  for (int k = 0; k < 8; ++k) v[static_cast<std::size_t>(k)] = static_cast<float>(k);
+  std::vector<pmap::Array> tree;
+  tree.push_back(pmap::Array::from_host(v, {8}));
+  tree.push_back(pmap::Array::from_host(v, {8, 1}));
+  auto all = pmap::shard(tree, mesh);  // 4 blocks of 2
+  auto by_data = pmap::shard(tree, mesh, "data");  // 2 blocks of 4, same along "model"
+  auto rep = pmap::replicate(tree, mesh);
+  auto sums = pmap::pmap([](const std::vector<pmap::Array>& a, const std::vector<pmap::Array>& b,
+                            const std::vector<pmap::Array>& c) {
+    auto sum = [](const pmap::Array& x) {
+      float s = 0;
+      for (float f : x.to_vector<float>()) s += f;
+      return s;
+    };
+    return std::vector<float>{sum(a[0]), sum(b[1]), sum(c[0])};
+  }, mesh)(all, by_data, rep);
+  CHECK(sums[0] == std::vector<float>{1, 6, 28});   // rows 0,1 | 0..3 | all
+  CHECK(sums[1] == std::vector<float>{5, 6, 28});   // rows 2,3 | 0..3
+  CHECK(sums[2] == std::vector<float>{9, 22, 28});  // rows 4,5 | 4..7
+  CHECK(sums[3] == std::vector<float>{13, 22, 28});
+  auto back = pmap::unshard(all, mesh);
+  CHECK(back[1].shape() == pmap::Shape{8, 1});
+  CHECK(back[0].to_vector<float>() == v);
+  CHECK(pmap::unshard(by_data, mesh, "data")[0].to_vector<float>() == v);
+  CHECK(pmap::unreplicate(rep)[1].to_vector<float>() == v);
+
+  std::vector<pmap::Array> odd;
+  odd.push_back(pmap::Array({6}, pmap::DType::f32));
+  CHECK_THROWS_WITH_AS(pmap::shard(odd, mesh), doctest::Contains("leading size 6 of '0' is not divisible by 4"),
+                       pmap::ShapeError);
+  odd.push_back(pmap::Array({8}, pmap::DType::f32));
+  CHECK_THROWS_WITH_AS(pmap::shard(odd, mesh), doctest::Contains("'0' has 6; '1' has 8"), pmap::ShapeError);
+  CHECK_THROWS_AS(pmap::shard(3.0f, mesh), pmap::ShapeError);
+}
+
+TEST_CASE("unknown axis names raise AxisError listing the axes in scope") {
+  pmap::Mesh mesh(pmap::local_devices(pmap::DeviceKind::cpu, 4), {{"data", 2}, {"model", 2}});
+  CHECK_THROWS_WITH_AS(pmap::pmap([] { pmap::psum(1, "batch"); }, mesh)(),
+                       doctest::Contains("unknown axis name 'batch'; axes in scope: 'data', 'model'"), pmap::AxisError);
+  CHECK_THROWS_AS(pmap::pmap([] {}, mesh, "nope"), pmap::AxisError);
+  CHECK_THROWS_AS(pmap::pmap([] {}, mesh, "data"), pmap::AxisError);  // pmap must name every axis or none
+  CHECK_THROWS_AS(mesh.axis_size("x"), pmap::AxisError);
+  CHECK_THROWS_AS(pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cpu, 3), {{"a", 2}}), pmap::ShapeError);
+  CHECK_THROWS_AS(pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cpu, 4), {{"a", 2}, {"a", 2}}), pmap::AxisError);
+}
+
+TEST_CASE("mapped arguments with different sizes raise ShapeError naming each argument") {
+  auto mesh = cpu_mesh(4);
+  pmap::Sharded<int> good(std::vector<int>(4, 1)), bad(std::vector<int>(3, 1));
+  CHECK_THROWS_WITH_AS(pmap::pmap([](int, int, int) {}, mesh)(good, 5, bad),
+                       doctest::Contains("argument 0 has 4; argument 2 has 3"), pmap::ShapeError);
+}
+
+TEST_CASE("collectives outside pmap and nested pmap are errors") {
+  auto mesh = cpu_mesh(2);
+  CHECK_THROWS_AS(pmap::psum(1, "i"), pmap::Error);
+  CHECK_THROWS_WITH(pmap::pmap([&] { pmap::pmap([] {}, mesh)(); }, mesh)(), doctest::Contains("nested pmap"));
+}
