@@ -1,1 +1,0 @@
-// Placeholder translation unit until the ensemble layer lands (removed by then).
