@@ -1,4 +1,12 @@
-// Stub CUDA kernels for builds without the CUDA toolkit.
+// Stub CUDA kernels for builds without the CUDA toolkit: asking for the CUDA backend throws NotAvailable.
+#include <pmap/error.h>
+
+#include "kernels/backend.h"
+
 namespace pmap::kernels::detail {
-bool cuda_kernels_built() { return false; }
+
+const Backend& cuda_backend() {
+  throw NotAvailable("the CUDA kernels were not built (PMAPCC_WITH_CUDA=OFF or no CUDA toolkit)");
+}
+
 }  // namespace pmap::kernels::detail

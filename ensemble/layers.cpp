@@ -1,0 +1,177 @@
+// The layer implementations: thin adapters from layer shapes to the kernels' parameter structs.
+#include "ensemble/layers.h"
+
+#include <pmap/error.h>
+
+namespace pmap::ensemble {
+
+std::int64_t product(const Dims& d) {
+  std::int64_t n = 1;
+  for (auto v : d) n *= v;
+  return n;
+}
+
+namespace {
+
+int as_int(std::int64_t v) { return static_cast<int>(v); }
+
+class Conv2D final : public Layer {
+ public:
+  Conv2D(std::string name, int features, int kernel) : name_(std::move(name)), features_(features), k_(kernel) {}
+  std::string name() const override { return name_; }
+  Dims output_shape(const Dims& in) const override {
+    check(in);
+    return {in[0], in[1], features_};
+  }
+  std::vector<ParamSpec> params(const Dims& in) const override {
+    check(in);
+    return {{"kernel", {k_, k_, in[2], features_}, k_ * k_ * in[2], false}, {"bias", {features_}, 0, true}};
+  }
+  bool in_place() const override { return false; }
+  std::size_t workspace_bytes(const kernels::Backend& be, const LayerCall& c) const override {
+    return be.conv2d_workspace_bytes(kparams(c));
+  }
+  void forward(const kernels::Backend& be, const LayerCall& c, const float* const* p, const float* x, float* y,
+               void* ws) const override {
+    be.conv2d_forward(kparams(c), x, p[0], p[1], y, ws);
+  }
+  void backward(const kernels::Backend& be, const LayerCall& c, const float* const* p, const float* x, const float*,
+                const float* dy, float* dx, float* const* dp, void* ws) const override {
+    be.conv2d_backward(kparams(c), x, p[0], dy, dx, dp[0], dp[1], ws);
+  }
+
+ private:
+  void check(const Dims& in) const {
+    if (in.size() != 3) throw ShapeError(name_ + ": expects (H, W, C) inputs");
+  }
+  kernels::Conv2dParams kparams(const LayerCall& c) const {
+    kernels::Conv2dParams p;
+    p.members = c.members, p.batch = c.batch, p.height = as_int(c.input[0]), p.width = as_int(c.input[1]);
+    p.in_channels = as_int(c.input[2]), p.out_channels = features_, p.kernel_h = k_, p.kernel_w = k_;
+    p.padding = kernels::Padding::same, p.shared_input = c.shared_input;
+    return p;
+  }
+  std::string name_;
+  int features_, k_;
+};
+
+class Dense final : public Layer {
+ public:
+  Dense(std::string name, int features) : name_(std::move(name)), features_(features) {}
+  std::string name() const override { return name_; }
+  Dims output_shape(const Dims& in) const override {
+    check(in);
+    return {features_};
+  }
+  std::vector<ParamSpec> params(const Dims& in) const override {
+    check(in);
+    return {{"kernel", {in[0], features_}, in[0], false}, {"bias", {features_}, 0, true}};
+  }
+  bool in_place() const override { return false; }
+  std::size_t workspace_bytes(const kernels::Backend&, const LayerCall&) const override { return 0; }
+  void forward(const kernels::Backend& be, const LayerCall& c, const float* const* p, const float* x, float* y,
+               void*) const override {
+    be.dense_forward(kparams(c), x, p[0], p[1], y);
+  }
+  void backward(const kernels::Backend& be, const LayerCall& c, const float* const* p, const float* x, const float*,
+                const float* dy, float* dx, float* const* dp, void*) const override {
+    be.dense_backward(kparams(c), x, p[0], dy, dx, dp[0], dp[1]);
+  }
+
+ private:
+  void check(const Dims& in) const {
+    if (in.size() != 1) throw ShapeError(name_ + ": expects flat (F) inputs; put a Flatten before it");
+  }
+  kernels::DenseParams kparams(const LayerCall& c) const {
+    kernels::DenseParams p;
+    p.members = c.members, p.batch = c.batch, p.in_features = as_int(c.input[0]), p.out_features = features_;
+    p.shared_input = c.shared_input;
+    return p;
+  }
+  std::string name_;
+  int features_;
+};
+
+// Elementwise layers on (M, N, ...) tensors; in place.
+class ReLU final : public Layer {
+ public:
+  std::string name() const override { return "relu"; }
+  Dims output_shape(const Dims& in) const override { return in; }
+  std::vector<ParamSpec> params(const Dims&) const override { return {}; }
+  bool in_place() const override { return true; }
+  std::size_t workspace_bytes(const kernels::Backend&, const LayerCall&) const override { return 0; }
+  void forward(const kernels::Backend& be, const LayerCall& c, const float* const*, const float* x, float* y,
+               void*) const override {
+    be.relu_forward(count(c), x, y);
+  }
+  void backward(const kernels::Backend& be, const LayerCall& c, const float* const*, const float*, const float* y,
+                const float* dy, float* dx, float* const*, void*) const override {
+    if (dx != nullptr) be.relu_backward(count(c), y, dy, dx);
+  }
+
+ private:
+  static std::size_t count(const LayerCall& c) {
+    return static_cast<std::size_t>((c.shared_input ? 1 : c.members) * c.batch * product(c.input));
+  }
+};
+
+class AvgPool final : public Layer {
+ public:
+  explicit AvgPool(int window) : window_(window) {}
+  std::string name() const override { return "avg_pool"; }
+  Dims output_shape(const Dims& in) const override {
+    if (in.size() != 3) throw ShapeError("avg_pool: expects (H, W, C) inputs");
+    return {in[0] / window_, in[1] / window_, in[2]};
+  }
+  std::vector<ParamSpec> params(const Dims&) const override { return {}; }
+  bool in_place() const override { return false; }
+  std::size_t workspace_bytes(const kernels::Backend&, const LayerCall&) const override { return 0; }
+  void forward(const kernels::Backend& be, const LayerCall& c, const float* const*, const float* x, float* y,
+               void*) const override {
+    be.avg_pool_forward(kparams(c), x, y);
+  }
+  void backward(const kernels::Backend& be, const LayerCall& c, const float* const*, const float*, const float*,
+                const float* dy, float* dx, float* const*, void*) const override {
+    if (dx != nullptr) be.avg_pool_backward(kparams(c), dy, dx);
+  }
+
+ private:
+  kernels::AvgPoolParams kparams(const LayerCall& c) const {
+    if (c.shared_input) throw ShapeError("avg_pool: a shared input is only supported for the first conv/dense layer");
+    kernels::AvgPoolParams p;
+    p.members = c.members, p.batch = c.batch, p.height = as_int(c.input[0]), p.width = as_int(c.input[1]);
+    p.channels = as_int(c.input[2]), p.window_h = p.window_w = p.stride_h = p.stride_w = window_;
+    return p;
+  }
+  int window_;
+};
+
+// (H, W, C) seen as (H*W*C): the same memory, in Flax's reshape order.
+class Flatten final : public Layer {
+ public:
+  std::string name() const override { return "flatten"; }
+  Dims output_shape(const Dims& in) const override { return {product(in)}; }
+  std::vector<ParamSpec> params(const Dims&) const override { return {}; }
+  bool in_place() const override { return true; }
+  std::size_t workspace_bytes(const kernels::Backend&, const LayerCall&) const override { return 0; }
+  void forward(const kernels::Backend&, const LayerCall&, const float* const*, const float* x, float* y,
+               void*) const override {
+    if (x != y) throw ShapeError("flatten: must run in place");
+  }
+  void backward(const kernels::Backend&, const LayerCall&, const float* const*, const float*, const float*,
+                const float* dy, float* dx, float* const*, void*) const override {
+    if (dx != nullptr && dx != dy) throw ShapeError("flatten: must run in place");
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> conv2d(std::string name, int features, int kernel) {
+  return std::make_unique<Conv2D>(std::move(name), features, kernel);
+}
+std::unique_ptr<Layer> dense(std::string name, int features) { return std::make_unique<Dense>(std::move(name), features); }
+std::unique_ptr<Layer> relu() { return std::make_unique<ReLU>(); }
+std::unique_ptr<Layer> avg_pool(int window) { return std::make_unique<AvgPool>(window); }
+std::unique_ptr<Layer> flatten() { return std::make_unique<Flatten>(); }
+
+}  // namespace pmap::ensemble

@@ -1,0 +1,58 @@
+// Layers with explicit forward and backward (no tape): Conv2D, Dense, ReLU, AvgPool, Flatten. A layer
+// holds only its configuration; parameters live in the model's one contiguous buffer and are passed in.
+// Every call runs `members` ensemble members at once on member-major tensors (see kernels/ops.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+
+namespace pmap::ensemble {
+
+using Dims = std::vector<std::int64_t>;  // per-example shape: (H, W, C) or (F)
+
+// One parameter tensor of a layer, per member.
+struct ParamSpec {
+  std::string name;       // "kernel" or "bias", as in Flax
+  Dims shape;             // per member, e.g. (3, 3, 1, 32)
+  std::int64_t fan_in;    // for LeCun-normal init
+  bool is_bias;           // biases start at zero
+};
+
+// The sizes of one call: M members, N examples each, per-example input shape.
+struct LayerCall {
+  int members = 1;
+  int batch = 1;
+  Dims input;
+  bool shared_input = false;  // the input is one (N, ...) tensor read by every member
+};
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  virtual std::string name() const = 0;              // "Conv_0", "Dense_1", ...: the checkpoint names
+  virtual Dims output_shape(const Dims& input) const = 0;
+  virtual std::vector<ParamSpec> params(const Dims& input) const = 0;
+  virtual bool in_place() const = 0;                 // the output may be written over the input
+  virtual std::size_t workspace_bytes(const kernels::Backend& be, const LayerCall& c) const = 0;
+  // y (M, N, *out) from x; params[i] points at the i-th ParamSpec's (M, *shape) block.
+  virtual void forward(const kernels::Backend& be, const LayerCall& c, const float* const* params, const float* x,
+                       float* y, void* ws) const = 0;
+  // dx (nullptr: not needed) and dparams[i] (written) from dy; x and y as in (after) the forward.
+  virtual void backward(const kernels::Backend& be, const LayerCall& c, const float* const* params, const float* x,
+                        const float* y, const float* dy, float* dx, float* const* dparams, void* ws) const = 0;
+};
+
+std::unique_ptr<Layer> conv2d(std::string name, int features, int kernel = 3);  // SAME padding, stride 1
+std::unique_ptr<Layer> dense(std::string name, int features);
+std::unique_ptr<Layer> relu();
+std::unique_ptr<Layer> avg_pool(int window = 2);  // window = stride, VALID
+std::unique_ptr<Layer> flatten();
+
+std::int64_t product(const Dims& d);
+
+}  // namespace pmap::ensemble

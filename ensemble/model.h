@@ -1,0 +1,62 @@
+// Sequential: a stack of layers with one contiguous parameter layout shared by every member, and
+// flax_mnist_cnn(), the reference model. Parameters of M members live in one flat f32 buffer, tensor by
+// tensor, each tensor's members stacked: [Conv_0/kernel (M,3,3,1,32), Conv_0/bias (M,32), ...]. So
+// replicate, pmean of gradients, the optimizer and checkpoints are each one call over one buffer, and a
+// checkpoint tensor is a contiguous (M, ...) block.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <pmap/random.h>
+
+#include "ensemble/layers.h"
+
+namespace pmap::ensemble {
+
+// Where one parameter tensor lives in a buffer for M members: elements [offset*M, (offset+size)*M).
+struct TensorSlot {
+  std::string name;      // "Conv_0/kernel"
+  Dims shape;            // per member
+  std::int64_t offset;   // per-member offset: the tensor starts at offset * M
+  std::int64_t size;     // elements per member
+  std::int64_t fan_in;
+  bool is_bias;
+  int layer;
+  int index_in_layer;
+};
+
+class Sequential {
+ public:
+  Sequential(Dims input, std::vector<std::unique_ptr<Layer>> layers);
+
+  const Dims& input_shape() const { return input_; }
+  const Dims& output_shape() const { return shapes_.back(); }
+  // shapes()[i] is layer i's input shape; shapes()[layers] the output.
+  const std::vector<Dims>& shapes() const { return shapes_; }
+  const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
+  const std::vector<TensorSlot>& tensors() const { return tensors_; }
+  std::int64_t params_per_member() const { return params_per_member_; }
+  std::string summary() const;  // one line per layer with shapes and parameter counts
+
+  // Initial parameters of keys.size() members into `params` (host, keys.size() * params_per_member()):
+  // kernels LeCun-normal (truncated normal in [-2, 2], stddev sqrt(1/fan_in) / 0.8796256610342398, as
+  // Flax's lecun_normal), biases zero. Member m's tensor t is drawn from fold_in(keys[m], t), so a
+  // member's parameters depend only on its key.
+  void init(std::span<const Key> keys, std::span<float> params) const;
+
+ private:
+  Dims input_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<Dims> shapes_;
+  std::vector<TensorSlot> tensors_;
+  std::int64_t params_per_member_ = 0;
+};
+
+// The Flax MNIST CNN: Conv(32,3x3,SAME) ReLU AvgPool(2) Conv(64,3x3,SAME) ReLU AvgPool(2) Flatten
+// Dense(256) ReLU Dense(10), on (28, 28, 1) inputs: 824,458 parameters.
+std::unique_ptr<Sequential> flax_mnist_cnn(Dims input = {28, 28, 1}, int classes = 10);
+
+}  // namespace pmap::ensemble

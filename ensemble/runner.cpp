@@ -1,0 +1,92 @@
+// ModelRunner: buffer planning (in-place layers share buffers; gradients ping-pong between two
+// buffers), and the layer-by-layer forward and backward.
+#include "ensemble/runner.h"
+
+#include <algorithm>
+
+#include <pmap/error.h>
+
+namespace pmap::ensemble {
+
+ModelRunner::ModelRunner(const Sequential& model, Device device, int members, int max_batch)
+    : model_(model), backend_(kernels::backend_for(device.kind)), device_(device), members_(members),
+      max_batch_(max_batch) {
+  if (members < 1 || max_batch < 1)
+    throw ValueError("ModelRunner: members and max_batch must be >= 1 (got " + std::to_string(members) + ", " +
+                     std::to_string(max_batch) + ")");
+  const std::size_t n_layers = model.layers().size();
+  const auto& shapes = model.shapes();
+  auto elems = [&](std::size_t i) { return members_ * static_cast<std::int64_t>(max_batch_) * product(shapes[i]); };
+  act_.assign(n_layers + 1, nullptr);
+  for (std::size_t i = 0; i < n_layers; ++i) {
+    if (model.layers()[i]->in_place() && i > 0) {
+      act_[i + 1] = act_[i];
+      continue;
+    }
+    storage_.emplace_back(Shape{elems(i + 1)}, DType::f32, device_);
+    act_[i + 1] = storage_.back().data<float>();
+  }
+  // Gradient buffers: the input gradients of non-in-place layers alternate between two buffers sized for
+  // the largest activation (grad_[L] only anchors the alternation: the caller's dlogits is read
+  // directly); an in-place layer's input gradient shares its output gradient's buffer.
+  std::int64_t largest = 0;
+  for (std::size_t i = 1; i <= n_layers; ++i) largest = std::max(largest, elems(i));
+  storage_.emplace_back(Shape{largest}, DType::f32, device_);
+  float* a = storage_.back().data<float>();
+  storage_.emplace_back(Shape{largest}, DType::f32, device_);
+  float* b = storage_.back().data<float>();
+  grad_.assign(n_layers + 1, nullptr);
+  grad_[n_layers] = a;
+  for (std::size_t i = n_layers; i-- > 1;)
+    grad_[i] = model.layers()[i]->in_place() ? grad_[i + 1] : (grad_[i + 1] == a ? b : a);
+  std::size_t ws = 0;
+  for (std::size_t i = 0; i < n_layers; ++i) ws = std::max(ws, model.layers()[i]->workspace_bytes(backend_, call(i, max_batch_)));
+  workspace_ = Array(Shape{static_cast<std::int64_t>(ws)}, DType::u8, device_);
+}
+
+LayerCall ModelRunner::call(std::size_t layer, int batch) const {
+  return LayerCall{members_, batch, model_.shapes()[layer], layer == 0};
+}
+
+std::vector<const float*> ModelRunner::param_ptrs(std::size_t layer, const float* base) const {
+  std::vector<const float*> out;
+  for (const auto& t : model_.tensors())
+    if (t.layer == static_cast<int>(layer)) out.push_back(base + t.offset * members_);
+  return out;
+}
+
+std::vector<float*> ModelRunner::grad_ptrs(std::size_t layer, float* base) const {
+  std::vector<float*> out;
+  for (const auto& t : model_.tensors())
+    if (t.layer == static_cast<int>(layer)) out.push_back(base + t.offset * members_);
+  return out;
+}
+
+const float* ModelRunner::forward(const float* x, int batch, const float* params) {
+  if (batch < 1 || batch > max_batch_)
+    throw ShapeError("ModelRunner::forward: batch " + std::to_string(batch) + " is outside 1.." +
+                     std::to_string(max_batch_));
+  batch_ = batch;
+  act_[0] = const_cast<float*>(x);  // read only: layer 0 never runs in place
+  for (std::size_t i = 0; i < model_.layers().size(); ++i) {
+    auto p = param_ptrs(i, params);
+    model_.layers()[i]->forward(backend_, call(i, batch), p.data(), act_[i], act_[i + 1], workspace_.raw_data());
+  }
+  return act_.back();
+}
+
+void ModelRunner::backward(const float* x, const float* params, const float* dlogits, float* grads) {
+  if (batch_ == 0 || act_[0] != x) throw Error("ModelRunner::backward: needs the forward of the same batch first");
+  const std::size_t n_layers = model_.layers().size();
+  const float* dy = dlogits;
+  for (std::size_t i = n_layers; i-- > 0;) {
+    float* dx = i == 0 ? nullptr : grad_[i];
+    auto p = param_ptrs(i, params);
+    auto g = grad_ptrs(i, grads);
+    model_.layers()[i]->backward(backend_, call(i, batch_), p.data(), act_[i], act_[i + 1], dy, dx, g.data(),
+                                 workspace_.raw_data());
+    dy = dx;
+  }
+}
+
+}  // namespace pmap::ensemble
