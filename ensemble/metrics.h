@@ -21,3 +21,15 @@ struct EpochMetrics {
 };
 
 }  // namespace pmap::ensemble
+
+#include "ensemble/json.h"
+
+namespace pmap::ensemble {
+
+// {"epoch", "train_loss", "train_accuracy", "test_loss", "member_test_accuracy": [...],
+//  "ensemble_test_accuracy", "seconds", "eval_seconds", "model_images_per_second"}
+Json to_json(const EpochMetrics& m);
+// The inverse of to_json; DataError (naming source and field) on a missing or mistyped field.
+EpochMetrics epoch_metrics_from_json(const JsonView& v);
+
+}  // namespace pmap::ensemble

@@ -19,6 +19,7 @@ class ModelRunner {
   int members() const { return members_; }
   int max_batch() const { return max_batch_; }
   const Device& device() const { return device_; }
+  const Sequential& model() const { return model_; }
 
   // Runs the layers on x (batch, *input) (device memory), with params (members * P) on the device.
   // Returns the logits (members, batch, classes), valid until the next forward.

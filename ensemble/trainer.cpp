@@ -1,0 +1,229 @@
+// Trainer: configuration checks, member initialization, the epoch loop and evaluation.
+#include "ensemble/trainer.h"
+
+#include <chrono>
+#include <cmath>
+
+#include <pmap/error.h>
+
+namespace pmap::ensemble {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+Mesh build_mesh(const TrainConfig& c) {
+  auto devices = local_devices(c.backend, c.devices > 0 ? c.devices : -1);
+  return Mesh(std::move(devices), c.mode == Mode::ensemble ? "ensemble" : "data");
+}
+
+void check_config(const TrainConfig& c, int devices, const Dataset& train, const Dataset& test) {
+  auto bad = [](const std::string& m) { throw ValueError(m); };
+  if (c.epochs < 0) bad("--epochs must be >= 0, got " + std::to_string(c.epochs));
+  if (c.batch_size < 1) bad("--batch-size must be >= 1, got " + std::to_string(c.batch_size));
+  if (!(c.learning_rate > 0) || !std::isfinite(c.learning_rate))
+    bad("--lr must be a positive number, got " + std::to_string(c.learning_rate));
+  if (!(c.momentum >= 0 && c.momentum < 1)) bad("--momentum must be in [0, 1), got " + std::to_string(c.momentum));
+  if (c.eval_batch < 1) bad("eval batch must be >= 1");
+  if (c.mode == Mode::ensemble && c.members % devices != 0)
+    bad("--members " + std::to_string(c.members) + " is not a multiple of --devices " + std::to_string(devices) +
+        ": every device runs the same number of members");
+  if (c.mode == Mode::data_parallel && c.members != 1)
+    bad("--mode data-parallel trains one model replicated over the devices: --members must be 1, got " +
+        std::to_string(c.members));
+  if (c.mode == Mode::data_parallel && c.batch_size % devices != 0)
+    bad("--batch-size " + std::to_string(c.batch_size) + " does not split evenly over --devices " +
+        std::to_string(devices));
+  if (train.count < c.batch_size)
+    bad("--batch-size " + std::to_string(c.batch_size) + " is larger than the " + std::to_string(train.count) +
+        " training examples (see --train-limit)");
+  if (test.count < 1) bad("the test set is empty");
+  if (train.rows != test.rows || train.cols != test.cols) bad("training and test images differ in size");
+}
+
+}  // namespace
+
+std::string_view to_string(Mode m) { return m == Mode::ensemble ? "ensemble" : "data-parallel"; }
+
+Mode parse_mode(std::string_view text) {
+  if (text == "ensemble") return Mode::ensemble;
+  if (text == "data-parallel") return Mode::data_parallel;
+  throw ValueError("--mode must be ensemble or data-parallel, got '" + std::string(text) + "'");
+}
+
+Json TrainConfig::to_json() const {
+  Json j = Json::object();
+  j.set("backend", std::string(pmap::to_string(backend)));
+  j.set("devices", devices);
+  j.set("members", members);
+  j.set("mode", std::string(ensemble::to_string(mode)));
+  j.set("epochs", epochs);
+  j.set("batch_size", batch_size);
+  j.set("lr", static_cast<double>(learning_rate));
+  j.set("momentum", static_cast<double>(momentum));
+  j.set("seed", static_cast<std::int64_t>(seed));
+  j.set("train_limit", train_limit);
+  j.set("test_limit", test_limit);
+  j.set("eval_batch", eval_batch);
+  return j;
+}
+
+Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
+    : config_(config), train_(train), test_(test),
+      model_(flax_mnist_cnn({train.rows, train.cols, 1}, train.num_classes)), mesh_(build_mesh(config)) {
+  const int devices = mesh_.size();
+  config_.devices = devices;
+  if (config_.members == 0) config_.members = config_.mode == Mode::ensemble ? devices : 1;
+  check_config(config_, devices, train, test);
+  total_members_ = config_.members;
+  members_per_device_ = config_.mode == Mode::ensemble ? config_.members / devices : 1;
+  auto keys = split(key(config_.seed), 2);
+  init_key_ = keys[0];
+  data_key_ = keys[1];
+  options_.sgd = kernels::SgdParams{config_.learning_rate, config_.momentum, false};
+  options_.data_parallel = config_.mode == Mode::data_parallel;
+  options_.axis = mesh_.axes()[0].name;
+  options_.total_members = total_members_;
+  const int max_batch = std::max(config_.batch_size, std::min<int>(config_.eval_batch, static_cast<int>(test.count)));
+  std::vector<DeviceWork*> ptrs;
+  std::vector<TrainState> states;
+  for (const Device& d : mesh_.devices()) {
+    work_.push_back(std::make_unique<DeviceWork>(*model_, d, members_per_device_, max_batch));
+    ptrs.push_back(work_.back().get());
+    const Shape s{members_per_device_ * model_->params_per_member()};
+    states.push_back(TrainState{Array(s, DType::f32, d), Array(s, DType::f32, d), 0});
+  }
+  work_ptrs_ = Sharded<DeviceWork*>(std::move(ptrs));
+  states_ = Sharded<TrainState>(std::move(states));
+  const std::size_t example = static_cast<std::size_t>(train.rows * train.cols);
+  batch_images_.resize(static_cast<std::size_t>(max_batch) * example);
+  batch_labels_.resize(static_cast<std::size_t>(max_batch));
+  init_members();
+}
+
+Trainer::~Trainer() = default;
+
+int Trainer::steps_per_epoch() const { return static_cast<int>(ensemble::steps_per_epoch(train_.count, config_.batch_size)); }
+
+void Trainer::init_members() {
+  // Data parallel: one model (member 0's key) on every replica.
+  const auto keys = split(init_key_, total_members_);
+  std::vector<float> all(static_cast<std::size_t>(total_members_ * model_->params_per_member()));
+  model_->init(keys, all);
+  scatter(all, std::vector<float>(all.size(), 0.0f), 0);
+}
+
+HostBatch Trainer::gather_batch(const std::vector<std::uint32_t>& order, std::int64_t begin, int size,
+                                const Dataset& data) {
+  std::span<const std::uint32_t> idx(order.data() + begin, static_cast<std::size_t>(size));
+  ensemble::gather_batch(data, idx, batch_images_.data(), batch_labels_.data());
+  return HostBatch{batch_images_.data(), batch_labels_.data(), size};
+}
+
+EpochMetrics Trainer::run_epoch(const StepCallback& on_step) {
+  EpochMetrics m;
+  m.epoch = epochs_done_ + 1;
+  const auto order = permutation(fold_in(data_key_, static_cast<std::uint32_t>(epochs_done_)),
+                                 static_cast<std::uint32_t>(train_.count));
+  const int steps = steps_per_epoch();
+  auto step_fn = pmap::pmap([](TrainState& s, DeviceWork* w, const HostBatch& b, const StepOptions& o) {
+    return train_step(s, *w, b, o);
+  }, mesh_);
+  double loss_sum = 0, correct = 0;
+  const auto t0 = Clock::now();
+  for (int s = 0; s < steps; ++s) {
+    HostBatch b = gather_batch(order, static_cast<std::int64_t>(s) * config_.batch_size, config_.batch_size, train_);
+    auto res = step_fn(states_, work_ptrs_, b, options_);
+    double step_loss = 0;
+    for (const auto& r : res) {
+      for (float l : r.loss) step_loss += l;
+      for (auto c : r.correct) correct += c;
+    }
+    // Ensemble: the mean over all members; data parallel: the mean over the devices' blocks.
+    loss_sum += step_loss / static_cast<double>(options_.data_parallel ? mesh_.size() : total_members_);
+    if (on_step) {
+      const double secs = seconds_since(t0);
+      on_step(s + 1, steps, loss_sum / (s + 1),
+              secs > 0 ? static_cast<double>(total_members_) * config_.batch_size * (s + 1) / secs : 0.0);
+    }
+  }
+  m.seconds = seconds_since(t0);
+  const double seen = static_cast<double>(steps) * config_.batch_size;
+  m.train_loss = steps > 0 ? loss_sum / steps : 0.0;
+  m.train_accuracy = steps > 0 ? correct / (seen * total_members_) : 0.0;
+  m.model_images_per_second = m.seconds > 0 ? total_members_ * seen / m.seconds : 0.0;
+  ++epochs_done_;
+  const auto t1 = Clock::now();
+  evaluate(m);
+  m.eval_seconds = seconds_since(t1);
+  history_.push_back(m);
+  return m;
+}
+
+void Trainer::evaluate(EpochMetrics& m) {
+  auto eval_fn = pmap::pmap([](const TrainState& s, DeviceWork* w, const HostBatch& b, const StepOptions& o) {
+    return eval_step(s, *w, b, o);
+  }, mesh_);
+  std::vector<std::uint32_t> order(static_cast<std::size_t>(test_.count));
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::uint32_t>(i);
+  std::vector<double> loss(static_cast<std::size_t>(total_members_), 0.0), right(loss.size(), 0.0);
+  double ensemble_right = 0;
+  for (std::int64_t begin = 0; begin < test_.count; begin += config_.eval_batch) {
+    const int size = static_cast<int>(std::min<std::int64_t>(config_.eval_batch, test_.count - begin));
+    auto res = eval_fn(states_, work_ptrs_, gather_batch(order, begin, size, test_), options_);
+    const int devices_reporting = options_.data_parallel ? 1 : mesh_.size();
+    for (int d = 0; d < devices_reporting; ++d)
+      for (int j = 0; j < members_per_device_; ++j) {
+        const auto g = static_cast<std::size_t>(d * members_per_device_ + j);
+        loss[g] += static_cast<double>(res[static_cast<std::size_t>(d)].loss[static_cast<std::size_t>(j)]) * size;
+        right[g] += res[static_cast<std::size_t>(d)].correct[static_cast<std::size_t>(j)];
+      }
+    ensemble_right += static_cast<double>(res[0].ensemble_correct);
+  }
+  const double n = static_cast<double>(test_.count);
+  m.member_test_accuracy.clear();
+  m.test_loss = 0;
+  for (std::size_t g = 0; g < loss.size(); ++g) {
+    m.member_test_accuracy.push_back(right[g] / n);
+    m.test_loss += loss[g] / n / static_cast<double>(loss.size());
+  }
+  m.ensemble_test_accuracy = ensemble_right / n;
+}
+
+std::int64_t Trainer::step() const { return states_[0].step; }
+
+std::vector<float> Trainer::gather(bool momentum) const {
+  const std::int64_t total = total_members_, local = members_per_device_;
+  std::vector<float> out(static_cast<std::size_t>(total * model_->params_per_member()));
+  const int devices_holding = options_.data_parallel ? 1 : mesh_.size();
+  for (int d = 0; d < devices_holding; ++d) {
+    const Array& a = momentum ? states_[static_cast<std::size_t>(d)].momentum : states_[static_cast<std::size_t>(d)].params;
+    const std::vector<float> host = a.to_vector<float>();
+    for (const auto& t : model_->tensors())
+      for (std::int64_t j = 0; j < local; ++j) {
+        const std::int64_t g = d * local + j;
+        std::copy_n(host.begin() + t.offset * local + j * t.size, t.size, out.begin() + t.offset * total + g * t.size);
+      }
+  }
+  return out;
+}
+
+void Trainer::scatter(const std::vector<float>& params, const std::vector<float>& momentum, std::int64_t step) {
+  const std::int64_t total = total_members_, local = members_per_device_;
+  for (int d = 0; d < mesh_.size(); ++d) {
+    TrainState& s = states_[static_cast<std::size_t>(d)];
+    const std::int64_t first = options_.data_parallel ? 0 : d * local;
+    for (auto [src, dst] : {std::pair{&params, &s.params}, std::pair{&momentum, &s.momentum}}) {
+      std::vector<float> host(static_cast<std::size_t>(dst->size()));
+      for (const auto& t : model_->tensors())
+        for (std::int64_t j = 0; j < local; ++j)
+          std::copy_n(src->begin() + t.offset * total + (first + j) * t.size, t.size,
+                      host.begin() + t.offset * local + j * t.size);
+      dst->copy_from_host(host.data(), host.size() * sizeof(float));
+    }
+    s.step = step;
+  }
+}
+
+}  // namespace pmap::ensemble

@@ -1,0 +1,103 @@
+// Trainer: trains an ensemble of models (or one data-parallel model) over a mesh of devices, an epoch
+// at a time, and evaluates members and ensemble on the test set. Keys: key(seed) splits into an init
+// key and a data key; member g starts from split(init_key, members)[g] (so it does not depend on the
+// number of devices); epoch e visits the training set in permutation(fold_in(data_key, e)).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <pmap/pmap.h>
+#include <pmap/random.h>
+
+#include "ensemble/data.h"
+#include "ensemble/json.h"
+#include "ensemble/metrics.h"
+#include "ensemble/model.h"
+#include "ensemble/step.h"
+
+namespace pmap::ensemble {
+
+enum class Mode { ensemble, data_parallel };
+std::string_view to_string(Mode m);
+Mode parse_mode(std::string_view text);  // "ensemble" | "data-parallel"; ValueError otherwise
+
+struct TrainConfig {
+  DeviceKind backend = DeviceKind::cpu;
+  int devices = 0;   // 0: the default device count (PMAPCC_CPU_DEVICES or cores; all GPUs)
+  int members = 0;   // 0: one per device (ensemble), 1 (data parallel)
+  Mode mode = Mode::ensemble;
+  int epochs = 10;
+  int batch_size = 128;
+  float learning_rate = 0.1f;
+  float momentum = 0.9f;
+  std::uint64_t seed = 0;
+  std::int64_t train_limit = -1;  // first N training examples (-1: all)
+  std::int64_t test_limit = -1;
+  int eval_batch = 1000;
+
+  Json to_json() const;  // every field, for metrics and checkpoints
+};
+
+// Called after each training step: (step 1-based, steps, running mean loss, model-images/s so far).
+using StepCallback = std::function<void(int, int, double, double)>;
+
+class Trainer {
+ public:
+  // Validates the config against the data (raises ValueError naming the flag), builds the mesh and
+  // initializes every member.
+  Trainer(TrainConfig config, const Dataset& train, const Dataset& test);
+  ~Trainer();
+
+  const TrainConfig& config() const { return config_; }
+  const Sequential& model() const { return *model_; }
+  const Mesh& mesh() const { return mesh_; }
+  int members_per_device() const { return members_per_device_; }
+  int total_members() const { return total_members_; }
+  int epochs_done() const { return epochs_done_; }
+  int steps_per_epoch() const;
+  const std::vector<EpochMetrics>& history() const { return history_; }
+
+  // Trains the next epoch, evaluates, appends to history() and returns the epoch's metrics.
+  EpochMetrics run_epoch(const StepCallback& on_step = {});
+  // Per-member test loss/accuracy and the ensemble's accuracy, into m (epoch and timings untouched).
+  void evaluate(EpochMetrics& m);
+
+  // Every member's parameters (or momentum), in host memory, members stacked: tensors()[t] of member g
+  // is at [t.offset * M + g * t.size, ...) with M = total_members(). The layout of a checkpoint.
+  std::vector<float> gather(bool momentum) const;
+  void scatter(const std::vector<float>& params, const std::vector<float>& momentum, std::int64_t step);
+  std::int64_t step() const;
+
+  // Checkpoints (safetensors): everything needed to continue exactly. load_checkpoint checks that the
+  // file was written for the same model, members, seed, batch size and optimizer settings.
+  void save_checkpoint(const std::filesystem::path& path) const;
+  void load_checkpoint(const std::filesystem::path& path);
+
+ private:
+  void init_members();
+  HostBatch gather_batch(const std::vector<std::uint32_t>& order, std::int64_t begin, int size, const Dataset& data);
+
+  TrainConfig config_;
+  const Dataset& train_;
+  const Dataset& test_;
+  std::unique_ptr<Sequential> model_;
+  Mesh mesh_;
+  int members_per_device_ = 1;
+  int total_members_ = 1;
+  Key init_key_{}, data_key_{};
+  StepOptions options_;
+  Sharded<TrainState> states_;
+  std::vector<std::unique_ptr<DeviceWork>> work_;
+  Sharded<DeviceWork*> work_ptrs_;
+  std::vector<float> batch_images_;
+  std::vector<std::int32_t> batch_labels_;
+  int epochs_done_ = 0;
+  std::vector<EpochMetrics> history_;
+};
+
+}  // namespace pmap::ensemble
