@@ -1,0 +1,139 @@
+// mnist_ensemble's command line: a table of flags, strict number parsing, grouped help.
+#include "ensemble/cli.h"
+
+#include <charconv>
+#include <cmath>
+#include <functional>
+#include <map>
+
+namespace pmap::ensemble {
+namespace {
+
+template <class T> T parse_number(const std::string& flag, const std::string& text) {
+  T v{};
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, v);
+  if (ec != std::errc{} || p != end || text.empty()) {
+    const char* kind = std::is_floating_point_v<T> ? "a number" : "an integer";
+    throw UsageError(flag + ": '" + text + "' is not " + kind);
+  }
+  if constexpr (std::is_floating_point_v<T>) {
+    if (!std::isfinite(v)) throw UsageError(flag + ": '" + text + "' is not a finite number");
+  }
+  return v;
+}
+
+int positive_int(const std::string& flag, const std::string& text, int min = 1) {
+  const long long v = parse_number<long long>(flag, text);
+  if (v < min || v > 1'000'000'000)
+    throw UsageError(flag + ": " + text + " is out of range (at least " + std::to_string(min) + ")");
+  return static_cast<int>(v);
+}
+
+using Setter = std::function<void(CliOptions&, const std::string& flag, const std::string& value)>;
+
+const std::map<std::string, Setter>& setters() {
+  static const std::map<std::string, Setter> table{
+      {"--data", [](CliOptions& o, const std::string&, const std::string& v) { o.data = v; }},
+      {"--backend", [](CliOptions& o, const std::string& f, const std::string& v) {
+         if (v != "cpu" && v != "cuda") throw UsageError(f + ": '" + v + "' is not cpu or cuda");
+         o.train.backend = parse_device_kind(v);
+       }},
+      {"--devices", [](CliOptions& o, const std::string& f, const std::string& v) { o.train.devices = positive_int(f, v); }},
+      {"--members", [](CliOptions& o, const std::string& f, const std::string& v) { o.train.members = positive_int(f, v); }},
+      {"--mode", [](CliOptions& o, const std::string& f, const std::string& v) {
+         if (v != "ensemble" && v != "data-parallel") throw UsageError(f + ": '" + v + "' is not ensemble or data-parallel");
+         o.train.mode = parse_mode(v);
+       }},
+      {"--epochs", [](CliOptions& o, const std::string& f, const std::string& v) { o.train.epochs = positive_int(f, v, 0); }},
+      {"--batch-size", [](CliOptions& o, const std::string& f, const std::string& v) { o.train.batch_size = positive_int(f, v); }},
+      {"--lr", [](CliOptions& o, const std::string& f, const std::string& v) {
+         o.train.learning_rate = parse_number<float>(f, v);
+         if (!(o.train.learning_rate > 0)) throw UsageError(f + ": the learning rate must be positive, got " + v);
+       }},
+      {"--momentum", [](CliOptions& o, const std::string& f, const std::string& v) {
+         o.train.momentum = parse_number<float>(f, v);
+         if (!(o.train.momentum >= 0 && o.train.momentum < 1)) throw UsageError(f + ": must be in [0, 1), got " + v);
+       }},
+      {"--seed", [](CliOptions& o, const std::string& f, const std::string& v) {
+         o.train.seed = parse_number<std::uint64_t>(f, v);
+       }},
+      {"--train-limit", [](CliOptions& o, const std::string& f, const std::string& v) { o.train.train_limit = positive_int(f, v); }},
+      {"--test-limit", [](CliOptions& o, const std::string& f, const std::string& v) { o.train.test_limit = positive_int(f, v); }},
+      {"--metrics-json", [](CliOptions& o, const std::string&, const std::string& v) { o.metrics_json = v; }},
+      {"--metrics-csv", [](CliOptions& o, const std::string&, const std::string& v) { o.metrics_csv = v; }},
+      {"--plot", [](CliOptions& o, const std::string&, const std::string& v) { o.plot = v; }},
+      {"--save", [](CliOptions& o, const std::string&, const std::string& v) { o.save = v; }},
+      {"--resume", [](CliOptions& o, const std::string&, const std::string& v) { o.resume = v; }},
+      {"--progress", [](CliOptions& o, const std::string& f, const std::string& v) {
+         if (v != "auto" && v != "bar" && v != "plain" && v != "none")
+           throw UsageError(f + ": '" + v + "' is not auto, bar, plain or none");
+         o.progress = v;
+       }},
+  };
+  return table;
+}
+
+}  // namespace
+
+CliOptions parse_cli(const std::vector<std::string>& args) {
+  CliOptions o;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i], value;
+    if (flag == "--help" || flag == "-h") {
+      o.help = true;
+      continue;
+    }
+    const auto eq = flag.find('=');
+    const bool inline_value = flag.rfind("--", 0) == 0 && eq != std::string::npos;
+    if (inline_value) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    }
+    auto it = setters().find(flag);
+    if (it == setters().end()) {
+      if (flag.rfind("-", 0) == 0) throw UsageError("unknown flag '" + flag + "'");
+      throw UsageError("unexpected argument '" + flag + "' (flags start with --)");
+    }
+    if (!inline_value) {
+      if (i + 1 >= args.size()) throw UsageError(flag + " needs a value");
+      value = args[++i];
+    }
+    if (value.empty()) throw UsageError(flag + " needs a non-empty value");
+    it->second(o, flag, value);
+  }
+  return o;
+}
+
+std::string cli_help(const std::string& program) {
+  return "usage: " + program + " [flags]\n"
+         "Trains an ensemble of MNIST CNNs (the Flax example's model and recipe), one or more members per\n"
+         "device, and reports each member's and the ensemble's test accuracy.\n"
+         "\n"
+         "Data:\n"
+         "  --data DIR            MNIST IDX files (raw or .gz)            [data/mnist]\n"
+         "  --train-limit N       use the first N training examples      [all]\n"
+         "  --test-limit N        use the first N test examples          [all]\n"
+         "Devices:\n"
+         "  --backend cpu|cuda    device kind                            [cpu]\n"
+         "  --devices N           devices in the mesh  [PMAPCC_CPU_DEVICES, else cores; all GPUs]\n"
+         "  --members N           ensemble members, a multiple of --devices  [one per device]\n"
+         "  --mode M              ensemble | data-parallel               [ensemble]\n"
+         "Training:\n"
+         "  --epochs E            epochs                                 [10]\n"
+         "  --batch-size B        examples per step (data-parallel: split over devices)  [128]\n"
+         "  --lr LR               SGD learning rate                      [0.1]\n"
+         "  --momentum MU         SGD momentum                           [0.9]\n"
+         "  --seed S              key(S) -> member keys and data order   [0]\n"
+         "Output:\n"
+         "  --progress P          auto | bar | plain | none              [auto: bar on a terminal]\n"
+         "  --metrics-json PATH   per-epoch metrics as JSON\n"
+         "  --metrics-csv PATH    per-epoch metrics as CSV\n"
+         "  --plot PATH           SVG of test accuracy and train loss per epoch\n"
+         "Checkpoints:\n"
+         "  --save PATH           write a checkpoint after every epoch (safetensors)\n"
+         "  --resume PATH         continue from a checkpoint (same seed, members and recipe)\n"
+         "  -h, --help            this text\n";
+}
+
+}  // namespace pmap::ensemble

@@ -1,0 +1,33 @@
+// Command-line options of the mnist_ensemble program: parsing with one-line errors, and --help text.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <pmap/error.h>
+
+#include "ensemble/trainer.h"
+
+namespace pmap::ensemble {
+
+// A bad command line: the program prints what() on one line and exits with status 2.
+class UsageError : public ValueError {
+ public:
+  explicit UsageError(const std::string& m) : ValueError(m) {}
+};
+
+struct CliOptions {
+  TrainConfig train;
+  std::filesystem::path data = "data/mnist";
+  std::filesystem::path metrics_json, metrics_csv, plot, save, resume;
+  std::string progress = "auto";
+  bool help = false;
+};
+
+// Parses argv[1..argc). Accepts "--flag value" and "--flag=value". Throws UsageError naming the flag.
+CliOptions parse_cli(const std::vector<std::string>& args);
+// The grouped --help text, with defaults.
+std::string cli_help(const std::string& program);
+
+}  // namespace pmap::ensemble

@@ -1,0 +1,197 @@
+// Tests of ensemble training on CPU devices: a pinned loss trajectory, determinism, member placement
+// independence, data-parallel equivalence, and exact resume from checkpoints.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "ensemble/safetensors.h"
+#include "ensemble/trainer.h"
+#include "synthetic.h"
+
+using namespace pmap::ensemble;
+
+namespace {
+
+struct Data {
+  Dataset train = pmap::testing::synthetic_dataset(640, 12, 1);
+  Dataset test = pmap::testing::synthetic_dataset(200, 12, 2);
+};
+
+const Data& data() {
+  static const Data d;
+  return d;
+}
+
+TrainConfig small(int devices, int members, int epochs = 1) {
+  TrainConfig c;
+  c.devices = devices;
+  c.members = members;
+  c.epochs = epochs;
+  c.batch_size = 64;
+  c.eval_batch = 128;
+  return c;
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  float m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+std::filesystem::path temp_path(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / ("pmapcc_trainer_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return dir / name;
+}
+
+}  // namespace
+
+TEST_CASE("a 10-step loss trajectory is pinned and learning happens") {
+  Trainer t(small(1, 1), data().train, data().test);
+  std::vector<double> losses;
+  double prev_mean = 0;
+  t.run_epoch([&](int step, int, double running_mean, double) {
+    losses.push_back(running_mean * step - prev_mean * (step - 1));  // this step's loss
+    prev_mean = running_mean;
+  });
+  REQUIRE(losses.size() == 10);  // 640 / 64
+  // At initialization the logits are small, so the first loss is close to log(10).
+  CHECK(losses[0] == doctest::Approx(std::log(10.0)).epsilon(0.05));
+  // Pinned from this implementation (seed 0, synthetic data): catches any change in numerics.
+  const std::vector<double> pinned = {2.315010, 2.288333, 2.263436, 2.161933, 2.092911,
+                                      1.998013, 1.802227, 1.608478, 1.220347, 0.910082};
+  for (std::size_t i = 0; i < pinned.size(); ++i) CHECK(losses[i] == doctest::Approx(pinned[i]).epsilon(1e-4));
+}
+
+TEST_CASE("same seed and device count: bitwise identical results, run after run") {
+  Trainer a(small(2, 2), data().train, data().test), b(small(2, 2), data().train, data().test);
+  auto ma = a.run_epoch(), mb = b.run_epoch();
+  CHECK(a.gather(false) == b.gather(false));
+  CHECK(a.gather(true) == b.gather(true));
+  CHECK(ma.train_loss == mb.train_loss);
+  CHECK(ma.member_test_accuracy == mb.member_test_accuracy);
+  CHECK(ma.ensemble_test_accuracy == mb.ensemble_test_accuracy);
+  TrainConfig other = small(2, 2);
+  other.seed = 1;
+  Trainer c(other, data().train, data().test);
+  CHECK(c.gather(false) != a.gather(false));
+}
+
+TEST_CASE("4 members on 4 devices and 4 members on 1 device start from the same keys") {
+  Trainer spread(small(4, 4), data().train, data().test), packed(small(1, 4), data().train, data().test);
+  CHECK(spread.gather(false) == packed.gather(false));  // member g's init depends only on its key
+  spread.run_epoch();
+  packed.run_epoch();
+  const float diff = max_abs_diff(spread.gather(false), packed.gather(false));
+  MESSAGE("max |param difference| after one epoch, 4x1 vs 1x4 members: " << diff);
+  CHECK(diff <= 1e-4f);
+}
+
+TEST_CASE("data parallel over 2 devices matches 1 device with the same batch; replicas stay identical") {
+  TrainConfig one = small(1, 1), two = small(2, 1);
+  one.mode = two.mode = Mode::data_parallel;
+  Trainer a(one, data().train, data().test), b(two, data().train, data().test);
+  CHECK(a.gather(false) == b.gather(false));
+  auto ma = a.run_epoch();
+  auto mb = b.run_epoch();
+  const float diff = max_abs_diff(a.gather(false), b.gather(false));
+  MESSAGE("max |param difference| after one epoch, data parallel 1 vs 2 devices: " << diff);
+  CHECK(diff <= 1e-4f);
+  CHECK(ma.train_loss == doctest::Approx(mb.train_loss).epsilon(1e-4));
+  CHECK(mb.member_test_accuracy.size() == 1);
+  // The replicas are bitwise identical: save and compare each device's copy through a checkpoint round
+  // trip is indirect; instead check that a fresh data-parallel trainer gets identical metrics twice.
+  Trainer c(two, data().train, data().test);
+  auto mc = c.run_epoch();
+  CHECK(mc.train_loss == mb.train_loss);
+}
+
+TEST_CASE("resume continues exactly: 2 epochs = 1 epoch, save, resume, 1 more") {
+  const auto path = temp_path("resume.safetensors");
+  Trainer straight(small(2, 2, 2), data().train, data().test);
+  straight.run_epoch();
+  straight.run_epoch();
+  {
+    Trainer first(small(2, 2, 2), data().train, data().test);
+    first.run_epoch();
+    first.save_checkpoint(path);
+  }
+  Trainer resumed(small(2, 2, 2), data().train, data().test);
+  resumed.load_checkpoint(path);
+  CHECK(resumed.epochs_done() == 1);
+  CHECK(resumed.history().size() == 1);
+  auto m = resumed.run_epoch();
+  CHECK(m.epoch == 2);
+  CHECK(resumed.gather(false) == straight.gather(false));
+  CHECK(resumed.gather(true) == straight.gather(true));
+  CHECK(resumed.step() == straight.step());
+  CHECK(m.member_test_accuracy == straight.history().back().member_test_accuracy);
+  // A checkpoint of 2 members written on 2 devices resumes on 1 device too.
+  Trainer one_device(small(1, 2, 2), data().train, data().test), two_devices(small(2, 2, 2), data().train, data().test);
+  one_device.load_checkpoint(path);
+  two_devices.load_checkpoint(path);
+  CHECK(one_device.gather(false) == two_devices.gather(false));
+  CHECK(one_device.gather(true) == two_devices.gather(true));
+}
+
+TEST_CASE("mismatched and corrupt checkpoints are rejected with a clear error") {
+  const auto path = temp_path("ckpt.safetensors");
+  Trainer t(small(1, 1), data().train, data().test);
+  t.run_epoch();
+  t.save_checkpoint(path);
+  TrainConfig other_seed = small(1, 1);
+  other_seed.seed = 7;
+  Trainer u(other_seed, data().train, data().test);
+  CHECK_THROWS_WITH_AS(u.load_checkpoint(path), doctest::Contains("seed"), pmap::DataError);
+  Trainer two(small(1, 2), data().train, data().test);
+  CHECK_THROWS_WITH_AS(two.load_checkpoint(path), doctest::Contains("members"), pmap::DataError);
+  CHECK_THROWS_AS(t.load_checkpoint(temp_path("missing.safetensors")), pmap::Error);
+
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto bad = temp_path("bad.safetensors");
+  auto write = [&](const std::string& b) { std::ofstream(bad, std::ios::binary) << b; };
+  std::uint64_t header = 0;
+  for (int i = 7; i >= 0; --i) header = header << 8 | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
+  // Every prefix through the header and a sample through the data: never loads, never crashes.
+  // load_checkpoint validates everything before it changes the trainer, so one trainer serves all tries.
+  Trainer fresh(small(1, 1), data().train, data().test);
+  for (std::size_t len = 0; len < bytes.size(); len += (len < header + 64 ? 1 : 4099)) {
+    write(bytes.substr(0, len));
+    CHECK_THROWS_AS(fresh.load_checkpoint(bad), pmap::DataError);
+  }
+  CHECK(fresh.epochs_done() == 0);
+  // Single-byte flips of the header: rejected, or (a flip that keeps it valid, e.g. in a float's
+  // digits of the history) loaded into a consistent state.
+  int rejected = 0, accepted = 0;
+  for (std::size_t i = 8; i < 8 + header; i += 3) {
+    std::string b = bytes;
+    b[i] = static_cast<char>(b[i] ^ 0x04);
+    write(b);
+    try {
+      fresh.load_checkpoint(bad);
+      ++accepted;
+      CHECK(fresh.epochs_done() == 1);
+    } catch (const pmap::DataError&) {
+      ++rejected;
+    }
+  }
+  MESSAGE("header flips: " << rejected << " rejected, " << accepted << " accepted as consistent");
+  CHECK(rejected > 0);
+}
+
+TEST_CASE("bad training configurations are rejected naming the flag") {
+  CHECK_THROWS_WITH_AS(Trainer(small(2, 3), data().train, data().test), doctest::Contains("--members 3"),
+                       pmap::ValueError);
+  TrainConfig dp = small(2, 2);
+  dp.mode = Mode::data_parallel;
+  CHECK_THROWS_WITH_AS(Trainer(dp, data().train, data().test), doctest::Contains("--members must be 1"),
+                       pmap::ValueError);
+  TrainConfig big = small(1, 1);
+  big.batch_size = 1000;
+  CHECK_THROWS_WITH_AS(Trainer(big, data().train, data().test), doctest::Contains("--batch-size 1000"),
+                       pmap::ValueError);
+}
