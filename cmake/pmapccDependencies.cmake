@@ -31,6 +31,9 @@ if(PMAPCC_HAVE_CUDA)
   endif()
   set(CMAKE_CUDA_STANDARD 20)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  # One CUDA runtime per process: .cu targets link the shared cudart, as CUDA::cudart does (a static
+  # copy beside it would be a second runtime whose streams the first does not know).
+  set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
 endif()
 
 # NCCL: only meaningful with CUDA.

@@ -1,6 +1,16 @@
 // Internal seams between the runtime and its optional backends (CUDA, NCCL, MPI), implemented by file
-// pairs chosen by CMake: src/cuda/* or src/stubs/no_cuda.cpp, and so on.
+// pairs chosen by CMake: src/cuda/* or src/stubs/no_cuda.cpp, and so on. CUDA-free: streams are opaque.
 #pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <pmap/dtype.h>
+#include <pmap/random.h>
+
+namespace pmap {
+struct Device;
+}
 
 namespace pmap::detail {
 
@@ -9,17 +19,9 @@ int cuda_device_count();
 bool nccl_available();
 bool mpi_available();
 
-}  // namespace pmap::detail
-
-#include <cstddef>
-
-namespace pmap {
-struct Device;
-}
-
-namespace pmap::detail {
-
-// CUDA memory and copies; the stub (no CUDA) throws NotAvailable. Blocking.
+// CUDA memory and copies; the stub (no CUDA) throws NotAvailable. Blocking: copies and fills run on the
+// calling thread's current stream (see pmap/detail/cuda_stream.h), which they then synchronize, so they
+// are ordered after the device work the thread has queued.
 void* cuda_alloc(int ordinal, std::size_t bytes);
 void cuda_free(int ordinal, void* ptr) noexcept;
 void cuda_memset_zero(int ordinal, void* ptr, std::size_t bytes);
@@ -27,5 +29,54 @@ void cuda_memset_zero(int ordinal, void* ptr, std::size_t bytes);
 void cuda_copy(void* dst, const Device& dst_device, const void* src, const Device& src_device, std::size_t bytes);
 // Makes `ordinal` the calling thread's current GPU (worker threads call this once).
 void cuda_bind_thread(int ordinal);
+
+// ---- Streams (opaque cudaStream_t) ------------------------------------------------------------------
+
+using StreamHandle = void*;
+// A new stream on GPU `ordinal` that does not synchronize with the legacy default stream.
+StreamHandle cuda_stream_create(int ordinal);
+void cuda_stream_destroy(int ordinal, StreamHandle stream) noexcept;
+// Makes `stream` the calling thread's current stream (nullptr: the legacy default stream).
+void cuda_set_thread_stream(StreamHandle stream) noexcept;
+// Blocks until the calling thread's current stream has finished its work; raises CudaError for a
+// failure of that work.
+void cuda_sync_current_stream();
+
+// A mesh device's stream: created for CUDA devices, empty for CPU devices. Move-only.
+class DeviceStream {
+ public:
+  DeviceStream() = default;
+  DeviceStream(bool cuda, int ordinal) : ordinal_(ordinal), stream_(cuda ? cuda_stream_create(ordinal) : nullptr) {}
+  DeviceStream(DeviceStream&& o) noexcept : ordinal_(o.ordinal_), stream_(o.stream_) { o.stream_ = nullptr; }
+  DeviceStream& operator=(DeviceStream&&) = delete;
+  DeviceStream(const DeviceStream&) = delete;
+  DeviceStream& operator=(const DeviceStream&) = delete;
+  ~DeviceStream() {
+    if (stream_ != nullptr) cuda_stream_destroy(ordinal_, stream_);
+  }
+  StreamHandle get() const { return stream_; }
+
+ private:
+  int ordinal_ = 0;
+  StreamHandle stream_ = nullptr;
+};
+
+// ---- Device-side helpers of the runtime -----------------------------------------------------------
+
+// x[i] /= n for `count` elements of a floating dtype in device memory of GPU `ordinal`, on the calling
+// thread's stream there (the same rounding as the host's division). Asynchronous.
+void cuda_divide(int ordinal, void* x, std::size_t count, DType dtype, int n);
+
+// The samplers of pmap/random.h drawn by a kernel into device memory on the current stream; blocking.
+enum class SampleKind : std::uint8_t { bits, uniform, normal, truncated_normal, bernoulli };
+struct SampleRequest {
+  SampleKind kind = SampleKind::bits;
+  Key key;
+  float a = 0.0f, b = 1.0f;  // (lo, hi), (mean, stddev), (lower, upper), (p, -)
+  void* out = nullptr;       // u32, f32, f32, f32 or u8 elements
+  std::size_t count = 0;
+  int ordinal = 0;           // the GPU holding `out`
+};
+void cuda_sample(const SampleRequest& request);
 
 }  // namespace pmap::detail

@@ -1,10 +1,12 @@
 // Named-axis collectives on Arrays: argument checks, output allocation, and dispatch to the device's
-// communicator. Arrays on CUDA devices meeting the thread communicator are staged through the host.
+// communicator. Arrays are staged to where the communicator wants its buffers: CUDA arrays through the
+// host for the host hub, host arrays (scalars) onto the device for NCCL and the device hub.
 #include <pmap/collectives.h>
 
 #include <functional>
 #include <set>
 
+#include "backend.h"
 #include "mesh_impl.h"
 
 namespace pmap {
@@ -17,15 +19,18 @@ struct Target {
   detail::MeshImpl* mesh;
   int device;
   Communicator* comm;
+  Device memory;  // where the communicator's buffers must live: the host, or the calling device
 };
 
 Target target(const char* what, const AxisNames& axes) {
   auto& ctx = detail::current_context(what);
-  return Target{ctx.mesh, ctx.device, &ctx.mesh->comm(ctx.device, axes)};
+  const bool on_device = ctx.mesh->device_memory(ctx.device, axes);
+  return Target{ctx.mesh, ctx.device, &ctx.mesh->comm(ctx.device, axes),
+                on_device ? ctx.mesh->devices()[static_cast<std::size_t>(ctx.device)] : Device{}};
 }
 
 void dispatch(Communicator& c, const CollectiveOp& op) {
-  if (auto* t = dynamic_cast<detail::ThreadCommunicator*>(&c)) return t->run(op);
+  if (auto* r = dynamic_cast<detail::OpRunner*>(&c)) return r->run(op);
   switch (op.kind) {
     case OpKind::all_reduce: return c.all_reduce(op.send, op.recv, op.count, op.dtype, op.reduce);
     case OpKind::all_gather: return c.all_gather(op.send, op.recv, op.count, op.dtype);
@@ -37,21 +42,25 @@ void dispatch(Communicator& c, const CollectiveOp& op) {
   }
 }
 
-// Runs op with `in` as the send buffer and `out` as the receive buffer. Host-resident arrays go
-// straight to the communicator; device arrays are staged through host copies for the thread hub.
+// True when an array on `d` lives in the memory `want` names: any host memory, or the same GPU.
+bool resides(const Device& d, const Device& want) {
+  return want.is_cpu() ? d.is_cpu() : !d.is_cpu() && d.ordinal == want.ordinal;
+}
+
+// Runs op with `in` as the send buffer and `out` as the receive buffer. Arrays already where the
+// communicator wants them go straight to it; others are staged through copies there.
 void run(const Target& t, CollectiveOp op, const Array& in, Array& out) {
-  bool staged = !in.device().is_cpu() && dynamic_cast<detail::ThreadCommunicator*>(t.comm) != nullptr;
-  if (!staged) {
+  if (resides(in.device(), t.memory) && resides(out.device(), t.memory)) {
     op.send = in.raw_data();
     op.recv = out.raw_data();
     return dispatch(*t.comm, op);
   }
-  Array host_in = in.to(Device{});
-  Array host_out(out.shape(), out.dtype(), Device{});
-  op.send = host_in.raw_data();
-  op.recv = host_out.raw_data();
+  Array staged_in = in.to(t.memory);
+  Array staged_out(out.shape(), out.dtype(), t.memory);
+  op.send = staged_in.raw_data();
+  op.recv = staged_out.raw_data();
   dispatch(*t.comm, op);
-  out.copy_from(host_out);
+  out.copy_from(staged_out);
 }
 
 CollectiveOp make(OpKind kind, const char* name, const Array& x, std::size_t count) {
@@ -82,9 +91,7 @@ void divide_by(Array& x, int n) {
     }
     return;
   }
-  Array host = x.to(Device{});
-  divide_by(host, n);
-  x.copy_from(host);
+  detail::cuda_divide(x.device().ordinal, x.raw_data(), static_cast<std::size_t>(x.size()), x.dtype(), n);
 }
 
 void check_floating(const char* name, const Array& x) {

@@ -36,6 +36,14 @@ std::vector<std::vector<int>> ordered_tuples(int n) {
   return out;
 }
 
+// Two or more CUDA devices, each on its own GPU: NCCL can connect them.
+bool one_gpu_per_device(const std::vector<Device>& devices) {
+  std::set<int> gpus;
+  for (const auto& d : devices)
+    if (d.is_cpu() || !gpus.insert(d.ordinal).second) return false;
+  return devices.size() > 1;
+}
+
 }  // namespace
 
 DeviceContext& current_context(const char* what) {
@@ -69,11 +77,22 @@ MeshImpl::MeshImpl(std::vector<Device> devices, std::vector<AxisSpec> axes, Mesh
   std::vector<std::string> names;
   for (const auto& d : devices_) names.push_back(d.str());
   hub_ = std::make_unique<ThreadHub>(names, options_.collective_timeout);
+  streams_.reserve(devices_.size());
+  for (const auto& d : devices_) streams_.emplace_back(!d.is_cpu(), d.ordinal);
+  if (one_gpu_per_device(devices_) && nccl_available()) {
+    std::vector<int> ordinals;
+    for (const auto& d : devices_) ordinals.push_back(d.ordinal);
+    nccl_ = make_nccl_clique(ordinals, *hub_, options_.collective_timeout);
+  }
   build_comms();
   workers_ = std::make_unique<WorkerPool>(devices_, options_.pin_threads);
+  if (nccl_) build_nccl_comms();
 }
 
-MeshImpl::~MeshImpl() { workers_.reset(); }
+MeshImpl::~MeshImpl() {
+  release_nccl_comms();
+  workers_.reset();
+}
 
 std::vector<int> MeshImpl::coords(int device) const {
   std::vector<int> c(axes_.size());
@@ -146,20 +165,90 @@ void MeshImpl::build_comms() {
     }
     comms_.emplace(key(tuple), std::move(ac));
   }
-  // Communicators hold references to groups: create them once the map no longer moves.
+  // Communicators hold references to groups: create them once the map no longer moves. NCCL ones are
+  // made later, on the workers (build_nccl_comms).
   for (auto& [k, ac] : comms_) {
     for (int d = 0; d < size(); ++d) {
       const Group& g = ac.groups[static_cast<std::size_t>(ac.group_of[static_cast<std::size_t>(d)])];
       int rank = static_cast<int>(std::find(g.members.begin(), g.members.end(), d) - g.members.begin());
-      ac.comms.push_back(std::make_unique<ThreadCommunicator>(*hub_, g, d, rank));
+      const CommKind kind = comm_kind(g);
+      ac.device_memory.push_back(kind != CommKind::host_hub);
+      if (kind == CommKind::nccl) {
+        ac.comms.emplace_back();
+      } else {
+        ac.comms.push_back(std::make_unique<ThreadCommunicator>(*hub_, g, d, rank, kind == CommKind::device_hub));
+      }
     }
   }
+}
+
+// CPU devices meet in the host hub. CUDA devices: NCCL when every device of the mesh has its own GPU;
+// virtual devices sharing one GPU meet in the hub and reduce on that GPU; a group of virtual devices
+// spread over several GPUs is staged through the host.
+MeshImpl::CommKind MeshImpl::comm_kind(const Group& g) const {
+  const Device& first = devices_[static_cast<std::size_t>(g.members.front())];
+  if (first.is_cpu()) return CommKind::host_hub;
+  if (nccl_ && g.members.size() > 1) return CommKind::nccl;
+  for (int m : g.members) {
+    const Device& d = devices_[static_cast<std::size_t>(m)];
+    if (d.is_cpu() || d.ordinal != first.ordinal) return CommKind::host_hub;
+  }
+  return CommKind::device_hub;
+}
+
+// Splits every device's NCCL communicators from its root, concurrently on the workers (the split is
+// collective), each ending with a barrier; the first failure is rethrown after all are released.
+void MeshImpl::build_nccl_comms() {
+  std::vector<std::exception_ptr> errors(devices_.size());
+  workers_->run_all([&](int d) {
+    cuda_set_thread_stream(streams_[static_cast<std::size_t>(d)].get());
+    try {
+      for (auto& [k, ac] : comms_) {
+        const auto du = static_cast<std::size_t>(d);
+        if (ac.comms[du] != nullptr) continue;  // a thread-hub communicator
+        const int color = ac.group_of[du];
+        const Group& g = ac.groups[static_cast<std::size_t>(color)];
+        const int rank = static_cast<int>(std::find(g.members.begin(), g.members.end(), d) - g.members.begin());
+        ac.comms[du] = nccl_->split(d, color, rank, g);
+      }
+    } catch (Error& e) {
+      errors[static_cast<std::size_t>(d)] = std::current_exception();
+      hub_->abort(devices_[static_cast<std::size_t>(d)].str() + " could not set up NCCL: " + e.message());
+    } catch (...) {
+      errors[static_cast<std::size_t>(d)] = std::current_exception();
+      hub_->abort(devices_[static_cast<std::size_t>(d)].str() + " could not set up NCCL");
+    }
+    cuda_set_thread_stream(nullptr);
+  });
+  for (const auto& e : errors) {
+    if (!e) continue;
+    release_nccl_comms();
+    std::rethrow_exception(e);
+  }
+  hub_->reset();
+}
+
+// NCCL communicators are finalized collectively: every device's worker releases its own at once.
+void MeshImpl::release_nccl_comms() noexcept {
+  if (!nccl_ || !workers_) return;
+  workers_->run_all([&](int d) {
+    for (auto& [k, ac] : comms_) {
+      const auto du = static_cast<std::size_t>(d);
+      if (ac.device_memory[du] && dynamic_cast<ThreadCommunicator*>(ac.comms[du].get()) == nullptr) ac.comms[du].reset();
+    }
+    nccl_->release(d);
+  });
+  nccl_.reset();
 }
 
 MeshImpl::AxisComms& MeshImpl::lookup(const AxisNames& axes) { return comms_.at(key(resolve(axes))); }
 
 Communicator& MeshImpl::comm(int device, const AxisNames& axes) {
   return *lookup(axes).comms[static_cast<std::size_t>(device)];
+}
+
+bool MeshImpl::device_memory(int device, const AxisNames& axes) {
+  return lookup(axes).device_memory[static_cast<std::size_t>(device)] != 0;
 }
 
 const Group& MeshImpl::group(int device, const AxisNames& axes) {
@@ -183,8 +272,11 @@ void MeshImpl::run(const std::function<void(int)>& fn) {
     tls_context = DeviceContext{this, d};
     const std::string dev = devices_[static_cast<std::size_t>(d)].str();
     Failure& f = failures[static_cast<std::size_t>(d)];
+    const StreamHandle stream = streams_[static_cast<std::size_t>(d)].get();
+    cuda_set_thread_stream(stream);  // CUDA devices: every op of fn goes to the device's stream
     try {
       fn(d);
+      if (stream != nullptr) cuda_sync_current_stream();  // pmap returns when the device's work is done
     } catch (Aborted& e) {
       e.set_device(dev);
       f = {std::current_exception(), clock++, true};
@@ -204,6 +296,7 @@ void MeshImpl::run(const std::function<void(int)>& fn) {
       hub_->abort(dev + " raised " + err.message());
     }
     hub_->finished(d, static_cast<bool>(f.error));
+    cuda_set_thread_stream(nullptr);
     tls_context = DeviceContext{};
   });
   const Failure* first = nullptr;

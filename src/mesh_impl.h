@@ -11,6 +11,8 @@
 #include <pmap/communicator.h>
 #include <pmap/mesh.h>
 
+#include "backend.h"
+#include "nccl_clique.h"
 #include "thread_hub.h"
 #include "workers.h"
 
@@ -33,6 +35,9 @@ class MeshImpl {
   int axis_index(int device, const AxisNames& axes) const;
   // The device's communicator for the axis tuple, and its group.
   Communicator& comm(int device, const AxisNames& axes);
+  // True when that communicator takes buffers in the device's own memory (NCCL, or the device hub of
+  // virtual devices on one GPU); false: host memory (CPU devices, or CUDA devices staged through the host).
+  bool device_memory(int device, const AxisNames& axes);
   const Group& group(int device, const AxisNames& axes);
   std::string scope_str() const;  // "'data', 'model'"
 
@@ -44,8 +49,14 @@ class MeshImpl {
     std::vector<Group> groups;
     std::vector<int> group_of;  // per device
     std::vector<std::unique_ptr<Communicator>> comms;  // per device
+    std::vector<char> device_memory;                   // per device: see device_memory()
   };
+  // How the devices of one group talk: see build_comms.
+  enum class CommKind { host_hub, device_hub, nccl };
   void build_comms();
+  CommKind comm_kind(const Group& g) const;
+  void build_nccl_comms();
+  void release_nccl_comms() noexcept;
   std::string key(const std::vector<int>& axis_ids) const;
   AxisComms& lookup(const AxisNames& axes);
 
@@ -53,6 +64,8 @@ class MeshImpl {
   std::vector<AxisSpec> axes_;
   MeshOptions options_;
   std::unique_ptr<ThreadHub> hub_;
+  std::vector<DeviceStream> streams_;       // per device: its CUDA stream (empty for CPU devices)
+  std::unique_ptr<NcclClique> nccl_;        // one GPU per device and NCCL built: the root communicators
   std::map<std::string, AxisComms> comms_;  // by axis tuple key ("0,1")
   std::mutex run_mu_;
   std::unique_ptr<WorkerPool> workers_;  // last: threads stop before the rest is destroyed

@@ -4,9 +4,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <type_traits>
 
 #include <pmap/error.h>
+
+#include "backend.h"
 
 namespace pmap::detail {
 namespace {
@@ -184,10 +187,22 @@ void ThreadHub::collective(int device, const Group& group, int rank, const Colle
     }
   }
   lk.unlock();
-  execute(group, rank);
+  std::exception_ptr failure;
+  try {
+    execute(group, rank);  // host data movement cannot fail; device movement can (CudaError)
+  } catch (...) {
+    failure = std::current_exception();
+  }
   lk.lock();
   me.done = seq;
   cv_.notify_all();
+  if (failure) {
+    if (!aborted_) {
+      aborted_ = true;
+      reason_ = describe(device) + " failed while moving its data";
+    }
+    std::rethrow_exception(failure);
+  }
   // Peers may still read our send buffer or write our recv buffer: wait for all of them. Data
   // movement cannot block, so this wait is finite.
   cv_.wait(lk, [&] {
@@ -197,10 +212,16 @@ void ThreadHub::collective(int device, const Group& group, int rank, const Colle
   });
 }
 
+std::string ThreadHub::abort_reason() const {
+  std::lock_guard lk(mu_);
+  return aborted_ ? reason_ : std::string();
+}
+
 void ThreadHub::execute(const Group& group, int rank) const {
   const std::size_t n = group.members.size();
   const Slot& mine = slots_[static_cast<std::size_t>(group.members[static_cast<std::size_t>(rank)])];
   const CollectiveOp& op = mine.op;
+  if (op.check_only) return;
   const std::size_t esize = size_of(op.dtype);
   std::vector<const void*> sends(n);
   std::vector<void*> recvs(n);
@@ -209,6 +230,7 @@ void ThreadHub::execute(const Group& group, int rank) const {
     sends[k] = s.op.send;
     recvs[k] = s.op.recv;
   }
+  if (op.device) return device_execute(op, sends, recvs, rank);
   const auto r = static_cast<std::size_t>(rank);
   switch (op.kind) {
     case OpKind::all_reduce: {
@@ -240,6 +262,12 @@ void ThreadHub::execute(const Group& group, int rank) const {
       break;
     case OpKind::barrier: break;
   }
+}
+
+void ThreadCommunicator::run(CollectiveOp op) {
+  op.device = device_memory_;
+  if (device_memory_) cuda_sync_current_stream();  // peers read our send buffer from their streams
+  hub_.collective(device_, group_, rank_, op);
 }
 
 void ThreadCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {

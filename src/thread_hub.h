@@ -33,6 +33,8 @@ struct CollectiveOp {
   const void* send = nullptr;
   void* recv = nullptr;
   const char* name = "collective";  // the user-facing name (psum, all_gather, ...), compared across devices
+  bool device = false;      // send/recv are device memory of one GPU: the data moves by device_execute
+  bool check_only = false;  // rendezvous and signature check only; the caller moves the data (NCCL)
 };
 
 // A set of mesh devices that communicate along one axis tuple; members are listed in rank order.
@@ -54,6 +56,8 @@ class ThreadHub {
   void abort(const std::string& reason);
   // Runs `op` for `device`, which is rank `rank` of `group`. Blocks until the whole group is done.
   void collective(int device, const Group& group, int rank, const CollectiveOp& op);
+  // Why this call was aborted, or "" while it is not (polled by communicators that wait elsewhere).
+  std::string abort_reason() const;
 
  private:
   // What a device called as its k-th collective, kept for the last kHistory calls so a device that
@@ -88,11 +92,28 @@ class ThreadHub {
   std::string reason_;
 };
 
-// A Communicator for one device in one group, backed by a ThreadHub.
-class ThreadCommunicator final : public Communicator {
+// Rank `rank`'s share of the data movement of a collective whose buffers (sends, recvs: every rank's, in
+// rank order) are device memory on the calling thread's GPU: kernels and copies on its current stream,
+// which is then synchronized. Reductions combine ranks in order 0..n-1, as the host path does, so the
+// results are bitwise those of CPU devices. src/cuda/device_hub.cu; the stub throws NotAvailable.
+void device_execute(const CollectiveOp& op, const std::vector<const void*>& sends, const std::vector<void*>& recvs,
+                    int rank);
+
+// A communicator that also takes a fully described op, so the collectives layer can pass the user-facing
+// name (psum, all_gather, ...) that mismatch and timeout messages show.
+class OpRunner {
  public:
-  ThreadCommunicator(ThreadHub& hub, const Group& group, int device, int rank)
-      : hub_(hub), group_(group), device_(device), rank_(rank) {}
+  virtual ~OpRunner() = default;
+  virtual void run(CollectiveOp op) = 0;
+};
+
+// A Communicator for one device in one group, backed by a ThreadHub. With device_memory, the buffers are
+// device memory and every member of the group is on the same GPU (virtual devices): the hub only meets
+// the threads, the data moves on the GPU.
+class ThreadCommunicator final : public Communicator, public OpRunner {
+ public:
+  ThreadCommunicator(ThreadHub& hub, const Group& group, int device, int rank, bool device_memory = false)
+      : hub_(hub), group_(group), device_(device), rank_(rank), device_memory_(device_memory) {}
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(group_.members.size()); }
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
@@ -103,14 +124,15 @@ class ThreadCommunicator final : public Communicator {
                std::size_t perm_id) override;
   void barrier() override;
   void abort(const std::string& reason) override { hub_.abort(reason); }
-  // Runs a fully described op (lets the collectives layer pass its user-facing name).
-  void run(const CollectiveOp& op) { hub_.collective(device_, group_, rank_, op); }
+  void run(CollectiveOp op) override;
+  bool device_memory() const { return device_memory_; }
 
  private:
   ThreadHub& hub_;
   const Group& group_;
   int device_;
   int rank_;
+  bool device_memory_;
 };
 
 }  // namespace pmap::detail

@@ -11,6 +11,8 @@
 
 namespace pmap {
 
+class Array;
+
 // A PRNG key: JAX's raw key data [k0, k1] for the threefry2x32 implementation.
 struct Key {
   std::uint32_t k0 = 0;
@@ -69,6 +71,17 @@ void truncated_normal(Key key, std::span<float> out, float lower = -2.0f, float 
 // Bernoulli draws: out[i] = 1 if element i of uniform(key) is <= p, else 0; p = 0 gives all 0, p = 1
 // all 1. Throws ValueError unless 0 <= p <= 1.
 void bernoulli(Key key, std::span<std::uint8_t> out, float p);
+
+// The same samplers into an Array on any device: a CPU array is filled by the functions above; a CUDA
+// array by a kernel on the calling thread's current stream (blocking), drawing bitwise the host's numbers
+// for random_bits, uniform, bernoulli and truncated_normal, and normal to a few ulp (see normal).
+// dtypes: random_bits u32, bernoulli u8, the others f32 (ShapeError otherwise). Arguments are checked as
+// above; element i depends only on the key and i.
+void random_bits(Key key, Array& out);
+void uniform(Key key, Array& out, float lo = 0.0f, float hi = 1.0f);
+void normal(Key key, Array& out, float mean = 0.0f, float stddev = 1.0f);
+void truncated_normal(Key key, Array& out, float lower = -2.0f, float upper = 2.0f);
+void bernoulli(Key key, Array& out, float p);
 
 // A uniformly random permutation of 0..n-1: Fisher-Yates from the top, each index drawn from the
 // key's random_bits stream by rejection sampling (no modulo bias). Deterministic per key.

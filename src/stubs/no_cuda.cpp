@@ -3,6 +3,7 @@
 #include <pmap/error.h>
 
 #include "backend.h"
+#include "thread_hub.h"
 
 namespace pmap::detail {
 namespace {
@@ -15,5 +16,14 @@ void cuda_free(int, void*) noexcept {}
 void cuda_memset_zero(int, void*, std::size_t) { unavailable(); }
 void cuda_copy(void*, const Device&, const void*, const Device&, std::size_t) { unavailable(); }
 void cuda_bind_thread(int) { unavailable(); }
+StreamHandle cuda_stream_create(int) { unavailable(); }
+void cuda_stream_destroy(int, StreamHandle) noexcept {}
+void cuda_set_thread_stream(StreamHandle) noexcept {}
+void cuda_sync_current_stream() {}
+void cuda_divide(int, void*, std::size_t, DType, int) { unavailable(); }
+void cuda_sample(const SampleRequest&) { unavailable(); }
+void device_execute(const CollectiveOp&, const std::vector<const void*>&, const std::vector<void*>&, int) {
+  unavailable();
+}
 
 }  // namespace pmap::detail

@@ -1,0 +1,198 @@
+// CUDA conv2d forward and backward: im2col of the whole batch (once for a shared input), then cuBLAS
+// strided-batched GEMMs against HWIO weights seen as (KH*KW*Cin, Cout) matrices, one batch entry per
+// member; dx by a gather col2im (no atomics: deterministic).
+#include <cstdint>
+
+#include "kernels/cuda/context.h"
+#include "kernels/cuda/linear.h"
+#include "kernels/cuda/ops.h"
+
+namespace pmap::kernels::gpu {
+namespace {
+
+constexpr std::size_t kAlign = 256;
+
+std::size_t align_up(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// Sizes derived once per call; small, passed to kernels by value.
+struct ConvPlan {
+  Conv2dParams p;
+  ConvGeometry g;
+  int patch = 0;                // K = KH*KW*Cin
+  std::size_t pixels = 0;       // P = N*OH*OW output pixels per member
+  std::size_t in_image = 0;     // H*W*Cin
+  int col_members = 1;          // patch matrices built: 1 with a shared input, else M
+  bool identity = false;        // 1x1, stride 1, no padding: the patch matrix is x itself
+  std::size_t col_floats = 0;   // floats of one set of patch matrices (none for identity)
+  std::size_t partials = 0;     // doubles for the bias-gradient chunks
+};
+
+ConvPlan make_plan(const Conv2dParams& p) {
+  ConvPlan plan;
+  plan.p = p;
+  plan.g = conv2d_geometry(p);  // validates p
+  plan.patch = p.kernel_h * p.kernel_w * p.in_channels;
+  plan.pixels = static_cast<std::size_t>(p.batch) * plan.g.out_height * plan.g.out_width;
+  plan.in_image = static_cast<std::size_t>(p.height) * p.width * p.in_channels;
+  plan.col_members = p.shared_input ? 1 : p.members;
+  plan.identity = p.kernel_h == 1 && p.kernel_w == 1 && p.stride_h == 1 && p.stride_w == 1 && plan.g.pad_top == 0 &&
+                  plan.g.pad_left == 0 && plan.g.out_height == p.height && plan.g.out_width == p.width;
+  plan.col_floats = plan.identity ? 0 : plan.col_members * plan.pixels * static_cast<std::size_t>(plan.patch);
+  plan.partials = column_sum_partials(p.members, plan.pixels, p.out_channels);
+  return plan;
+}
+
+// The workspace carved into patches, patch gradients and bias partial sums.
+struct ConvBuffers {
+  float* col = nullptr;
+  float* dcol = nullptr;
+  double* partial = nullptr;
+};
+
+std::size_t workspace_bytes(const ConvPlan& plan) {
+  const std::size_t cols = align_up(plan.col_floats * sizeof(float));
+  return 2 * cols + align_up(plan.partials * sizeof(double)) + kAlign;
+}
+
+ConvBuffers carve(const ConvPlan& plan, void* workspace) {
+  if (workspace == nullptr) workspace = scratch(workspace_bytes(plan));
+  auto base = (reinterpret_cast<std::uintptr_t>(workspace) + kAlign - 1) / kAlign * kAlign;
+  ConvBuffers b;
+  const std::size_t cols = align_up(plan.col_floats * sizeof(float));
+  b.col = reinterpret_cast<float*>(base);
+  b.dcol = reinterpret_cast<float*>(base + cols);
+  b.partial = plan.partials == 0 ? nullptr : reinterpret_cast<double*>(base + 2 * cols);
+  return b;
+}
+
+// col (images*OH*OW, K) = patches of x (images, H, W, Cin); a patch row is (ky, kx, c); padding reads 0.
+__global__ void im2col_kernel(ConvPlan plan, const float* x, float* col, std::size_t total) {
+  const Conv2dParams& p = plan.p;
+  const std::size_t k = static_cast<std::size_t>(plan.patch);
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < total; i += stride) {
+    const std::size_t row = i / k;
+    const int kk = static_cast<int>(i % k);
+    const std::size_t pix = row % (static_cast<std::size_t>(plan.g.out_height) * plan.g.out_width);
+    const std::size_t image = row / (static_cast<std::size_t>(plan.g.out_height) * plan.g.out_width);
+    const int oy = static_cast<int>(pix / plan.g.out_width), ox = static_cast<int>(pix % plan.g.out_width);
+    const int ky = kk / (p.kernel_w * p.in_channels), rest = kk % (p.kernel_w * p.in_channels);
+    const int kx = rest / p.in_channels, c = rest % p.in_channels;
+    const int iy = oy * p.stride_h - plan.g.pad_top + ky, ix = ox * p.stride_w - plan.g.pad_left + kx;
+    const bool inside = iy >= 0 && iy < p.height && ix >= 0 && ix < p.width;
+    col[i] = inside ? x[image * plan.in_image + (static_cast<std::size_t>(iy) * p.width + ix) * p.in_channels + c] : 0.0f;
+  }
+}
+
+// dx (images, H, W, Cin) = the patch gradients dcol (images*OH*OW, K) gathered back: each input pixel
+// sums the patch entries that read it, in the CPU's order (output pixels ascending).
+__global__ void col2im_kernel(ConvPlan plan, const float* dcol, float* dx, std::size_t total) {
+  const Conv2dParams& p = plan.p;
+  const ConvGeometry& g = plan.g;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < total; i += stride) {
+    const int c = static_cast<int>(i % p.in_channels);
+    std::size_t t = i / p.in_channels;
+    const int ix = static_cast<int>(t % p.width);
+    t /= p.width;
+    const int iy = static_cast<int>(t % p.height);
+    const std::size_t image = t / p.height;
+    float acc = 0.0f;
+    for (int ky = p.kernel_h - 1; ky >= 0; --ky) {
+      const int ty = iy + g.pad_top - ky;
+      if (ty < 0 || ty % p.stride_h != 0 || ty / p.stride_h >= g.out_height) continue;
+      const int oy = ty / p.stride_h;
+      for (int kx = p.kernel_w - 1; kx >= 0; --kx) {
+        const int tx = ix + g.pad_left - kx;
+        if (tx < 0 || tx % p.stride_w != 0 || tx / p.stride_w >= g.out_width) continue;
+        const int ox = tx / p.stride_w;
+        const std::size_t row = (image * g.out_height + oy) * g.out_width + ox;
+        acc += dcol[row * plan.patch + (ky * p.kernel_w + kx) * p.in_channels + c];
+      }
+    }
+    dx[i] = acc;
+  }
+}
+
+// The patch matrices of all col_members: x itself for identity, else im2col'ed into col.
+const float* patches(const ConvPlan& plan, const float* x, float* col) {
+  if (plan.identity) return x;
+  const std::size_t total = plan.col_floats;
+  im2col_kernel<<<grid_for(total), kThreads, 0, current_stream()>>>(plan, x, col, total);
+  PMAPCC_CHECK_LAUNCH();
+  return col;
+}
+
+// Per member: (P, K) x (K, Cout). A shared patch matrix has batch stride 0.
+Gemm member_gemm(const ConvPlan& plan) {
+  Gemm g;
+  g.batch = plan.p.members;
+  g.stride_a = plan.col_members == 1 ? 0 : static_cast<long long>(plan.pixels) * plan.patch;
+  return g;
+}
+
+void backward_dx(const ConvPlan& plan, const float* w, const float* dy, float* dx, float* dcol) {
+  const Conv2dParams& p = plan.p;
+  const long long w_size = static_cast<long long>(plan.patch) * p.out_channels;
+  const long long y_size = static_cast<long long>(plan.pixels) * p.out_channels;
+  // dcol_m (P, K) = dy_m (P, Cout) @ w_m^T; an identity conv writes dx directly.
+  float* target = plan.identity ? dx : dcol;
+  Gemm g;
+  g.trans_b = true;
+  g.m = static_cast<int>(plan.pixels), g.n = plan.patch, g.k = p.out_channels;
+  if (p.shared_input) {  // members' patch gradients summed in member order, then one col2im
+    for (int m = 0; m < p.members; ++m) {
+      g.beta = m == 0 ? 0.0f : 1.0f;
+      gemm(g, dy + m * y_size, w + m * w_size, target);
+    }
+  } else {
+    g.batch = p.members, g.stride_a = y_size, g.stride_b = w_size;
+    g.stride_c = static_cast<long long>(plan.pixels) * plan.patch;
+    gemm(g, dy, w, target);
+  }
+  if (plan.identity) return;
+  const std::size_t total = static_cast<std::size_t>(plan.col_members) * p.batch * plan.in_image;
+  col2im_kernel<<<grid_for(total), kThreads, 0, current_stream()>>>(plan, dcol, dx, total);
+  PMAPCC_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+std::size_t conv2d_workspace_bytes(const Conv2dParams& p) { return workspace_bytes(make_plan(p)); }
+
+void conv2d_forward(const Conv2dParams& p, const float* x, const float* w, const float* b, float* y,
+                    void* workspace) {
+  require(x, "conv2d_forward", "x");
+  require(w, "conv2d_forward", "w");
+  require(y, "conv2d_forward", "y");
+  const ConvPlan plan = make_plan(p);
+  const ConvBuffers buf = carve(plan, workspace);
+  const float* a = patches(plan, x, buf.col);
+  Gemm g = member_gemm(plan);
+  g.m = static_cast<int>(plan.pixels), g.n = p.out_channels, g.k = plan.patch;
+  g.stride_b = static_cast<long long>(plan.patch) * p.out_channels;
+  g.stride_c = static_cast<long long>(plan.pixels) * p.out_channels;
+  gemm(g, a, w, y);
+  if (b != nullptr) add_bias(p.members, plan.pixels, p.out_channels, b, y);
+}
+
+void conv2d_backward(const Conv2dParams& p, const float* x, const float* w, const float* dy, float* dx, float* dw,
+                     float* db, void* workspace) {
+  require(dy, "conv2d_backward", "dy");
+  if (dw != nullptr) require(x, "conv2d_backward", "x (needed for dw)");
+  if (dx != nullptr) require(w, "conv2d_backward", "w (needed for dx)");
+  const ConvPlan plan = make_plan(p);
+  const ConvBuffers buf = carve(plan, workspace);
+  if (db != nullptr) column_sums(p.members, plan.pixels, p.out_channels, dy, db, buf.partial);
+  if (dw != nullptr) {  // dw_m (K, Cout) = patches_m^T (K, P) @ dy_m (P, Cout)
+    Gemm g = member_gemm(plan);
+    g.trans_a = true;
+    g.m = plan.patch, g.n = p.out_channels, g.k = static_cast<int>(plan.pixels);
+    g.stride_b = static_cast<long long>(plan.pixels) * p.out_channels;
+    g.stride_c = static_cast<long long>(plan.patch) * p.out_channels;
+    gemm(g, patches(plan, x, buf.col), dy, dw);
+  }
+  if (dx != nullptr) backward_dx(plan, w, dy, dx, buf.dcol);
+}
+
+}  // namespace pmap::kernels::gpu

@@ -1,0 +1,22 @@
+// PMAPCC_NCCL_CHECK: the NCCL member of the checking macro family (pmap/detail/cuda_check.h). A failed
+// call throws pmap::NcclError naming the expression, file:line, the current GPU, NCCL's error string and
+// its last-error detail.
+#pragma once
+
+#include <nccl.h>
+
+#include <string>
+
+#include <pmap/detail/cuda_check.h>
+
+namespace pmap::detail {
+
+[[noreturn]] inline void throw_nccl_error(ncclResult_t result, const CheckSite& site) {
+  std::string what = ncclGetErrorString(result);
+  if (const char* last = ncclGetLastError(nullptr); last != nullptr && *last != '\0') what += ": " + std::string(last);
+  throw NcclError(check_message(site, what));
+}
+
+}  // namespace pmap::detail
+
+#define PMAPCC_NCCL_CHECK(expr) PMAPCC_CHECK_GEN(expr, ncclSuccess, ::pmap::detail::throw_nccl_error)

@@ -1,0 +1,276 @@
+// NCCL communicators for meshes of one device per GPU. Each collective is first checked against the other
+// devices in the thread hub (same op, shape, dtype and axes, in the same order: a mismatch raises instead
+// of hanging), then enqueued on the device's stream, then waited for by polling the stream and
+// ncclCommGetAsyncError against the mesh's collective timeout; an error or a timeout aborts the
+// communicator (ncclCommAbort) and raises NcclError / Timeout. An aborted communicator stays unusable:
+// build a new Mesh.
+#include <nccl.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include <pmap/detail/cuda_stream.h>
+#include <pmap/error.h>
+
+#include "backend.h"
+#include "nccl/nccl_check.h"
+#include "nccl_clique.h"
+
+namespace pmap::detail {
+
+bool nccl_available() { return true; }
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How long a communicator may still finish after another device failed, before it is aborted.
+constexpr std::chrono::milliseconds kAbortGrace{2000};
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+    case DType::u32: return ncclUint32;
+    case DType::u8: return ncclUint8;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::sum ? ncclSum : op == ReduceOp::max ? ncclMax : ncclMin; }
+
+// A call on a nonblocking communicator: ncclInProgress means "queued, completion pending".
+void issue(ncclResult_t result, const char* expr, int line) {
+  if (result != ncclSuccess && result != ncclInProgress) throw_nccl_error(result, CheckSite{expr, __FILE__, line});
+}
+#define PMAPCC_NCCL_ISSUE(expr) issue((expr), #expr, __LINE__)
+
+class NcclCommunicator final : public Communicator, public OpRunner {
+ public:
+  NcclCommunicator(ncclComm_t comm, ThreadHub& hub, const Group& group, int device, int rank,
+                   std::chrono::milliseconds timeout)
+      : comm_(comm), hub_(hub), group_(group), device_(device), rank_(rank), timeout_(timeout) {
+    PMAPCC_CUDA_CHECK(cudaMalloc(&barrier_word_, sizeof(float)));  // up front: no allocation in collectives
+  }
+  ~NcclCommunicator() override;
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(group_.members.size()); }
+  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
+    run(make(OpKind::all_reduce, "all_reduce", send, recv, count, dtype, op));
+  }
+  void all_gather(const void* send, void* recv, std::size_t count, DType dtype) override {
+    run(make(OpKind::all_gather, "all_gather", send, recv, count, dtype, ReduceOp::sum));
+  }
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
+    run(make(OpKind::reduce_scatter, "reduce_scatter", send, recv, count, dtype, op));
+  }
+  void broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root) override {
+    CollectiveOp c = make(OpKind::broadcast, "broadcast", send, recv, count, dtype, ReduceOp::sum);
+    c.root = root;
+    run(c);
+  }
+  void permute(const void* send, void* recv, std::size_t count, DType dtype, int send_to, int recv_from,
+               std::size_t perm_id) override {
+    CollectiveOp c = make(OpKind::permute, "permute", send, recv, count, dtype, ReduceOp::sum);
+    c.send_to = send_to, c.recv_from = recv_from, c.perm_id = perm_id;
+    run(c);
+  }
+  void barrier() override { run(make(OpKind::barrier, "barrier", nullptr, nullptr, 0, DType::f32, ReduceOp::sum)); }
+  void abort(const std::string& reason) override { hub_.abort(reason); }  // waiters abort their communicators
+
+  // Checks the op against the other devices, enqueues it on the current stream and waits for it.
+  void run(CollectiveOp op) override;
+  // Waits until a nonblocking call on the communicator (creation, split, finalize) has completed.
+  void await_ready(const char* what);
+
+ private:
+  static CollectiveOp make(OpKind kind, const char* name, const void* send, void* recv, std::size_t count, DType dtype,
+                           ReduceOp op) {
+    CollectiveOp c;
+    c.kind = kind, c.name = name, c.send = send, c.recv = recv, c.count = count, c.dtype = dtype, c.reduce = op;
+    return c;
+  }
+  void enqueue(const CollectiveOp& op, cudaStream_t stream);
+  void wait(const CollectiveOp& op, cudaStream_t stream);
+  // Aborts the communicator (once) and raises E with `message`.
+  template <class E> [[noreturn]] void fail(const std::string& message);
+  std::string who(const CollectiveOp& op) const {
+    return std::string(op.name) + " over " + group_.axes + " (NCCL rank " + std::to_string(rank_) + ")";
+  }
+
+  ncclComm_t comm_;
+  ThreadHub& hub_;
+  const Group& group_;
+  int device_;
+  int rank_;
+  std::chrono::milliseconds timeout_;
+  float* barrier_word_ = nullptr;
+  bool aborted_ = false;
+};
+
+NcclCommunicator::~NcclCommunicator() {
+  if (comm_ != nullptr && !aborted_) {
+    // Finalize (collective over the group: every device's worker destroys its communicators together),
+    // then free. Bounded: a communicator that does not finalize in time is aborted instead.
+    const auto deadline = Clock::now() + std::min(timeout_, std::chrono::milliseconds(10000));
+    ncclResult_t state = ncclCommFinalize(comm_);
+    while (state == ncclInProgress && Clock::now() < deadline) {
+      std::this_thread::yield();
+      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
+    }
+    if (state == ncclSuccess) {
+      ncclCommDestroy(comm_);
+    } else {
+      ncclCommAbort(comm_);
+    }
+  }
+  cudaFree(barrier_word_);
+}
+
+template <class E> void NcclCommunicator::fail(const std::string& message) {
+  if (!aborted_) {
+    aborted_ = true;
+    ncclCommAbort(comm_);
+  }
+  throw E(message);
+}
+
+void NcclCommunicator::await_ready(const char* what) {
+  const auto deadline = Clock::now() + timeout_;
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    PMAPCC_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress)
+      fail<NcclError>(std::string(what) + " on " + group_.axes + " failed: " + ncclGetErrorString(state));
+    if (std::string why = hub_.abort_reason(); !why.empty())
+      fail<Aborted>(std::string(what) + " on " + group_.axes + " cancelled: " + why);
+    if (Clock::now() > deadline)
+      fail<Timeout>(std::string(what) + " on " + group_.axes + " did not complete in " +
+                    std::to_string(timeout_.count()) + " ms");
+    std::this_thread::yield();
+  }
+}
+
+void NcclCommunicator::run(CollectiveOp op) {
+  if (aborted_) throw NcclError(who(op) + ": the NCCL communicator was aborted earlier; build a new Mesh");
+  if (current_stream_capturing())
+    throw ValueError(who(op) + ": collectives cannot be captured in a CUDA graph (they meet the other devices "
+                               "on the host); capture the compute around them");
+  CollectiveOp check = op;
+  check.check_only = true;
+  hub_.collective(device_, group_, rank_, check);  // raises CollectiveMismatch / Timeout / Aborted
+  const cudaStream_t stream = current_stream();
+  enqueue(op, stream);
+  wait(op, stream);
+}
+
+void NcclCommunicator::enqueue(const CollectiveOp& op, cudaStream_t stream) {
+  const ncclDataType_t type = nccl_type(op.dtype);
+  switch (op.kind) {
+    case OpKind::all_reduce:
+      PMAPCC_NCCL_ISSUE(ncclAllReduce(op.send, op.recv, op.count, type, nccl_op(op.reduce), comm_, stream));
+      break;
+    case OpKind::all_gather:
+      PMAPCC_NCCL_ISSUE(ncclAllGather(op.send, op.recv, op.count, type, comm_, stream));
+      break;
+    case OpKind::reduce_scatter:
+      PMAPCC_NCCL_ISSUE(ncclReduceScatter(op.send, op.recv, op.count, type, nccl_op(op.reduce), comm_, stream));
+      break;
+    case OpKind::broadcast:
+      PMAPCC_NCCL_ISSUE(ncclBroadcast(op.send, op.recv, op.count, type, op.root, comm_, stream));
+      break;
+    case OpKind::permute:
+      PMAPCC_NCCL_ISSUE(ncclGroupStart());
+      if (op.send_to >= 0) PMAPCC_NCCL_ISSUE(ncclSend(op.send, op.count, type, op.send_to, comm_, stream));
+      if (op.recv_from >= 0) PMAPCC_NCCL_ISSUE(ncclRecv(op.recv, op.count, type, op.recv_from, comm_, stream));
+      PMAPCC_NCCL_ISSUE(ncclGroupEnd());
+      if (op.recv_from < 0 && op.count > 0)
+        PMAPCC_CUDA_CHECK(cudaMemsetAsync(op.recv, 0, op.count * size_of(op.dtype), stream));
+      break;
+    case OpKind::barrier:
+      PMAPCC_NCCL_ISSUE(ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat32, ncclSum, comm_, stream));
+      break;
+  }
+}
+
+void NcclCommunicator::wait(const CollectiveOp& op, cudaStream_t stream) {
+  const auto start = Clock::now();
+  auto deadline = start + timeout_;
+  bool peer_failed = false;
+  for (int spin = 0;; ++spin) {
+    ncclResult_t state = ncclSuccess;
+    PMAPCC_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+    if (state != ncclSuccess && state != ncclInProgress)
+      fail<NcclError>(who(op) + " failed: " + ncclGetErrorString(state) + ": " + ncclGetLastError(comm_));
+    if (state == ncclSuccess) {  // enqueued: now wait for the stream
+      const cudaError_t done = cudaStreamQuery(stream);
+      if (done == cudaSuccess) return;
+      if (done != cudaErrorNotReady) {
+        aborted_ = true;
+        ncclCommAbort(comm_);
+        throw_cuda_error(done, CheckSite{"cudaStreamQuery(stream)", __FILE__, __LINE__});
+      }
+    }
+    if (!peer_failed && !hub_.abort_reason().empty()) {  // every rank enqueued; give the op a moment
+      peer_failed = true;
+      deadline = std::min(deadline, Clock::now() + kAbortGrace);
+    }
+    if (Clock::now() > deadline) {
+      if (peer_failed) fail<Aborted>(who(op) + " cancelled: " + hub_.abort_reason());
+      const std::string message = who(op) + " did not complete within " + std::to_string(timeout_.count()) + " ms";
+      hub_.abort(message);
+      fail<Timeout>(message);
+    }
+    if (spin > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+class Clique final : public NcclClique {
+ public:
+  Clique(const std::vector<int>& ordinals, ThreadHub& hub, std::chrono::milliseconds timeout)
+      : roots_(ordinals.size(), nullptr), hub_(hub), timeout_(timeout) {
+    PMAPCC_NCCL_CHECK(ncclCommInitAll(roots_.data(), static_cast<int>(ordinals.size()), ordinals.data()));
+  }
+  ~Clique() override {
+    for (std::size_t d = 0; d < roots_.size(); ++d) release(static_cast<int>(d));
+  }
+
+  std::unique_ptr<Communicator> split(int device, int color, int rank, const Group& group) override {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;     // creation and collectives return at once; we poll with a deadline
+    config.splitShare = 1;   // children share the root's resources; one thread uses them at a time
+    ncclComm_t comm = nullptr;
+    PMAPCC_NCCL_ISSUE(ncclCommSplit(roots_[static_cast<std::size_t>(device)], color, rank, &comm, &config));
+    auto out = std::make_unique<NcclCommunicator>(comm, hub_, group, device, rank, timeout_);
+    out->await_ready("ncclCommSplit");
+    out->barrier();  // the init barrier: this communicator can talk
+    return out;
+  }
+
+  void release(int device) noexcept override {
+    ncclComm_t& root = roots_[static_cast<std::size_t>(device)];
+    if (root != nullptr) ncclCommDestroy(root);
+    root = nullptr;
+  }
+
+ private:
+  std::vector<ncclComm_t> roots_;
+  ThreadHub& hub_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace
+
+std::unique_ptr<NcclClique> make_nccl_clique(const std::vector<int>& ordinals, ThreadHub& hub,
+                                             std::chrono::milliseconds timeout) {
+  return std::make_unique<Clique>(ordinals, hub, timeout);
+}
+
+}  // namespace pmap::detail

@@ -1,0 +1,117 @@
+// Collectives on CUDA meshes, with computed expectations (device r contributes r + 1): NCCL over all GPUs
+// (one device per GPU), and virtual devices sharing one GPU (the device hub), whose results are bitwise
+// those of CPU devices. Each case skips itself without a GPU.
+#include "cuda_testing.h"
+
+namespace {
+
+using namespace cuda_testing;
+
+pmap::Array filled_on(const pmap::Device& d, std::int64_t n, float v) {
+  return pmap::Array::from_host(std::vector<float>(static_cast<std::size_t>(n), v), {n}, d);
+}
+
+// psum, pmean, pmax, pmin, all_gather (stacked and tiled), psum_scatter, ppermute and a scalar psum on
+// every device of `mesh` along axis "i", checked against exact expectations.
+void check_collectives(const pmap::Mesh& mesh) {
+  const int n = mesh.size();
+  const float tri = static_cast<float>(n * (n + 1) / 2);
+  pmap::pmap([&]() {
+    const pmap::Device here = pmap::current_device();
+    const int r = pmap::axis_index("i");
+    pmap::Array x = filled_on(here, 1000, static_cast<float>(r + 1));
+    CHECK(pmap::psum(x, "i").to_vector<float>() == std::vector<float>(1000, tri));
+    CHECK(pmap::pmean(x, "i").to_vector<float>() == std::vector<float>(1000, tri / static_cast<float>(n)));
+    CHECK(pmap::pmax(x, "i").to_vector<float>() == std::vector<float>(1000, static_cast<float>(n)));
+    CHECK(pmap::pmin(x, "i").to_vector<float>() == std::vector<float>(1000, 1.0f));
+    pmap::psum_inplace(x, "i");
+    CHECK(x.to_vector<float>() == std::vector<float>(1000, tri));
+    CHECK(pmap::psum(r + 1, "i") == n * (n + 1) / 2);  // a host scalar, staged onto the device
+    auto v = pmap::Array::from_host(std::vector<std::int32_t>{r, 10 * r}, {2}, here);
+    std::vector<std::int32_t> expect;
+    for (int k = 0; k < n; ++k) expect.insert(expect.end(), {k, 10 * k});
+    CHECK(pmap::all_gather(v, "i").to_vector<std::int32_t>() == expect);
+    CHECK(pmap::all_gather(v, "i", true).to_vector<std::int32_t>() == expect);
+    std::vector<float> blocks;
+    for (int k = 0; k < n; ++k) blocks.insert(blocks.end(), 3, static_cast<float>((r + 1) * (k + 1)));
+    auto mine = pmap::psum_scatter(pmap::Array::from_host(blocks, {n, 3}, here), "i");
+    CHECK(mine.to_vector<float>() == std::vector<float>(3, tri * static_cast<float>(r + 1)));
+    std::vector<std::pair<int, int>> ring;
+    for (int k = 0; k < n; ++k) ring.emplace_back(k, (k + 1) % n);
+    auto shifted = pmap::ppermute(filled_on(here, 4, static_cast<float>(r)), "i", ring);
+    CHECK(shifted.to_vector<float>() == std::vector<float>(4, static_cast<float>((r + n - 1) % n)));
+    pmap::barrier("i");
+  }, mesh, "i")();
+}
+
+// Random per-device floats reduced on `mesh`: device d contributes values[d].
+std::vector<std::vector<float>> psum_of(const pmap::Mesh& mesh, const std::vector<std::vector<float>>& values) {
+  std::vector<std::vector<float>> out(values.size());
+  pmap::pmap([&]() {
+    const int r = pmap::axis_index("i");
+    auto x = pmap::Array::from_host(values[static_cast<std::size_t>(r)],
+                                    {static_cast<std::int64_t>(values[0].size())}, pmap::current_device());
+    out[static_cast<std::size_t>(r)] = pmap::psum(x, "i").to_vector<float>();
+  }, mesh, "i")();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("cuda NCCL collectives over every GPU, one device per GPU") {
+  PMAPCC_REQUIRE_GPU();
+  pmap::Mesh mesh(pmap::local_devices(pmap::DeviceKind::cuda), "i");
+  MESSAGE("GPUs: " << mesh.size() << (pmap::build_info().nccl && mesh.size() > 1 ? " (NCCL)" : " (device hub)"));
+  check_collectives(mesh);
+  check_collectives(mesh);  // a second pmap on the same communicators
+}
+
+TEST_CASE("cuda virtual devices: 4 logical devices on one GPU meet on the GPU") {
+  PMAPCC_REQUIRE_GPU();
+  std::vector<pmap::Device> devices;
+  for (int i = 0; i < 4; ++i) devices.push_back(pmap::Device{pmap::DeviceKind::cuda, i, 0});
+  pmap::Mesh mesh(devices, "i");
+  check_collectives(mesh);
+}
+
+TEST_CASE("cuda virtual devices reduce in device order: bitwise the CPU devices' psum") {
+  PMAPCC_REQUIRE_GPU();
+  std::vector<std::vector<float>> values;
+  for (std::uint32_t d = 0; d < 4; ++d) values.push_back(random_floats(4099, 100 + d, -1e3f, 1e3f));
+  std::vector<pmap::Device> gpu_devices;
+  for (int i = 0; i < 4; ++i) gpu_devices.push_back(pmap::Device{pmap::DeviceKind::cuda, i, 0});
+  pmap::Mesh gpu_mesh(gpu_devices, "i");
+  pmap::Mesh cpu_mesh(pmap::local_devices(pmap::DeviceKind::cpu, 4), "i");
+  const auto on_gpu_result = psum_of(gpu_mesh, values);
+  const auto on_cpu_result = psum_of(cpu_mesh, values);
+  for (std::size_t d = 0; d < 4; ++d) CHECK(on_gpu_result[d] == on_cpu_result[0]);
+  for (std::size_t d = 0; d < 4; ++d) CHECK(on_cpu_result[d] == on_cpu_result[0]);
+}
+
+TEST_CASE("cuda virtual devices on a 2-D mesh: collectives over either axis and both") {
+  PMAPCC_REQUIRE_GPU();
+  std::vector<pmap::Device> devices;
+  for (int i = 0; i < 4; ++i) devices.push_back(pmap::Device{pmap::DeviceKind::cuda, i, 0});
+  pmap::Mesh mesh(devices, {{"data", 2}, {"model", 2}});
+  pmap::pmap([&]() {
+    const int data = pmap::axis_index("data"), model = pmap::axis_index("model");
+    auto x = filled_on(pmap::current_device(), 8, static_cast<float>(10 * data + model + 1));
+    CHECK(pmap::psum(x, "model").to_vector<float>() == std::vector<float>(8, static_cast<float>(20 * data + 3)));
+    CHECK(pmap::psum(x, "data").to_vector<float>() == std::vector<float>(8, static_cast<float>(10 + 2 * model + 2)));
+    CHECK(pmap::psum(x, {"data", "model"}).to_vector<float>() == std::vector<float>(8, 24.0f));
+  }, mesh)();
+}
+
+TEST_CASE("cuda: an exception on one device releases the others waiting in a collective") {
+  PMAPCC_REQUIRE_GPU();
+  std::vector<pmap::Device> devices;
+  for (int i = 0; i < 3; ++i) devices.push_back(pmap::Device{pmap::DeviceKind::cuda, i, 0});
+  pmap::Mesh mesh(devices, "i");
+  auto failing = pmap::pmap([&]() {
+    if (pmap::axis_index("i") == 1) throw pmap::ValueError("device 1 gives up");
+    auto x = filled_on(pmap::current_device(), 4, 1.0f);
+    pmap::psum_inplace(x, "i");
+  }, mesh, "i");
+  CHECK_THROWS_AS(failing(), pmap::ValueError);
+  check_collectives(mesh);  // the mesh still works afterwards
+}
