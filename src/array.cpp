@@ -122,6 +122,20 @@ void Array::copy_from_host(const void* src, std::size_t n) {
   copy_bytes(data_, device_, src, Device{}, n);
 }
 
+void Array::copy_prefix_to_host(void* dst, std::size_t n) const {
+  if (n > nbytes())
+    throw ShapeError("copy_prefix_to_host: " + str() + " holds " + std::to_string(nbytes()) + " bytes, asked for " +
+                     std::to_string(n));
+  copy_bytes(dst, Device{}, data_, device_, n);
+}
+
+void Array::copy_prefix_from_host(const void* src, std::size_t n) {
+  if (n > nbytes())
+    throw ShapeError("copy_prefix_from_host: " + str() + " holds " + std::to_string(nbytes()) + " bytes, given " +
+                     std::to_string(n));
+  copy_bytes(data_, device_, src, Device{}, n);
+}
+
 Array Array::copy() const { return to(device_); }
 
 Array Array::to(const Device& device) const {

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include <pmap/dtype.h>
 #include <pmap/random.h>
@@ -29,6 +30,10 @@ void cuda_memset_zero(int ordinal, void* ptr, std::size_t bytes);
 void cuda_copy(void* dst, const Device& dst_device, const void* src, const Device& src_device, std::size_t bytes);
 // Makes `ordinal` the calling thread's current GPU (worker threads call this once).
 void cuda_bind_thread(int ordinal);
+
+// Lets every GPU in `ordinals` read and write every other's memory (peer access over NVLink / PCIe);
+// false, changing nothing that matters, when some pair cannot. Idempotent.
+bool cuda_enable_peer_access(const std::vector<int>& ordinals);
 
 // ---- Streams (opaque cudaStream_t) ------------------------------------------------------------------
 

@@ -182,18 +182,24 @@ void MeshImpl::build_comms() {
   }
 }
 
-// CPU devices meet in the host hub. CUDA devices: NCCL when every device of the mesh has its own GPU;
-// virtual devices sharing one GPU meet in the hub and reduce on that GPU; a group of virtual devices
-// spread over several GPUs is staged through the host.
-MeshImpl::CommKind MeshImpl::comm_kind(const Group& g) const {
+// CPU devices meet in the host hub. CUDA devices: NCCL when every device of the mesh has its own GPU.
+// Virtual devices meet in the hub and move the data on the GPU, in device order (bitwise the CPU
+// devices' results): on one GPU, or across GPUs that can all reach each other's memory (peer access);
+// otherwise the group is staged through the host.
+MeshImpl::CommKind MeshImpl::comm_kind(const Group& g) {
   const Device& first = devices_[static_cast<std::size_t>(g.members.front())];
   if (first.is_cpu()) return CommKind::host_hub;
   if (nccl_ && g.members.size() > 1) return CommKind::nccl;
+  std::set<int> gpus;
   for (int m : g.members) {
     const Device& d = devices_[static_cast<std::size_t>(m)];
-    if (d.is_cpu() || d.ordinal != first.ordinal) return CommKind::host_hub;
+    if (d.is_cpu()) return CommKind::host_hub;
+    gpus.insert(d.ordinal);
   }
-  return CommKind::device_hub;
+  if (gpus.size() == 1 || cuda_enable_peer_access(std::vector<int>(gpus.begin(), gpus.end()))) {
+    return CommKind::device_hub;
+  }
+  return CommKind::host_hub;
 }
 
 // Splits every device's NCCL communicators from its root, concurrently on the workers (the split is

@@ -36,7 +36,7 @@ class MeshImpl {
   // The device's communicator for the axis tuple, and its group.
   Communicator& comm(int device, const AxisNames& axes);
   // True when that communicator takes buffers in the device's own memory (NCCL, or the device hub of
-  // virtual devices on one GPU); false: host memory (CPU devices, or CUDA devices staged through the host).
+  // virtual devices); false: host memory (CPU devices, or CUDA devices staged through the host).
   bool device_memory(int device, const AxisNames& axes);
   const Group& group(int device, const AxisNames& axes);
   std::string scope_str() const;  // "'data', 'model'"
@@ -54,7 +54,7 @@ class MeshImpl {
   // How the devices of one group talk: see build_comms.
   enum class CommKind { host_hub, device_hub, nccl };
   void build_comms();
-  CommKind comm_kind(const Group& g) const;
+  CommKind comm_kind(const Group& g);
   void build_nccl_comms();
   void release_nccl_comms() noexcept;
   std::string key(const std::vector<int>& axis_ids) const;

@@ -93,9 +93,10 @@ class ThreadHub {
 };
 
 // Rank `rank`'s share of the data movement of a collective whose buffers (sends, recvs: every rank's, in
-// rank order) are device memory on the calling thread's GPU: kernels and copies on its current stream,
-// which is then synchronized. Reductions combine ranks in order 0..n-1, as the host path does, so the
-// results are bitwise those of CPU devices. src/cuda/device_hub.cu; the stub throws NotAvailable.
+// rank order) are device memory the calling thread's GPU can reach (its own, or peers' with peer access
+// enabled): kernels and copies on its current stream, which is then synchronized. Reductions combine
+// ranks in order 0..n-1, as the host path does, so the results are bitwise those of CPU devices.
+// src/cuda/device_hub.cu; the stub throws NotAvailable.
 void device_execute(const CollectiveOp& op, const std::vector<const void*>& sends, const std::vector<void*>& recvs,
                     int rank);
 
@@ -108,8 +109,8 @@ class OpRunner {
 };
 
 // A Communicator for one device in one group, backed by a ThreadHub. With device_memory, the buffers are
-// device memory and every member of the group is on the same GPU (virtual devices): the hub only meets
-// the threads, the data moves on the GPU.
+// device memory and every member's GPU can reach every other's (virtual devices on one GPU, or GPUs with
+// peer access): the hub only meets the threads, the data moves on the GPUs.
 class ThreadCommunicator final : public Communicator, public OpRunner {
  public:
   ThreadCommunicator(ThreadHub& hub, const Group& group, int device, int rank, bool device_memory = false)

@@ -76,16 +76,23 @@ TEST_CASE("cuda virtual devices: 4 logical devices on one GPU meet on the GPU") 
 
 TEST_CASE("cuda virtual devices reduce in device order: bitwise the CPU devices' psum") {
   PMAPCC_REQUIRE_GPU();
-  std::vector<std::vector<float>> values;
-  for (std::uint32_t d = 0; d < 4; ++d) values.push_back(random_floats(4099, 100 + d, -1e3f, 1e3f));
-  std::vector<pmap::Device> gpu_devices;
-  for (int i = 0; i < 4; ++i) gpu_devices.push_back(pmap::Device{pmap::DeviceKind::cuda, i, 0});
-  pmap::Mesh gpu_mesh(gpu_devices, "i");
-  pmap::Mesh cpu_mesh(pmap::local_devices(pmap::DeviceKind::cpu, 4), "i");
-  const auto on_gpu_result = psum_of(gpu_mesh, values);
-  const auto on_cpu_result = psum_of(cpu_mesh, values);
-  for (std::size_t d = 0; d < 4; ++d) CHECK(on_gpu_result[d] == on_cpu_result[0]);
-  for (std::size_t d = 0; d < 4; ++d) CHECK(on_cpu_result[d] == on_cpu_result[0]);
+  // 4 devices on GPU 0, and 2 per GPU spread round-robin over every GPU (one GPU: the same case).
+  const int gpus = pmap::cuda_device_count();
+  std::vector<pmap::Device> on_one;
+  for (int i = 0; i < 4; ++i) on_one.push_back(pmap::Device{pmap::DeviceKind::cuda, i, 0});
+  for (const auto& devices : {on_one, pmap::local_devices(pmap::DeviceKind::cuda, 2 * gpus)}) {
+    const std::size_t n = devices.size();
+    CAPTURE(n);
+    std::vector<std::vector<float>> values;
+    for (std::uint32_t d = 0; d < n; ++d) values.push_back(random_floats(4099, 100 + d, -1e3f, 1e3f));
+    pmap::Mesh gpu_mesh(devices, "i");
+    pmap::Mesh cpu_mesh(pmap::local_devices(pmap::DeviceKind::cpu, static_cast<int>(n)), "i");
+    const auto on_gpu_result = psum_of(gpu_mesh, values);
+    const auto on_cpu_result = psum_of(cpu_mesh, values);
+    for (std::size_t d = 0; d < n; ++d) CHECK(on_gpu_result[d] == on_cpu_result[0]);
+    for (std::size_t d = 0; d < n; ++d) CHECK(on_cpu_result[d] == on_cpu_result[0]);
+    check_collectives(gpu_mesh);
+  }
 }
 
 TEST_CASE("cuda virtual devices on a 2-D mesh: collectives over either axis and both") {

@@ -213,3 +213,19 @@ TEST_CASE("cuda ops reject null pointers and bad parameters before queueing work
                   pmap::ValueError);
   CHECK_THROWS_AS(gpu().relu_forward(4, nullptr, buf.data<float>()), pmap::ValueError);
 }
+
+TEST_CASE("Array prefix copies move only the first bytes, on host and (with a GPU) device arrays") {
+  std::vector<pmap::Device> devices{pmap::Device{}};
+  if (pmap::cuda_device_count() > 0) devices.push_back(kGpu);
+  for (const auto& d : devices) {
+    CAPTURE(d);
+    pmap::Array a({4, 3}, pmap::DType::f32, d);
+    const std::vector<float> rows{1, 2, 3, 4, 5, 6};
+    a.copy_prefix_from_host(rows.data(), rows.size() * sizeof(float));
+    CHECK(a.to_vector<float>() == std::vector<float>{1, 2, 3, 4, 5, 6, 0, 0, 0, 0, 0, 0});
+    std::vector<float> back(3, -1.0f);
+    a.copy_prefix_to_host(back.data(), 3 * sizeof(float));
+    CHECK(back == std::vector<float>{1, 2, 3});
+    CHECK_THROWS_AS(a.copy_prefix_from_host(rows.data(), 13 * sizeof(float)), pmap::ShapeError);
+  }
+}

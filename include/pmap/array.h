@@ -70,6 +70,10 @@ class Array {
   // Blocking copies between this array and host memory; `nbytes` must equal this->nbytes().
   void copy_to_host(void* dst, std::size_t nbytes) const;
   void copy_from_host(const void* src, std::size_t nbytes);
+  // Blocking copies of only the first `nbytes` bytes (at most nbytes()): a batch smaller than the buffer
+  // allocated up front for the largest one. ShapeError when nbytes is too large.
+  void copy_prefix_to_host(void* dst, std::size_t nbytes) const;
+  void copy_prefix_from_host(const void* src, std::size_t nbytes);
   template <Element T> std::vector<T> to_vector() const {
     check_dtype(dtype_of<T>);
     std::vector<T> out(static_cast<std::size_t>(size_));

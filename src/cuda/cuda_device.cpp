@@ -91,6 +91,30 @@ void cuda_copy(void* dst, const Device& dst_device, const void* src, const Devic
 
 void cuda_bind_thread(int ordinal) { PMAPCC_CUDA_CHECK(cudaSetDevice(ordinal)); }
 
+bool cuda_enable_peer_access(const std::vector<int>& ordinals) {
+  for (int a : ordinals) {
+    for (int b : ordinals) {
+      if (a == b) continue;
+      int can = 0;
+      PMAPCC_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, a, b));
+      if (can == 0) return false;
+    }
+  }
+  for (int a : ordinals) {
+    DeviceScope scope(a);
+    for (int b : ordinals) {
+      if (a == b) continue;
+      const cudaError_t err = cudaDeviceEnablePeerAccess(b, 0);
+      if (err == cudaErrorPeerAccessAlreadyEnabled) {
+        cudaGetLastError();
+      } else {
+        PMAPCC_CUDA_CHECK(err);
+      }
+    }
+  }
+  return true;
+}
+
 StreamHandle cuda_stream_create(int ordinal) {
   DeviceScope scope(ordinal);
   cudaStream_t stream = nullptr;
