@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <exception>
 #include <limits>
 #include <set>
+#include <string_view>
 
 #include <pmap/error.h>
 
@@ -36,12 +38,19 @@ std::vector<std::vector<int>> ordered_tuples(int n) {
   return out;
 }
 
-// Two or more CUDA devices, each on its own GPU: NCCL can connect them.
+// PMAPCC_NCCL_SINGLE_GPU=1 (for tests on one-GPU machines): NCCL also for meshes of one CUDA device and
+// for groups of one device, so the NCCL path runs where there is a single GPU.
+bool nccl_single_gpu() {
+  const char* v = std::getenv("PMAPCC_NCCL_SINGLE_GPU");
+  return v != nullptr && std::string_view(v) == "1";
+}
+
+// Two or more CUDA devices (one with PMAPCC_NCCL_SINGLE_GPU=1), each on its own GPU: NCCL connects them.
 bool one_gpu_per_device(const std::vector<Device>& devices) {
   std::set<int> gpus;
   for (const auto& d : devices)
     if (d.is_cpu() || !gpus.insert(d.ordinal).second) return false;
-  return devices.size() > 1;
+  return devices.size() > 1 || (devices.size() == 1 && nccl_single_gpu());
 }
 
 }  // namespace
@@ -189,7 +198,7 @@ void MeshImpl::build_comms() {
 MeshImpl::CommKind MeshImpl::comm_kind(const Group& g) {
   const Device& first = devices_[static_cast<std::size_t>(g.members.front())];
   if (first.is_cpu()) return CommKind::host_hub;
-  if (nccl_ && g.members.size() > 1) return CommKind::nccl;
+  if (nccl_ && (g.members.size() > 1 || nccl_single_gpu())) return CommKind::nccl;
   std::set<int> gpus;
   for (int m : g.members) {
     const Device& d = devices_[static_cast<std::size_t>(m)];

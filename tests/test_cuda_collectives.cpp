@@ -3,6 +3,8 @@
 // those of CPU devices. Each case skips itself without a GPU.
 #include "cuda_testing.h"
 
+#include <cstdlib>
+
 namespace {
 
 using namespace cuda_testing;
@@ -64,6 +66,20 @@ TEST_CASE("cuda NCCL collectives over every GPU, one device per GPU") {
   MESSAGE("GPUs: " << mesh.size() << (pmap::build_info().nccl && mesh.size() > 1 ? " (NCCL)" : " (device hub)"));
   check_collectives(mesh);
   check_collectives(mesh);  // a second pmap on the same communicators
+}
+
+TEST_CASE("cuda NCCL path on one GPU: a one-device mesh forced onto NCCL (PMAPCC_NCCL_SINGLE_GPU=1)") {
+  PMAPCC_REQUIRE_GPU();
+  if (!pmap::build_info().nccl) {
+    MESSAGE("built without NCCL: skipped");
+    return;
+  }
+  setenv("PMAPCC_NCCL_SINGLE_GPU", "1", 1);
+  {
+    pmap::Mesh mesh({kGpu}, "i");  // init, split, barrier, every collective, finalize
+    check_collectives(mesh);
+  }
+  unsetenv("PMAPCC_NCCL_SINGLE_GPU");
 }
 
 TEST_CASE("cuda virtual devices: 4 logical devices on one GPU meet on the GPU") {

@@ -117,3 +117,28 @@ TEST_CASE("Array samplers on host arrays are the span samplers") {
   pmap::Array wrong({3}, pmap::DType::i32);
   CHECK_THROWS_AS(pmap::bernoulli(pmap::key(9), wrong, 0.5f), pmap::ShapeError);
 }
+
+#ifdef PMAPCC_TEST_CURAND_HOST
+#include <curand.h>
+
+#include <pmap/detail/cuda_check.h>
+
+TEST_CASE("cuda: cuRAND's device Philox generator next to ours (informative: WARN, never fails)") {
+  PMAPCC_REQUIRE_GPU();
+  const std::size_t n = 262147;
+  const Key key = pmap::key(42);
+  std::uint32_t* words = nullptr;
+  PMAPCC_CUDA_CHECK(cudaMalloc(&words, n * sizeof(std::uint32_t)));
+  curandGenerator_t gen = nullptr;
+  PMAPCC_CURAND_CHECK(curandCreateGenerator(&gen, CURAND_RNG_PSEUDO_PHILOX4_32_10));
+  PMAPCC_CURAND_CHECK(curandSetPseudoRandomGeneratorSeed(gen, pmap::philox_seed(key)));
+  PMAPCC_CURAND_CHECK(curandGenerate(gen, words, n));
+  std::vector<std::uint32_t> theirs(n), ours(n);
+  PMAPCC_CUDA_CHECK(cudaMemcpy(theirs.data(), words, n * sizeof(std::uint32_t), cudaMemcpyDeviceToHost));
+  curandDestroyGenerator(gen);
+  cudaFree(words);
+  pmap::random_bits(key, ours);
+  WARN_MESSAGE(theirs == ours, "cuRAND's device generator orders its Philox stream differently from its host "
+                               "generator; pmapcc draws the host generator's stream on both");
+}
+#endif  // PMAPCC_TEST_CURAND_HOST

@@ -42,6 +42,12 @@ ncclDataType_t nccl_type(DType t) {
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::sum ? ncclSum : op == ReduceOp::max ? ncclMax : ncclMin; }
 
+// ": <NCCL's last error detail>", or "" when it has none.
+std::string last_error(ncclComm_t comm) {
+  const char* detail = ncclGetLastError(comm);
+  return detail == nullptr || *detail == '\0' ? std::string() : ": " + std::string(detail);
+}
+
 // A call on a nonblocking communicator: ncclInProgress means "queued, completion pending".
 void issue(ncclResult_t result, const char* expr, int line) {
   if (result != ncclSuccess && result != ncclInProgress) throw_nccl_error(result, CheckSite{expr, __FILE__, line});
@@ -148,7 +154,8 @@ void NcclCommunicator::await_ready(const char* what) {
     PMAPCC_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
     if (state == ncclSuccess) return;
     if (state != ncclInProgress)
-      fail<NcclError>(std::string(what) + " on " + group_.axes + " failed: " + ncclGetErrorString(state));
+      fail<NcclError>(std::string(what) + " on " + group_.axes + " failed: " + ncclGetErrorString(state) +
+                      last_error(comm_));
     if (std::string why = hub_.abort_reason(); !why.empty())
       fail<Aborted>(std::string(what) + " on " + group_.axes + " cancelled: " + why);
     if (Clock::now() > deadline)
@@ -208,7 +215,7 @@ void NcclCommunicator::wait(const CollectiveOp& op, cudaStream_t stream) {
     ncclResult_t state = ncclSuccess;
     PMAPCC_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
     if (state != ncclSuccess && state != ncclInProgress)
-      fail<NcclError>(who(op) + " failed: " + ncclGetErrorString(state) + ": " + ncclGetLastError(comm_));
+      fail<NcclError>(who(op) + " failed: " + ncclGetErrorString(state) + last_error(comm_));
     if (state == ncclSuccess) {  // enqueued: now wait for the stream
       const cudaError_t done = cudaStreamQuery(stream);
       if (done == cudaSuccess) return;
