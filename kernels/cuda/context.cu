@@ -19,7 +19,6 @@ class ThreadGpuContext {
   explicit ThreadGpuContext(int ordinal) : ordinal_(ordinal) {
     PMAPCC_CUBLAS_CHECK(cublasCreate(&handle_));
     PMAPCC_CUDA_CHECK(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
-    PMAPCC_CUBLAS_CHECK(cublasSetWorkspace(handle_, cublas_workspace_, kCublasWorkspaceBytes));
   }
   ~ThreadGpuContext() {  // never throws; the GPU may already be gone at exit
     int previous = 0;
@@ -33,7 +32,17 @@ class ThreadGpuContext {
   ThreadGpuContext(const ThreadGpuContext&) = delete;
   ThreadGpuContext& operator=(const ThreadGpuContext&) = delete;
 
-  cublasHandle_t handle() const { return handle_; }
+  // The handle on `stream`. cublasSetStream resets cuBLAS's workspace to its default pool, so a change
+  // of stream sets ours again (and an unchanged stream changes nothing).
+  cublasHandle_t handle_on(cudaStream_t stream) {
+    if (!bound_ || stream != stream_) {
+      PMAPCC_CUBLAS_CHECK(cublasSetStream(handle_, stream));
+      PMAPCC_CUBLAS_CHECK(cublasSetWorkspace(handle_, cublas_workspace_, kCublasWorkspaceBytes));
+      stream_ = stream;
+      bound_ = true;
+    }
+    return handle_;
+  }
   void* scratch(std::size_t bytes) {
     if (bytes <= scratch_bytes_) return scratch_;
     if (pmap::detail::current_stream_capturing())
@@ -52,6 +61,8 @@ class ThreadGpuContext {
   int ordinal_;
   cublasHandle_t handle_ = nullptr;
   void* cublas_workspace_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  bool bound_ = false;
   void* scratch_ = nullptr;
   std::size_t scratch_bytes_ = 0;
 };
@@ -67,11 +78,7 @@ ThreadGpuContext& context() {
 
 }  // namespace
 
-cublasHandle_t cublas() {
-  cublasHandle_t handle = context().handle();
-  PMAPCC_CUBLAS_CHECK(cublasSetStream(handle, current_stream()));
-  return handle;
-}
+cublasHandle_t cublas() { return context().handle_on(current_stream()); }
 
 void* scratch(std::size_t bytes) { return context().scratch(bytes); }
 

@@ -14,9 +14,10 @@ namespace pmap::kernels::gpu {
 
 using pmap::detail::current_stream;
 
-// The calling thread's cuBLAS handle for its current GPU: created once per (thread, GPU) with its own
-// workspace (so a graph capture never makes cuBLAS allocate), and pointed at the current stream on every
-// call. Default math mode: true FP32 (no TF32), so results stay within 1e-5 of the CPU ops.
+// The calling thread's cuBLAS handle for its current GPU, on the current stream: created once per
+// (thread, GPU) with its own workspace (so a graph capture never makes cuBLAS allocate), re-pointed when
+// the thread's stream changes. Default math mode: true FP32 (no TF32), so results stay within 1e-5 of the
+// CPU ops.
 cublasHandle_t cublas();
 
 // `bytes` of device scratch for the calling thread on its current GPU, valid until the next call with
