@@ -59,7 +59,7 @@ cuda_cases='cuda*'   # every GPU test case's name starts with "cuda"
 if [[ $skip_build == 0 ]]; then
   check 1 configure cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DPMAPCC_WITH_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90
-  check 1 build cmake --build "$build" -j "$(nproc)"
+  check 1 build cmake --build "$build" -j "$(nproc)" --target pmapcc_tests bench_cuda_train
 fi
 check 2 cuda-tests ctest --test-dir "$build" -R cuda --output-on-failure
 check 3 all-tests ctest --test-dir "$build" --output-on-failure -j 4
@@ -78,6 +78,7 @@ for dir in shared/anchors ../shared/anchors /work/shared/anchors; do
   [[ -z "$anchors" && -f "$dir/jax_cnn_ensemble.py" ]] && anchors=$dir
 done
 if wanted 8 && [[ -d "$data" && -n "$anchors" ]]; then
+  check 8 build-mnist_ensemble cmake --build "$build" -j "$(nproc)" --target mnist_ensemble
   for members in 1 4 8; do
     check 8 "pmapcc-$members" "$build/examples/mnist_ensemble" --backend cuda --devices 1 --members "$members" \
       --epochs 1 --data "$data" --progress plain --metrics-json "$logs/pmapcc-$members.json"
