@@ -19,8 +19,6 @@
 namespace pmap::ensemble {
 namespace {
 
-Json number_or_null(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
-
 // Shortest text that strtod reads back to the same double.
 std::string shortest(double v) {
   char buf[64];
@@ -55,22 +53,6 @@ std::string pad_left(std::string s, std::size_t width) {
 }
 
 }  // namespace
-
-Json epoch_json(const EpochMetrics& m) {
-  Json o = Json::object();
-  o.set("epoch", m.epoch);
-  o.set("train_loss", number_or_null(m.train_loss));
-  o.set("train_accuracy", number_or_null(m.train_accuracy));
-  o.set("test_loss", number_or_null(m.test_loss));
-  Json members = Json::array();
-  for (double a : m.member_test_accuracy) members.push_back(number_or_null(a));
-  o.set("member_test_accuracy", std::move(members));
-  o.set("ensemble_test_accuracy", number_or_null(m.ensemble_test_accuracy));
-  o.set("seconds", number_or_null(m.seconds));
-  o.set("eval_seconds", number_or_null(m.eval_seconds));
-  o.set("model_images_per_second", number_or_null(m.model_images_per_second));
-  return o;
-}
 
 Json metrics_json(const Json& config, const std::vector<EpochMetrics>& epochs) {
   Json doc = Json::object();

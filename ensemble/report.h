@@ -13,12 +13,6 @@
 
 namespace pmap::ensemble {
 
-// The JSON object of one epoch: {"epoch", "train_loss", "train_accuracy", "test_loss",
-// "member_test_accuracy": [...], "ensemble_test_accuracy", "seconds", "eval_seconds",
-// "model_images_per_second"}, in that order. "epoch" is an integer, the rest doubles; a NaN or
-// infinite value (a diverged run) becomes null so the file can still be written.
-Json epoch_json(const EpochMetrics& m);
-
 // {"config": config, "epochs": [epoch_json(e) for e in epochs], "final": epoch_json(epochs.back())},
 // "final" null when there are no epochs. `config` is copied as given (normally an object).
 Json metrics_json(const Json& config, const std::vector<EpochMetrics>& epochs);
