@@ -2,78 +2,14 @@
 #include "thread_hub.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
-#include <type_traits>
 
 #include <pmap/error.h>
 
+#include "reduce.h"
+
 namespace pmap::detail {
 namespace {
-
-constexpr std::size_t kBlock = 2048;  // elements reduced per step (fits in L1 with a few inputs)
-
-template <class T> inline T combine(T a, T b, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum: return static_cast<T>(a + b);
-    case ReduceOp::max:
-      if constexpr (std::is_floating_point_v<T>) {
-        if (std::isnan(a) || std::isnan(b)) return std::isnan(a) ? a : b;
-      }
-      return a < b ? b : a;
-    case ReduceOp::min:
-      if constexpr (std::is_floating_point_v<T>) {
-        if (std::isnan(a) || std::isnan(b)) return std::isnan(a) ? a : b;
-      }
-      return b < a ? b : a;
-  }
-  return a;
-}
-
-// out[i] = in_0[off+i] op in_1[off+i] op ... in rank order: the same bits wherever it is computed.
-template <class T>
-void reduce_block(const std::vector<const T*>& in, std::size_t off, std::size_t len, ReduceOp op, T* acc) {
-  std::memcpy(acc, in[0] + off, len * sizeof(T));
-  for (std::size_t k = 1; k < in.size(); ++k) {
-    const T* src = in[k] + off;
-    if (op == ReduceOp::sum) {
-      for (std::size_t i = 0; i < len; ++i) acc[i] = static_cast<T>(acc[i] + src[i]);
-    } else {
-      for (std::size_t i = 0; i < len; ++i) acc[i] = combine(acc[i], src[i], op);
-    }
-  }
-}
-
-// Rank r reduces elements [begin, end) of every rank's send buffer (offset src_off) and writes them
-// to each destination in `outs` (offset dst_off). Only rank r touches these elements, so in-place
-// (send == recv) is safe.
-template <class T>
-void reduce_range(const std::vector<const void*>& sends, const std::vector<void*>& outs, std::size_t src_off,
-                  std::size_t dst_off, std::size_t len, ReduceOp op) {
-  std::vector<const T*> in(sends.size());
-  for (std::size_t k = 0; k < sends.size(); ++k) in[k] = static_cast<const T*>(sends[k]);
-  alignas(64) T acc[kBlock];
-  for (std::size_t b = 0; b < len; b += kBlock) {
-    std::size_t n = std::min(kBlock, len - b);
-    reduce_block(in, src_off + b, n, op, acc);
-    for (void* out : outs) std::memcpy(static_cast<T*>(out) + dst_off + b, acc, n * sizeof(T));
-  }
-}
-
-template <class F> void with_type(DType t, F&& f) {
-  switch (t) {
-    case DType::f32: return f(float{});
-    case DType::f64: return f(double{});
-    case DType::i32: return f(std::int32_t{});
-    case DType::i64: return f(std::int64_t{});
-    case DType::u32: return f(std::uint32_t{});
-    case DType::u8: return f(std::uint8_t{});
-  }
-}
-
-const char* reduce_name(ReduceOp op) {
-  return op == ReduceOp::sum ? "sum" : op == ReduceOp::max ? "max" : "min";
-}
 
 bool same_signature(const CollectiveOp& a, const Group* ga, const CollectiveOp& b, const Group* gb) {
   return a.kind == b.kind && a.reduce == b.reduce && a.dtype == b.dtype && a.count == b.count &&
@@ -183,8 +119,14 @@ void ThreadHub::collective(int device, const Group& group, int rank, const Colle
       throw Timeout(msg);
     }
   }
-  lk.unlock();
-  execute(group, rank);
+  if (group.remote != nullptr) {
+    exchange_remote(group, rank, seq, lk);
+    lk.unlock();
+    group.remote->finish(me.op, rank, static_cast<int>(group.members.size()));
+  } else {
+    lk.unlock();
+    execute(group, rank);
+  }
   lk.lock();
   me.done = seq;
   cv_.notify_all();
@@ -195,6 +137,51 @@ void ThreadHub::collective(int device, const Group& group, int rank, const Colle
       if (slots_[static_cast<std::size_t>(m)].done < seq) return false;
     return true;
   });
+}
+
+bool ThreadHub::is_aborted() const {
+  std::lock_guard lk(mu_);
+  return aborted_;
+}
+
+void ThreadHub::exchange_remote(const Group& group, int rank, std::uint64_t seq, std::unique_lock<std::mutex>& lk) {
+  Slot& leader = slots_[static_cast<std::size_t>(group.members[0])];
+  if (rank == 0) {
+    // The members are blocked in this collective, so their ops stay put while we read them unlocked.
+    std::vector<const CollectiveOp*> ops;
+    for (int m : group.members) ops.push_back(&slots_[static_cast<std::size_t>(m)].op);
+    OpFailure failure;
+    lk.unlock();
+    try {
+      group.remote->exchange(ops, seq, [this] { return is_aborted(); });
+    } catch (const CollectiveMismatch& e) {
+      failure = {FailureKind::mismatch, e.message()};
+    } catch (const Timeout& e) {
+      failure = {FailureKind::timeout, e.message()};
+    } catch (const Aborted& e) {
+      failure = {FailureKind::aborted, e.message()};
+    } catch (const std::exception& e) {
+      failure = {FailureKind::other, e.what()};
+    }
+    lk.lock();
+    leader.exchanged = seq;
+    leader.remote_failure = failure;
+    if (failure.kind != FailureKind::none && !aborted_) {
+      aborted_ = true;
+      reason_ = failure.message;
+    }
+    cv_.notify_all();
+  } else {
+    cv_.wait(lk, [&] { return leader.exchanged >= seq; });  // finite: the exchange has a deadline
+  }
+  const OpFailure& f = leader.remote_failure;
+  switch (f.kind) {
+    case FailureKind::none: return;
+    case FailureKind::mismatch: throw CollectiveMismatch(f.message);
+    case FailureKind::timeout: throw Timeout(f.message);
+    case FailureKind::aborted: throw Aborted(f.message);
+    case FailureKind::other: throw MpiError(f.message);
+  }
 }
 
 void ThreadHub::execute(const Group& group, int rank) const {
