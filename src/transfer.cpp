@@ -38,7 +38,8 @@ std::vector<int> piece_of_device(const Mesh& mesh, const AxisNames& axes) {
 std::vector<int> first_holders(const Mesh& mesh, const AxisNames& axes, int parts) {
   const auto piece = piece_of_device(mesh, axes);
   std::vector<int> holder(static_cast<std::size_t>(parts), -1);
-  for (int d = static_cast<int>(piece.size()) - 1; d >= 0; --d) holder[static_cast<std::size_t>(piece[static_cast<std::size_t>(d)])] = d;
+  for (int d = static_cast<int>(piece.size()) - 1; d >= 0; --d)
+    holder[static_cast<std::size_t>(piece[static_cast<std::size_t>(d)])] = d;
   for (int p = 0; p < parts; ++p)
     if (holder[static_cast<std::size_t>(p)] < 0)
       throw ShapeError("unshard over " + (axes.empty() ? std::string("all axes") : axes.str()) + ": block " +

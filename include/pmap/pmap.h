@@ -53,8 +53,9 @@ template <class F> class Pmapped {
   }
 
   // Runs the function on every (local) device; blocks until all are done. Returns Sharded<R> (or
-  // nothing when the function returns void), one entry per local device. If any device throws, collectives waiting on other devices raise
-  // Aborted, and the first original error is rethrown here with its device attached.
+  // nothing when the function returns void), one entry per local device. If any device throws,
+  // collectives waiting on other devices raise Aborted, and the first original error is rethrown
+  // here with its device attached.
   template <class... Args> auto operator()(Args&&... args) {
     std::vector<std::pair<int, std::size_t>> sizes;
     int position = 0;
@@ -67,7 +68,9 @@ template <class F> class Pmapped {
     detail::check_mapped_sizes(sizes, *mesh_);
     using R = std::invoke_result_t<F&, decltype(detail::pick(args, 0))...>;
     if constexpr (std::is_void_v<R>) {
-      detail::run_on_mesh(*mesh_, [&]([[maybe_unused]] int d) { std::invoke(fn_, detail::pick(args, d)...); });
+      detail::run_on_mesh(*mesh_, [&]([[maybe_unused]] int d) {
+        std::invoke(fn_, detail::pick(args, d)...);
+      });
     } else {
       using V = std::decay_t<R>;
       std::vector<std::optional<V>> results(static_cast<std::size_t>(mesh_->local_size()));

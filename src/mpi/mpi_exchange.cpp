@@ -68,7 +68,8 @@ std::size_t contribution(OpKind kind, std::size_t count, int root, int rank, int
 }
 
 Header read_header(const std::vector<std::byte>& msg) {
-  if (msg.size() < sizeof(Header)) throw MpiError("a collective message of " + std::to_string(msg.size()) + " bytes is too short");
+  if (msg.size() < sizeof(Header))
+    throw MpiError("a collective message of " + std::to_string(msg.size()) + " bytes is too short");
   Header h;
   std::memcpy(&h, msg.data(), sizeof h);
   return h;
@@ -84,7 +85,8 @@ MpiExchange::MpiExchange(MPI_Comm comm, GroupLayout layout, std::chrono::millise
 std::string MpiExchange::process_str(int q) const {
   std::string s = "process " + std::to_string(layout_.process_of[static_cast<std::size_t>(q)]) + " (";
   const auto& ranks = layout_.ranks_of[static_cast<std::size_t>(q)];
-  for (std::size_t k = 0; k < ranks.size(); ++k) s += (k ? ", " : "") + layout_.names[static_cast<std::size_t>(ranks[k])];
+  for (std::size_t k = 0; k < ranks.size(); ++k)
+    s += (k ? ", " : "") + layout_.names[static_cast<std::size_t>(ranks[k])];
   return s + ")";
 }
 

@@ -149,9 +149,9 @@ std::vector<std::vector<std::int64_t>> gather_from_processes(const std::vector<s
     const auto& msg = round->message(q);
     std::int64_t n = -1;
     if (msg.size() >= sizeof n) std::memcpy(&n, msg.data(), sizeof n);
-    const std::string theirs = n >= 0 && msg.size() >= sizeof n + static_cast<std::size_t>(n)
-                                   ? std::string(reinterpret_cast<const char*>(msg.data()) + sizeof n, static_cast<std::size_t>(n))
-                                   : std::string("?");
+    const auto* text = reinterpret_cast<const char*>(msg.data()) + sizeof n;
+    const bool whole = n >= 0 && msg.size() >= sizeof n + static_cast<std::size_t>(n);
+    const std::string theirs = whole ? std::string(text, static_cast<std::size_t>(n)) : std::string("?");
     if (theirs != what)
       throw CollectiveMismatch("processes called different setup steps: process " + std::to_string(mpi::world_rank()) +
                                " called " + what + ", but process " + std::to_string(q) + " called " + theirs);

@@ -14,7 +14,10 @@ enum : char { kWaiting = 0, kReceiving = 1, kDone = 2 };
 }  // namespace
 
 PeerRound::PeerRound(MPI_Comm comm, int tag)
-    : comm_(comm), tag_(tag), outgoing_(new std::vector<std::byte>), incoming_(new std::vector<std::vector<std::byte>>) {
+    : comm_(comm),
+      tag_(tag),
+      outgoing_(new std::vector<std::byte>),
+      incoming_(new std::vector<std::vector<std::byte>>) {
   auto lk = lock();
   PMAPCC_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   PMAPCC_MPI_CHECK(MPI_Comm_size(comm_, &size_));
@@ -90,7 +93,8 @@ PeerRound::Result PeerRound::run_polling(std::chrono::milliseconds timeout, cons
                                  &sends_.back()));
     }
   }
-  for (int spins = 0;; ++spins) {
+  const auto spin_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(5);
+  for (;;) {
     {
       auto lk = lock();
       if (poll(state)) return Result::done;
@@ -113,8 +117,9 @@ PeerRound::Result PeerRound::run_polling(std::chrono::milliseconds timeout, cons
       }
       return stop;
     }
-    // Spin briefly (latency), then sleep (oversubscribed cores must reach the peers).
-    if (spins < 200) std::this_thread::yield();
+    // Yield for the first milliseconds (latency, and large messages move only while MPI is polled),
+    // then sleep between polls so that a long wait does not burn a core.
+    if (std::chrono::steady_clock::now() < spin_until) std::this_thread::yield();
     else std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }

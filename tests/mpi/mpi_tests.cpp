@@ -1,6 +1,7 @@
 // pmapcc_mpi_tests: run under mpirun. `collectives L` checks that collectives over a mesh spanning the
 // processes (L CPU devices each) are bitwise identical to one process with all the devices; `kill R`,
-// `throw R`, `hang R`, `mismatch R` make rank R fail inside an epoch-like loop of collectives.
+// `throw R`, `hang R`, `mismatch R` make rank R fail inside an epoch-like loop of collectives, and
+// `uneven R` gives rank R more local devices than the others.
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -77,6 +78,29 @@ int check_collectives(int local_n) {
   return failures == 0 ? 0 : 1;
 }
 
+int report(const pmap::Error& e, int who) {
+  // The failing rank reports its own error; the others report how they learnt of it.
+  const int rank = pmap::distributed::process_index();
+  std::printf("%s=%lld rank %d: %s: %s\n", rank == who ? "RAISED_AT_MS" : "DETECTED_AT_MS", now_ms(), rank,
+              error_kind(e), e.what());
+  std::fflush(stdout);
+  // Give the other processes a moment to report too before mpirun tears the job down.
+  std::this_thread::sleep_for(std::chrono::milliseconds(rank == who ? 2000 : 300));
+  return 3;
+}
+
+// Rank `who` asks for 3 local devices, the others for 2: every process must raise ValueError.
+int run_uneven(int who) {
+  const int rank = pmap::distributed::process_index();
+  if (rank == who) std::printf("FAIL_AT_MS=%lld rank %d: uneven\n", now_ms(), rank);
+  try {
+    pmap::distributed::global_devices(pmap::DeviceKind::cpu, rank == who ? 3 : 2);
+  } catch (const pmap::Error& e) {
+    return report(e, who);
+  }
+  return 0;
+}
+
 // Rank `who` fails as `mode` says at step 3 of 8; every process loops pmaps of collectives.
 int run_failure(const std::string& mode, int who) {
   const int rank = pmap::distributed::process_index();
@@ -106,13 +130,7 @@ int run_failure(const std::string& mode, int who) {
       }, mesh)();
     }
   } catch (const pmap::Error& e) {
-    // The failing rank reports its own error; the others report how they learnt of it.
-    std::printf("%s=%lld rank %d: %s: %s\n", rank == who ? "RAISED_AT_MS" : "DETECTED_AT_MS", now_ms(), rank,
-                error_kind(e), e.what());
-    std::fflush(stdout);
-    // Give the other processes a moment to report too before mpirun tears the job down.
-    std::this_thread::sleep_for(std::chrono::milliseconds(rank == who ? 2000 : 300));
-    return 3;
+    return report(e, who);
   }
   std::printf("rank %d: finished without an error\n", rank);
   return 0;
@@ -125,7 +143,8 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "collectives";
   const int arg = argc > 2 ? std::atoi(argv[2]) : 2;
   if (mode == "collectives") return check_collectives(arg);
+  if (mode == "uneven") return run_uneven(arg);
   if (mode == "kill" || mode == "throw" || mode == "hang" || mode == "mismatch") return run_failure(mode, arg);
-  std::fprintf(stderr, "usage: %s collectives LOCAL_DEVICES | kill|throw|hang|mismatch RANK\n", argv[0]);
+  std::fprintf(stderr, "usage: %s collectives LOCAL_DEVICES | kill|throw|hang|mismatch|uneven RANK\n", argv[0]);
   return 2;
 }
