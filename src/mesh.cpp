@@ -1,4 +1,5 @@
-// Mesh and MeshImpl: topology, eager communicator setup, and pmap's run loop with failure handling.
+// Mesh and MeshImpl: topology, eager communicator setup (with a transport for groups that span
+// processes), and pmap's run loop with failure handling.
 #include "mesh_impl.h"
 
 #include <algorithm>
@@ -66,11 +67,22 @@ MeshImpl::MeshImpl(std::vector<Device> devices, std::vector<AxisSpec> axes, Mesh
     if (!ids.insert({static_cast<int>(d.kind), d.index}).second)
       throw ValueError("Mesh: device " + d.str() + " appears twice");
   if (options_.collective_timeout.count() <= 0) throw ValueError("Mesh: collective_timeout must be positive");
+  if (options_.process_timeout.count() < 0) throw ValueError("Mesh: process_timeout must not be negative");
+  const int me = process_index();
+  for (int d = 0; d < size(); ++d) {
+    if (devices_[static_cast<std::size_t>(d)].process != me) continue;
+    local_.push_back(d);
+    local_devices_.push_back(devices_[static_cast<std::size_t>(d)]);
+  }
+  if (local_.empty())
+    throw ValueError("Mesh: none of its " + std::to_string(size()) + " devices belongs to this process (process " +
+                     std::to_string(me) + ")");
+  if (local_.size() != devices_.size()) transport_ = make_mesh_transport(devices_, axes_, options_);
   std::vector<std::string> names;
   for (const auto& d : devices_) names.push_back(d.str());
   hub_ = std::make_unique<ThreadHub>(names, options_.collective_timeout);
   build_comms();
-  workers_ = std::make_unique<WorkerPool>(devices_, options_.pin_threads);
+  workers_ = std::make_unique<WorkerPool>(local_devices_, options_.pin_threads);
 }
 
 MeshImpl::~MeshImpl() { workers_.reset(); }
@@ -127,11 +139,13 @@ std::string MeshImpl::key(const std::vector<int>& axis_ids) const {
 }
 
 void MeshImpl::build_comms() {
+  std::map<std::string, std::vector<std::vector<int>>> members;  // whole groups, by axis tuple key
   for (const auto& tuple : ordered_tuples(static_cast<int>(axes_.size()))) {
     std::vector<std::string> names;
     for (int id : tuple) names.push_back(axes_[static_cast<std::size_t>(id)].name);
     AxisNames an(names);
     AxisComms ac;
+    auto& whole = members[key(tuple)];
     ac.group_of.assign(devices_.size(), -1);
     std::map<std::vector<int>, int> by_rest;  // coordinates on the other axes -> group
     for (int d = 0; d < size(); ++d) {
@@ -140,18 +154,37 @@ void MeshImpl::build_comms() {
       for (std::size_t a = 0; a < axes_.size(); ++a)
         if (std::find(tuple.begin(), tuple.end(), static_cast<int>(a)) == tuple.end()) rest.push_back(c[a]);
       auto [it, fresh] = by_rest.emplace(rest, static_cast<int>(ac.groups.size()));
-      if (fresh) ac.groups.push_back(Group{std::vector<int>(static_cast<std::size_t>(axis_size(an)), -1), an.str()});
-      ac.groups[static_cast<std::size_t>(it->second)].members[static_cast<std::size_t>(axis_index(d, an))] = d;
+      if (fresh) {
+        ac.groups.push_back(Group{{}, an.str(), {}, axis_size(an), nullptr});
+        whole.emplace_back(static_cast<std::size_t>(axis_size(an)), -1);
+      }
+      whole[static_cast<std::size_t>(it->second)][static_cast<std::size_t>(axis_index(d, an))] = d;
       ac.group_of[static_cast<std::size_t>(d)] = it->second;
     }
     comms_.emplace(key(tuple), std::move(ac));
   }
-  // Communicators hold references to groups: create them once the map no longer moves.
+  // This process's view of each group; groups spanning processes get their exchange, created in the
+  // same order on every process. Communicators hold references to groups: create them once the map
+  // no longer moves.
   for (auto& [k, ac] : comms_) {
-    for (int d = 0; d < size(); ++d) {
+    for (std::size_t g = 0; g < ac.groups.size(); ++g) {
+      Group& group = ac.groups[g];
+      const auto& whole = members[k][g];
+      bool spans = false;
+      for (std::size_t r = 0; r < whole.size(); ++r) {
+        const Device& dev = devices_[static_cast<std::size_t>(whole[r])];
+        spans = spans || dev.process != devices_[static_cast<std::size_t>(whole[0])].process;
+        if (dev.process != process_index()) continue;
+        group.members.push_back(whole[r]);
+        group.ranks.push_back(static_cast<int>(r));
+      }
+      if (spans) group.remote = transport_->exchange_for(whole, group.axes);
+    }
+    ac.comms.resize(devices_.size());
+    for (int d : local_) {
       const Group& g = ac.groups[static_cast<std::size_t>(ac.group_of[static_cast<std::size_t>(d)])];
-      int rank = static_cast<int>(std::find(g.members.begin(), g.members.end(), d) - g.members.begin());
-      ac.comms.push_back(std::make_unique<ThreadCommunicator>(*hub_, g, d, rank));
+      int local_rank = static_cast<int>(std::find(g.members.begin(), g.members.end(), d) - g.members.begin());
+      ac.comms[static_cast<std::size_t>(d)] = std::make_unique<ThreadCommunicator>(*hub_, g, d, local_rank);
     }
   }
 }
@@ -167,6 +200,11 @@ const Group& MeshImpl::group(int device, const AxisNames& axes) {
   return ac.groups[static_cast<std::size_t>(ac.group_of[static_cast<std::size_t>(device)])];
 }
 
+void MeshImpl::report_failure(const std::string& what) {
+  hub_->abort(what);
+  if (transport_) transport_->report_failure(what);
+}
+
 void MeshImpl::run(const std::function<void(int)>& fn) {
   if (in_pmap() || workers_->on_worker_thread())
     throw Error("pmap called inside a pmapped function: nested pmap is not supported (use a 2-D mesh)");
@@ -176,32 +214,34 @@ void MeshImpl::run(const std::function<void(int)>& fn) {
     std::uint64_t order = std::numeric_limits<std::uint64_t>::max();
     bool aborted = false;
   };
-  std::vector<Failure> failures(devices_.size());
+  std::vector<Failure> failures(local_.size());
   std::atomic<std::uint64_t> clock{0};
+  if (transport_) transport_->begin_call();
   hub_->reset();
-  workers_->run_all([&](int d) {
+  workers_->run_all([&](int i) {
+    const int d = local_[static_cast<std::size_t>(i)];
     tls_context = DeviceContext{this, d};
     const std::string dev = devices_[static_cast<std::size_t>(d)].str();
-    Failure& f = failures[static_cast<std::size_t>(d)];
+    Failure& f = failures[static_cast<std::size_t>(i)];
     try {
-      fn(d);
+      fn(i);
     } catch (Aborted& e) {
       e.set_device(dev);
       f = {std::current_exception(), clock++, true};
     } catch (Error& e) {
       e.set_device(dev);
       f = {std::current_exception(), clock++, false};
-      hub_->abort(dev + " raised: " + e.message());
+      report_failure(dev + " raised: " + e.message());
     } catch (const std::exception& e) {
       DeviceError err(e.what());
       err.set_device(dev);
       f = {std::make_exception_ptr(err), clock++, false};
-      hub_->abort(dev + " raised: " + e.what());
+      report_failure(dev + " raised: " + e.what());
     } catch (...) {
       DeviceError err("an exception that is not a std::exception");
       err.set_device(dev);
       f = {std::make_exception_ptr(err), clock++, false};
-      hub_->abort(dev + " raised " + err.message());
+      report_failure(dev + " raised " + err.message());
     }
     hub_->finished(d, static_cast<bool>(f.error));
     tls_context = DeviceContext{};
@@ -229,6 +269,8 @@ Mesh::~Mesh() = default;
 
 int Mesh::size() const { return impl_->size(); }
 const std::vector<Device>& Mesh::devices() const { return impl_->devices(); }
+const std::vector<Device>& Mesh::local_devices() const { return impl_->local_devices(); }
+int Mesh::local_size() const { return static_cast<int>(impl_->local_devices().size()); }
 const std::vector<AxisSpec>& Mesh::axes() const { return impl_->axes(); }
 int Mesh::axis_size(const AxisNames& axes) const { return impl_->axis_size(axes); }
 std::vector<int> Mesh::coords(int device) const { return impl_->coords(device); }
