@@ -76,7 +76,7 @@ void Trainer::save_checkpoint(const std::filesystem::path& path) const {
     keys.push_back(std::move(pair));
   }
   Json history = Json::array();
-  for (const auto& e : history_) history.push_back(to_json(e));
+  for (const auto& e : history_) history.push_back(epoch_json(e));
   std::map<std::string, std::string> meta{
       {"format", kFormat},
       {"config", config_.to_json().dump()},

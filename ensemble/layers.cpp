@@ -68,14 +68,16 @@ class Dense final : public Layer {
     return {{"kernel", {in[0], features_}, in[0], false}, {"bias", {features_}, 0, true}};
   }
   bool in_place() const override { return false; }
-  std::size_t workspace_bytes(const kernels::Backend&, const LayerCall&) const override { return 0; }
+  std::size_t workspace_bytes(const kernels::Backend& be, const LayerCall& c) const override {
+    return be.dense_workspace_bytes(kparams(c));
+  }
   void forward(const kernels::Backend& be, const LayerCall& c, const float* const* p, const float* x, float* y,
-               void*) const override {
-    be.dense_forward(kparams(c), x, p[0], p[1], y);
+               void* ws) const override {
+    be.dense_forward(kparams(c), x, p[0], p[1], y, ws);
   }
   void backward(const kernels::Backend& be, const LayerCall& c, const float* const* p, const float* x, const float*,
-                const float* dy, float* dx, float* const* dp, void*) const override {
-    be.dense_backward(kparams(c), x, p[0], dy, dx, dp[0], dp[1]);
+                const float* dy, float* dx, float* const* dp, void* ws) const override {
+    be.dense_backward(kparams(c), x, p[0], dy, dx, dp[0], dp[1], ws);
   }
 
  private:

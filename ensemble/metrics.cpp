@@ -1,36 +1,48 @@
 // EpochMetrics <-> JSON, shared by the metrics file and the training history kept in checkpoints.
 #include "ensemble/metrics.h"
 
-namespace pmap::ensemble {
+#include <cmath>
+#include <limits>
 
-Json to_json(const EpochMetrics& m) {
-  Json j = Json::object();
-  j.set("epoch", m.epoch);
-  j.set("train_loss", m.train_loss);
-  j.set("train_accuracy", m.train_accuracy);
-  j.set("test_loss", m.test_loss);
-  Json acc = Json::array();
-  for (double a : m.member_test_accuracy) acc.push_back(a);
-  j.set("member_test_accuracy", std::move(acc));
-  j.set("ensemble_test_accuracy", m.ensemble_test_accuracy);
-  j.set("seconds", m.seconds);
-  j.set("eval_seconds", m.eval_seconds);
-  j.set("model_images_per_second", m.model_images_per_second);
-  return j;
+namespace pmap::ensemble {
+namespace {
+
+Json number_or_null(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
+
+double number_or_nan(const JsonView& v) {
+  return v.type() == Json::Type::null ? std::numeric_limits<double>::quiet_NaN() : v.as_double();
+}
+
+}  // namespace
+
+Json epoch_json(const EpochMetrics& m) {
+  Json o = Json::object();
+  o.set("epoch", m.epoch);
+  o.set("train_loss", number_or_null(m.train_loss));
+  o.set("train_accuracy", number_or_null(m.train_accuracy));
+  o.set("test_loss", number_or_null(m.test_loss));
+  Json members = Json::array();
+  for (double a : m.member_test_accuracy) members.push_back(number_or_null(a));
+  o.set("member_test_accuracy", std::move(members));
+  o.set("ensemble_test_accuracy", number_or_null(m.ensemble_test_accuracy));
+  o.set("seconds", number_or_null(m.seconds));
+  o.set("eval_seconds", number_or_null(m.eval_seconds));
+  o.set("model_images_per_second", number_or_null(m.model_images_per_second));
+  return o;
 }
 
 EpochMetrics epoch_metrics_from_json(const JsonView& v) {
   EpochMetrics m;
   m.epoch = static_cast<int>(v["epoch"].as_int());
-  m.train_loss = v["train_loss"].as_double();
-  m.train_accuracy = v["train_accuracy"].as_double();
-  m.test_loss = v["test_loss"].as_double();
+  m.train_loss = number_or_nan(v["train_loss"]);
+  m.train_accuracy = number_or_nan(v["train_accuracy"]);
+  m.test_loss = number_or_nan(v["test_loss"]);
   const JsonView acc = v["member_test_accuracy"];
-  for (std::size_t i = 0; i < acc.size(); ++i) m.member_test_accuracy.push_back(acc[i].as_double());
-  m.ensemble_test_accuracy = v["ensemble_test_accuracy"].as_double();
-  m.seconds = v["seconds"].as_double();
-  m.eval_seconds = v["eval_seconds"].as_double();
-  m.model_images_per_second = v["model_images_per_second"].as_double();
+  for (std::size_t i = 0; i < acc.size(); ++i) m.member_test_accuracy.push_back(number_or_nan(acc[i]));
+  m.ensemble_test_accuracy = number_or_nan(v["ensemble_test_accuracy"]);
+  m.seconds = number_or_nan(v["seconds"]);
+  m.eval_seconds = number_or_nan(v["eval_seconds"]);
+  m.model_images_per_second = number_or_nan(v["model_images_per_second"]);
   return m;
 }
 

@@ -26,10 +26,13 @@ struct EpochMetrics {
 
 namespace pmap::ensemble {
 
-// {"epoch", "train_loss", "train_accuracy", "test_loss", "member_test_accuracy": [...],
-//  "ensemble_test_accuracy", "seconds", "eval_seconds", "model_images_per_second"}
-Json to_json(const EpochMetrics& m);
-// The inverse of to_json; DataError (naming source and field) on a missing or mistyped field.
+// The JSON object of one epoch: {"epoch", "train_loss", "train_accuracy", "test_loss",
+// "member_test_accuracy": [...], "ensemble_test_accuracy", "seconds", "eval_seconds",
+// "model_images_per_second"}, in that order. "epoch" is an integer, the rest doubles; a NaN or
+// infinite value (a diverged run) becomes null so the file can still be written.
+Json epoch_json(const EpochMetrics& m);
+// The inverse of epoch_json (null reads back as NaN); DataError naming the source and field on a
+// missing or mistyped field.
 EpochMetrics epoch_metrics_from_json(const JsonView& v);
 
 }  // namespace pmap::ensemble

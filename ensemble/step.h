@@ -36,7 +36,10 @@ struct DeviceWork {
   Array grads;    // (members * P)
   Array dlogits;  // (members, max_batch, K)
   Array probs;    // (members, max_batch, K)
-  Array mean_probs;  // (max_batch, K): the ensemble's probabilities
+  Array mean_probs;  // (max_batch, K) in host memory: the ensemble's probabilities
+  Array images;      // (max_batch, *input) on the device: the batch staged from the host (CUDA devices)
+  Array labels;      // (max_batch) i32, likewise
+  std::vector<float> host_probs;       // CUDA devices: probs copied to the host for the ensemble mean
   std::vector<float> loss;             // per member, last step
   std::vector<std::int32_t> correct;   // per member, last step
   std::int64_t ensemble_correct = 0;   // last eval step

@@ -29,12 +29,14 @@ class CpuBackend final : public Backend {
   void avg_pool_backward(const AvgPoolParams& p, const float* dy, float* dx) const override {
     cpu::avg_pool_backward(p, dy, dx);
   }
-  void dense_forward(const DenseParams& p, const float* x, const float* w, const float* b, float* y) const override {
-    cpu::dense_forward(p, x, w, b, y);
+  std::size_t dense_workspace_bytes(const DenseParams& p) const override { return cpu::dense_workspace_bytes(p); }
+  void dense_forward(const DenseParams& p, const float* x, const float* w, const float* b, float* y,
+                     void* ws) const override {
+    cpu::dense_forward(p, x, w, b, y, ws);
   }
   void dense_backward(const DenseParams& p, const float* x, const float* w, const float* dy, float* dx, float* dw,
-                      float* db) const override {
-    cpu::dense_backward(p, x, w, dy, dx, dw, db);
+                      float* db, void* ws) const override {
+    cpu::dense_backward(p, x, w, dy, dx, dw, db, ws);
   }
   void relu_forward(std::size_t n, const float* x, float* y) const override { cpu::relu_forward(n, x, y); }
   void relu_backward(std::size_t n, const float* y, const float* dy, float* dx) const override {

@@ -25,9 +25,11 @@ class Backend {
                                float* dw, float* db, void* workspace) const = 0;
   virtual void avg_pool_forward(const AvgPoolParams& p, const float* x, float* y) const = 0;
   virtual void avg_pool_backward(const AvgPoolParams& p, const float* dy, float* dx) const = 0;
-  virtual void dense_forward(const DenseParams& p, const float* x, const float* w, const float* b, float* y) const = 0;
+  virtual std::size_t dense_workspace_bytes(const DenseParams& p) const = 0;
+  virtual void dense_forward(const DenseParams& p, const float* x, const float* w, const float* b, float* y,
+                             void* workspace) const = 0;
   virtual void dense_backward(const DenseParams& p, const float* x, const float* w, const float* dy, float* dx,
-                              float* dw, float* db) const = 0;
+                              float* dw, float* db, void* workspace) const = 0;
   virtual void relu_forward(std::size_t n, const float* x, float* y) const = 0;
   virtual void relu_backward(std::size_t n, const float* y, const float* dy, float* dx) const = 0;
   // loss and correct are host pointers (M entries); logits/labels/dlogits/probs live on the device.

@@ -59,7 +59,11 @@ cuda_cases='cuda*'   # every GPU test case's name starts with "cuda"
 if [[ $skip_build == 0 ]]; then
   check 1 configure cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DPMAPCC_WITH_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90
-  check 1 build cmake --build "$build" -j "$(nproc)" --target pmapcc_tests bench_cuda_train
+  # What the whole suite (step 3) runs: the tests, the program its CLI test drives, and the
+  # multi-process tests when MPI was found (their mpi.cuda cases put CUDA devices across processes).
+  targets=(pmapcc_tests bench_cuda_train mnist_ensemble)
+  cmake --build "$build" --target help 2>/dev/null | grep -q pmapcc_mpi_tests && targets+=(pmapcc_mpi_tests)
+  check 1 build cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
 fi
 check 2 cuda-tests ctest --test-dir "$build" -R cuda --output-on-failure
 check 3 all-tests ctest --test-dir "$build" --output-on-failure -j 4

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "backend.h"
+#include "processes.h"
 
 namespace pmap {
 
@@ -43,16 +44,17 @@ int default_cpu_device_count() {
 std::vector<Device> local_devices(DeviceKind kind, int n) {
   if (n == 0) throw ValueError("local_devices: asked for 0 " + std::string(to_string(kind)) + " devices");
   std::vector<Device> out;
+  const int process = detail::process_index();
   if (kind == DeviceKind::cpu) {
     if (n < 0) n = default_cpu_device_count();
-    for (int i = 0; i < n; ++i) out.push_back(Device{DeviceKind::cpu, i, i});
+    for (int i = 0; i < n; ++i) out.push_back(Device{DeviceKind::cpu, i, i, process});
     return out;
   }
   int gpus = detail::cuda_device_count();
   if (gpus == 0)
     throw NotAvailable("no CUDA device is usable here (no GPU, no driver, or a build without CUDA)");
   if (n < 0) n = gpus;
-  for (int i = 0; i < n; ++i) out.push_back(Device{DeviceKind::cuda, i, i % gpus});
+  for (int i = 0; i < n; ++i) out.push_back(Device{DeviceKind::cuda, i, i % gpus, process});
   return out;
 }
 

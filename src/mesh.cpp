@@ -1,4 +1,5 @@
-// Mesh and MeshImpl: topology, eager communicator setup, and pmap's run loop with failure handling.
+// Mesh and MeshImpl: topology, eager communicator setup (with a transport for groups that span
+// processes), and pmap's run loop with failure handling.
 #include "mesh_impl.h"
 
 #include <algorithm>
@@ -83,18 +84,38 @@ MeshImpl::MeshImpl(std::vector<Device> devices, std::vector<AxisSpec> axes, Mesh
     if (!ids.insert({static_cast<int>(d.kind), d.index}).second)
       throw ValueError("Mesh: device " + d.str() + " appears twice");
   if (options_.collective_timeout.count() <= 0) throw ValueError("Mesh: collective_timeout must be positive");
+  if (options_.process_timeout.count() < 0) throw ValueError("Mesh: process_timeout must not be negative");
+  const int me = process_index();
+  for (int d = 0; d < size(); ++d) {
+    if (devices_[static_cast<std::size_t>(d)].process != me) continue;
+    local_.push_back(d);
+    local_devices_.push_back(devices_[static_cast<std::size_t>(d)]);
+  }
+  if (local_.empty())
+    throw ValueError("Mesh: none of its " + std::to_string(size()) + " devices belongs to this process (process " +
+                     std::to_string(me) + ")");
+  const bool spans_processes = local_.size() != devices_.size();
+  if (spans_processes && nccl_single_gpu() &&
+      std::any_of(devices_.begin(), devices_.end(), [](const Device& d) { return !d.is_cpu(); })) {
+    throw NotAvailable("Mesh: PMAPCC_NCCL_SINGLE_GPU=1 asks for NCCL, but this mesh spans processes, and pmapcc "
+                       "builds NCCL communicators only within one process (the CUDA devices of a mesh spanning "
+                       "processes meet through the host, over MPI); unset PMAPCC_NCCL_SINGLE_GPU");
+  }
+  if (spans_processes) transport_ = make_mesh_transport(devices_, axes_, options_);
   std::vector<std::string> names;
   for (const auto& d : devices_) names.push_back(d.str());
   hub_ = std::make_unique<ThreadHub>(names, options_.collective_timeout);
   streams_.reserve(devices_.size());
-  for (const auto& d : devices_) streams_.emplace_back(!d.is_cpu(), d.ordinal);
-  if (one_gpu_per_device(devices_) && nccl_available()) {
+  for (const auto& d : devices_) streams_.emplace_back(!d.is_cpu() && d.process == me, d.ordinal);
+  // NCCL's communicators are built here from one process (ncclCommInitAll); a mesh spanning processes
+  // stages its CUDA devices' collectives through the host and MPI instead (see comm_kind).
+  if (!spans_processes && one_gpu_per_device(devices_) && nccl_available()) {
     std::vector<int> ordinals;
     for (const auto& d : devices_) ordinals.push_back(d.ordinal);
     nccl_ = make_nccl_clique(ordinals, *hub_, options_.collective_timeout);
   }
   build_comms();
-  workers_ = std::make_unique<WorkerPool>(devices_, options_.pin_threads);
+  workers_ = std::make_unique<WorkerPool>(local_devices_, options_.pin_threads);
   if (nccl_) build_nccl_comms();
 }
 
@@ -155,11 +176,13 @@ std::string MeshImpl::key(const std::vector<int>& axis_ids) const {
 }
 
 void MeshImpl::build_comms() {
+  std::map<std::string, std::vector<std::vector<int>>> members;  // whole groups, by axis tuple key
   for (const auto& tuple : ordered_tuples(static_cast<int>(axes_.size()))) {
     std::vector<std::string> names;
     for (int id : tuple) names.push_back(axes_[static_cast<std::size_t>(id)].name);
     AxisNames an(names);
     AxisComms ac;
+    auto& whole = members[key(tuple)];
     ac.group_of.assign(devices_.size(), -1);
     std::map<std::vector<int>, int> by_rest;  // coordinates on the other axes -> group
     for (int d = 0; d < size(); ++d) {
@@ -168,34 +191,55 @@ void MeshImpl::build_comms() {
       for (std::size_t a = 0; a < axes_.size(); ++a)
         if (std::find(tuple.begin(), tuple.end(), static_cast<int>(a)) == tuple.end()) rest.push_back(c[a]);
       auto [it, fresh] = by_rest.emplace(rest, static_cast<int>(ac.groups.size()));
-      if (fresh) ac.groups.push_back(Group{std::vector<int>(static_cast<std::size_t>(axis_size(an)), -1), an.str()});
-      ac.groups[static_cast<std::size_t>(it->second)].members[static_cast<std::size_t>(axis_index(d, an))] = d;
+      if (fresh) {
+        ac.groups.push_back(Group{{}, an.str(), {}, axis_size(an), nullptr});
+        whole.emplace_back(static_cast<std::size_t>(axis_size(an)), -1);
+      }
+      whole[static_cast<std::size_t>(it->second)][static_cast<std::size_t>(axis_index(d, an))] = d;
       ac.group_of[static_cast<std::size_t>(d)] = it->second;
     }
     comms_.emplace(key(tuple), std::move(ac));
   }
-  // Communicators hold references to groups: create them once the map no longer moves. NCCL ones are
-  // made later, on the workers (build_nccl_comms).
+  // This process's view of each group; groups spanning processes get their exchange, created in the
+  // same order on every process. Communicators hold references to groups: create them once the map
+  // no longer moves. NCCL ones are made later, on the workers (build_nccl_comms).
   for (auto& [k, ac] : comms_) {
-    for (int d = 0; d < size(); ++d) {
-      const Group& g = ac.groups[static_cast<std::size_t>(ac.group_of[static_cast<std::size_t>(d)])];
-      int rank = static_cast<int>(std::find(g.members.begin(), g.members.end(), d) - g.members.begin());
-      const CommKind kind = comm_kind(g);
-      ac.device_memory.push_back(kind != CommKind::host_hub);
-      if (kind == CommKind::nccl) {
-        ac.comms.emplace_back();
-      } else {
-        ac.comms.push_back(std::make_unique<ThreadCommunicator>(*hub_, g, d, rank, kind == CommKind::device_hub));
+    for (std::size_t g = 0; g < ac.groups.size(); ++g) {
+      Group& group = ac.groups[g];
+      const auto& whole = members[k][g];
+      bool spans = false;
+      for (std::size_t r = 0; r < whole.size(); ++r) {
+        const Device& dev = devices_[static_cast<std::size_t>(whole[r])];
+        spans = spans || dev.process != devices_[static_cast<std::size_t>(whole[0])].process;
+        if (dev.process != process_index()) continue;
+        group.members.push_back(whole[r]);
+        group.ranks.push_back(static_cast<int>(r));
       }
+      if (spans) group.remote = transport_->exchange_for(whole, group.axes);
+    }
+    ac.comms.resize(devices_.size());
+    ac.device_memory.assign(devices_.size(), 0);
+    for (int d : local_) {
+      const Group& g = ac.groups[static_cast<std::size_t>(ac.group_of[static_cast<std::size_t>(d)])];
+      int local_rank = static_cast<int>(std::find(g.members.begin(), g.members.end(), d) - g.members.begin());
+      const CommKind kind = comm_kind(g);
+      ac.device_memory[static_cast<std::size_t>(d)] = kind != CommKind::host_hub;
+      if (kind != CommKind::nccl)
+        ac.comms[static_cast<std::size_t>(d)] =
+            std::make_unique<ThreadCommunicator>(*hub_, g, d, local_rank, kind == CommKind::device_hub);
     }
   }
 }
 
-// CPU devices meet in the host hub. CUDA devices: NCCL when every device of the mesh has its own GPU.
-// Virtual devices meet in the hub and move the data on the GPU, in device order (bitwise the CPU
-// devices' results): on one GPU, or across GPUs that can all reach each other's memory (peer access);
-// otherwise the group is staged through the host.
+// CPU devices meet in the host hub. CUDA devices of a single-process mesh: NCCL when every device of the
+// mesh has its own GPU. Virtual devices meet in the hub and move the data on the GPU, in device order
+// (bitwise the CPU devices' results): on one GPU, or across GPUs that can all reach each other's memory
+// (peer access); otherwise the group is staged through the host. A mesh spanning processes stages every
+// CUDA group through the host (the hub, and MPI for groups that span processes), including its groups
+// that happen to lie within one process: one rule for the whole mesh, and no device pointers ever reach
+// the MPI exchange.
 MeshImpl::CommKind MeshImpl::comm_kind(const Group& g) {
+  if (transport_ != nullptr || g.remote != nullptr) return CommKind::host_hub;
   const Device& first = devices_[static_cast<std::size_t>(g.members.front())];
   if (first.is_cpu()) return CommKind::host_hub;
   if (nccl_ && (g.members.size() > 1 || nccl_single_gpu())) return CommKind::nccl;
@@ -215,7 +259,8 @@ MeshImpl::CommKind MeshImpl::comm_kind(const Group& g) {
 // collective), each ending with a barrier; the first failure is rethrown after all are released.
 void MeshImpl::build_nccl_comms() {
   std::vector<std::exception_ptr> errors(devices_.size());
-  workers_->run_all([&](int d) {
+  workers_->run_all([&](int i) {
+    const int d = local_[static_cast<std::size_t>(i)];  // == i: NCCL meshes are single-process
     cuda_set_thread_stream(streams_[static_cast<std::size_t>(d)].get());
     try {
       for (auto& [k, ac] : comms_) {
@@ -246,7 +291,8 @@ void MeshImpl::build_nccl_comms() {
 // NCCL communicators are finalized collectively: every device's worker releases its own at once.
 void MeshImpl::release_nccl_comms() noexcept {
   if (!nccl_ || !workers_) return;
-  workers_->run_all([&](int d) {
+  workers_->run_all([&](int i) {
+    const int d = local_[static_cast<std::size_t>(i)];
     for (auto& [k, ac] : comms_) {
       const auto du = static_cast<std::size_t>(d);
       if (ac.device_memory[du] && dynamic_cast<ThreadCommunicator*>(ac.comms[du].get()) == nullptr) ac.comms[du].reset();
@@ -271,6 +317,11 @@ const Group& MeshImpl::group(int device, const AxisNames& axes) {
   return ac.groups[static_cast<std::size_t>(ac.group_of[static_cast<std::size_t>(device)])];
 }
 
+void MeshImpl::report_failure(const std::string& what) {
+  hub_->abort(what);
+  if (transport_) transport_->report_failure(what);
+}
+
 void MeshImpl::run(const std::function<void(int)>& fn) {
   if (in_pmap() || workers_->on_worker_thread())
     throw Error("pmap called inside a pmapped function: nested pmap is not supported (use a 2-D mesh)");
@@ -280,17 +331,19 @@ void MeshImpl::run(const std::function<void(int)>& fn) {
     std::uint64_t order = std::numeric_limits<std::uint64_t>::max();
     bool aborted = false;
   };
-  std::vector<Failure> failures(devices_.size());
+  std::vector<Failure> failures(local_.size());
   std::atomic<std::uint64_t> clock{0};
+  if (transport_) transport_->begin_call();
   hub_->reset();
-  workers_->run_all([&](int d) {
+  workers_->run_all([&](int i) {
+    const int d = local_[static_cast<std::size_t>(i)];
     tls_context = DeviceContext{this, d};
     const std::string dev = devices_[static_cast<std::size_t>(d)].str();
-    Failure& f = failures[static_cast<std::size_t>(d)];
+    Failure& f = failures[static_cast<std::size_t>(i)];
     const StreamHandle stream = streams_[static_cast<std::size_t>(d)].get();
     cuda_set_thread_stream(stream);  // CUDA devices: every op of fn goes to the device's stream
     try {
-      fn(d);
+      fn(i);
       if (stream != nullptr) cuda_sync_current_stream();  // pmap returns when the device's work is done
     } catch (Aborted& e) {
       e.set_device(dev);
@@ -298,17 +351,17 @@ void MeshImpl::run(const std::function<void(int)>& fn) {
     } catch (Error& e) {
       e.set_device(dev);
       f = {std::current_exception(), clock++, false};
-      hub_->abort(dev + " raised: " + e.message());
+      report_failure(dev + " raised: " + e.message());
     } catch (const std::exception& e) {
       DeviceError err(e.what());
       err.set_device(dev);
       f = {std::make_exception_ptr(err), clock++, false};
-      hub_->abort(dev + " raised: " + e.what());
+      report_failure(dev + " raised: " + e.what());
     } catch (...) {
       DeviceError err("an exception that is not a std::exception");
       err.set_device(dev);
       f = {std::make_exception_ptr(err), clock++, false};
-      hub_->abort(dev + " raised " + err.message());
+      report_failure(dev + " raised " + err.message());
     }
     hub_->finished(d, static_cast<bool>(f.error));
     cuda_set_thread_stream(nullptr);
@@ -337,6 +390,8 @@ Mesh::~Mesh() = default;
 
 int Mesh::size() const { return impl_->size(); }
 const std::vector<Device>& Mesh::devices() const { return impl_->devices(); }
+const std::vector<Device>& Mesh::local_devices() const { return impl_->local_devices(); }
+int Mesh::local_size() const { return static_cast<int>(impl_->local_devices().size()); }
 const std::vector<AxisSpec>& Mesh::axes() const { return impl_->axes(); }
 int Mesh::axis_size(const AxisNames& axes) const { return impl_->axis_size(axes); }
 std::vector<int> Mesh::coords(int device) const { return impl_->coords(device); }

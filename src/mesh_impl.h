@@ -1,4 +1,5 @@
-// MeshImpl: a mesh's topology, worker threads and communicators, and the pmap execution loop.
+// MeshImpl: a mesh's topology, worker threads and communicators, and the pmap execution loop. Device
+// ids are mesh positions over every process; workers exist for the local devices only.
 #pragma once
 
 #include <functional>
@@ -13,6 +14,7 @@
 
 #include "backend.h"
 #include "nccl_clique.h"
+#include "processes.h"
 #include "thread_hub.h"
 #include "workers.h"
 
@@ -27,45 +29,53 @@ class MeshImpl {
   const std::vector<AxisSpec>& axes() const { return axes_; }
   const MeshOptions& options() const { return options_; }
   int size() const { return static_cast<int>(devices_.size()); }
+  const std::vector<Device>& local_devices() const { return local_devices_; }
+  const std::vector<int>& local_ids() const { return local_; }  // mesh position of each local device
   std::vector<int> coords(int device) const;
   // Indices of the named axes in tuple order (empty = all axes); AxisError names the axes in scope.
   std::vector<int> resolve(const AxisNames& axes) const;
   int axis_size(const AxisNames& axes) const;
   // The device's index along the axis tuple (row-major over the tuple, in the tuple's order).
   int axis_index(int device, const AxisNames& axes) const;
-  // The device's communicator for the axis tuple, and its group.
+  // A local device's communicator for the axis tuple, and its group (this process's view).
   Communicator& comm(int device, const AxisNames& axes);
   // True when that communicator takes buffers in the device's own memory (NCCL, or the device hub of
-  // virtual devices); false: host memory (CPU devices, or CUDA devices staged through the host).
+  // virtual devices; single-process meshes only); false: host memory (CPU devices, or CUDA devices
+  // staged through the host, which every mesh spanning processes does).
   bool device_memory(int device, const AxisNames& axes);
   const Group& group(int device, const AxisNames& axes);
   std::string scope_str() const;  // "'data', 'model'"
 
-  // Runs fn(device) on every device's worker; rethrows the first failure (see pmap.h).
+  // Runs fn(i) on the worker of every local device i (an index into local_devices()); rethrows the
+  // first failure (see pmap.h).
   void run(const std::function<void(int)>& fn);
 
  private:
   struct AxisComms {
-    std::vector<Group> groups;
+    std::vector<Group> groups;  // this process's view of each group
     std::vector<int> group_of;  // per device
-    std::vector<std::unique_ptr<Communicator>> comms;  // per device
+    std::vector<std::unique_ptr<Communicator>> comms;  // per device; null for other processes' devices
     std::vector<char> device_memory;                   // per device: see device_memory()
   };
-  // How the devices of one group talk: see build_comms.
+  // How the devices of one group talk: see comm_kind.
   enum class CommKind { host_hub, device_hub, nccl };
   void build_comms();
   CommKind comm_kind(const Group& g);
   void build_nccl_comms();
   void release_nccl_comms() noexcept;
+  void report_failure(const std::string& what);
   std::string key(const std::vector<int>& axis_ids) const;
   AxisComms& lookup(const AxisNames& axes);
 
   std::vector<Device> devices_;
   std::vector<AxisSpec> axes_;
   MeshOptions options_;
+  std::vector<int> local_;
+  std::vector<Device> local_devices_;
+  std::unique_ptr<MeshTransport> transport_;  // meshes spanning processes; outlives the groups
   std::unique_ptr<ThreadHub> hub_;
-  std::vector<DeviceStream> streams_;       // per device: its CUDA stream (empty for CPU devices)
-  std::unique_ptr<NcclClique> nccl_;        // one GPU per device and NCCL built: the root communicators
+  std::vector<DeviceStream> streams_;  // per device: its CUDA stream (empty for CPU and other processes' devices)
+  std::unique_ptr<NcclClique> nccl_;  // single process, one GPU per device, NCCL built: the root communicators
   std::map<std::string, AxisComms> comms_;  // by axis tuple key ("0,1")
   std::mutex run_mu_;
   std::unique_ptr<WorkerPool> workers_;  // last: threads stop before the rest is destroyed

@@ -7,12 +7,13 @@
 
 namespace pmap::detail {
 
-void check_mapped_sizes(const std::vector<std::pair<int, std::size_t>>& sizes, int devices) {
+void check_mapped_sizes(const std::vector<std::pair<int, std::size_t>>& sizes, const Mesh& mesh) {
+  const int devices = mesh.local_size();
   bool ok = std::all_of(sizes.begin(), sizes.end(),
                         [&](const auto& s) { return s.second == static_cast<std::size_t>(devices); });
   if (ok) return;
   std::string msg = "pmap got inconsistent sizes for mapped arguments (the mesh has " + std::to_string(devices) +
-                    " devices):";
+                    (devices == mesh.size() ? " devices):" : " devices in this process):");
   for (const auto& [pos, n] : sizes) msg += " argument " + std::to_string(pos) + " has " + std::to_string(n) + ";";
   msg.pop_back();
   throw ShapeError(msg);

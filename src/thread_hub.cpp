@@ -2,81 +2,16 @@
 #include "thread_hub.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <exception>
-#include <type_traits>
 
 #include <pmap/error.h>
 
 #include "backend.h"
+#include "reduce.h"
 
 namespace pmap::detail {
 namespace {
-
-constexpr std::size_t kBlock = 2048;  // elements reduced per step (fits in L1 with a few inputs)
-
-template <class T> inline T combine(T a, T b, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum: return static_cast<T>(a + b);
-    case ReduceOp::max:
-      if constexpr (std::is_floating_point_v<T>) {
-        if (std::isnan(a) || std::isnan(b)) return std::isnan(a) ? a : b;
-      }
-      return a < b ? b : a;
-    case ReduceOp::min:
-      if constexpr (std::is_floating_point_v<T>) {
-        if (std::isnan(a) || std::isnan(b)) return std::isnan(a) ? a : b;
-      }
-      return b < a ? b : a;
-  }
-  return a;
-}
-
-// out[i] = in_0[off+i] op in_1[off+i] op ... in rank order: the same bits wherever it is computed.
-template <class T>
-void reduce_block(const std::vector<const T*>& in, std::size_t off, std::size_t len, ReduceOp op, T* acc) {
-  std::memcpy(acc, in[0] + off, len * sizeof(T));
-  for (std::size_t k = 1; k < in.size(); ++k) {
-    const T* src = in[k] + off;
-    if (op == ReduceOp::sum) {
-      for (std::size_t i = 0; i < len; ++i) acc[i] = static_cast<T>(acc[i] + src[i]);
-    } else {
-      for (std::size_t i = 0; i < len; ++i) acc[i] = combine(acc[i], src[i], op);
-    }
-  }
-}
-
-// Rank r reduces elements [begin, end) of every rank's send buffer (offset src_off) and writes them
-// to each destination in `outs` (offset dst_off). Only rank r touches these elements, so in-place
-// (send == recv) is safe.
-template <class T>
-void reduce_range(const std::vector<const void*>& sends, const std::vector<void*>& outs, std::size_t src_off,
-                  std::size_t dst_off, std::size_t len, ReduceOp op) {
-  std::vector<const T*> in(sends.size());
-  for (std::size_t k = 0; k < sends.size(); ++k) in[k] = static_cast<const T*>(sends[k]);
-  alignas(64) T acc[kBlock];
-  for (std::size_t b = 0; b < len; b += kBlock) {
-    std::size_t n = std::min(kBlock, len - b);
-    reduce_block(in, src_off + b, n, op, acc);
-    for (void* out : outs) std::memcpy(static_cast<T*>(out) + dst_off + b, acc, n * sizeof(T));
-  }
-}
-
-template <class F> void with_type(DType t, F&& f) {
-  switch (t) {
-    case DType::f32: return f(float{});
-    case DType::f64: return f(double{});
-    case DType::i32: return f(std::int32_t{});
-    case DType::i64: return f(std::int64_t{});
-    case DType::u32: return f(std::uint32_t{});
-    case DType::u8: return f(std::uint8_t{});
-  }
-}
-
-const char* reduce_name(ReduceOp op) {
-  return op == ReduceOp::sum ? "sum" : op == ReduceOp::max ? "max" : "min";
-}
 
 bool same_signature(const CollectiveOp& a, const Group* ga, const CollectiveOp& b, const Group* gb) {
   return a.kind == b.kind && a.reduce == b.reduce && a.dtype == b.dtype && a.count == b.count &&
@@ -123,9 +58,13 @@ std::string ThreadHub::describe(const std::string& device_name, const Posted& s)
   return d + ") over " + s.group->axes;
 }
 
-std::string ThreadHub::find_divergence(int device, const Group& group, std::uint64_t seq) const {
+// The first difference between this device's collective #seq and another device's: any device of the
+// mesh, or (group_only) only the members of this device's group.
+std::string ThreadHub::find_divergence(int device, const Group& group, std::uint64_t seq, bool group_only) const {
   const Slot& me = slots_[static_cast<std::size_t>(device)];
   for (std::size_t e = 0; e < slots_.size(); ++e) {
+    if (group_only && std::find(group.members.begin(), group.members.end(), static_cast<int>(e)) == group.members.end())
+      continue;
     const Posted& other = slots_[e].history[seq % kHistory];
     if (other.seq == seq && !same_signature(me.op, me.group, other.op, other.group))
       return "devices called different collectives as their collective #" + std::to_string(seq) + ": " +
@@ -166,50 +105,118 @@ void ThreadHub::collective(int device, const Group& group, int rank, const Colle
   me.history[seq % kHistory] = Posted{seq, op, &group};
   cv_.notify_all();
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  // A device leaving the rendezvous by an exception withdraws its post, so that no peer counts it as
+  // arrived. Completion is then monotonic: once a group is complete nobody withdraws, because a device
+  // only withdraws after seeing its group incomplete (all under mu_).
+  auto leave = [&](auto error) {
+    me.seq = seq - 1;
+    cv_.notify_all();
+    throw error;
+  };
   for (;;) {
-    if (std::string div = find_divergence(device, group, seq); !div.empty()) {
+    // Once the whole group has posted, every member must reach the same decision, or one could enter the
+    // data phase and wait forever for a peer that left: then only a mismatch inside the group (which
+    // every member sees identically) stops the collective; an abort or a divergence elsewhere in the
+    // mesh is reported by the next collective or by pmap.
+    const bool complete = all_arrived(group, seq);
+    if (std::string div = find_divergence(device, group, seq, complete); !div.empty()) {
       if (!aborted_) {
         aborted_ = true;
         reason_ = div;
       }
-      cv_.notify_all();
-      throw CollectiveMismatch(div);
+      leave(CollectiveMismatch(div));
     }
-    if (aborted_) throw Aborted(std::string(op.name) + " over " + group.axes + " cancelled: " + reason_);
-    if (all_arrived(group, seq)) break;
+    if (complete) break;
+    if (aborted_) leave(Aborted(std::string(op.name) + " over " + group.axes + " cancelled: " + reason_));
     if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && !all_arrived(group, seq)) {
+      // A peer whose deadline passed at the same moment may have given up first (and withdrawn its post,
+      // so it would look missing here): then report its cancellation, not a timeout of our own.
+      if (aborted_) continue;
       std::string msg = describe(device) + " timed out after " + std::to_string(timeout_.count()) +
                         " ms waiting for " + missing(group, seq);
       aborted_ = true;
       reason_ = msg;
-      cv_.notify_all();
-      throw Timeout(msg);
+      leave(Timeout(msg));
     }
   }
-  lk.unlock();
+  // Data phase. Whatever happens here, this device marks itself done and waits for its peers before
+  // leaving (or rethrowing): they may still read its send buffer or write its receive buffer. Host data
+  // movement cannot fail; device movement (CudaError) and the exchange between processes can.
   std::exception_ptr failure;
+  std::string failure_what;
   try {
-    execute(group, rank);  // host data movement cannot fail; device movement can (CudaError)
+    if (group.remote != nullptr) {
+      exchange_remote(group, rank, seq, lk);
+      lk.unlock();
+      group.remote->finish(me.op, rank, static_cast<int>(group.members.size()));
+    } else {
+      lk.unlock();
+      execute(group, rank);
+    }
+  } catch (const std::exception& e) {
+    failure = std::current_exception();
+    failure_what = e.what();
   } catch (...) {
     failure = std::current_exception();
   }
-  lk.lock();
+  if (!lk.owns_lock()) lk.lock();
   me.done = seq;
-  cv_.notify_all();
-  if (failure) {
-    if (!aborted_) {
-      aborted_ = true;
-      reason_ = describe(device) + " failed while moving its data";
-    }
-    std::rethrow_exception(failure);
+  if (failure && !aborted_) {  // the rest of the call's collectives are cancelled
+    aborted_ = true;
+    reason_ = describe(device) + " failed while moving its data" + (failure_what.empty() ? "" : ": " + failure_what);
   }
-  // Peers may still read our send buffer or write our recv buffer: wait for all of them. Data
-  // movement cannot block, so this wait is finite.
+  cv_.notify_all();
   cv_.wait(lk, [&] {
     for (int m : group.members)
       if (slots_[static_cast<std::size_t>(m)].done < seq) return false;
     return true;
   });
+  if (failure) std::rethrow_exception(failure);
+}
+
+bool ThreadHub::is_aborted() const {
+  std::lock_guard lk(mu_);
+  return aborted_;
+}
+
+void ThreadHub::exchange_remote(const Group& group, int rank, std::uint64_t seq, std::unique_lock<std::mutex>& lk) {
+  Slot& leader = slots_[static_cast<std::size_t>(group.members[0])];
+  if (rank == 0) {
+    // The members are blocked in this collective, so their ops stay put while we read them unlocked.
+    std::vector<const CollectiveOp*> ops;
+    for (int m : group.members) ops.push_back(&slots_[static_cast<std::size_t>(m)].op);
+    OpFailure failure;
+    lk.unlock();
+    try {
+      group.remote->exchange(ops, seq, [this] { return is_aborted(); });
+    } catch (const CollectiveMismatch& e) {
+      failure = {FailureKind::mismatch, e.message()};
+    } catch (const Timeout& e) {
+      failure = {FailureKind::timeout, e.message()};
+    } catch (const Aborted& e) {
+      failure = {FailureKind::aborted, e.message()};
+    } catch (const std::exception& e) {
+      failure = {FailureKind::other, e.what()};
+    }
+    lk.lock();
+    leader.exchanged = seq;
+    leader.remote_failure = failure;
+    if (failure.kind != FailureKind::none && !aborted_) {
+      aborted_ = true;
+      reason_ = failure.message;
+    }
+    cv_.notify_all();
+  } else {
+    cv_.wait(lk, [&] { return leader.exchanged >= seq; });  // finite: the exchange has a deadline
+  }
+  const OpFailure& f = leader.remote_failure;
+  switch (f.kind) {
+    case FailureKind::none: return;
+    case FailureKind::mismatch: throw CollectiveMismatch(f.message);
+    case FailureKind::timeout: throw Timeout(f.message);
+    case FailureKind::aborted: throw Aborted(f.message);
+    case FailureKind::other: throw MpiError(f.message);
+  }
 }
 
 std::string ThreadHub::abort_reason() const {
@@ -264,10 +271,19 @@ void ThreadHub::execute(const Group& group, int rank) const {
   }
 }
 
+ThreadCommunicator::ThreadCommunicator(ThreadHub& hub, const Group& group, int device, int local_rank,
+                                       bool device_memory)
+    : hub_(hub), group_(group), device_(device), local_rank_(local_rank), device_memory_(device_memory) {
+  if (device_memory_ && group_.remote != nullptr)
+    throw NotAvailable("collectives over " + group_.axes +
+                       " span processes, so they move host memory over MPI: device-memory collectives (the "
+                       "device hub of virtual CUDA devices) work only within one process");
+}
+
 void ThreadCommunicator::run(CollectiveOp op) {
   op.device = device_memory_;
   if (device_memory_) cuda_sync_current_stream();  // peers read our send buffer from their streams
-  hub_.collective(device_, group_, rank_, op);
+  hub_.collective(device_, group_, local_rank_, op);
 }
 
 void ThreadCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {

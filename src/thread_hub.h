@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -37,10 +38,32 @@ struct CollectiveOp {
   bool check_only = false;  // rendezvous and signature check only; the caller moves the data (NCCL)
 };
 
-// A set of mesh devices that communicate along one axis tuple; members are listed in rank order.
+// Moves a collective's data between processes, for a group whose devices live in several processes
+// (src/mpi). The hub first gathers the group's devices of this process; then the first of them calls
+// exchange() while the others wait, and once it has succeeded every one of them calls finish().
+class RemoteExchange {
+ public:
+  virtual ~RemoteExchange() = default;
+  // Sends this process's contributions and receives every other process's. `ops`: the local members'
+  // ops in local rank order, already checked to agree; `seq`: the collective's number in this pmap
+  // call; `cancelled()` turns true when this process aborts the call. Raises CollectiveMismatch,
+  // Timeout (a process never came), Aborted (a process failed, or cancelled) or MpiError.
+  virtual void exchange(const std::vector<const CollectiveOp*>& ops, std::uint64_t seq,
+                        const std::function<bool()>& cancelled) = 0;
+  // Writes the results of local member `local_rank` (of `local_count`) from the exchanged data. The
+  // members share the work of an all_reduce, so all of them must call it.
+  virtual void finish(const CollectiveOp& op, int local_rank, int local_count) = 0;
+};
+
+// A set of mesh devices that communicate along one axis tuple, as seen by this process: `members` are
+// the group's devices that this process runs, in rank order. In a single-process mesh that is the
+// whole group (ranks 0..size-1) and `remote` is null.
 struct Group {
   std::vector<int> members;
   std::string axes;  // "'data'" or "('data', 'model')", for messages and for the cross-device check
+  std::vector<int> ranks;  // members[k]'s rank in the whole group
+  int size = 0;            // devices in the whole group, over every process
+  RemoteExchange* remote = nullptr;  // set when the group spans processes
 };
 
 class ThreadHub {
@@ -54,7 +77,7 @@ class ThreadHub {
   void finished(int device, bool failed);
   // Cancels pending and future collectives of this call: waiters raise Aborted with `reason`.
   void abort(const std::string& reason);
-  // Runs `op` for `device`, which is rank `rank` of `group`. Blocks until the whole group is done.
+  // Runs `op` for `device`, which is group.members[rank]. Blocks until the whole group is done.
   void collective(int device, const Group& group, int rank, const CollectiveOp& op);
   // Why this call was aborted, or "" while it is not (polled by communicators that wait elsewhere).
   std::string abort_reason() const;
@@ -68,20 +91,31 @@ class ThreadHub {
     const Group* group = nullptr;
   };
   static constexpr std::size_t kHistory = 16;
+  enum class FailureKind : std::uint8_t { none, mismatch, timeout, aborted, other };
+  struct OpFailure {
+    FailureKind kind = FailureKind::none;
+    std::string message;
+  };
   struct Slot {
     std::uint64_t seq = 0;   // number of the last collective posted (1-based)
     std::uint64_t done = 0;  // number of the last collective whose data movement this device finished
     bool finished = false;  // returned normally
+    std::uint64_t exchanged = 0;  // remote groups, on the leader: the last collective exchanged
+    OpFailure remote_failure;     // ... and how that exchange failed, if it did
     CollectiveOp op;
     const Group* group = nullptr;
     Posted history[kHistory];
   };
   std::string describe(const std::string& device_name, const Posted& p) const;
-  std::string find_divergence(int device, const Group& group, std::uint64_t seq) const;
+  std::string find_divergence(int device, const Group& group, std::uint64_t seq, bool group_only) const;
   bool all_arrived(const Group& group, std::uint64_t seq) const;
   std::string missing(const Group& group, std::uint64_t seq) const;
   std::string describe(int device) const;
   void execute(const Group& group, int rank) const;
+  // Remote groups: the leader (local rank 0) runs the exchange while the others wait; every member
+  // then raises the leader's failure, if any. Called and returns with `lk` held.
+  void exchange_remote(const Group& group, int rank, std::uint64_t seq, std::unique_lock<std::mutex>& lk);
+  bool is_aborted() const;
 
   std::vector<std::string> names_;
   std::chrono::milliseconds timeout_;
@@ -95,7 +129,8 @@ class ThreadHub {
 // Rank `rank`'s share of the data movement of a collective whose buffers (sends, recvs: every rank's, in
 // rank order) are device memory the calling thread's GPU can reach (its own, or peers' with peer access
 // enabled): kernels and copies on its current stream, which is then synchronized. Reductions combine
-// ranks in order 0..n-1, as the host path does, so the results are bitwise those of CPU devices.
+// ranks in order 0..n-1, as the host path does, so the results are bitwise those of CPU devices. Only
+// for groups within one process (the whole group is local, so local ranks are group ranks).
 // src/cuda/device_hub.cu; the stub throws NotAvailable.
 void device_execute(const CollectiveOp& op, const std::vector<const void*>& sends, const std::vector<void*>& recvs,
                     int rank);
@@ -108,15 +143,17 @@ class OpRunner {
   virtual void run(CollectiveOp op) = 0;
 };
 
-// A Communicator for one device in one group, backed by a ThreadHub. With device_memory, the buffers are
-// device memory and every member's GPU can reach every other's (virtual devices on one GPU, or GPUs with
-// peer access): the hub only meets the threads, the data moves on the GPUs.
+// A Communicator for one device in one group, backed by a ThreadHub (and the group's RemoteExchange
+// when it spans processes). `local_rank` indexes group.members; rank() and size() are the whole group's.
+// With device_memory, the buffers are device memory and every member's GPU can reach every other's
+// (virtual devices on one GPU, or GPUs with peer access): the hub only meets the threads, the data moves
+// on the GPUs. device_memory needs a group within one process (NotAvailable otherwise: the exchange
+// between processes reads and writes host memory).
 class ThreadCommunicator final : public Communicator, public OpRunner {
  public:
-  ThreadCommunicator(ThreadHub& hub, const Group& group, int device, int rank, bool device_memory = false)
-      : hub_(hub), group_(group), device_(device), rank_(rank), device_memory_(device_memory) {}
-  int rank() const override { return rank_; }
-  int size() const override { return static_cast<int>(group_.members.size()); }
+  ThreadCommunicator(ThreadHub& hub, const Group& group, int device, int local_rank, bool device_memory = false);
+  int rank() const override { return group_.ranks[static_cast<std::size_t>(local_rank_)]; }
+  int size() const override { return group_.size; }
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
   void all_gather(const void* send, void* recv, std::size_t count, DType dtype) override;
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
@@ -125,6 +162,7 @@ class ThreadCommunicator final : public Communicator, public OpRunner {
                std::size_t perm_id) override;
   void barrier() override;
   void abort(const std::string& reason) override { hub_.abort(reason); }
+  // Runs a fully described op (lets the collectives layer pass its user-facing name).
   void run(CollectiveOp op) override;
   bool device_memory() const { return device_memory_; }
 
@@ -132,7 +170,7 @@ class ThreadCommunicator final : public Communicator, public OpRunner {
   ThreadHub& hub_;
   const Group& group_;
   int device_;
-  int rank_;
+  int local_rank_;
   bool device_memory_;
 };
 

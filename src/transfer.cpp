@@ -1,4 +1,4 @@
-// Host-side checks for shard / unshard.
+// Host-side checks for shard / unshard (over this process's devices of the mesh).
 #include <pmap/transfer.h>
 
 #include "mesh_impl.h"
@@ -30,9 +30,21 @@ std::int64_t check_shardable(const std::vector<std::pair<std::string, const Arra
 }
 
 std::vector<int> piece_of_device(const Mesh& mesh, const AxisNames& axes) {
-  std::vector<int> out(static_cast<std::size_t>(mesh.size()));
-  for (int d = 0; d < mesh.size(); ++d) out[static_cast<std::size_t>(d)] = mesh.impl().axis_index(d, axes);
+  std::vector<int> out;
+  for (int d : mesh.impl().local_ids()) out.push_back(mesh.impl().axis_index(d, axes));
   return out;
+}
+
+std::vector<int> first_holders(const Mesh& mesh, const AxisNames& axes, int parts) {
+  const auto piece = piece_of_device(mesh, axes);
+  std::vector<int> holder(static_cast<std::size_t>(parts), -1);
+  for (int d = static_cast<int>(piece.size()) - 1; d >= 0; --d)
+    holder[static_cast<std::size_t>(piece[static_cast<std::size_t>(d)])] = d;
+  for (int p = 0; p < parts; ++p)
+    if (holder[static_cast<std::size_t>(p)] < 0)
+      throw ShapeError("unshard over " + (axes.empty() ? std::string("all axes") : axes.str()) + ": block " +
+                       std::to_string(p) + " lives only on other processes' devices; all_gather it inside pmap first");
+  return holder;
 }
 
 }  // namespace pmap::detail

@@ -86,30 +86,40 @@ TEST_CASE("cuda conv2d at the model's first-layer size: batch 128, 28x28x1 -> 32
   check_conv(p);  // tall bias gradients: the chunked column sums
 }
 
-TEST_CASE("cuda dense matches the CPU op") {
+TEST_CASE("cuda dense matches the CPU op (short batches, and tall ones that use the workspace)") {
   PMAPCC_REQUIRE_GPU();
-  for (int members : {1, 3}) {
-    for (bool shared : {false, true}) {
-      CAPTURE(members);
-      CAPTURE(shared);
-      k::DenseParams p{members, 9, 17, 6, shared};
-      const std::size_t x_n = count(shared ? 1 : members, p.batch, p.in_features);
-      const std::size_t w_n = count(members, p.in_features, p.out_features), b_n = count(members, p.out_features);
-      const std::size_t y_n = count(members, p.batch, p.out_features);
-      const auto x = random_floats(x_n, 5), w = random_floats(w_n, 6), b = random_floats(b_n, 7);
-      const auto dy = random_floats(y_n, 8);
-      std::vector<float> y(y_n), dx(x_n), dw(w_n), db(b_n);
-      cpu().dense_forward(p, x.data(), w.data(), b.data(), y.data());
-      cpu().dense_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data());
-      auto gx = on_gpu(x), gw = on_gpu(w), gb = on_gpu(b), gdy = on_gpu(dy);
-      auto gy = gpu_floats(y_n), gdx = gpu_floats(x_n), gdw = gpu_floats(w_n), gdb = gpu_floats(b_n);
-      gpu().dense_forward(p, gx.data<float>(), gw.data<float>(), gb.data<float>(), gy.data<float>());
-      gpu().dense_backward(p, gx.data<float>(), gw.data<float>(), gdy.data<float>(), gdx.data<float>(),
-                           gdw.data<float>(), gdb.data<float>());
-      CHECK(relative_error(gy.to_vector<float>(), y) <= kForwardTolerance);
-      CHECK(relative_error(gdx.to_vector<float>(), dx) <= kBackwardTolerance);
-      CHECK(relative_error(gdw.to_vector<float>(), dw) <= kBackwardTolerance);
-      CHECK(relative_error(gdb.to_vector<float>(), db) <= kBackwardTolerance);
+  for (int batch : {9, 1500}) {
+    for (int members : {1, 3}) {
+      for (bool shared : {false, true}) {
+        CAPTURE(batch);
+        CAPTURE(members);
+        CAPTURE(shared);
+        k::DenseParams p{members, batch, 17, 6, shared};
+        const std::size_t x_n = count(shared ? 1 : members, p.batch, p.in_features);
+        const std::size_t w_n = count(members, p.in_features, p.out_features), b_n = count(members, p.out_features);
+        const std::size_t y_n = count(members, p.batch, p.out_features);
+        const auto x = random_floats(x_n, 5), w = random_floats(w_n, 6), b = random_floats(b_n, 7);
+        const auto dy = random_floats(y_n, 8);
+        std::vector<float> y(y_n), dx(x_n), dw(w_n), db(b_n);
+        std::vector<unsigned char> cpu_ws(cpu().dense_workspace_bytes(p));
+        cpu().dense_forward(p, x.data(), w.data(), b.data(), y.data(), cpu_ws.data());
+        cpu().dense_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), cpu_ws.data());
+        auto gx = on_gpu(x), gw = on_gpu(w), gb = on_gpu(b), gdy = on_gpu(dy);
+        auto gy = gpu_floats(y_n), gdx = gpu_floats(x_n), gdw = gpu_floats(w_n), gdb = gpu_floats(b_n);
+        pmap::Array ws({static_cast<std::int64_t>(gpu().dense_workspace_bytes(p))}, pmap::DType::u8, kGpu);
+        gpu().dense_forward(p, gx.data<float>(), gw.data<float>(), gb.data<float>(), gy.data<float>(), ws.raw_data());
+        gpu().dense_backward(p, gx.data<float>(), gw.data<float>(), gdy.data<float>(), gdx.data<float>(),
+                             gdw.data<float>(), gdb.data<float>(), ws.raw_data());
+        CHECK(relative_error(gy.to_vector<float>(), y) <= kForwardTolerance);
+        CHECK(relative_error(gdx.to_vector<float>(), dx) <= kBackwardTolerance);
+        CHECK(relative_error(gdw.to_vector<float>(), dw) <= kBackwardTolerance);
+        CHECK(relative_error(gdb.to_vector<float>(), db) <= kBackwardTolerance);
+        // A null workspace is allowed too (the bias gradient is then summed in one pass).
+        auto gdb_null = gpu_floats(b_n);
+        gpu().dense_backward(p, gx.data<float>(), gw.data<float>(), gdy.data<float>(), nullptr, nullptr,
+                             gdb_null.data<float>(), nullptr);
+        CHECK(relative_error(gdb_null.to_vector<float>(), db) <= kBackwardTolerance);
+      }
     }
   }
 }
@@ -209,7 +219,7 @@ TEST_CASE("cuda ops reject null pointers and bad parameters before queueing work
   PMAPCC_REQUIRE_GPU();
   k::DenseParams bad{1, 0, 3, 4, false};
   auto buf = gpu_floats(16);
-  CHECK_THROWS_AS(gpu().dense_forward(bad, buf.data<float>(), buf.data<float>(), nullptr, buf.data<float>()),
+  CHECK_THROWS_AS(gpu().dense_forward(bad, buf.data<float>(), buf.data<float>(), nullptr, buf.data<float>(), nullptr),
                   pmap::ValueError);
   CHECK_THROWS_AS(gpu().relu_forward(4, nullptr, buf.data<float>()), pmap::ValueError);
 }

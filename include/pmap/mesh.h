@@ -1,6 +1,8 @@
 // Mesh: devices arranged along named axes, 1-D ({"ensemble": 8}) or n-D ({"data": 2, "model": 4}),
-// row-major (the last axis varies fastest). A Mesh owns one worker thread per device and creates the
-// communicators for every axis and tuple of axes eagerly, so setup failures show at construction.
+// row-major (the last axis varies fastest). A Mesh owns one worker thread per local device and creates
+// the communicators for every axis and tuple of axes eagerly, so setup failures show at construction.
+// A mesh over distributed::global_devices() spans processes (see distributed.h): every process must
+// build it, in the same order relative to its other multi-process meshes.
 #pragma once
 
 #include <chrono>
@@ -24,6 +26,9 @@ struct MeshOptions {
   std::chrono::milliseconds collective_timeout = std::chrono::minutes(5);
   // Pin worker thread i to core i % cores (CPU devices only; a no-op where unsupported).
   bool pin_threads = false;
+  // Meshes spanning processes: how long a collective waits for the other processes before declaring
+  // the missing ones lost (Timeout). Zero: PMAPCC_MPI_TIMEOUT (seconds) from the environment, else 10 s.
+  std::chrono::milliseconds process_timeout{0};
 };
 
 // One axis name or a tuple of them ("data", {"data", "model"}). Empty means "every axis of the mesh".
@@ -56,8 +61,12 @@ class Mesh {
   Mesh& operator=(Mesh&&) noexcept;
   ~Mesh();  // stops and joins every worker thread
 
-  int size() const;  // number of devices
+  int size() const;  // number of devices, over every process
   const std::vector<Device>& devices() const;
+  // The devices this process runs, in mesh order: all of them unless the mesh spans processes.
+  // Sharded arguments and pmap results hold one entry per local device, in this order.
+  const std::vector<Device>& local_devices() const;
+  int local_size() const;
   const std::vector<AxisSpec>& axes() const;
   int axis_size(const AxisNames& axes) const;  // product of the named axes' sizes; AxisError if unknown
   std::vector<int> coords(int device) const;   // the device's index along each axis

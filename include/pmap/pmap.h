@@ -1,7 +1,9 @@
 // pmap: run a function written for one device on every device of a mesh at once, each on its own
 // worker thread. Arguments of type Sharded<T> are mapped (device d gets its own T&); every other
 // argument is broadcast (the same object, read-only, to every device: JAX's in_axes=None). The
-// results come back as Sharded<R>. This header also pulls in the rest of the public API.
+// results come back as Sharded<R>. On a mesh spanning processes, the function runs on this process's
+// devices and Sharded values hold their entries only (distributed.h). This header also pulls in the
+// rest of the public API.
 #pragma once
 
 #include <functional>
@@ -15,6 +17,7 @@
 #include <pmap/backends.h>
 #include <pmap/collectives.h>
 #include <pmap/device.h>
+#include <pmap/distributed.h>
 #include <pmap/error.h>
 #include <pmap/mesh.h>
 #include <pmap/sharded.h>
@@ -33,12 +36,12 @@ template <class A> decltype(auto) pick(A& arg, int device) {
   }
 }
 
-// Raises ShapeError when a mapped argument does not hold one entry per device, listing every mapped
-// argument and its size. `sizes` holds (argument position, entries).
-void check_mapped_sizes(const std::vector<std::pair<int, std::size_t>>& sizes, int devices);
+// Raises ShapeError when a mapped argument does not hold one entry per local device of the mesh,
+// listing every mapped argument and its size. `sizes` holds (argument position, entries).
+void check_mapped_sizes(const std::vector<std::pair<int, std::size_t>>& sizes, const Mesh& mesh);
 // Raises AxisError unless `axes` is empty or names every axis of the mesh.
 void check_pmap_axes(const Mesh& mesh, const AxisNames& axes);
-// Runs fn(device) on every worker of the mesh; blocks; rethrows the first failure.
+// Runs fn(i) for every local device i of the mesh, each on its worker; blocks; rethrows the first failure.
 void run_on_mesh(const Mesh& mesh, const std::function<void(int)>& fn);
 
 }  // namespace detail
@@ -49,25 +52,29 @@ template <class F> class Pmapped {
     detail::check_pmap_axes(mesh, axes_);
   }
 
-  // Runs the function on every device; blocks until all are done. Returns Sharded<R> (or nothing when
-  // the function returns void). If any device throws, collectives waiting on other devices raise
-  // Aborted, and the first original error is rethrown here with its device attached.
+  // Runs the function on every (local) device; blocks until all are done. Returns Sharded<R> (or
+  // nothing when the function returns void), one entry per local device. If any device throws,
+  // collectives waiting on other devices raise Aborted, and the first original error is rethrown
+  // here with its device attached.
   template <class... Args> auto operator()(Args&&... args) {
     std::vector<std::pair<int, std::size_t>> sizes;
     int position = 0;
-    [[maybe_unused]] auto note = [&](const auto& a) {  // unused when there are no arguments
+    auto note = [&](const auto& a) {
       if constexpr (is_sharded_v<decltype(a)>) sizes.emplace_back(position, a.size());
       ++position;
     };
     (note(args), ...);
-    detail::check_mapped_sizes(sizes, mesh_->size());
+    (void)note;  // unused when there are no arguments
+    detail::check_mapped_sizes(sizes, *mesh_);
     using R = std::invoke_result_t<F&, decltype(detail::pick(args, 0))...>;
     if constexpr (std::is_void_v<R>) {
-      detail::run_on_mesh(*mesh_, [&]([[maybe_unused]] int d) { std::invoke(fn_, detail::pick(args, d)...); });
+      detail::run_on_mesh(*mesh_, [&]([[maybe_unused]] int d) {
+        std::invoke(fn_, detail::pick(args, d)...);
+      });
     } else {
       using V = std::decay_t<R>;
-      std::vector<std::optional<V>> results(static_cast<std::size_t>(mesh_->size()));
-      detail::run_on_mesh(*mesh_, [&](int d) {
+      std::vector<std::optional<V>> results(static_cast<std::size_t>(mesh_->local_size()));
+      detail::run_on_mesh(*mesh_, [&]([[maybe_unused]] int d) {
         results[static_cast<std::size_t>(d)].emplace(std::invoke(fn_, detail::pick(args, d)...));
       });
       std::vector<V> out;

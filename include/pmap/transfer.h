@@ -1,5 +1,6 @@
 // Moving trees between the host and the per-device view of a mesh: replicate / unreplicate (the same
 // value on every device), shard / unshard (the leading axis split over the devices of some axes).
+// On a mesh spanning processes these work on this process's devices (Mesh::local_devices()).
 #pragma once
 
 #include <string>
@@ -16,15 +17,18 @@ namespace detail {
 // agree on the leading size; throws ShapeError naming each leaf and its size. Returns the leading size.
 std::int64_t check_shardable(const std::vector<std::pair<std::string, const Array*>>& leaves,
                              const std::vector<std::string>& scalar_paths, int parts, const std::string& axes);
-// Piece index of each mesh device when splitting over `axes` (row-major over the axes).
+// Piece index of each local device of the mesh when splitting over `axes` (row-major over the axes).
 std::vector<int> piece_of_device(const Mesh& mesh, const AxisNames& axes);
+// For each of `parts` pieces, the first local device holding it; ShapeError when another process
+// holds a piece alone (unshard cannot read it: all_gather it inside pmap first).
+std::vector<int> first_holders(const Mesh& mesh, const AxisNames& axes, int parts);
 }  // namespace detail
 
-// A copy of `tree` on every device of the mesh (JAX's replicate / in_axes=None made explicit).
+// A copy of `tree` on every (local) device of the mesh (JAX's replicate / in_axes=None made explicit).
 template <class T> Sharded<T> replicate(const T& tree, const Mesh& mesh) {
   std::vector<T> out;
-  out.reserve(static_cast<std::size_t>(mesh.size()));
-  for (const Device& d : mesh.devices())
+  out.reserve(static_cast<std::size_t>(mesh.local_size()));
+  for (const Device& d : mesh.local_devices())
     out.push_back(tree_map(tree, [&](const auto& leaf) {
       if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) return leaf.to(d);
       else return leaf;
@@ -32,7 +36,7 @@ template <class T> Sharded<T> replicate(const T& tree, const Mesh& mesh) {
   return Sharded<T>(std::move(out));
 }
 
-// Device 0's copy, brought to host memory. No gather: the other copies are not read.
+// The first (local) device's copy, brought to host memory. No gather: the other copies are not read.
 template <class T> T unreplicate(const Sharded<T>& sharded) {
   if (sharded.size() == 0) throw ShapeError("unreplicate: the Sharded value is empty");
   return tree_map(sharded[0], [](const auto& leaf) {
@@ -42,7 +46,8 @@ template <class T> T unreplicate(const Sharded<T>& sharded) {
 }
 
 // Splits every Array leaf's leading axis into axis_size(axes) equal blocks; the device at index i
-// along `axes` gets block i (devices that differ only along other axes get the same block).
+// along `axes` gets block i (devices that differ only along other axes get the same block). Every
+// process passes the whole tree and keeps its devices' blocks.
 // Scalar leaves, leaves without a leading axis, unequal leading sizes and indivisible sizes raise
 // ShapeError naming the leaves and sizes.
 template <class T> Sharded<T> shard(const T& tree, const Mesh& mesh, const AxisNames& axes = {}) {
@@ -58,10 +63,10 @@ template <class T> Sharded<T> shard(const T& tree, const Mesh& mesh, const AxisN
   const std::int64_t block = rows / parts;
   const auto piece = detail::piece_of_device(mesh, axes);
   std::vector<T> out;
-  out.reserve(static_cast<std::size_t>(mesh.size()));
-  for (int d = 0; d < mesh.size(); ++d) {
+  out.reserve(static_cast<std::size_t>(mesh.local_size()));
+  for (int d = 0; d < mesh.local_size(); ++d) {
     const std::int64_t begin = piece[static_cast<std::size_t>(d)] * block;
-    const Device& dev = mesh.devices()[static_cast<std::size_t>(d)];
+    const Device& dev = mesh.local_devices()[static_cast<std::size_t>(d)];
     out.push_back(tree_map(tree, [&](const auto& leaf) {
       if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
         return leaf.slice_rows(begin, begin + block, dev);
@@ -74,15 +79,14 @@ template <class T> Sharded<T> shard(const T& tree, const Mesh& mesh, const AxisN
 }
 
 // The inverse of shard: the blocks concatenated along the leading axis, in host memory. For each block
-// the first device holding it is read.
+// the first (local) device holding it is read; on a mesh spanning processes every block must have a
+// local holder (ShapeError otherwise).
 template <class T> T unshard(const Sharded<T>& sharded, const Mesh& mesh, const AxisNames& axes = {}) {
-  if (sharded.size() != static_cast<std::size_t>(mesh.size()))
+  if (sharded.size() != static_cast<std::size_t>(mesh.local_size()))
     throw ShapeError("unshard: the Sharded value has " + std::to_string(sharded.size()) + " entries, the mesh " +
-                     std::to_string(mesh.size()) + " devices");
-  const auto piece = detail::piece_of_device(mesh, axes);
-  const int parts = mesh.axis_size(axes);
-  std::vector<int> holder(static_cast<std::size_t>(parts), -1);
-  for (int d = mesh.size() - 1; d >= 0; --d) holder[static_cast<std::size_t>(piece[static_cast<std::size_t>(d)])] = d;
+                     std::to_string(mesh.local_size()) + (mesh.local_size() == mesh.size() ? "" : " local") +
+                     " devices");
+  const std::vector<int> holder = detail::first_holders(mesh, axes, mesh.axis_size(axes));
   std::vector<std::vector<const Array*>> per_device(sharded.size());
   for (std::size_t d = 0; d < sharded.size(); ++d)
     tree_for_each(sharded[d], [&](const auto& leaf) {

@@ -44,12 +44,14 @@ class CudaBackend final : public Backend {
   void avg_pool_backward(const AvgPoolParams& p, const float* dy, float* dx) const override {
     gpu::avg_pool_backward(p, dy, dx);
   }
-  void dense_forward(const DenseParams& p, const float* x, const float* w, const float* b, float* y) const override {
-    gpu::dense_forward(p, x, w, b, y);
+  std::size_t dense_workspace_bytes(const DenseParams& p) const override { return gpu::dense_workspace_bytes(p); }
+  void dense_forward(const DenseParams& p, const float* x, const float* w, const float* b, float* y,
+                     void* ws) const override {
+    gpu::dense_forward(p, x, w, b, y, ws);
   }
   void dense_backward(const DenseParams& p, const float* x, const float* w, const float* dy, float* dx, float* dw,
-                      float* db) const override {
-    gpu::dense_backward(p, x, w, dy, dx, dw, db);
+                      float* db, void* ws) const override {
+    gpu::dense_backward(p, x, w, dy, dx, dw, db, ws);
   }
   void relu_forward(std::size_t n, const float* x, float* y) const override { gpu::relu_forward(n, x, y); }
   void relu_backward(std::size_t n, const float* y, const float* dy, float* dx) const override {

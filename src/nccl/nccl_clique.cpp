@@ -66,7 +66,7 @@ class NcclCommunicator final : public Communicator, public OpRunner {
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
 
   int rank() const override { return rank_; }
-  int size() const override { return static_cast<int>(group_.members.size()); }
+  int size() const override { return group_.size; }
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
     run(make(OpKind::all_reduce, "all_reduce", send, recv, count, dtype, op));
   }

@@ -1,0 +1,161 @@
+// Metrics files (JSON, CSV), the atomic text-file writer they share, and the final per-member table.
+// The SVG plot lives in report_svg.cpp.
+#include "ensemble/report.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+
+#include "pmap/error.h"
+
+namespace pmap::ensemble {
+namespace {
+
+// Shortest text that strtod reads back to the same double.
+std::string shortest(double v) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+std::string fixed(double v, int decimals) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::fixed, decimals);
+  return std::string(buf, r.ptr);
+}
+
+[[noreturn]] void io_error(const std::filesystem::path& path, const std::string& what, int err) {
+  throw IoError(path.string() + ": " + what + ": " + std::strerror(err));
+}
+
+// Writes all of `data` to `fd`, retrying short writes and EINTR. Returns 0 or the errno.
+int write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t w = ::write(fd, data.data(), data.size());
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return errno;
+    data.remove_prefix(static_cast<std::size_t>(w));
+  }
+  return 0;
+}
+
+std::string pad_left(std::string s, std::size_t width) {
+  if (s.size() < width) s.insert(0, width - s.size(), ' ');
+  return s;
+}
+
+}  // namespace
+
+Json metrics_json(const Json& config, const std::vector<EpochMetrics>& epochs) {
+  Json doc = Json::object();
+  doc.set("config", config);
+  Json list = Json::array();
+  for (const EpochMetrics& m : epochs) list.push_back(epoch_json(m));
+  doc.set("epochs", std::move(list));
+  doc.set("final", epochs.empty() ? Json(nullptr) : epoch_json(epochs.back()));
+  return doc;
+}
+
+std::string metrics_csv(const std::vector<EpochMetrics>& epochs) {
+  std::size_t members = 0;
+  for (const EpochMetrics& m : epochs) members = std::max(members, m.member_test_accuracy.size());
+  std::string out =
+      "epoch,train_loss,train_accuracy,test_loss,ensemble_test_accuracy,seconds,eval_seconds,"
+      "model_images_per_second";
+  for (std::size_t i = 0; i < members; ++i) out += ",member_" + std::to_string(i) + "_test_accuracy";
+  out += '\n';
+  for (const EpochMetrics& m : epochs) {
+    out += std::to_string(m.epoch);
+    for (double v : {m.train_loss, m.train_accuracy, m.test_loss, m.ensemble_test_accuracy, m.seconds,
+                     m.eval_seconds, m.model_images_per_second})
+      out += ',' + shortest(v);
+    for (std::size_t i = 0; i < members; ++i) {
+      out += ',';
+      if (i < m.member_test_accuracy.size()) out += shortest(m.member_test_accuracy[i]);
+    }
+    out += '\n';
+  }
+  return out;
+}
+
+void write_text_file_atomic(const std::filesystem::path& path, std::string_view contents) {
+  static std::atomic<unsigned> counter{0};
+  std::filesystem::path temp = path;
+  temp += ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) io_error(path, "cannot create temp file " + temp.string(), errno);
+  int err = write_all(fd, contents);
+  std::string what = "write to temp file " + temp.string() + " failed";
+  if (err == 0 && ::fsync(fd) != 0) {
+    err = errno;
+    what = "fsync of temp file " + temp.string() + " failed";
+  }
+  if (::close(fd) != 0 && err == 0) {
+    err = errno;
+    what = "close of temp file " + temp.string() + " failed";
+  }
+  if (err == 0 && ::rename(temp.c_str(), path.c_str()) != 0) {
+    err = errno;
+    what = "cannot rename " + temp.string() + " over it";
+  }
+  if (err != 0) {
+    ::unlink(temp.c_str());
+    io_error(path, what, err);
+  }
+}
+
+void write_metrics_json(const std::filesystem::path& path, const Json& config,
+                        const std::vector<EpochMetrics>& epochs) {
+  write_text_file_atomic(path, metrics_json(config, epochs).dump(2) + "\n");
+}
+
+void write_metrics_csv(const std::filesystem::path& path, const std::vector<EpochMetrics>& epochs) {
+  write_text_file_atomic(path, metrics_csv(epochs));
+}
+
+void write_plot_svg(const std::filesystem::path& path, const std::vector<EpochMetrics>& epochs) {
+  write_text_file_atomic(path, accuracy_plot_svg(epochs));
+}
+
+std::string final_table(const EpochMetrics& last, int members_per_device) {
+  const std::vector<double>& acc = last.member_test_accuracy;
+  const bool devices = members_per_device > 0;
+  constexpr std::size_t label_width = 8;
+  constexpr std::size_t device_width = 8;
+  constexpr std::size_t value_width = 15;
+  auto row = [&](const std::string& label, const std::string& device, double fraction,
+                 const std::string& note) {
+    std::string line = pad_left(label, label_width);
+    if (devices) line += pad_left(device, device_width);
+    line += pad_left(fixed(100.0 * fraction, 2) + " %", value_width);
+    if (!note.empty()) line += "   " + note;
+    return line + '\n';
+  };
+  std::string out = pad_left("member", label_width);
+  if (devices) out += pad_left("device", device_width);
+  out += pad_left("test accuracy", value_width) + '\n';
+  for (std::size_t i = 0; i < acc.size(); ++i) {
+    const std::string device =
+        devices ? std::to_string(i / static_cast<std::size_t>(members_per_device)) : "";
+    out += row(std::to_string(i), device, acc[i], "");
+  }
+  if (acc.empty()) return out + row("ensemble", "", last.ensemble_test_accuracy, "");
+  const auto best = std::max_element(acc.begin(), acc.end());
+  const double mean = std::accumulate(acc.begin(), acc.end(), 0.0) / static_cast<double>(acc.size());
+  out += row("best", "", *best, "(member " + std::to_string(best - acc.begin()) + ")");
+  out += row("mean", "", mean, "");
+  const double gain = 100.0 * (last.ensemble_test_accuracy - *best);
+  const std::string note = gain >= 0 ? "(+" + fixed(gain, 2) + " over the best member)"
+                                     : "(" + fixed(gain, 2) + " under the best member)";
+  return out + row("ensemble", "", last.ensemble_test_accuracy, note);
+}
+
+}  // namespace pmap::ensemble

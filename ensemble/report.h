@@ -1,0 +1,57 @@
+// What mnist_ensemble writes after each epoch: metrics as JSON and CSV, an SVG plot of the curves, and
+// the final per-member table; every file is replaced atomically so a reader never sees a torn one.
+// Accuracies in EpochMetrics are fractions (0..1); files keep them so, plots and tables show percent.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ensemble/json.h"
+#include "ensemble/metrics.h"
+
+namespace pmap::ensemble {
+
+// {"config": config, "epochs": [epoch_json(e) for e in epochs], "final": epoch_json(epochs.back())},
+// "final" null when there are no epochs. `config` is copied as given (normally an object).
+Json metrics_json(const Json& config, const std::vector<EpochMetrics>& epochs);
+
+// CSV text, one header line and one line per epoch, '\n'-terminated:
+// epoch,train_loss,train_accuracy,test_loss,ensemble_test_accuracy,seconds,eval_seconds,
+// model_images_per_second,member_0_test_accuracy,...,member_<n-1>_test_accuracy
+// with n the largest member count of any epoch (an epoch with fewer members leaves those cells empty).
+// Doubles in the shortest form that reads back bit-exact with strtod ("nan"/"inf" if not finite).
+std::string metrics_csv(const std::vector<EpochMetrics>& epochs);
+
+// Replaces `path` with `contents` atomically: the bytes go to a uniquely named temp file in the same
+// directory ("<path>.tmp-<pid>-<n>"), which is fsynced and renamed over `path`. On failure `path` keeps
+// its previous content (or stays absent), the temp file is removed, and pmap::IoError
+// "<path>: <what failed>: <strerror>" is thrown. Blocking.
+void write_text_file_atomic(const std::filesystem::path& path, std::string_view contents);
+
+// metrics_json(config, epochs).dump(2) plus a newline, written with write_text_file_atomic.
+void write_metrics_json(const std::filesystem::path& path, const Json& config,
+                        const std::vector<EpochMetrics>& epochs);
+// metrics_csv(epochs), written with write_text_file_atomic.
+void write_metrics_csv(const std::filesystem::path& path, const std::vector<EpochMetrics>& epochs);
+
+// A self-contained SVG document (no scripts, no external fonts or images) with two panels:
+// (a) test accuracy in percent per epoch: one thin colored polyline per member (class "member", fixed
+//     palette, cycling with a dash pattern past its size) and a thick black one for the ensemble (class
+//     "ensemble"), y range from the lowest value rounded down to 0.1 % to the highest rounded up,
+//     widened to whole ticks; a legend with each line's last value;
+// (b) loss per epoch: train loss (class "train-loss") and mean member test loss (class "test-loss").
+// A point marker is drawn at each epoch when there are few epochs, so a single epoch still shows.
+// Non-finite values are left out. With no epochs, a small placeholder reading "no epochs yet".
+std::string accuracy_plot_svg(const std::vector<EpochMetrics>& epochs);
+// accuracy_plot_svg(epochs), written with write_text_file_atomic.
+void write_plot_svg(const std::filesystem::path& path, const std::vector<EpochMetrics>& epochs);
+
+// A plain-text table (lines end in '\n') of the last epoch: each member's test accuracy, the best
+// member, the mean over members and the ensemble with its gain over the best member, in percent with two
+// decimals, columns right-aligned. With members_per_device > 0 a "device" column shows the index of the
+// device holding each member (member / members_per_device); 0 leaves it out.
+std::string final_table(const EpochMetrics& last, int members_per_device = 0);
+
+}  // namespace pmap::ensemble

@@ -1,0 +1,45 @@
+// Several processes, one mesh (JAX's multi-process model). Launch the same program on every host
+// with `mpirun -np P` or Slurm's `srun`, call distributed::initialize() first, and build the Mesh
+// over global_devices(): each process then runs workers for its own (local) devices only, and
+// collectives span every process. Sharded<T> values and pmap results hold one entry per LOCAL
+// device (Mesh::local_devices(), in mesh order), as jax.pmap's inputs and outputs do in a
+// multi-process program.
+//
+// CUDA devices: within one process, collectives of one-GPU-per-device meshes run on NCCL and those of
+// virtual devices on the GPU (device hub). A mesh spanning processes stages every collective of its
+// CUDA devices through host memory and MPI instead (results bitwise those of CPU devices; NCCL across
+// processes is not implemented, and PMAPCC_NCCL_SINGLE_GPU=1 on such a mesh raises NotAvailable).
+//
+// Failures: a process that dies, hangs or fails makes every other process raise in its next
+// collective across processes (Aborted when a peer reported its failure, Timeout when a peer did not
+// arrive within MeshOptions::process_timeout / PMAPCC_MPI_TIMEOUT, default 10 s), naming the lost
+// process. Such a failure cannot be recovered: every later pmap over a multi-process mesh raises
+// Aborted, and the program should exit with a non-zero status (mpirun then ends the job).
+#pragma once
+
+#include <vector>
+
+#include <pmap/device.h>
+
+namespace pmap::distributed {
+
+// Joins the other processes of the job when this program was launched by mpirun or srun
+// (OMPI_COMM_WORLD_SIZE, PMIX_RANK, PMI_SIZE or SLURM_STEP_NUM_TASKS set) and pmapcc was built with
+// MPI; otherwise does nothing and the program is one process. Idempotent; call it first in main.
+// MPI is initialized with MPI_THREAD_SERIALIZED (a program that initialized MPI itself must have
+// asked for at least that) and, when pmapcc initialized it, finalized at exit. Raises MpiError.
+void initialize();
+// Finalizes MPI now instead of at exit; no mesh spanning processes may be alive or built after it.
+void shutdown();
+
+int process_index();  // this process's rank, 0..process_count()-1 (0 when not distributed)
+int process_count();  // number of processes (1 when not distributed)
+
+// Every process's local devices (local_devices(kind, local_n)), in process order: global device
+// index = process_index * local count + local index, and Device::process tells the owner. Every
+// process must call it, with the same local count (ValueError listing each process's count
+// otherwise). Blocks until all processes have called it (Timeout after the process timeout).
+// Without several processes this is local_devices(kind, local_n).
+std::vector<Device> global_devices(DeviceKind kind, int local_n = -1);
+
+}  // namespace pmap::distributed

@@ -1,0 +1,143 @@
+// CPU conv2d forward and backward: im2col a chunk of images, then GEMMs against HWIO weights seen as
+// (KH*KW*Cin, Cout) matrices. A shared input is im2col'ed once per chunk for all members.
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/common.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/im2col.h"
+#include "kernels/ops.h"
+
+namespace pmap::kernels::cpu {
+namespace {
+
+using detail::ConvPlan;
+using detail::GemmOperand;
+using detail::Index;
+
+// Buffers of one call, carved from its workspace.
+struct Buffers {
+  float* pack;  // GEMM packing space, plan.pack_floats
+  float* col;   // patches of a chunk
+  float* dcol;  // patch gradients of a chunk (backward only)
+};
+
+Buffers carve(const ConvPlan& plan, void* workspace, bool backward) {
+  detail::Scratch scratch(workspace);
+  Buffers buffers{};
+  buffers.pack = scratch.take(plan.pack_floats);
+  const std::size_t patches = backward ? plan.bwd_floats / 2 : plan.fwd_floats;
+  buffers.col = scratch.take(patches);
+  if (backward) buffers.dcol = scratch.take(patches);
+  return buffers;
+}
+
+// One chunk of images: [first, first + images) of the batch.
+struct Chunk {
+  int first;
+  int images;
+};
+
+template <class Fn>
+void for_each_chunk(int batch, int per_chunk, Fn&& fn) {
+  for (int first = 0; first < batch; first += per_chunk) fn(Chunk{first, std::min(per_chunk, batch - first)});
+}
+
+// The chunk's patch matrix (images*OH*OW, KH*KW*Cin): x itself for a 1x1 conv, else im2col'ed into col.
+const float* chunk_patches(const ConvPlan& plan, const float* x, int images, float* col) {
+  if (plan.identity) return x;
+  detail::im2col(plan, x, images, col);
+  return col;
+}
+
+// y (M, N, OH, OW, Cout), chunk by chunk; per member the bias, then one GEMM adds patches @ w_m.
+void forward(const ConvPlan& plan, const float* x, const float* w, const float* b, float* y, Buffers buf) {
+  const Conv2dParams& p = plan.p;
+  const Index cout = p.out_channels;
+  for_each_chunk(p.batch, plan.fwd_images, [&](Chunk c) {
+    const Index rows = c.images * plan.out_pixels;
+    const float* patches = nullptr;
+    for (int m = 0; m < p.members; ++m) {
+      if (m == 0 || !p.shared_input) {
+        const Index image0 = p.shared_input ? 0 : Index{m} * p.batch;
+        patches = chunk_patches(plan, x + (image0 + c.first) * plan.in_image, c.images, buf.col);
+      }
+      float* out = y + (Index{m} * p.batch + c.first) * plan.out_image;
+      detail::fill_rows(b == nullptr ? nullptr : b + m * cout, rows, cout, out);
+      detail::gemm(rows, cout, plan.patch, {patches}, {w + m * plan.patch * cout}, out, true, buf.pack,
+                   plan.pack_floats);
+    }
+  });
+}
+
+// dw and dx chunk by chunk, member by member. dw_m sums its chunks in order, so it does not depend on M.
+// With a shared input the chunk's patches serve every member, and the members' patch gradients are summed
+// before one col2im.
+void backward(const ConvPlan& plan, const float* x, const float* w, const float* dy, float* dx, float* dw,
+              Buffers buf) {
+  const Conv2dParams& p = plan.p;
+  const Index cout = p.out_channels;
+  for_each_chunk(p.batch, plan.bwd_images, [&](Chunk c) {
+    const Index rows = c.images * plan.out_pixels;
+    const float* patches = nullptr;
+    for (int m = 0; m < p.members; ++m) {
+      const Index image0 = (p.shared_input ? 0 : Index{m} * p.batch) + c.first;
+      const float* dym = dy + (Index{m} * p.batch + c.first) * plan.out_image;
+      const float* wm = w == nullptr ? nullptr : w + m * plan.patch * cout;
+      if (dw != nullptr) {
+        if (m == 0 || !p.shared_input)
+          patches = chunk_patches(plan, x + image0 * plan.in_image, c.images, buf.col);
+        // dw_m (patch, Cout) (+)= patches^T @ dy_m
+        detail::gemm(plan.patch, cout, rows, GemmOperand{patches, true}, {dym}, dw + m * plan.patch * cout,
+                     c.first > 0, buf.pack, plan.pack_floats);
+      }
+      if (dx == nullptr) continue;
+      // patch gradients (rows, patch) = dy_m @ w_m^T, summed over members for a shared input
+      float* dx_chunk = dx + image0 * plan.in_image;
+      detail::gemm(rows, plan.patch, cout, {dym}, GemmOperand{wm, true}, plan.identity ? dx_chunk : buf.dcol,
+                   p.shared_input && m > 0, buf.pack, plan.pack_floats);
+      const bool last = !p.shared_input || m == p.members - 1;
+      if (!plan.identity && last) detail::col2im_add(plan, buf.dcol, c.images, dx_chunk);
+    }
+  });
+}
+
+}  // namespace
+
+std::size_t conv2d_workspace_bytes(const Conv2dParams& p) {
+  return detail::conv_workspace_bytes(detail::make_conv_plan(p));
+}
+
+void conv2d_forward(Conv2dParams p, const float* x, const float* w, const float* b, float* y,
+                    void* workspace) {
+  detail::require(x, "conv2d_forward", "x");
+  detail::require(w, "conv2d_forward", "w");
+  detail::require(y, "conv2d_forward", "y");
+  const ConvPlan plan = detail::make_conv_plan(p);
+  detail::Workspace space(workspace, detail::conv_workspace_bytes(plan));
+  forward(plan, x, w, b, y, carve(plan, space.get(), false));
+}
+
+void conv2d_backward(Conv2dParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
+                     float* db, void* workspace) {
+  detail::require(dy, "conv2d_backward", "dy");
+  if (dw != nullptr) detail::require(x, "conv2d_backward", "x (needed for dw)");
+  if (dx != nullptr) detail::require(w, "conv2d_backward", "w (needed for dx)");
+  const ConvPlan plan = detail::make_conv_plan(p);
+  const Index cout = p.out_channels;
+  if (db != nullptr) {
+    for (int m = 0; m < p.members; ++m) {
+      const float* dym = dy + Index{m} * p.batch * plan.out_image;
+      detail::column_sums(dym, p.batch * plan.out_pixels, cout, db + m * cout);
+    }
+  }
+  if (dw == nullptr && dx == nullptr) return;
+  if (dx != nullptr && !plan.identity) {
+    const Index dx_images = Index{p.batch} * (p.shared_input ? 1 : p.members);
+    std::memset(dx, 0, static_cast<std::size_t>(dx_images * plan.in_image) * sizeof(float));
+  }
+  detail::Workspace space(workspace, detail::conv_workspace_bytes(plan));
+  backward(plan, x, w, dy, dx, dw, carve(plan, space.get(), true));
+}
+
+}  // namespace pmap::kernels::cpu

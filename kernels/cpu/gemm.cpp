@@ -1,0 +1,114 @@
+// The CPU kernels' GEMM. With Eigen 3.4 it calls Eigen's blocked GEMM (the one behind c.noalias() = a * b)
+// with packing buffers from the caller's workspace; other Eigen versions go through the public API, which
+// allocates its packing buffers per call.
+#include "kernels/cpu/gemm.h"
+
+#include <algorithm>
+#include <cstdint>
+
+namespace pmap::kernels::cpu::detail {
+namespace {
+
+void gemm_public(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand b, float* c,
+                 bool accumulate) {
+  MatrixView out(c, rows, cols);
+  const auto run = [&](const auto& lhs, const auto& rhs) {
+    if (accumulate) {
+      out.noalias() += lhs * rhs;
+    } else {
+      out.noalias() = lhs * rhs;
+    }
+  };
+  const ConstMatrixView a_rows(a.data, rows, depth), a_cols(a.data, depth, rows);
+  const ConstMatrixView b_rows(b.data, depth, cols), b_cols(b.data, cols, depth);
+  if (!a.transposed && !b.transposed) run(a_rows, b_rows);
+  if (!a.transposed && b.transposed) run(a_rows, b_cols.transpose());
+  if (a.transposed && !b.transposed) run(a_cols.transpose(), b_rows);
+  if (a.transposed && b.transposed) run(a_cols.transpose(), b_cols.transpose());
+}
+
+}  // namespace
+}  // namespace pmap::kernels::cpu::detail
+
+#if EIGEN_WORLD_VERSION == 3 && EIGEN_MAJOR_VERSION == 4
+
+namespace pmap::kernels::cpu::detail {
+namespace {
+
+constexpr std::size_t kAlignFloats = 16;  // 64 bytes: enough for any SIMD packet Eigen uses
+
+std::size_t align_up(std::size_t floats) { return (floats + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
+
+// Eigen's blocking (kc, mc, nc) for a row-major result, as gemm_blocking_space computes it, pointing at
+// our buffers. A row-major C = A B runs as C^T = B^T A^T: Eigen's m is our cols, its n our rows.
+class WorkspaceBlocking : public Eigen::internal::level3_blocking<float, float> {
+ public:
+  WorkspaceBlocking(Index rows, Index cols, Index depth) {
+    m_mc = cols;
+    m_nc = rows;
+    m_kc = depth;
+    Eigen::internal::computeProductBlockingSizes<float, float, 1>(m_kc, m_mc, m_nc, Index{1});
+  }
+  std::size_t floats() const {
+    return align_up(static_cast<std::size_t>(m_kc * m_mc)) + static_cast<std::size_t>(m_kc * m_nc) +
+           kAlignFloats;
+  }
+  void use(float* pack) {
+    const auto address = reinterpret_cast<std::uintptr_t>(pack);
+    const std::uintptr_t mask = kAlignFloats * sizeof(float) - 1;
+    auto* base = reinterpret_cast<float*>((address + mask) & ~mask);
+    m_blockA = base;
+    m_blockB = base + align_up(static_cast<std::size_t>(m_kc * m_mc));
+  }
+};
+
+template <int AOrder, int BOrder>
+void run_gemm(Index rows, Index cols, Index depth, const float* a, const float* b, float* c,
+              WorkspaceBlocking& blocking) {
+  using Product = Eigen::internal::general_matrix_matrix_product<Index, float, AOrder, false, float, BOrder,
+                                                                 false, Eigen::RowMajor, 1>;
+  const Index lda = AOrder == Eigen::RowMajor ? depth : rows;
+  const Index ldb = BOrder == Eigen::RowMajor ? cols : depth;
+  Product::run(rows, cols, depth, a, lda, b, ldb, c, 1, cols, 1.0f, blocking, nullptr);
+}
+
+}  // namespace
+
+std::size_t gemm_pack_floats(Index rows, Index cols, Index depth) {
+  if (rows == 0 || cols == 0 || depth == 0) return 0;
+  return WorkspaceBlocking(rows, cols, depth).floats();
+}
+
+void gemm(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand b, float* c, bool accumulate,
+          float* pack, std::size_t pack_floats) {
+  if (!accumulate) std::fill_n(c, rows * cols, 0.0f);
+  if (rows == 0 || cols == 0 || depth == 0) return;
+  WorkspaceBlocking blocking(rows, cols, depth);
+  if (pack == nullptr || pack_floats < blocking.floats()) {
+    gemm_public(rows, cols, depth, a, b, c, true);
+    return;
+  }
+  blocking.use(pack);
+  constexpr int R = Eigen::RowMajor, C = Eigen::ColMajor;
+  if (!a.transposed && !b.transposed) run_gemm<R, R>(rows, cols, depth, a.data, b.data, c, blocking);
+  if (!a.transposed && b.transposed) run_gemm<R, C>(rows, cols, depth, a.data, b.data, c, blocking);
+  if (a.transposed && !b.transposed) run_gemm<C, R>(rows, cols, depth, a.data, b.data, c, blocking);
+  if (a.transposed && b.transposed) run_gemm<C, C>(rows, cols, depth, a.data, b.data, c, blocking);
+}
+
+}  // namespace pmap::kernels::cpu::detail
+
+#else  // another Eigen: the public API (it allocates its packing buffers)
+
+namespace pmap::kernels::cpu::detail {
+
+std::size_t gemm_pack_floats(Index, Index, Index) { return 0; }
+
+void gemm(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand b, float* c, bool accumulate,
+          float*, std::size_t) {
+  gemm_public(rows, cols, depth, a, b, c, accumulate);
+}
+
+}  // namespace pmap::kernels::cpu::detail
+
+#endif

@@ -1,0 +1,121 @@
+// CPU conv2d plan and the im2col / col2im transforms. A patch row is KH*KW*Cin floats in (ky, kx, c)
+// order, the row order of HWIO weights, so conv is patches (P, KH*KW*Cin) @ w (KH*KW*Cin, Cout).
+#include "kernels/cpu/im2col.h"
+
+#include <algorithm>
+
+#include "kernels/cpu/gemm.h"
+
+namespace pmap::kernels::cpu::detail {
+namespace {
+
+// Target size of one chunk's buffers in floats (1 MiB): they stay in L2/L3 between im2col and the GEMM.
+constexpr Index kChunkFloats = Index{1} << 18;
+
+int images_per_chunk(Index floats_per_image, int batch) {
+  const Index fit = kChunkFloats / std::max<Index>(floats_per_image, 1);
+  return static_cast<int>(std::clamp<Index>(fit, 1, batch));
+}
+
+}  // namespace
+
+ConvPlan make_conv_plan(const Conv2dParams& p) {
+  ConvPlan plan;
+  plan.p = p;
+  plan.g = conv2d_geometry(p);
+  plan.patch = Index{p.kernel_h} * p.kernel_w * p.in_channels;
+  plan.out_pixels = Index{plan.g.out_height} * plan.g.out_width;
+  plan.in_image = Index{p.height} * p.width * p.in_channels;
+  plan.out_image = plan.out_pixels * p.out_channels;
+  plan.identity = p.kernel_h == 1 && p.kernel_w == 1 && p.stride_h == 1 && p.stride_w == 1 &&
+                  plan.g.pad_top == 0 && plan.g.pad_left == 0 && plan.g.out_height == p.height &&
+                  plan.g.out_width == p.width;
+
+  const Index fwd_row = plan.identity ? 0 : plan.patch;
+  plan.fwd_images = images_per_chunk(plan.out_pixels * plan.patch, p.batch);
+  plan.fwd_floats = static_cast<std::size_t>(plan.out_pixels * plan.fwd_images * fwd_row);
+
+  plan.bwd_images = images_per_chunk(plan.out_pixels * plan.patch * 2, p.batch);
+  plan.bwd_floats = static_cast<std::size_t>(plan.out_pixels * plan.bwd_images * plan.patch * 2);
+
+  // Every GEMM shape the passes run: full chunks and the batch's ragged last chunk.
+  const Index cout = p.out_channels;
+  for (int images : {plan.fwd_images, p.batch % plan.fwd_images}) {
+    if (images == 0) continue;
+    const Index rows = images * plan.out_pixels;
+    plan.pack_floats = std::max(plan.pack_floats, gemm_pack_floats(rows, cout, plan.patch));
+  }
+  for (int images : {plan.bwd_images, p.batch % plan.bwd_images}) {
+    if (images == 0) continue;
+    const Index rows = images * plan.out_pixels;
+    plan.pack_floats = std::max(plan.pack_floats, gemm_pack_floats(plan.patch, cout, rows));  // dw
+    plan.pack_floats = std::max(plan.pack_floats, gemm_pack_floats(rows, plan.patch, cout));  // dx
+  }
+  return plan;
+}
+
+std::size_t conv_workspace_bytes(const ConvPlan& plan) {
+  const std::size_t patches = std::max(plan.fwd_floats, plan.bwd_floats);
+  return (plan.pack_floats + patches) * sizeof(float) + 3 * Scratch::kAlign;
+}
+
+void im2col(const ConvPlan& plan, const float* x, int images, float* col) {
+  const Conv2dParams& p = plan.p;
+  const Index c = p.in_channels;
+  const Index span = Index{p.kernel_w} * c;  // one kernel row of a patch: contiguous in x when inside
+  float* out = col;
+  for (int n = 0; n < images; ++n) {
+    const float* image = x + n * plan.in_image;
+    for (int oy = 0; oy < plan.g.out_height; ++oy) {
+      for (int ox = 0; ox < plan.g.out_width; ++ox) {
+        const int ix0 = ox * p.stride_w - plan.g.pad_left;
+        const bool inside_w = ix0 >= 0 && ix0 + p.kernel_w <= p.width;
+        for (int ky = 0; ky < p.kernel_h; ++ky, out += span) {
+          const int iy = oy * p.stride_h - plan.g.pad_top + ky;
+          if (iy < 0 || iy >= p.height) {
+            std::fill_n(out, span, 0.0f);
+            continue;
+          }
+          const float* row = image + (Index{iy} * p.width) * c;
+          if (inside_w) {
+            std::copy_n(row + Index{ix0} * c, span, out);
+            continue;
+          }
+          for (int kx = 0; kx < p.kernel_w; ++kx) {
+            const int ix = ix0 + kx;
+            if (ix < 0 || ix >= p.width) {
+              std::fill_n(out + kx * c, c, 0.0f);
+            } else {
+              std::copy_n(row + Index{ix} * c, c, out + kx * c);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+void col2im_add(const ConvPlan& plan, const float* dcol, int images, float* dx) {
+  const Conv2dParams& p = plan.p;
+  const Index c = p.in_channels;
+  const Index span = Index{p.kernel_w} * c;
+  const float* in = dcol;
+  for (int n = 0; n < images; ++n) {
+    float* image = dx + n * plan.in_image;
+    for (int oy = 0; oy < plan.g.out_height; ++oy) {
+      for (int ox = 0; ox < plan.g.out_width; ++ox) {
+        const int ix0 = ox * p.stride_w - plan.g.pad_left;
+        for (int ky = 0; ky < p.kernel_h; ++ky, in += span) {
+          const int iy = oy * p.stride_h - plan.g.pad_top + ky;
+          if (iy < 0 || iy >= p.height) continue;
+          float* row = image + (Index{iy} * p.width) * c;
+          const int kx_begin = std::max(0, -ix0);
+          const int kx_end = std::min(p.kernel_w, p.width - ix0);
+          for (Index j = Index{kx_begin} * c; j < Index{kx_end} * c; ++j) row[Index{ix0} * c + j] += in[j];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace pmap::kernels::cpu::detail

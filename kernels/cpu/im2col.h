@@ -1,0 +1,39 @@
+// Internal to the CPU conv2d: the plan (derived sizes, how many images per im2col chunk, workspace) and the
+// im2col / col2im transforms between NHWC images and the (pixels, KH*KW*Cin) patch matrix.
+#pragma once
+
+#include <cstddef>
+
+#include "kernels/cpu/common.h"
+#include "kernels/ops.h"
+
+namespace pmap::kernels::cpu::detail {
+
+struct ConvPlan {
+  Conv2dParams p;
+  ConvGeometry g;
+  Index patch = 0;              // KH*KW*Cin: one row of the patch matrix, one column block of w
+  Index out_pixels = 0;         // OH*OW per image
+  Index in_image = 0;           // H*W*Cin floats per input image
+  Index out_image = 0;          // OH*OW*Cout floats per output image
+  bool identity = false;        // 1x1 kernel, stride 1, no padding: the patch matrix is x itself
+  int fwd_images = 1;           // images per forward chunk
+  int bwd_images = 1;           // images per backward chunk (never depends on members: dw sums over chunks)
+  std::size_t pack_floats = 0;  // GEMM packing space: the most any of the op's GEMMs needs
+  std::size_t fwd_floats = 0;   // patch floats of the forward (none for identity)
+  std::size_t bwd_floats = 0;   // patch floats of the backward: patches + patch gradients
+};
+
+// Validates p (pmap::ValueError) and derives the plan.
+ConvPlan make_conv_plan(const Conv2dParams& p);
+
+// Workspace bytes for the plan: packing space + the larger pass's patches, with room to align each buffer.
+std::size_t conv_workspace_bytes(const ConvPlan& plan);
+
+// col (images*OH*OW, KH*KW*Cin) = the patches of x (images, H, W, Cin); padding reads as 0.
+void im2col(const ConvPlan& plan, const float* x, int images, float* col);
+
+// dx (images, H, W, Cin) += the patch gradients dcol (images*OH*OW, KH*KW*Cin), scattered back.
+void col2im_add(const ConvPlan& plan, const float* dcol, int images, float* dx);
+
+}  // namespace pmap::kernels::cpu::detail

@@ -1,0 +1,100 @@
+// CPU average pooling (VALID, any window and stride), forward and backward. Members fold into the batch:
+// pooling never mixes images, so (M, N, ...) is handled as M*N images.
+#include <algorithm>
+
+#include "kernels/cpu/common.h"
+#include "kernels/ops.h"
+
+namespace pmap::kernels::cpu {
+
+using detail::Index;
+
+void avg_pool_forward(AvgPoolParams p, const float* x, float* y) {
+  detail::require(x, "avg_pool_forward", "x");
+  detail::require(y, "avg_pool_forward", "y");
+  const PoolGeometry g = avg_pool_geometry(p);
+  const Index c = p.channels;
+  const Index images = Index{p.members} * p.batch;
+  const float scale = 1.0f / static_cast<float>(p.window_h * p.window_w);
+  for (Index n = 0; n < images; ++n) {
+    const float* image = x + n * p.height * p.width * c;
+    for (int oy = 0; oy < g.out_height; ++oy) {
+      for (int ox = 0; ox < g.out_width; ++ox, y += c) {
+        std::fill_n(y, c, 0.0f);
+        for (int ky = 0; ky < p.window_h; ++ky) {
+          const float* row = image + (Index{oy * p.stride_h + ky} * p.width + Index{ox} * p.stride_w) * c;
+          for (int kx = 0; kx < p.window_w; ++kx) {
+            for (Index j = 0; j < c; ++j) y[j] += row[kx * c + j];
+          }
+        }
+        for (Index j = 0; j < c; ++j) y[j] *= scale;
+      }
+    }
+  }
+}
+
+namespace {
+
+// Windows that tile without overlap (stride == window): every dx is written once, no zero-fill first.
+void spread_tiled(const AvgPoolParams& p, const PoolGeometry& g, float scale, const float* dy, float* dx) {
+  const Index c = p.channels;
+  const Index row_size = Index{p.width} * c;
+  const Index covered = Index{g.out_width} * p.window_w * c;  // the rest of a row lies in no window
+  const Index images = Index{p.members} * p.batch;
+  for (Index n = 0; n < images; ++n) {
+    float* image = dx + n * p.height * row_size;
+    for (int iy = 0; iy < p.height; ++iy) {
+      float* row = image + iy * row_size;
+      const int oy = iy / p.window_h;
+      if (oy >= g.out_height) {
+        std::fill_n(row, row_size, 0.0f);
+        continue;
+      }
+      const float* dy_row = dy + (n * g.out_height + oy) * g.out_width * c;
+      for (int ox = 0; ox < g.out_width; ++ox) {
+        for (int kx = 0; kx < p.window_w; ++kx) {
+          float* out = row + (Index{ox} * p.window_w + kx) * c;
+          for (Index j = 0; j < c; ++j) out[j] = dy_row[ox * c + j] * scale;
+        }
+      }
+      std::fill(row + covered, row + row_size, 0.0f);
+    }
+  }
+}
+
+// Any stride: zero dx, then add each dy to its window (overlapping windows sum).
+void spread_general(const AvgPoolParams& p, const PoolGeometry& g, float scale, const float* dy, float* dx) {
+  const Index c = p.channels;
+  const Index images = Index{p.members} * p.batch;
+  const Index image_size = Index{p.height} * p.width * c;
+  std::fill_n(dx, images * image_size, 0.0f);
+  for (Index n = 0; n < images; ++n) {
+    float* image = dx + n * image_size;
+    for (int oy = 0; oy < g.out_height; ++oy) {
+      for (int ox = 0; ox < g.out_width; ++ox, dy += c) {
+        for (int ky = 0; ky < p.window_h; ++ky) {
+          float* row = image + (Index{oy * p.stride_h + ky} * p.width + Index{ox} * p.stride_w) * c;
+          for (int kx = 0; kx < p.window_w; ++kx) {
+            for (Index j = 0; j < c; ++j) row[kx * c + j] += dy[j] * scale;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void avg_pool_backward(AvgPoolParams p, const float* dy, float* dx) {
+  detail::require(dy, "avg_pool_backward", "dy");
+  detail::require(dx, "avg_pool_backward", "dx");
+  const PoolGeometry g = avg_pool_geometry(p);
+  const float scale = 1.0f / static_cast<float>(p.window_h * p.window_w);
+  if (p.stride_h == p.window_h && p.stride_w == p.window_w) {
+    spread_tiled(p, g, scale, dy, dx);
+  } else {
+    spread_general(p, g, scale, dy, dx);
+  }
+}
+
+}  // namespace pmap::kernels::cpu

@@ -1,0 +1,193 @@
+// Numeric ops of the MNIST CNN, forward and backward: the backend-neutral parameter structs (pmap::kernels)
+// and the CPU implementation's declarations (pmap::kernels::cpu, Eigen, single-threaded, host memory).
+// Every op takes a member count M: M ensemble members run as one call on member-major tensors.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pmap::kernels {
+
+// Layout conventions (Flax's):
+//   activations NHWC, member-major: (M, N, H, W, C), row-major, contiguous; member m starts at m * N*H*W*C.
+//   conv weights HWIO (M, KH, KW, Cin, Cout); dense weights (M, In, Out); biases (M, Out).
+//   Flatten is free: (M, N, H, W, C) seen as (M, N, H*W*C), the order of Flax's reshape.
+// Pointers are float32 / int32 buffers of the stated shape. Outputs never alias inputs unless the function
+// says so. Gradients are written (overwritten), never accumulated into. Bad parameters throw
+// pmap::ValueError, a required pointer that is null throws pmap::ValueError naming it.
+
+// How a convolution pads its input. same: out = ceil(in / stride), padding split as in XLA/Flax (the extra
+// pixel goes after). valid: no padding, out = floor((in - k) / stride) + 1. explicit_pads: the pad_* fields.
+enum class Padding { same, valid, explicit_pads };
+
+struct Conv2dParams {
+  int members = 1;       // M
+  int batch = 1;         // N, per member
+  int height = 0;        // H of the input
+  int width = 0;         // W of the input
+  int in_channels = 0;   // Cin
+  int out_channels = 0;  // Cout
+  int kernel_h = 3;
+  int kernel_w = 3;
+  int stride_h = 1;
+  int stride_w = 1;
+  Padding padding = Padding::same;
+  int pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;  // read only with Padding::explicit_pads
+  // The input is one (N, H, W, Cin) tensor read by every member (member stride 0): the first layer of an
+  // ensemble that sees one batch. It is im2col'ed once for all members, and the backward's dx is the sum
+  // over members, (N, H, W, Cin).
+  bool shared_input = false;
+};
+
+// Output size and the padding before the first row / column; derived from Conv2dParams.
+struct ConvGeometry {
+  int out_height = 0;
+  int out_width = 0;
+  int pad_top = 0;
+  int pad_left = 0;
+};
+
+// Average pooling with VALID padding (Flax's avg_pool default): out = floor((in - window) / stride) + 1,
+// each output the mean of its window_h * window_w inputs.
+struct AvgPoolParams {
+  int members = 1;
+  int batch = 1;
+  int height = 0;
+  int width = 0;
+  int channels = 0;
+  int window_h = 2;
+  int window_w = 2;
+  int stride_h = 2;
+  int stride_w = 2;
+};
+
+struct PoolGeometry {
+  int out_height = 0;
+  int out_width = 0;
+};
+
+// y = x @ W + b per member.
+struct DenseParams {
+  int members = 1;
+  int batch = 1;              // N, rows per member
+  int in_features = 0;        // I
+  int out_features = 0;       // O
+  bool shared_input = false;  // x is one (N, I) matrix read by every member; dx is then summed over members
+};
+
+// Softmax cross-entropy on integer labels, loss averaged over the batch (optax's
+// softmax_cross_entropy_with_integer_labels followed by mean).
+struct SoftmaxXentParams {
+  int members = 1;
+  int batch = 1;              // N
+  int classes = 0;            // K
+  bool shared_labels = true;  // labels are one (N,) vector for all members; false: (M, N)
+};
+
+// SGD with momentum, optax.sgd semantics: m <- momentum * m + g; p <- p - learning_rate * m.
+// nesterov (optax nesterov=True): p <- p - learning_rate * (g + momentum * m_new).
+struct SgdParams {
+  float learning_rate = 0.1f;
+  float momentum = 0.9f;
+  bool nesterov = false;
+};
+
+// Validation and derived shapes (backend-neutral). Each throws pmap::ValueError naming the bad field.
+ConvGeometry conv2d_geometry(const Conv2dParams& p);
+PoolGeometry avg_pool_geometry(const AvgPoolParams& p);
+void validate(const DenseParams& p);
+void validate(const SoftmaxXentParams& p);
+
+}  // namespace pmap::kernels
+
+// The CPU backend. Host pointers; blocking; single-threaded (each pmap CPU device calls from its own worker
+// thread), and safe to call from several threads at once on distinct outputs and workspaces. Results do not
+// depend on M or on the workspace: member m of a call with M members is bitwise equal to a call with that
+// member alone (a shared input's dx, a sum over members, excepted: it equals the sum to rounding).
+namespace pmap::kernels::cpu {
+
+// ---- conv2d ---------------------------------------------------------------------------------------------
+
+// Bytes of scratch memory conv2d_forward and conv2d_backward need for these params (one buffer serves both;
+// any alignment; contents need not be initialised and are garbage afterwards). A few MiB: the ops im2col a
+// few images at a time, plus the GEMMs' packing space (sized from this machine's cache sizes).
+std::size_t conv2d_workspace_bytes(const Conv2dParams& p);
+
+// y = conv(x, w) + b, cross-correlation as in Flax/XLA.
+//   x (M, N, H, W, Cin), or (N, H, W, Cin) with shared_input
+//   w (M, KH, KW, Cin, Cout)   b (M, Cout), or nullptr for no bias
+//   y (M, N, OH, OW, Cout), written
+// workspace: conv2d_workspace_bytes(p) bytes, and then the op does not allocate; or nullptr, and the op
+// allocates it for the call. (Built against an Eigen other than 3.4, Eigen's GEMM allocates its own
+// packing buffers whatever is passed.)
+void conv2d_forward(Conv2dParams p, const float* x, const float* w, const float* b, float* y,
+                    void* workspace);
+
+// Gradients of conv2d_forward given dy = dL/dy (M, N, OH, OW, Cout):
+//   dx (M, N, H, W, Cin), or (N, H, W, Cin) summed over members with shared_input; nullptr: not computed
+//   dw (M, KH, KW, Cin, Cout)   db (M, Cout), nullptr: not computed
+// x and w as given to the forward. workspace as for conv2d_forward.
+void conv2d_backward(Conv2dParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
+                     float* db, void* workspace);
+
+// ---- avg_pool -------------------------------------------------------------------------------------------
+
+// y (M, N, OH, OW, C) = window means of x (M, N, H, W, C). Not in place.
+void avg_pool_forward(AvgPoolParams p, const float* x, float* y);
+
+// dx (M, N, H, W, C) from dy (M, N, OH, OW, C): each dy spread evenly over its window; inputs outside every
+// window (odd edges) get 0. dx is written whole. Not in place.
+void avg_pool_backward(AvgPoolParams p, const float* dy, float* dx);
+
+// ---- dense ----------------------------------------------------------------------------------------------
+
+// Bytes of scratch memory dense_forward and dense_backward need (GEMM packing space; as for conv2d).
+std::size_t dense_workspace_bytes(const DenseParams& p);
+
+// y = x @ w + b.  x (M, N, I), or (N, I) with shared_input;  w (M, I, O);  b (M, O) or nullptr;
+// y (M, N, O), written. Not in place. workspace: dense_workspace_bytes(p) bytes or nullptr (allocated).
+void dense_forward(DenseParams p, const float* x, const float* w, const float* b, float* y, void* workspace);
+
+// Gradients of dense_forward given dy (M, N, O):
+//   dx (M, N, I), or (N, I) summed over members with shared_input; nullptr: not computed
+//   dw (M, I, O)   db (M, O), nullptr: not computed
+void dense_backward(DenseParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
+                    float* db, void* workspace);
+
+// ---- relu -----------------------------------------------------------------------------------------------
+
+// y = max(x, 0) over n elements (any shape; members folded in). In place allowed (y == x). NaN stays NaN.
+void relu_forward(std::size_t n, const float* x, float* y);
+
+// dx = dy where y > 0, else 0, over n elements, from the forward's OUTPUT y (y > 0 exactly where x > 0;
+// the gradient at 0 is 0, as in JAX). In place allowed (dx == dy).
+void relu_backward(std::size_t n, const float* y, const float* dy, float* dx);
+
+// ---- softmax cross-entropy ------------------------------------------------------------------------------
+
+// From logits (M, N, K) and labels (N) int32 in [0, K) ((M, N) without shared_labels), each output optional
+// (nullptr: not computed):
+//   loss (M): mean over the batch of -log softmax(logits)[label], computed with log-sum-exp (stable for any
+//             finite logits), accumulated in double
+//   dlogits (M, N, K): d(loss_m)/d(logits) = (softmax - onehot(label)) / N
+//   probs (M, N, K): softmax(logits)
+//   correct (M): how many rows have argmax(logits) == label (first index on ties, as jnp.argmax)
+// labels may be nullptr when only probs is asked for. A label outside [0, K) throws pmap::ValueError.
+void softmax_cross_entropy(SoftmaxXentParams p, const float* logits, const std::int32_t* labels, float* loss,
+                           float* dlogits, float* probs, std::int32_t* correct);
+
+// ---- optimizer ------------------------------------------------------------------------------------------
+
+// One SGD-momentum step over n elements, in place on params and momentum (flat buffers, any members
+// layout). grads is read only. See SgdParams for the update.
+void sgd_momentum_update(SgdParams p, std::size_t n, float* params, float* momentum, const float* grads);
+
+// ---- reductions -----------------------------------------------------------------------------------------
+
+// out[m] = sum of x[m * n .. m * n + n), for x (M, n); accumulated in double, rounded once. out (M).
+void reduce_sum(int members, std::size_t n, const float* x, float* out);
+
+// out[m] = reduce_sum / n. out (M). n must be > 0.
+void reduce_mean(int members, std::size_t n, const float* x, float* out);
+
+}  // namespace pmap::kernels::cpu

@@ -1,0 +1,86 @@
+// Element-wise reductions in rank order, shared by the thread hub and the MPI exchange so that a
+// collective produces the same bits whether its devices live in one process or in several.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include <pmap/communicator.h>
+#include <pmap/dtype.h>
+
+namespace pmap::detail {
+
+inline constexpr std::size_t kReduceBlock = 2048;  // elements reduced per step (fits in L1 with a few inputs)
+
+// a op b; max/min propagate NaN.
+template <class T> inline T combine(T a, T b, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return static_cast<T>(a + b);
+    case ReduceOp::max:
+      if constexpr (std::is_floating_point_v<T>) {
+        if (std::isnan(a) || std::isnan(b)) return std::isnan(a) ? a : b;
+      }
+      return a < b ? b : a;
+    case ReduceOp::min:
+      if constexpr (std::is_floating_point_v<T>) {
+        if (std::isnan(a) || std::isnan(b)) return std::isnan(a) ? a : b;
+      }
+      return b < a ? b : a;
+  }
+  return a;
+}
+
+// acc[i] = ((in_0[off+i] op in_1[off+i]) op in_2[off+i]) ... in rank order: the same bits wherever it
+// is computed.
+template <class T>
+void reduce_block(const std::vector<const T*>& in, std::size_t off, std::size_t len, ReduceOp op, T* acc) {
+  std::memcpy(acc, in[0] + off, len * sizeof(T));
+  for (std::size_t k = 1; k < in.size(); ++k) {
+    const T* src = in[k] + off;
+    if (op == ReduceOp::sum) {
+      for (std::size_t i = 0; i < len; ++i) acc[i] = static_cast<T>(acc[i] + src[i]);
+    } else {
+      for (std::size_t i = 0; i < len; ++i) acc[i] = combine(acc[i], src[i], op);
+    }
+  }
+}
+
+// Reduces `len` elements of every rank's buffer in `sends` (rank order, from element src_off) and
+// writes them to each buffer in `outs` (from element dst_off). The elements are read before they are
+// written, block by block, so an output may alias its rank's input when only this caller touches
+// these elements.
+template <class T>
+void reduce_range(const std::vector<const void*>& sends, const std::vector<void*>& outs, std::size_t src_off,
+                  std::size_t dst_off, std::size_t len, ReduceOp op) {
+  std::vector<const T*> in(sends.size());
+  for (std::size_t k = 0; k < sends.size(); ++k) in[k] = static_cast<const T*>(sends[k]);
+  alignas(64) T acc[kReduceBlock];
+  for (std::size_t b = 0; b < len; b += kReduceBlock) {
+    std::size_t n = std::min(kReduceBlock, len - b);
+    reduce_block(in, src_off + b, n, op, acc);
+    for (void* out : outs) std::memcpy(static_cast<T*>(out) + dst_off + b, acc, n * sizeof(T));
+  }
+}
+
+// Calls f(T{}) with the C++ type of dtype `t`.
+template <class F> void with_type(DType t, F&& f) {
+  switch (t) {
+    case DType::f32: return f(float{});
+    case DType::f64: return f(double{});
+    case DType::i32: return f(std::int32_t{});
+    case DType::i64: return f(std::int64_t{});
+    case DType::u32: return f(std::uint32_t{});
+    case DType::u8: return f(std::uint8_t{});
+  }
+}
+
+inline const char* reduce_name(ReduceOp op) {
+  return op == ReduceOp::sum ? "sum" : op == ReduceOp::max ? "max" : "min";
+}
+
+}  // namespace pmap::detail

@@ -1,0 +1,36 @@
+#!/usr/bin/env python3
+"""Writes a tiny MNIST-shaped IDX dataset (learnable: the label is drawn as a bright block) for CLI tests.
+
+usage: make_idx.py DIR [train_count test_count]
+"""
+import os, random, struct, sys
+
+def write(path, magic, dims, payload):
+    with open(path, "wb") as f:
+        f.write(struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in dims) + payload)
+
+def images_and_labels(n, rng):
+    imgs, labels = bytearray(), bytearray()
+    for _ in range(n):
+        label = rng.randrange(10)
+        img = bytearray(rng.randrange(64) for _ in range(28 * 28))
+        r0, c0 = (label // 5) * 14, (label % 5) * 5
+        for r in range(r0, r0 + 8):
+            for c in range(c0, c0 + 4):
+                img[r * 28 + c] = 255
+        imgs += img
+        labels.append(label)
+    return bytes(imgs), bytes(labels)
+
+def main():
+    out = sys.argv[1]
+    ntrain = int(sys.argv[2]) if len(sys.argv) > 2 else 512
+    ntest = int(sys.argv[3]) if len(sys.argv) > 3 else 200
+    os.makedirs(out, exist_ok=True)
+    rng = random.Random(0)
+    for prefix, n in (("train", ntrain), ("t10k", ntest)):
+        imgs, labels = images_and_labels(n, rng)
+        write(os.path.join(out, prefix + "-images-idx3-ubyte"), 0x803, (n, 28, 28), imgs)
+        write(os.path.join(out, prefix + "-labels-idx1-ubyte"), 0x801, (n,), labels)
+
+main()

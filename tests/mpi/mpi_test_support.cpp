@@ -1,0 +1,98 @@
+// Helpers of the multi-process test driver (see mpi_test_support.h).
+#include "mpi_test_support.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+namespace {
+
+std::uint64_t splitmix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+float hard_value(int g, std::int64_t k) {
+  const std::uint64_t h = splitmix((static_cast<std::uint64_t>(g) << 40) ^ static_cast<std::uint64_t>(k));
+  const float mantissa = 1.0f + static_cast<float>(h & 0xffffff) / 16777216.0f;
+  const int exponent = static_cast<int>((h >> 24) % 21) - 10;
+  return std::ldexp((h >> 60) & 1 ? -mantissa : mantissa, exponent);
+}
+
+}  // namespace
+
+pmap::Array hard_floats(int g, std::int64_t count) {
+  std::vector<float> v(static_cast<std::size_t>(count));
+  for (std::int64_t k = 0; k < count; ++k) v[static_cast<std::size_t>(k)] = hard_value(g, k);
+  return pmap::Array::from_host(v, {count});
+}
+
+void append_bits(std::vector<std::uint32_t>& out, const pmap::Array& a) {
+  std::vector<std::uint32_t> words((a.nbytes() + 3) / 4);
+  a.copy_to_host(words.data(), a.nbytes());
+  out.insert(out.end(), words.begin(), words.end());
+}
+
+long long now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+const char* error_kind(const pmap::Error& e) {
+  if (dynamic_cast<const pmap::CollectiveMismatch*>(&e)) return "CollectiveMismatch";
+  if (dynamic_cast<const pmap::Timeout*>(&e)) return "Timeout";
+  if (dynamic_cast<const pmap::Aborted*>(&e)) return "Aborted";
+  if (dynamic_cast<const pmap::ValueError*>(&e)) return "ValueError";
+  return "Error";
+}
+
+int check_sharded(const std::vector<pmap::Device>& devices, int rank, int processes) {
+  const auto n = static_cast<std::int64_t>(devices.size());
+  pmap::Mesh mesh(devices, "i");
+  std::vector<float> rows(static_cast<std::size_t>(n * 3));
+  for (std::size_t r = 0; r < rows.size(); ++r) rows[r] = static_cast<float>(r);
+  auto sharded = pmap::shard(pmap::Array::from_host(rows, {n * 3}), mesh);
+  auto replicated = pmap::replicate(pmap::Array::scalar(10.0f), mesh);
+  auto sums = pmap::pmap([](const pmap::Array& block, const pmap::Array& ten) {
+    float s = 0;
+    for (float v : block.to_vector<float>()) s += v;
+    return pmap::psum(s, "i") + ten.item<float>();
+  }, mesh)(sharded, replicated);
+  int bad = sharded.size() != static_cast<std::size_t>(mesh.local_size()) ? 1 : 0;
+  const float total = static_cast<float>(n * 3 * (n * 3 - 1) / 2);
+  for (int i = 0; i < mesh.local_size(); ++i) {
+    const int g = mesh.local_devices()[static_cast<std::size_t>(i)].index;
+    bad += sharded[static_cast<std::size_t>(i)].to_vector<float>()[0] != static_cast<float>(g * 3);
+    bad += sums[static_cast<std::size_t>(i)] != total + 10.0f;
+  }
+  bool unshard_refused = false;
+  try {
+    (void)pmap::unshard(sharded, mesh);
+  } catch (const pmap::ShapeError&) {
+    unshard_refused = true;
+  }
+  bad += unshard_refused != (processes > 1);
+  std::printf("rank %d: shard/replicate/pmap over %s hold %zu local entries: %s\n", rank, mesh.str().c_str(),
+              sharded.size(), bad == 0 ? "ok" : "FAILED");
+  return bad;
+}
+
+int check_order_matters(int n, int local_n) {
+  int differ = 0;
+  for (std::int64_t k = 0; k < 1000; ++k) {
+    float flat = hard_value(0, k);
+    for (int g = 1; g < n; ++g) flat += hard_value(g, k);
+    float total = 0;
+    for (int p = 0; p < n / local_n; ++p) {
+      float partial = hard_value(p * local_n, k);
+      for (int i = 1; i < local_n; ++i) partial += hard_value(p * local_n + i, k);
+      total = p == 0 ? partial : total + partial;
+    }
+    differ += std::memcmp(&flat, &total, sizeof flat) != 0;
+  }
+  std::printf("rank 0: a per-process partial sum would change %d of 1000 psum results\n", differ);
+  return differ > 0 ? 0 : 1;
+}

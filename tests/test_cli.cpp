@@ -1,0 +1,50 @@
+// Tests of mnist_ensemble's command-line parsing: defaults, both flag spellings, one-line errors.
+#include <doctest/doctest.h>
+
+#include "ensemble/cli.h"
+
+using pmap::ensemble::parse_cli;
+using pmap::ensemble::UsageError;
+
+TEST_CASE("defaults follow the Flax recipe") {
+  auto o = parse_cli({});
+  CHECK(o.train.epochs == 10);
+  CHECK(o.train.batch_size == 128);
+  CHECK(o.train.learning_rate == 0.1f);
+  CHECK(o.train.momentum == 0.9f);
+  CHECK(o.train.seed == 0);
+  CHECK(o.train.members == 0);  // resolved to the device count by the trainer
+  CHECK(o.data == "data/mnist");
+  CHECK(o.progress == "auto");
+}
+
+TEST_CASE("flags take '--flag value' and '--flag=value'") {
+  auto o = parse_cli({"--members", "8", "--devices=2", "--mode", "data-parallel", "--lr=0.05", "--seed", "42",
+                      "--train-limit", "1000", "--progress=none", "--save", "a.st", "--backend", "cpu"});
+  CHECK(o.train.members == 8);
+  CHECK(o.train.devices == 2);
+  CHECK(o.train.mode == pmap::ensemble::Mode::data_parallel);
+  CHECK(o.train.learning_rate == 0.05f);
+  CHECK(o.train.seed == 42);
+  CHECK(o.train.train_limit == 1000);
+  CHECK(o.progress == "none");
+  CHECK(o.save == "a.st");
+  CHECK(parse_cli({"--help"}).help);
+}
+
+TEST_CASE("bad command lines raise UsageError naming the flag") {
+  CHECK_THROWS_WITH_AS(parse_cli({"--epochs", "ten"}), "--epochs: 'ten' is not an integer", UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--lr", "0.1x"}), "--lr: '0.1x' is not a number", UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--lr", "-1"}), doctest::Contains("must be positive"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--momentum", "1"}), doctest::Contains("[0, 1)"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--devices", "0"}), doctest::Contains("out of range"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--batch-size"}), "--batch-size needs a value", UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--bogus", "1"}), "unknown flag '--bogus'", UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"stray"}), doctest::Contains("unexpected argument 'stray'"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--mode", "fast"}), doctest::Contains("not ensemble or data-parallel"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--backend", "tpu"}), doctest::Contains("not cpu or cuda"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--progress", "fancy"}), doctest::Contains("auto, bar, plain or none"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--seed", "-3"}), doctest::Contains("not an integer"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--data="}), doctest::Contains("non-empty"), UsageError);
+  CHECK_THROWS_AS(parse_cli({"--epochs", "99999999999"}), UsageError);
+}

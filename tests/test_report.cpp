@@ -1,0 +1,478 @@
+// Tests of the run reports: metrics JSON and CSV (values read back bit-exact), atomic writes and their
+// errors, the SVG plot (well-formed, one polyline per line), the progress bar and the final table.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ensemble/json.h"
+#include "ensemble/progress.h"
+#include "ensemble/report.h"
+#include "pmap/error.h"
+
+namespace fs = std::filesystem;
+using pmap::ensemble::EpochMetrics;
+using pmap::ensemble::Json;
+using pmap::ensemble::ProgressBar;
+using pmap::ensemble::ProgressMode;
+
+namespace {
+
+// Epoch e of a run with `members` members; values with long binary expansions to test round trips.
+EpochMetrics make_epoch(int e, int members) {
+  EpochMetrics m;
+  m.epoch = e;
+  m.train_loss = 1.0 / (3.0 * e);
+  m.train_accuracy = 1.0 - 0.1 / (e + 0.7);
+  m.test_loss = 0.1 + 0.2 / e;
+  for (int i = 0; i < members; ++i) m.member_test_accuracy.push_back(0.95 + 0.004 * e + 0.001 * i / 7.0);
+  m.ensemble_test_accuracy = 0.96 + 0.004 * e;
+  m.seconds = 12.3 + e / 9.0;
+  m.eval_seconds = 1.0 / 7.0;
+  m.model_images_per_second = 60000.0 * members / m.seconds;
+  return m;
+}
+
+std::vector<EpochMetrics> make_run(int epochs, int members) {
+  std::vector<EpochMetrics> run;
+  for (int e = 1; e <= epochs; ++e) run.push_back(make_epoch(e, members));
+  return run;
+}
+
+// A fresh empty directory under the system temp directory, removed on destruction.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "pmapcc_report_XXXXXX").string();
+    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+    path = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> parts;
+  std::string cur;
+  for (char c : s) {
+    if (c == sep) {
+      parts.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  parts.push_back(cur);
+  return parts;
+}
+
+std::size_t count(const std::string& s, const std::string& what) {
+  std::size_t n = 0;
+  for (auto pos = s.find(what); pos != std::string::npos; pos = s.find(what, pos + what.size())) ++n;
+  return n;
+}
+
+// A small well-formedness check: tags nest and match, attributes are name="value" without '<' inside,
+// text holds no raw '<' and every '&' starts an entity. Returns "" or what is wrong.
+std::string xml_problem(const std::string& doc) {
+  std::vector<std::string> open;
+  std::size_t i = 0;
+  auto name_char = [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == ':' || c == '_';
+  };
+  while (i < doc.size()) {
+    if (doc[i] == '&') {
+      const auto semi = doc.find(';', i);
+      if (semi == std::string::npos || semi - i > 6) return "bare & at " + std::to_string(i);
+      i = semi + 1;
+      continue;
+    }
+    if (doc[i] != '<') {
+      ++i;
+      continue;
+    }
+    if (doc.compare(i, 2, "<?") == 0) {
+      i = doc.find("?>", i);
+      if (i == std::string::npos) return "unterminated <?";
+      i += 2;
+      continue;
+    }
+    const bool closing = doc.compare(i, 2, "</") == 0;
+    std::size_t j = i + (closing ? 2 : 1);
+    const std::size_t name_start = j;
+    while (j < doc.size() && name_char(doc[j])) ++j;
+    const std::string name = doc.substr(name_start, j - name_start);
+    if (name.empty()) return "tag without a name at " + std::to_string(i);
+    while (j < doc.size() && doc[j] != '>' && doc[j] != '/') {
+      if (doc[j] == ' ' || doc[j] == '\n') {
+        ++j;
+        continue;
+      }
+      while (j < doc.size() && name_char(doc[j])) ++j;
+      if (doc.compare(j, 2, "=\"") != 0) return "bad attribute in <" + name + "> at " + std::to_string(j);
+      const auto end = doc.find('"', j + 2);
+      if (end == std::string::npos || doc.find('<', j + 2) < end)
+        return "bad attribute value in <" + name + ">";
+      j = end + 1;
+    }
+    if (j >= doc.size()) return "unterminated tag <" + name + ">";
+    if (closing) {
+      if (open.empty() || open.back() != name) return "</" + name + "> does not close the open tag";
+      open.pop_back();
+    } else if (doc[j] == '/') {
+      if (doc.compare(j, 2, "/>") != 0) return "stray / in <" + name + ">";
+      ++j;
+    } else {
+      open.push_back(name);
+    }
+    i = j + 1;
+  }
+  return open.empty() ? "" : "<" + open.back() + "> never closed";
+}
+
+bool have_xmllint() { return std::system("command -v xmllint >/dev/null 2>&1") == 0; }
+
+// Everything written to a tmpfile so far.
+std::string contents(std::FILE* f) {
+  std::fflush(f);
+  std::rewind(f);
+  std::string s;
+  for (int c; (c = std::fgetc(f)) != EOF;) s += static_cast<char>(c);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("report: metrics_json has the documented structure and reads back exactly") {
+  const std::vector<EpochMetrics> run = make_run(3, 4);
+  Json config = Json::object();
+  config.set("members", 4);
+  config.set("lr", 0.1);
+  const Json doc = Json::parse(pmap::ensemble::metrics_json(config, run).dump(2), "metrics.json");
+  REQUIRE(doc.is_object());
+  REQUIRE(doc.size() == 3);
+  CHECK(doc.as_object()[0].first == "config");
+  CHECK(doc.as_object()[1].first == "epochs");
+  CHECK(doc.as_object()[2].first == "final");
+  CHECK(*doc.find("config") == config);
+  const Json& epochs = *doc.find("epochs");
+  REQUIRE(epochs.size() == run.size());
+  const std::vector<std::string> keys = {"epoch",     "train_loss",           "train_accuracy",
+                                         "test_loss", "member_test_accuracy", "ensemble_test_accuracy",
+                                         "seconds",   "eval_seconds",         "model_images_per_second"};
+  for (std::size_t e = 0; e < run.size(); ++e) {
+    const Json& o = epochs.as_array()[e];
+    const EpochMetrics& m = run[e];
+    REQUIRE(o.size() == keys.size());
+    for (std::size_t k = 0; k < keys.size(); ++k) CHECK(o.as_object()[k].first == keys[k]);
+    CHECK(o.find("epoch")->is_integer());
+    CHECK(o.find("epoch")->as_int() == m.epoch);
+    CHECK(o.find("train_loss")->as_double() == m.train_loss);
+    CHECK(o.find("train_accuracy")->as_double() == m.train_accuracy);
+    CHECK(o.find("test_loss")->as_double() == m.test_loss);
+    CHECK(o.find("ensemble_test_accuracy")->as_double() == m.ensemble_test_accuracy);
+    CHECK(o.find("seconds")->as_double() == m.seconds);
+    CHECK(o.find("eval_seconds")->as_double() == m.eval_seconds);
+    CHECK(o.find("model_images_per_second")->as_double() == m.model_images_per_second);
+    const Json& members = *o.find("member_test_accuracy");
+    REQUIRE(members.size() == m.member_test_accuracy.size());
+    for (std::size_t i = 0; i < members.size(); ++i)
+      CHECK(members.as_array()[i].as_double() == m.member_test_accuracy[i]);
+  }
+  CHECK(*doc.find("final") == epochs.as_array().back());
+}
+
+TEST_CASE("report: metrics_json with no epochs, and non-finite values as null") {
+  const Json empty = pmap::ensemble::metrics_json(Json::object(), {});
+  CHECK(empty.find("epochs")->size() == 0);
+  CHECK(empty.find("final")->is_null());
+
+  EpochMetrics diverged = make_epoch(1, 2);
+  diverged.train_loss = std::numeric_limits<double>::quiet_NaN();
+  diverged.member_test_accuracy[1] = std::numeric_limits<double>::infinity();
+  const Json doc = Json::parse(pmap::ensemble::metrics_json(nullptr, {diverged}).dump(), "m.json");
+  const Json& final_epoch = *doc.find("final");
+  CHECK(final_epoch.find("train_loss")->is_null());
+  CHECK(final_epoch.find("member_test_accuracy")->as_array()[1].is_null());
+  CHECK(final_epoch.find("test_loss")->as_double() == diverged.test_loss);
+}
+
+TEST_CASE("report: metrics_csv header, one row per epoch, values parse back exactly") {
+  const std::vector<EpochMetrics> run = make_run(5, 3);
+  const std::vector<std::string> lines = split(pmap::ensemble::metrics_csv(run), '\n');
+  REQUIRE(lines.size() == run.size() + 2);  // header, rows, and the empty piece after the last '\n'
+  CHECK(lines.back().empty());
+  CHECK(lines[0] ==
+        "epoch,train_loss,train_accuracy,test_loss,ensemble_test_accuracy,seconds,eval_seconds,"
+        "model_images_per_second,member_0_test_accuracy,member_1_test_accuracy,member_2_test_accuracy");
+  for (std::size_t e = 0; e < run.size(); ++e) {
+    const EpochMetrics& m = run[e];
+    const std::vector<std::string> cells = split(lines[e + 1], ',');
+    REQUIRE(cells.size() == 11);
+    CHECK(cells[0] == std::to_string(m.epoch));
+    const std::vector<double> expected = {m.train_loss,
+                                          m.train_accuracy,
+                                          m.test_loss,
+                                          m.ensemble_test_accuracy,
+                                          m.seconds,
+                                          m.eval_seconds,
+                                          m.model_images_per_second,
+                                          m.member_test_accuracy[0],
+                                          m.member_test_accuracy[1],
+                                          m.member_test_accuracy[2]};
+    for (std::size_t k = 0; k < expected.size(); ++k)
+      CHECK(std::strtod(cells[k + 1].c_str(), nullptr) == expected[k]);
+  }
+}
+
+TEST_CASE("report: metrics_csv leaves missing member cells empty") {
+  std::vector<EpochMetrics> run = make_run(2, 2);
+  run[0].member_test_accuracy.resize(1);
+  const std::vector<std::string> lines = split(pmap::ensemble::metrics_csv(run), '\n');
+  CHECK(split(lines[1], ',').size() == 10);
+  CHECK(split(lines[1], ',').back().empty());
+  CHECK(!split(lines[2], ',').back().empty());
+}
+
+TEST_CASE("report: files are written atomically and replace older content") {
+  TempDir dir;
+  const std::vector<EpochMetrics> run = make_run(2, 2);
+  const fs::path json = dir.path / "metrics.json", csv = dir.path / "metrics.csv",
+                 svg = dir.path / "plot.svg";
+  pmap::ensemble::write_text_file_atomic(json, "old content that is longer than the new one\n");
+  pmap::ensemble::write_metrics_json(json, Json::object(), run);
+  pmap::ensemble::write_metrics_csv(csv, run);
+  pmap::ensemble::write_plot_svg(svg, run);
+  CHECK(read_file(json) == pmap::ensemble::metrics_json(Json::object(), run).dump(2) + "\n");
+  CHECK(read_file(csv) == pmap::ensemble::metrics_csv(run));
+  CHECK(read_file(svg) == pmap::ensemble::accuracy_plot_svg(run));
+  std::size_t files = 0;
+  for (const auto& entry : fs::directory_iterator(dir.path)) {
+    ++files;
+    CHECK(entry.path().string().find(".tmp") == std::string::npos);  // no temp file left behind
+  }
+  CHECK(files == 3);
+}
+
+TEST_CASE("report: a write error names the path and the OS error") {
+  TempDir dir;
+  const fs::path not_a_dir = dir.path / "regular_file";
+  pmap::ensemble::write_text_file_atomic(not_a_dir, "x");
+  const fs::path target = not_a_dir / "metrics.json";
+  const std::string expected_start = target.string() + ": cannot create temp file ";
+  auto check_error = [&](auto&& write) {
+    try {
+      write();
+      FAIL("no IoError");
+    } catch (const pmap::IoError& e) {
+      const std::string what = e.what();
+      CHECK(what.rfind(expected_start, 0) == 0);
+      CHECK(what.find(std::strerror(ENOTDIR)) != std::string::npos);
+    }
+  };
+  check_error([&] { pmap::ensemble::write_metrics_json(target, Json::object(), {}); });
+  check_error([&] { pmap::ensemble::write_metrics_csv(target, {}); });
+  check_error([&] { pmap::ensemble::write_plot_svg(target, {}); });
+  CHECK(read_file(not_a_dir) == "x");
+}
+
+TEST_CASE("report: the SVG plot is well-formed with one polyline per member and the ensemble") {
+  TempDir dir;
+  const bool xmllint = have_xmllint();
+  if (!xmllint) MESSAGE("xmllint not found: only the built-in well-formedness check runs");
+  for (int members : {1, 3, 8, 20}) {
+    for (int epochs : {0, 1, 2, 12}) {
+      CAPTURE(members);
+      CAPTURE(epochs);
+      const std::string svg = pmap::ensemble::accuracy_plot_svg(make_run(epochs, members));
+      CHECK(xml_problem(svg) == "");
+      CHECK(svg.find("<script") == std::string::npos);
+      CHECK(svg.find("href") == std::string::npos);  // nothing external
+      if (epochs == 0) {
+        CHECK(svg.find("no epochs yet") != std::string::npos);
+        CHECK(count(svg, "<polyline") == 0);
+      } else {
+        CHECK(count(svg, "<polyline class=\"member\"") == static_cast<std::size_t>(members));
+        CHECK(count(svg, "<polyline class=\"ensemble\"") == 1);
+        CHECK(count(svg, "<polyline class=\"train-loss\"") == 1);
+        CHECK(count(svg, "<polyline class=\"test-loss\"") == 1);
+        // Each member line has one point per epoch: x,y pairs separated by spaces.
+        const auto at = svg.find("<polyline class=\"member\"");
+        const auto pts = svg.find("points=\"", at) + 8;
+        const std::string points = svg.substr(pts, svg.find('"', pts) - pts);
+        CHECK(split(points, ' ').size() == static_cast<std::size_t>(epochs));
+        if (epochs == 1) CHECK(count(svg, "<circle") == static_cast<std::size_t>(members + 3));
+      }
+      if (xmllint) {
+        const fs::path file = dir.path / "plot.svg";
+        pmap::ensemble::write_text_file_atomic(file, svg);
+        CHECK(std::system(("xmllint --noout '" + file.string() + "'").c_str()) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("report: parse_progress_mode") {
+  using pmap::ensemble::parse_progress_mode;
+  CHECK(parse_progress_mode("auto") == ProgressMode::automatic);
+  CHECK(parse_progress_mode("bar") == ProgressMode::bar);
+  CHECK(parse_progress_mode("plain") == ProgressMode::plain);
+  CHECK(parse_progress_mode("none") == ProgressMode::none);
+  try {
+    parse_progress_mode("Bar");
+    FAIL("no ValueError");
+  } catch (const pmap::ValueError& e) {
+    CHECK(std::string(e.what()).find("\"Bar\"") != std::string::npos);
+  }
+}
+
+namespace {
+
+EpochMetrics summary_epoch() {
+  EpochMetrics m;
+  m.epoch = 3;
+  m.train_loss = 0.0312;
+  m.train_accuracy = 0.9901;
+  m.test_loss = 0.029;
+  m.member_test_accuracy = {0.991, 0.99052};
+  m.ensemble_test_accuracy = 0.9931;
+  m.seconds = 12.34;
+  m.model_images_per_second = 20480.2;
+  return m;
+}
+
+const char* const kSummary =
+    "epoch 3/10  train_loss 0.0312  train_acc 99.01%  test_loss 0.0290  test_acc [99.10 99.05]  "
+    "ensemble 99.31%  12.3 s  20480 img/s";
+
+}  // namespace
+
+TEST_CASE("progress: plain mode writes only the epoch summary line") {
+  std::FILE* f = std::tmpfile();
+  REQUIRE(f != nullptr);
+  {
+    ProgressBar bar(f, ProgressMode::plain, 10);
+    bar.begin_epoch(3, 100);
+    for (int s = 1; s <= 100; ++s) bar.update(s, 0.5, 1000);
+    bar.end_epoch(summary_epoch());
+  }
+  CHECK(contents(f) == std::string(kSummary) + "\n");
+  std::fclose(f);
+}
+
+TEST_CASE("progress: auto mode on a file is plain, none writes nothing") {
+  std::FILE* f = std::tmpfile();
+  REQUIRE(f != nullptr);
+  {
+    ProgressBar automatic(f, ProgressMode::automatic, 10);
+    CHECK(automatic.mode() == ProgressMode::plain);
+    ProgressBar none(f, ProgressMode::none, 10);
+    none.begin_epoch(1, 5);
+    none.update(5, 0.1, 10);
+    none.end_epoch(summary_epoch());
+  }
+  CHECK(contents(f).empty());
+  std::fclose(f);
+  CHECK_THROWS_AS(ProgressBar(nullptr, ProgressMode::plain, 1), pmap::ValueError);
+  CHECK_THROWS_AS(ProgressBar(stderr, ProgressMode::plain, 0), pmap::ValueError);
+}
+
+TEST_CASE("progress: bar mode redraws at most every 100 ms and always draws the final step") {
+  std::FILE* f = std::tmpfile();
+  REQUIRE(f != nullptr);
+  int now_ms = 0;
+  ProgressBar bar(f, ProgressMode::bar, 10, [&] { return now_ms / 1000.0; });
+  bar.begin_epoch(3, 10);
+  for (int s = 1; s <= 10; ++s) {  // step s finishes at 30 * s ms
+    now_ms = 30 * s;
+    bar.update(s, 0.5 / s, 2048.0 * s);
+  }
+  // Drawn: step 1 (first), 5 (150 ms, >= 100 after 30), 9 (270 ms, >= 100 after 150), 10 (final).
+  const std::vector<std::string> draws = split(contents(f), '\r');
+  REQUIRE(draws.size() == 5);
+  CHECK(draws[0].empty());
+  CHECK(draws[1].rfind("Epoch 3/10  1/10 [" + std::string(3, '=') + ">", 0) == 0);
+  CHECK(draws[2].rfind("Epoch 3/10  5/10 [" + std::string(15, '=') + ">", 0) == 0);
+  CHECK(draws[3].rfind("Epoch 3/10  9/10 [" + std::string(27, '=') + ">", 0) == 0);
+  // The final line is shorter than the one before (no ETA): blanks cover the leftover characters.
+  const std::string final_line =
+      "Epoch 3/10  10/10 [" + std::string(30, '=') + "] - 0.3 s - 30 ms/step - 20480 img/s - loss: 0.0500";
+  REQUIRE(draws[4].size() == draws[3].size());
+  CHECK(draws[4] == final_line + std::string(draws[3].size() - final_line.size(), ' '));
+  CHECK(draws[2].find(" - ETA: 0:00:00 - 30 ms/step - 10240 img/s - loss: 0.1000") != std::string::npos);
+  for (std::size_t i = 2; i < draws.size(); ++i) CHECK(draws[i].size() >= draws[i - 1].size());
+
+  bar.end_epoch(summary_epoch());
+  CHECK(split(contents(f), '\r').back() == draws[4] + "\n" + kSummary + "\n");
+  std::fclose(f);
+}
+
+TEST_CASE("progress: bar ETA, an undrawn last update drawn at end_epoch, line closed on destruction") {
+  std::FILE* f = std::tmpfile();
+  REQUIRE(f != nullptr);
+  double now = 100;
+  {
+    ProgressBar bar(f, ProgressMode::bar, 2, [&] { return now; });
+    bar.begin_epoch(1, 100);
+    now = 140;  // 40 s per step: 99 steps left = 3960 s
+    bar.update(1, 2.0, 3.0);
+    CHECK(contents(f).find(" - ETA: 1:06:00 - 40000 ms/step - 3 img/s - loss: 2.0000") != std::string::npos);
+    now = 140.05;
+    bar.update(2, 1.5, 3.0);  // throttled
+    CHECK(split(contents(f), '\r').size() == 2);
+    bar.end_epoch(summary_epoch());  // draws step 2, then the summary
+    const std::vector<std::string> draws = split(contents(f), '\r');
+    REQUIRE(draws.size() == 3);
+    CHECK(draws[2].rfind("Epoch 1/2  2/100 [>", 0) == 0);
+    CHECK(draws[2].find("\nepoch 3/2  train_loss 0.0312") != std::string::npos);
+    bar.begin_epoch(2, 4);
+    bar.update(1, 1.0, 3.0);
+  }
+  const std::string out = contents(f);
+  CHECK(out.substr(out.rfind('\r')).rfind("\rEpoch 2/2  1/4 [", 0) == 0);
+  CHECK(out.back() == '\n');
+  std::fclose(f);
+}
+
+TEST_CASE("report: final_table lists members, best, mean and the ensemble's gain") {
+  EpochMetrics m;
+  m.member_test_accuracy = {0.9912, 0.9920, 0.9916};
+  m.ensemble_test_accuracy = 0.9938;
+  CHECK(pmap::ensemble::final_table(m) ==
+        "  member  test accuracy\n"
+        "       0        99.12 %\n"
+        "       1        99.20 %\n"
+        "       2        99.16 %\n"
+        "    best        99.20 %   (member 1)\n"
+        "    mean        99.16 %\n"
+        "ensemble        99.38 %   (+0.18 over the best member)\n");
+  CHECK(pmap::ensemble::final_table(m, 2) ==
+        "  member  device  test accuracy\n"
+        "       0       0        99.12 %\n"
+        "       1       0        99.20 %\n"
+        "       2       1        99.16 %\n"
+        "    best                99.20 %   (member 1)\n"
+        "    mean                99.16 %\n"
+        "ensemble                99.38 %   (+0.18 over the best member)\n");
+  m.ensemble_test_accuracy = 0.9910;
+  CHECK(pmap::ensemble::final_table(m).find("99.10 %   (-0.10 under the best member)") != std::string::npos);
+}
