@@ -62,6 +62,7 @@ class ThreadHub {
     std::uint64_t seq = 0;
     CollectiveOp op;
     const Group* group = nullptr;
+    bool withdrawn = false;  // the device raised instead of running this call: its group can never complete
   };
   static constexpr std::size_t kHistory = 16;
   struct Slot {
@@ -75,8 +76,14 @@ class ThreadHub {
   std::string describe(const std::string& device_name, const Posted& p) const;
   std::string find_divergence(int device, const Group& group, std::uint64_t seq) const;
   bool all_arrived(const Group& group, std::uint64_t seq) const;
+  // Every member of the group posted call `seq` with the same signature and none withdrew: the call runs.
+  // Postings change only under the lock and a device withdraws only after finding this false, so all
+  // members reach the same verdict.
+  bool group_complete(const Group& group, std::uint64_t seq) const;
   std::string missing(const Group& group, std::uint64_t seq) const;
   std::string describe(int device) const;
+  // Marks the device's call `seq` withdrawn and wakes the others (call before raising from a collective).
+  void withdraw(Slot& me, std::uint64_t seq);
   void execute(const Group& group, int rank) const;
 
   std::vector<std::string> names_;

@@ -55,7 +55,7 @@ template <class F> class Pmapped {
   template <class... Args> auto operator()(Args&&... args) {
     std::vector<std::pair<int, std::size_t>> sizes;
     int position = 0;
-    auto note = [&](const auto& a) {
+    [[maybe_unused]] auto note = [&](const auto& a) {  // unused when called with no arguments
       if constexpr (is_sharded_v<decltype(a)>) sizes.emplace_back(position, a.size());
       ++position;
     };
@@ -63,11 +63,11 @@ template <class F> class Pmapped {
     detail::check_mapped_sizes(sizes, mesh_->size());
     using R = std::invoke_result_t<F&, decltype(detail::pick(args, 0))...>;
     if constexpr (std::is_void_v<R>) {
-      detail::run_on_mesh(*mesh_, [&](int d) { std::invoke(fn_, detail::pick(args, d)...); });
+      detail::run_on_mesh(*mesh_, [&]([[maybe_unused]] int d) { std::invoke(fn_, detail::pick(args, d)...); });
     } else {
       using V = std::decay_t<R>;
       std::vector<std::optional<V>> results(static_cast<std::size_t>(mesh_->size()));
-      detail::run_on_mesh(*mesh_, [&](int d) {
+      detail::run_on_mesh(*mesh_, [&]([[maybe_unused]] int d) {
         results[static_cast<std::size_t>(d)].emplace(std::invoke(fn_, detail::pick(args, d)...));
       });
       std::vector<V> out;
