@@ -9,12 +9,17 @@ set_target_properties(pmapcc_ensemble PROPERTIES EXPORT_NAME ensemble)
 install(TARGETS pmapcc pmapcc_runtime pmapcc_kernels pmapcc_ensemble
         EXPORT pmapccTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
-        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
-        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} ${CMAKE_INSTALL_INCLUDEDIR}/pmapcc)
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})  # include paths: each target's $<INSTALL_INTERFACE:...>
 install(DIRECTORY include/pmap DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY kernels ensemble DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pmapcc
         FILES_MATCHING PATTERN "*.h")
 install(EXPORT pmapccTargets NAMESPACE pmapcc:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/pmapcc)
+
+# Where the CUDA toolkit was found (the directory above nvcc's bin/), a hint for the installed config.
+set(PMAPCC_CUDA_TOOLKIT_ROOT "")
+if(PMAPCC_HAVE_CUDA AND CUDAToolkit_BIN_DIR)
+  get_filename_component(PMAPCC_CUDA_TOOLKIT_ROOT "${CUDAToolkit_BIN_DIR}" DIRECTORY)
+endif()
 
 configure_package_config_file(cmake/pmapccConfig.cmake.in
   ${CMAKE_CURRENT_BINARY_DIR}/pmapccConfig.cmake

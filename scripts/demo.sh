@@ -9,7 +9,7 @@ cd "$root"
 
 bash scripts/setup.sh
 bash scripts/get_data.sh --mnist-only
-build=build/release
+build=build/demo
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPMAPCC_BUILD_TESTS=OFF -DPMAPCC_BUILD_BENCH=OFF >/dev/null
 cmake --build "$build" --target mnist_ensemble -j "$(nproc)" >/dev/null
 mkdir -p out

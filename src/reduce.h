@@ -17,6 +17,22 @@ namespace pmap::detail {
 
 inline constexpr std::size_t kReduceBlock = 2048;  // elements reduced per step (fits in L1 with a few inputs)
 
+// memcpy, but copies under 256 KiB go in 64-byte pieces the compiler keeps in vector registers: glibc hands
+// copies from 4 KiB up to a few hundred KiB to `rep movsb`, which on the AMD EPYC VMs we test on runs at
+// ~3 GB/s for some relative alignments of source and destination (dst - src = 8 or 16 mod 4096), against
+// 40-90 GB/s otherwise. Larger copies keep glibc's own (streaming) path.
+inline void copy_bytes(void* dst, const void* src, std::size_t bytes) {
+  if (bytes >= (std::size_t{256} << 10)) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  std::size_t i = 0;
+  for (; i + 64 <= bytes; i += 64) std::memcpy(d + i, s + i, 64);
+  std::memcpy(d + i, s + i, bytes - i);
+}
+
 // a op b; max/min propagate NaN.
 template <class T> inline T combine(T a, T b, ReduceOp op) {
   switch (op) {
@@ -39,8 +55,15 @@ template <class T> inline T combine(T a, T b, ReduceOp op) {
 // is computed.
 template <class T>
 void reduce_block(const std::vector<const T*>& in, std::size_t off, std::size_t len, ReduceOp op, T* acc) {
-  std::memcpy(acc, in[0] + off, len * sizeof(T));
-  for (std::size_t k = 1; k < in.size(); ++k) {
+  const T* first = in[0] + off;
+  if (in.size() == 1) return copy_bytes(acc, first, len * sizeof(T));
+  const T* second = in[1] + off;  // the first pass reads two inputs: no pass that only copies in_0
+  if (op == ReduceOp::sum) {
+    for (std::size_t i = 0; i < len; ++i) acc[i] = static_cast<T>(first[i] + second[i]);
+  } else {
+    for (std::size_t i = 0; i < len; ++i) acc[i] = combine(first[i], second[i], op);
+  }
+  for (std::size_t k = 2; k < in.size(); ++k) {
     const T* src = in[k] + off;
     if (op == ReduceOp::sum) {
       for (std::size_t i = 0; i < len; ++i) acc[i] = static_cast<T>(acc[i] + src[i]);
@@ -63,7 +86,7 @@ void reduce_range(const std::vector<const void*>& sends, const std::vector<void*
   for (std::size_t b = 0; b < len; b += kReduceBlock) {
     std::size_t n = std::min(kReduceBlock, len - b);
     reduce_block(in, src_off + b, n, op, acc);
-    for (void* out : outs) std::memcpy(static_cast<T*>(out) + dst_off + b, acc, n * sizeof(T));
+    for (void* out : outs) copy_bytes(static_cast<T*>(out) + dst_off + b, acc, n * sizeof(T));
   }
 }
 

@@ -254,15 +254,15 @@ void ThreadHub::execute(const Group& group, int rank) const {
       break;
     case OpKind::all_gather:
       for (std::size_t k = 0; k < n; ++k)
-        std::memcpy(static_cast<char*>(recvs[k]) + r * op.count * esize, op.send, op.count * esize);
+        copy_bytes(static_cast<char*>(recvs[k]) + r * op.count * esize, op.send, op.count * esize);
       break;
     case OpKind::broadcast:
       if (op.recv != sends[static_cast<std::size_t>(op.root)])
-        std::memcpy(op.recv, sends[static_cast<std::size_t>(op.root)], op.count * esize);
+        copy_bytes(op.recv, sends[static_cast<std::size_t>(op.root)], op.count * esize);
       break;
     case OpKind::permute:
       if (op.recv_from >= 0) {
-        std::memcpy(op.recv, sends[static_cast<std::size_t>(op.recv_from)], op.count * esize);
+        copy_bytes(op.recv, sends[static_cast<std::size_t>(op.recv_from)], op.count * esize);
       } else {
         std::memset(op.recv, 0, op.count * esize);
       }

@@ -131,8 +131,9 @@ int report(const pmap::Error& e, int who) {
   std::printf("%s=%lld rank %d: %s: %s\n", rank == who ? "RAISED_AT_MS" : "DETECTED_AT_MS", now_ms(), rank,
               error_kind(e), e.what());
   std::fflush(stdout);
-  // Give the other processes a moment to report too before mpirun tears the job down.
-  std::this_thread::sleep_for(std::chrono::milliseconds(rank == who ? 2000 : 300));
+  // mpirun tears the whole job down when the first process exits non-zero: linger so that the others
+  // (which may be slow to learn of the failure on a loaded machine) get their reports out first.
+  std::this_thread::sleep_for(std::chrono::milliseconds(rank == who ? 3000 : 1500));
   return 3;
 }
 

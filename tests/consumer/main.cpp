@@ -1,0 +1,40 @@
+// A program outside the pmapcc tree, built against an installed pmapcc through find_package(pmapcc CONFIG):
+// psum over 2 CPU devices (device r contributes r + 1, so every element must be 3). Exits non-zero if not.
+#include <cstdio>
+#include <exception>
+#include <vector>
+
+#include <ensemble/data.h>
+#include <pmap/pmap.h>
+
+int main() {
+  try {
+    const pmap::BuildInfo info = pmap::build_info();
+    std::printf("consumer: pmapcc built with cuda=%d nccl=%d mpi=%d\n", info.cuda, info.nccl, info.mpi);
+    pmap::Mesh mesh(pmap::local_devices(pmap::DeviceKind::cpu, 2), "i");
+    auto sums = pmap::pmap([] {
+      std::vector<float> mine(1000, static_cast<float>(pmap::axis_index("i") + 1));  // (1000,)
+      return pmap::psum(pmap::Array::from_host(mine, {1000}), "i").to_vector<float>();
+    }, mesh, "i")();
+    int wrong = 0;
+    for (const auto& device_sum : sums)
+      for (float v : device_sum) wrong += v != 3.0f;
+    // The ensemble library (and its zlib dependency) links too: a missing file is a DataError.
+    bool data_error = false;
+    try {
+      pmap::ensemble::read_idx("/nonexistent/pmapcc-consumer.idx", 1);
+    } catch (const pmap::DataError&) {
+      data_error = true;
+    }
+    if (wrong != 0 || sums.size() != 2 || !data_error) {
+      std::printf("consumer: FAILED (%d wrong elements, %zu devices, DataError raised: %d)\n", wrong, sums.size(),
+                  data_error);
+      return 1;
+    }
+    std::printf("consumer: psum over 2 CPU devices = 3 on every element: ok\n");
+    return 0;
+  } catch (const std::exception& e) {
+    std::printf("consumer: FAILED with exception: %s\n", e.what());
+    return 1;
+  }
+}
