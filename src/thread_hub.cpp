@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <thread>
 
 #include <pmap/error.h>
 
@@ -21,7 +22,35 @@ bool same_signature(const CollectiveOp& a, const Group* ga, const CollectiveOp& 
 }  // namespace
 
 ThreadHub::ThreadHub(std::vector<std::string> device_names, std::chrono::milliseconds timeout)
-    : names_(std::move(device_names)), timeout_(timeout), slots_(names_.size()) {}
+    : names_(std::move(device_names)), timeout_(timeout), slots_(names_.size()) {
+  spin_ = names_.size() <= std::max(1u, std::thread::hardware_concurrency());
+}
+
+void ThreadHub::changed() {
+  changes_.fetch_add(1, std::memory_order_release);
+  cv_.notify_all();
+}
+
+std::cv_status ThreadHub::await(std::unique_lock<std::mutex>& lk, std::chrono::steady_clock::time_point deadline) {
+  if (spin_) {
+    // About 20-50 us of polling. A change made after the last poll needs mu_, which this thread holds
+    // again before it sleeps, so no wake-up is lost.
+    const std::uint64_t seen = changes_.load(std::memory_order_acquire);
+    lk.unlock();
+    for (int i = 0; i < 2048 && changes_.load(std::memory_order_acquire) == seen; ++i) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+    lk.lock();
+    if (changes_.load(std::memory_order_relaxed) != seen) return std::cv_status::no_timeout;
+  }
+  if (deadline == std::chrono::steady_clock::time_point::max()) {
+    cv_.wait(lk);
+    return std::cv_status::no_timeout;
+  }
+  return cv_.wait_until(lk, deadline);
+}
 
 void ThreadHub::reset() {
   std::lock_guard lk(mu_);
@@ -33,7 +62,7 @@ void ThreadHub::reset() {
 void ThreadHub::finished(int device, bool failed) {
   std::lock_guard lk(mu_);
   if (!failed) slots_[static_cast<std::size_t>(device)].finished = true;
-  cv_.notify_all();
+  changed();
 }
 
 void ThreadHub::abort(const std::string& reason) {
@@ -42,7 +71,7 @@ void ThreadHub::abort(const std::string& reason) {
     aborted_ = true;
     reason_ = reason;
   }
-  cv_.notify_all();
+  changed();
 }
 
 std::string ThreadHub::describe(int device) const {
@@ -103,14 +132,14 @@ void ThreadHub::collective(int device, const Group& group, int rank, const Colle
   me.group = &group;
   me.seq = seq;
   me.history[seq % kHistory] = Posted{seq, op, &group};
-  cv_.notify_all();
+  changed();
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   // A device leaving the rendezvous by an exception withdraws its post, so that no peer counts it as
   // arrived. Completion is then monotonic: once a group is complete nobody withdraws, because a device
   // only withdraws after seeing its group incomplete (all under mu_).
   auto leave = [&](auto error) {
     me.seq = seq - 1;
-    cv_.notify_all();
+    changed();
     throw error;
   };
   for (;;) {
@@ -128,7 +157,10 @@ void ThreadHub::collective(int device, const Group& group, int rank, const Colle
     }
     if (complete) break;
     if (aborted_) leave(Aborted(std::string(op.name) + " over " + group.axes + " cancelled: " + reason_));
-    if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && !all_arrived(group, seq)) {
+    // Past the deadline even when await() saw a change (a busy mesh can keep changing the hub's state).
+    const bool expired =
+        await(lk, deadline) == std::cv_status::timeout || std::chrono::steady_clock::now() >= deadline;
+    if (expired && !all_arrived(group, seq)) {
       // A peer whose deadline passed at the same moment may have given up first (and withdrawn its post,
       // so it would look missing here): then report its cancellation, not a timeout of our own.
       if (aborted_) continue;
@@ -165,12 +197,13 @@ void ThreadHub::collective(int device, const Group& group, int rank, const Colle
     aborted_ = true;
     reason_ = describe(device) + " failed while moving its data" + (failure_what.empty() ? "" : ": " + failure_what);
   }
-  cv_.notify_all();
-  cv_.wait(lk, [&] {
+  changed();
+  auto all_done = [&] {
     for (int m : group.members)
       if (slots_[static_cast<std::size_t>(m)].done < seq) return false;
     return true;
-  });
+  };
+  while (!all_done()) await(lk, std::chrono::steady_clock::time_point::max());
   if (failure) std::rethrow_exception(failure);
 }
 
@@ -205,9 +238,9 @@ void ThreadHub::exchange_remote(const Group& group, int rank, std::uint64_t seq,
       aborted_ = true;
       reason_ = failure.message;
     }
-    cv_.notify_all();
+    changed();
   } else {
-    cv_.wait(lk, [&] { return leader.exchanged >= seq; });  // finite: the exchange has a deadline
+    while (leader.exchanged < seq) await(lk, std::chrono::steady_clock::time_point::max());  // finite: the exchange has a deadline
   }
   const OpFailure& f = leader.remote_failure;
   switch (f.kind) {

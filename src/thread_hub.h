@@ -5,6 +5,7 @@
 // devices that failed (abort), and devices that never came (timeout): none of these can hang.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -117,10 +118,20 @@ class ThreadHub {
   void exchange_remote(const Group& group, int rank, std::uint64_t seq, std::unique_lock<std::mutex>& lk);
   bool is_aborted() const;
 
+  // Every change of the shared state happens under mu_ through changed(), which bumps changes_ and wakes
+  // the waiters. await() first spins briefly on changes_ without the lock (only when there are no more
+  // devices than cores, so a spinning device never keeps a peer off its core), then sleeps on cv_: a
+  // collective between running threads then costs microseconds instead of two sleep/wake round trips.
+  // Waiters re-check their conditions under mu_ after await() returns, as with any condition variable.
+  void changed();
+  std::cv_status await(std::unique_lock<std::mutex>& lk, std::chrono::steady_clock::time_point deadline);
+
   std::vector<std::string> names_;
   std::chrono::milliseconds timeout_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  std::atomic<std::uint64_t> changes_{0};
+  bool spin_ = false;
   std::vector<Slot> slots_;
   bool aborted_ = false;
   std::string reason_;
