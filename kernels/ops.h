@@ -84,6 +84,16 @@ struct SoftmaxXentParams {
   bool shared_labels = true;  // labels are one (N,) vector for all members; false: (M, N)
 };
 
+// c (+)= a @ b per member, row-major: a (M, rows, depth), b (M, depth, cols), c (M, rows, cols). The GEMM
+// every CPU op runs on, public for benchmarks (bench_train's sgemm rate) and tests.
+struct MatmulParams {
+  int members = 1;
+  int rows = 0;
+  int cols = 0;
+  int depth = 0;
+  bool accumulate = false;  // c += a @ b instead of c = a @ b
+};
+
 // SGD with momentum, optax.sgd semantics: m <- momentum * m + g; p <- p - learning_rate * m.
 // nesterov (optax nesterov=True): p <- p - learning_rate * (g + momentum * m_new).
 struct SgdParams {
@@ -97,11 +107,14 @@ ConvGeometry conv2d_geometry(const Conv2dParams& p);
 PoolGeometry avg_pool_geometry(const AvgPoolParams& p);
 void validate(const DenseParams& p);
 void validate(const SoftmaxXentParams& p);
+void validate(const MatmulParams& p);
 
 }  // namespace pmap::kernels
 
 // The CPU backend. Host pointers; blocking; single-threaded (each pmap CPU device calls from its own worker
-// thread), and safe to call from several threads at once on distinct outputs and workspaces. Results do not
+// thread), and safe to call from several threads at once on distinct outputs and workspaces. Built for the
+// baseline ISA and, on x86-64, again for AVX2+FMA; each call runs the variant chosen once per process
+// (kernels/cpu_isa.h: the best this CPU supports, or PMAPCC_CPU_ISA=generic|avx2). Results do not
 // depend on M or on the workspace: member m of a call with M members is bitwise equal to a call with that
 // member alone (a shared input's dx, a sum over members, excepted: it equals the sum to rounding).
 namespace pmap::kernels::cpu {
@@ -181,6 +194,15 @@ void softmax_cross_entropy(SoftmaxXentParams p, const float* logits, const std::
 // One SGD-momentum step over n elements, in place on params and momentum (flat buffers, any members
 // layout). grads is read only. See SgdParams for the update.
 void sgd_momentum_update(SgdParams p, std::size_t n, float* params, float* momentum, const float* grads);
+
+// ---- matmul ---------------------------------------------------------------------------------------------
+
+// Bytes of scratch memory matmul needs (GEMM packing space; as for conv2d).
+std::size_t matmul_workspace_bytes(const MatmulParams& p);
+
+// c (M, rows, cols) = (or += with accumulate) a (M, rows, depth) @ b (M, depth, cols), member by member.
+// Not in place. workspace: matmul_workspace_bytes(p) bytes, or nullptr (allocated for the call).
+void matmul(MatmulParams p, const float* a, const float* b, float* c, void* workspace);
 
 // ---- reductions -----------------------------------------------------------------------------------------
 

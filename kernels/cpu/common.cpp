@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-namespace pmap::kernels::cpu::detail {
+namespace PMAPCC_CPU_NS::detail {
 
 void require(const void* ptr, const char* op, const char* arg) {
   if (ptr == nullptr) throw ValueError(std::string(op) + ": " + arg + " is null");
@@ -45,4 +45,4 @@ float* Scratch::take(std::size_t floats) {
   return start;
 }
 
-}  // namespace pmap::kernels::cpu::detail
+}  // namespace PMAPCC_CPU_NS::detail

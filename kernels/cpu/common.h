@@ -6,7 +6,9 @@
 #include <cstddef>
 #include <vector>
 
-namespace pmap::kernels::cpu::detail {
+#include "kernels/cpu/variant.h"
+
+namespace PMAPCC_CPU_NS::detail {
 
 using Index = Eigen::Index;
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -50,4 +52,4 @@ class Scratch {
   unsigned char* next_;
 };
 
-}  // namespace pmap::kernels::cpu::detail
+}  // namespace PMAPCC_CPU_NS::detail

@@ -8,7 +8,7 @@
 #include "kernels/cpu/im2col.h"
 #include "kernels/ops.h"
 
-namespace pmap::kernels::cpu {
+namespace PMAPCC_CPU_NS {
 namespace {
 
 using detail::ConvPlan;
@@ -140,4 +140,4 @@ void conv2d_backward(Conv2dParams p, const float* x, const float* w, const float
   backward(plan, x, w, dy, dx, dw, carve(plan, space.get(), true));
 }
 
-}  // namespace pmap::kernels::cpu
+}  // namespace PMAPCC_CPU_NS

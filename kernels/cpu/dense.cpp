@@ -5,7 +5,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/ops.h"
 
-namespace pmap::kernels::cpu {
+namespace PMAPCC_CPU_NS {
 namespace {
 
 using detail::GemmOperand;
@@ -66,4 +66,4 @@ void dense_backward(DenseParams p, const float* x, const float* w, const float* 
   }
 }
 
-}  // namespace pmap::kernels::cpu
+}  // namespace PMAPCC_CPU_NS

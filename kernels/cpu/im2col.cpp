@@ -6,7 +6,7 @@
 
 #include "kernels/cpu/gemm.h"
 
-namespace pmap::kernels::cpu::detail {
+namespace PMAPCC_CPU_NS::detail {
 namespace {
 
 // Target size of one chunk's buffers in floats (1 MiB): they stay in L2/L3 between im2col and the GEMM.
@@ -118,4 +118,4 @@ void col2im_add(const ConvPlan& plan, const float* dcol, int images, float* dx) 
   }
 }
 
-}  // namespace pmap::kernels::cpu::detail
+}  // namespace PMAPCC_CPU_NS::detail

@@ -7,7 +7,7 @@
 #include "kernels/cpu/common.h"
 #include "kernels/ops.h"
 
-namespace pmap::kernels::cpu::detail {
+namespace PMAPCC_CPU_NS::detail {
 
 struct ConvPlan {
   Conv2dParams p;
@@ -36,4 +36,4 @@ void im2col(const ConvPlan& plan, const float* x, int images, float* col);
 // dx (images, H, W, Cin) += the patch gradients dcol (images*OH*OW, KH*KW*Cin), scattered back.
 void col2im_add(const ConvPlan& plan, const float* dcol, int images, float* dx);
 
-}  // namespace pmap::kernels::cpu::detail
+}  // namespace PMAPCC_CPU_NS::detail

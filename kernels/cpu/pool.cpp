@@ -5,7 +5,7 @@
 #include "kernels/cpu/common.h"
 #include "kernels/ops.h"
 
-namespace pmap::kernels::cpu {
+namespace PMAPCC_CPU_NS {
 
 using detail::Index;
 
@@ -97,4 +97,4 @@ void avg_pool_backward(AvgPoolParams p, const float* dy, float* dx) {
   }
 }
 
-}  // namespace pmap::kernels::cpu
+}  // namespace PMAPCC_CPU_NS
