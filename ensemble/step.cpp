@@ -5,6 +5,9 @@
 #include <pmap/collectives.h>
 #include <pmap/error.h>
 
+#include <algorithm>
+#include <vector>
+
 namespace pmap::ensemble {
 namespace {
 
@@ -27,14 +30,16 @@ void require_cpu(const Device& d) {
 
 }  // namespace
 
-DeviceWork::DeviceWork(const Sequential& model, Device device, int members, int max_batch)
-    : runner(model, device, members, max_batch),
+DeviceWork::DeviceWork(const Sequential& model, Device device, int members, int max_rows, int max_eval_batch)
+    : runner(model, device, members, max_rows),
       grads(Shape{members * model.params_per_member()}, DType::f32, device),
-      dlogits(Shape{members, max_batch, classes_of(model)}, DType::f32, device),
-      probs(Shape{members, max_batch, classes_of(model)}, DType::f32, device),
-      mean_probs(Shape{max_batch, classes_of(model)}, DType::f32, device),
+      dlogits(Shape{members, max_rows, classes_of(model)}, DType::f32, device),
+      probs(Shape{members, max_eval_batch, classes_of(model)}, DType::f32, device),
+      mean_probs(Shape{max_eval_batch, classes_of(model)}, DType::f32, device),
       loss(static_cast<std::size_t>(members)),
-      correct(static_cast<std::size_t>(members)) {}
+      correct(static_cast<std::size_t>(members)),
+      eval_loss_sum(static_cast<std::size_t>(members)),
+      eval_hits(static_cast<std::size_t>(members)) {}
 
 StepResult train_step(TrainState& state, DeviceWork& work, const HostBatch& batch, const StepOptions& opt) {
   require_cpu(work.runner.device());
@@ -54,15 +59,46 @@ StepResult train_step(TrainState& state, DeviceWork& work, const HostBatch& batc
   return StepResult{work.loss, work.correct, 0};
 }
 
+namespace {
+
+// Per-member probabilities (members, b.batch, K) into work.probs, and mean loss and hit counts into
+// work.loss / work.correct, running the batch through the model in pieces of at most max_batch rows.
+void eval_probs(const TrainState& state, DeviceWork& work, const HostBatch& b) {
+  const auto& be = kernels::backend_for(work.runner.device().kind);
+  const int members = work.runner.members(), piece_max = work.runner.max_batch();
+  const std::int64_t k = classes_of(work.runner.model()), example = product(work.runner.model().input_shape());
+  std::fill(work.eval_loss_sum.begin(), work.eval_loss_sum.end(), 0.0);
+  std::fill(work.eval_hits.begin(), work.eval_hits.end(), 0);
+  for (int first = 0; first < b.batch; first += piece_max) {
+    const int n = std::min(piece_max, b.batch - first);
+    const float* logits = work.runner.forward(b.images + first * example, n, state.params.data<float>());
+    kernels::SoftmaxXentParams xp{members, n, static_cast<int>(k), true};
+    float* piece = work.dlogits.data<float>();  // (members, n, K)
+    be.softmax_cross_entropy(xp, logits, b.labels + first, work.loss.data(), nullptr, piece, work.correct.data());
+    for (std::size_t m = 0; m < static_cast<std::size_t>(members); ++m) {
+      work.eval_loss_sum[m] += static_cast<double>(work.loss[m]) * n;
+      work.eval_hits[m] += work.correct[m];
+      const auto row0 = static_cast<std::int64_t>(m) * b.batch + first;
+      std::copy_n(piece + static_cast<std::int64_t>(m) * n * k, n * k, work.probs.data<float>() + row0 * k);
+    }
+  }
+  for (std::size_t m = 0; m < static_cast<std::size_t>(members); ++m) {
+    work.loss[m] = static_cast<float>(work.eval_loss_sum[m] / b.batch);
+    work.correct[m] = work.eval_hits[m];
+  }
+}
+
+}  // namespace
+
 StepResult eval_step(const TrainState& state, DeviceWork& work, const HostBatch& b, const StepOptions& opt) {
   require_cpu(work.runner.device());
-  const auto& be = kernels::backend_for(work.runner.device().kind);
   const int members = work.runner.members();
   const int k = static_cast<int>(classes_of(work.runner.model()));
-  const float* logits = work.runner.forward(b.images, b.batch, state.params.data<float>());
-  kernels::SoftmaxXentParams xp{members, b.batch, k, true};
-  float* probs = work.probs.data<float>();
-  be.softmax_cross_entropy(xp, logits, b.labels, work.loss.data(), nullptr, probs, work.correct.data());
+  if (b.batch > work.mean_probs.shape()[0])
+    throw ShapeError("eval_step: batch " + std::to_string(b.batch) + " exceeds the eval batch of " +
+                     std::to_string(work.mean_probs.shape()[0]));
+  eval_probs(state, work, b);
+  const float* probs = work.probs.data<float>();
   // Ensemble: sum this device's members' probabilities in member order, then psum over the devices
   // (device order) and divide by the number of members.
   const std::size_t rows = static_cast<std::size_t>(b.batch) * static_cast<std::size_t>(k);

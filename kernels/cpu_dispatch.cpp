@@ -80,6 +80,9 @@ void conv2d_backward(Conv2dParams p, const float* x, const float* w, const float
 }
 void avg_pool_forward(AvgPoolParams p, const float* x, float* y) { active().avg_pool_forward(p, x, y); }
 void avg_pool_backward(AvgPoolParams p, const float* dy, float* dx) { active().avg_pool_backward(p, dy, dx); }
+void avg_pool_relu_backward(AvgPoolParams p, const float* r, const float* dy, float* dx) {
+  active().avg_pool_relu_backward(p, r, dy, dx);
+}
 std::size_t dense_workspace_bytes(const DenseParams& p) { return active().dense_workspace_bytes(p); }
 void dense_forward(DenseParams p, const float* x, const float* w, const float* b, float* y, void* ws) {
   active().dense_forward(p, x, w, b, y, ws);

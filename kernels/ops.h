@@ -37,6 +37,9 @@ struct Conv2dParams {
   // ensemble that sees one batch. It is im2col'ed once for all members, and the backward's dx is the sum
   // over members, (N, H, W, Cin).
   bool shared_input = false;
+  // The forward writes max(conv + b, 0): a following ReLU fused into the output. The backward ignores it:
+  // its dy is the gradient with respect to the conv's own (pre-ReLU) output, already masked by the caller.
+  bool relu = false;
 };
 
 // Output size and the padding before the first row / column; derived from Conv2dParams.
@@ -73,6 +76,7 @@ struct DenseParams {
   int in_features = 0;        // I
   int out_features = 0;       // O
   bool shared_input = false;  // x is one (N, I) matrix read by every member; dx is then summed over members
+  bool relu = false;          // forward writes max(x @ W + b, 0); backward as for Conv2dParams::relu
 };
 
 // Softmax cross-entropy on integer labels, loss averaged over the batch (optax's
@@ -151,6 +155,11 @@ void avg_pool_forward(AvgPoolParams p, const float* x, float* y);
 // dx (M, N, H, W, C) from dy (M, N, OH, OW, C): each dy spread evenly over its window; inputs outside every
 // window (odd edges) get 0. dx is written whole. Not in place.
 void avg_pool_backward(AvgPoolParams p, const float* dy, float* dx);
+
+// The gradient through a ReLU and then avg_pool, in one pass: given r = relu(x) (M, N, H, W, C), the pool's
+// input, and dy (M, N, OH, OW, C), dx = avg_pool_backward's dx where r > 0, else 0. In place allowed and
+// intended (dx == r: the gradient replaces the activation); dx must not overlap dy.
+void avg_pool_relu_backward(AvgPoolParams p, const float* r, const float* dy, float* dx);
 
 // ---- dense ----------------------------------------------------------------------------------------------
 

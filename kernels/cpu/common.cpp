@@ -37,6 +37,10 @@ void fill_rows(const float* b, Index rows, Index cols, float* out) {
   }
 }
 
+void relu_in_place(float* out, Index count) {
+  for (Index i = 0; i < count; ++i) out[i] = out[i] < 0.0f ? 0.0f : out[i];
+}
+
 float* Scratch::take(std::size_t floats) {
   const auto address = reinterpret_cast<std::uintptr_t>(next_);
   const std::uintptr_t aligned = (address + kAlign - 1) & ~static_cast<std::uintptr_t>(kAlign - 1);

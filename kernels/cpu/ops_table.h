@@ -17,6 +17,7 @@ struct OpsTable {
   void (*conv2d_backward)(Conv2dParams, const float*, const float*, const float*, float*, float*, float*, void*);
   void (*avg_pool_forward)(AvgPoolParams, const float*, float*);
   void (*avg_pool_backward)(AvgPoolParams, const float*, float*);
+  void (*avg_pool_relu_backward)(AvgPoolParams, const float*, const float*, float*);
   std::size_t (*dense_workspace_bytes)(const DenseParams&);
   void (*dense_forward)(DenseParams, const float*, const float*, const float*, float*, void*);
   void (*dense_backward)(DenseParams, const float*, const float*, const float*, float*, float*, float*, void*);

@@ -83,7 +83,61 @@ void spread_general(const AvgPoolParams& p, const PoolGeometry& g, float scale, 
   }
 }
 
+// The windows covering input row (or column) i: [first, last], empty when first > last.
+struct Cover {
+  int first;
+  int last;
+};
+
+Cover covering(int i, int window, int stride, int outputs) {
+  const int hi = std::min(i / stride, outputs - 1);
+  const int lo = i < window ? 0 : (i - window) / stride + 1;
+  return {lo, hi};
+}
+
+// The relu-masked gradient gathered input by input: each dx element sums its windows' dy in window order
+// (as spread_general adds them), then keeps it where r > 0. Reads r[i] before writing dx[i], so dx == r
+// works.
+void gather_masked(const AvgPoolParams& p, const PoolGeometry& g, float scale, const float* r, const float* dy,
+                   float* dx) {
+  const Index c = p.channels;
+  const Index images = Index{p.members} * p.batch;
+  const Index image_size = Index{p.height} * p.width * c;
+  const Index out_image = Index{g.out_height} * g.out_width * c;
+  for (Index n = 0; n < images; ++n) {
+    for (int iy = 0; iy < p.height; ++iy) {
+      const Cover cy = covering(iy, p.window_h, p.stride_h, g.out_height);
+      for (int ix = 0; ix < p.width; ++ix) {
+        const Cover cx = covering(ix, p.window_w, p.stride_w, g.out_width);
+        const Index at = n * image_size + (Index{iy} * p.width + ix) * c;
+        const float* mask = r + at;
+        float* out = dx + at;
+        const float* dy_image = dy + n * out_image;
+        if (cy.first == cy.last && cx.first == cx.last) {  // one window (tiled pooling): no sum
+          const float* d = dy_image + (Index{cy.first} * g.out_width + cx.first) * c;
+          for (Index j = 0; j < c; ++j) out[j] = mask[j] > 0.0f ? d[j] * scale : 0.0f;
+          continue;
+        }
+        for (Index j = 0; j < c; ++j) {
+          float sum = 0.0f;
+          for (int oy = cy.first; oy <= cy.last; ++oy)
+            for (int ox = cx.first; ox <= cx.last; ++ox) sum += dy_image[(Index{oy} * g.out_width + ox) * c + j] * scale;
+          out[j] = mask[j] > 0.0f ? sum : 0.0f;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
+
+void avg_pool_relu_backward(AvgPoolParams p, const float* r, const float* dy, float* dx) {
+  detail::require(r, "avg_pool_relu_backward", "r");
+  detail::require(dy, "avg_pool_relu_backward", "dy");
+  detail::require(dx, "avg_pool_relu_backward", "dx");
+  const PoolGeometry g = avg_pool_geometry(p);
+  gather_masked(p, g, 1.0f / static_cast<float>(p.window_h * p.window_w), r, dy, dx);
+}
 
 void avg_pool_backward(AvgPoolParams p, const float* dy, float* dx) {
   detail::require(dy, "avg_pool_backward", "dy");

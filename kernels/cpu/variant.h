@@ -21,6 +21,7 @@ void conv2d_backward(Conv2dParams p, const float* x, const float* w, const float
                      float* db, void* workspace);
 void avg_pool_forward(AvgPoolParams p, const float* x, float* y);
 void avg_pool_backward(AvgPoolParams p, const float* dy, float* dx);
+void avg_pool_relu_backward(AvgPoolParams p, const float* r, const float* dy, float* dx);
 std::size_t dense_workspace_bytes(const DenseParams& p);
 void dense_forward(DenseParams p, const float* x, const float* w, const float* b, float* y, void* workspace);
 void dense_backward(DenseParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
