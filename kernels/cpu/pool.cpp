@@ -95,35 +95,35 @@ Cover covering(int i, int window, int stride, int outputs) {
   return {lo, hi};
 }
 
-// The relu-masked gradient gathered input by input: each dx element sums its windows' dy in window order
-// (as spread_general adds them), then keeps it where r > 0. Reads r[i] before writing dx[i], so dx == r
-// works.
+// out[j] = mask[j] > 0 ? value[j] : 0 for j < c; out may be mask (Eigen evaluates coefficient-wise).
+void masked_store(const float* mask, const Eigen::ArrayXf& value, float* out, Index c) {
+  Eigen::Map<const Eigen::ArrayXf> m(mask, c);
+  Eigen::Map<Eigen::ArrayXf> o(out, c);
+  o = (m > 0.0f).select(value, 0.0f);
+}
+
+// The relu-masked gradient gathered input by input: each dx element sums its windows' dy * scale in window
+// order (as spread_general adds them, starting from 0), then keeps it where r > 0. Reads r[i] before writing
+// dx[i], so dx == r works.
 void gather_masked(const AvgPoolParams& p, const PoolGeometry& g, float scale, const float* r, const float* dy,
                    float* dx) {
   const Index c = p.channels;
   const Index images = Index{p.members} * p.batch;
   const Index image_size = Index{p.height} * p.width * c;
   const Index out_image = Index{g.out_height} * g.out_width * c;
+  Eigen::ArrayXf sum(c);
   for (Index n = 0; n < images; ++n) {
+    const float* dy_image = dy + n * out_image;
     for (int iy = 0; iy < p.height; ++iy) {
       const Cover cy = covering(iy, p.window_h, p.stride_h, g.out_height);
       for (int ix = 0; ix < p.width; ++ix) {
         const Cover cx = covering(ix, p.window_w, p.stride_w, g.out_width);
+        sum.setZero();
+        for (int oy = cy.first; oy <= cy.last; ++oy)
+          for (int ox = cx.first; ox <= cx.last; ++ox)
+            sum += Eigen::Map<const Eigen::ArrayXf>(dy_image + (Index{oy} * g.out_width + ox) * c, c) * scale;
         const Index at = n * image_size + (Index{iy} * p.width + ix) * c;
-        const float* mask = r + at;
-        float* out = dx + at;
-        const float* dy_image = dy + n * out_image;
-        if (cy.first == cy.last && cx.first == cx.last) {  // one window (tiled pooling): no sum
-          const float* d = dy_image + (Index{cy.first} * g.out_width + cx.first) * c;
-          for (Index j = 0; j < c; ++j) out[j] = mask[j] > 0.0f ? d[j] * scale : 0.0f;
-          continue;
-        }
-        for (Index j = 0; j < c; ++j) {
-          float sum = 0.0f;
-          for (int oy = cy.first; oy <= cy.last; ++oy)
-            for (int ox = cx.first; ox <= cx.last; ++ox) sum += dy_image[(Index{oy} * g.out_width + ox) * c + j] * scale;
-          out[j] = mask[j] > 0.0f ? sum : 0.0f;
-        }
+        masked_store(r + at, sum, dx + at, c);
       }
     }
   }
