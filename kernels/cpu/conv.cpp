@@ -1,7 +1,6 @@
 // CPU conv2d forward and backward: im2col a chunk of images, then GEMMs against HWIO weights seen as
 // (KH*KW*Cin, Cout) matrices. A shared input is im2col'ed once per chunk for all members.
 #include <algorithm>
-#include <cstring>
 
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/conv_direct.h"
@@ -105,7 +104,10 @@ void backward(const ConvPlan& plan, const float* x, const float* w, const float*
       detail::gemm(rows, plan.patch, cout, {dym}, GemmOperand{wm, true}, plan.identity ? dx_chunk : buf.dcol,
                    p.shared_input && m > 0, buf.pack, plan.pack_floats);
       const bool last = !p.shared_input || m == p.members - 1;
-      if (!plan.identity && last) detail::col2im_add(plan, buf.dcol, c.images, dx_chunk);
+      if (!plan.identity && last) {  // the chunk's dx is zeroed here, while it is about to be in cache anyway
+        std::fill_n(dx_chunk, c.images * plan.in_image, 0.0f);
+        detail::col2im_add(plan, buf.dcol, c.images, dx_chunk);
+      }
     }
   });
 }
@@ -149,10 +151,6 @@ void conv2d_backward(Conv2dParams p, const float* x, const float* w, const float
     }
   }
   if (dx == nullptr && (dw == nullptr || direct_dw)) return;
-  if (dx != nullptr && !plan.identity) {
-    const Index dx_images = Index{p.batch} * (p.shared_input ? 1 : p.members);
-    std::memset(dx, 0, static_cast<std::size_t>(dx_images * plan.in_image) * sizeof(float));
-  }
   backward(plan, x, w, dy, dx, direct_dw ? nullptr : dw, buffers);
 }
 
