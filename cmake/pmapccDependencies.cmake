@@ -80,3 +80,6 @@ if(PMAPCC_SANITIZE)
   endforeach()
   add_link_options(${_san})
 endif()
+
+# The CPU kernels' ISA variants (AVX2+FMA next to the baseline build).
+include(${CMAKE_CURRENT_LIST_DIR}/pmapccCpuVariants.cmake)

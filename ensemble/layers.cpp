@@ -11,6 +11,11 @@ std::int64_t product(const Dims& d) {
   return n;
 }
 
+void Layer::backward_through_relu(const kernels::Backend&, const LayerCall&, const float*, const float*,
+                                  float*) const {
+  throw Error(name() + ": cannot run its backward through a ReLU");
+}
+
 namespace {
 
 int as_int(std::int64_t v) { return static_cast<int>(v); }
@@ -28,6 +33,7 @@ class Conv2D final : public Layer {
     return {{"kernel", {k_, k_, in[2], features_}, k_ * k_ * in[2], false}, {"bias", {features_}, 0, true}};
   }
   bool in_place() const override { return false; }
+  bool fuses_relu_forward() const override { return true; }
   std::size_t workspace_bytes(const kernels::Backend& be, const LayerCall& c) const override {
     return be.conv2d_workspace_bytes(kparams(c));
   }
@@ -48,7 +54,7 @@ class Conv2D final : public Layer {
     kernels::Conv2dParams p;
     p.members = c.members, p.batch = c.batch, p.height = as_int(c.input[0]), p.width = as_int(c.input[1]);
     p.in_channels = as_int(c.input[2]), p.out_channels = features_, p.kernel_h = k_, p.kernel_w = k_;
-    p.padding = kernels::Padding::same, p.shared_input = c.shared_input;
+    p.padding = kernels::Padding::same, p.shared_input = c.shared_input, p.relu = c.relu;
     return p;
   }
   std::string name_;
@@ -68,6 +74,7 @@ class Dense final : public Layer {
     return {{"kernel", {in[0], features_}, in[0], false}, {"bias", {features_}, 0, true}};
   }
   bool in_place() const override { return false; }
+  bool fuses_relu_forward() const override { return true; }
   std::size_t workspace_bytes(const kernels::Backend& be, const LayerCall& c) const override {
     return be.dense_workspace_bytes(kparams(c));
   }
@@ -87,7 +94,7 @@ class Dense final : public Layer {
   kernels::DenseParams kparams(const LayerCall& c) const {
     kernels::DenseParams p;
     p.members = c.members, p.batch = c.batch, p.in_features = as_int(c.input[0]), p.out_features = features_;
-    p.shared_input = c.shared_input;
+    p.shared_input = c.shared_input, p.relu = c.relu;
     return p;
   }
   std::string name_;
@@ -101,6 +108,7 @@ class ReLU final : public Layer {
   Dims output_shape(const Dims& in) const override { return in; }
   std::vector<ParamSpec> params(const Dims&) const override { return {}; }
   bool in_place() const override { return true; }
+  bool is_relu() const override { return true; }
   std::size_t workspace_bytes(const kernels::Backend&, const LayerCall&) const override { return 0; }
   void forward(const kernels::Backend& be, const LayerCall& c, const float* const*, const float* x, float* y,
                void*) const override {
@@ -135,6 +143,11 @@ class AvgPool final : public Layer {
   void backward(const kernels::Backend& be, const LayerCall& c, const float* const*, const float*, const float*,
                 const float* dy, float* dx, float* const*, void*) const override {
     if (dx != nullptr) be.avg_pool_backward(kparams(c), dy, dx);
+  }
+  bool fuses_relu_backward() const override { return true; }
+  void backward_through_relu(const kernels::Backend& be, const LayerCall& c, const float* r, const float* dy,
+                             float* dx) const override {
+    be.avg_pool_relu_backward(kparams(c), r, dy, dx);
   }
 
  private:

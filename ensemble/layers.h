@@ -29,6 +29,7 @@ struct LayerCall {
   int batch = 1;
   Dims input;
   bool shared_input = false;  // the input is one (N, ...) tensor read by every member
+  bool relu = false;          // forward: apply the following ReLU to the output (fuses_relu_forward())
 };
 
 class Layer {
@@ -45,6 +46,16 @@ class Layer {
   // dx (nullptr: not needed) and dparams[i] (written) from dy; x and y as in (after) the forward.
   virtual void backward(const kernels::Backend& be, const LayerCall& c, const float* const* params, const float* x,
                         const float* y, const float* dy, float* dx, float* const* dparams, void* ws) const = 0;
+
+  // Fusion with a neighbouring ReLU, which ModelRunner uses where the backend has Backend::fused_relu().
+  virtual bool is_relu() const { return false; }
+  // forward() applies max(., 0) to its output when LayerCall::relu is set (Conv2D, Dense).
+  virtual bool fuses_relu_forward() const { return false; }
+  // backward_through_relu(): for a parameterless layer whose input r is a ReLU's output, dx = backward's dx
+  // where r > 0, else 0, in one pass; dx may be r (AvgPool). The default throws.
+  virtual bool fuses_relu_backward() const { return false; }
+  virtual void backward_through_relu(const kernels::Backend& be, const LayerCall& c, const float* r, const float* dy,
+                                     float* dx) const;
 };
 
 std::unique_ptr<Layer> conv2d(std::string name, int features, int kernel = 3);  // SAME padding, stride 1

@@ -26,19 +26,39 @@ ModelRunner::ModelRunner(const Sequential& model, Device device, int members, in
     storage_.emplace_back(Shape{elems(i + 1)}, DType::f32, device_);
     act_[i + 1] = storage_.back().data<float>();
   }
-  // Gradient buffers: the input gradients of non-in-place layers alternate between two buffers sized for
-  // the largest activation (grad_[L] only anchors the alternation: the caller's dlogits is read
-  // directly); an in-place layer's input gradient shares its output gradient's buffer.
-  std::int64_t largest = 0;
-  for (std::size_t i = 1; i <= n_layers; ++i) largest = std::max(largest, elems(i));
-  storage_.emplace_back(Shape{largest}, DType::f32, device_);
-  float* a = storage_.back().data<float>();
-  storage_.emplace_back(Shape{largest}, DType::f32, device_);
-  float* b = storage_.back().data<float>();
+  const auto& layers = model.layers();
+  relu_forward_.assign(n_layers, false);
+  relu_backward_.assign(n_layers, false);
+  if (backend_.fused_relu()) {
+    for (std::size_t i = 0; i + 1 < n_layers; ++i)
+      relu_forward_[i] = layers[i]->fuses_relu_forward() && layers[i + 1]->is_relu();
+    for (std::size_t i = 2; i < n_layers; ++i)
+      relu_backward_[i] = layers[i]->fuses_relu_backward() && layers[i - 1]->is_relu() && layers[i - 1]->in_place();
+  }
+  // Gradient buffers: the input gradients of non-in-place layers alternate between two buffers, each sized
+  // for the largest gradient it holds (grad_[L] only anchors the alternation: the caller's dlogits is read
+  // directly; grad_[0] is never computed); an in-place layer's input gradient shares its output gradient's;
+  // a backward through a ReLU writes over the activation (kOverActivation).
+  constexpr int kOverActivation = 2;
+  std::vector<int> side(n_layers + 1, 0);
+  std::int64_t size[2] = {1, 1};
+  for (std::size_t i = n_layers; i-- > 1;) {
+    if (relu_backward_[i]) {
+      side[i] = kOverActivation;
+    } else if (layers[i]->in_place()) {
+      side[i] = side[i + 1];
+    } else {
+      side[i] = side[i + 1] == 0 ? 1 : 0;
+    }
+    if (side[i] != kOverActivation) size[side[i]] = std::max(size[side[i]], elems(i));
+  }
+  float* buffer[2];
+  for (int k = 0; k < 2; ++k) {
+    storage_.emplace_back(Shape{size[k]}, DType::f32, device_);
+    buffer[k] = storage_.back().data<float>();
+  }
   grad_.assign(n_layers + 1, nullptr);
-  grad_[n_layers] = a;
-  for (std::size_t i = n_layers; i-- > 1;)
-    grad_[i] = model.layers()[i]->in_place() ? grad_[i + 1] : (grad_[i + 1] == a ? b : a);
+  for (std::size_t i = 1; i <= n_layers; ++i) grad_[i] = side[i] == kOverActivation ? act_[i] : buffer[side[i]];
   std::size_t ws = 0;
   for (std::size_t i = 0; i < n_layers; ++i) ws = std::max(ws, model.layers()[i]->workspace_bytes(backend_, call(i, max_batch_)));
   workspace_ = Array(Shape{static_cast<std::int64_t>(ws)}, DType::u8, device_);
@@ -69,8 +89,11 @@ const float* ModelRunner::forward(const float* x, int batch, const float* params
   batch_ = batch;
   act_[0] = const_cast<float*>(x);  // read only: layer 0 never runs in place
   for (std::size_t i = 0; i < model_.layers().size(); ++i) {
+    if (i > 0 && relu_forward_[i - 1]) continue;  // applied by layer i - 1
     auto p = param_ptrs(i, params);
-    model_.layers()[i]->forward(backend_, call(i, batch), p.data(), act_[i], act_[i + 1], workspace_.raw_data());
+    LayerCall c = call(i, batch);
+    c.relu = relu_forward_[i];
+    model_.layers()[i]->forward(backend_, c, p.data(), act_[i], act_[i + 1], workspace_.raw_data());
   }
   return act_.back();
 }
@@ -80,7 +103,13 @@ void ModelRunner::backward(const float* x, const float* params, const float* dlo
   const std::size_t n_layers = model_.layers().size();
   const float* dy = dlogits;
   for (std::size_t i = n_layers; i-- > 0;) {
+    if (i + 1 < n_layers && relu_backward_[i + 1]) continue;  // the ReLU that layer i + 1 ran through
     float* dx = i == 0 ? nullptr : grad_[i];
+    if (relu_backward_[i]) {
+      model_.layers()[i]->backward_through_relu(backend_, call(i, batch_), act_[i], dy, dx);
+      dy = dx;
+      continue;
+    }
     auto p = param_ptrs(i, params);
     auto g = grad_ptrs(i, grads);
     model_.layers()[i]->backward(backend_, call(i, batch_), p.data(), act_[i], act_[i + 1], dy, dx, g.data(),

@@ -1,6 +1,9 @@
 // ModelRunner: one device's forward and backward passes of a Sequential for M members, with every
 // activation, gradient and workspace buffer allocated once, up front, on that device. The input batch
-// is shared by all members (ensemble training: every member sees the same batch).
+// is shared by all members (ensemble training: every member sees the same batch). Where the backend fuses
+// ReLUs (Backend::fused_relu()), a conv/dense layer applies the ReLU after it in its forward, and an
+// avg_pool after a ReLU runs its backward through the ReLU, writing the gradient over the ReLU's output:
+// that gradient then needs no buffer of its own.
 #pragma once
 
 #include <vector>
@@ -42,6 +45,9 @@ class ModelRunner {
   std::vector<Array> storage_;       // activation and gradient buffers
   std::vector<float*> act_;          // act_[i]: input of layer i (act_[0] is the caller's x); act_[L]: logits
   std::vector<float*> grad_;         // grad_[i]: dL/d act_[i] (grad_[0] unused)
+  std::vector<bool> relu_forward_;   // layer i applies the ReLU i + 1 in its forward (which is then skipped)
+  std::vector<bool> relu_backward_;  // layer i's backward runs through the ReLU i - 1 (then skipped), writing
+                                     // its input gradient over act_[i]
   Array workspace_;
 };
 

@@ -5,6 +5,9 @@
 #include <pmap/collectives.h>
 #include <pmap/error.h>
 
+#include <algorithm>
+#include <vector>
+
 namespace pmap::ensemble {
 namespace {
 
@@ -21,42 +24,33 @@ HostBatch local_block(const HostBatch& b, const StepOptions& opt, std::int64_t e
   return HostBatch{b.images + static_cast<std::int64_t>(r) * rows * example_size, b.labels + r * rows, rows};
 }
 
-// The batch as the device's ops read it: host pointers on a CPU device; on a CUDA device, copied into the
-// buffers allocated up front (only the rows of this batch).
-HostBatch on_device(const HostBatch& b, DeviceWork& work, std::int64_t example_size) {
-  if (work.runner.device().is_cpu()) return b;
-  const auto rows = static_cast<std::size_t>(b.batch);
-  work.images.copy_prefix_from_host(b.images, rows * static_cast<std::size_t>(example_size) * sizeof(float));
-  work.labels.copy_prefix_from_host(b.labels, rows * sizeof(std::int32_t));
-  return HostBatch{work.images.data<float>(), work.labels.data<std::int32_t>(), b.batch};
-}
-
-// Staging buffers exist only on CUDA devices (a CPU device reads the host batch directly).
-Shape staging_shape(const Sequential& model, const Device& device, int max_batch, bool images) {
-  if (device.is_cpu()) return Shape{0};
-  return images ? Shape{max_batch, product(model.input_shape())} : Shape{max_batch};
+// The steps read the batch and the ensemble probabilities through host pointers. Staging them into device
+// buffers for CUDA devices is written but not merged with the eval-in-pieces step (see the CUDA issue),
+// so CUDA training is refused here rather than handing host pointers to GPU kernels.
+void require_cpu(const Device& d) {
+  if (!d.is_cpu())
+    throw NotAvailable("training on CUDA devices (" + d.str() + ") is not wired into the train/eval step in this "
+                       "version: use --backend cpu");
 }
 
 }  // namespace
 
-DeviceWork::DeviceWork(const Sequential& model, Device device, int members, int max_batch)
-    : runner(model, device, members, max_batch),
+DeviceWork::DeviceWork(const Sequential& model, Device device, int members, int max_rows, int max_eval_batch)
+    : runner(model, device, members, max_rows),
       grads(Shape{members * model.params_per_member()}, DType::f32, device),
-      dlogits(Shape{members, max_batch, classes_of(model)}, DType::f32, device),
-      probs(Shape{members, max_batch, classes_of(model)}, DType::f32, device),
-      mean_probs(Shape{max_batch, classes_of(model)}, DType::f32, Device{}),
-      images(staging_shape(model, device, max_batch, true), DType::f32, device),
-      labels(staging_shape(model, device, max_batch, false), DType::i32, device),
+      dlogits(Shape{members, max_rows, classes_of(model)}, DType::f32, device),
+      probs(Shape{members, max_eval_batch, classes_of(model)}, DType::f32, device),
+      mean_probs(Shape{max_eval_batch, classes_of(model)}, DType::f32, device),
       loss(static_cast<std::size_t>(members)),
-      correct(static_cast<std::size_t>(members)) {
-  if (!device.is_cpu()) host_probs.reserve(static_cast<std::size_t>(probs.size()));
-}
+      correct(static_cast<std::size_t>(members)),
+      eval_loss_sum(static_cast<std::size_t>(members)),
+      eval_hits(static_cast<std::size_t>(members)) {}
 
 StepResult train_step(TrainState& state, DeviceWork& work, const HostBatch& batch, const StepOptions& opt) {
+  require_cpu(work.runner.device());
   const auto& be = kernels::backend_for(work.runner.device().kind);
   const int members = work.runner.members();
-  const std::int64_t example = product(work.runner.model().input_shape());
-  const HostBatch b = on_device(local_block(batch, opt, example), work, example);
+  const HostBatch b = local_block(batch, opt, product(work.runner.model().input_shape()));
   const float* params = state.params.data<float>();
   const float* logits = work.runner.forward(b.images, b.batch, params);
   kernels::SoftmaxXentParams xp{members, b.batch, static_cast<int>(classes_of(work.runner.model())), true};
@@ -70,26 +64,50 @@ StepResult train_step(TrainState& state, DeviceWork& work, const HostBatch& batc
   return StepResult{work.loss, work.correct, 0};
 }
 
-StepResult eval_step(const TrainState& state, DeviceWork& work, const HostBatch& host_batch, const StepOptions& opt) {
+namespace {
+
+// Per-member probabilities (members, b.batch, K) into work.probs, and mean loss and hit counts into
+// work.loss / work.correct, running the batch through the model in pieces of at most max_batch rows.
+void eval_probs(const TrainState& state, DeviceWork& work, const HostBatch& b) {
   const auto& be = kernels::backend_for(work.runner.device().kind);
+  const int members = work.runner.members(), piece_max = work.runner.max_batch();
+  const std::int64_t k = classes_of(work.runner.model()), example = product(work.runner.model().input_shape());
+  std::fill(work.eval_loss_sum.begin(), work.eval_loss_sum.end(), 0.0);
+  std::fill(work.eval_hits.begin(), work.eval_hits.end(), 0);
+  for (int first = 0; first < b.batch; first += piece_max) {
+    const int n = std::min(piece_max, b.batch - first);
+    const float* logits = work.runner.forward(b.images + first * example, n, state.params.data<float>());
+    kernels::SoftmaxXentParams xp{members, n, static_cast<int>(k), true};
+    float* piece = work.dlogits.data<float>();  // (members, n, K)
+    be.softmax_cross_entropy(xp, logits, b.labels + first, work.loss.data(), nullptr, piece, work.correct.data());
+    for (std::size_t m = 0; m < static_cast<std::size_t>(members); ++m) {
+      work.eval_loss_sum[m] += static_cast<double>(work.loss[m]) * n;
+      work.eval_hits[m] += work.correct[m];
+      const auto row0 = static_cast<std::int64_t>(m) * b.batch + first;
+      std::copy_n(piece + static_cast<std::int64_t>(m) * n * k, n * k, work.probs.data<float>() + row0 * k);
+    }
+  }
+  for (std::size_t m = 0; m < static_cast<std::size_t>(members); ++m) {
+    work.loss[m] = static_cast<float>(work.eval_loss_sum[m] / b.batch);
+    work.correct[m] = work.eval_hits[m];
+  }
+}
+
+}  // namespace
+
+StepResult eval_step(const TrainState& state, DeviceWork& work, const HostBatch& b, const StepOptions& opt) {
+  require_cpu(work.runner.device());
   const int members = work.runner.members();
   const int k = static_cast<int>(classes_of(work.runner.model()));
-  const HostBatch d = on_device(host_batch, work, product(work.runner.model().input_shape()));
-  const float* logits = work.runner.forward(d.images, d.batch, state.params.data<float>());
-  kernels::SoftmaxXentParams xp{members, d.batch, k, true};
-  be.softmax_cross_entropy(xp, logits, d.labels, work.loss.data(), nullptr, work.probs.data<float>(),
-                           work.correct.data());
-  // Ensemble: sum this device's members' probabilities in member order (on the host), then psum over the
-  // devices (device order) and divide by the number of members.
-  const std::size_t rows = static_cast<std::size_t>(d.batch) * static_cast<std::size_t>(k);
+  if (b.batch > work.mean_probs.shape()[0])
+    throw ShapeError("eval_step: batch " + std::to_string(b.batch) + " exceeds the eval batch of " +
+                     std::to_string(work.mean_probs.shape()[0]));
+  eval_probs(state, work, b);
   const float* probs = work.probs.data<float>();
-  if (!work.runner.device().is_cpu()) {  // only this batch's rows of every member
-    work.host_probs.resize(rows * static_cast<std::size_t>(members));  // within its capacity: no allocation
-    work.probs.copy_prefix_to_host(work.host_probs.data(), work.host_probs.size() * sizeof(float));
-    probs = work.host_probs.data();
-  }
-  const HostBatch& b = host_batch;
-  Array& mean = work.mean_probs;  // host memory: psum stages it for device communicators
+  // Ensemble: sum this device's members' probabilities in member order, then psum over the devices
+  // (device order) and divide by the number of members.
+  const std::size_t rows = static_cast<std::size_t>(b.batch) * static_cast<std::size_t>(k);
+  Array& mean = work.mean_probs;
   float* m = mean.data<float>();
   std::copy(probs, probs + rows, m);
   for (int j = 1; j < members; ++j)

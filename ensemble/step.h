@@ -30,18 +30,19 @@ struct StepOptions {
   int total_members = 1;          // members over all devices (ensemble mode)
 };
 
+// Activations are held for at most max_rows examples per member (a training step's rows on this device);
+// eval_step runs a larger eval batch through them in pieces of max_rows.
 struct DeviceWork {
-  DeviceWork(const Sequential& model, Device device, int members, int max_batch);
+  DeviceWork(const Sequential& model, Device device, int members, int max_rows, int max_eval_batch);
   ModelRunner runner;
   Array grads;    // (members * P)
-  Array dlogits;  // (members, max_batch, K)
-  Array probs;    // (members, max_batch, K)
-  Array mean_probs;  // (max_batch, K) in host memory: the ensemble's probabilities
-  Array images;      // (max_batch, *input) on the device: the batch staged from the host (CUDA devices)
-  Array labels;      // (max_batch) i32, likewise
-  std::vector<float> host_probs;       // CUDA devices: probs copied to the host for the ensemble mean
+  Array dlogits;  // (members, max_rows, K); eval: one piece's probabilities
+  Array probs;    // (members, max_eval_batch, K)
+  Array mean_probs;  // (max_eval_batch, K): the ensemble's probabilities
   std::vector<float> loss;             // per member, last step
   std::vector<std::int32_t> correct;   // per member, last step
+  std::vector<double> eval_loss_sum;   // per member: eval_step's sums over its pieces
+  std::vector<std::int32_t> eval_hits;
   std::int64_t ensemble_correct = 0;   // last eval step
 };
 

@@ -15,7 +15,9 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 Mesh build_mesh(const TrainConfig& c) {
   auto devices = local_devices(c.backend, c.devices > 0 ? c.devices : -1);
-  return Mesh(std::move(devices), c.mode == Mode::ensemble ? "ensemble" : "data");
+  MeshOptions options;
+  options.pin_threads = c.pin_threads;
+  return Mesh(std::move(devices), c.mode == Mode::ensemble ? "ensemble" : "data", options);
 }
 
 void check_config(const TrainConfig& c, int devices, const Dataset& train, const Dataset& test) {
@@ -66,6 +68,7 @@ Json TrainConfig::to_json() const {
   j.set("train_limit", train_limit);
   j.set("test_limit", test_limit);
   j.set("eval_batch", eval_batch);
+  j.set("pin_threads", pin_threads);
   return j;
 }
 
@@ -85,11 +88,13 @@ Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
   options_.data_parallel = config_.mode == Mode::data_parallel;
   options_.axis = mesh_.axes()[0].name;
   options_.total_members = total_members_;
-  const int max_batch = std::max(config_.batch_size, std::min<int>(config_.eval_batch, static_cast<int>(test.count)));
+  // Activations for one training step's rows per device; evaluation runs its batches through them in pieces.
+  const int rows = options_.data_parallel ? config_.batch_size / devices : config_.batch_size;
+  const int eval_batch = std::min<int>(config_.eval_batch, static_cast<int>(test.count));
   std::vector<DeviceWork*> ptrs;
   std::vector<TrainState> states;
   for (const Device& d : mesh_.devices()) {
-    work_.push_back(std::make_unique<DeviceWork>(*model_, d, members_per_device_, max_batch));
+    work_.push_back(std::make_unique<DeviceWork>(*model_, d, members_per_device_, rows, eval_batch));
     ptrs.push_back(work_.back().get());
     const Shape s{members_per_device_ * model_->params_per_member()};
     states.push_back(TrainState{Array(s, DType::f32, d), Array(s, DType::f32, d), 0});
@@ -97,8 +102,9 @@ Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
   work_ptrs_ = Sharded<DeviceWork*>(std::move(ptrs));
   states_ = Sharded<TrainState>(std::move(states));
   const std::size_t example = static_cast<std::size_t>(train.rows * train.cols);
-  batch_images_.resize(static_cast<std::size_t>(max_batch) * example);
-  batch_labels_.resize(static_cast<std::size_t>(max_batch));
+  const std::size_t host_batch = static_cast<std::size_t>(std::max(config_.batch_size, eval_batch));
+  batch_images_.resize(host_batch * example);
+  batch_labels_.resize(host_batch);
   init_members();
 }
 

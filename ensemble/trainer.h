@@ -39,6 +39,7 @@ struct TrainConfig {
   std::int64_t train_limit = -1;  // first N training examples (-1: all)
   std::int64_t test_limit = -1;
   int eval_batch = 1000;
+  bool pin_threads = false;  // pin device worker i to core i (MeshOptions::pin_threads; CPU devices)
 
   Json to_json() const;  // every field, for metrics and checkpoints
 };

@@ -50,9 +50,17 @@ class CpuBackend final : public Backend {
                            const float* grads) const override {
     cpu::sgd_momentum_update(p, n, params, momentum, grads);
   }
+  bool fused_relu() const override { return true; }
+  void avg_pool_relu_backward(const AvgPoolParams& p, const float* r, const float* dy, float* dx) const override {
+    cpu::avg_pool_relu_backward(p, r, dy, dx);
+  }
 };
 
 }  // namespace
+
+void Backend::avg_pool_relu_backward(const AvgPoolParams&, const float*, const float*, float*) const {
+  throw NotAvailable("avg_pool_relu_backward: this backend has no fused ReLU (fused_relu() is false)");
+}
 
 const Backend& backend_for(DeviceKind kind) {
   static const CpuBackend cpu_backend;

@@ -37,6 +37,11 @@ class Backend {
                                      float* loss, float* dlogits, float* probs, std::int32_t* correct) const = 0;
   virtual void sgd_momentum_update(const SgdParams& p, std::size_t n, float* params, float* momentum,
                                    const float* grads) const = 0;
+
+  // Fused ReLU (optional; the training layer uses it where fused_relu() is true): Conv2dParams::relu and
+  // DenseParams::relu are honoured, and avg_pool_relu_backward exists (the default throws NotAvailable).
+  virtual bool fused_relu() const { return false; }
+  virtual void avg_pool_relu_backward(const AvgPoolParams& p, const float* r, const float* dy, float* dx) const;
 };
 
 const Backend& backend_for(DeviceKind kind);

@@ -100,4 +100,12 @@ void validate(const SoftmaxXentParams& p) {
   require_positive(p.classes, op, "classes");
 }
 
+void validate(const MatmulParams& p) {
+  const char* op = "matmul";
+  require_positive(p.members, op, "members");
+  require_positive(p.rows, op, "rows");
+  require_positive(p.cols, op, "cols");
+  require_positive(p.depth, op, "depth");
+}
+
 }  // namespace pmap::kernels

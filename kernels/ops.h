@@ -37,6 +37,9 @@ struct Conv2dParams {
   // ensemble that sees one batch. It is im2col'ed once for all members, and the backward's dx is the sum
   // over members, (N, H, W, Cin).
   bool shared_input = false;
+  // The forward writes max(conv + b, 0): a following ReLU fused into the output. The backward ignores it:
+  // its dy is the gradient with respect to the conv's own (pre-ReLU) output, already masked by the caller.
+  bool relu = false;
 };
 
 // Output size and the padding before the first row / column; derived from Conv2dParams.
@@ -73,6 +76,7 @@ struct DenseParams {
   int in_features = 0;        // I
   int out_features = 0;       // O
   bool shared_input = false;  // x is one (N, I) matrix read by every member; dx is then summed over members
+  bool relu = false;          // forward writes max(x @ W + b, 0); backward as for Conv2dParams::relu
 };
 
 // Softmax cross-entropy on integer labels, loss averaged over the batch (optax's
@@ -82,6 +86,16 @@ struct SoftmaxXentParams {
   int batch = 1;              // N
   int classes = 0;            // K
   bool shared_labels = true;  // labels are one (N,) vector for all members; false: (M, N)
+};
+
+// c (+)= a @ b per member, row-major: a (M, rows, depth), b (M, depth, cols), c (M, rows, cols). The GEMM
+// every CPU op runs on, public for benchmarks (bench_train's sgemm rate) and tests.
+struct MatmulParams {
+  int members = 1;
+  int rows = 0;
+  int cols = 0;
+  int depth = 0;
+  bool accumulate = false;  // c += a @ b instead of c = a @ b
 };
 
 // SGD with momentum, optax.sgd semantics: m <- momentum * m + g; p <- p - learning_rate * m.
@@ -97,11 +111,14 @@ ConvGeometry conv2d_geometry(const Conv2dParams& p);
 PoolGeometry avg_pool_geometry(const AvgPoolParams& p);
 void validate(const DenseParams& p);
 void validate(const SoftmaxXentParams& p);
+void validate(const MatmulParams& p);
 
 }  // namespace pmap::kernels
 
 // The CPU backend. Host pointers; blocking; single-threaded (each pmap CPU device calls from its own worker
-// thread), and safe to call from several threads at once on distinct outputs and workspaces. Results do not
+// thread), and safe to call from several threads at once on distinct outputs and workspaces. Built for the
+// baseline ISA and, on x86-64, again for AVX2+FMA; each call runs the variant chosen once per process
+// (kernels/cpu_isa.h: the best this CPU supports, or PMAPCC_CPU_ISA=generic|avx2). Results do not
 // depend on M or on the workspace: member m of a call with M members is bitwise equal to a call with that
 // member alone (a shared input's dx, a sum over members, excepted: it equals the sum to rounding).
 namespace pmap::kernels::cpu {
@@ -138,6 +155,11 @@ void avg_pool_forward(AvgPoolParams p, const float* x, float* y);
 // dx (M, N, H, W, C) from dy (M, N, OH, OW, C): each dy spread evenly over its window; inputs outside every
 // window (odd edges) get 0. dx is written whole. Not in place.
 void avg_pool_backward(AvgPoolParams p, const float* dy, float* dx);
+
+// The gradient through a ReLU and then avg_pool, in one pass: given r = relu(x) (M, N, H, W, C), the pool's
+// input, and dy (M, N, OH, OW, C), dx = avg_pool_backward's dx where r > 0, else 0. In place allowed and
+// intended (dx == r: the gradient replaces the activation); dx must not overlap dy.
+void avg_pool_relu_backward(AvgPoolParams p, const float* r, const float* dy, float* dx);
 
 // ---- dense ----------------------------------------------------------------------------------------------
 
@@ -181,6 +203,15 @@ void softmax_cross_entropy(SoftmaxXentParams p, const float* logits, const std::
 // One SGD-momentum step over n elements, in place on params and momentum (flat buffers, any members
 // layout). grads is read only. See SgdParams for the update.
 void sgd_momentum_update(SgdParams p, std::size_t n, float* params, float* momentum, const float* grads);
+
+// ---- matmul ---------------------------------------------------------------------------------------------
+
+// Bytes of scratch memory matmul needs (GEMM packing space; as for conv2d).
+std::size_t matmul_workspace_bytes(const MatmulParams& p);
+
+// c (M, rows, cols) = (or += with accumulate) a (M, rows, depth) @ b (M, depth, cols), member by member.
+// Not in place. workspace: matmul_workspace_bytes(p) bytes, or nullptr (allocated for the call).
+void matmul(MatmulParams p, const float* a, const float* b, float* c, void* workspace);
 
 // ---- reductions -----------------------------------------------------------------------------------------
 

@@ -147,6 +147,27 @@ TEST_CASE("conv2d forward matches the definition and backward matches finite dif
     check_conv(p);
   }
   SUBCASE("1x1 (the patch matrix is the input itself)") { check_conv(conv_params(2, 2, 3, 4, 5, 3)); }
+  // Patches of at most 16 values take the direct path: output channels in SIMD blocks and a scalar tail.
+  SUBCASE("direct: 1 channel 3x3 SAME, 11 outputs, shared input") {
+    auto p = conv_params(2, 2, 6, 5, 1, 11);
+    p.shared_input = true;
+    check_conv(p);
+  }
+  SUBCASE("direct: 1 channel 3x3 SAME stride 2, 40 outputs") {
+    auto p = conv_params(2, 1, 7, 8, 1, 40);
+    p.stride_h = p.stride_w = 2;
+    check_conv(p);
+  }
+  SUBCASE("direct: 4x4 explicit padding, 1 channel, 8 outputs") {
+    auto p = conv_params(1, 2, 5, 6, 1, 8);
+    p.kernel_h = p.kernel_w = 4;
+    p.padding = Padding::explicit_pads;
+    p.pad_top = 0;
+    p.pad_bottom = 2;
+    p.pad_left = 3;
+    p.pad_right = 1;
+    check_conv(p);
+  }
   SUBCASE("shared input: dx sums over members") {
     auto p = conv_params(3, 2, 5, 6, 2, 4);
     p.shared_input = true;

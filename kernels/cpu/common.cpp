@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-namespace pmap::kernels::cpu::detail {
+namespace PMAPCC_CPU_NS::detail {
 
 void require(const void* ptr, const char* op, const char* arg) {
   if (ptr == nullptr) throw ValueError(std::string(op) + ": " + arg + " is null");
@@ -37,6 +37,10 @@ void fill_rows(const float* b, Index rows, Index cols, float* out) {
   }
 }
 
+void relu_in_place(float* out, Index count) {
+  for (Index i = 0; i < count; ++i) out[i] = out[i] < 0.0f ? 0.0f : out[i];
+}
+
 float* Scratch::take(std::size_t floats) {
   const auto address = reinterpret_cast<std::uintptr_t>(next_);
   const std::uintptr_t aligned = (address + kAlign - 1) & ~static_cast<std::uintptr_t>(kAlign - 1);
@@ -45,4 +49,4 @@ float* Scratch::take(std::size_t floats) {
   return start;
 }
 
-}  // namespace pmap::kernels::cpu::detail
+}  // namespace PMAPCC_CPU_NS::detail

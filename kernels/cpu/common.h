@@ -6,7 +6,9 @@
 #include <cstddef>
 #include <vector>
 
-namespace pmap::kernels::cpu::detail {
+#include "kernels/cpu/variant.h"
+
+namespace PMAPCC_CPU_NS::detail {
 
 using Index = Eigen::Index;
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -21,6 +23,9 @@ void column_sums(const float* a, Index rows, Index cols, float* out);
 
 // out (rows, cols): every row = b (cols), or zeros when b is nullptr. The GEMM then adds onto it.
 void fill_rows(const float* b, Index rows, Index cols, float* out);
+
+// out (count) = max(out, 0) in place, as relu_forward (NaN stays NaN): a ReLU fused into an op's output.
+void relu_in_place(float* out, Index count);
 
 // The caller's workspace, or one allocated for this call when the caller passed none.
 class Workspace {
@@ -50,4 +55,4 @@ class Scratch {
   unsigned char* next_;
 };
 
-}  // namespace pmap::kernels::cpu::detail
+}  // namespace PMAPCC_CPU_NS::detail

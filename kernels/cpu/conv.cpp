@@ -1,14 +1,14 @@
 // CPU conv2d forward and backward: im2col a chunk of images, then GEMMs against HWIO weights seen as
 // (KH*KW*Cin, Cout) matrices. A shared input is im2col'ed once per chunk for all members.
 #include <algorithm>
-#include <cstring>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/conv_direct.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/im2col.h"
 #include "kernels/ops.h"
 
-namespace pmap::kernels::cpu {
+namespace PMAPCC_CPU_NS {
 namespace {
 
 using detail::ConvPlan;
@@ -17,9 +17,11 @@ using detail::Index;
 
 // Buffers of one call, carved from its workspace.
 struct Buffers {
-  float* pack;  // GEMM packing space, plan.pack_floats
-  float* col;   // patches of a chunk
-  float* dcol;  // patch gradients of a chunk (backward only)
+  float* pack;      // GEMM packing space, plan.pack_floats
+  float* col;       // patches of a chunk
+  float* dcol;      // patch gradients of a chunk (backward only)
+  float* padded;    // direct path: one zero-padded image
+  double* db_sum;   // direct path: Cout sums
 };
 
 Buffers carve(const ConvPlan& plan, void* workspace, bool backward) {
@@ -29,6 +31,10 @@ Buffers carve(const ConvPlan& plan, void* workspace, bool backward) {
   const std::size_t patches = backward ? plan.bwd_floats / 2 : plan.fwd_floats;
   buffers.col = scratch.take(patches);
   if (backward) buffers.dcol = scratch.take(patches);
+  if (plan.direct) {
+    buffers.db_sum = reinterpret_cast<double*>(scratch.take(2 * static_cast<std::size_t>(plan.p.out_channels)));
+    buffers.padded = scratch.take(plan.direct_floats - 2 * static_cast<std::size_t>(plan.p.out_channels));
+  }
   return buffers;
 }
 
@@ -66,6 +72,7 @@ void forward(const ConvPlan& plan, const float* x, const float* w, const float* 
       detail::fill_rows(b == nullptr ? nullptr : b + m * cout, rows, cout, out);
       detail::gemm(rows, cout, plan.patch, {patches}, {w + m * plan.patch * cout}, out, true, buf.pack,
                    plan.pack_floats);
+      if (p.relu) detail::relu_in_place(out, rows * cout);
     }
   });
 }
@@ -97,7 +104,10 @@ void backward(const ConvPlan& plan, const float* x, const float* w, const float*
       detail::gemm(rows, plan.patch, cout, {dym}, GemmOperand{wm, true}, plan.identity ? dx_chunk : buf.dcol,
                    p.shared_input && m > 0, buf.pack, plan.pack_floats);
       const bool last = !p.shared_input || m == p.members - 1;
-      if (!plan.identity && last) detail::col2im_add(plan, buf.dcol, c.images, dx_chunk);
+      if (!plan.identity && last) {  // the chunk's dx is zeroed here, while it is about to be in cache anyway
+        std::fill_n(dx_chunk, c.images * plan.in_image, 0.0f);
+        detail::col2im_add(plan, buf.dcol, c.images, dx_chunk);
+      }
     }
   });
 }
@@ -115,7 +125,12 @@ void conv2d_forward(Conv2dParams p, const float* x, const float* w, const float*
   detail::require(y, "conv2d_forward", "y");
   const ConvPlan plan = detail::make_conv_plan(p);
   detail::Workspace space(workspace, detail::conv_workspace_bytes(plan));
-  forward(plan, x, w, b, y, carve(plan, space.get(), false));
+  const Buffers buffers = carve(plan, space.get(), false);
+  if (plan.direct) {
+    detail::direct_forward(plan, x, w, b, y, buffers.padded);
+  } else {
+    forward(plan, x, w, b, y, buffers);
+  }
 }
 
 void conv2d_backward(Conv2dParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
@@ -125,19 +140,18 @@ void conv2d_backward(Conv2dParams p, const float* x, const float* w, const float
   if (dx != nullptr) detail::require(w, "conv2d_backward", "w (needed for dx)");
   const ConvPlan plan = detail::make_conv_plan(p);
   const Index cout = p.out_channels;
-  if (db != nullptr) {
+  detail::Workspace space(workspace, detail::conv_workspace_bytes(plan));
+  const Buffers buffers = carve(plan, space.get(), true);
+  const bool direct_dw = plan.direct && dw != nullptr;
+  if (direct_dw) detail::direct_weights(plan, x, dy, dw, db, buffers.padded, buffers.db_sum);
+  if (db != nullptr && !direct_dw) {
     for (int m = 0; m < p.members; ++m) {
       const float* dym = dy + Index{m} * p.batch * plan.out_image;
       detail::column_sums(dym, p.batch * plan.out_pixels, cout, db + m * cout);
     }
   }
-  if (dw == nullptr && dx == nullptr) return;
-  if (dx != nullptr && !plan.identity) {
-    const Index dx_images = Index{p.batch} * (p.shared_input ? 1 : p.members);
-    std::memset(dx, 0, static_cast<std::size_t>(dx_images * plan.in_image) * sizeof(float));
-  }
-  detail::Workspace space(workspace, detail::conv_workspace_bytes(plan));
-  backward(plan, x, w, dy, dx, dw, carve(plan, space.get(), true));
+  if (dx == nullptr && (dw == nullptr || direct_dw)) return;
+  backward(plan, x, w, dy, dx, direct_dw ? nullptr : dw, buffers);
 }
 
-}  // namespace pmap::kernels::cpu
+}  // namespace PMAPCC_CPU_NS

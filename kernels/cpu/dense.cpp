@@ -5,7 +5,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/ops.h"
 
-namespace pmap::kernels::cpu {
+namespace PMAPCC_CPU_NS {
 namespace {
 
 using detail::GemmOperand;
@@ -39,6 +39,7 @@ void dense_forward(DenseParams p, const float* x, const float* w, const float* b
     const float* xm = x + (p.shared_input ? 0 : m * n * in);
     detail::fill_rows(b == nullptr ? nullptr : b + m * out, n, out, ym);
     detail::gemm(n, out, in, {xm}, {w + m * in * out}, ym, true, pack, pack_size);
+    if (p.relu) detail::relu_in_place(ym, n * out);
   }
 }
 
@@ -66,4 +67,4 @@ void dense_backward(DenseParams p, const float* x, const float* w, const float* 
   }
 }
 
-}  // namespace pmap::kernels::cpu
+}  // namespace PMAPCC_CPU_NS

@@ -7,7 +7,7 @@
 #include "kernels/cpu/common.h"
 #include "kernels/ops.h"
 
-namespace pmap::kernels::cpu {
+namespace PMAPCC_CPU_NS {
 
 void relu_forward(std::size_t n, const float* x, float* y) {
   detail::require(x, "relu_forward", "x");
@@ -76,4 +76,4 @@ void reduce_mean(int members, std::size_t n, const float* x, float* out) {
               [&](int m, double sum) { out[m] = static_cast<float>(sum / static_cast<double>(n)); });
 }
 
-}  // namespace pmap::kernels::cpu
+}  // namespace PMAPCC_CPU_NS

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
-namespace pmap::kernels::cpu::detail {
+namespace PMAPCC_CPU_NS::detail {
 namespace {
 
 void gemm_public(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand b, float* c,
@@ -28,11 +28,11 @@ void gemm_public(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand
 }
 
 }  // namespace
-}  // namespace pmap::kernels::cpu::detail
+}  // namespace PMAPCC_CPU_NS::detail
 
 #if EIGEN_WORLD_VERSION == 3 && EIGEN_MAJOR_VERSION == 4
 
-namespace pmap::kernels::cpu::detail {
+namespace PMAPCC_CPU_NS::detail {
 namespace {
 
 constexpr std::size_t kAlignFloats = 16;  // 64 bytes: enough for any SIMD packet Eigen uses
@@ -72,11 +72,26 @@ void run_gemm(Index rows, Index cols, Index depth, const float* a, const float* 
   Product::run(rows, cols, depth, a, lda, b, ldb, c, 1, cols, 1.0f, blocking, nullptr);
 }
 
+// The largest depth block (kc) Eigen's blocking ever picks on this machine: the one it picks for a very
+// deep product. Every product's kc is at most min(depth, this).
+Index max_depth_block() {
+  static const Index kc = [] {
+    Index k = Index{1} << 24, m = 1024, n = 1024;
+    Eigen::internal::computeProductBlockingSizes<float, float, 1>(k, m, n, Index{1});
+    return k;
+  }();
+  return kc;
+}
+
 }  // namespace
 
+// Eigen packs at most kc x cols of B^T (its lhs) and kc x rows of A^T (its rhs) with kc <= min(depth,
+// max_depth_block()): a bound that only grows with each dimension, so a workspace sized for a product
+// serves every smaller one (a batch-128 plan serves batch 64), which Eigen's own sizes do not guarantee.
 std::size_t gemm_pack_floats(Index rows, Index cols, Index depth) {
   if (rows == 0 || cols == 0 || depth == 0) return 0;
-  return WorkspaceBlocking(rows, cols, depth).floats();
+  const auto kc = static_cast<std::size_t>(std::min(depth, max_depth_block()));
+  return align_up(kc * static_cast<std::size_t>(cols)) + kc * static_cast<std::size_t>(rows) + kAlignFloats;
 }
 
 void gemm(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand b, float* c, bool accumulate,
@@ -96,11 +111,11 @@ void gemm(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand b, flo
   if (a.transposed && b.transposed) run_gemm<C, C>(rows, cols, depth, a.data, b.data, c, blocking);
 }
 
-}  // namespace pmap::kernels::cpu::detail
+}  // namespace PMAPCC_CPU_NS::detail
 
 #else  // another Eigen: the public API (it allocates its packing buffers)
 
-namespace pmap::kernels::cpu::detail {
+namespace PMAPCC_CPU_NS::detail {
 
 std::size_t gemm_pack_floats(Index, Index, Index) { return 0; }
 
@@ -109,6 +124,6 @@ void gemm(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand b, flo
   gemm_public(rows, cols, depth, a, b, c, accumulate);
 }
 
-}  // namespace pmap::kernels::cpu::detail
+}  // namespace PMAPCC_CPU_NS::detail
 
 #endif

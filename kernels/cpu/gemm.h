@@ -6,7 +6,7 @@
 
 #include "kernels/cpu/common.h"
 
-namespace pmap::kernels::cpu::detail {
+namespace PMAPCC_CPU_NS::detail {
 
 // An operand of gemm: a row-major buffer holding the matrix itself, or (transposed) its transpose.
 struct GemmOperand {
@@ -24,4 +24,4 @@ std::size_t gemm_pack_floats(Index rows, Index cols, Index depth);
 void gemm(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand b, float* c, bool accumulate,
           float* pack, std::size_t pack_floats);
 
-}  // namespace pmap::kernels::cpu::detail
+}  // namespace PMAPCC_CPU_NS::detail

@@ -6,7 +6,7 @@
 
 #include "kernels/cpu/gemm.h"
 
-namespace pmap::kernels::cpu::detail {
+namespace PMAPCC_CPU_NS::detail {
 namespace {
 
 // Target size of one chunk's buffers in floats (1 MiB): they stay in L2/L3 between im2col and the GEMM.
@@ -31,12 +31,23 @@ ConvPlan make_conv_plan(const Conv2dParams& p) {
                   plan.g.pad_top == 0 && plan.g.pad_left == 0 && plan.g.out_height == p.height &&
                   plan.g.out_width == p.width;
 
+  // A forward chunk holds its patches and its output, so that the bias, GEMM and ReLU stay in cache.
   const Index fwd_row = plan.identity ? 0 : plan.patch;
-  plan.fwd_images = images_per_chunk(plan.out_pixels * plan.patch, p.batch);
+  plan.fwd_images = images_per_chunk(plan.out_pixels * (fwd_row + p.out_channels), p.batch);
   plan.fwd_floats = static_cast<std::size_t>(plan.out_pixels * plan.fwd_images * fwd_row);
 
   plan.bwd_images = images_per_chunk(plan.out_pixels * plan.patch * 2, p.batch);
   plan.bwd_floats = static_cast<std::size_t>(plan.out_pixels * plan.bwd_images * plan.patch * 2);
+
+  plan.direct = !plan.identity && plan.patch <= kDirectMaxPatch;
+  if (plan.direct) {
+    plan.padded_h = Index{std::max(p.height, (plan.g.out_height - 1) * p.stride_h + p.kernel_h)};
+    plan.padded_w = Index{std::max(p.width, (plan.g.out_width - 1) * p.stride_w + p.kernel_w)};
+    plan.padded_h = std::max(plan.padded_h, Index{p.height} + plan.g.pad_top);
+    plan.padded_w = std::max(plan.padded_w, Index{p.width} + plan.g.pad_left);
+    plan.direct_floats =
+        static_cast<std::size_t>(plan.padded_h * plan.padded_w * p.in_channels + 2 * Index{p.out_channels});
+  }
 
   // Every GEMM shape the passes run: full chunks and the batch's ragged last chunk.
   const Index cout = p.out_channels;
@@ -56,7 +67,7 @@ ConvPlan make_conv_plan(const Conv2dParams& p) {
 
 std::size_t conv_workspace_bytes(const ConvPlan& plan) {
   const std::size_t patches = std::max(plan.fwd_floats, plan.bwd_floats);
-  return (plan.pack_floats + patches) * sizeof(float) + 3 * Scratch::kAlign;
+  return (plan.pack_floats + patches + plan.direct_floats) * sizeof(float) + 4 * Scratch::kAlign;
 }
 
 void im2col(const ConvPlan& plan, const float* x, int images, float* col) {
@@ -118,4 +129,4 @@ void col2im_add(const ConvPlan& plan, const float* dcol, int images, float* dx) 
   }
 }
 
-}  // namespace pmap::kernels::cpu::detail
+}  // namespace PMAPCC_CPU_NS::detail

@@ -7,7 +7,7 @@
 #include "kernels/cpu/common.h"
 #include "kernels/ops.h"
 
-namespace pmap::kernels::cpu::detail {
+namespace PMAPCC_CPU_NS::detail {
 
 struct ConvPlan {
   Conv2dParams p;
@@ -22,7 +22,16 @@ struct ConvPlan {
   std::size_t pack_floats = 0;  // GEMM packing space: the most any of the op's GEMMs needs
   std::size_t fwd_floats = 0;   // patch floats of the forward (none for identity)
   std::size_t bwd_floats = 0;   // patch floats of the backward: patches + patch gradients
+  // Direct path (conv_direct.cpp) for a small patch (the first layer: KH*KW*Cin = 9), where a GEMM of depth
+  // 9 runs far below its peak: the forward and dw/db loop over taps on a zero-padded copy of each image.
+  bool direct = false;
+  Index padded_h = 0;           // H + padding, rows of the padded copy
+  Index padded_w = 0;           // W + padding
+  std::size_t direct_floats = 0;  // workspace of the direct path: the padded image + Cout double sums
 };
+
+// The direct path is taken for patches of at most this many values.
+inline constexpr Index kDirectMaxPatch = 16;
 
 // Validates p (pmap::ValueError) and derives the plan.
 ConvPlan make_conv_plan(const Conv2dParams& p);
@@ -36,4 +45,4 @@ void im2col(const ConvPlan& plan, const float* x, int images, float* col);
 // dx (images, H, W, Cin) += the patch gradients dcol (images*OH*OW, KH*KW*Cin), scattered back.
 void col2im_add(const ConvPlan& plan, const float* dcol, int images, float* dx);
 
-}  // namespace pmap::kernels::cpu::detail
+}  // namespace PMAPCC_CPU_NS::detail

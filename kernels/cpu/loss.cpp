@@ -8,7 +8,7 @@
 #include "kernels/cpu/common.h"
 #include "kernels/ops.h"
 
-namespace pmap::kernels::cpu {
+namespace PMAPCC_CPU_NS {
 namespace {
 
 using detail::Index;
@@ -83,4 +83,4 @@ void softmax_cross_entropy(SoftmaxXentParams p, const float* logits, const std::
   }
 }
 
-}  // namespace pmap::kernels::cpu
+}  // namespace PMAPCC_CPU_NS

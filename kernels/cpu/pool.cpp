@@ -5,7 +5,7 @@
 #include "kernels/cpu/common.h"
 #include "kernels/ops.h"
 
-namespace pmap::kernels::cpu {
+namespace PMAPCC_CPU_NS {
 
 using detail::Index;
 
@@ -83,7 +83,61 @@ void spread_general(const AvgPoolParams& p, const PoolGeometry& g, float scale, 
   }
 }
 
+// The windows covering input row (or column) i: [first, last], empty when first > last.
+struct Cover {
+  int first;
+  int last;
+};
+
+Cover covering(int i, int window, int stride, int outputs) {
+  const int hi = std::min(i / stride, outputs - 1);
+  const int lo = i < window ? 0 : (i - window) / stride + 1;
+  return {lo, hi};
+}
+
+// out[j] = mask[j] > 0 ? value[j] : 0 for j < c; out may be mask (Eigen evaluates coefficient-wise).
+void masked_store(const float* mask, const Eigen::ArrayXf& value, float* out, Index c) {
+  Eigen::Map<const Eigen::ArrayXf> m(mask, c);
+  Eigen::Map<Eigen::ArrayXf> o(out, c);
+  o = (m > 0.0f).select(value, 0.0f);
+}
+
+// The relu-masked gradient gathered input by input: each dx element sums its windows' dy * scale in window
+// order (as spread_general adds them, starting from 0), then keeps it where r > 0. Reads r[i] before writing
+// dx[i], so dx == r works.
+void gather_masked(const AvgPoolParams& p, const PoolGeometry& g, float scale, const float* r, const float* dy,
+                   float* dx) {
+  const Index c = p.channels;
+  const Index images = Index{p.members} * p.batch;
+  const Index image_size = Index{p.height} * p.width * c;
+  const Index out_image = Index{g.out_height} * g.out_width * c;
+  Eigen::ArrayXf sum(c);
+  for (Index n = 0; n < images; ++n) {
+    const float* dy_image = dy + n * out_image;
+    for (int iy = 0; iy < p.height; ++iy) {
+      const Cover cy = covering(iy, p.window_h, p.stride_h, g.out_height);
+      for (int ix = 0; ix < p.width; ++ix) {
+        const Cover cx = covering(ix, p.window_w, p.stride_w, g.out_width);
+        sum.setZero();
+        for (int oy = cy.first; oy <= cy.last; ++oy)
+          for (int ox = cx.first; ox <= cx.last; ++ox)
+            sum += Eigen::Map<const Eigen::ArrayXf>(dy_image + (Index{oy} * g.out_width + ox) * c, c) * scale;
+        const Index at = n * image_size + (Index{iy} * p.width + ix) * c;
+        masked_store(r + at, sum, dx + at, c);
+      }
+    }
+  }
+}
+
 }  // namespace
+
+void avg_pool_relu_backward(AvgPoolParams p, const float* r, const float* dy, float* dx) {
+  detail::require(r, "avg_pool_relu_backward", "r");
+  detail::require(dy, "avg_pool_relu_backward", "dy");
+  detail::require(dx, "avg_pool_relu_backward", "dx");
+  const PoolGeometry g = avg_pool_geometry(p);
+  gather_masked(p, g, 1.0f / static_cast<float>(p.window_h * p.window_w), r, dy, dx);
+}
 
 void avg_pool_backward(AvgPoolParams p, const float* dy, float* dx) {
   detail::require(dy, "avg_pool_backward", "dy");
@@ -97,4 +151,4 @@ void avg_pool_backward(AvgPoolParams p, const float* dy, float* dx) {
   }
 }
 
-}  // namespace pmap::kernels::cpu
+}  // namespace PMAPCC_CPU_NS

@@ -1,0 +1,276 @@
+// bench_train: training throughput of the Flax MNIST CNN ensemble on CPU devices, one configuration per
+// process (so peak RSS is that configuration's), and the measurements bench/run_train_bench.py sets beside
+// it: the fp32 GEMM rate of the same kernels and the model's FLOPs per image. Each mode prints one JSON line.
+//   bench_train train --data DIR --members M --devices D [--mode ensemble|data-parallel] [--steps S]
+//                     [--warmup W] [--batch B] [--isa generic|avx2] [--pin]
+//   bench_train sgemm [--threads T] [--size N] [--reps R] [--isa ...]
+//   bench_train flops
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <sys/resource.h>
+
+#include "ensemble/json.h"
+#include "ensemble/trainer.h"
+#include "kernels/cpu_isa.h"
+#include "kernels/ops.h"
+
+using namespace pmap;
+using namespace pmap::ensemble;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::string mode;
+  std::map<std::string, std::string> flags;  // --name value, or --name "1" for a bare switch
+
+  std::string get(const std::string& name, const std::string& fallback) const {
+    auto it = flags.find(name);
+    return it == flags.end() ? fallback : it->second;
+  }
+  int get_int(const std::string& name, int fallback) const { return std::stoi(get(name, std::to_string(fallback))); }
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  a.mode = argc > 1 ? argv[1] : "";
+  for (int i = 2; i < argc; ++i) {
+    std::string name = argv[i];
+    if (name.rfind("--", 0) != 0) throw ValueError("unexpected argument '" + name + "'");
+    const bool has_value = i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0;
+    a.flags[name.substr(2)] = has_value ? argv[++i] : "1";
+  }
+  return a;
+}
+
+// Peak resident set size of this process in bytes (VmHWM; getrusage where /proc is absent).
+double peak_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) * 1024.0;
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) * 1024.0;  // kB on Linux
+}
+
+// CPU seconds (user + system) this process has used so far, over all its threads.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  const auto secs = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
+  return secs(u.ru_utime) + secs(u.ru_stime);
+}
+
+// Multiply-adds per image of one forward pass, counted per layer from the model: a layer with a kernel of
+// shape (..., Cout) does product(kernel) MACs per output position, product(output) / Cout positions.
+struct LayerFlops {
+  std::string name;
+  double forward = 0;   // FLOPs per image: 2 * MACs
+  bool computes_dx = true;  // the first layer has no input gradient
+};
+
+std::vector<LayerFlops> count_flops(const Sequential& model) {
+  std::vector<LayerFlops> out;
+  for (std::size_t i = 0; i < model.layers().size(); ++i) {
+    const Layer& layer = *model.layers()[i];
+    for (const ParamSpec& spec : layer.params(model.shapes()[i])) {
+      if (spec.is_bias) continue;
+      const double positions = static_cast<double>(product(model.shapes()[i + 1])) / static_cast<double>(spec.shape.back());
+      out.push_back({layer.name(), 2.0 * static_cast<double>(product(spec.shape)) * positions, i > 0});
+    }
+  }
+  return out;
+}
+
+// Forward + backward FLOPs per image: forward, dW (same as forward) and dX (same, except the first layer).
+double train_flops_per_image(const Sequential& model) {
+  double total = 0;
+  for (const LayerFlops& l : count_flops(model)) total += l.forward * (l.computes_dx ? 3 : 2);
+  return total;
+}
+
+// Floats of activations one member keeps for one example: every layer output that is not computed in place.
+std::int64_t activation_floats_per_example(const Sequential& model) {
+  std::int64_t n = 0;
+  for (std::size_t i = 0; i < model.layers().size(); ++i)
+    if (!model.layers()[i]->in_place()) n += product(model.shapes()[i + 1]);
+  return n;
+}
+
+// The first `count` examples of `all`, as a dataset of their own.
+Dataset head(const Dataset& all, std::int64_t count) {
+  Dataset d = all;
+  d.count = std::min(count, all.count);
+  d.images.resize(static_cast<std::size_t>(d.count * d.image_size()));
+  d.images.shrink_to_fit();
+  d.labels.resize(static_cast<std::size_t>(d.count));
+  d.labels.shrink_to_fit();
+  return d;
+}
+
+void set_isa(const Args& a) {
+  if (a.flags.count("isa")) kernels::cpu::set_isa(a.get("isa", "auto"));
+}
+
+// Trains warm-up + timed steps of one configuration on the first (warm-up + steps) batches of the real
+// training set (all of which stays loaded, as in mnist_ensemble) and reports throughput and memory.
+Json run_train(const Args& a) {
+  set_isa(a);
+  const int warmup = a.get_int("warmup", 3), steps = a.get_int("steps", 20);
+  TrainConfig c;
+  c.devices = a.get_int("devices", 1);
+  c.members = a.get_int("members", 1);
+  c.mode = parse_mode(a.get("mode", "ensemble"));
+  c.batch_size = a.get_int("batch", 128);
+  c.eval_batch = 1000;
+  c.epochs = 1;
+  c.pin_threads = a.flags.count("pin") > 0;
+  const std::string dir = a.get("data", "data/mnist");
+  const Dataset train_all = load_mnist(dir, Split::train), test_all = load_mnist(dir, Split::test);
+  const Dataset train = head(train_all, static_cast<std::int64_t>(warmup + steps) * c.batch_size);
+  const Dataset test = head(test_all, 1000);
+  Trainer trainer(c, train, test);
+  Clock::time_point t_start = Clock::now(), t_end = t_start;
+  double cpu_start = cpu_seconds(), cpu_end = cpu_start;
+  trainer.run_epoch([&](int step, int, double, double) {
+    if (step == warmup) t_start = Clock::now(), cpu_start = cpu_seconds();
+    if (step == warmup + steps) t_end = Clock::now(), cpu_end = cpu_seconds();
+  });
+  const double seconds = std::chrono::duration<double>(t_end - t_start).count();
+  const double images = static_cast<double>(trainer.total_members()) * c.batch_size * steps;
+  const Sequential& model = trainer.model();
+  const double dataset_bytes = static_cast<double>(train_all.images.size() + train_all.labels.size() +
+                                                   test_all.images.size() + test_all.labels.size());
+  const double per_member = 4.0 * (2.0 * static_cast<double>(model.params_per_member()) +
+                                    static_cast<double>(activation_floats_per_example(model) * c.batch_size));
+  Json j = Json::object();
+  j.set("kind", std::string("train"));
+  j.set("members", trainer.total_members());
+  j.set("devices", trainer.mesh().size());
+  j.set("mode", std::string(to_string(c.mode)));
+  j.set("isa", kernels::cpu::isa());
+  j.set("pin_threads", c.pin_threads);
+  j.set("batch", c.batch_size);
+  j.set("warmup_steps", warmup);
+  j.set("timed_steps", steps);
+  j.set("seconds", seconds);
+  j.set("cpu_seconds", cpu_end - cpu_start);  // over all threads: seconds * devices when nothing else runs
+  j.set("model_images_per_s", images / seconds);
+  j.set("gflops", images * train_flops_per_image(model) / seconds / 1e9);
+  j.set("peak_rss_mb", peak_rss_bytes() / 1e6);
+  j.set("dataset_mb", dataset_bytes / 1e6);
+  j.set("per_member_mb", per_member / 1e6);
+  j.set("budget_mb", (dataset_bytes + trainer.total_members() * per_member + 200e6) / 1e6);
+  j.set("final_train_loss", trainer.history().back().train_loss);
+  return j;
+}
+
+// GFLOP/s of `threads` concurrent single-threaded size^3 GEMMs through the kernels' matmul (each thread its
+// own matrices and workspace, as each CPU device has): after one warm-up product each, every thread runs
+// `reps` products; the rate is all their FLOPs over the wall time (sustained, like a training run), and
+// best_gflops the fastest single round.
+Json run_sgemm(const Args& a) {
+  set_isa(a);
+  const int threads = a.get_int("threads", 1), n = a.get_int("size", 1536), reps = a.get_int("reps", 12);
+  kernels::MatmulParams p;
+  p.rows = p.cols = p.depth = n;
+  struct Work {
+    std::vector<float> a, b, c;
+    std::vector<unsigned char> ws;
+    double best = 1e30;
+  };
+  std::vector<Work> work(static_cast<std::size_t>(threads));
+  const std::size_t elems = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
+  for (std::size_t t = 0; t < work.size(); ++t) {
+    work[t].a.assign(elems, 0.5f + 0.01f * static_cast<float>(t));
+    work[t].b.assign(elems, 0.25f);
+    work[t].c.assign(elems, 0.0f);
+    work[t].ws.resize(kernels::cpu::matmul_workspace_bytes(p));
+  }
+  auto run = [&](Work& w, int count) {
+    for (int r = 0; r < count; ++r) {
+      const auto t0 = Clock::now();
+      kernels::cpu::matmul(p, w.a.data(), w.b.data(), w.c.data(), w.ws.data());
+      w.best = std::min(w.best, std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+  };
+  auto all = [&](int count) {
+    std::vector<std::thread> pool;
+    for (std::size_t t = 1; t < work.size(); ++t) pool.emplace_back(run, std::ref(work[t]), count);
+    run(work[0], count);
+    for (auto& th : pool) th.join();
+  };
+  all(1);
+  const auto t0 = Clock::now();
+  const double cpu0 = cpu_seconds();
+  all(reps);
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double cpu = cpu_seconds() - cpu0;
+  const double flops = 2.0 * n * n * static_cast<double>(n);
+  double best_rate = 0;
+  for (const Work& w : work) best_rate += flops / w.best;
+  Json j = Json::object();
+  j.set("kind", std::string("sgemm"));
+  j.set("isa", kernels::cpu::isa());
+  j.set("threads", threads);
+  j.set("size", n);
+  j.set("reps", reps);
+  j.set("seconds", seconds);
+  j.set("cpu_seconds", cpu);
+  j.set("gflops", flops * reps * threads / seconds / 1e9);
+  j.set("gflops_per_cpu_second", flops * reps * threads / cpu / 1e9);
+  j.set("best_gflops", best_rate / 1e9);
+  return j;
+}
+
+Json run_flops() {
+  const auto model = flax_mnist_cnn();
+  Json layers = Json::array();
+  for (const LayerFlops& l : count_flops(*model)) {
+    Json e = Json::object();
+    e.set("layer", l.name);
+    e.set("forward_mflop", l.forward / 1e6);
+    e.set("train_mflop", l.forward * (l.computes_dx ? 3 : 2) / 1e6);
+    layers.push_back(std::move(e));
+  }
+  Json j = Json::object();
+  j.set("kind", std::string("flops"));
+  j.set("layers", std::move(layers));
+  j.set("train_mflop_per_image", train_flops_per_image(*model) / 1e6);
+  j.set("activation_floats_per_example", activation_floats_per_example(*model));
+  j.set("params_per_member", model->params_per_member());
+  return j;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Args a = parse(argc, argv);
+    Json out;
+    if (a.mode == "train") {
+      out = run_train(a);
+    } else if (a.mode == "sgemm") {
+      out = run_sgemm(a);
+    } else if (a.mode == "flops") {
+      out = run_flops();
+    } else {
+      std::fprintf(stderr, "usage: bench_train train|sgemm|flops [--flags] (see the top of bench/bench_train.cpp)\n");
+      return 2;
+    }
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_train: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,309 @@
+#!/usr/bin/env python3
+"""Side-by-side training benchmark: pmapcc's bench_train against the PyTorch reference, in one run.
+
+Trains the Flax MNIST CNN (batch 128) for a fixed number of steps on real MNIST for members x devices
+configurations, interleaving our runs with PyTorch's (/work/shared/anchors/torch_cnn_ensemble.py, its loop
+and vmap modes with 1 and 2 threads) and with the fp32 GEMM rate of our kernels (1 and 2 threads), round
+after round, so that load on a shared machine falls on all of them alike. Reports medians over the rounds:
+model-images/s, the ratio to PyTorch's best configuration for the same member count, a roofline column
+(FLOPs per image x images/s against the GEMM rate), and peak RSS against the memory budget. Prints a table
+and writes everything (machine, commit, date, commands, every run) to bench/results/*.json.
+
+  python3 bench/run_train_bench.py --data data/mnist [--build build] [--runs 5] [--steps 20] [--quick]
+
+Only the Python standard library is needed; PyTorch runs under --torch-python (Debian's python3-torch).
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread"
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default=os.path.join(REPO, "data", "mnist"), help="raw MNIST IDX files")
+    ap.add_argument("--build", default=os.path.join(REPO, "build"), help="CMake build dir with bench/bench_train")
+    ap.add_argument("--runs", type=int, default=5, help="rounds; medians are taken over them")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per run")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps before them (PyTorch: 1)")
+    ap.add_argument("--members", default="1,2,4,8")
+    ap.add_argument("--devices", default="1,2")
+    ap.add_argument("--quick", action="store_true", help="smoke test: 1 run, 3 steps, 1 warm-up")
+    ap.add_argument("--isa", default="", help="force our CPU kernels' ISA variant (generic|avx2)")
+    ap.add_argument("--pin", action="store_true", help="pin our device threads to cores")
+    ap.add_argument("--torch-python", default="/usr/bin/python3")
+    ap.add_argument("--torch-script", default="/work/shared/anchors/torch_cnn_ensemble.py")
+    ap.add_argument("--torch-threads", default="1,2")
+    ap.add_argument("--torch-modes", default="loop,vmap")
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--out", default="", help="JSON path (default bench/results/train-<date>.json)")
+    a = ap.parse_args()
+    if a.quick:
+        a.runs, a.steps, a.warmup = 1, 3, 1
+    return a
+
+
+def ints(text):
+    return [int(v) for v in text.split(",") if v]
+
+
+def machine():
+    info = {"cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = f.read().splitlines()
+        model = next((l.split(":", 1)[1].strip() for l in lines if l.startswith("model name")), "?")
+        flags = next((l.split(":", 1)[1].split() for l in lines if l.startswith("flags")), [])
+        info["cpu_model"] = model
+        info["simd_flags"] = [f for f in ("sse2", "avx", "avx2", "fma", "avx512f") if f in flags]
+        info["cpu_flags"] = " ".join(flags)
+    except OSError:
+        info["cpu_model"] = platform.processor()
+    try:
+        info["compiler"] = subprocess.run(["c++", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+    except (OSError, IndexError):
+        pass
+    return info
+
+
+def git(*args):
+    try:
+        return subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def loadavg():
+    try:
+        with open("/proc/loadavg") as f:
+            return [float(v) for v in f.read().split()[:3]]
+    except OSError:
+        return []
+
+
+def small_test_dir(data, tmp):
+    """The training files linked, the test files cut to their first 1000 examples: PyTorch's script evaluates
+    the whole test set after timing, which costs minutes and measures nothing here."""
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"):
+        os.symlink(os.path.abspath(os.path.join(data, name)), os.path.join(tmp, name))
+    for name, header in (("t10k-images-idx3-ubyte", 16), ("t10k-labels-idx1-ubyte", 8)):
+        with open(os.path.join(data, name), "rb") as f:
+            raw = f.read()
+        dims = list(struct.unpack(">" + "I" * ((header - 4) // 4), raw[4:header]))
+        per_example = 1
+        for d in dims[1:]:
+            per_example *= d
+        dims[0] = min(dims[0], 1000)
+        with open(os.path.join(tmp, name), "wb") as f:
+            f.write(raw[:4] + struct.pack(">" + "I" * len(dims), *dims) + raw[header:header + dims[0] * per_example])
+    return tmp
+
+
+def run_child(cmd, env=None):
+    """Runs cmd; returns (its last JSON line or None, the child's peak RSS in MB, error text)."""
+    with tempfile.TemporaryFile(mode="w+") as errfile:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errfile, text=True, env=env)
+        out = p.stdout.read()
+        p.stdout.close()
+        _, status, usage = os.wait4(p.pid, 0)  # reaps the child with its own resource usage
+        p.returncode = os.waitstatus_to_exitcode(status)
+        errfile.seek(0)
+        err = errfile.read()
+    rss_mb = usage.ru_maxrss * 1024 / 1e6  # kB on Linux
+    lines = [l for l in out.splitlines() if l.startswith("{")]
+    if p.returncode != 0 or not lines:
+        return None, rss_mb, (err or out)[-400:]
+    return json.loads(lines[-1]), rss_mb, ""
+
+
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+class Bench:
+    def __init__(self, a):
+        self.a = a
+        self.exe = os.path.join(a.build, "bench", "bench_train")
+        self.commands = {}
+        self.runs = []  # every measurement: {"what", "config", "result" | "error", "rss_mb", "round"}
+
+    def record(self, what, config, cmd, env_note, rnd, env=None):
+        self.commands.setdefault(what + " " + json.dumps(config, sort_keys=True), env_note + shlex.join(cmd))
+        result, rss, error = run_child(cmd, env)
+        entry = {"what": what, "config": config, "round": rnd, "child_peak_rss_mb": rss}
+        if result is None:
+            entry["error"] = error
+            print(f"  {what} {config}: FAILED {error.strip().splitlines()[-1] if error.strip() else ''}", flush=True)
+        else:
+            entry["result"] = result
+        self.runs.append(entry)
+        return result
+
+    def ours(self, members, devices, rnd):
+        mode = "data-parallel" if members < devices else "ensemble"
+        cmd = [self.exe, "train", "--data", self.a.data, "--members", str(members), "--devices", str(devices),
+               "--mode", mode, "--steps", str(self.a.steps), "--warmup", str(self.a.warmup)]
+        if self.a.isa:
+            cmd += ["--isa", self.a.isa]
+        if self.a.pin:
+            cmd += ["--pin"]
+        r = self.record("pmapcc", {"members": members, "devices": devices, "mode": mode}, cmd, "", rnd)
+        if r:
+            print(f"  pmapcc  m={members} d={devices} {mode:13s} {r['model_images_per_s']:8.1f} img/s  "
+                  f"{r['gflops']:5.1f} GFLOP/s  RSS {r['peak_rss_mb']:.0f} MB", flush=True)
+
+    def sgemm(self, threads, rnd):
+        cmd = [self.exe, "sgemm", "--threads", str(threads)] + (["--reps", "3"] if self.a.quick else [])
+        if self.a.isa:
+            cmd += ["--isa", self.a.isa]
+        r = self.record("sgemm", {"threads": threads}, cmd, "", rnd)
+        if r:
+            print(f"  sgemm   t={threads} {r['gflops']:6.1f} GFLOP/s (best round {r['best_gflops']:.1f})", flush=True)
+
+    def torch(self, members, threads, mode, data, rnd):
+        cmd = [self.a.torch_python, self.a.torch_script, "--data", data, "--members", str(members),
+               "--steps", str(self.a.steps + 1), "--threads", str(threads), "--mode", mode]
+        env = dict(os.environ, LD_LIBRARY_PATH=OPENBLAS)
+        r = self.record("torch", {"members": members, "threads": threads, "mode": mode}, cmd,
+                        f"LD_LIBRARY_PATH={OPENBLAS} ", rnd, env)
+        if r:
+            print(f"  torch   m={members} t={threads} {mode:5s} {r['model_images_per_s']:8.1f} img/s", flush=True)
+
+    def values(self, what, config, key):
+        return [r["result"][key] for r in self.runs
+                if r["what"] == what and r["config"] == config and "result" in r]
+
+
+def summarize(b, flops_info, members_list, devices_list, torch_variants):
+    def med(what, config, key):
+        return median(b.values(what, config, key))
+
+    sgemm = {t: med("sgemm", {"threads": t}, "gflops") for t in sorted(set(devices_list))}
+    sgemm_cpu = med("sgemm", {"threads": 1}, "gflops_per_cpu_second")
+    torch_best = {}
+    for m in members_list:
+        best = None
+        for threads, mode in torch_variants:
+            v = med("torch", {"members": m, "threads": threads, "mode": mode}, "model_images_per_s")
+            if v is not None and (best is None or v > best[0]):
+                best = (v, f"{mode}, {threads} thread{'s' if threads > 1 else ''}")
+        torch_best[m] = best
+    rows = []
+    for m in members_list:
+        for d in devices_list:
+            mode = "data-parallel" if m < d else "ensemble"
+            cfg = {"members": m, "devices": d, "mode": mode}
+            ips = med("pmapcc", cfg, "model_images_per_s")
+            if ips is None:
+                continue
+            gflops = ips * flops_info["train_mflop_per_image"] / 1e3
+            cpu = median([r["result"]["cpu_seconds"] / r["result"]["seconds"] for r in b.runs
+                          if r["what"] == "pmapcc" and r["config"] == cfg and "result" in r])
+            images_per_cpu_s = median([r["result"]["model_images_per_s"] * r["result"]["seconds"] /
+                                       r["result"]["cpu_seconds"] for r in b.runs
+                                       if r["what"] == "pmapcc" and r["config"] == cfg and "result" in r])
+            theirs = torch_best.get(m)
+            rows.append({
+                "members": m, "devices": d, "mode": mode,
+                "pmapcc_images_per_s": ips,
+                "torch_best_images_per_s": theirs[0] if theirs else None,
+                "torch_best_config": theirs[1] if theirs else None,
+                "ratio": ips / theirs[0] if theirs else None,
+                "gflops": gflops,
+                "sgemm_gflops": sgemm.get(d),
+                "roofline": gflops / sgemm[d] if sgemm.get(d) else None,
+                "cores_used": cpu,
+                "roofline_cpu_time": (images_per_cpu_s * flops_info["train_mflop_per_image"] / 1e3 / sgemm_cpu)
+                                     if sgemm_cpu and images_per_cpu_s else None,
+                "peak_rss_mb": med("pmapcc", cfg, "peak_rss_mb"),
+                "budget_mb": med("pmapcc", cfg, "budget_mb"),
+            })
+    return rows, sgemm, sgemm_cpu
+
+
+def fmt(v, spec, none="-"):
+    return none if v is None else format(v, spec)
+
+
+def table(rows, sgemm, sgemm_cpu):
+    head = ("| members | devices | mode | pmapcc img/s | PyTorch best img/s (config) | pmapcc / PyTorch | GFLOP/s |"
+            " roofline (wall) | roofline (CPU time) | peak RSS MB | budget MB |")
+    out = [head, "|" + "---|" * 11]
+    for r in rows:
+        torch = "-" if r["torch_best_images_per_s"] is None else \
+            f"{r['torch_best_images_per_s']:.0f} ({r['torch_best_config']})"
+        out.append(f"| {r['members']} | {r['devices']} | {r['mode']} | {r['pmapcc_images_per_s']:.0f} | {torch} | "
+                   f"{fmt(r['ratio'], '.2f')}x | {r['gflops']:.1f} | {fmt(r['roofline'] and 100 * r['roofline'], '.0f')}% | "
+                   f"{fmt(r['roofline_cpu_time'] and 100 * r['roofline_cpu_time'], '.0f')}% | "
+                   f"{r['peak_rss_mb']:.0f} | {r['budget_mb']:.0f} |")
+    notes = [f"sgemm (our kernels, 1536^3, sustained, median): " +
+             ", ".join(f"{t} thread{'s' if t > 1 else ''} {fmt(v, '.1f')} GFLOP/s" for t, v in sgemm.items()) +
+             f"; per CPU-second {fmt(sgemm_cpu, '.1f')} GFLOP"]
+    return "\n".join(out + [""] + notes)
+
+
+def main():
+    a = parse_args()
+    b = Bench(a)
+    if not os.path.exists(b.exe):
+        sys.exit(f"run_train_bench: {b.exe} not found: build it (cmake --build {a.build} --target bench_train)")
+    members_list, devices_list = ints(a.members), ints(a.devices)
+    torch_variants = [(t, m) for m in a.torch_modes.split(",") if m for t in ints(a.torch_threads)]
+    have_torch = not a.no_torch and os.path.exists(a.torch_script) and subprocess.run(
+        [a.torch_python, "-c", "import torch"], capture_output=True).returncode == 0
+    if not have_torch:
+        print("run_train_bench: PyTorch not run (--no-torch, or no torch under --torch-python)", flush=True)
+    flops_info, _, err = run_child([b.exe, "flops"])
+    if flops_info is None:
+        sys.exit(f"run_train_bench: bench_train flops failed: {err}")
+    started = datetime.datetime.now(datetime.timezone.utc)
+    load_before = loadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        torch_data = small_test_dir(a.data, tmp) if have_torch else None
+        for rnd in range(a.runs):
+            print(f"round {rnd + 1}/{a.runs} (load average {loadavg()})", flush=True)
+            for t in sorted(set(devices_list)):
+                b.sgemm(t, rnd)
+            for m in members_list:
+                for d in devices_list:
+                    if m % d == 0 or m == 1:
+                        b.ours(m, d, rnd)
+                if have_torch:
+                    for threads, mode in torch_variants:
+                        b.torch(m, threads, mode, torch_data, rnd)
+    rows, sgemm, sgemm_cpu = summarize(b, flops_info, members_list, devices_list,
+                                       torch_variants if have_torch else [])
+    text = table(rows, sgemm, sgemm_cpu)
+    print("\n" + text)
+    result = {
+        "benchmark": "MNIST CNN ensemble training throughput, pmapcc vs PyTorch",
+        "date": started.isoformat(timespec="seconds"),
+        "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "machine": machine(), "load_average_before": load_before, "load_average_after": loadavg(),
+        "settings": {"runs": a.runs, "steps": a.steps, "warmup": a.warmup, "batch": 128, "quick": a.quick,
+                     "isa": a.isa or "auto", "pin": a.pin, "data": os.path.abspath(a.data),
+                     "torch_test_examples": 1000},
+        "runner_command": shlex.join([sys.executable] + sys.argv),
+        "commands": b.commands, "flops": flops_info, "sgemm_gflops": sgemm, "sgemm_gflops_per_cpu_second": sgemm_cpu,
+        "rows": rows, "table_markdown": text, "runs": b.runs,
+    }
+    out = a.out or os.path.join(REPO, "bench", "results", f"train-{started.strftime('%Y%m%d-%H%M%S')}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+// CPU conv2d, direct path for small patches (KH*KW*Cin <= kDirectMaxPatch, i.e. the first layer on 1-channel
+// images): each image is copied into a zero-padded buffer; the forward sums every output pixel's taps into a
+// block of output channels held in SIMD registers (Eigen's packets: 8 floats with AVX, 4 with SSE), and the
+// backward's dw accumulates a few taps at a time over the image's pixels, reading dy once per image.
+#include "kernels/cpu/conv_direct.h"
+
+#include <algorithm>
+#include <array>
+#include <utility>
+
+namespace PMAPCC_CPU_NS::detail {
+namespace {
+
+namespace ei = Eigen::internal;
+using Packet = ei::packet_traits<float>::type;
+constexpr int kLanes = sizeof(Packet) / sizeof(float);
+constexpr int kWide = 32 / kLanes;  // packets in the forward's widest block of 32 output channels
+
+// padded (PH, PW, Cin) = the image x (H, W, Cin) at offset (pad_top, pad_left), zeros around it.
+void pad_image(const ConvPlan& plan, const float* x, float* padded) {
+  const Conv2dParams& p = plan.p;
+  const Index c = p.in_channels;
+  std::fill_n(padded, plan.padded_h * plan.padded_w * c, 0.0f);
+  for (Index iy = 0; iy < p.height; ++iy) {
+    std::copy_n(x + iy * p.width * c, Index{p.width} * c,
+                padded + ((iy + plan.g.pad_top) * plan.padded_w + plan.g.pad_left) * c);
+  }
+}
+
+// Offsets of the patch's taps in the padded image, relative to the output pixel's first tap.
+void tap_offsets(const ConvPlan& plan, Index* offsets) {
+  const Conv2dParams& p = plan.p;
+  Index t = 0;
+  for (Index ky = 0; ky < p.kernel_h; ++ky)
+    for (Index kx = 0; kx < p.kernel_w; ++kx)
+      for (Index c = 0; c < p.in_channels; ++c) offsets[t++] = (ky * plan.padded_w + kx) * p.in_channels + c;
+}
+
+// Where output pixel (oy, ox)'s first tap lies in the padded image.
+Index pixel_base(const ConvPlan& plan, Index oy, Index ox) {
+  return (oy * plan.p.stride_h * plan.padded_w + ox * plan.p.stride_w) * plan.p.in_channels;
+}
+
+// Output channels [o0, o0 + NP * kLanes) of one image: y = b + taps . w, then max(., 0) with relu.
+template <int NP>
+void forward_packets(const ConvPlan& plan, const Index* offsets, const float* padded, const float* w,
+                     const float* b, float* y, Index o0) {
+  const Index cout = plan.p.out_channels;
+  for (Index oy = 0; oy < plan.g.out_height; ++oy) {
+    for (Index ox = 0; ox < plan.g.out_width; ++ox) {
+      Packet acc[NP];
+      for (int j = 0; j < NP; ++j) acc[j] = b == nullptr ? ei::pset1<Packet>(0.0f) : ei::ploadu<Packet>(b + o0 + j * kLanes);
+      const float* taps = padded + pixel_base(plan, oy, ox);
+      for (Index t = 0; t < plan.patch; ++t) {
+        const Packet xv = ei::pset1<Packet>(taps[offsets[t]]);
+        const float* wt = w + t * cout + o0;
+        for (int j = 0; j < NP; ++j) acc[j] = ei::pmadd(xv, ei::ploadu<Packet>(wt + j * kLanes), acc[j]);
+      }
+      float* out = y + (oy * plan.g.out_width + ox) * cout + o0;
+      for (int j = 0; j < NP; ++j) ei::pstoreu(out + j * kLanes, acc[j]);
+    }
+  }
+}
+
+// The same for single output channels (a Cout that is not a multiple of the packet width).
+void forward_scalar(const ConvPlan& plan, const Index* offsets, const float* padded, const float* w,
+                    const float* b, float* y, Index o) {
+  const Index cout = plan.p.out_channels;
+  for (Index oy = 0; oy < plan.g.out_height; ++oy) {
+    for (Index ox = 0; ox < plan.g.out_width; ++ox) {
+      float acc = b == nullptr ? 0.0f : b[o];
+      const float* taps = padded + pixel_base(plan, oy, ox);
+      for (Index t = 0; t < plan.patch; ++t) acc = ei::pmadd(taps[offsets[t]], w[t * cout + o], acc);
+      y[(oy * plan.g.out_width + ox) * cout + o] = acc;
+    }
+  }
+}
+
+// One image's dw for taps [t0, t0 + G) and the output channels of one packet at o0: the image's partial
+// sums stay in G registers over its pixels, then are added to dw.
+template <int G>
+void weights_taps(const ConvPlan& plan, const Index* offsets, const float* padded, const float* dy, float* dw,
+                  Index t0, Index o0) {
+  const Index cout = plan.p.out_channels;
+  Packet acc[G];
+  for (int g = 0; g < G; ++g) acc[g] = ei::pset1<Packet>(0.0f);
+  for (Index oy = 0; oy < plan.g.out_height; ++oy) {
+    for (Index ox = 0; ox < plan.g.out_width; ++ox) {
+      const Packet d = ei::ploadu<Packet>(dy + (oy * plan.g.out_width + ox) * cout + o0);
+      const float* taps = padded + pixel_base(plan, oy, ox);
+      for (int g = 0; g < G; ++g) acc[g] = ei::pmadd(ei::pset1<Packet>(taps[offsets[t0 + g]]), d, acc[g]);
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    float* out = dw + (t0 + g) * cout + o0;
+    ei::pstoreu(out, ei::padd(ei::ploadu<Packet>(out), acc[g]));
+  }
+}
+
+// weights_taps<G> for G = 1..kMaxGroup, indexed by G - 1: a group is as many taps as fit in registers.
+constexpr int kMaxGroup = 12;
+using WeightsFn = void (*)(const ConvPlan&, const Index*, const float*, const float*, float*, Index, Index);
+template <std::size_t... I>
+constexpr std::array<WeightsFn, sizeof...(I)> weights_table(std::index_sequence<I...>) {
+  return {&weights_taps<static_cast<int>(I) + 1>...};
+}
+constexpr auto kWeightsByGroup = weights_table(std::make_index_sequence<kMaxGroup>{});
+
+// Scalar channel: a Packet-wide load of one float would read past dy, so this column runs without packets.
+void weights_scalar(const ConvPlan& plan, const Index* offsets, const float* padded, const float* dy, float* dw,
+                    Index o) {
+  const Index cout = plan.p.out_channels;
+  for (Index t = 0; t < plan.patch; ++t) {
+    float acc = 0.0f;
+    for (Index oy = 0; oy < plan.g.out_height; ++oy)
+      for (Index ox = 0; ox < plan.g.out_width; ++ox)
+        acc = ei::pmadd(padded[pixel_base(plan, oy, ox) + offsets[t]], dy[(oy * plan.g.out_width + ox) * cout + o], acc);
+    dw[t * cout + o] += acc;
+  }
+}
+
+// db_sum (Cout) += dy summed over the image's pixels, in pixel order, in double.
+void bias_sums(const ConvPlan& plan, const float* dy, double* db_sum) {
+  const Index cout = plan.p.out_channels;
+  for (Index px = 0; px < plan.out_pixels; ++px)
+    for (Index o = 0; o < cout; ++o) db_sum[o] += static_cast<double>(dy[px * cout + o]);
+}
+
+}  // namespace
+
+void direct_forward(const ConvPlan& plan, const float* x, const float* w, const float* b, float* y,
+                    float* padded) {
+  const Conv2dParams& p = plan.p;
+  const Index cout = p.out_channels;
+  Index offsets[kDirectMaxPatch];
+  tap_offsets(plan, offsets);
+  for (int m = 0; m < p.members; ++m) {
+    const float* wm = w + m * plan.patch * cout;
+    const float* bm = b == nullptr ? nullptr : b + m * cout;
+    for (int n = 0; n < p.batch; ++n) {
+      const Index image = (p.shared_input ? 0 : Index{m} * p.batch) + n;
+      pad_image(plan, x + image * plan.in_image, padded);
+      float* yn = y + (Index{m} * p.batch + n) * plan.out_image;
+      Index o0 = 0;
+      for (; o0 + kWide * kLanes <= cout; o0 += kWide * kLanes) forward_packets<kWide>(plan, offsets, padded, wm, bm, yn, o0);
+      for (; o0 + kLanes <= cout; o0 += kLanes) forward_packets<1>(plan, offsets, padded, wm, bm, yn, o0);
+      for (; o0 < cout; ++o0) forward_scalar(plan, offsets, padded, wm, bm, yn, o0);
+      if (p.relu) relu_in_place(yn, plan.out_image);
+    }
+  }
+}
+
+void direct_weights(const ConvPlan& plan, const float* x, const float* dy, float* dw, float* db, float* padded,
+                    double* db_sum) {
+  const Conv2dParams& p = plan.p;
+  const Index cout = p.out_channels;
+  Index offsets[kDirectMaxPatch];
+  tap_offsets(plan, offsets);
+  for (int m = 0; m < p.members; ++m) {
+    float* dwm = dw + m * plan.patch * cout;
+    std::fill_n(dwm, plan.patch * cout, 0.0f);
+    std::fill_n(db_sum, cout, 0.0);
+    for (int n = 0; n < p.batch; ++n) {
+      const Index image = (p.shared_input ? 0 : Index{m} * p.batch) + n;
+      pad_image(plan, x + image * plan.in_image, padded);
+      const float* dyn = dy + (Index{m} * p.batch + n) * plan.out_image;
+      bias_sums(plan, dyn, db_sum);
+      Index o0 = 0;
+      for (; o0 + kLanes <= cout; o0 += kLanes) {
+        for (Index t0 = 0; t0 < plan.patch; t0 += kMaxGroup) {
+          const Index group = std::min<Index>(kMaxGroup, plan.patch - t0);
+          kWeightsByGroup[static_cast<std::size_t>(group - 1)](plan, offsets, padded, dyn, dwm, t0, o0);
+        }
+      }
+      for (; o0 < cout; ++o0) weights_scalar(plan, offsets, padded, dyn, dwm, o0);
+    }
+    if (db != nullptr)
+      for (Index o = 0; o < cout; ++o) db[m * cout + o] = static_cast<float>(db_sum[o]);
+  }
+}
+
+}  // namespace PMAPCC_CPU_NS::detail
