@@ -117,7 +117,7 @@ TEST_CASE("CPU kernel variants agree with the generic one: GEMM ops to rounding,
   }
 }
 
-TEST_CASE("matmul matches the definition; accumulate adds; members are independent") {
+TEST_CASE("matmul matches the definition, accumulate adds, members are independent") {
   MatmulParams p;
   p.members = 2, p.rows = 7, p.cols = 13, p.depth = 300;
   const auto a = kc::random_floats(2 * 7 * 300, 21), b = kc::random_floats(2 * 300 * 13, 22);

@@ -151,7 +151,7 @@ TEST_CASE("safetensors: round trip is bit-exact for every dtype, scalar and empt
   CHECK(dir.entries() == 1);
 }
 
-TEST_CASE("safetensors: writer output matches the spec byte for byte; a hand-made file loads") {
+TEST_CASE("safetensors: writer output matches the spec byte for byte, and a hand-made file loads") {
   TempDir dir;
   const std::uint8_t b[] = {7, 9};
   save_safetensors(dir.path / "w.safetensors", {make_tensor<std::uint8_t>("x", {2}, b)}, {{"k", "v"}});

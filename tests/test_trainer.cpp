@@ -90,7 +90,7 @@ TEST_CASE("4 members on 4 devices and 4 members on 1 device start from the same 
   CHECK(diff <= 1e-4f);
 }
 
-TEST_CASE("data parallel over 2 devices matches 1 device with the same batch; replicas stay identical") {
+TEST_CASE("data parallel over 2 devices matches 1 device with the same batch, and the replicas stay identical") {
   TrainConfig one = small(1, 1), two = small(2, 1);
   one.mode = two.mode = Mode::data_parallel;
   Trainer a(one, data().train, data().test), b(two, data().train, data().test);
