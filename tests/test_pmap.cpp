@@ -5,6 +5,8 @@
 #include <atomic>
 #include <chrono>
 #include <thread>
+#include <type_traits>
+#include <utility>
 
 #include <pmap/pmap.h>
 
@@ -139,6 +141,62 @@ TEST_CASE("CPU reductions are bitwise identical on every device and from run to 
   for (int d = 0; d < 5; ++d) {
     CHECK(a[static_cast<std::size_t>(d)] == expect);
     CHECK(b[static_cast<std::size_t>(d)] == expect);
+  }
+}
+
+TEST_CASE_TEMPLATE("psum and psum_scatter equal the scalar rank-order sum at every length and offset", T, float,
+                   double, std::int32_t, std::uint8_t) {
+  // The CPU hub sums 16-byte vectors with a scalar tail; each device reduces its own slice of the
+  // elements, so lengths around the vector width exercise every split between the two paths.
+  auto value = [](int r, std::size_t k) {
+    if constexpr (std::is_floating_point_v<T>) return static_cast<T>(T(1000) / static_cast<T>(r * 13 + static_cast<int>(k) + 1));
+    else return static_cast<T>(r * 37 + static_cast<int>(k) * 11 + 5);  // u8 wraps, as the sum does
+  };
+  for (int n : {2, 3}) {
+    auto mesh = cpu_mesh(n);
+    for (std::size_t len : {std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{17}, std::size_t{66},
+                            std::size_t{1003}}) {
+      CAPTURE(n);
+      CAPTURE(len);
+      std::vector<T> expect(len);
+      for (std::size_t k = 0; k < len; ++k) {
+        T acc = value(0, k);
+        for (int r = 1; r < n; ++r) acc = static_cast<T>(acc + value(r, k));
+        expect[k] = acc;
+      }
+      auto sums = pmap::pmap([&](int) {
+        const int r = pmap::axis_index("i");
+        std::vector<T> v(len);
+        for (std::size_t k = 0; k < len; ++k) v[k] = value(r, k);
+        const auto shape = std::vector<std::int64_t>{static_cast<std::int64_t>(len)};
+        pmap::Array x = pmap::Array::from_host(v, shape);
+        pmap::Array y = pmap::psum(x, "i");
+        pmap::psum_inplace(x, "i");
+        return std::make_pair(y.template to_vector<T>(), x.template to_vector<T>());
+      }, mesh)(0);
+      for (int d = 0; d < n; ++d) {
+        CHECK(sums[static_cast<std::size_t>(d)].first == expect);
+        CHECK(sums[static_cast<std::size_t>(d)].second == expect);
+      }
+      const std::size_t rows = len * static_cast<std::size_t>(n);  // psum_scatter: each device keeps len elements
+      auto scattered = pmap::pmap([&](int) {
+        const int r = pmap::axis_index("i");
+        std::vector<T> v(rows);
+        for (std::size_t k = 0; k < rows; ++k) v[k] = value(r, k);
+        const auto shape = std::vector<std::int64_t>{static_cast<std::int64_t>(rows)};
+        return pmap::psum_scatter(pmap::Array::from_host(v, shape), "i", true).template to_vector<T>();
+      }, mesh)(0);
+      for (int d = 0; d < n; ++d) {
+        std::vector<T> want(len);
+        for (std::size_t k = 0; k < len; ++k) {
+          const std::size_t e = static_cast<std::size_t>(d) * len + k;
+          T acc = value(0, e);
+          for (int r = 1; r < n; ++r) acc = static_cast<T>(acc + value(r, e));
+          want[k] = acc;
+        }
+        CHECK(scattered[static_cast<std::size_t>(d)] == want);
+      }
+    }
   }
 }
 
