@@ -88,7 +88,7 @@ void Trainer::save_checkpoint(const std::filesystem::path& path) const {
       {"member_keys", keys.dump()},
       {"history", history.dump()},
   };
-  save_safetensors(path, tensors, meta);
+  if (is_main_process()) save_safetensors(path, tensors, meta);
 }
 
 void Trainer::load_checkpoint(const std::filesystem::path& path) {

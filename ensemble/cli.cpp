@@ -117,7 +117,8 @@ std::string cli_help(const std::string& program) {
          "Devices:\n"
          "  --backend cpu|cuda    device kind                            [cpu]\n"
          "  --devices N           devices in the mesh  [PMAPCC_CPU_DEVICES, else cores; all GPUs]\n"
-         "  --members N           ensemble members, a multiple of --devices  [one per device]\n"
+         "                        (under mpirun/srun: per process; the mesh spans all processes)\n"
+         "  --members N           ensemble members, a multiple of all devices  [one per device]\n"
          "  --mode M              ensemble | data-parallel               [ensemble]\n"
          "Training:\n"
          "  --epochs E            epochs                                 [10]\n"
@@ -133,7 +134,10 @@ std::string cli_help(const std::string& program) {
          "Checkpoints:\n"
          "  --save PATH           write a checkpoint after every epoch (safetensors)\n"
          "  --resume PATH         continue from a checkpoint (same seed, members and recipe)\n"
-         "  -h, --help            this text\n";
+         "  -h, --help            this text\n"
+         "\n"
+         "Several processes: mpirun -np P mnist_ensemble --devices N ... trains on P x N devices; the first\n"
+         "process prints and writes every output, with every member in its checkpoints.\n";
 }
 
 }  // namespace pmap::ensemble

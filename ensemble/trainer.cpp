@@ -1,9 +1,11 @@
 // Trainer: configuration checks, member initialization, the epoch loop and evaluation.
 #include "ensemble/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
+#include <pmap/distributed.h>
 #include <pmap/error.h>
 
 namespace pmap::ensemble {
@@ -14,7 +16,10 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 Mesh build_mesh(const TrainConfig& c) {
-  auto devices = local_devices(c.backend, c.devices > 0 ? c.devices : -1);
+  // Under mpirun/srun (distributed::initialize() called), the mesh spans every process's devices.
+  const int local_n = c.devices > 0 ? c.devices : -1;
+  auto devices = distributed::process_count() > 1 ? distributed::global_devices(c.backend, local_n)
+                                                  : local_devices(c.backend, local_n);
   MeshOptions options;
   options.pin_threads = c.pin_threads;
   return Mesh(std::move(devices), c.mode == Mode::ensemble ? "ensemble" : "data", options);
@@ -69,6 +74,7 @@ Json TrainConfig::to_json() const {
   j.set("test_limit", test_limit);
   j.set("eval_batch", eval_batch);
   j.set("pin_threads", pin_threads);
+  j.set("processes", processes);
   return j;
 }
 
@@ -77,6 +83,11 @@ Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
       model_(flax_mnist_cnn({train.rows, train.cols, 1}, train.num_classes)), mesh_(build_mesh(config)) {
   const int devices = mesh_.size();
   config_.devices = devices;
+  config_.processes = 1;
+  for (const Device& d : mesh_.devices()) config_.processes = std::max(config_.processes, d.process + 1);
+  for (const Device& d : mesh_.local_devices())
+    mesh_index_.push_back(static_cast<int>(std::find(mesh_.devices().begin(), mesh_.devices().end(), d) -
+                                           mesh_.devices().begin()));
   if (config_.members == 0) config_.members = config_.mode == Mode::ensemble ? devices : 1;
   check_config(config_, devices, train, test);
   total_members_ = config_.members;
@@ -93,7 +104,7 @@ Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
   const int eval_batch = std::min<int>(config_.eval_batch, static_cast<int>(test.count));
   std::vector<DeviceWork*> ptrs;
   std::vector<TrainState> states;
-  for (const Device& d : mesh_.devices()) {
+  for (const Device& d : mesh_.local_devices()) {
     work_.push_back(std::make_unique<DeviceWork>(*model_, d, members_per_device_, rows, eval_batch));
     ptrs.push_back(work_.back().get());
     const Shape s{members_per_device_ * model_->params_per_member()};
@@ -136,25 +147,49 @@ EpochMetrics Trainer::run_epoch(const StepCallback& on_step) {
   auto step_fn = pmap::pmap([](TrainState& s, DeviceWork* w, const HostBatch& b, const StepOptions& o) {
     return train_step(s, *w, b, o);
   }, mesh_);
-  double loss_sum = 0, correct = 0;
+  // Every device's per-step losses and correct counts, kept per local device and gathered over the mesh
+  // after the epoch: the epoch's figures are then summed in one order (step, device, member) on every
+  // process, whichever process ran which device. The progress display gets this process's running loss.
+  const int local = mesh_.local_size(), per = members_per_device_;
+  const auto per_step = static_cast<std::size_t>(per);
+  std::vector<std::vector<float>> step_loss(static_cast<std::size_t>(local), std::vector<float>(static_cast<std::size_t>(steps) * per_step));
+  std::vector<std::vector<std::int32_t>> step_correct(static_cast<std::size_t>(local), std::vector<std::int32_t>(step_loss[0].size()));
+  const double shown_divisor = static_cast<double>(local) * (options_.data_parallel ? 1 : per);
+  double shown_loss = 0;
   const auto t0 = Clock::now();
   for (int s = 0; s < steps; ++s) {
     HostBatch b = gather_batch(order, static_cast<std::int64_t>(s) * config_.batch_size, config_.batch_size, train_);
     auto res = step_fn(states_, work_ptrs_, b, options_);
-    double step_loss = 0;
-    for (const auto& r : res) {
-      for (float l : r.loss) step_loss += l;
-      for (auto c : r.correct) correct += c;
-    }
-    // Ensemble: the mean over all members; data parallel: the mean over the devices' blocks.
-    loss_sum += step_loss / static_cast<double>(options_.data_parallel ? mesh_.size() : total_members_);
+    double local_loss = 0;
+    for (std::size_t i = 0; i < res.size(); ++i)
+      for (std::size_t j = 0; j < per_step; ++j) {
+        step_loss[i][static_cast<std::size_t>(s) * per_step + j] = res[i].loss[j];
+        step_correct[i][static_cast<std::size_t>(s) * per_step + j] = res[i].correct[j];
+        local_loss += res[i].loss[j];
+      }
+    shown_loss += local_loss / shown_divisor;
     if (on_step) {
       const double secs = seconds_since(t0);
-      on_step(s + 1, steps, loss_sum / (s + 1),
+      on_step(s + 1, steps, shown_loss / (s + 1),
               secs > 0 ? static_cast<double>(total_members_) * config_.batch_size * (s + 1) / secs : 0.0);
     }
   }
   m.seconds = seconds_since(t0);
+  const std::vector<float> all_loss = from_all_devices(step_loss);
+  const std::vector<std::int32_t> all_correct = from_all_devices(step_correct);
+  const auto devices = static_cast<std::size_t>(mesh_.size()), n_steps = static_cast<std::size_t>(steps);
+  // Ensemble: the mean over all members; data parallel: the mean over the devices' blocks.
+  const double divisor = static_cast<double>(options_.data_parallel ? mesh_.size() : total_members_);
+  double loss_sum = 0, correct = 0;
+  for (std::size_t s = 0; s < n_steps; ++s) {
+    double step_sum = 0;
+    for (std::size_t d = 0; d < devices; ++d)
+      for (std::size_t j = 0; j < per_step; ++j) {
+        step_sum += all_loss[(d * n_steps + s) * per_step + j];
+        correct += all_correct[(d * n_steps + s) * per_step + j];
+      }
+    loss_sum += step_sum / divisor;
+  }
   const double seen = static_cast<double>(steps) * config_.batch_size;
   m.train_loss = steps > 0 ? loss_sum / steps : 0.0;
   m.train_accuracy = steps > 0 ? correct / (seen * total_members_) : 0.0;
@@ -173,20 +208,29 @@ void Trainer::evaluate(EpochMetrics& m) {
   }, mesh_);
   std::vector<std::uint32_t> order(static_cast<std::size_t>(test_.count));
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::uint32_t>(i);
-  std::vector<double> loss(static_cast<std::size_t>(total_members_), 0.0), right(loss.size(), 0.0);
+  // Per local device: each member's loss sum (loss × batch size over the batches) and correct count,
+  // then gathered over the mesh. Every device holds the ensemble's count (it comes from a pmean).
+  const auto per = static_cast<std::size_t>(members_per_device_);
+  std::vector<std::vector<double>> sums(static_cast<std::size_t>(mesh_.local_size()), std::vector<double>(2 * per, 0.0));
   double ensemble_right = 0;
   for (std::int64_t begin = 0; begin < test_.count; begin += config_.eval_batch) {
     const int size = static_cast<int>(std::min<std::int64_t>(config_.eval_batch, test_.count - begin));
     auto res = eval_fn(states_, work_ptrs_, gather_batch(order, begin, size, test_), options_);
-    const int devices_reporting = options_.data_parallel ? 1 : mesh_.size();
-    for (int d = 0; d < devices_reporting; ++d)
-      for (int j = 0; j < members_per_device_; ++j) {
-        const auto g = static_cast<std::size_t>(d * members_per_device_ + j);
-        loss[g] += static_cast<double>(res[static_cast<std::size_t>(d)].loss[static_cast<std::size_t>(j)]) * size;
-        right[g] += res[static_cast<std::size_t>(d)].correct[static_cast<std::size_t>(j)];
+    for (std::size_t i = 0; i < res.size(); ++i)
+      for (std::size_t j = 0; j < per; ++j) {
+        sums[i][j] += static_cast<double>(res[i].loss[j]) * size;
+        sums[i][per + j] += res[i].correct[j];
       }
     ensemble_right += static_cast<double>(res[0].ensemble_correct);
   }
+  const std::vector<double> all = from_all_devices(sums);
+  std::vector<double> loss(static_cast<std::size_t>(total_members_), 0.0), right(loss.size(), 0.0);
+  const std::size_t devices_reporting = options_.data_parallel ? 1 : static_cast<std::size_t>(mesh_.size());
+  for (std::size_t d = 0; d < devices_reporting; ++d)
+    for (std::size_t j = 0; j < per; ++j) {
+      loss[d * per + j] = all[d * 2 * per + j];
+      right[d * per + j] = all[d * 2 * per + per + j];
+    }
   const double n = static_cast<double>(test_.count);
   m.member_test_accuracy.clear();
   m.test_loss = 0;
@@ -199,17 +243,33 @@ void Trainer::evaluate(EpochMetrics& m) {
 
 std::int64_t Trainer::step() const { return states_[0].step; }
 
+bool Trainer::is_main_process() const { return mesh_.devices()[0].process == distributed::process_index(); }
+
+template <class T> std::vector<T> Trainer::from_all_devices(const std::vector<std::vector<T>>& mine) const {
+  std::vector<Array> arrays;
+  for (std::size_t i = 0; i < mine.size(); ++i)
+    arrays.push_back(Array::from_host(mine[i], Shape{static_cast<std::int64_t>(mine[i].size())}, mesh_.local_devices()[i]));
+  const std::string axis = options_.axis;
+  auto gathered = pmap::pmap([&axis](const Array& a) {
+    return all_gather(a, axis, /*tiled=*/true).template to_vector<T>();
+  }, mesh_)(Sharded<Array>(std::move(arrays)));
+  return std::move(gathered[0]);
+}
+
 std::vector<float> Trainer::gather(bool momentum) const {
   const std::int64_t total = total_members_, local = members_per_device_;
+  std::vector<std::vector<float>> mine;
+  for (const TrainState& s : states_) mine.push_back((momentum ? s.momentum : s.params).to_vector<float>());
+  const std::vector<float> all = from_all_devices(mine);
+  const auto per_device = static_cast<std::int64_t>(mine[0].size());
   std::vector<float> out(static_cast<std::size_t>(total * model_->params_per_member()));
   const int devices_holding = options_.data_parallel ? 1 : mesh_.size();
   for (int d = 0; d < devices_holding; ++d) {
-    const Array& a = momentum ? states_[static_cast<std::size_t>(d)].momentum : states_[static_cast<std::size_t>(d)].params;
-    const std::vector<float> host = a.to_vector<float>();
+    const auto host = all.begin() + d * per_device;
     for (const auto& t : model_->tensors())
       for (std::int64_t j = 0; j < local; ++j) {
         const std::int64_t g = d * local + j;
-        std::copy_n(host.begin() + t.offset * local + j * t.size, t.size, out.begin() + t.offset * total + g * t.size);
+        std::copy_n(host + t.offset * local + j * t.size, t.size, out.begin() + t.offset * total + g * t.size);
       }
   }
   return out;
@@ -217,9 +277,9 @@ std::vector<float> Trainer::gather(bool momentum) const {
 
 void Trainer::scatter(const std::vector<float>& params, const std::vector<float>& momentum, std::int64_t step) {
   const std::int64_t total = total_members_, local = members_per_device_;
-  for (int d = 0; d < mesh_.size(); ++d) {
-    TrainState& s = states_[static_cast<std::size_t>(d)];
-    const std::int64_t first = options_.data_parallel ? 0 : d * local;
+  for (std::size_t i = 0; i < mesh_index_.size(); ++i) {
+    TrainState& s = states_[i];
+    const std::int64_t first = options_.data_parallel ? 0 : mesh_index_[i] * local;
     for (auto [src, dst] : {std::pair{&params, &s.params}, std::pair{&momentum, &s.momentum}}) {
       std::vector<float> host(static_cast<std::size_t>(dst->size()));
       for (const auto& t : model_->tensors())

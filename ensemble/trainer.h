@@ -2,6 +2,12 @@
 // at a time, and evaluates members and ensemble on the test set. Keys: key(seed) splits into an init
 // key and a data key; member g starts from split(init_key, members)[g] (so it does not depend on the
 // number of devices); epoch e visits the training set in permutation(fold_in(data_key, e)).
+//
+// Several processes (mpirun/srun, after distributed::initialize()): the mesh spans every process's
+// devices (config.devices of them per process), each process trains the members on its own devices,
+// and per-step and per-member results are all-gathered over the mesh, so every process holds the same
+// metrics, equal bit for bit to one process with as many devices. Every process must make the same
+// calls (run_epoch, evaluate, gather, save_checkpoint, load_checkpoint) in the same order.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +34,8 @@ Mode parse_mode(std::string_view text);  // "ensemble" | "data-parallel"; ValueE
 
 struct TrainConfig {
   DeviceKind backend = DeviceKind::cpu;
-  int devices = 0;   // 0: the default device count (PMAPCC_CPU_DEVICES or cores; all GPUs)
+  int devices = 0;   // 0: the default device count (PMAPCC_CPU_DEVICES or cores; all GPUs); per process.
+                     // Trainer::config().devices is the mesh's total over every process.
   int members = 0;   // 0: one per device (ensemble), 1 (data parallel)
   Mode mode = Mode::ensemble;
   int epochs = 10;
@@ -40,6 +47,7 @@ struct TrainConfig {
   std::int64_t test_limit = -1;
   int eval_batch = 1000;
   bool pin_threads = false;  // pin device worker i to core i (MeshOptions::pin_threads; CPU devices)
+  int processes = 1;         // set by the Trainer: processes the mesh spans
 
   Json to_json() const;  // every field, for metrics and checkpoints
 };
@@ -68,19 +76,29 @@ class Trainer {
   // Per-member test loss/accuracy and the ensemble's accuracy, into m (epoch and timings untouched).
   void evaluate(EpochMetrics& m);
 
+  // Whether this process writes the run's files: the one that owns the mesh's first device (every
+  // process when the mesh does not span processes).
+  bool is_main_process() const;
+
   // Every member's parameters (or momentum), in host memory, members stacked: tensors()[t] of member g
-  // is at [t.offset * M + g * t.size, ...) with M = total_members(). The layout of a checkpoint.
+  // is at [t.offset * M + g * t.size, ...) with M = total_members(). The layout of a checkpoint. On
+  // every process (collective).
   std::vector<float> gather(bool momentum) const;
   void scatter(const std::vector<float>& params, const std::vector<float>& momentum, std::int64_t step);
   std::int64_t step() const;
 
   // Checkpoints (safetensors): everything needed to continue exactly. load_checkpoint checks that the
-  // file was written for the same model, members, seed, batch size and optimizer settings.
+  // file was written for the same model, members, seed, batch size and optimizer settings. Across
+  // processes both are collective: save_checkpoint gathers every member and only the main process
+  // writes; every process reads the file in load_checkpoint (a path all of them can see).
   void save_checkpoint(const std::filesystem::path& path) const;
   void load_checkpoint(const std::filesystem::path& path);
 
  private:
   void init_members();
+  // Every device's `mine` (one host vector per local device, all of one length), over the whole mesh in
+  // mesh order, on every process: an all_gather over the mesh's axis.
+  template <class T> std::vector<T> from_all_devices(const std::vector<std::vector<T>>& mine) const;
   HostBatch gather_batch(const std::vector<std::uint32_t>& order, std::int64_t begin, int size, const Dataset& data);
 
   TrainConfig config_;
@@ -88,6 +106,7 @@ class Trainer {
   const Dataset& test_;
   std::unique_ptr<Sequential> model_;
   Mesh mesh_;
+  std::vector<int> mesh_index_;  // mesh position of each local device
   int members_per_device_ = 1;
   int total_members_ = 1;
   Key init_key_{}, data_key_{};

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Writes a tiny MNIST-shaped IDX dataset (learnable: the label is drawn as a bright block) for CLI tests.
 
-usage: make_idx.py DIR [train_count test_count]
+usage: make_idx.py DIR [train_count test_count [label_noise]]
+
+label_noise: the fraction of labels replaced by a random class (the images keep their block), so that
+accuracies stay below 100% and differences between runs show.
 """
 import os, random, struct, sys
 
@@ -9,7 +12,7 @@ def write(path, magic, dims, payload):
     with open(path, "wb") as f:
         f.write(struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in dims) + payload)
 
-def images_and_labels(n, rng):
+def images_and_labels(n, rng, noise=0.0):
     imgs, labels = bytearray(), bytearray()
     for _ in range(n):
         label = rng.randrange(10)
@@ -19,17 +22,18 @@ def images_and_labels(n, rng):
             for c in range(c0, c0 + 4):
                 img[r * 28 + c] = 255
         imgs += img
-        labels.append(label)
+        labels.append(rng.randrange(10) if noise > 0 and rng.random() < noise else label)
     return bytes(imgs), bytes(labels)
 
 def main():
     out = sys.argv[1]
     ntrain = int(sys.argv[2]) if len(sys.argv) > 2 else 512
     ntest = int(sys.argv[3]) if len(sys.argv) > 3 else 200
+    noise = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
     os.makedirs(out, exist_ok=True)
     rng = random.Random(0)
     for prefix, n in (("train", ntrain), ("t10k", ntest)):
-        imgs, labels = images_and_labels(n, rng)
+        imgs, labels = images_and_labels(n, rng, noise)
         write(os.path.join(out, prefix + "-images-idx3-ubyte"), 0x803, (n, 28, 28), imgs)
         write(os.path.join(out, prefix + "-labels-idx1-ubyte"), 0x801, (n,), labels)
 
