@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <span>
 
 #include <pmap/distributed.h>
 #include <pmap/error.h>
@@ -47,6 +48,24 @@ void check_config(const TrainConfig& c, int devices, const Dataset& train, const
         " training examples (see --train-limit)");
   if (test.count < 1) bad("the test set is empty");
   if (train.rows != test.rows || train.cols != test.cols) bad("training and test images differ in size");
+}
+
+// FNV-1a over the bytes of `data`, continuing from `h`.
+std::uint64_t fnv1a(std::span<const std::uint8_t> data, std::uint64_t h = 14695981039346656037ull) {
+  for (std::uint8_t b : data) h = (h ^ b) * 1099511628211ull;
+  return h;
+}
+
+std::uint64_t fingerprint(const Json& config, const Dataset& train, const Dataset& test) {
+  const std::string text = config.dump();
+  std::uint64_t h = fnv1a({reinterpret_cast<const std::uint8_t*>(text.data()), text.size()});
+  for (const Dataset* d : {&train, &test}) {
+    const std::int64_t dims[3] = {d->count, d->rows, d->cols};
+    h = fnv1a({reinterpret_cast<const std::uint8_t*>(dims), sizeof(dims)}, h);
+    h = fnv1a(d->images, h);
+    h = fnv1a(d->labels, h);
+  }
+  return h;
 }
 
 }  // namespace
@@ -116,7 +135,24 @@ Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
   const std::size_t host_batch = static_cast<std::size_t>(std::max(config_.batch_size, eval_batch));
   batch_images_.resize(host_batch * example);
   batch_labels_.resize(host_batch);
+  if (config_.processes > 1) check_processes_agree();
   init_members();
+}
+
+void Trainer::check_processes_agree() const {
+  // Processes started with different flags or data would train different things under one mesh.
+  const std::uint64_t mine = fingerprint(config_.to_json(), train_, test_);
+  const auto all = from_all_devices(std::vector<std::vector<std::int64_t>>(
+      static_cast<std::size_t>(mesh_.local_size()), std::vector<std::int64_t>{static_cast<std::int64_t>(mine)}));
+  std::string differ;
+  for (std::size_t d = 0; d < all.size(); ++d)
+    if (static_cast<std::uint64_t>(all[d]) != static_cast<std::uint64_t>(all[0]))
+      differ += (differ.empty() ? "" : ", ") + std::to_string(mesh_.devices()[d].process);
+  if (!differ.empty())
+    throw ValueError("the processes of this run differ in their flags or data (process " + differ +
+                     " against process 0): every process must get the same flags and the same data files; this "
+                     "process has " + config_.to_json().dump() + " and " + std::to_string(train_.count) + " + " +
+                     std::to_string(test_.count) + " examples");
 }
 
 Trainer::~Trainer() = default;
@@ -144,52 +180,43 @@ EpochMetrics Trainer::run_epoch(const StepCallback& on_step) {
   const auto order = permutation(fold_in(data_key_, static_cast<std::uint32_t>(epochs_done_)),
                                  static_cast<std::uint32_t>(train_.count));
   const int steps = steps_per_epoch();
-  auto step_fn = pmap::pmap([](TrainState& s, DeviceWork* w, const HostBatch& b, const StepOptions& o) {
-    return train_step(s, *w, b, o);
+  // Each step all-gathers every device's member losses and correct counts (counts are exact in f32), so
+  // that every process sums the same values in one order (device, member) and the processes of a mesh
+  // that spans several stay in step: a lost process is noticed within a step, not at the epoch's end.
+  const auto per = static_cast<std::size_t>(members_per_device_);
+  auto step_fn = pmap::pmap([per](TrainState& s, DeviceWork* w, const HostBatch& b, const StepOptions& o) {
+    const StepResult r = train_step(s, *w, b, o);
+    std::vector<float> mine(2 * per);
+    for (std::size_t j = 0; j < per; ++j) {
+      mine[j] = r.loss[j];
+      mine[per + j] = static_cast<float>(r.correct[j]);
+    }
+    const Array stats = Array::from_host(mine, Shape{static_cast<std::int64_t>(mine.size())}, current_device());
+    return all_gather(stats, o.axis, /*tiled=*/true).to_vector<float>();  // (devices, 2 * per)
   }, mesh_);
-  // Every device's per-step losses and correct counts, kept per local device and gathered over the mesh
-  // after the epoch: the epoch's figures are then summed in one order (step, device, member) on every
-  // process, whichever process ran which device. The progress display gets this process's running loss.
-  const int local = mesh_.local_size(), per = members_per_device_;
-  const auto per_step = static_cast<std::size_t>(per);
-  std::vector<std::vector<float>> step_loss(static_cast<std::size_t>(local), std::vector<float>(static_cast<std::size_t>(steps) * per_step));
-  std::vector<std::vector<std::int32_t>> step_correct(static_cast<std::size_t>(local), std::vector<std::int32_t>(step_loss[0].size()));
-  const double shown_divisor = static_cast<double>(local) * (options_.data_parallel ? 1 : per);
-  double shown_loss = 0;
+  // Ensemble: the mean over all members; data parallel: the mean over the devices' blocks.
+  const double divisor = static_cast<double>(options_.data_parallel ? mesh_.size() : total_members_);
+  const auto devices = static_cast<std::size_t>(mesh_.size());
+  double loss_sum = 0, correct = 0;
   const auto t0 = Clock::now();
   for (int s = 0; s < steps; ++s) {
     HostBatch b = gather_batch(order, static_cast<std::int64_t>(s) * config_.batch_size, config_.batch_size, train_);
     auto res = step_fn(states_, work_ptrs_, b, options_);
-    double local_loss = 0;
-    for (std::size_t i = 0; i < res.size(); ++i)
-      for (std::size_t j = 0; j < per_step; ++j) {
-        step_loss[i][static_cast<std::size_t>(s) * per_step + j] = res[i].loss[j];
-        step_correct[i][static_cast<std::size_t>(s) * per_step + j] = res[i].correct[j];
-        local_loss += res[i].loss[j];
+    const std::vector<float>& all = res[0];
+    double step_loss = 0;
+    for (std::size_t d = 0; d < devices; ++d)
+      for (std::size_t j = 0; j < per; ++j) {
+        step_loss += all[d * 2 * per + j];
+        correct += all[d * 2 * per + per + j];
       }
-    shown_loss += local_loss / shown_divisor;
+    loss_sum += step_loss / divisor;
     if (on_step) {
       const double secs = seconds_since(t0);
-      on_step(s + 1, steps, shown_loss / (s + 1),
+      on_step(s + 1, steps, loss_sum / (s + 1),
               secs > 0 ? static_cast<double>(total_members_) * config_.batch_size * (s + 1) / secs : 0.0);
     }
   }
   m.seconds = seconds_since(t0);
-  const std::vector<float> all_loss = from_all_devices(step_loss);
-  const std::vector<std::int32_t> all_correct = from_all_devices(step_correct);
-  const auto devices = static_cast<std::size_t>(mesh_.size()), n_steps = static_cast<std::size_t>(steps);
-  // Ensemble: the mean over all members; data parallel: the mean over the devices' blocks.
-  const double divisor = static_cast<double>(options_.data_parallel ? mesh_.size() : total_members_);
-  double loss_sum = 0, correct = 0;
-  for (std::size_t s = 0; s < n_steps; ++s) {
-    double step_sum = 0;
-    for (std::size_t d = 0; d < devices; ++d)
-      for (std::size_t j = 0; j < per_step; ++j) {
-        step_sum += all_loss[(d * n_steps + s) * per_step + j];
-        correct += all_correct[(d * n_steps + s) * per_step + j];
-      }
-    loss_sum += step_sum / divisor;
-  }
   const double seen = static_cast<double>(steps) * config_.batch_size;
   m.train_loss = steps > 0 ? loss_sum / steps : 0.0;
   m.train_accuracy = steps > 0 ? correct / (seen * total_members_) : 0.0;

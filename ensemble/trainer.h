@@ -96,6 +96,7 @@ class Trainer {
 
  private:
   void init_members();
+  void check_processes_agree() const;  // ValueError unless every process has the same config and data
   // Every device's `mine` (one host vector per local device, all of one length), over the whole mesh in
   // mesh order, on every process: an all_gather over the mesh's axis.
   template <class T> std::vector<T> from_all_devices(const std::vector<std::vector<T>>& mine) const;

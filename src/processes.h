@@ -23,7 +23,7 @@ int process_index();  // 0 in a single-process program
 int process_count();  // 1 in a single-process program
 
 // How long a process waits for the others before declaring them lost: MeshOptions::process_timeout
-// when positive, else PMAPCC_MPI_TIMEOUT (seconds), else 10 s. Malformed values raise ValueError.
+// when positive, else PMAPCC_MPI_TIMEOUT (seconds), else 8 s. Malformed values raise ValueError.
 std::chrono::milliseconds process_timeout(std::chrono::milliseconds configured);
 
 // Every process's `values` (any length), in process order; `what` names the call in errors. Every

@@ -27,7 +27,7 @@ struct MeshOptions {
   // Pin worker thread i to core i % cores (CPU devices only; a no-op where unsupported).
   bool pin_threads = false;
   // Meshes spanning processes: how long a collective waits for the other processes before declaring
-  // the missing ones lost (Timeout). Zero: PMAPCC_MPI_TIMEOUT (seconds) from the environment, else 10 s.
+  // the missing ones lost (Timeout). Zero: PMAPCC_MPI_TIMEOUT (seconds) from the environment, else 8 s.
   std::chrono::milliseconds process_timeout{0};
 };
 
