@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <pmap/dtype.h>
@@ -30,6 +31,10 @@ void cuda_memset_zero(int ordinal, void* ptr, std::size_t bytes);
 void cuda_copy(void* dst, const Device& dst_device, const void* src, const Device& src_device, std::size_t bytes);
 // Makes `ordinal` the calling thread's current GPU (worker threads call this once).
 void cuda_bind_thread(int ordinal);
+
+// GPU `ordinal`'s UUID as 32 hex digits (the same GPU reads the same in every process, whatever its
+// ordinal there); "" when it cannot be read (no GPU, no driver, no CUDA build). Never throws.
+std::string cuda_gpu_uuid(int ordinal) noexcept;
 
 // Lets every GPU in `ordinals` read and write every other's memory (peer access over NVLink / PCIe);
 // false, changing nothing that matters, when some pair cannot. Idempotent.

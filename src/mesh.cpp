@@ -7,10 +7,15 @@
 #include <cstdlib>
 #include <exception>
 #include <limits>
+#include <map>
 #include <set>
 #include <string_view>
 
+#include <unistd.h>
+
 #include <pmap/error.h>
+
+#include "processes.h"
 
 namespace pmap {
 
@@ -54,6 +59,37 @@ bool one_gpu_per_device(const std::vector<Device>& devices) {
   return devices.size() > 1 || (devices.size() == 1 && nccl_single_gpu());
 }
 
+// A mesh of CUDA devices spanning processes: "" when no GPU runs two of its devices (NCCL needs a GPU of
+// its own for each rank), else which GPU does. GPUs are told apart by UUID (ordinals differ between
+// processes that see different GPUs), or by host name and ordinal where the UUID cannot be read.
+// Collective over every process.
+std::string gpu_clash_across_processes(const std::vector<Device>& local) {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  auto fnv1a = [](const std::string& text) {
+    std::uint64_t h = 14695981039346656037ull;
+    for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+    return static_cast<std::int64_t>(h);
+  };
+  std::vector<std::int64_t> mine;  // pairs: (GPU identity hash, ordinal)
+  for (const Device& d : local) {
+    const std::string uuid = cuda_gpu_uuid(d.ordinal);
+    mine.push_back(fnv1a(uuid.empty() ? std::string(host) + ":" + std::to_string(d.ordinal) : "uuid:" + uuid));
+    mine.push_back(d.ordinal);
+  }
+  const auto all = gather_from_processes(mine, "Mesh construction (GPUs per device)");
+  std::map<std::int64_t, std::size_t> owner;  // GPU -> process
+  for (std::size_t p = 0; p < all.size(); ++p)
+    for (std::size_t k = 0; k + 1 < all[p].size(); k += 2) {
+      auto [it, fresh] = owner.emplace(all[p][k], p);
+      if (!fresh)
+        return "one GPU runs devices of process " + std::to_string(it->second) +
+               (it->second == p ? " twice" : " and process " + std::to_string(p)) + " (GPU " +
+               std::to_string(all[p][k + 1]) + " of process " + std::to_string(p) + ")";
+    }
+  return {};
+}
+
 }  // namespace
 
 DeviceContext& current_context(const char* what) {
@@ -95,11 +131,21 @@ MeshImpl::MeshImpl(std::vector<Device> devices, std::vector<AxisSpec> axes, Mesh
     throw ValueError("Mesh: none of its " + std::to_string(size()) + " devices belongs to this process (process " +
                      std::to_string(me) + ")");
   const bool spans_processes = local_.size() != devices_.size();
-  if (spans_processes && nccl_single_gpu() &&
-      std::any_of(devices_.begin(), devices_.end(), [](const Device& d) { return !d.is_cpu(); })) {
-    throw NotAvailable("Mesh: PMAPCC_NCCL_SINGLE_GPU=1 asks for NCCL, but this mesh spans processes, and pmapcc "
-                       "builds NCCL communicators only within one process (the CUDA devices of a mesh spanning "
-                       "processes meet through the host, over MPI); unset PMAPCC_NCCL_SINGLE_GPU");
+  const bool all_cuda = std::none_of(devices_.begin(), devices_.end(), [](const Device& d) { return d.is_cpu(); });
+  // NCCL connects CUDA devices that each have a GPU of their own: within one process, or across
+  // processes (a communicator over every process's devices, bootstrapped over MPI). Otherwise CUDA
+  // collectives meet in the hub (see comm_kind).
+  bool use_nccl = false;
+  if (spans_processes && all_cuda) {
+    const std::string clash = gpu_clash_across_processes(local_devices_);
+    if (nccl_single_gpu() && (!nccl_available() || !clash.empty()))
+      throw NotAvailable("Mesh: PMAPCC_NCCL_SINGLE_GPU=1 asks for NCCL across processes, but " +
+                         (nccl_available() ? clash + ", and NCCL needs a GPU of its own for every device"
+                                           : std::string("this pmapcc was built without NCCL")) +
+                         "; unset PMAPCC_NCCL_SINGLE_GPU to stage the collectives through the host");
+    use_nccl = nccl_available() && clash.empty();
+  } else if (!spans_processes) {
+    use_nccl = one_gpu_per_device(devices_) && nccl_available();
   }
   if (spans_processes) transport_ = make_mesh_transport(devices_, axes_, options_);
   std::vector<std::string> names;
@@ -107,12 +153,11 @@ MeshImpl::MeshImpl(std::vector<Device> devices, std::vector<AxisSpec> axes, Mesh
   hub_ = std::make_unique<ThreadHub>(names, options_.collective_timeout);
   streams_.reserve(devices_.size());
   for (const auto& d : devices_) streams_.emplace_back(!d.is_cpu() && d.process == me, d.ordinal);
-  // NCCL's communicators are built here from one process (ncclCommInitAll); a mesh spanning processes
-  // stages its CUDA devices' collectives through the host and MPI instead (see comm_kind).
-  if (!spans_processes && one_gpu_per_device(devices_) && nccl_available()) {
+  if (use_nccl) {
     std::vector<int> ordinals;
-    for (const auto& d : devices_) ordinals.push_back(d.ordinal);
-    nccl_ = make_nccl_clique(ordinals, *hub_, options_.collective_timeout);
+    for (const auto& d : local_devices_) ordinals.push_back(d.ordinal);
+    nccl_ = make_nccl_clique(local_, ordinals, size(), spans_processes, *hub_, options_.collective_timeout,
+                             spans_processes ? process_timeout(options_.process_timeout) : options_.collective_timeout);
   }
   build_comms();
   workers_ = std::make_unique<WorkerPool>(local_devices_, options_.pin_threads);
@@ -231,18 +276,19 @@ void MeshImpl::build_comms() {
   }
 }
 
-// CPU devices meet in the host hub. CUDA devices of a single-process mesh: NCCL when every device of the
-// mesh has its own GPU. Virtual devices meet in the hub and move the data on the GPU, in device order
-// (bitwise the CPU devices' results): on one GPU, or across GPUs that can all reach each other's memory
-// (peer access); otherwise the group is staged through the host. A mesh spanning processes stages every
+// CPU devices meet in the host hub. CUDA devices: NCCL when every device of the mesh has a GPU of its own
+// (within one process or across processes), for groups of two or more devices. Otherwise, within one
+// process, virtual devices meet in the hub and move the data on the GPU, in device order (bitwise the CPU
+// devices' results): on one GPU, or across GPUs that can all reach each other's memory (peer access);
+// otherwise the group is staged through the host. A mesh spanning processes without NCCL stages every
 // CUDA group through the host (the hub, and MPI for groups that span processes), including its groups
 // that happen to lie within one process: one rule for the whole mesh, and no device pointers ever reach
-// the MPI exchange.
+// the MPI exchange (with NCCL, the MPI exchange only checks that the processes call the same collective).
 MeshImpl::CommKind MeshImpl::comm_kind(const Group& g) {
+  if (nccl_ && (g.size > 1 || nccl_single_gpu())) return CommKind::nccl;
   if (transport_ != nullptr || g.remote != nullptr) return CommKind::host_hub;
   const Device& first = devices_[static_cast<std::size_t>(g.members.front())];
   if (first.is_cpu()) return CommKind::host_hub;
-  if (nccl_ && (g.members.size() > 1 || nccl_single_gpu())) return CommKind::nccl;
   std::set<int> gpus;
   for (int m : g.members) {
     const Device& d = devices_[static_cast<std::size_t>(m)];
@@ -260,7 +306,7 @@ MeshImpl::CommKind MeshImpl::comm_kind(const Group& g) {
 void MeshImpl::build_nccl_comms() {
   std::vector<std::exception_ptr> errors(devices_.size());
   workers_->run_all([&](int i) {
-    const int d = local_[static_cast<std::size_t>(i)];  // == i: NCCL meshes are single-process
+    const int d = local_[static_cast<std::size_t>(i)];
     cuda_set_thread_stream(streams_[static_cast<std::size_t>(d)].get());
     try {
       for (auto& [k, ac] : comms_) {
@@ -268,8 +314,8 @@ void MeshImpl::build_nccl_comms() {
         if (ac.comms[du] != nullptr) continue;  // a thread-hub communicator
         const int color = ac.group_of[du];
         const Group& g = ac.groups[static_cast<std::size_t>(color)];
-        const int rank = static_cast<int>(std::find(g.members.begin(), g.members.end(), d) - g.members.begin());
-        ac.comms[du] = nccl_->split(d, color, rank, g);
+        const auto local_rank = std::find(g.members.begin(), g.members.end(), d) - g.members.begin();
+        ac.comms[du] = nccl_->split(d, color, g.ranks[static_cast<std::size_t>(local_rank)], static_cast<int>(local_rank), g);
       }
     } catch (Error& e) {
       errors[static_cast<std::size_t>(d)] = std::current_exception();

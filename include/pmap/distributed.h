@@ -5,10 +5,13 @@
 // device (Mesh::local_devices(), in mesh order), as jax.pmap's inputs and outputs do in a
 // multi-process program.
 //
-// CUDA devices: within one process, collectives of one-GPU-per-device meshes run on NCCL and those of
-// virtual devices on the GPU (device hub). A mesh spanning processes stages every collective of its
-// CUDA devices through host memory and MPI instead (results bitwise those of CPU devices; NCCL across
-// processes is not implemented, and PMAPCC_NCCL_SINGLE_GPU=1 on such a mesh raises NotAvailable).
+// CUDA devices: where every device of the mesh has a GPU of its own, collectives run on NCCL, within
+// one process or across processes (one NCCL communicator over every process's devices: the process
+// running mesh device 0 makes the ncclUniqueId and MPI carries it to the others; the MPI exchange then
+// only checks that every process calls the same collective). Within one process, virtual devices
+// sharing GPUs meet on the GPU (device hub). A mesh spanning processes whose processes share a GPU
+// stages every CUDA collective through host memory and MPI (results bitwise those of CPU devices);
+// PMAPCC_NCCL_SINGLE_GPU=1 on such a mesh raises NotAvailable.
 //
 // Failures: a process that dies, hangs or fails makes every other process raise in its next
 // collective across processes (Aborted when a peer reported its failure, Timeout when a peer did not

@@ -91,6 +91,22 @@ void cuda_copy(void* dst, const Device& dst_device, const void* src, const Devic
 
 void cuda_bind_thread(int ordinal) { PMAPCC_CUDA_CHECK(cudaSetDevice(ordinal)); }
 
+std::string cuda_gpu_uuid(int ordinal) noexcept {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, ordinal) != cudaSuccess) {
+    cudaGetLastError();  // clear the error, so that later calls report their own
+    return {};
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (char c : prop.uuid.bytes) {
+    const auto b = static_cast<unsigned char>(c);
+    out += hex[b >> 4];
+    out += hex[b & 15];
+  }
+  return out;
+}
+
 bool cuda_enable_peer_access(const std::vector<int>& ordinals) {
   for (int a : ordinals) {
     for (int b : ordinals) {

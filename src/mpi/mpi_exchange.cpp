@@ -21,7 +21,8 @@ struct Header {
   std::uint64_t perm_id = 0;
   std::uint64_t axes_hash = 0;
   std::int32_t root = 0;
-  std::uint8_t kind = 0, reduce = 0, dtype = 0, unused = 0;
+  std::uint8_t kind = 0, reduce = 0, dtype = 0;
+  std::uint8_t check_only = 0;  // signatures only: NCCL moves the data
   char name[24] = {};  // for messages (truncated)
   char axes[40] = {};
 };
@@ -40,7 +41,7 @@ template <std::size_t N> void copy_text(char (&dst)[N], const std::string& src) 
 bool same(const Header& a, const Header& b) {
   return a.epoch == b.epoch && a.seq == b.seq && a.count == b.count && a.perm_id == b.perm_id &&
          a.axes_hash == b.axes_hash && a.root == b.root && a.kind == b.kind && a.reduce == b.reduce &&
-         a.dtype == b.dtype && std::strncmp(a.name, b.name, sizeof a.name) == 0;
+         a.dtype == b.dtype && a.check_only == b.check_only && std::strncmp(a.name, b.name, sizeof a.name) == 0;
 }
 
 std::string describe(const Header& h) {
@@ -102,12 +103,13 @@ void MpiExchange::pack(const std::vector<const CollectiveOp*>& ops, std::uint64_
   h.kind = static_cast<std::uint8_t>(op_.kind);
   h.reduce = static_cast<std::uint8_t>(op_.reduce);
   h.dtype = static_cast<std::uint8_t>(op_.dtype);
+  h.check_only = op_.check_only ? 1 : 0;
   copy_text(h.name, op_.name);
   copy_text(h.axes, layout_.axes);
   const auto& mine = layout_.ranks_of[static_cast<std::size_t>(round_.rank())];
   const std::size_t esize = size_of(op_.dtype);
   std::size_t bytes = sizeof h;
-  for (int r : mine) bytes += contribution(op_.kind, op_.count, op_.root, r, layout_.size) * esize;
+  for (int r : mine) bytes += (op_.check_only ? 0 : contribution(op_.kind, op_.count, op_.root, r, layout_.size)) * esize;
   if (bytes > static_cast<std::size_t>(INT_MAX))
     throw ShapeError(std::string(op_.name) + " over " + layout_.axes + ": " + std::to_string(bytes) +
                      " bytes from one process exceed what one MPI message carries (2 GiB)");
@@ -117,7 +119,7 @@ void MpiExchange::pack(const std::vector<const CollectiveOp*>& ops, std::uint64_
   std::size_t at = sizeof h;
   local_recvs_.clear();
   for (std::size_t k = 0; k < mine.size(); ++k) {
-    const std::size_t n = contribution(op_.kind, op_.count, op_.root, mine[k], layout_.size) * esize;
+    const std::size_t n = (op_.check_only ? 0 : contribution(op_.kind, op_.count, op_.root, mine[k], layout_.size)) * esize;
     if (n > 0) std::memcpy(out.data() + at, ops[k]->send, n);
     at += n;
     local_recvs_.push_back(ops[k]->recv);
@@ -140,7 +142,7 @@ void MpiExchange::index_contributions() {
     const auto& msg = round_.message(q);
     std::size_t at = sizeof(Header);
     for (int r : layout_.ranks_of[static_cast<std::size_t>(q)]) {
-      const std::size_t n = contribution(op_.kind, op_.count, op_.root, r, layout_.size) * esize;
+      const std::size_t n = (op_.check_only ? 0 : contribution(op_.kind, op_.count, op_.root, r, layout_.size)) * esize;
       sends_[static_cast<std::size_t>(r)] = n > 0 ? msg.data() + at : nullptr;
       at += n;
     }
@@ -171,6 +173,7 @@ void MpiExchange::exchange(const std::vector<const CollectiveOp*>& ops, std::uin
 }
 
 void MpiExchange::finish(const CollectiveOp& op, int local_rank, int local_count) {
+  if (op.check_only) return;  // the devices' NCCL communicator moves the data
   const int rank = layout_.ranks_of[static_cast<std::size_t>(round_.rank())][static_cast<std::size_t>(local_rank)];
   const std::size_t esize = size_of(op.dtype);
   const std::size_t bytes = op.count * esize;

@@ -4,9 +4,16 @@
 // ncclCommGetAsyncError against the mesh's collective timeout; an error or a timeout aborts the
 // communicator (ncclCommAbort) and raises NcclError / Timeout. An aborted communicator stays unusable:
 // build a new Mesh.
+//
+// Root communicators: process 0's ncclUniqueId (the process running mesh device 0) reaches every process
+// of a mesh spanning several over MPI; each process then joins its devices with ncclCommInitRankConfig
+// (one NCCL rank per mesh device, grouped, nonblocking, polled against the process timeout).
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <map>
 #include <string>
 #include <thread>
 
@@ -16,6 +23,7 @@
 #include "backend.h"
 #include "nccl/nccl_check.h"
 #include "nccl_clique.h"
+#include "processes.h"
 
 namespace pmap::detail {
 
@@ -56,9 +64,12 @@ void issue(ncclResult_t result, const char* expr, int line) {
 
 class NcclCommunicator final : public Communicator, public OpRunner {
  public:
-  NcclCommunicator(ncclComm_t comm, ThreadHub& hub, const Group& group, int device, int rank,
+  // `rank`: the device's rank in the whole group (its NCCL rank); `local_rank`: its index among this
+  // process's members of the group (its place in the hub).
+  NcclCommunicator(ncclComm_t comm, ThreadHub& hub, const Group& group, int device, int rank, int local_rank,
                    std::chrono::milliseconds timeout)
-      : comm_(comm), hub_(hub), group_(group), device_(device), rank_(rank), timeout_(timeout) {
+      : comm_(comm), hub_(hub), group_(group), device_(device), rank_(rank), local_rank_(local_rank),
+        timeout_(timeout) {
     PMAPCC_CUDA_CHECK(cudaMalloc(&barrier_word_, sizeof(float)));  // up front: no allocation in collectives
   }
   ~NcclCommunicator() override;
@@ -115,6 +126,7 @@ class NcclCommunicator final : public Communicator, public OpRunner {
   const Group& group_;
   int device_;
   int rank_;
+  int local_rank_;
   std::chrono::milliseconds timeout_;
   float* barrier_word_ = nullptr;
   bool aborted_ = false;
@@ -172,7 +184,7 @@ void NcclCommunicator::run(CollectiveOp op) {
                                "on the host); capture the compute around them");
   CollectiveOp check = op;
   check.check_only = true;
-  hub_.collective(device_, group_, rank_, check);  // raises CollectiveMismatch / Timeout / Aborted
+  hub_.collective(device_, group_, local_rank_, check);  // raises CollectiveMismatch / Timeout / Aborted
   const cudaStream_t stream = current_stream();
   enqueue(op, stream);
   wait(op, stream);
@@ -239,45 +251,114 @@ void NcclCommunicator::wait(const CollectiveOp& op, cudaStream_t stream) {
   }
 }
 
+// The ncclUniqueId of the run: made here when this process runs mesh device 0, and sent to the other
+// processes over MPI when the mesh spans several.
+ncclUniqueId bootstrap_id(bool owner, bool spans_processes) {
+  ncclUniqueId id{};
+  if (owner) PMAPCC_NCCL_CHECK(ncclGetUniqueId(&id));
+  if (!spans_processes) return id;
+  constexpr std::size_t kWords = (sizeof(id.internal) + 7) / 8;
+  std::vector<std::int64_t> mine(1 + kWords, 0);
+  mine[0] = owner ? 1 : 0;
+  if (owner) std::memcpy(mine.data() + 1, id.internal, sizeof(id.internal));
+  for (const auto& theirs : gather_from_processes(mine, "NCCL bootstrap (ncclUniqueId)")) {
+    if (theirs.size() == mine.size() && theirs[0] == 1) {
+      std::memcpy(id.internal, theirs.data() + 1, sizeof(id.internal));
+      return id;
+    }
+  }
+  throw NcclError("NCCL bootstrap: no process runs mesh device 0, so no process made the ncclUniqueId");
+}
+
 class Clique final : public NcclClique {
  public:
-  Clique(const std::vector<int>& ordinals, ThreadHub& hub, std::chrono::milliseconds timeout)
-      : roots_(ordinals.size(), nullptr), hub_(hub), timeout_(timeout) {
-    PMAPCC_NCCL_CHECK(ncclCommInitAll(roots_.data(), static_cast<int>(ordinals.size()), ordinals.data()));
+  Clique(const std::vector<int>& devices, const std::vector<int>& ordinals, int size, bool spans_processes,
+         ThreadHub& hub, std::chrono::milliseconds collective_timeout, std::chrono::milliseconds init_timeout)
+      : hub_(hub), timeout_(collective_timeout) {
+    const ncclUniqueId id =
+        bootstrap_id(std::find(devices.begin(), devices.end(), 0) != devices.end(), spans_processes);
+    int previous = 0;
+    PMAPCC_CUDA_CHECK(cudaGetDevice(&previous));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // every process's ranks join at once; we poll with a deadline
+    std::vector<ncclComm_t> comms(devices.size(), nullptr);
+    try {
+      PMAPCC_NCCL_CHECK(ncclGroupStart());
+      for (std::size_t i = 0; i < devices.size(); ++i) {
+        PMAPCC_CUDA_CHECK(cudaSetDevice(ordinals[i]));
+        PMAPCC_NCCL_ISSUE(ncclCommInitRankConfig(&comms[i], size, id, devices[i], &config));
+      }
+      PMAPCC_NCCL_ISSUE(ncclGroupEnd());
+    } catch (...) {
+      cudaSetDevice(previous);
+      for (ncclComm_t c : comms)
+        if (c != nullptr) ncclCommAbort(c);
+      throw;
+    }
+    cudaSetDevice(previous);
+    for (std::size_t i = 0; i < devices.size(); ++i) roots_[devices[i]] = comms[i];
+    const auto deadline = Clock::now() + init_timeout;
+    for (std::size_t i = 0; i < devices.size(); ++i) {
+      for (;;) {
+        ncclResult_t state = ncclSuccess;
+        const ncclResult_t got = ncclCommGetAsyncError(comms[i], &state);
+        if (got != ncclSuccess) state = got;
+        if (state == ncclSuccess) break;
+        std::string why;
+        if (state != ncclInProgress) {
+          why = std::string(ncclGetErrorString(state)) + last_error(comms[i]);
+        } else if (Clock::now() > deadline) {
+          why = "not every one of the " + std::to_string(size) + " ranks joined within " +
+                std::to_string(init_timeout.count()) + " ms (a process lost, or building a different mesh?)";
+        }
+        if (!why.empty()) {
+          for (ncclComm_t c : comms) ncclCommAbort(c);
+          roots_.clear();
+          const std::string what = "NCCL communicator setup (ncclCommInitRankConfig, rank " +
+                                   std::to_string(devices[i]) + " of " + std::to_string(size) + "): " + why;
+          if (state == ncclInProgress) throw Timeout(what);
+          throw NcclError(what);
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    }
   }
   ~Clique() override {
-    for (std::size_t d = 0; d < roots_.size(); ++d) release(static_cast<int>(d));
+    for (auto& [device, root] : roots_) release(device);
   }
 
-  std::unique_ptr<Communicator> split(int device, int color, int rank, const Group& group) override {
+  std::unique_ptr<Communicator> split(int device, int color, int rank, int local_rank, const Group& group) override {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;     // creation and collectives return at once; we poll with a deadline
     config.splitShare = 1;   // children share the root's resources; one thread uses them at a time
     ncclComm_t comm = nullptr;
-    PMAPCC_NCCL_ISSUE(ncclCommSplit(roots_[static_cast<std::size_t>(device)], color, rank, &comm, &config));
-    auto out = std::make_unique<NcclCommunicator>(comm, hub_, group, device, rank, timeout_);
+    PMAPCC_NCCL_ISSUE(ncclCommSplit(roots_.at(device), color, rank, &comm, &config));
+    auto out = std::make_unique<NcclCommunicator>(comm, hub_, group, device, rank, local_rank, timeout_);
     out->await_ready("ncclCommSplit");
     out->barrier();  // the init barrier: this communicator can talk
     return out;
   }
 
   void release(int device) noexcept override {
-    ncclComm_t& root = roots_[static_cast<std::size_t>(device)];
-    if (root != nullptr) ncclCommDestroy(root);
-    root = nullptr;
+    auto it = roots_.find(device);
+    if (it == roots_.end() || it->second == nullptr) return;
+    ncclCommDestroy(it->second);
+    it->second = nullptr;
   }
 
  private:
-  std::vector<ncclComm_t> roots_;
+  std::map<int, ncclComm_t> roots_;  // mesh device -> its root communicator (this process's devices)
   ThreadHub& hub_;
   std::chrono::milliseconds timeout_;
 };
 
 }  // namespace
 
-std::unique_ptr<NcclClique> make_nccl_clique(const std::vector<int>& ordinals, ThreadHub& hub,
-                                             std::chrono::milliseconds timeout) {
-  return std::make_unique<Clique>(ordinals, hub, timeout);
+std::unique_ptr<NcclClique> make_nccl_clique(const std::vector<int>& devices, const std::vector<int>& ordinals,
+                                             int size, bool spans_processes, ThreadHub& hub,
+                                             std::chrono::milliseconds collective_timeout,
+                                             std::chrono::milliseconds init_timeout) {
+  return std::make_unique<Clique>(devices, ordinals, size, spans_processes, hub, collective_timeout, init_timeout);
 }
 
 }  // namespace pmap::detail

@@ -16,6 +16,7 @@ void cuda_free(int, void*) noexcept {}
 void cuda_memset_zero(int, void*, std::size_t) { unavailable(); }
 void cuda_copy(void*, const Device&, const void*, const Device&, std::size_t) { unavailable(); }
 void cuda_bind_thread(int) { unavailable(); }
+std::string cuda_gpu_uuid(int) noexcept { return {}; }
 bool cuda_enable_peer_access(const std::vector<int>&) { return false; }
 StreamHandle cuda_stream_create(int) { unavailable(); }
 void cuda_stream_destroy(int, StreamHandle) noexcept {}

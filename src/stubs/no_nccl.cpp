@@ -9,7 +9,8 @@ namespace pmap::detail {
 
 bool nccl_available() { return false; }
 
-std::unique_ptr<NcclClique> make_nccl_clique(const std::vector<int>&, ThreadHub&, std::chrono::milliseconds) {
+std::unique_ptr<NcclClique> make_nccl_clique(const std::vector<int>&, const std::vector<int>&, int, bool, ThreadHub&,
+                                             std::chrono::milliseconds, std::chrono::milliseconds) {
   throw NotAvailable("this pmapcc was built without NCCL (PMAPCC_WITH_NCCL=OFF or NCCL not found)");
 }
 

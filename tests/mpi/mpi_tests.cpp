@@ -86,10 +86,12 @@ int check_collectives(int local_n) {
   return failures == 0 ? 0 : 1;
 }
 
-// CUDA devices spanning the processes. Forcing NCCL raises NotAvailable on every process before any
-// GPU is touched (checked even without a GPU); then, with GPUs, a 1-D mesh of local_n CUDA devices per
-// process (virtual devices where there are fewer GPUs) gives results bitwise equal to one process of CPU
-// devices: its collectives meet through the host, in device order.
+// CUDA devices spanning the processes. Forcing NCCL (PMAPCC_NCCL_SINGLE_GPU=1) on a mesh whose processes
+// share a GPU raises NotAvailable on every process before any GPU memory or stream is touched (checked
+// even without a GPU); then, where the processes share GPUs (as on a one-GPU machine), a 1-D mesh of
+// local_n CUDA devices per process gives results bitwise equal to one process of CPU devices: its
+// collectives meet through the host, in device order. With a GPU of its own for every device the mesh
+// runs NCCL (bootstrapped over MPI), whose float sums may differ in the last bits: not compared here.
 int check_cuda(int local_n) {
   const int rank = pmap::distributed::process_index(), procs = pmap::distributed::process_count();
   int failures = 0;
@@ -106,6 +108,11 @@ int check_cuda(int local_n) {
   unsetenv("PMAPCC_NCCL_SINGLE_GPU");
   if (pmap::cuda_device_count() == 0) {
     std::printf("rank %d: no GPU: CUDA mesh across processes skipped\n", rank);
+    return failures == 0 ? 0 : 1;
+  }
+  if (pmap::cuda_device_count() >= local_n * procs) {
+    std::printf("rank %d: %d GPUs give every device its own (NCCL): the bitwise check needs shared GPUs; skipped\n",
+                rank, pmap::cuda_device_count());
     return failures == 0 ? 0 : 1;
   }
   const auto devices = pmap::distributed::global_devices(pmap::DeviceKind::cuda, local_n);
