@@ -168,9 +168,21 @@ void Trainer::init_members() {
 }
 
 HostBatch Trainer::gather_batch(const std::vector<std::uint32_t>& order, std::int64_t begin, int size,
-                                const Dataset& data) {
-  std::span<const std::uint32_t> idx(order.data() + begin, static_cast<std::size_t>(size));
-  ensemble::gather_batch(data, idx, batch_images_.data(), batch_labels_.data());
+                                const Dataset& data, bool own_rows_only) {
+  // A data-parallel training step over several processes: each process fills only its devices' rows of
+  // the batch (the step reads device r's block at r * rows; the other rows are never read here).
+  // Evaluation reads every row on every device.
+  std::int64_t first = 0, count = size;
+  if (own_rows_only && options_.data_parallel && config_.processes > 1 && size % mesh_.size() == 0) {
+    const std::int64_t rows = size / mesh_.size();
+    const auto [lo, hi] = std::minmax_element(mesh_index_.begin(), mesh_index_.end());
+    first = *lo * rows;
+    count = (*hi + 1) * rows - first;
+  }
+  std::span<const std::uint32_t> idx(order.data() + begin + first, static_cast<std::size_t>(count));
+  const auto example = static_cast<std::size_t>(data.image_size());
+  ensemble::gather_batch(data, idx, batch_images_.data() + static_cast<std::size_t>(first) * example,
+                         batch_labels_.data() + first);
   return HostBatch{batch_images_.data(), batch_labels_.data(), size};
 }
 
@@ -200,7 +212,8 @@ EpochMetrics Trainer::run_epoch(const StepCallback& on_step) {
   double loss_sum = 0, correct = 0;
   const auto t0 = Clock::now();
   for (int s = 0; s < steps; ++s) {
-    HostBatch b = gather_batch(order, static_cast<std::int64_t>(s) * config_.batch_size, config_.batch_size, train_);
+    HostBatch b = gather_batch(order, static_cast<std::int64_t>(s) * config_.batch_size, config_.batch_size, train_,
+                               /*own_rows_only=*/true);
     auto res = step_fn(states_, work_ptrs_, b, options_);
     const std::vector<float>& all = res[0];
     double step_loss = 0;

@@ -100,7 +100,8 @@ class Trainer {
   // Every device's `mine` (one host vector per local device, all of one length), over the whole mesh in
   // mesh order, on every process: an all_gather over the mesh's axis.
   template <class T> std::vector<T> from_all_devices(const std::vector<std::vector<T>>& mine) const;
-  HostBatch gather_batch(const std::vector<std::uint32_t>& order, std::int64_t begin, int size, const Dataset& data);
+  HostBatch gather_batch(const std::vector<std::uint32_t>& order, std::int64_t begin, int size, const Dataset& data,
+                         bool own_rows_only = false);
 
   TrainConfig config_;
   const Dataset& train_;
