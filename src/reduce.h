@@ -65,11 +65,7 @@ void reduce_block(const std::vector<const T*>& in, std::size_t off, std::size_t 
   }
 }
 
-// Sums 64 bytes of every input at a time, as four 16-byte vectors (the SSE2 width every x86-64 has; GCC
-// and Clang vector types, because plain -O2 does not vectorise the scalar loop, which it cannot prove free
-// of overlaps; wider vector types than the target has compile to poor code), and stores the sum to every
-// output: no scratch buffer, each input and output touched once.
-// Each element is summed in rank order, one addition per input, so the bits are those of the scalar loop.
+// Unaligned loads and stores of a vector type, through memcpy.
 template <class V, class T> inline V load(const T* p) {
   V v;
   std::memcpy(&v, p, sizeof(V));
@@ -77,6 +73,11 @@ template <class V, class T> inline V load(const T* p) {
 }
 template <class T, class V> inline void store(T* p, const V& v) { std::memcpy(p, &v, sizeof(V)); }
 
+// Sums 64 bytes of every input at a time, as four 16-byte vectors (the SSE2 width every x86-64 has; GCC
+// and Clang vector types, because plain -O2 does not vectorise the scalar loop, which it cannot prove free
+// of overlaps; wider vector types than the target has compile to poor code), and stores the sum to every
+// output: no scratch buffer, each input and output touched once.
+// Each element is summed in rank order, one addition per input, so the bits are those of the scalar loop.
 template <class T>
 void sum_range(const std::vector<const T*>& in, const std::vector<T*>& out, std::size_t len) {
   using V [[gnu::vector_size(16)]] = T;  // accessed with memcpy: the buffers need only T's alignment
