@@ -2,7 +2,9 @@
 // process (so peak RSS is that configuration's), and the measurements bench/run_train_bench.py sets beside
 // it: the fp32 GEMM rate of the same kernels and the model's FLOPs per image. Each mode prints one JSON line.
 //   bench_train train --data DIR --members M --devices D [--mode ensemble|data-parallel] [--steps S]
-//                     [--warmup W] [--batch B] [--isa generic|avx2] [--pin]
+//                     [--warmup W] [--batch B] [--isa generic|avx2] [--pin] [--member-group G]
+//   bench_train paired --data DIR [--members-a 1] [--members-b 8] [--group-a G] [--group-b G] [--rounds R]
+//                      [--steps-a S] [--steps-b S] [--batch B] [--isa ...]
 //   bench_train sgemm [--threads T] [--size N] [--reps R] [--isa ...]
 //   bench_train flops
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -134,6 +137,7 @@ Json run_train(const Args& a) {
   c.eval_batch = 1000;
   c.epochs = 1;
   c.pin_threads = a.flags.count("pin") > 0;
+  c.member_group = a.get_int("member-group", 0);
   const std::string dir = a.get("data", "data/mnist");
   const Dataset train_all = load_mnist(dir, Split::train), test_all = load_mnist(dir, Split::test);
   const Dataset train = head(train_all, static_cast<std::int64_t>(warmup + steps) * c.batch_size);
@@ -159,6 +163,7 @@ Json run_train(const Args& a) {
   j.set("mode", std::string(to_string(c.mode)));
   j.set("isa", kernels::cpu::isa());
   j.set("pin_threads", c.pin_threads);
+  j.set("member_group", trainer.member_group());
   j.set("batch", c.batch_size);
   j.set("warmup_steps", warmup);
   j.set("timed_steps", steps);
@@ -171,6 +176,72 @@ Json run_train(const Args& a) {
   j.set("per_member_mb", per_member / 1e6);
   j.set("budget_mb", (dataset_bytes + trainer.total_members() * per_member + 200e6) / 1e6);
   j.set("final_train_loss", trainer.history().back().train_loss);
+  return j;
+}
+
+// Two one-device configurations A and B (member count, member group) in one process, their epochs
+// alternating (an epoch of A: steps-a steps; of B: steps-b steps, each a second or so), so that a change
+// in the machine's speed falls on both alike; reports per round the ratio of B's model-images/s (members
+// x images / seconds) to A's, and the median over the rounds after the first (the warm-up).
+Json run_paired(const Args& a) {
+  set_isa(a);
+  const int rounds = a.get_int("rounds", 9), batch = a.get_int("batch", 128);
+  const std::string dir = a.get("data", "data/mnist");
+  const Dataset train_all = load_mnist(dir, Split::train), test_all = load_mnist(dir, Split::test);
+  const Dataset test = head(test_all, batch);
+  struct Side {
+    std::string name;
+    std::unique_ptr<Dataset> train;
+    std::unique_ptr<Trainer> trainer;
+    std::vector<double> rate;  // model-images/s, per round
+  };
+  auto make = [&](const std::string& name, int members, int group, int steps) {
+    if (members < 1 || steps < 1) throw ValueError("--members-" + name + " and --steps-" + name + " must be >= 1");
+    TrainConfig c;
+    c.devices = 1, c.members = members, c.member_group = group, c.batch_size = batch, c.eval_batch = batch;
+    Side side{name, std::make_unique<Dataset>(head(train_all, static_cast<std::int64_t>(steps) * batch)), nullptr, {}};
+    side.trainer = std::make_unique<Trainer>(c, *side.train, test);
+    return side;
+  };
+  const int members_a = a.get_int("members-a", 1), members_b = a.get_int("members-b", 8);
+  Side sides[2] = {make("a", members_a, a.get_int("group-a", 0), a.get_int("steps-a", 16)),
+                   make("b", members_b, a.get_int("group-b", 0), a.get_int("steps-b", 2))};
+  std::vector<double> ratios;
+  for (int r = 0; r < rounds; ++r) {
+    for (Side& side : sides) {
+      const EpochMetrics m = side.trainer->run_epoch();
+      side.rate.push_back(m.model_images_per_second);
+    }
+    if (r > 0) ratios.push_back(sides[1].rate.back() / sides[0].rate.back());
+  }
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  };
+  Json j = Json::object();
+  j.set("kind", std::string("paired"));
+  j.set("isa", kernels::cpu::isa());
+  j.set("batch", batch);
+  j.set("rounds", rounds);
+  for (const Side& side : sides) {
+    Json s = Json::object();
+    s.set("members", side.trainer->total_members());
+    s.set("member_group", side.trainer->member_group());
+    s.set("steps_per_round", side.trainer->steps_per_epoch());
+    Json rates = Json::array();
+    for (double v : side.rate) rates.push_back(v);
+    s.set("model_images_per_s", std::move(rates));
+    s.set("median_model_images_per_s",
+          median(std::vector<double>(side.rate.begin() + (side.rate.size() > 1 ? 1 : 0), side.rate.end())));
+    j.set(side.name, std::move(s));
+  }
+  Json rs = Json::array();
+  for (double v : ratios) rs.push_back(v);
+  j.set("ratios_b_over_a", std::move(rs));
+  j.set("median_ratio_b_over_a", median(ratios));
+  j.set("min_ratio", ratios.empty() ? 0.0 : *std::min_element(ratios.begin(), ratios.end()));
+  j.set("max_ratio", ratios.empty() ? 0.0 : *std::max_element(ratios.begin(), ratios.end()));
   return j;
 }
 
@@ -259,12 +330,14 @@ int main(int argc, char** argv) {
     Json out;
     if (a.mode == "train") {
       out = run_train(a);
+    } else if (a.mode == "paired") {
+      out = run_paired(a);
     } else if (a.mode == "sgemm") {
       out = run_sgemm(a);
     } else if (a.mode == "flops") {
       out = run_flops();
     } else {
-      std::fprintf(stderr, "usage: bench_train train|sgemm|flops [--flags] (see the top of bench/bench_train.cpp)\n");
+      std::fprintf(stderr, "usage: bench_train train|paired|sgemm|flops [--flags] (see the top of bench/bench_train.cpp)\n");
       return 2;
     }
     std::printf("%s\n", out.dump().c_str());

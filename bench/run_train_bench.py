@@ -46,10 +46,13 @@ def parse_args():
     ap.add_argument("--torch-threads", default="1,2")
     ap.add_argument("--torch-modes", default="loop,vmap")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--paired-rounds", type=int, default=21,
+                    help="rounds of the paired 1-member vs most-members comparison on one device (0: skip)")
     ap.add_argument("--out", default="", help="JSON path (default bench/results/train-<date>.json)")
     a = ap.parse_args()
     if a.quick:
         a.runs, a.steps, a.warmup = 1, 3, 1
+        a.paired_rounds = min(a.paired_rounds, 3)
     return a
 
 
@@ -180,6 +183,20 @@ class Bench:
         if r:
             print(f"  torch   m={members} t={threads} {mode:5s} {r['model_images_per_s']:8.1f} img/s", flush=True)
 
+    def paired(self, members_b, rounds):
+        """1 member against members_b members on one device, in one process, their epochs alternating."""
+        steps_b = max(1, 16 // members_b)  # about as many model-images per epoch as 16 steps of 1 member
+        cmd = [self.exe, "paired", "--data", self.a.data, "--members-a", "1", "--members-b", str(members_b),
+               "--steps-a", "16", "--steps-b", str(steps_b), "--rounds", str(rounds)]
+        if self.a.isa:
+            cmd += ["--isa", self.a.isa]
+        r = self.record("paired", {"members_a": 1, "members_b": members_b}, cmd, "", 0)
+        if r:
+            print(f"  paired  1 vs {members_b} members on 1 device: {members_b} members at "
+                  f"{r['median_ratio_b_over_a']:.3f}x the model-images/s of 1 (median of {len(r['ratios_b_over_a'])} "
+                  f"rounds; {r['min_ratio']:.2f}..{r['max_ratio']:.2f})", flush=True)
+        return r
+
     def values(self, what, config, key):
         return [r["result"][key] for r in self.runs
                 if r["what"] == what and r["config"] == config and "result" in r]
@@ -282,9 +299,20 @@ def main():
                 if have_torch:
                     for threads, mode in torch_variants:
                         b.torch(m, threads, mode, torch_data, rnd)
+        paired = None
+        if a.paired_rounds > 0 and max(members_list) > 1 and 1 in members_list and 1 in devices_list:
+            print(f"paired comparison ({a.paired_rounds} rounds, load average {loadavg()})", flush=True)
+            paired = b.paired(max(members_list), a.paired_rounds)
     rows, sgemm, sgemm_cpu = summarize(b, flops_info, members_list, devices_list,
                                        torch_variants if have_torch else [])
     text = table(rows, sgemm, sgemm_cpu)
+    if paired:
+        mb = paired["b"]["members"]
+        text += (f"\n{mb} members vs 1 member on one device, paired in one process (epochs alternating): "
+                 f"{mb} members train at {paired['median_ratio_b_over_a']:.3f}x the model-images/s of 1 "
+                 f"(median of {len(paired['ratios_b_over_a'])} rounds, range {paired['min_ratio']:.2f}..."
+                 f"{paired['max_ratio']:.2f}; {paired['a']['median_model_images_per_s']:.0f} vs "
+                 f"{paired['b']['median_model_images_per_s']:.0f} img/s)")
     print("\n" + text)
     result = {
         "benchmark": "MNIST CNN ensemble training throughput, pmapcc vs PyTorch",
@@ -293,10 +321,10 @@ def main():
         "machine": machine(), "load_average_before": load_before, "load_average_after": loadavg(),
         "settings": {"runs": a.runs, "steps": a.steps, "warmup": a.warmup, "batch": 128, "quick": a.quick,
                      "isa": a.isa or "auto", "pin": a.pin, "data": os.path.abspath(a.data),
-                     "torch_test_examples": 1000},
+                     "torch_test_examples": 1000, "paired_rounds": a.paired_rounds},
         "runner_command": shlex.join([sys.executable] + sys.argv),
         "commands": b.commands, "flops": flops_info, "sgemm_gflops": sgemm, "sgemm_gflops_per_cpu_second": sgemm_cpu,
-        "rows": rows, "table_markdown": text, "runs": b.runs,
+        "rows": rows, "paired": paired, "table_markdown": text, "runs": b.runs,
     }
     out = a.out or os.path.join(REPO, "bench", "results", f"train-{started.strftime('%Y%m%d-%H%M%S')}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)

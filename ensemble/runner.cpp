@@ -8,15 +8,18 @@
 
 namespace pmap::ensemble {
 
-ModelRunner::ModelRunner(const Sequential& model, Device device, int members, int max_batch)
+ModelRunner::ModelRunner(const Sequential& model, Device device, int members, int max_batch, int group)
     : model_(model), backend_(kernels::backend_for(device.kind)), device_(device), members_(members),
-      max_batch_(max_batch) {
+      group_(group == 0 ? members : group), max_batch_(max_batch) {
   if (members < 1 || max_batch < 1)
     throw ValueError("ModelRunner: members and max_batch must be >= 1 (got " + std::to_string(members) + ", " +
                      std::to_string(max_batch) + ")");
+  if (group_ < 1 || group_ > members)
+    throw ValueError("ModelRunner: a group of " + std::to_string(group) + " members is outside 1.." +
+                     std::to_string(members) + " (0: all)");
   const std::size_t n_layers = model.layers().size();
   const auto& shapes = model.shapes();
-  auto elems = [&](std::size_t i) { return members_ * static_cast<std::int64_t>(max_batch_) * product(shapes[i]); };
+  auto elems = [&](std::size_t i) { return group_ * static_cast<std::int64_t>(max_batch_) * product(shapes[i]); };
   act_.assign(n_layers + 1, nullptr);
   for (std::size_t i = 0; i < n_layers; ++i) {
     if (model.layers()[i]->in_place() && i > 0) {
@@ -60,33 +63,39 @@ ModelRunner::ModelRunner(const Sequential& model, Device device, int members, in
   grad_.assign(n_layers + 1, nullptr);
   for (std::size_t i = 1; i <= n_layers; ++i) grad_[i] = side[i] == kOverActivation ? act_[i] : buffer[side[i]];
   std::size_t ws = 0;
+  count_ = group_;
   for (std::size_t i = 0; i < n_layers; ++i) ws = std::max(ws, model.layers()[i]->workspace_bytes(backend_, call(i, max_batch_)));
+  count_ = 0;
   workspace_ = Array(Shape{static_cast<std::int64_t>(ws)}, DType::u8, device_);
 }
 
 LayerCall ModelRunner::call(std::size_t layer, int batch) const {
-  return LayerCall{members_, batch, model_.shapes()[layer], layer == 0};
+  return LayerCall{count_, batch, model_.shapes()[layer], layer == 0};
 }
 
 std::vector<const float*> ModelRunner::param_ptrs(std::size_t layer, const float* base) const {
   std::vector<const float*> out;
   for (const auto& t : model_.tensors())
-    if (t.layer == static_cast<int>(layer)) out.push_back(base + t.offset * members_);
+    if (t.layer == static_cast<int>(layer)) out.push_back(base + t.offset * members_ + first_ * t.size);
   return out;
 }
 
 std::vector<float*> ModelRunner::grad_ptrs(std::size_t layer, float* base) const {
   std::vector<float*> out;
   for (const auto& t : model_.tensors())
-    if (t.layer == static_cast<int>(layer)) out.push_back(base + t.offset * members_);
+    if (t.layer == static_cast<int>(layer)) out.push_back(base + t.offset * members_ + first_ * t.size);
   return out;
 }
 
-const float* ModelRunner::forward(const float* x, int batch, const float* params) {
+const float* ModelRunner::forward(const float* x, int batch, const float* params, int first, int count) {
   if (batch < 1 || batch > max_batch_)
     throw ShapeError("ModelRunner::forward: batch " + std::to_string(batch) + " is outside 1.." +
                      std::to_string(max_batch_));
-  batch_ = batch;
+  if (first < 0 || count < 1 || count > group_ || first > members_ - count)
+    throw ShapeError("ModelRunner::forward: members [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                     ") are not a group of at most " + std::to_string(group_) + " of the " +
+                     std::to_string(members_) + " members");
+  batch_ = batch, first_ = first, count_ = count, params_ = params;
   act_[0] = const_cast<float*>(x);  // read only: layer 0 never runs in place
   for (std::size_t i = 0; i < model_.layers().size(); ++i) {
     if (i > 0 && relu_forward_[i - 1]) continue;  // applied by layer i - 1
@@ -99,7 +108,8 @@ const float* ModelRunner::forward(const float* x, int batch, const float* params
 }
 
 void ModelRunner::backward(const float* x, const float* params, const float* dlogits, float* grads) {
-  if (batch_ == 0 || act_[0] != x) throw Error("ModelRunner::backward: needs the forward of the same batch first");
+  if (batch_ == 0 || act_[0] != x || params_ != params)
+    throw Error("ModelRunner::backward: needs the forward of the same batch and parameters first");
   const std::size_t n_layers = model_.layers().size();
   const float* dy = dlogits;
   for (std::size_t i = n_layers; i-- > 0;) {

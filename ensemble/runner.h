@@ -4,6 +4,12 @@
 // ReLUs (Backend::fused_relu()), a conv/dense layer applies the ReLU after it in its forward, and an
 // avg_pool after a ReLU runs its backward through the ReLU, writing the gradient over the ReLU's output:
 // that gradient then needs no buffer of its own.
+//
+// Members are independent in an ensemble, so the runner can hold the activations of only a group of them
+// and run the members group by group (forward and backward of one group, then the next). On a CPU device
+// that keeps one step's working set at one member's, in cache, whatever the member count (members run
+// layer by layer over all at once would stream M times the activations through memory), and it divides
+// the activation memory by M / group. A member's results do not depend on the group it runs in.
 #pragma once
 
 #include <vector>
@@ -16,19 +22,27 @@ namespace pmap::ensemble {
 
 class ModelRunner {
  public:
-  // Buffers for up to max_batch examples of `members` members on `device`.
-  ModelRunner(const Sequential& model, Device device, int members, int max_batch);
+  // Buffers for up to max_batch examples of `group` of the `members` members at a time (0: all of them)
+  // on `device`.
+  ModelRunner(const Sequential& model, Device device, int members, int max_batch, int group = 0);
 
   int members() const { return members_; }
+  int group() const { return group_; }
   int max_batch() const { return max_batch_; }
   const Device& device() const { return device_; }
   const Sequential& model() const { return model_; }
 
-  // Runs the layers on x (batch, *input) (device memory), with params (members * P) on the device.
-  // Returns the logits (members, batch, classes), valid until the next forward.
-  const float* forward(const float* x, int batch, const float* params);
-  // Gradients of the loss w.r.t. the params, written to grads (members * P), given dlogits
-  // (members, batch, classes) for the last forward (same x, batch and params).
+  // Runs the layers for members [first, first + count) (count <= group()) on x (batch, *input) (device
+  // memory), with params (members * P, the model's layout) on the device. Returns their logits
+  // (count, batch, classes), valid until the next forward.
+  const float* forward(const float* x, int batch, const float* params, int first, int count);
+  // All members at once; needs group() == members().
+  const float* forward(const float* x, int batch, const float* params) {
+    return forward(x, batch, params, 0, members_);
+  }
+  // Gradients of the loss w.r.t. the params of the last forward's members, written to their blocks of
+  // grads (members * P; the other members' blocks are untouched), given their dlogits (count, batch,
+  // classes) for the last forward (same x, batch and params).
   void backward(const float* x, const float* params, const float* dlogits, float* grads);
 
  private:
@@ -40,8 +54,12 @@ class ModelRunner {
   const kernels::Backend& backend_;
   Device device_;
   int members_;
+  int group_;
   int max_batch_;
-  int batch_ = 0;
+  int batch_ = 0;      // the last forward's batch (0: none yet), first member and member count
+  int first_ = 0;
+  int count_ = 0;
+  const float* params_ = nullptr;
   std::vector<Array> storage_;       // activation and gradient buffers
   std::vector<float*> act_;          // act_[i]: input of layer i (act_[0] is the caller's x); act_[L]: logits
   std::vector<float*> grad_;         // grad_[i]: dL/d act_[i] (grad_[0] unused)

@@ -35,10 +35,14 @@ void require_cpu(const Device& d) {
 
 }  // namespace
 
-DeviceWork::DeviceWork(const Sequential& model, Device device, int members, int max_rows, int max_eval_batch)
-    : runner(model, device, members, max_rows),
+int default_member_group(const Device& device, int members) { return device.is_cpu() ? 1 : members; }
+
+DeviceWork::DeviceWork(const Sequential& model, Device device, int members, int max_rows, int max_eval_batch,
+                       int member_group)
+    : runner(model, device, members, max_rows,
+             member_group == 0 ? default_member_group(device, members) : member_group),
       grads(Shape{members * model.params_per_member()}, DType::f32, device),
-      dlogits(Shape{members, max_rows, classes_of(model)}, DType::f32, device),
+      dlogits(Shape{runner.group(), max_rows, classes_of(model)}, DType::f32, device),
       probs(Shape{members, max_eval_batch, classes_of(model)}, DType::f32, device),
       mean_probs(Shape{max_eval_batch, classes_of(model)}, DType::f32, device),
       loss(static_cast<std::size_t>(members)),
@@ -49,14 +53,17 @@ DeviceWork::DeviceWork(const Sequential& model, Device device, int members, int 
 StepResult train_step(TrainState& state, DeviceWork& work, const HostBatch& batch, const StepOptions& opt) {
   require_cpu(work.runner.device());
   const auto& be = kernels::backend_for(work.runner.device().kind);
-  const int members = work.runner.members();
+  const int members = work.runner.members(), group = work.runner.group();
   const HostBatch b = local_block(batch, opt, product(work.runner.model().input_shape()));
   const float* params = state.params.data<float>();
-  const float* logits = work.runner.forward(b.images, b.batch, params);
-  kernels::SoftmaxXentParams xp{members, b.batch, static_cast<int>(classes_of(work.runner.model())), true};
-  be.softmax_cross_entropy(xp, logits, b.labels, work.loss.data(), work.dlogits.data<float>(), nullptr,
-                           work.correct.data());
-  work.runner.backward(b.images, params, work.dlogits.data<float>(), work.grads.data<float>());
+  for (int first = 0; first < members; first += group) {
+    const int count = std::min(group, members - first);
+    const float* logits = work.runner.forward(b.images, b.batch, params, first, count);
+    kernels::SoftmaxXentParams xp{count, b.batch, static_cast<int>(classes_of(work.runner.model())), true};
+    be.softmax_cross_entropy(xp, logits, b.labels, work.loss.data() + first, work.dlogits.data<float>(), nullptr,
+                             work.correct.data() + first);
+    work.runner.backward(b.images, params, work.dlogits.data<float>(), work.grads.data<float>());
+  }
   if (opt.data_parallel) pmean_inplace(work.grads, opt.axis);
   be.sgd_momentum_update(opt.sgd, static_cast<std::size_t>(state.params.size()), state.params.data<float>(),
                          state.momentum.data<float>(), work.grads.data<float>());
@@ -70,21 +77,26 @@ namespace {
 // work.loss / work.correct, running the batch through the model in pieces of at most max_batch rows.
 void eval_probs(const TrainState& state, DeviceWork& work, const HostBatch& b) {
   const auto& be = kernels::backend_for(work.runner.device().kind);
-  const int members = work.runner.members(), piece_max = work.runner.max_batch();
+  const int members = work.runner.members(), group = work.runner.group(), piece_max = work.runner.max_batch();
   const std::int64_t k = classes_of(work.runner.model()), example = product(work.runner.model().input_shape());
   std::fill(work.eval_loss_sum.begin(), work.eval_loss_sum.end(), 0.0);
   std::fill(work.eval_hits.begin(), work.eval_hits.end(), 0);
   for (int first = 0; first < b.batch; first += piece_max) {
     const int n = std::min(piece_max, b.batch - first);
-    const float* logits = work.runner.forward(b.images + first * example, n, state.params.data<float>());
-    kernels::SoftmaxXentParams xp{members, n, static_cast<int>(k), true};
-    float* piece = work.dlogits.data<float>();  // (members, n, K)
-    be.softmax_cross_entropy(xp, logits, b.labels + first, work.loss.data(), nullptr, piece, work.correct.data());
-    for (std::size_t m = 0; m < static_cast<std::size_t>(members); ++m) {
-      work.eval_loss_sum[m] += static_cast<double>(work.loss[m]) * n;
-      work.eval_hits[m] += work.correct[m];
-      const auto row0 = static_cast<std::int64_t>(m) * b.batch + first;
-      std::copy_n(piece + static_cast<std::int64_t>(m) * n * k, n * k, work.probs.data<float>() + row0 * k);
+    for (int m0 = 0; m0 < members; m0 += group) {
+      const int count = std::min(group, members - m0);
+      const float* logits = work.runner.forward(b.images + first * example, n, state.params.data<float>(), m0, count);
+      kernels::SoftmaxXentParams xp{count, n, static_cast<int>(k), true};
+      float* piece = work.dlogits.data<float>();  // (count, n, K)
+      be.softmax_cross_entropy(xp, logits, b.labels + first, work.loss.data() + m0, nullptr, piece,
+                               work.correct.data() + m0);
+      for (int j = 0; j < count; ++j) {
+        const auto m = static_cast<std::size_t>(m0 + j);
+        work.eval_loss_sum[m] += static_cast<double>(work.loss[m]) * n;
+        work.eval_hits[m] += work.correct[m];
+        const auto row0 = static_cast<std::int64_t>(m) * b.batch + first;
+        std::copy_n(piece + static_cast<std::int64_t>(j) * n * k, n * k, work.probs.data<float>() + row0 * k);
+      }
     }
   }
   for (std::size_t m = 0; m < static_cast<std::size_t>(members); ++m) {

@@ -30,13 +30,16 @@ struct StepOptions {
   int total_members = 1;          // members over all devices (ensemble mode)
 };
 
-// Activations are held for at most max_rows examples per member (a training step's rows on this device);
-// eval_step runs a larger eval batch through them in pieces of max_rows.
+// Activations are held for at most max_rows examples (a training step's rows on this device) of a group
+// of members at a time; eval_step runs a larger eval batch through them in pieces of max_rows. The steps
+// run the members group by group; the group size changes no result, only speed and memory.
+// member_group 0 picks default_member_group(device, members).
 struct DeviceWork {
-  DeviceWork(const Sequential& model, Device device, int members, int max_rows, int max_eval_batch);
+  DeviceWork(const Sequential& model, Device device, int members, int max_rows, int max_eval_batch,
+             int member_group = 0);
   ModelRunner runner;
   Array grads;    // (members * P)
-  Array dlogits;  // (members, max_rows, K); eval: one piece's probabilities
+  Array dlogits;  // (group, max_rows, K); eval: one piece's probabilities for a group
   Array probs;    // (members, max_eval_batch, K)
   Array mean_probs;  // (max_eval_batch, K): the ensemble's probabilities
   std::vector<float> loss;             // per member, last step
@@ -45,6 +48,10 @@ struct DeviceWork {
   std::vector<std::int32_t> eval_hits;
   std::int64_t ensemble_correct = 0;   // last eval step
 };
+
+// One member at a time on a CPU device (its step's working set then stays in cache; measured in
+// bench/README.md), all members at once on a GPU (one launch per layer for all of them).
+int default_member_group(const Device& device, int members);
 
 // What a step reports, per device: its members' losses and correct counts.
 struct StepResult {

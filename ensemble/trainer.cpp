@@ -70,6 +70,8 @@ std::uint64_t fingerprint(const Json& config, const Dataset& train, const Datase
 
 }  // namespace
 
+int Trainer::member_group() const { return work_.empty() ? 0 : work_.front()->runner.group(); }
+
 std::string_view to_string(Mode m) { return m == Mode::ensemble ? "ensemble" : "data-parallel"; }
 
 Mode parse_mode(std::string_view text) {
@@ -93,6 +95,7 @@ Json TrainConfig::to_json() const {
   j.set("test_limit", test_limit);
   j.set("eval_batch", eval_batch);
   j.set("pin_threads", pin_threads);
+  j.set("member_group", member_group);
   j.set("processes", processes);
   return j;
 }
@@ -111,6 +114,9 @@ Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
   check_config(config_, devices, train, test);
   total_members_ = config_.members;
   members_per_device_ = config_.mode == Mode::ensemble ? config_.members / devices : 1;
+  if (config_.member_group < 0 || config_.member_group > members_per_device_)
+    throw ValueError("member group " + std::to_string(config_.member_group) + " is outside 0.." +
+                     std::to_string(members_per_device_) + " (the members per device; 0: default)");
   auto keys = split(key(config_.seed), 2);
   init_key_ = keys[0];
   data_key_ = keys[1];
@@ -124,7 +130,8 @@ Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
   std::vector<DeviceWork*> ptrs;
   std::vector<TrainState> states;
   for (const Device& d : mesh_.local_devices()) {
-    work_.push_back(std::make_unique<DeviceWork>(*model_, d, members_per_device_, rows, eval_batch));
+    work_.push_back(std::make_unique<DeviceWork>(*model_, d, members_per_device_, rows, eval_batch,
+                                                 config_.member_group));
     ptrs.push_back(work_.back().get());
     const Shape s{members_per_device_ * model_->params_per_member()};
     states.push_back(TrainState{Array(s, DType::f32, d), Array(s, DType::f32, d), 0});

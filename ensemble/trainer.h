@@ -47,6 +47,7 @@ struct TrainConfig {
   std::int64_t test_limit = -1;
   int eval_batch = 1000;
   bool pin_threads = false;  // pin device worker i to core i (MeshOptions::pin_threads; CPU devices)
+  int member_group = 0;      // members a device runs at once (0: default_member_group); speed and memory only
   int processes = 1;         // set by the Trainer: processes the mesh spans
 
   Json to_json() const;  // every field, for metrics and checkpoints
@@ -66,6 +67,7 @@ class Trainer {
   const Sequential& model() const { return *model_; }
   const Mesh& mesh() const { return mesh_; }
   int members_per_device() const { return members_per_device_; }
+  int member_group() const;  // the members a device runs at once
   int total_members() const { return total_members_; }
   int epochs_done() const { return epochs_done_; }
   int steps_per_epoch() const;

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "ensemble/runner.h"
 #include "ensemble/safetensors.h"
 #include "ensemble/trainer.h"
 #include "synthetic.h"
@@ -88,6 +89,70 @@ TEST_CASE("4 members on 4 devices and 4 members on 1 device start from the same 
   const float diff = max_abs_diff(spread.gather(false), packed.gather(false));
   MESSAGE("max |param difference| after one epoch, 4x1 vs 1x4 members: " << diff);
   CHECK(diff <= 1e-4f);
+}
+
+TEST_CASE("a model runner runs any group of members alike, and rejects a bad group or member range") {
+  auto model = flax_mnist_cnn({12, 12, 1}, 10);
+  const int members = 4, batch = 8;
+  std::vector<pmap::Key> keys = pmap::split(pmap::key(3), members);
+  std::vector<float> params(static_cast<std::size_t>(members * model->params_per_member()));
+  model->init(keys, params);
+  std::vector<float> x(static_cast<std::size_t>(batch * 144));
+  pmap::uniform(pmap::key(4), x);
+  ModelRunner all(*model, pmap::Device{}, members, batch), pairs(*model, pmap::Device{}, members, batch, 2);
+  CHECK(all.group() == members);
+  CHECK(pairs.group() == 2);
+  const float* la = all.forward(x.data(), batch, params.data());
+  const std::vector<float> logits_all(la, la + members * batch * 10);
+  for (int first : {0, 2}) {
+    const float* lp = pairs.forward(x.data(), batch, params.data(), first, 2);
+    CHECK(std::vector<float>(lp, lp + 2 * batch * 10) ==
+          std::vector<float>(logits_all.begin() + first * batch * 10, logits_all.begin() + (first + 2) * batch * 10));
+  }
+  CHECK_THROWS_WITH_AS(ModelRunner(*model, pmap::Device{}, members, batch, 5), doctest::Contains("group of 5"),
+                       pmap::ValueError);
+  CHECK_THROWS_WITH_AS(pairs.forward(x.data(), batch, params.data(), 3, 2), doctest::Contains("members [3, 5)"),
+                       pmap::ShapeError);
+  CHECK_THROWS_AS(pairs.forward(x.data(), batch, params.data(), 0, 3), pmap::ShapeError);
+  CHECK_THROWS_AS(pairs.forward(x.data(), batch, params.data()), pmap::ShapeError);  // all 4 at once
+  std::vector<float> grads(params.size()), dlogits(static_cast<std::size_t>(2 * batch * 10), 0.1f);
+  const std::vector<float> other = params;
+  pairs.forward(x.data(), batch, params.data(), 0, 2);
+  CHECK_THROWS_WITH_AS(pairs.backward(x.data(), other.data(), dlogits.data(), grads.data()),
+                       doctest::Contains("same batch and parameters"), pmap::Error);
+}
+
+TEST_CASE("the member group changes no result: members run 1, 3 or 4 at a time train bitwise alike") {
+  // 4 members on 1 device, run one at a time (the CPU default), in groups of 3 (3 + 1) and all at once.
+  std::vector<std::vector<float>> params, momentum;
+  std::vector<EpochMetrics> metrics;
+  for (int group : {0, 1, 3, 4}) {
+    TrainConfig c = small(1, 4);
+    c.member_group = group;
+    Trainer t(c, data().train, data().test);
+    CHECK(t.member_group() == (group == 0 ? 1 : group));
+    metrics.push_back(t.run_epoch());
+    params.push_back(t.gather(false));
+    momentum.push_back(t.gather(true));
+  }
+  for (std::size_t i = 1; i < params.size(); ++i) {
+    CAPTURE(i);
+    CHECK(params[i] == params[0]);
+    CHECK(momentum[i] == momentum[0]);
+    CHECK(metrics[i].train_loss == metrics[0].train_loss);
+    CHECK(metrics[i].train_accuracy == metrics[0].train_accuracy);
+    CHECK(metrics[i].test_loss == metrics[0].test_loss);
+    CHECK(metrics[i].member_test_accuracy == metrics[0].member_test_accuracy);
+    CHECK(metrics[i].ensemble_test_accuracy == metrics[0].ensemble_test_accuracy);
+  }
+  // The members differ from each other (so equal results above are not all one member's).
+  CHECK(metrics[0].member_test_accuracy.size() == 4);
+  TrainConfig bad = small(1, 4);
+  bad.member_group = 5;
+  CHECK_THROWS_WITH_AS(Trainer(bad, data().train, data().test), doctest::Contains("member group 5 is outside 0..4"),
+                       pmap::ValueError);
+  bad.member_group = -1;
+  CHECK_THROWS_AS(Trainer(bad, data().train, data().test), pmap::ValueError);
 }
 
 TEST_CASE("data parallel over 2 devices matches 1 device with the same batch, and the replicas stay identical") {
