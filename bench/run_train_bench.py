@@ -310,7 +310,7 @@ def main():
         mb = paired["b"]["members"]
         text += (f"\n{mb} members vs 1 member on one device, paired in one process (epochs alternating): "
                  f"{mb} members train at {paired['median_ratio_b_over_a']:.3f}x the model-images/s of 1 "
-                 f"(median of {len(paired['ratios_b_over_a'])} rounds, range {paired['min_ratio']:.2f}..."
+                 f"(median of {len(paired['ratios_b_over_a'])} rounds, range {paired['min_ratio']:.2f} to "
                  f"{paired['max_ratio']:.2f}; {paired['a']['median_model_images_per_s']:.0f} vs "
                  f"{paired['b']['median_model_images_per_s']:.0f} img/s)")
     print("\n" + text)
