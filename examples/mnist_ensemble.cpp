@@ -49,7 +49,9 @@ int run(const CliOptions& o) {
     std::fflush(stdout);
   }
   ProgressBar bar(stdout, main_process ? parse_progress_mode(o.progress) : ProgressMode::none, std::max(1, c.epochs));
+  bool ran_epoch = false;
   while (trainer.epochs_done() < c.epochs) {
+    ran_epoch = true;
     bar.begin_epoch(trainer.epochs_done() + 1, trainer.steps_per_epoch());
     EpochMetrics m = trainer.run_epoch([&](int step, int, double loss, double ips) { bar.update(step, loss, ips); });
     bar.end_epoch(m);
@@ -61,6 +63,9 @@ int run(const CliOptions& o) {
   } else {
     last = trainer.history().back();
   }
+  // No epoch ran in this invocation (--epochs 0, or a resume already at --epochs): the outputs asked for
+  // are still written, of the initial or resumed state (the metrics with the epochs done so far).
+  if (!ran_epoch) write_outputs(o, trainer);
   if (main_process) std::printf("\n%s", final_table(last, trainer.members_per_device()).c_str());
   return 0;
 }

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "backend.h"
+#include "hash.h"
 #include "mesh_impl.h"
 
 namespace pmap {
@@ -193,7 +194,7 @@ Array ppermute(const Array& x, const AxisNames& axes, const std::vector<std::pai
   const int me = t.comm->rank();
   std::set<int> srcs, dsts;
   CollectiveOp op = make(OpKind::permute, "ppermute", x, static_cast<std::size_t>(x.size()));
-  std::size_t id = 1469598103934665603ull;
+  std::uint64_t id = detail::kFnvOffsetBasis;
   for (const auto& [s, d] : perm) {
     if (s < 0 || s >= n || d < 0 || d >= n)
       throw ValueError("ppermute over " + axes.str() + ": pair (" + std::to_string(s) + ", " + std::to_string(d) +
@@ -203,7 +204,7 @@ Array ppermute(const Array& x, const AxisNames& axes, const std::vector<std::pai
                        std::to_string(d) + " appears twice");
     if (s == me) op.send_to = d;
     if (d == me) op.recv_from = s;
-    id = (id ^ static_cast<std::size_t>(s * 4099 + d)) * 1099511628211ull;
+    id = detail::fnv1a_word(id, static_cast<std::uint64_t>(s) * 4099 + static_cast<std::uint64_t>(d));
   }
   op.perm_id = id;
   Array out(x.shape(), x.dtype(), x.device());

@@ -15,6 +15,7 @@
 
 #include <pmap/error.h>
 
+#include "hash.h"
 #include "processes.h"
 
 namespace pmap {
@@ -66,15 +67,11 @@ bool one_gpu_per_device(const std::vector<Device>& devices) {
 std::string gpu_clash_across_processes(const std::vector<Device>& local) {
   char host[256] = {};
   if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
-  auto fnv1a = [](const std::string& text) {
-    std::uint64_t h = 14695981039346656037ull;
-    for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
-    return static_cast<std::int64_t>(h);
-  };
   std::vector<std::int64_t> mine;  // pairs: (GPU identity hash, ordinal)
   for (const Device& d : local) {
     const std::string uuid = cuda_gpu_uuid(d.ordinal);
-    mine.push_back(fnv1a(uuid.empty() ? std::string(host) + ":" + std::to_string(d.ordinal) : "uuid:" + uuid));
+    mine.push_back(static_cast<std::int64_t>(
+        detail::fnv1a(uuid.empty() ? std::string(host) + ":" + std::to_string(d.ordinal) : "uuid:" + uuid)));
     mine.push_back(d.ordinal);
   }
   const auto all = gather_from_processes(mine, "Mesh construction (GPUs per device)");

@@ -2,6 +2,7 @@
 // independence, data-parallel equivalence, and exact resume from checkpoints.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -89,6 +90,45 @@ TEST_CASE("4 members on 4 devices and 4 members on 1 device start from the same 
   const float diff = max_abs_diff(spread.gather(false), packed.gather(false));
   MESSAGE("max |param difference| after one epoch, 4x1 vs 1x4 members: " << diff);
   CHECK(diff <= 1e-4f);
+}
+
+TEST_CASE("members start LeCun-normal as in Flax: truncated at 2 sigma, std sqrt(1/fan_in), zero biases, per key") {
+  auto model = flax_mnist_cnn();
+  const std::vector<pmap::Key> keys = pmap::split(pmap::key(7), 3);
+  const std::int64_t p = model->params_per_member();
+  std::vector<float> three(static_cast<std::size_t>(3 * p)), last(static_cast<std::size_t>(p));
+  model->init(keys, three);
+  model->init(std::span<const pmap::Key>(&keys[2], 1), last);
+  for (const TensorSlot& t : model->tensors()) {
+    CAPTURE(t.name);
+    for (int g = 0; g < 3; ++g) {
+      const float* w = three.data() + t.offset * 3 + g * t.size;
+      if (t.is_bias) {
+        CHECK(std::all_of(w, w + t.size, [](float v) { return v == 0.0f; }));
+        continue;
+      }
+      // Flax's lecun_normal: a standard normal truncated to [-2, 2], scaled to stddev sqrt(1 / fan_in)
+      // (the scale divides by 0.8796..., the truncated normal's own stddev).
+      const double sigma = std::sqrt(1.0 / static_cast<double>(t.fan_in));
+      const double bound = 2.0 * sigma / 0.87962566103423978;
+      double sum = 0, sq = 0, peak = 0;
+      for (std::int64_t i = 0; i < t.size; ++i) {
+        sum += w[i], sq += static_cast<double>(w[i]) * w[i], peak = std::max(peak, std::abs(static_cast<double>(w[i])));
+      }
+      const double n = static_cast<double>(t.size), mean = sum / n, stddev = std::sqrt(sq / n - mean * mean);
+      // Tolerances of 5 standard errors of each estimate (std error of the std ~ sigma * 0.55 / sqrt(n) for
+      // this truncated normal; of the mean, sigma / sqrt(n)).
+      CHECK(std::abs(stddev / sigma - 1.0) <= 5 * 0.55 / std::sqrt(n) + 1e-3);
+      CHECK(std::abs(mean) <= 5 * sigma / std::sqrt(n));
+      CHECK(peak <= bound * (1 + 1e-6));
+      CHECK(peak >= 0.8 * bound);  // the tails are there, cut at the bound
+    }
+    // Member 2 alone from its key equals member 2 of the three: a member depends only on its key.
+    CHECK(std::equal(last.begin() + t.offset, last.begin() + t.offset + t.size, three.begin() + t.offset * 3 + 2 * t.size));
+    if (!t.is_bias)
+      CHECK(!std::equal(three.begin() + t.offset * 3, three.begin() + t.offset * 3 + t.size,
+                        three.begin() + t.offset * 3 + t.size));
+  }
 }
 
 TEST_CASE("a model runner runs any group of members alike, and rejects a bad group or member range") {

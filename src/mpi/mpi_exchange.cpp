@@ -7,6 +7,7 @@
 
 #include <pmap/error.h>
 
+#include "hash.h"
 #include "mpi_runtime.h"
 #include "reduce.h"
 
@@ -27,12 +28,6 @@ struct Header {
   char axes[40] = {};
 };
 static_assert(sizeof(Header) % 16 == 0, "contributions after the header stay aligned");
-
-std::uint64_t fnv1a(const std::string& s) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
 
 template <std::size_t N> void copy_text(char (&dst)[N], const std::string& src) {
   std::memcpy(dst, src.data(), std::min(N - 1, src.size()));
@@ -98,7 +93,7 @@ void MpiExchange::pack(const std::vector<const CollectiveOp*>& ops, std::uint64_
   h.seq = seq;
   h.count = op_.count;
   h.perm_id = op_.perm_id;
-  h.axes_hash = fnv1a(layout_.axes);
+  h.axes_hash = detail::fnv1a(layout_.axes);
   h.root = op_.root;
   h.kind = static_cast<std::uint8_t>(op_.kind);
   h.reduce = static_cast<std::uint8_t>(op_.reduce);

@@ -62,6 +62,26 @@ void issue(ncclResult_t result, const char* expr, int line) {
 }
 #define PMAPCC_NCCL_ISSUE(expr) issue((expr), #expr, __LINE__)
 
+// Ends an NCCL group that an exception left open between ncclGroupStart and ncclGroupEnd (NCCL needs
+// every group ended before the communicators are aborted), ignoring the result: the caller is already
+// failing. close() marks the group as ended by the caller.
+class OpenGroup {
+ public:
+  OpenGroup() { PMAPCC_NCCL_CHECK(ncclGroupStart()); }
+  OpenGroup(const OpenGroup&) = delete;
+  OpenGroup& operator=(const OpenGroup&) = delete;
+  ~OpenGroup() {
+    if (open_) ncclGroupEnd();
+  }
+  void close() {
+    open_ = false;
+    PMAPCC_NCCL_ISSUE(ncclGroupEnd());
+  }
+
+ private:
+  bool open_ = true;
+};
+
 class NcclCommunicator final : public Communicator, public OpRunner {
  public:
   // `rank`: the device's rank in the whole group (its NCCL rank); `local_rank`: its index among this
@@ -205,14 +225,15 @@ void NcclCommunicator::enqueue(const CollectiveOp& op, cudaStream_t stream) {
     case OpKind::broadcast:
       PMAPCC_NCCL_ISSUE(ncclBroadcast(op.send, op.recv, op.count, type, op.root, comm_, stream));
       break;
-    case OpKind::permute:
-      PMAPCC_NCCL_ISSUE(ncclGroupStart());
+    case OpKind::permute: {
+      OpenGroup group;
       if (op.send_to >= 0) PMAPCC_NCCL_ISSUE(ncclSend(op.send, op.count, type, op.send_to, comm_, stream));
       if (op.recv_from >= 0) PMAPCC_NCCL_ISSUE(ncclRecv(op.recv, op.count, type, op.recv_from, comm_, stream));
-      PMAPCC_NCCL_ISSUE(ncclGroupEnd());
+      group.close();
       if (op.recv_from < 0 && op.count > 0)
         PMAPCC_CUDA_CHECK(cudaMemsetAsync(op.recv, 0, op.count * size_of(op.dtype), stream));
       break;
+    }
     case OpKind::barrier:
       PMAPCC_NCCL_ISSUE(ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat32, ncclSum, comm_, stream));
       break;
@@ -283,13 +304,13 @@ class Clique final : public NcclClique {
     config.blocking = 0;  // every process's ranks join at once; we poll with a deadline
     std::vector<ncclComm_t> comms(devices.size(), nullptr);
     try {
-      PMAPCC_NCCL_CHECK(ncclGroupStart());
+      OpenGroup group;
       for (std::size_t i = 0; i < devices.size(); ++i) {
         PMAPCC_CUDA_CHECK(cudaSetDevice(ordinals[i]));
         PMAPCC_NCCL_ISSUE(ncclCommInitRankConfig(&comms[i], size, id, devices[i], &config));
       }
-      PMAPCC_NCCL_ISSUE(ncclGroupEnd());
-    } catch (...) {
+      group.close();
+    } catch (...) {  // the group is ended (OpenGroup) before the communicators are aborted
       cudaSetDevice(previous);
       for (ncclComm_t c : comms)
         if (c != nullptr) ncclCommAbort(c);

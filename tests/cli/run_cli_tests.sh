@@ -60,6 +60,25 @@ sys.exit(0 if tensors(sys.argv[1]) == tensors(sys.argv[2]) else 1)
 PY
   [ $? -eq 0 ] && pass "resume is exact (tensor bytes equal; metadata timings differ)" || fail "resume is exact"; }
 
+# --epochs 0 still writes what was asked for: the initial members' checkpoint, which resumes to the same
+# training as a straight run, and metrics with no epochs.
+expect "epochs 0 saves the initial members" 0 "ensemble" -- "${run[@]}" --epochs 0 --save "$work/ck0.safetensors" \
+  --metrics-json "$work/m0.json"
+python3 - "$work/m0.json" <<'PY' && pass "epochs 0 metrics json" || fail "epochs 0 metrics json"
+import json, sys
+m = json.load(open(sys.argv[1]))
+assert m["epochs"] == [] and m["final"] is None, m
+PY
+expect "resume from epoch 0" 0 "resumed after epoch 0" -- "${run[@]}" --epochs 1 --resume "$work/ck0.safetensors" \
+  --save "$work/ck0b.safetensors"
+python3 - "$work/ck1.safetensors" "$work/ck0b.safetensors" <<'PY' && pass "resume from epoch 0 is exact" \
+  || fail "resume from epoch 0 is exact"
+import struct, sys
+def tensors(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; return b[8 + n:]
+sys.exit(0 if tensors(sys.argv[1]) == tensors(sys.argv[2]) else 1)
+PY
+
 head -c 1000 "$work/ck1.safetensors" >"$work/trunc.safetensors"
 expect "truncated checkpoint" 1 "error: .*trunc.safetensors" -- "${run[@]}" --epochs 2 --resume "$work/trunc.safetensors"
 expect "checkpoint seed mismatch" 1 "seed" -- "${run[@]}" --epochs 2 --seed 5 --resume "$work/ck1.safetensors"
