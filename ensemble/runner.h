@@ -6,10 +6,9 @@
 // that gradient then needs no buffer of its own.
 //
 // Members are independent in an ensemble, so the runner can hold the activations of only a group of them
-// and run the members group by group (forward and backward of one group, then the next). On a CPU device
-// that keeps one step's working set at one member's, in cache, whatever the member count (members run
-// layer by layer over all at once would stream M times the activations through memory), and it divides
-// the activation memory by M / group. A member's results do not depend on the group it runs in.
+// and run the members group by group (forward and backward of one group, then the next): activation
+// memory is then group / M of running all M at once. A member's results do not depend on the group it
+// runs in (every kernel's per-member results are independent of its member count).
 #pragma once
 
 #include <vector>

@@ -49,8 +49,9 @@ struct DeviceWork {
   std::int64_t ensemble_correct = 0;   // last eval step
 };
 
-// One member at a time on a CPU device (its step's working set then stays in cache; measured in
-// bench/README.md), all members at once on a GPU (one launch per layer for all of them).
+// One member at a time on a CPU device (as fast as all at once, measured with `bench_train paired`, and
+// one member's activations in memory instead of M), all members at once on a GPU (one launch per layer
+// for all of them).
 int default_member_group(const Device& device, int members);
 
 // What a step reports, per device: its members' losses and correct counts.
