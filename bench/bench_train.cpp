@@ -186,6 +186,16 @@ Json run_train(const Args& a) {
 Json run_paired(const Args& a) {
   set_isa(a);
   const int rounds = a.get_int("rounds", 9), batch = a.get_int("batch", 128);
+  const int member_counts[2] = {a.get_int("members-a", 1), a.get_int("members-b", 8)};
+  const int step_counts[2] = {a.get_int("steps-a", 16), a.get_int("steps-b", 2)};
+  for (int i = 0; i < 2; ++i) {
+    const std::string side = i == 0 ? "a" : "b";
+    if (member_counts[i] < 1)
+      throw ValueError("--members-" + side + " must be >= 1, got " + std::to_string(member_counts[i]));
+    if (step_counts[i] < 1) throw ValueError("--steps-" + side + " must be >= 1, got " + std::to_string(step_counts[i]));
+  }
+  if (rounds < 2) throw ValueError("--rounds must be >= 2 (the first is a warm-up), got " + std::to_string(rounds));
+  if (batch < 1) throw ValueError("--batch must be >= 1, got " + std::to_string(batch));
   const std::string dir = a.get("data", "data/mnist");
   const Dataset train_all = load_mnist(dir, Split::train), test_all = load_mnist(dir, Split::test);
   const Dataset test = head(test_all, batch);
@@ -196,16 +206,14 @@ Json run_paired(const Args& a) {
     std::vector<double> rate;  // model-images/s, per round
   };
   auto make = [&](const std::string& name, int members, int group, int steps) {
-    if (members < 1 || steps < 1) throw ValueError("--members-" + name + " and --steps-" + name + " must be >= 1");
     TrainConfig c;
     c.devices = 1, c.members = members, c.member_group = group, c.batch_size = batch, c.eval_batch = batch;
     Side side{name, std::make_unique<Dataset>(head(train_all, static_cast<std::int64_t>(steps) * batch)), nullptr, {}};
     side.trainer = std::make_unique<Trainer>(c, *side.train, test);
     return side;
   };
-  const int members_a = a.get_int("members-a", 1), members_b = a.get_int("members-b", 8);
-  Side sides[2] = {make("a", members_a, a.get_int("group-a", 0), a.get_int("steps-a", 16)),
-                   make("b", members_b, a.get_int("group-b", 0), a.get_int("steps-b", 2))};
+  Side sides[2] = {make("a", member_counts[0], a.get_int("group-a", 0), step_counts[0]),
+                   make("b", member_counts[1], a.get_int("group-b", 0), step_counts[1])};
   std::vector<double> ratios;
   for (int r = 0; r < rounds; ++r) {
     for (Side& side : sides) {
