@@ -63,14 +63,13 @@ ModelRunner::ModelRunner(const Sequential& model, Device device, int members, in
   grad_.assign(n_layers + 1, nullptr);
   for (std::size_t i = 1; i <= n_layers; ++i) grad_[i] = side[i] == kOverActivation ? act_[i] : buffer[side[i]];
   std::size_t ws = 0;
-  count_ = group_;
-  for (std::size_t i = 0; i < n_layers; ++i) ws = std::max(ws, model.layers()[i]->workspace_bytes(backend_, call(i, max_batch_)));
-  count_ = 0;
+  for (std::size_t i = 0; i < n_layers; ++i)
+    ws = std::max(ws, model.layers()[i]->workspace_bytes(backend_, call(i, max_batch_, group_)));
   workspace_ = Array(Shape{static_cast<std::int64_t>(ws)}, DType::u8, device_);
 }
 
-LayerCall ModelRunner::call(std::size_t layer, int batch) const {
-  return LayerCall{count_, batch, model_.shapes()[layer], layer == 0};
+LayerCall ModelRunner::call(std::size_t layer, int batch, int members) const {
+  return LayerCall{members, batch, model_.shapes()[layer], layer == 0};
 }
 
 std::vector<const float*> ModelRunner::param_ptrs(std::size_t layer, const float* base) const {
@@ -100,7 +99,7 @@ const float* ModelRunner::forward(const float* x, int batch, const float* params
   for (std::size_t i = 0; i < model_.layers().size(); ++i) {
     if (i > 0 && relu_forward_[i - 1]) continue;  // applied by layer i - 1
     auto p = param_ptrs(i, params);
-    LayerCall c = call(i, batch);
+    LayerCall c = call(i, batch, count_);
     c.relu = relu_forward_[i];
     model_.layers()[i]->forward(backend_, c, p.data(), act_[i], act_[i + 1], workspace_.raw_data());
   }
@@ -116,13 +115,13 @@ void ModelRunner::backward(const float* x, const float* params, const float* dlo
     if (i + 1 < n_layers && relu_backward_[i + 1]) continue;  // the ReLU that layer i + 1 ran through
     float* dx = i == 0 ? nullptr : grad_[i];
     if (relu_backward_[i]) {
-      model_.layers()[i]->backward_through_relu(backend_, call(i, batch_), act_[i], dy, dx);
+      model_.layers()[i]->backward_through_relu(backend_, call(i, batch_, count_), act_[i], dy, dx);
       dy = dx;
       continue;
     }
     auto p = param_ptrs(i, params);
     auto g = grad_ptrs(i, grads);
-    model_.layers()[i]->backward(backend_, call(i, batch_), p.data(), act_[i], act_[i + 1], dy, dx, g.data(),
+    model_.layers()[i]->backward(backend_, call(i, batch_, count_), p.data(), act_[i], act_[i + 1], dy, dx, g.data(),
                                  workspace_.raw_data());
     dy = dx;
   }

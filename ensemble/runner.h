@@ -45,7 +45,7 @@ class ModelRunner {
   void backward(const float* x, const float* params, const float* dlogits, float* grads);
 
  private:
-  LayerCall call(std::size_t layer, int batch) const;
+  LayerCall call(std::size_t layer, int batch, int members) const;
   std::vector<const float*> param_ptrs(std::size_t layer, const float* base) const;
   std::vector<float*> grad_ptrs(std::size_t layer, float* base) const;
 
