@@ -1,176 +1,123 @@
-// Training throughput of the Flax MNIST CNN on one GPU, in model-images/s (members x batch x steps / s),
-// at batch 128 for 1, 4 and 8 members: members batched on one device (eager, and replayed as a CUDA
-// graph), and one member per virtual device sharing the GPU (each its own stream). Prints a table and one
-// JSON line per configuration. Without a GPU it says so and exits 0.
-//   bench_cuda_train [--steps N] [--warmup N]
-#include <chrono>
+// bench_cuda_train: training throughput of the Flax MNIST CNN on one GPU through the library's own path
+// (Trainer: the runtime's feed, the device-neutral train step, CUDA graphs), in model-images/s (members x
+// batch x steps / s) at batch 128: 1, 4 and 8 members batched on one device, the same replayed eagerly
+// (no graphs), and one member per virtual device sharing the GPU (each its own stream). Each configuration
+// trains one warm-up epoch (which captures the graphs) and then one timed epoch of --steps steps; the
+// timing is the Trainer's epoch time (evaluation excluded). Prints the machine, a table and one JSON line
+// per configuration. Exits 2 when no GPU is usable (it measures nothing then).
+//   bench_cuda_train [--data DIR] [--steps N] [--report-every R]
+// Without --data the images are random bytes (the speed does not depend on them).
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
-#include <pmap/pmap.h>
+#include <pmap/backends.h>
 
-#include "ensemble/model.h"
-#include "ensemble/runner.h"
-#include "kernels/backend.h"
+#include "ensemble/trainer.h"
 
-#if PMAPCC_HAVE_CUDA
-#include "kernels/cuda/graph.h"
-#include "kernels/cuda/ops.h"
-#endif
+using namespace pmap;
+using namespace pmap::ensemble;
 
 namespace {
 
 constexpr int kBatch = 128;
 
 struct Options {
+  std::string data;
   int steps = 200;
-  int warmup = 20;
+  int report_every = 0;
 };
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::strcmp(argv[i], "--steps") == 0) o.steps = std::atoi(argv[i + 1]);
-    if (std::strcmp(argv[i], "--warmup") == 0) o.warmup = std::atoi(argv[i + 1]);
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) throw ValueError(flag + " needs a value");
+    const std::string value = argv[++i];
+    if (flag == "--data") {
+      o.data = value;
+    } else if (flag == "--steps") {
+      o.steps = std::stoi(value);
+    } else if (flag == "--report-every") {
+      o.report_every = std::stoi(value);
+    } else {
+      throw ValueError("unknown flag '" + flag + "'");
+    }
   }
+  if (o.steps < 1) throw ValueError("--steps must be >= 1, got " + std::to_string(o.steps));
   return o;
 }
 
-#if PMAPCC_HAVE_CUDA
-using pmap::Array;
-using pmap::DType;
-using pmap::Shape;
-namespace k = pmap::kernels;
+// `count` random 28x28 images with labels 0..9 in turn.
+Dataset random_dataset(std::int64_t count, std::uint32_t seed) {
+  Dataset d;
+  d.count = count, d.rows = 28, d.cols = 28;
+  d.images.resize(static_cast<std::size_t>(count * 28 * 28));
+  d.labels.resize(static_cast<std::size_t>(count));
+  std::mt19937 gen(seed);
+  for (auto& p : d.images) p = static_cast<std::uint8_t>(gen() & 0xff);
+  for (std::int64_t i = 0; i < count; ++i) d.labels[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i % 10);
+  return d;
+}
 
-// One device's training buffers for `members` members: the model runner, parameters, momentum,
-// gradients, a fixed random batch, and the loss outputs (host for the eager step, device for graphs).
-struct DeviceTrainer {
-  DeviceTrainer(const pmap::ensemble::Sequential& model, pmap::Device device, int members)
-      : runner(model, device, members, kBatch),
-        be(k::backend_for(device.kind)),
-        params(Shape{members * model.params_per_member()}, DType::f32, device),
-        momentum(params.shape(), DType::f32, device),
-        grads(params.shape(), DType::f32, device),
-        x(Shape{kBatch, 28, 28, 1}, DType::f32, device),
-        labels(Shape{kBatch}, DType::i32, device),
-        dlogits(Shape{members, kBatch, 10}, DType::f32, device),
-        loss_dev(Shape{members}, DType::f32, device),
-        correct_dev(Shape{members}, DType::i32, device),
-        loss(static_cast<std::size_t>(members)),
-        correct(static_cast<std::size_t>(members)),
-        xent{members, kBatch, 10, true} {
-    std::vector<pmap::Key> keys = pmap::split(pmap::key(0), members);
-    std::vector<float> host(static_cast<std::size_t>(params.size()));
-    model.init(keys, host);
-    params.copy_from_host(host.data(), params.nbytes());
-    pmap::uniform(pmap::key(1), x);
-    std::vector<std::int32_t> y(kBatch);
-    for (int i = 0; i < kBatch; ++i) y[static_cast<std::size_t>(i)] = i % 10;
-    labels.copy_from_host(y.data(), labels.nbytes());
-  }
-
-  // The train step as ensemble/step.cpp runs it: loss and counts read on the host every step.
-  void eager_step() {
-    const float* logits = runner.forward(x.data<float>(), kBatch, params.data<float>());
-    be.softmax_cross_entropy(xent, logits, labels.data<std::int32_t>(), loss.data(), dlogits.data<float>(), nullptr,
-                             correct.data());
-    backward_and_update();
-  }
-
-  // The same step with device-side loss outputs only: capturable in a CUDA graph.
-  void device_step() {
-    const float* logits = runner.forward(x.data<float>(), kBatch, params.data<float>());
-    k::gpu::softmax_cross_entropy(xent, logits, labels.data<std::int32_t>(), loss_dev.data<float>(),
-                                  dlogits.data<float>(), nullptr, correct_dev.data<std::int32_t>(), nullptr);
-    backward_and_update();
-  }
-
-  void backward_and_update() {
-    runner.backward(x.data<float>(), params.data<float>(), dlogits.data<float>(), grads.data<float>());
-    be.sgd_momentum_update(k::SgdParams{}, static_cast<std::size_t>(params.size()), params.data<float>(),
-                           momentum.data<float>(), grads.data<float>());
-  }
-
-  pmap::ensemble::ModelRunner runner;
-  const k::Backend& be;
-  Array params, momentum, grads, x, labels, dlogits, loss_dev, correct_dev;
-  std::vector<float> loss;
-  std::vector<std::int32_t> correct;
-  k::SoftmaxXentParams xent;
+struct Row {
+  const char* mode;
+  int members, devices;
+  bool graphs;
 };
 
-// Seconds for `steps` calls of step(d) on every device of the mesh (one pmap; pmap waits for the GPU).
-template <class Step> double time_steps(const pmap::Mesh& mesh, int steps, Step&& step) {
-  const auto start = std::chrono::steady_clock::now();
-  pmap::pmap([&]() {
-    for (int s = 0; s < steps; ++s) step(pmap::axis_index("i"));
-  }, mesh, "i")();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-void report(const char* mode, int members, int devices, int steps, double seconds) {
-  const double rate = static_cast<double>(members) * devices * kBatch * steps / seconds;
-  std::printf("%-22s members %2d  devices %2d  %9.1f ms/step  %12.0f model-images/s\n", mode, members * devices,
-              devices, 1e3 * seconds / steps, rate);
+void run(const Row& row, const Options& o, const Dataset& train, const Dataset& test) {
+  TrainConfig c;
+  c.backend = DeviceKind::cuda;
+  c.devices = row.devices;
+  c.members = row.members;
+  c.batch_size = kBatch;
+  c.epochs = 2;
+  c.eval_batch = 1000;
+  c.graphs = row.graphs;
+  c.report_every = o.report_every;
+  Trainer trainer(c, train, test);
+  trainer.run_epoch();                          // warm-up: first steps eager, then capture
+  const EpochMetrics m = trainer.run_epoch();   // timed
+  const double ms_per_step = 1e3 * m.seconds / trainer.steps_per_epoch();
+  std::printf("%-22s members %2d  devices %2d  %8.3f ms/step  %12.0f model-images/s\n", row.mode, row.members,
+              row.devices, ms_per_step, m.model_images_per_second);
   std::printf("{\"bench\": \"cuda_train\", \"mode\": \"%s\", \"members\": %d, \"devices\": %d, \"batch\": %d, "
-              "\"steps\": %d, \"seconds\": %.6f, \"model_images_per_s\": %.1f}\n",
-              mode, members * devices, devices, kBatch, steps, seconds, rate);
+              "\"steps\": %d, \"graphs\": %s, \"report_every\": %d, \"seconds\": %.6f, \"model_images_per_s\": %.1f}\n",
+              row.mode, row.members, row.devices, kBatch, trainer.steps_per_epoch(), row.graphs ? "true" : "false",
+              trainer.config().report_every, m.seconds, m.model_images_per_second);
+  std::fflush(stdout);
 }
-
-// `members` members batched on one device: eager steps, then graph replays.
-void bench_batched(const pmap::ensemble::Sequential& model, int members, const Options& o) {
-  const pmap::Device gpu{pmap::DeviceKind::cuda, 0, 0};
-  pmap::Mesh mesh({gpu}, "i");
-  std::unique_ptr<DeviceTrainer> t;
-  std::unique_ptr<k::gpu::GraphStep> graph;
-  pmap::pmap([&]() {
-    t = std::make_unique<DeviceTrainer>(model, gpu, members);
-    graph = std::make_unique<k::gpu::GraphStep>([&] { t->device_step(); });
-  }, mesh, "i")();
-  time_steps(mesh, o.warmup, [&](int) { t->eager_step(); });
-  report("batched/eager", members, 1, o.steps, time_steps(mesh, o.steps, [&](int) { t->eager_step(); }));
-  time_steps(mesh, o.warmup, [&](int) { (*graph)(); });  // warm-up, capture, replays
-  report("batched/graph", members, 1, o.steps, time_steps(mesh, o.steps, [&](int) { (*graph)(); }));
-  pmap::pmap([&]() {  // free on the device's thread
-    graph.reset();
-    t.reset();
-  }, mesh, "i")();
-}
-
-// One member on each of `devices` virtual devices sharing GPU 0, each with its own stream.
-void bench_virtual(const pmap::ensemble::Sequential& model, int devices, const Options& o) {
-  std::vector<pmap::Device> list;
-  for (int i = 0; i < devices; ++i) list.push_back(pmap::Device{pmap::DeviceKind::cuda, i, 0});
-  pmap::Mesh mesh(list, "i");
-  std::vector<std::unique_ptr<DeviceTrainer>> t(static_cast<std::size_t>(devices));
-  pmap::pmap([&]() {
-    const int d = pmap::axis_index("i");
-    t[static_cast<std::size_t>(d)] = std::make_unique<DeviceTrainer>(model, list[static_cast<std::size_t>(d)], 1);
-  }, mesh, "i")();
-  time_steps(mesh, o.warmup, [&](int d) { t[static_cast<std::size_t>(d)]->eager_step(); });
-  report("virtual-devices/eager", 1, devices, o.steps,
-         time_steps(mesh, o.steps, [&](int d) { t[static_cast<std::size_t>(d)]->eager_step(); }));
-  pmap::pmap([&]() { t[static_cast<std::size_t>(pmap::axis_index("i"))].reset(); }, mesh, "i")();
-}
-#endif
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Options o = parse(argc, argv);
-  std::printf("bench_cuda_train: Flax MNIST CNN, batch %d, %d timed steps after %d warm-up steps\n", kBatch, o.steps,
-              o.warmup);
-  if (pmap::cuda_device_count() == 0) {
-    std::printf("no GPU: skipped\n");
+  try {
+    const Options o = parse(argc, argv);
+    const GpuStatus gpu = cuda_status();
+    if (gpu.count == 0) {
+      std::fprintf(stderr, "bench_cuda_train: no usable GPU: %s\n",
+                   gpu.problem.empty() ? "none found (no NVIDIA driver, no device or no CUDA build)" : gpu.problem.c_str());
+      return 2;
+    }
+    const std::int64_t train_count = static_cast<std::int64_t>(o.steps) * kBatch;
+    Dataset train, test;
+    if (o.data.empty()) {
+      train = random_dataset(train_count, 1), test = random_dataset(1000, 2);
+    } else {
+      train = load_mnist(o.data, Split::train, train_count), test = load_mnist(o.data, Split::test, 1000);
+    }
+    std::printf("bench_cuda_train: Flax MNIST CNN, batch %d, %d timed steps after a warm-up epoch, %s data; %d GPU(s)\n",
+                kBatch, static_cast<int>(train.count / kBatch), o.data.empty() ? "random" : o.data.c_str(), gpu.count);
+    const Row rows[] = {{"batched/graph", 1, 1, true},  {"batched/graph", 4, 1, true},  {"batched/graph", 8, 1, true},
+                        {"batched/eager", 1, 1, false}, {"batched/eager", 8, 1, false}, {"virtual-devices/graph", 4, 4, true},
+                        {"virtual-devices/graph", 8, 8, true}};
+    for (const Row& r : rows) run(r, o, train, test);
     return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_cuda_train: error: %s\n", e.what());
+    return 1;
   }
-#if PMAPCC_HAVE_CUDA
-  const auto model = pmap::ensemble::flax_mnist_cnn();
-  for (int members : {1, 4, 8}) bench_batched(*model, members, o);
-  for (int devices : {4, 8}) bench_virtual(*model, devices, o);
-#endif
-  return 0;
 }

@@ -8,9 +8,12 @@
 
 namespace pmap::ensemble {
 
-ModelRunner::ModelRunner(const Sequential& model, Device device, int members, int max_batch, int group)
-    : model_(model), backend_(kernels::backend_for(device.kind)), device_(device), members_(members),
-      group_(group == 0 ? members : group), max_batch_(max_batch) {
+ModelRunner::ModelRunner(const Sequential& model, const kernels::Backend& backend, Device device, int members,
+                         int max_batch, int group)
+    : model_(model), backend_(backend), device_(device), members_(members), group_(group == 0 ? members : group),
+      max_batch_(max_batch) {
+  if (backend.kind() != device.kind)
+    throw ValueError("ModelRunner: the " + backend.name() + " backend cannot run on " + device.str());
   if (members < 1 || max_batch < 1)
     throw ValueError("ModelRunner: members and max_batch must be >= 1 (got " + std::to_string(members) + ", " +
                      std::to_string(max_batch) + ")");
@@ -32,11 +35,17 @@ ModelRunner::ModelRunner(const Sequential& model, Device device, int members, in
   const auto& layers = model.layers();
   relu_forward_.assign(n_layers, false);
   relu_backward_.assign(n_layers, false);
-  if (backend_.fused_relu()) {
-    for (std::size_t i = 0; i + 1 < n_layers; ++i)
-      relu_forward_[i] = layers[i]->fuses_relu_forward() && layers[i + 1]->is_relu();
-    for (std::size_t i = 2; i < n_layers; ++i)
-      relu_backward_[i] = layers[i]->fuses_relu_backward() && layers[i - 1]->is_relu() && layers[i - 1]->in_place();
+  for (std::size_t i = 0; i + 1 < n_layers; ++i)
+    relu_forward_[i] = layers[i]->fuses_relu_forward() && layers[i + 1]->is_relu();
+  for (std::size_t i = 2; i < n_layers; ++i)
+    relu_backward_[i] = layers[i]->fuses_relu_backward() && layers[i - 1]->is_relu() && layers[i - 1]->in_place();
+  layer_tensors_.resize(n_layers);
+  for (const auto& t : model.tensors()) {
+    auto& list = layer_tensors_[static_cast<std::size_t>(t.layer)];
+    list.push_back(&t);
+    if (list.size() > kMaxLayerTensors)
+      throw ValueError("ModelRunner: layer " + layers[static_cast<std::size_t>(t.layer)]->name() + " has more than " +
+                       std::to_string(kMaxLayerTensors) + " parameter tensors");
   }
   // Gradient buffers: the input gradients of non-in-place layers alternate between two buffers, each sized
   // for the largest gradient it holds (grad_[L] only anchors the alternation: the caller's dlogits is read
@@ -72,17 +81,11 @@ LayerCall ModelRunner::call(std::size_t layer, int batch, int members) const {
   return LayerCall{members, batch, model_.shapes()[layer], layer == 0};
 }
 
-std::vector<const float*> ModelRunner::param_ptrs(std::size_t layer, const float* base) const {
-  std::vector<const float*> out;
-  for (const auto& t : model_.tensors())
-    if (t.layer == static_cast<int>(layer)) out.push_back(base + t.offset * members_ + first_ * t.size);
-  return out;
-}
-
-std::vector<float*> ModelRunner::grad_ptrs(std::size_t layer, float* base) const {
-  std::vector<float*> out;
-  for (const auto& t : model_.tensors())
-    if (t.layer == static_cast<int>(layer)) out.push_back(base + t.offset * members_ + first_ * t.size);
+template <class P>
+auto ModelRunner::tensors_of(std::size_t layer, P* base) const -> std::array<P*, kMaxLayerTensors> {
+  std::array<P*, kMaxLayerTensors> out{};
+  std::size_t k = 0;
+  for (const TensorSlot* t : layer_tensors_[layer]) out[k++] = base + t->offset * members_ + first_ * t->size;
   return out;
 }
 
@@ -98,7 +101,7 @@ const float* ModelRunner::forward(const float* x, int batch, const float* params
   act_[0] = const_cast<float*>(x);  // read only: layer 0 never runs in place
   for (std::size_t i = 0; i < model_.layers().size(); ++i) {
     if (i > 0 && relu_forward_[i - 1]) continue;  // applied by layer i - 1
-    auto p = param_ptrs(i, params);
+    const auto p = tensors_of(i, params);
     LayerCall c = call(i, batch, count_);
     c.relu = relu_forward_[i];
     model_.layers()[i]->forward(backend_, c, p.data(), act_[i], act_[i + 1], workspace_.raw_data());
@@ -119,8 +122,8 @@ void ModelRunner::backward(const float* x, const float* params, const float* dlo
       dy = dx;
       continue;
     }
-    auto p = param_ptrs(i, params);
-    auto g = grad_ptrs(i, grads);
+    const auto p = tensors_of(i, params);
+    const auto g = tensors_of(i, grads);
     model_.layers()[i]->backward(backend_, call(i, batch_, count_), p.data(), act_[i], act_[i + 1], dy, dx, g.data(),
                                  workspace_.raw_data());
     dy = dx;

@@ -1,9 +1,9 @@
 // ModelRunner: one device's forward and backward passes of a Sequential for M members, with every
-// activation, gradient and workspace buffer allocated once, up front, on that device. The input batch
-// is shared by all members (ensemble training: every member sees the same batch). Where the backend fuses
-// ReLUs (Backend::fused_relu()), a conv/dense layer applies the ReLU after it in its forward, and an
-// avg_pool after a ReLU runs its backward through the ReLU, writing the gradient over the ReLU's output:
-// that gradient then needs no buffer of its own.
+// activation, gradient and workspace buffer allocated once, up front, on that device; forward and backward
+// allocate nothing (host or device), so a graph can capture them. The input batch is shared by all
+// members (ensemble training: every member sees the same batch). ReLUs are fused: a conv/dense layer
+// applies the ReLU after it in its forward, and an avg_pool after a ReLU runs its backward through the
+// ReLU, writing the gradient over the ReLU's output, which then needs no buffer of its own.
 //
 // Members are independent in an ensemble, so the runner can hold the activations of only a group of them
 // and run the members group by group (forward and backward of one group, then the next): activation
@@ -11,6 +11,7 @@
 // runs in (every kernel's per-member results are independent of its member count).
 #pragma once
 
+#include <array>
 #include <vector>
 
 #include <pmap/array.h>
@@ -22,14 +23,16 @@ namespace pmap::ensemble {
 class ModelRunner {
  public:
   // Buffers for up to max_batch examples of `group` of the `members` members at a time (0: all of them)
-  // on `device`.
-  ModelRunner(const Sequential& model, Device device, int members, int max_batch, int group = 0);
+  // on `device`, whose memory `backend` works on (ValueError otherwise).
+  ModelRunner(const Sequential& model, const kernels::Backend& backend, Device device, int members, int max_batch,
+              int group = 0);
 
   int members() const { return members_; }
   int group() const { return group_; }
   int max_batch() const { return max_batch_; }
   const Device& device() const { return device_; }
   const Sequential& model() const { return model_; }
+  const kernels::Backend& backend() const { return backend_; }
 
   // Runs the layers for members [first, first + count) (count <= group()) on x (batch, *input) (device
   // memory), with params (members * P, the model's layout) on the device. Returns their logits
@@ -45,9 +48,10 @@ class ModelRunner {
   void backward(const float* x, const float* params, const float* dlogits, float* grads);
 
  private:
+  static constexpr std::size_t kMaxLayerTensors = 8;
   LayerCall call(std::size_t layer, int batch, int members) const;
-  std::vector<const float*> param_ptrs(std::size_t layer, const float* base) const;
-  std::vector<float*> grad_ptrs(std::size_t layer, float* base) const;
+  // Layer i's tensors for the members of the last forward, from a buffer of all members' tensors.
+  template <class P> auto tensors_of(std::size_t layer, P* base) const -> std::array<P*, kMaxLayerTensors>;
 
   const Sequential& model_;
   const kernels::Backend& backend_;
@@ -65,6 +69,7 @@ class ModelRunner {
   std::vector<bool> relu_forward_;   // layer i applies the ReLU i + 1 in its forward (which is then skipped)
   std::vector<bool> relu_backward_;  // layer i's backward runs through the ReLU i - 1 (then skipped), writing
                                      // its input gradient over act_[i]
+  std::vector<std::vector<const TensorSlot*>> layer_tensors_;  // per layer, its parameter tensors
   Array workspace_;
 };
 

@@ -1,142 +1,145 @@
-// train_step and eval_step: forward, loss, backward, [pmean of gradients], SGD; and the ensemble's
-// probability averaging across the mesh axis.
+// train_step and eval_step: forward, loss, backward, [pmean of gradients], SGD; the ensemble's
+// probability averaging across the mesh axis; the per-member metrics, all on the device.
 #include "ensemble/step.h"
 
 #include <pmap/collectives.h>
 #include <pmap/error.h>
 
 #include <algorithm>
-#include <vector>
 
 namespace pmap::ensemble {
 namespace {
 
-std::int64_t classes_of(const Sequential& m) { return product(m.output_shape()); }
+int classes_of(const Sequential& m) { return static_cast<int>(product(m.output_shape())); }
 
-// The rows of the batch this device works on: all of them (ensemble), or its block (data parallel).
-HostBatch local_block(const HostBatch& b, const StepOptions& opt, std::int64_t example_size) {
-  if (!opt.data_parallel) return b;
-  const int n = axis_size(opt.axis), r = axis_index(opt.axis);
-  if (b.batch % n != 0)
-    throw ShapeError("data-parallel batch of " + std::to_string(b.batch) + " does not split over " +
-                     std::to_string(n) + " devices");
-  const int rows = b.batch / n;
-  return HostBatch{b.images + static_cast<std::int64_t>(r) * rows * example_size, b.labels + r * rows, rows};
+std::size_t xent_workspace_bytes(const kernels::Backend& be, int group, int rows, int classes) {
+  return be.softmax_cross_entropy_workspace_bytes(kernels::SoftmaxXentParams{group, rows, classes, true});
 }
 
-// The steps read the batch and the ensemble probabilities through host pointers. Staging them into device
-// buffers for CUDA devices is written but not merged with the eval-in-pieces step (see the CUDA issue),
-// so CUDA training is refused here rather than handing host pointers to GPU kernels.
-void require_cpu(const Device& d) {
-  if (!d.is_cpu())
-    throw NotAvailable("training on CUDA devices (" + d.str() + ") is not wired into the train/eval step in this "
-                       "version: use --backend cpu");
+// The rows of a batch on this device, checked against the buffers sized for them.
+int rows_of(const Batch& b, const DeviceWork& work, const char* step) {
+  const auto rows = b.images.ndim() == 0 ? 0 : b.images.shape()[0];
+  const std::int64_t example = product(work.runner.model().input_shape());
+  if (b.images.dtype() != DType::f32 || b.labels.dtype() != DType::i32 || b.labels.ndim() != 1 ||
+      b.labels.shape()[0] != rows || rows * example != b.images.size())
+    throw ShapeError(std::string(step) + ": the batch is " + b.images.str() + " images and " + b.labels.str() +
+                     " labels; this model takes f32 (N, " + std::to_string(example) + " values) and i32 (N)");
+  return static_cast<int>(rows);
+}
+
+void sgd_update(TrainState& state, DeviceWork& work, const StepOptions& opt) {
+  work.backend.sgd_momentum_update(opt.sgd, static_cast<std::size_t>(state.params.size()),
+                                   state.params.data<float>(), state.momentum.data<float>(),
+                                   work.grads.data<float>());
 }
 
 }  // namespace
 
 int default_member_group(const Device& device, int members) { return device.is_cpu() ? 1 : members; }
 
-DeviceWork::DeviceWork(const Sequential& model, Device device, int members, int max_rows, int max_eval_batch,
-                       int member_group)
-    : runner(model, device, members, max_rows,
+DeviceWork::DeviceWork(const Sequential& model, const kernels::Backend& be, Device device, int members, int max_rows,
+                       int max_eval_batch, int member_group, int log_rows, bool graphs)
+    : backend(be),
+      runner(model, be, device, members, max_rows,
              member_group == 0 ? default_member_group(device, members) : member_group),
       grads(Shape{members * model.params_per_member()}, DType::f32, device),
       dlogits(Shape{runner.group(), max_rows, classes_of(model)}, DType::f32, device),
-      probs(Shape{members, max_eval_batch, classes_of(model)}, DType::f32, device),
+      xent_ws(Shape{static_cast<std::int64_t>(xent_workspace_bytes(be, runner.group(), max_rows, classes_of(model)))},
+              DType::u8, device),
       mean_probs(Shape{max_eval_batch, classes_of(model)}, DType::f32, device),
-      loss(static_cast<std::size_t>(members)),
-      correct(static_cast<std::size_t>(members)),
-      eval_loss_sum(static_cast<std::size_t>(members)),
-      eval_hits(static_cast<std::size_t>(members)) {}
-
-StepResult train_step(TrainState& state, DeviceWork& work, const HostBatch& batch, const StepOptions& opt) {
-  require_cpu(work.runner.device());
-  const auto& be = kernels::backend_for(work.runner.device().kind);
-  const int members = work.runner.members(), group = work.runner.group();
-  const HostBatch b = local_block(batch, opt, product(work.runner.model().input_shape()));
-  const float* params = state.params.data<float>();
-  for (int first = 0; first < members; first += group) {
-    const int count = std::min(group, members - first);
-    const float* logits = work.runner.forward(b.images, b.batch, params, first, count);
-    kernels::SoftmaxXentParams xp{count, b.batch, static_cast<int>(classes_of(work.runner.model())), true};
-    be.softmax_cross_entropy(xp, logits, b.labels, work.loss.data() + first, work.dlogits.data<float>(), nullptr,
-                             work.correct.data() + first);
-    work.runner.backward(b.images, params, work.dlogits.data<float>(), work.grads.data<float>());
-  }
-  if (opt.data_parallel) pmean_inplace(work.grads, opt.axis);
-  be.sgd_momentum_update(opt.sgd, static_cast<std::size_t>(state.params.size()), state.params.data<float>(),
-                         state.momentum.data<float>(), work.grads.data<float>());
-  ++state.step;
-  return StepResult{work.loss, work.correct, 0};
+      step_loss(Shape{members}, DType::f32, device),
+      step_correct(Shape{members}, DType::i32, device),
+      eval_loss_sum(Shape{members}, DType::f64, device),
+      eval_hits(Shape{members}, DType::i32, device),
+      log{Array(Shape{log_rows, members}, DType::f32, device), Array(Shape{log_rows, members}, DType::i32, device),
+          Array(Shape{1}, DType::i32, device)},
+      eval{Array(Shape{members}, DType::f32, device), Array(Shape{members}, DType::i32, device),
+           Array(Shape{1}, DType::i32, device)},
+      update_graph(be, graphs),
+      graphs_(graphs) {
+  if (log_rows < 1) throw ValueError("DeviceWork: log_rows must be >= 1, got " + std::to_string(log_rows));
 }
 
-namespace {
+kernels::StepGraph& DeviceWork::step_graph(const void* images, int rows) {
+  auto& g = step_graphs_[{images, rows}];
+  if (g == nullptr) g = std::make_unique<kernels::StepGraph>(backend, graphs_);
+  return *g;
+}
 
-// Per-member probabilities (members, b.batch, K) into work.probs, and mean loss and hit counts into
-// work.loss / work.correct, running the batch through the model in pieces of at most max_batch rows.
-void eval_probs(const TrainState& state, DeviceWork& work, const HostBatch& b) {
-  const auto& be = kernels::backend_for(work.runner.device().kind);
+void train_step(TrainState& state, DeviceWork& work, const Batch& batch, const StepOptions& opt) {
+  const kernels::Backend& be = work.backend;
+  const int rows = rows_of(batch, work, "train_step");
+  if (work.log_fill >= work.log.loss.shape()[0])
+    throw Error("train_step: " + std::to_string(work.log_fill) + " steps since the last report fill the log");
+  const int members = work.runner.members(), group = work.runner.group();
+  const int classes = classes_of(work.runner.model());
+  const float* images = batch.images.data<float>();
+  const std::int32_t* labels = batch.labels.data<std::int32_t>();
+  const float* params = state.params.data<float>();
+  // Forward, loss and backward of each group of members, then (ensemble) the update: one graph.
+  work.step_graph(images, rows).run([&] {
+    for (int first = 0; first < members; first += group) {
+      const int count = std::min(group, members - first);
+      const float* logits = work.runner.forward(images, rows, params, first, count);
+      be.softmax_cross_entropy(kernels::SoftmaxXentParams{count, rows, classes, true}, logits, labels,
+                               work.step_loss.data<float>() + first, work.dlogits.data<float>(), nullptr,
+                               work.step_correct.data<std::int32_t>() + first,
+                               work.log.bad_labels.data<std::int32_t>(), work.xent_ws.raw_data());
+      work.runner.backward(images, params, work.dlogits.data<float>(), work.grads.data<float>());
+    }
+    if (!opt.data_parallel) sgd_update(state, work, opt);
+  });
+  if (opt.data_parallel) {  // the collective meets the other devices on the host: outside the graphs
+    pmean_inplace(work.grads, opt.axis);
+    work.update_graph.run([&] { sgd_update(state, work, opt); });
+  }
+  ++state.step;
+  const auto row = static_cast<std::size_t>(work.log_fill++) * static_cast<std::size_t>(members);
+  be.copy(work.log.loss.data<float>() + row, work.step_loss.raw_data(), work.step_loss.nbytes());
+  be.copy(work.log.correct.data<std::int32_t>() + row, work.step_correct.raw_data(), work.step_correct.nbytes());
+}
+
+void eval_step(const TrainState& state, DeviceWork& work, const Batch& batch, int rows, const StepOptions& opt) {
+  const kernels::Backend& be = work.backend;
+  const int capacity = rows_of(batch, work, "eval_step");
+  if (rows < 1 || rows > capacity || rows > work.mean_probs.shape()[0])
+    throw ShapeError("eval_step: " + std::to_string(rows) + " rows of a batch of " + std::to_string(capacity) +
+                     " (eval buffers for " + std::to_string(work.mean_probs.shape()[0]) + ")");
   const int members = work.runner.members(), group = work.runner.group(), piece_max = work.runner.max_batch();
-  const std::int64_t k = classes_of(work.runner.model()), example = product(work.runner.model().input_shape());
-  std::fill(work.eval_loss_sum.begin(), work.eval_loss_sum.end(), 0.0);
-  std::fill(work.eval_hits.begin(), work.eval_hits.end(), 0);
-  for (int first = 0; first < b.batch; first += piece_max) {
-    const int n = std::min(piece_max, b.batch - first);
+  const int k = classes_of(work.runner.model());
+  const std::int64_t example = product(work.runner.model().input_shape());
+  const float* params = state.params.data<float>();
+  float* mean = work.mean_probs.data<float>();
+  be.fill_zero(work.eval_loss_sum.raw_data(), work.eval_loss_sum.nbytes());
+  be.fill_zero(work.eval_hits.raw_data(), work.eval_hits.nbytes());
+  be.fill_zero(work.eval.ensemble_correct.raw_data(), work.eval.ensemble_correct.nbytes());
+  // Each piece of rows through each group of members: its mean loss and hits added to the members' sums,
+  // its probabilities added (in member order) to the rows' sum over this device's members.
+  for (int first = 0; first < rows; first += piece_max) {
+    const int n = std::min(piece_max, rows - first);
+    const std::int32_t* labels = batch.labels.data<std::int32_t>() + first;
     for (int m0 = 0; m0 < members; m0 += group) {
       const int count = std::min(group, members - m0);
-      const float* logits = work.runner.forward(b.images + first * example, n, state.params.data<float>(), m0, count);
-      kernels::SoftmaxXentParams xp{count, n, static_cast<int>(k), true};
+      const float* logits = work.runner.forward(batch.images.data<float>() + first * example, n, params, m0, count);
       float* piece = work.dlogits.data<float>();  // (count, n, K)
-      be.softmax_cross_entropy(xp, logits, b.labels + first, work.loss.data() + m0, nullptr, piece,
-                               work.correct.data() + m0);
-      for (int j = 0; j < count; ++j) {
-        const auto m = static_cast<std::size_t>(m0 + j);
-        work.eval_loss_sum[m] += static_cast<double>(work.loss[m]) * n;
-        work.eval_hits[m] += work.correct[m];
-        const auto row0 = static_cast<std::int64_t>(m) * b.batch + first;
-        std::copy_n(piece + static_cast<std::int64_t>(j) * n * k, n * k, work.probs.data<float>() + row0 * k);
-      }
+      float* piece_loss = work.step_loss.data<float>() + m0;
+      std::int32_t* piece_correct = work.step_correct.data<std::int32_t>() + m0;
+      be.softmax_cross_entropy(kernels::SoftmaxXentParams{count, n, k, true}, logits, labels, piece_loss, nullptr,
+                               piece, piece_correct, work.log.bad_labels.data<std::int32_t>(),
+                               work.xent_ws.raw_data());
+      be.accumulate_metrics(count, piece_loss, piece_correct, n, work.eval_loss_sum.data<double>() + m0,
+                            work.eval_hits.data<std::int32_t>() + m0);
+      be.sum_members(count, static_cast<std::size_t>(n) * k, piece, mean + static_cast<std::size_t>(first) * k, m0 > 0);
     }
   }
-  for (std::size_t m = 0; m < static_cast<std::size_t>(members); ++m) {
-    work.loss[m] = static_cast<float>(work.eval_loss_sum[m] / b.batch);
-    work.correct[m] = work.eval_hits[m];
-  }
-}
-
-}  // namespace
-
-StepResult eval_step(const TrainState& state, DeviceWork& work, const HostBatch& b, const StepOptions& opt) {
-  require_cpu(work.runner.device());
-  const int members = work.runner.members();
-  const int k = static_cast<int>(classes_of(work.runner.model()));
-  if (b.batch > work.mean_probs.shape()[0])
-    throw ShapeError("eval_step: batch " + std::to_string(b.batch) + " exceeds the eval batch of " +
-                     std::to_string(work.mean_probs.shape()[0]));
-  eval_probs(state, work, b);
-  const float* probs = work.probs.data<float>();
-  // Ensemble: sum this device's members' probabilities in member order, then psum over the devices
-  // (device order) and divide by the number of members.
-  const std::size_t rows = static_cast<std::size_t>(b.batch) * static_cast<std::size_t>(k);
-  Array& mean = work.mean_probs;
-  float* m = mean.data<float>();
-  std::copy(probs, probs + rows, m);
-  for (int j = 1; j < members; ++j)
-    for (std::size_t i = 0; i < rows; ++i) m[i] += probs[static_cast<std::size_t>(j) * rows + i];
-  std::int64_t ens_correct = 0;
+  be.mean_from_sums(members, work.eval_loss_sum.data<double>(), rows, work.eval.loss.data<float>());
+  be.copy(work.eval.correct.raw_data(), work.eval_hits.raw_data(), work.eval_hits.nbytes());
   if (!opt.data_parallel) {
-    psum_inplace(mean, opt.axis);  // whole buffer: its shape is fixed, rows past the batch are ignored
-    for (std::size_t i = 0; i < rows; ++i) m[i] /= static_cast<float>(opt.total_members);
+    // The sum over this device's members, summed over the devices (device order), over all members.
+    psum_inplace(work.mean_probs, opt.axis);  // whole buffer: its shape is fixed, rows past `rows` are ignored
+    be.divide(static_cast<std::size_t>(rows) * k, mean, static_cast<float>(opt.total_members));
   }
-  for (int n = 0; n < b.batch; ++n) {
-    const float* row = m + static_cast<std::size_t>(n) * static_cast<std::size_t>(k);
-    int best = 0;
-    for (int c = 1; c < k; ++c)
-      if (row[c] > row[best]) best = c;
-    ens_correct += best == b.labels[n];
-  }
-  return StepResult{work.loss, work.correct, ens_correct};
+  be.argmax_hits(rows, k, mean, batch.labels.data<std::int32_t>(), work.eval.ensemble_correct.data<std::int32_t>());
 }
 
 }  // namespace pmap::ensemble

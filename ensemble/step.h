@@ -1,27 +1,54 @@
 // The per-device train and eval steps that Trainer pmaps over the mesh, and DeviceWork, the buffers one
-// device needs for them (allocated once). Ensemble mode: every member on every device sees the whole
-// (broadcast) batch; the ensemble prediction is pmean(softmax(logits)) over the members. Data-parallel
-// mode: one model per device, each device takes its block of the batch, gradients are pmean-ed so the
-// replicas stay bitwise identical.
+// device needs for them (allocated once, on the device). The same code runs on CPU and CUDA devices:
+// every pointer handed to a kernel is device memory, nothing allocates and nothing waits for the device
+// inside a step, and the results stay on the device until they are gathered with the runtime's tree
+// collectives. On backends that capture graphs (CUDA) a train step is one graph launch.
+//
+// Ensemble mode: every member on every device sees the whole (replicated) batch; the ensemble prediction
+// is pmean(softmax(logits)) over the members. Data-parallel mode: one model per device, each device gets
+// its block of the batch (sharded), gradients are pmean-ed so the replicas stay bitwise identical.
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
-#include <vector>
+#include <utility>
 
 #include <pmap/array.h>
+#include <pmap/tree.h>
 
 #include "ensemble/runner.h"
 #include "ensemble/train_state.h"
+#include "kernels/graph.h"
 
 namespace pmap::ensemble {
 
-// A batch in host memory: images (batch, *input) f32, labels (batch) i32.
-struct HostBatch {
-  const float* images = nullptr;
-  const std::int32_t* labels = nullptr;
-  int batch = 0;
+// A batch on a device: images (N, H, W, C) f32, labels (N) i32.
+struct Batch {
+  Array images;
+  Array labels;
 };
+PMAPCC_TREE(Batch, images, labels)
+
+// What the train steps of a device record between reports: row r holds step r's per-member mean loss
+// and correct count; bad_labels counts labels outside [0, K) that reached the loss (CUDA cannot raise
+// from a kernel; the CPU ops raise at once).
+struct TrainLog {
+  Array loss;        // (report rows, members) f32
+  Array correct;     // (report rows, members) i32
+  Array bad_labels;  // (1) i32, since the DeviceWork was made
+};
+PMAPCC_TREE(TrainLog, loss, correct, bad_labels)
+
+// What eval_step leaves on the device for one eval batch: per member its mean loss and correct count,
+// and the ensemble's correct count (from the probabilities averaged over every member of the mesh).
+struct EvalResult {
+  Array loss;              // (members) f32
+  Array correct;           // (members) i32
+  Array ensemble_correct;  // (1) i32
+};
+PMAPCC_TREE(EvalResult, loss, correct, ensemble_correct)
 
 struct StepOptions {
   kernels::SgdParams sgd;
@@ -33,20 +60,33 @@ struct StepOptions {
 // Activations are held for at most max_rows examples (a training step's rows on this device) of a group
 // of members at a time; eval_step runs a larger eval batch through them in pieces of max_rows. The steps
 // run the members group by group; the group size changes no result, only speed and memory.
-// member_group 0 picks default_member_group(device, members).
+// member_group 0 picks default_member_group(device, members). log_rows: train steps between reports.
+// graphs: capture the train step where the backend can (false: run it eagerly every time).
 struct DeviceWork {
-  DeviceWork(const Sequential& model, Device device, int members, int max_rows, int max_eval_batch,
-             int member_group = 0);
+  DeviceWork(const Sequential& model, const kernels::Backend& backend, Device device, int members, int max_rows,
+             int max_eval_batch, int member_group, int log_rows, bool graphs = true);
+
+  const kernels::Backend& backend;
   ModelRunner runner;
-  Array grads;    // (members * P)
-  Array dlogits;  // (group, max_rows, K); eval: one piece's probabilities for a group
-  Array probs;    // (members, max_eval_batch, K)
+  Array grads;       // (members * P)
+  Array dlogits;     // (group, max_rows, K); eval: one piece's probabilities for a group
+  Array xent_ws;     // the loss's workspace (u8)
   Array mean_probs;  // (max_eval_batch, K): the ensemble's probabilities
-  std::vector<float> loss;             // per member, last step
-  std::vector<std::int32_t> correct;   // per member, last step
-  std::vector<double> eval_loss_sum;   // per member: eval_step's sums over its pieces
-  std::vector<std::int32_t> eval_hits;
-  std::int64_t ensemble_correct = 0;   // last eval step
+  Array step_loss;   // (members) f32: the last train step's (the captured graph writes here)
+  Array step_correct;  // (members) i32
+  Array eval_loss_sum;   // (members) f64: an eval batch's loss sums over its pieces
+  Array eval_hits;       // (members) i32
+  TrainLog log;
+  EvalResult eval;
+  int log_fill = 0;  // rows of `log` written since the last report
+
+  // The graph of the train step on this batch buffer and size, and of the update (data parallel).
+  kernels::StepGraph& step_graph(const void* images, int rows);
+  kernels::StepGraph update_graph;
+
+ private:
+  bool graphs_;
+  std::map<std::pair<const void*, int>, std::unique_ptr<kernels::StepGraph>> step_graphs_;
 };
 
 // One member at a time on a CPU device (as fast as all at once, measured with `bench_train paired`, and
@@ -54,17 +94,12 @@ struct DeviceWork {
 // for all of them).
 int default_member_group(const Device& device, int members);
 
-// What a step reports, per device: its members' losses and correct counts.
-struct StepResult {
-  std::vector<float> loss;
-  std::vector<std::int32_t> correct;
-  std::int64_t ensemble_correct = 0;
-};
+// One SGD step for this device's members on `batch` (data parallel: this device's block of the global
+// batch); its losses and correct counts go to the next row of work.log.
+void train_step(TrainState& state, DeviceWork& work, const Batch& batch, const StepOptions& opt);
 
-// One SGD step for this device's members on `batch` (data parallel: on this device's block of it).
-StepResult train_step(TrainState& state, DeviceWork& work, const HostBatch& batch, const StepOptions& opt);
-// Forward only: per-member test loss and correct counts, and (ensemble mode) the ensemble's correct
-// count from the probabilities averaged over every member of the mesh.
-StepResult eval_step(const TrainState& state, DeviceWork& work, const HostBatch& batch, const StepOptions& opt);
+// Forward only, on the first `rows` examples of `batch`: fills work.eval (a collective in ensemble mode:
+// the probabilities are summed over the mesh axis).
+void eval_step(const TrainState& state, DeviceWork& work, const Batch& batch, int rows, const StepOptions& opt);
 
 }  // namespace pmap::ensemble

@@ -17,6 +17,8 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 Mesh build_mesh(const TrainConfig& c) {
+  if (c.cuda_kernels_on_host && c.backend != DeviceKind::cpu)
+    throw ValueError("cuda_kernels_on_host runs the CUDA kernels on the host, for CPU devices: use --backend cpu");
   // Under mpirun/srun (distributed::initialize() called), the mesh spans every process's devices.
   const int local_n = c.devices > 0 ? c.devices : -1;
   auto devices = distributed::process_count() > 1 ? distributed::global_devices(c.backend, local_n)
@@ -34,6 +36,7 @@ void check_config(const TrainConfig& c, int devices, const Dataset& train, const
     bad("--lr must be a positive number, got " + std::to_string(c.learning_rate));
   if (!(c.momentum >= 0 && c.momentum < 1)) bad("--momentum must be in [0, 1), got " + std::to_string(c.momentum));
   if (c.eval_batch < 1) bad("eval batch must be >= 1");
+  if (c.report_every < 0) bad("report_every must be >= 0 (0: automatic), got " + std::to_string(c.report_every));
   if (c.mode == Mode::ensemble && c.members % devices != 0)
     bad("--members " + std::to_string(c.members) + " is not a multiple of --devices " + std::to_string(devices) +
         ": every device runs the same number of members");
@@ -96,6 +99,9 @@ Json TrainConfig::to_json() const {
   j.set("eval_batch", eval_batch);
   j.set("pin_threads", pin_threads);
   j.set("member_group", member_group);
+  j.set("report_every", report_every);
+  j.set("kernels", std::string(cuda_kernels_on_host ? "cuda-on-host" : "native"));
+  j.set("graphs", graphs);
   j.set("processes", processes);
   return j;
 }
@@ -124,24 +130,34 @@ Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
   options_.data_parallel = config_.mode == Mode::data_parallel;
   options_.axis = mesh_.axes()[0].name;
   options_.total_members = total_members_;
+  if (config_.report_every == 0) config_.report_every = config_.backend == DeviceKind::cpu ? 1 : 16;
+  const kernels::Backend& backend =
+      config_.cuda_kernels_on_host ? kernels::cuda_backend_on_host() : kernels::backend_for(config_.backend);
   // Activations for one training step's rows per device; evaluation runs its batches through them in pieces.
   const int rows = options_.data_parallel ? config_.batch_size / devices : config_.batch_size;
   const int eval_batch = std::min<int>(config_.eval_batch, static_cast<int>(test.count));
   std::vector<DeviceWork*> ptrs;
   std::vector<TrainState> states;
   for (const Device& d : mesh_.local_devices()) {
-    work_.push_back(std::make_unique<DeviceWork>(*model_, d, members_per_device_, rows, eval_batch,
-                                                 config_.member_group));
+    work_.push_back(std::make_unique<DeviceWork>(*model_, backend, d, members_per_device_, rows, eval_batch,
+                                                 config_.member_group, config_.report_every, config_.graphs));
     ptrs.push_back(work_.back().get());
     const Shape s{members_per_device_ * model_->params_per_member()};
     states.push_back(TrainState{Array(s, DType::f32, d), Array(s, DType::f32, d), 0});
   }
   work_ptrs_ = Sharded<DeviceWork*>(std::move(ptrs));
   states_ = Sharded<TrainState>(std::move(states));
-  const std::size_t example = static_cast<std::size_t>(train.rows * train.cols);
-  const std::size_t host_batch = static_cast<std::size_t>(std::max(config_.batch_size, eval_batch));
-  batch_images_.resize(host_batch * example);
-  batch_labels_.resize(host_batch);
+  // The batches reach the devices through the runtime's feeds: replicated (ensemble) or sharded over the
+  // axis (data parallel), double-buffered so that the next batch's copy overlaps the step.
+  auto prototype = [&](int n) {
+    return Batch{Array(Shape{n, train.rows, train.cols, 1}, DType::f32), Array(Shape{n}, DType::i32)};
+  };
+  train_feed_ = std::make_unique<Feed<Batch>>(
+      mesh_, prototype(config_.batch_size),
+      options_.data_parallel ? FeedLayout::sharded(options_.axis) : FeedLayout::replicated());
+  eval_feed_ = std::make_unique<Feed<Batch>>(mesh_, prototype(eval_batch), FeedLayout::replicated());
+  // Handles and workspaces the steps use are created now, on the devices' threads: steps allocate nothing.
+  pmap::pmap([](DeviceWork* w) { w->backend.prepare(); }, mesh_)(work_ptrs_);
   if (config_.processes > 1) check_processes_agree();
   init_members();
 }
@@ -174,10 +190,10 @@ void Trainer::init_members() {
   scatter(all, std::vector<float>(all.size(), 0.0f), 0);
 }
 
-HostBatch Trainer::gather_batch(const std::vector<std::uint32_t>& order, std::int64_t begin, int size,
-                                const Dataset& data, bool own_rows_only) {
+void Trainer::fill_batch(Feed<Batch>& feed, const std::vector<std::uint32_t>& order, std::int64_t begin, int size,
+                         const Dataset& data, bool own_rows_only) {
   // A data-parallel training step over several processes: each process fills only its devices' rows of
-  // the batch (the step reads device r's block at r * rows; the other rows are never read here).
+  // the batch (device r's block is rows [r * rows, (r + 1) * rows); the other rows are never read here).
   // Evaluation reads every row on every device.
   std::int64_t first = 0, count = size;
   if (own_rows_only && options_.data_parallel && config_.processes > 1 && size % mesh_.size() == 0) {
@@ -186,12 +202,36 @@ HostBatch Trainer::gather_batch(const std::vector<std::uint32_t>& order, std::in
     first = *lo * rows;
     count = (*hi + 1) * rows - first;
   }
+  Batch& host = feed.next();
   std::span<const std::uint32_t> idx(order.data() + begin + first, static_cast<std::size_t>(count));
   const auto example = static_cast<std::size_t>(data.image_size());
-  ensemble::gather_batch(data, idx, batch_images_.data() + static_cast<std::size_t>(first) * example,
-                         batch_labels_.data() + first);
-  return HostBatch{batch_images_.data(), batch_labels_.data(), size};
+  ensemble::gather_batch(data, idx, host.images.data<float>() + static_cast<std::size_t>(first) * example,
+                         host.labels.data<std::int32_t>() + first);
+  feed.push();
 }
+
+namespace {
+
+// The per-step log of every device of the mesh, stacked (devices, rows, members), on the host.
+struct LogOnHost {
+  std::vector<float> loss;
+  std::vector<std::int32_t> correct;
+  std::int64_t bad_labels = 0;
+};
+
+LogOnHost to_host(const TrainLog& gathered) {
+  LogOnHost h{gathered.loss.to_vector<float>(), gathered.correct.to_vector<std::int32_t>(), 0};
+  for (std::int32_t b : gathered.bad_labels.to_vector<std::int32_t>()) h.bad_labels += b;
+  return h;
+}
+
+void check_labels(std::int64_t bad, const char* where) {
+  if (bad != 0)
+    throw DataError(std::to_string(bad) + " label(s) outside the model's classes reached the loss in " + where +
+                    " (the data loader validates labels; this should not happen)");
+}
+
+}  // namespace
 
 EpochMetrics Trainer::run_epoch(const StepCallback& on_step) {
   EpochMetrics m;
@@ -199,41 +239,50 @@ EpochMetrics Trainer::run_epoch(const StepCallback& on_step) {
   const auto order = permutation(fold_in(data_key_, static_cast<std::uint32_t>(epochs_done_)),
                                  static_cast<std::uint32_t>(train_.count));
   const int steps = steps_per_epoch();
-  // Each step all-gathers every device's member losses and correct counts (counts are exact in f32), so
-  // that every process sums the same values in one order (device, member) and the processes of a mesh
-  // that spans several stay in step: a lost process is noticed within a step, not at the epoch's end.
-  const auto per = static_cast<std::size_t>(members_per_device_);
-  auto step_fn = pmap::pmap([per](TrainState& s, DeviceWork* w, const HostBatch& b, const StepOptions& o) {
-    const StepResult r = train_step(s, *w, b, o);
-    std::vector<float> mine(2 * per);
-    for (std::size_t j = 0; j < per; ++j) {
-      mine[j] = r.loss[j];
-      mine[per + j] = static_cast<float>(r.correct[j]);
-    }
-    const Array stats = Array::from_host(mine, Shape{static_cast<std::int64_t>(mine.size())}, current_device());
-    return all_gather(stats, o.axis, /*tiled=*/true).to_vector<float>();  // (devices, 2 * per)
+  // Every report_every steps (and at the end of the epoch) the devices' per-step logs are all-gathered
+  // over the mesh, so that every process sums the same values in one order (step, device, member) and
+  // the processes of a mesh that spans several stay in step.
+  const Device first_local = mesh_.local_devices()[0];
+  auto step_fn = pmap::pmap([first_local](TrainState& s, DeviceWork* w, const Batch& b, const StepOptions& o,
+                                          bool report) {
+    train_step(s, *w, b, o);
+    if (!report) return LogOnHost{};
+    const TrainLog all = all_gather(w->log, o.axis);  // (devices, rows, members)
+    w->log_fill = 0;
+    return current_device() == first_local ? to_host(all) : LogOnHost{};
   }, mesh_);
   // Ensemble: the mean over all members; data parallel: the mean over the devices' blocks.
   const double divisor = static_cast<double>(options_.data_parallel ? mesh_.size() : total_members_);
   const auto devices = static_cast<std::size_t>(mesh_.size());
+  const auto per = static_cast<std::size_t>(members_per_device_);
+  const auto log_rows = static_cast<std::size_t>(config_.report_every);
   double loss_sum = 0, correct = 0;
+  int reported = 0;
   const auto t0 = Clock::now();
+  if (steps > 0) fill_batch(*train_feed_, order, 0, config_.batch_size, train_, /*own_rows_only=*/true);
   for (int s = 0; s < steps; ++s) {
-    HostBatch b = gather_batch(order, static_cast<std::int64_t>(s) * config_.batch_size, config_.batch_size, train_,
-                               /*own_rows_only=*/true);
-    auto res = step_fn(states_, work_ptrs_, b, options_);
-    const std::vector<float>& all = res[0];
-    double step_loss = 0;
-    for (std::size_t d = 0; d < devices; ++d)
-      for (std::size_t j = 0; j < per; ++j) {
-        step_loss += all[d * 2 * per + j];
-        correct += all[d * 2 * per + per + j];
+    if (s + 1 < steps)  // the next batch's copy overlaps this step
+      fill_batch(*train_feed_, order, static_cast<std::int64_t>(s + 1) * config_.batch_size, config_.batch_size,
+                 train_, /*own_rows_only=*/true);
+    const bool report = (s + 1) % config_.report_every == 0 || s + 1 == steps;
+    auto res = step_fn(states_, work_ptrs_, train_feed_->pop(), options_, report);
+    if (!report) continue;
+    const LogOnHost& log = res[0];
+    check_labels(log.bad_labels, "training");
+    for (; reported <= s; ++reported) {
+      const auto r = static_cast<std::size_t>(reported % config_.report_every);
+      double step_loss = 0;
+      for (std::size_t d = 0; d < devices; ++d)
+        for (std::size_t j = 0; j < per; ++j) {
+          step_loss += log.loss[(d * log_rows + r) * per + j];
+          correct += log.correct[(d * log_rows + r) * per + j];
+        }
+      loss_sum += step_loss / divisor;
+      if (on_step) {
+        const double secs = seconds_since(t0);
+        on_step(reported + 1, steps, loss_sum / (reported + 1),
+                secs > 0 ? static_cast<double>(total_members_) * config_.batch_size * (reported + 1) / secs : 0.0);
       }
-    loss_sum += step_loss / divisor;
-    if (on_step) {
-      const double secs = seconds_since(t0);
-      on_step(s + 1, steps, loss_sum / (s + 1),
-              secs > 0 ? static_cast<double>(total_members_) * config_.batch_size * (s + 1) / secs : 0.0);
     }
   }
   m.seconds = seconds_since(t0);
@@ -249,34 +298,61 @@ EpochMetrics Trainer::run_epoch(const StepCallback& on_step) {
   return m;
 }
 
+namespace {
+
+// One eval batch's results of every device of the mesh, on the host: (devices, members) and (devices).
+struct EvalOnHost {
+  std::vector<float> loss;
+  std::vector<std::int32_t> correct, ensemble_correct;
+  std::int64_t bad_labels = 0;
+};
+
+}  // namespace
+
 void Trainer::evaluate(EpochMetrics& m) {
-  auto eval_fn = pmap::pmap([](const TrainState& s, DeviceWork* w, const HostBatch& b, const StepOptions& o) {
-    return eval_step(s, *w, b, o);
+  const Device first_local = mesh_.local_devices()[0];
+  auto eval_fn = pmap::pmap([first_local](const TrainState& s, DeviceWork* w, const Batch& b, int rows,
+                                          const StepOptions& o) {
+    eval_step(s, *w, b, rows, o);
+    const EvalResult all = all_gather(w->eval, o.axis);
+    const Array bad = all_gather(w->log.bad_labels, o.axis);
+    if (current_device() != first_local) return EvalOnHost{};
+    EvalOnHost h{all.loss.to_vector<float>(), all.correct.to_vector<std::int32_t>(),
+                 all.ensemble_correct.to_vector<std::int32_t>(), 0};
+    for (std::int32_t v : bad.to_vector<std::int32_t>()) h.bad_labels += v;
+    return h;
   }, mesh_);
   std::vector<std::uint32_t> order(static_cast<std::size_t>(test_.count));
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::uint32_t>(i);
-  // Per local device: each member's loss sum (loss × batch size over the batches) and correct count,
-  // then gathered over the mesh. Every device holds the ensemble's count (it comes from a pmean).
+  // Per device of the mesh: each member's loss sum (loss x batch size over the batches) and correct
+  // count. Every device holds the ensemble's count (it comes from a psum); device 0's is used.
   const auto per = static_cast<std::size_t>(members_per_device_);
-  std::vector<std::vector<double>> sums(static_cast<std::size_t>(mesh_.local_size()), std::vector<double>(2 * per, 0.0));
+  const auto devices = static_cast<std::size_t>(mesh_.size());
+  std::vector<double> loss_sums(devices * per, 0.0), rights(devices * per, 0.0);
   double ensemble_right = 0;
+  auto size_at = [&](std::int64_t begin) {
+    return static_cast<int>(std::min<std::int64_t>(config_.eval_batch, test_.count - begin));
+  };
+  fill_batch(*eval_feed_, order, 0, size_at(0), test_, false);
   for (std::int64_t begin = 0; begin < test_.count; begin += config_.eval_batch) {
-    const int size = static_cast<int>(std::min<std::int64_t>(config_.eval_batch, test_.count - begin));
-    auto res = eval_fn(states_, work_ptrs_, gather_batch(order, begin, size, test_), options_);
-    for (std::size_t i = 0; i < res.size(); ++i)
-      for (std::size_t j = 0; j < per; ++j) {
-        sums[i][j] += static_cast<double>(res[i].loss[j]) * size;
-        sums[i][per + j] += res[i].correct[j];
-      }
-    ensemble_right += static_cast<double>(res[0].ensemble_correct);
+    const std::int64_t next = begin + config_.eval_batch;
+    if (next < test_.count) fill_batch(*eval_feed_, order, next, size_at(next), test_, false);
+    const int size = size_at(begin);
+    auto res = eval_fn(states_, work_ptrs_, eval_feed_->pop(), size, options_);
+    const EvalOnHost& r = res[0];
+    check_labels(r.bad_labels, "evaluation");
+    for (std::size_t i = 0; i < devices * per; ++i) {
+      loss_sums[i] += static_cast<double>(r.loss[i]) * size;
+      rights[i] += r.correct[i];
+    }
+    ensemble_right += static_cast<double>(r.ensemble_correct[0]);
   }
-  const std::vector<double> all = from_all_devices(sums);
   std::vector<double> loss(static_cast<std::size_t>(total_members_), 0.0), right(loss.size(), 0.0);
-  const std::size_t devices_reporting = options_.data_parallel ? 1 : static_cast<std::size_t>(mesh_.size());
+  const std::size_t devices_reporting = options_.data_parallel ? 1 : devices;
   for (std::size_t d = 0; d < devices_reporting; ++d)
     for (std::size_t j = 0; j < per; ++j) {
-      loss[d * per + j] = all[d * 2 * per + j];
-      right[d * per + j] = all[d * 2 * per + per + j];
+      loss[d * per + j] = loss_sums[d * per + j];
+      right[d * per + j] = rights[d * per + j];
     }
   const double n = static_cast<double>(test_.count);
   m.member_test_accuracy.clear();

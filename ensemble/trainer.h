@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include <pmap/feed.h>
 #include <pmap/pmap.h>
 #include <pmap/random.h>
 
@@ -48,6 +49,15 @@ struct TrainConfig {
   int eval_batch = 1000;
   bool pin_threads = false;  // pin device worker i to core i (MeshOptions::pin_threads; CPU devices)
   int member_group = 0;      // members a device runs at once (0: default_member_group); speed and memory only
+  // Train steps between gathers of the per-step losses (0: 1 on CPU devices, which keeps the processes of
+  // a multi-process mesh in step; 16 on GPUs, where each gather waits for the GPU). Changes no result.
+  int report_every = 0;
+  // Run the CUDA backend's kernels on the host (CPU devices only): the check of the CUDA code where there
+  // is no GPU (kernels::cuda_backend_on_host). Slow; results agree with the CPU ops to ~1e-6.
+  bool cuda_kernels_on_host = false;
+  // Capture each device's train step in a graph and replay it (backends that capture: CUDA); false runs
+  // every step's kernels one by one (for comparison). Changes no result.
+  bool graphs = true;
   int processes = 1;         // set by the Trainer: processes the mesh spans
 
   Json to_json() const;  // every field, for metrics and checkpoints
@@ -102,8 +112,9 @@ class Trainer {
   // Every device's `mine` (one host vector per local device, all of one length), over the whole mesh in
   // mesh order, on every process: an all_gather over the mesh's axis.
   template <class T> std::vector<T> from_all_devices(const std::vector<std::vector<T>>& mine) const;
-  HostBatch gather_batch(const std::vector<std::uint32_t>& order, std::int64_t begin, int size, const Dataset& data,
-                         bool own_rows_only = false);
+  // Fills a feed's next host batch with examples order[begin, begin + size) of data.
+  void fill_batch(Feed<Batch>& feed, const std::vector<std::uint32_t>& order, std::int64_t begin, int size,
+                  const Dataset& data, bool own_rows_only);
 
   TrainConfig config_;
   const Dataset& train_;
@@ -118,8 +129,8 @@ class Trainer {
   Sharded<TrainState> states_;
   std::vector<std::unique_ptr<DeviceWork>> work_;
   Sharded<DeviceWork*> work_ptrs_;
-  std::vector<float> batch_images_;
-  std::vector<std::int32_t> batch_labels_;
+  std::unique_ptr<Feed<Batch>> train_feed_;  // batches of config.batch_size (sharded in data parallel)
+  std::unique_ptr<Feed<Batch>> eval_feed_;   // batches of eval_batch, replicated
   int epochs_done_ = 0;
   std::vector<EpochMetrics> history_;
 };

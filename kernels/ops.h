@@ -221,4 +221,24 @@ void reduce_sum(int members, std::size_t n, const float* x, float* out);
 // out[m] = reduce_sum / n. out (M). n must be > 0.
 void reduce_mean(int members, std::size_t n, const float* x, float* out);
 
+// ---- reductions of the ensemble step (kernels/cpu_step_ops.cpp: plain loops, the same bits on every ISA) --
+
+// out (n) = x_0 + x_1 + ... + x_{count-1} over count blocks of x (count, n), added in member order as
+// floats; with accumulate, out + x_0 + ... (a later group of members). out must not overlap x.
+void sum_members(int count, std::size_t n, const float* x, float* out, bool accumulate);
+
+// x[i] = x[i] / divisor for n elements (the ensemble mean from a sum of members' probabilities).
+void divide(std::size_t n, float* x, float divisor);
+
+// *hits += the rows r of scores (rows, classes) whose argmax (first index on ties) equals labels[r].
+void argmax_hits(int rows, int classes, const float* scores, const std::int32_t* labels, std::int32_t* hits);
+
+// For each of count members: loss_sum[m] += double(loss[m]) * rows; hits[m] += correct[m] (the running
+// sums of an evaluation over pieces of a batch).
+void accumulate_metrics(int count, const float* loss, const std::int32_t* correct, double rows, double* loss_sum,
+                        std::int32_t* hits);
+
+// out[m] = float(sums[m] / divisor) for count members.
+void mean_from_sums(int count, const double* sums, double divisor, float* out);
+
 }  // namespace pmap::kernels::cpu

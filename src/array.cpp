@@ -6,6 +6,8 @@
 #include <new>
 #include <sstream>
 
+#include <pmap/detail/capture.h>
+
 #include "backend.h"
 
 namespace pmap {
@@ -13,7 +15,10 @@ namespace {
 
 constexpr std::size_t kAlign = 64;
 
-void copy_bytes(void* dst, const Device& dd, const void* src, const Device& sd, std::size_t n) {
+// Every blocking copy of an Array goes through here (`what` names it for a capture error).
+void copy_bytes(void* dst, const Device& dd, const void* src, const Device& sd, std::size_t n,
+                const char* what = "a blocking copy") {
+  detail::check_not_capturing(what, "synchronizes with the host");
   if (n == 0) return;
   if (dd.is_cpu() && sd.is_cpu()) {
     std::memcpy(dst, src, n);
@@ -45,9 +50,23 @@ Array::Array(Shape shape, DType dtype, Device device)
   fill_zero();
 }
 
+Array Array::pinned(Shape shape, DType dtype) {
+  Array a;
+  a.shape_ = std::move(shape);
+  a.dtype_ = dtype;
+  a.dtype_set_ = true;
+  for (auto d : a.shape_)
+    if (d < 0) throw ShapeError("Array::pinned: negative dimension in shape " + shape_str(a.shape_));
+  a.size_ = num_elements(a.shape_);
+  a.pinned_ = detail::cuda_device_count() > 0;
+  a.allocate();
+  a.fill_zero();
+  return a;
+}
+
 Array::Array(Array&& o) noexcept
     : shape_(std::move(o.shape_)), size_(o.size_), dtype_(o.dtype_), dtype_set_(o.dtype_set_),
-      device_(o.device_), data_(o.data_) {
+      device_(o.device_), pinned_(o.pinned_), data_(o.data_) {
   o.data_ = nullptr;
   o.size_ = 0;
   o.dtype_set_ = false;
@@ -62,6 +81,7 @@ Array& Array::operator=(Array&& o) noexcept {
     dtype_ = o.dtype_;
     dtype_set_ = o.dtype_set_;
     device_ = o.device_;
+    pinned_ = o.pinned_;
     data_ = o.data_;
     o.data_ = nullptr;
     o.size_ = 0;
@@ -76,7 +96,10 @@ Array::~Array() { release(); }
 void Array::allocate() {
   std::size_t bytes = nbytes();
   if (bytes == 0) return;
-  if (device_.is_cpu()) {
+  detail::check_not_capturing("Array " + str(), "allocates memory");
+  if (pinned_) {
+    data_ = detail::cuda_host_alloc(bytes);
+  } else if (device_.is_cpu()) {
     std::size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
     data_ = std::aligned_alloc(kAlign, rounded);
     if (data_ == nullptr) throw std::bad_alloc();
@@ -87,7 +110,9 @@ void Array::allocate() {
 
 void Array::release() noexcept {
   if (data_ == nullptr) return;
-  if (device_.is_cpu()) {
+  if (pinned_) {
+    detail::cuda_host_free(data_);
+  } else if (device_.is_cpu()) {
     std::free(data_);
   } else {
     detail::cuda_free(device_.ordinal, data_);
@@ -151,6 +176,7 @@ void Array::copy_from(const Array& src) {
 }
 
 void Array::fill_zero() {
+  detail::check_not_capturing("Array::fill_zero of " + str(), "synchronizes with the host");
   if (nbytes() == 0) return;
   if (device_.is_cpu()) {
     std::memset(data_, 0, nbytes());

@@ -16,8 +16,17 @@ struct Device;
 
 namespace pmap::detail {
 
-// Number of CUDA GPUs usable by this process; 0 when the build has no CUDA or the driver is missing.
+// Number of CUDA GPUs usable by this process; 0 when the build has no CUDA, there is no GPU, or a GPU
+// cannot be used (see cuda_probe). Never throws; probes once per process.
 int cuda_device_count();
+// The probe behind cuda_device_count: `problem` is "" when GPUs are usable or when there is simply no
+// GPU (no NVIDIA driver loaded, no device); otherwise it says why a GPU that is present cannot be used
+// (for instance a driver too old for this CUDA runtime), with the runtime's own error. Never throws.
+struct GpuProbe {
+  int count = 0;
+  std::string problem;
+};
+const GpuProbe& cuda_probe();
 bool nccl_available();
 bool mpi_available();
 
@@ -31,6 +40,9 @@ void cuda_memset_zero(int ordinal, void* ptr, std::size_t bytes);
 void cuda_copy(void* dst, const Device& dst_device, const void* src, const Device& src_device, std::size_t bytes);
 // Makes `ordinal` the calling thread's current GPU (worker threads call this once).
 void cuda_bind_thread(int ordinal);
+// Pinned (page-locked) host memory, which GPUs copy asynchronously (Array::pinned).
+void* cuda_host_alloc(std::size_t bytes);
+void cuda_host_free(void* ptr) noexcept;
 
 // GPU `ordinal`'s UUID as 32 hex digits (the same GPU reads the same in every process, whatever its
 // ordinal there); "" when it cannot be read (no GPU, no driver, no CUDA build). Never throws.
@@ -51,6 +63,17 @@ void cuda_set_thread_stream(StreamHandle stream) noexcept;
 // Blocks until the calling thread's current stream has finished its work; raises CudaError for a
 // failure of that work.
 void cuda_sync_current_stream();
+
+// Events (opaque cudaEvent_t, timing off) order work between streams without the host (Feed).
+using EventHandle = void*;
+EventHandle cuda_event_create(int ordinal);
+void cuda_event_destroy(int ordinal, EventHandle event) noexcept;
+void cuda_event_record(EventHandle event, StreamHandle stream);      // marks the stream's work so far
+void cuda_stream_wait_event(StreamHandle stream, EventHandle event);  // later work on stream waits for it
+void cuda_event_synchronize(EventHandle event);                      // the host waits for it
+// Queues a copy of `bytes` on `stream` of GPU `ordinal` (between its memory and pinned host memory, or
+// within it); returns at once.
+void cuda_copy_async(void* dst, const void* src, std::size_t bytes, StreamHandle stream, int ordinal);
 
 // A mesh device's stream: created for CUDA devices, empty for CPU devices. Move-only.
 class DeviceStream {

@@ -11,4 +11,9 @@ BuildInfo build_info() {
 
 int cuda_device_count() { return detail::cuda_device_count(); }
 
+GpuStatus cuda_status() {
+  const detail::GpuProbe& p = detail::cuda_probe();
+  return GpuStatus{p.count, p.problem};
+}
+
 }  // namespace pmap

@@ -50,9 +50,12 @@ std::vector<Device> local_devices(DeviceKind kind, int n) {
     for (int i = 0; i < n; ++i) out.push_back(Device{DeviceKind::cpu, i, i, process});
     return out;
   }
-  int gpus = detail::cuda_device_count();
+  const detail::GpuProbe& probe = detail::cuda_probe();
+  if (!probe.problem.empty()) throw CudaError("CUDA devices requested, but " + probe.problem);
+  const int gpus = probe.count;
   if (gpus == 0)
-    throw NotAvailable("no CUDA device is usable here (no GPU, no driver, or a build without CUDA)");
+    throw NotAvailable(PMAPCC_HAVE_CUDA ? "no GPU is usable here: CUDA found no device and no NVIDIA driver is loaded"
+                                        : "no GPU is usable here: this pmapcc was built without CUDA");
   if (n < 0) n = gpus;
   for (int i = 0; i < n; ++i) out.push_back(Device{DeviceKind::cuda, i, i % gpus, process});
   return out;

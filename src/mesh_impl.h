@@ -44,6 +44,8 @@ class MeshImpl {
   // staged through the host, which every mesh spanning processes does).
   bool device_memory(int device, const AxisNames& axes);
   const Group& group(int device, const AxisNames& axes);
+  // Device d's CUDA stream (the one its worker's work goes to); null for CPU and other processes' devices.
+  StreamHandle stream(int device) const { return streams_[static_cast<std::size_t>(device)].get(); }
   std::string scope_str() const;  // "'data', 'model'"
 
   // Runs fn(i) on the worker of every local device i (an index into local_devices()); rethrows the

@@ -6,6 +6,7 @@
 #include <exception>
 #include <thread>
 
+#include <pmap/detail/capture.h>
 #include <pmap/error.h>
 
 #include "backend.h"
@@ -314,6 +315,7 @@ ThreadCommunicator::ThreadCommunicator(ThreadHub& hub, const Group& group, int d
 }
 
 void ThreadCommunicator::run(CollectiveOp op) {
+  check_not_capturing(std::string(op.name) + " over " + group_.axes, "meets the other devices on the host");
   op.device = device_memory_;
   if (device_memory_) cuda_sync_current_stream();  // peers read our send buffer from their streams
   hub_.collective(device_, group_, local_rank_, op);

@@ -1,135 +1,154 @@
-// CUDA-only kernel entry points: GraphStep (capture once, replay) gives bitwise the results of running the
-// same ops directly; the Thrust reductions match the CPU's. Compiled only in CUDA builds (they call
-// kernels/cuda directly); each case skips itself without a GPU.
+// Graph capture of a step through the CUDA backend (kernels/graph.h): warm-up, capture and replays give
+// bitwise the results of running the ops directly, and what a captured step must not do (allocate, copy
+// to or from the host, call a collective, grow scratch memory) raises CaptureError naming it. Each case
+// runs on the host run of the CUDA kernels (a recording replayed) and, when one is usable, on a GPU (a
+// CUDA graph); also the per-member reductions of kernels/cuda/ops.h.
 #include "cuda_testing.h"
 
-#if PMAPCC_HAVE_CUDA
-#include <cuda_runtime_api.h>
+#include <pmap/detail/capture.h>
 
-#include <pmap/detail/cuda_stream.h>
-
-#include "kernels/cuda/graph.h"
+#include "kernels/backend.h"
 #include "kernels/cuda/ops.h"
-#include "kernels/ops.h"
+#include "kernels/graph.h"
 
 namespace {
 
 using namespace cuda_testing;
 namespace k = pmap::kernels;
 
-// A stream of the test's own (graphs cannot capture the legacy default stream), current for the scope.
-class TestStream {
- public:
-  TestStream() {
-    REQUIRE(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) == cudaSuccess);
-    scope_.emplace(stream_);
-  }
-  ~TestStream() {
-    scope_.reset();
-    cudaStreamSynchronize(stream_);
-    cudaStreamDestroy(stream_);
-  }
-  void sync() const { REQUIRE(cudaStreamSynchronize(stream_) == cudaSuccess); }
-
- private:
-  cudaStream_t stream_ = nullptr;
-  std::optional<pmap::detail::StreamScope> scope_;
-};
-
-// A small training step on fixed device buffers: conv -> relu -> dense -> loss -> backward -> SGD.
+// A small training step on fixed buffers of one device: conv (+ReLU) -> dense -> loss -> backward -> SGD.
 struct TinyStep {
   static constexpr int kMembers = 2, kBatch = 8, kSide = 6, kChannels = 4, kClasses = 3;
+  const k::Backend& be;
   k::Conv2dParams conv{};
   k::DenseParams dense{};
-  pmap::Array x, labels, w_conv, w_dense, m_conv, m_dense, act, relu, logits, dlogits, dact, g_conv, g_dense, loss,
-      correct, ws;
+  pmap::Array x, labels, w_conv, w_dense, m_conv, m_dense, act, logits, dlogits, dact, g_conv, g_dense, loss,
+      correct, ws, xent_ws;
 
-  TinyStep() {
+  TinyStep(const k::Backend& backend, const pmap::Device& d) : be(backend) {
     conv.members = kMembers, conv.batch = kBatch, conv.height = conv.width = kSide, conv.in_channels = 1;
-    conv.out_channels = kChannels, conv.shared_input = true;
+    conv.out_channels = kChannels, conv.shared_input = true, conv.relu = true;
     dense = k::DenseParams{kMembers, kBatch, kSide * kSide * kChannels, kClasses, false};
     const std::size_t act_n = static_cast<std::size_t>(kMembers * kBatch * kSide * kSide * kChannels);
-    x = on_gpu(random_floats(static_cast<std::size_t>(kBatch * kSide * kSide), 1));
-    labels = on_gpu(random_labels(kBatch, kClasses, 2));
-    w_conv = on_gpu(random_floats(static_cast<std::size_t>(kMembers * 9 * kChannels), 3));
-    w_dense = on_gpu(random_floats(static_cast<std::size_t>(kMembers * dense.in_features * kClasses), 4, -0.1f, 0.1f));
-    m_conv = gpu_floats(w_conv.size()), m_dense = gpu_floats(w_dense.size());
-    act = gpu_floats(act_n), relu = gpu_floats(act_n), dact = gpu_floats(act_n);
-    logits = gpu_floats(kMembers * kBatch * kClasses), dlogits = gpu_floats(kMembers * kBatch * kClasses);
-    g_conv = gpu_floats(w_conv.size()), g_dense = gpu_floats(w_dense.size());
-    loss = gpu_floats(kMembers);
-    correct = pmap::Array({kMembers}, pmap::DType::i32, kGpu);
-    ws = pmap::Array({static_cast<std::int64_t>(k::gpu::conv2d_workspace_bytes(conv))}, pmap::DType::u8, kGpu);
+    x = on(d, random_floats(static_cast<std::size_t>(kBatch * kSide * kSide), 1));
+    labels = on(d, random_labels(kBatch, kClasses, 2));
+    w_conv = on(d, random_floats(static_cast<std::size_t>(kMembers * 9 * kChannels), 3));
+    w_dense = on(d, random_floats(static_cast<std::size_t>(kMembers * dense.in_features * kClasses), 4, -0.1f, 0.1f));
+    m_conv = zeros(d, static_cast<std::size_t>(w_conv.size())), m_dense = zeros(d, static_cast<std::size_t>(w_dense.size()));
+    act = zeros(d, act_n), dact = zeros(d, act_n);
+    logits = zeros(d, kMembers * kBatch * kClasses), dlogits = zeros(d, kMembers * kBatch * kClasses);
+    g_conv = zeros(d, static_cast<std::size_t>(w_conv.size())), g_dense = zeros(d, static_cast<std::size_t>(w_dense.size()));
+    loss = zeros(d, kMembers);
+    correct = zeros(d, kMembers, pmap::DType::i32);
+    ws = zeros(d, be.conv2d_workspace_bytes(conv), pmap::DType::u8);
+    xent_ws = zeros(d, be.softmax_cross_entropy_workspace_bytes({kMembers, kBatch, kClasses, true}), pmap::DType::u8);
   }
 
   void operator()() {
     const std::size_t act_n = static_cast<std::size_t>(act.size());
-    k::gpu::conv2d_forward(conv, x.data<float>(), w_conv.data<float>(), nullptr, act.data<float>(), ws.raw_data());
-    k::gpu::relu_forward(act_n, act.data<float>(), relu.data<float>());
-    k::gpu::dense_forward(dense, relu.data<float>(), w_dense.data<float>(), nullptr, logits.data<float>());
-    k::gpu::softmax_cross_entropy(k::SoftmaxXentParams{kMembers, kBatch, kClasses, true}, logits.data<float>(),
-                                  labels.data<std::int32_t>(), loss.data<float>(), dlogits.data<float>(), nullptr,
-                                  correct.data<std::int32_t>(), nullptr);
-    k::gpu::dense_backward(dense, relu.data<float>(), w_dense.data<float>(), dlogits.data<float>(), dact.data<float>(),
-                           g_dense.data<float>(), nullptr);
-    k::gpu::relu_backward(act_n, relu.data<float>(), dact.data<float>(), dact.data<float>());
-    k::gpu::conv2d_backward(conv, x.data<float>(), w_conv.data<float>(), dact.data<float>(), nullptr,
-                            g_conv.data<float>(), nullptr, ws.raw_data());
+    be.conv2d_forward(conv, x.data<float>(), w_conv.data<float>(), nullptr, act.data<float>(), ws.raw_data());
+    be.dense_forward(dense, act.data<float>(), w_dense.data<float>(), nullptr, logits.data<float>(), nullptr);
+    be.softmax_cross_entropy({kMembers, kBatch, kClasses, true}, logits.data<float>(), labels.data<std::int32_t>(),
+                             loss.data<float>(), dlogits.data<float>(), nullptr, correct.data<std::int32_t>(), nullptr,
+                             xent_ws.raw_data());
+    be.dense_backward(dense, act.data<float>(), w_dense.data<float>(), dlogits.data<float>(), dact.data<float>(),
+                      g_dense.data<float>(), nullptr, nullptr);
+    be.relu_backward(act_n, act.data<float>(), dact.data<float>(), dact.data<float>());
+    be.conv2d_backward(conv, x.data<float>(), w_conv.data<float>(), dact.data<float>(), nullptr, g_conv.data<float>(),
+                       nullptr, ws.raw_data());
     const k::SgdParams sgd{0.1f, 0.9f, false};
-    k::gpu::sgd_momentum_update(sgd, static_cast<std::size_t>(w_conv.size()), w_conv.data<float>(),
-                                m_conv.data<float>(), g_conv.data<float>());
-    k::gpu::sgd_momentum_update(sgd, static_cast<std::size_t>(w_dense.size()), w_dense.data<float>(),
-                                m_dense.data<float>(), g_dense.data<float>());
+    be.sgd_momentum_update(sgd, static_cast<std::size_t>(w_conv.size()), w_conv.data<float>(), m_conv.data<float>(),
+                           g_conv.data<float>());
+    be.sgd_momentum_update(sgd, static_cast<std::size_t>(w_dense.size()), w_dense.data<float>(),
+                           m_dense.data<float>(), g_dense.data<float>());
   }
 };
 
-}  // namespace
-
-TEST_CASE("cuda GraphStep: warm-up, capture and replays give bitwise the results of direct execution") {
-  PMAPCC_REQUIRE_GPU();
-  TestStream stream;
-  TinyStep direct, graphed;
-  k::gpu::GraphStep step([&] { graphed(); });
-  for (int i = 0; i < 5; ++i) {
-    direct();
-    step();
-    CHECK(step.captured() == (i >= 1));  // call 0 runs eagerly, call 1 captures, later calls replay
-  }
-  stream.sync();
-  CHECK(graphed.w_conv.to_vector<float>() == direct.w_conv.to_vector<float>());
-  CHECK(graphed.w_dense.to_vector<float>() == direct.w_dense.to_vector<float>());
-  CHECK(graphed.loss.to_vector<float>() == direct.loss.to_vector<float>());
-  CHECK(graphed.correct.to_vector<std::int32_t>() == direct.correct.to_vector<std::int32_t>());
+// Runs fn on the target's device inside pmap (so a GPU works on a stream of its own, which a CUDA graph
+// can capture).
+template <class F> void on_device(const Target& t, F&& fn) {
+  pmap::Mesh mesh({t.device}, "i");
+  pmap::pmap([&] { fn(); }, mesh, "i")();
 }
 
-TEST_CASE("cuda GraphStep refuses the legacy default stream, and a failed capture leaves no capture open") {
-  PMAPCC_REQUIRE_GPU();
-  k::gpu::GraphStep legacy([] {});
-  legacy();  // warm-up runs eagerly anywhere
-  CHECK_THROWS_AS(legacy(), pmap::ValueError);
-  TestStream stream;
-  int calls = 0;
-  k::gpu::GraphStep failing([&] {
-    if (++calls == 2) throw pmap::ValueError("boom");
-  });
-  failing();
-  CHECK_THROWS_AS(failing(), pmap::ValueError);
-  CHECK_FALSE(pmap::detail::current_stream_capturing());
+}  // namespace
+
+TEST_CASE("cuda graphs: warm-up, capture and replays give bitwise the results of direct execution") {
+  for (const Target& t : targets()) {
+    CAPTURE(t.name);
+    on_device(t, [&] {
+      TinyStep direct(*t.backend, t.device), graphed(*t.backend, t.device);
+      k::StepGraph step(*t.backend);
+      for (int i = 0; i < 5; ++i) {
+        direct();
+        step.run([&] { graphed(); });
+        CHECK(step.captured() == (i >= 1));  // call 0 runs eagerly, call 1 captures, later calls replay
+      }
+      CHECK(graphed.w_conv.to_vector<float>() == direct.w_conv.to_vector<float>());
+      CHECK(graphed.w_dense.to_vector<float>() == direct.w_dense.to_vector<float>());
+      CHECK(graphed.loss.to_vector<float>() == direct.loss.to_vector<float>());
+      CHECK(graphed.correct.to_vector<std::int32_t>() == direct.correct.to_vector<std::int32_t>());
+      CHECK(graphed.w_conv.to_vector<float>() != TinyStep(*t.backend, t.device).w_conv.to_vector<float>());  // it trained
+      // A StepGraph that does not capture runs the body every call.
+      int calls = 0;
+      k::StepGraph eager(*t.backend, /*capture=*/false);
+      for (int i = 0; i < 3; ++i) eager.run([&] { ++calls; });
+      CHECK(calls == 3);
+      CHECK_FALSE(eager.captured());
+    });
+  }
+}
+
+TEST_CASE("cuda graphs refuse what a captured step must not do, naming it, and leave no capture open") {
+  for (const Target& t : targets()) {
+    CAPTURE(t.name);
+    on_device(t, [&] {
+      const k::Backend& be = *t.backend;
+      auto buf = zeros(t.device, 64);
+      std::vector<float> host(64);
+      auto capture = [&](const std::function<void()>& body) {
+        k::StepGraph g(be);
+        g.run([] {});  // warm-up
+        g.run(body);
+      };
+      CHECK_THROWS_WITH_AS(capture([&] { pmap::Array more({4}, pmap::DType::f32, t.device); }),
+                           doctest::Contains("allocates memory during the capture"), pmap::CaptureError);
+      CHECK_THROWS_WITH_AS(capture([&] { buf.copy_to_host(host.data(), buf.nbytes()); }),
+                           doctest::Contains("synchronizes with the host"), pmap::CaptureError);
+      CHECK_THROWS_WITH_AS(capture([&] { pmap::psum_inplace(buf, "i"); }),
+                           doctest::Contains("psum over 'i' meets the other devices"), pmap::CaptureError);
+      // Scratch memory that would have to grow (an op without its workspace) is refused too.
+      k::Conv2dParams p;
+      p.members = 2, p.batch = 64, p.height = p.width = 20, p.in_channels = 3, p.out_channels = 8;
+      auto x = zeros(t.device, 2 * 64 * 20 * 20 * 3), w = zeros(t.device, 2 * 9 * 3 * 8), y = zeros(t.device, 2 * 64 * 400 * 8);
+      CHECK_THROWS_WITH_AS(capture([&] {
+                             be.conv2d_forward(p, x.data<float>(), w.data<float>(), nullptr, y.data<float>(), nullptr);
+                           }),
+                           doctest::Contains("scratch memory"), pmap::CaptureError);
+      CHECK(pmap::detail::capturing() == nullptr);
+      // The device still works normally afterwards.
+      be.relu_forward(64, buf.data<float>(), buf.data<float>());
+      CHECK(buf.to_vector<float>() == std::vector<float>(64, 0.0f));
+    });
+  }
 }
 
 TEST_CASE("cuda reduce_sum and reduce_mean match the CPU's per-member sums") {
-  PMAPCC_REQUIRE_GPU();
   const int members = 3;
   const std::size_t n = 100003;
   const auto x = random_floats(members * n, 21);
   std::vector<float> sum(members), mean(members);
   k::cpu::reduce_sum(members, n, x.data(), sum.data());
   k::cpu::reduce_mean(members, n, x.data(), mean.data());
+  std::vector<float> hs(members), hm(members);  // the host run sums in the CPU's order: the same bits
+  k::gpu::reduce_sum(k::gpu::Exec::host(), members, n, x.data(), hs.data());
+  k::gpu::reduce_mean(k::gpu::Exec::host(), members, n, x.data(), hm.data());
+  CHECK(hs == sum);
+  CHECK(hm == mean);
+  PMAPCC_REQUIRE_GPU();
   auto gx = on_gpu(x), gs = gpu_floats(members), gm = gpu_floats(members);
-  k::gpu::reduce_sum(members, n, gx.data<float>(), gs.data<float>());
-  k::gpu::reduce_mean(members, n, gx.data<float>(), gm.data<float>());
+  k::gpu::reduce_sum(k::gpu::Exec::gpu(), members, n, gx.data<float>(), gs.data<float>());
+  k::gpu::reduce_mean(k::gpu::Exec::gpu(), members, n, gx.data<float>(), gm.data<float>());
   CHECK(relative_error(gs.to_vector<float>(), sum) <= kForwardTolerance);
   CHECK(relative_error(gm.to_vector<float>(), mean) <= kForwardTolerance);
 }
-
-#endif  // PMAPCC_HAVE_CUDA

@@ -1,6 +1,7 @@
 // Every CUDA op against its CPU twin (the oracle) on random inputs, for 1 and 3 members, shared and
-// per-member inputs: relative error <= 1e-5 forward and <= 1e-4 backward; the element-wise ops bitwise.
-// Each case skips itself without a GPU.
+// per-member inputs: relative error <= 1e-5 forward and <= 1e-4 backward; the element-wise ops and the
+// ensemble reductions bitwise. Each case runs the CUDA backend on the host (every kernel over its whole
+// launch grid, the GEMMs through cuBLAS's column-major arguments) and, when one is usable, on the GPU.
 #include "cuda_testing.h"
 
 #include <cstring>
@@ -14,7 +15,6 @@ using namespace cuda_testing;
 namespace k = pmap::kernels;
 
 const k::Backend& cpu() { return k::backend_for(pmap::DeviceKind::cpu); }
-const k::Backend& gpu() { return k::backend_for(pmap::DeviceKind::cuda); }
 
 std::size_t count(std::int64_t a, std::int64_t b = 1, std::int64_t c = 1, std::int64_t d = 1, std::int64_t e = 1) {
   return static_cast<std::size_t>(a * b * c * d * e);
@@ -24,12 +24,17 @@ template <class T> bool bitwise_equal(const std::vector<T>& a, const std::vector
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
-// One conv2d configuration run on both backends: forward and every gradient compared.
-void check_conv(const k::Conv2dParams& p) {
+pmap::Array workspace(const Target& t, std::size_t bytes) { return zeros(t.device, bytes, pmap::DType::u8); }
+
+// One conv2d configuration run on the CPU and on the target: forward (with bias and fused ReLU, and
+// without) and every gradient compared.
+void check_conv(const Target& t, const k::Conv2dParams& p) {
+  CAPTURE(t.name);
   CAPTURE(p.members);
   CAPTURE(p.shared_input);
   CAPTURE(p.kernel_h);
   CAPTURE(p.stride_h);
+  CAPTURE(p.relu);
   const k::ConvGeometry g = k::conv2d_geometry(p);
   const std::size_t x_n = count(p.shared_input ? 1 : p.members, p.batch, p.height, p.width, p.in_channels);
   const std::size_t w_n = count(p.members, p.kernel_h, p.kernel_w, p.in_channels, p.out_channels);
@@ -41,187 +46,314 @@ void check_conv(const k::Conv2dParams& p) {
   cpu().conv2d_forward(p, x.data(), w.data(), b.data(), y.data(), cpu_ws.data());
   cpu().conv2d_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), cpu_ws.data());
 
-  auto gx = on_gpu(x), gw = on_gpu(w), gb = on_gpu(b), gdy = on_gpu(dy);
-  auto gy = gpu_floats(y_n), gdx = gpu_floats(x_n), gdw = gpu_floats(w_n), gdb = gpu_floats(b_n);
-  pmap::Array ws({static_cast<std::int64_t>(gpu().conv2d_workspace_bytes(p))}, pmap::DType::u8, kGpu);
-  gpu().conv2d_forward(p, gx.data<float>(), gw.data<float>(), gb.data<float>(), gy.data<float>(), ws.raw_data());
-  gpu().conv2d_backward(p, gx.data<float>(), gw.data<float>(), gdy.data<float>(), gdx.data<float>(),
-                        gdw.data<float>(), gdb.data<float>(), ws.raw_data());
+  const k::Backend& be = *t.backend;
+  auto gx = on(t.device, x), gw = on(t.device, w), gb = on(t.device, b), gdy = on(t.device, dy);
+  auto gy = zeros(t.device, y_n), gdx = zeros(t.device, x_n), gdw = zeros(t.device, w_n), gdb = zeros(t.device, b_n);
+  auto ws = workspace(t, be.conv2d_workspace_bytes(p));
+  be.conv2d_forward(p, gx.data<float>(), gw.data<float>(), gb.data<float>(), gy.data<float>(), ws.raw_data());
+  be.conv2d_backward(p, gx.data<float>(), gw.data<float>(), gdy.data<float>(), gdx.data<float>(), gdw.data<float>(),
+                     gdb.data<float>(), ws.raw_data());
   CHECK(relative_error(gy.to_vector<float>(), y) <= kForwardTolerance);
   CHECK(relative_error(gdx.to_vector<float>(), dx) <= kBackwardTolerance);
   CHECK(relative_error(gdw.to_vector<float>(), dw) <= kBackwardTolerance);
   CHECK(relative_error(gdb.to_vector<float>(), db) <= kBackwardTolerance);
+  // Without bias: the epilogue is the ReLU alone (or nothing); without workspace: scratch memory.
+  cpu().conv2d_forward(p, x.data(), w.data(), nullptr, y.data(), nullptr);
+  be.conv2d_forward(p, gx.data<float>(), gw.data<float>(), nullptr, gy.data<float>(), nullptr);
+  CHECK(relative_error(gy.to_vector<float>(), y) <= kForwardTolerance);
 }
 
 }  // namespace
 
-TEST_CASE("cuda conv2d matches the CPU op: SAME 3x3, strided VALID, explicit pads, 1x1") {
-  PMAPCC_REQUIRE_GPU();
-  for (int members : {1, 3}) {
-    for (bool shared : {false, true}) {
-      k::Conv2dParams p;
-      p.members = members, p.batch = 2, p.height = 7, p.width = 6, p.in_channels = 3, p.out_channels = 5;
-      p.shared_input = shared;
-      check_conv(p);  // SAME 3x3 stride 1: the model's layers
-      k::Conv2dParams strided = p;
-      strided.kernel_h = 3, strided.kernel_w = 2, strided.stride_h = 2, strided.stride_w = 3;
-      strided.padding = k::Padding::valid;
-      check_conv(strided);
-      k::Conv2dParams padded = p;
-      padded.padding = k::Padding::explicit_pads;
-      padded.pad_top = 2, padded.pad_bottom = 0, padded.pad_left = 1, padded.pad_right = 3, padded.stride_h = 2;
-      check_conv(padded);
-      k::Conv2dParams pointwise = p;
-      pointwise.kernel_h = pointwise.kernel_w = 1;
-      check_conv(pointwise);
-    }
-  }
-}
-
-TEST_CASE("cuda conv2d at the model's first-layer size: batch 128, 28x28x1 -> 32, 3 members sharing the batch") {
-  PMAPCC_REQUIRE_GPU();
-  k::Conv2dParams p;
-  p.members = 3, p.batch = 128, p.height = 28, p.width = 28, p.in_channels = 1, p.out_channels = 32;
-  p.shared_input = true;
-  check_conv(p);  // tall bias gradients: the chunked column sums
-}
-
-TEST_CASE("cuda dense matches the CPU op (short batches, and tall ones that use the workspace)") {
-  PMAPCC_REQUIRE_GPU();
-  for (int batch : {9, 1500}) {
+TEST_CASE("cuda conv2d matches the CPU op: SAME 3x3, strided VALID, explicit pads, 1x1, fused ReLU") {
+  for (const Target& t : targets()) {
     for (int members : {1, 3}) {
       for (bool shared : {false, true}) {
-        CAPTURE(batch);
-        CAPTURE(members);
-        CAPTURE(shared);
-        k::DenseParams p{members, batch, 17, 6, shared};
-        const std::size_t x_n = count(shared ? 1 : members, p.batch, p.in_features);
-        const std::size_t w_n = count(members, p.in_features, p.out_features), b_n = count(members, p.out_features);
-        const std::size_t y_n = count(members, p.batch, p.out_features);
-        const auto x = random_floats(x_n, 5), w = random_floats(w_n, 6), b = random_floats(b_n, 7);
-        const auto dy = random_floats(y_n, 8);
-        std::vector<float> y(y_n), dx(x_n), dw(w_n), db(b_n);
-        std::vector<unsigned char> cpu_ws(cpu().dense_workspace_bytes(p));
-        cpu().dense_forward(p, x.data(), w.data(), b.data(), y.data(), cpu_ws.data());
-        cpu().dense_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), cpu_ws.data());
-        auto gx = on_gpu(x), gw = on_gpu(w), gb = on_gpu(b), gdy = on_gpu(dy);
-        auto gy = gpu_floats(y_n), gdx = gpu_floats(x_n), gdw = gpu_floats(w_n), gdb = gpu_floats(b_n);
-        pmap::Array ws({static_cast<std::int64_t>(gpu().dense_workspace_bytes(p))}, pmap::DType::u8, kGpu);
-        gpu().dense_forward(p, gx.data<float>(), gw.data<float>(), gb.data<float>(), gy.data<float>(), ws.raw_data());
-        gpu().dense_backward(p, gx.data<float>(), gw.data<float>(), gdy.data<float>(), gdx.data<float>(),
-                             gdw.data<float>(), gdb.data<float>(), ws.raw_data());
-        CHECK(relative_error(gy.to_vector<float>(), y) <= kForwardTolerance);
-        CHECK(relative_error(gdx.to_vector<float>(), dx) <= kBackwardTolerance);
-        CHECK(relative_error(gdw.to_vector<float>(), dw) <= kBackwardTolerance);
-        CHECK(relative_error(gdb.to_vector<float>(), db) <= kBackwardTolerance);
-        // A null workspace is allowed too (the bias gradient is then summed in one pass).
-        auto gdb_null = gpu_floats(b_n);
-        gpu().dense_backward(p, gx.data<float>(), gw.data<float>(), gdy.data<float>(), nullptr, nullptr,
-                             gdb_null.data<float>(), nullptr);
-        CHECK(relative_error(gdb_null.to_vector<float>(), db) <= kBackwardTolerance);
+        k::Conv2dParams p;
+        p.members = members, p.batch = 2, p.height = 7, p.width = 6, p.in_channels = 3, p.out_channels = 5;
+        p.shared_input = shared;
+        check_conv(t, p);  // SAME 3x3 stride 1: the model's layers
+        k::Conv2dParams relu = p;
+        relu.relu = true;
+        check_conv(t, relu);
+        k::Conv2dParams strided = p;
+        strided.kernel_h = 3, strided.kernel_w = 2, strided.stride_h = 2, strided.stride_w = 3;
+        strided.padding = k::Padding::valid;
+        check_conv(t, strided);
+        k::Conv2dParams padded = p;
+        padded.padding = k::Padding::explicit_pads;
+        padded.pad_top = 2, padded.pad_bottom = 0, padded.pad_left = 1, padded.pad_right = 3, padded.stride_h = 2;
+        check_conv(t, padded);
+        k::Conv2dParams pointwise = p;
+        pointwise.kernel_h = pointwise.kernel_w = 1;
+        check_conv(t, pointwise);
       }
     }
   }
 }
 
-TEST_CASE("cuda avg_pool is bitwise the CPU op: tiled windows with odd edges, and overlapping windows") {
-  PMAPCC_REQUIRE_GPU();
-  for (int members : {1, 3}) {
-    for (int stride : {2, 1}) {
-      CAPTURE(members);
-      CAPTURE(stride);
-      k::AvgPoolParams p{members, 2, 7, 5, 3, 2, 2, stride, stride};
-      const k::PoolGeometry g = k::avg_pool_geometry(p);
-      const std::size_t x_n = count(members, p.batch, p.height, p.width, p.channels);
-      const std::size_t y_n = count(members, p.batch, g.out_height, g.out_width, p.channels);
-      const auto x = random_floats(x_n, 9), dy = random_floats(y_n, 10);
-      std::vector<float> y(y_n), dx(x_n);
-      cpu().avg_pool_forward(p, x.data(), y.data());
-      cpu().avg_pool_backward(p, dy.data(), dx.data());
-      auto gx = on_gpu(x), gdy = on_gpu(dy), gy = gpu_floats(y_n), gdx = gpu_floats(x_n);
-      gpu().avg_pool_forward(p, gx.data<float>(), gy.data<float>());
-      gpu().avg_pool_backward(p, gdy.data<float>(), gdx.data<float>());
-      CHECK(bitwise_equal(gy.to_vector<float>(), y));
-      CHECK(bitwise_equal(gdx.to_vector<float>(), dx));
+TEST_CASE("cuda conv2d at a first-layer size: batch 16, 28x28x1 -> 32, 3 members sharing the batch") {
+  for (const Target& t : targets()) {
+    k::Conv2dParams p;
+    p.members = 3, p.batch = 16, p.height = 28, p.width = 28, p.in_channels = 1, p.out_channels = 32;
+    p.shared_input = true, p.relu = true;
+    check_conv(t, p);  // 12544 rows: the bias gradients are summed in chunks, then the chunks
+  }
+}
+
+TEST_CASE("cuda dense matches the CPU op (short batches, and tall ones that use the workspace)") {
+  for (const Target& t : targets()) {
+    const k::Backend& be = *t.backend;
+    for (int batch : {9, 1500}) {
+      for (int members : {1, 3}) {
+        for (bool shared : {false, true}) {
+          for (bool relu : {false, true}) {
+            CAPTURE(t.name);
+            CAPTURE(batch);
+            CAPTURE(members);
+            CAPTURE(shared);
+            CAPTURE(relu);
+            k::DenseParams p{members, batch, 17, 6, shared, relu};
+            const std::size_t x_n = count(shared ? 1 : members, p.batch, p.in_features);
+            const std::size_t w_n = count(members, p.in_features, p.out_features), b_n = count(members, p.out_features);
+            const std::size_t y_n = count(members, p.batch, p.out_features);
+            const auto x = random_floats(x_n, 5), w = random_floats(w_n, 6), b = random_floats(b_n, 7);
+            const auto dy = random_floats(y_n, 8);
+            std::vector<float> y(y_n), dx(x_n), dw(w_n), db(b_n);
+            std::vector<unsigned char> cpu_ws(cpu().dense_workspace_bytes(p));
+            cpu().dense_forward(p, x.data(), w.data(), b.data(), y.data(), cpu_ws.data());
+            cpu().dense_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), cpu_ws.data());
+            auto gx = on(t.device, x), gw = on(t.device, w), gb = on(t.device, b), gdy = on(t.device, dy);
+            auto gy = zeros(t.device, y_n), gdx = zeros(t.device, x_n), gdw = zeros(t.device, w_n);
+            auto gdb = zeros(t.device, b_n);
+            auto ws = workspace(t, be.dense_workspace_bytes(p));
+            be.dense_forward(p, gx.data<float>(), gw.data<float>(), gb.data<float>(), gy.data<float>(), ws.raw_data());
+            be.dense_backward(p, gx.data<float>(), gw.data<float>(), gdy.data<float>(), gdx.data<float>(),
+                              gdw.data<float>(), gdb.data<float>(), ws.raw_data());
+            CHECK(relative_error(gy.to_vector<float>(), y) <= kForwardTolerance);
+            CHECK(relative_error(gdx.to_vector<float>(), dx) <= kBackwardTolerance);
+            CHECK(relative_error(gdw.to_vector<float>(), dw) <= kBackwardTolerance);
+            CHECK(relative_error(gdb.to_vector<float>(), db) <= kBackwardTolerance);
+            // A null workspace is allowed too (the bias gradient is then summed in one pass).
+            auto gdb_null = zeros(t.device, b_n);
+            be.dense_backward(p, gx.data<float>(), gw.data<float>(), gdy.data<float>(), nullptr, nullptr,
+                              gdb_null.data<float>(), nullptr);
+            CHECK(relative_error(gdb_null.to_vector<float>(), db) <= kBackwardTolerance);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda avg_pool is bitwise the CPU op: tiled windows with odd edges, overlapping windows, through a ReLU") {
+  for (const Target& t : targets()) {
+    const k::Backend& be = *t.backend;
+    for (int members : {1, 3}) {
+      for (int stride : {2, 1}) {
+        CAPTURE(t.name);
+        CAPTURE(members);
+        CAPTURE(stride);
+        k::AvgPoolParams p{members, 2, 7, 5, 3, 2, 2, stride, stride};
+        const k::PoolGeometry g = k::avg_pool_geometry(p);
+        const std::size_t x_n = count(members, p.batch, p.height, p.width, p.channels);
+        const std::size_t y_n = count(members, p.batch, g.out_height, g.out_width, p.channels);
+        auto x = random_floats(x_n, 9), dy = random_floats(y_n, 10);
+        dy[1] = -0.0f;  // a negative zero survives the tiled backward as on the CPU
+        std::vector<float> y(y_n), dx(x_n), masked(x_n);
+        cpu().avg_pool_forward(p, x.data(), y.data());
+        cpu().avg_pool_backward(p, dy.data(), dx.data());
+        cpu().avg_pool_relu_backward(p, x.data(), dy.data(), masked.data());
+        auto gx = on(t.device, x), gdy = on(t.device, dy), gy = zeros(t.device, y_n), gdx = zeros(t.device, x_n);
+        be.avg_pool_forward(p, gx.data<float>(), gy.data<float>());
+        be.avg_pool_backward(p, gdy.data<float>(), gdx.data<float>());
+        CHECK(bitwise_equal(gy.to_vector<float>(), y));
+        CHECK(bitwise_equal(gdx.to_vector<float>(), dx));
+        be.avg_pool_relu_backward(p, gx.data<float>(), gdy.data<float>(), gx.data<float>());  // in place over r
+        CHECK(bitwise_equal(gx.to_vector<float>(), masked));
+      }
     }
   }
 }
 
 TEST_CASE("cuda relu and SGD-momentum are bitwise the CPU ops") {
-  PMAPCC_REQUIRE_GPU();
-  const std::size_t n = 10007;
-  auto x = random_floats(n, 11);
-  x[3] = 0.0f, x[4] = -0.0f, x[5] = std::nanf("");
-  const auto dy = random_floats(n, 12);
-  std::vector<float> y(n), dx(n);
-  cpu().relu_forward(n, x.data(), y.data());
-  cpu().relu_backward(n, y.data(), dy.data(), dx.data());
-  auto gx = on_gpu(x), gdy = on_gpu(dy), gy = gpu_floats(n), gdx = gpu_floats(n);
-  gpu().relu_forward(n, gx.data<float>(), gy.data<float>());
-  gpu().relu_backward(n, gy.data<float>(), gdy.data<float>(), gdx.data<float>());
-  CHECK(bitwise_equal(gy.to_vector<float>(), y));
-  CHECK(bitwise_equal(gdx.to_vector<float>(), dx));
+  for (const Target& t : targets()) {
+    CAPTURE(t.name);
+    const k::Backend& be = *t.backend;
+    const std::size_t n = 10007;
+    auto x = random_floats(n, 11);
+    x[3] = 0.0f, x[4] = -0.0f, x[5] = std::nanf("");
+    const auto dy = random_floats(n, 12);
+    std::vector<float> y(n), dx(n);
+    cpu().relu_forward(n, x.data(), y.data());
+    cpu().relu_backward(n, y.data(), dy.data(), dx.data());
+    auto gx = on(t.device, x), gdy = on(t.device, dy), gy = zeros(t.device, n), gdx = zeros(t.device, n);
+    be.relu_forward(n, gx.data<float>(), gy.data<float>());
+    be.relu_backward(n, gy.data<float>(), gdy.data<float>(), gdx.data<float>());
+    CHECK(bitwise_equal(gy.to_vector<float>(), y));
+    CHECK(bitwise_equal(gdx.to_vector<float>(), dx));
 
-  for (bool nesterov : {false, true}) {
-    CAPTURE(nesterov);
-    const k::SgdParams sgd{0.1f, 0.9f, nesterov};
-    auto params = random_floats(n, 13), momentum = random_floats(n, 14);
-    const auto grads = random_floats(n, 15);
-    auto gp = on_gpu(params), gm = on_gpu(momentum), gg = on_gpu(grads);
-    for (int step = 0; step < 3; ++step) {
-      cpu().sgd_momentum_update(sgd, n, params.data(), momentum.data(), grads.data());
-      gpu().sgd_momentum_update(sgd, n, gp.data<float>(), gm.data<float>(), gg.data<float>());
-    }
-    CHECK(bitwise_equal(gp.to_vector<float>(), params));
-    CHECK(bitwise_equal(gm.to_vector<float>(), momentum));
-  }
-}
-
-TEST_CASE("cuda softmax cross-entropy matches the CPU op, and loss and counts reach the host") {
-  PMAPCC_REQUIRE_GPU();
-  for (int members : {1, 3}) {
-    for (bool shared_labels : {true, false}) {
-      CAPTURE(members);
-      CAPTURE(shared_labels);
-      k::SoftmaxXentParams p{members, 37, 10, shared_labels};
-      const std::size_t z_n = count(members, p.batch, p.classes);
-      const auto logits = random_floats(z_n, 16, -8.0f, 8.0f);
-      const auto labels = random_labels(count(shared_labels ? 1 : members, p.batch), p.classes, 17);
-      std::vector<float> loss(static_cast<std::size_t>(members)), dlogits(z_n), probs(z_n);
-      std::vector<std::int32_t> correct(static_cast<std::size_t>(members));
-      cpu().softmax_cross_entropy(p, logits.data(), labels.data(), loss.data(), dlogits.data(), probs.data(),
-                                  correct.data());
-      auto gz = on_gpu(logits), gl = on_gpu(labels), gd = gpu_floats(z_n), gp = gpu_floats(z_n);
-      std::vector<float> gloss(loss.size(), -1.0f);
-      std::vector<std::int32_t> gcorrect(correct.size(), -1);
-      gpu().softmax_cross_entropy(p, gz.data<float>(), gl.data<std::int32_t>(), gloss.data(), gd.data<float>(),
-                                  gp.data<float>(), gcorrect.data());
-      CHECK(relative_error(gloss, loss) <= kForwardTolerance);
-      CHECK(gcorrect == correct);
-      CHECK(relative_error(gp.to_vector<float>(), probs) <= kForwardTolerance);
-      CHECK(relative_error(gd.to_vector<float>(), dlogits) <= kBackwardTolerance);
+    for (bool nesterov : {false, true}) {
+      CAPTURE(nesterov);
+      const k::SgdParams sgd{0.1f, 0.9f, nesterov};
+      auto params = random_floats(n, 13), momentum = random_floats(n, 14);
+      const auto grads = random_floats(n, 15);
+      auto gp = on(t.device, params), gm = on(t.device, momentum), gg = on(t.device, grads);
+      for (int step = 0; step < 3; ++step) {
+        cpu().sgd_momentum_update(sgd, n, params.data(), momentum.data(), grads.data());
+        be.sgd_momentum_update(sgd, n, gp.data<float>(), gm.data<float>(), gg.data<float>());
+      }
+      CHECK(bitwise_equal(gp.to_vector<float>(), params));
+      CHECK(bitwise_equal(gm.to_vector<float>(), momentum));
     }
   }
 }
 
-TEST_CASE("cuda softmax cross-entropy raises ValueError for a label outside 0..K-1") {
-  PMAPCC_REQUIRE_GPU();
-  k::SoftmaxXentParams p{1, 4, 10, true};
-  auto gz = on_gpu(random_floats(40, 18));
-  auto gl = on_gpu(std::vector<std::int32_t>{1, 10, 3, -1});
-  std::vector<float> loss(1);
-  CHECK_THROWS_AS(gpu().softmax_cross_entropy(p, gz.data<float>(), gl.data<std::int32_t>(), loss.data(), nullptr,
-                                              nullptr, nullptr),
+TEST_CASE("cuda softmax cross-entropy matches the CPU op, with loss and counts on the device") {
+  for (const Target& t : targets()) {
+    const k::Backend& be = *t.backend;
+    for (int members : {1, 3}) {
+      for (bool shared_labels : {true, false}) {
+        CAPTURE(t.name);
+        CAPTURE(members);
+        CAPTURE(shared_labels);
+        k::SoftmaxXentParams p{members, 37, 10, shared_labels};
+        const std::size_t z_n = count(members, p.batch, p.classes);
+        const auto logits = random_floats(z_n, 16, -8.0f, 8.0f);
+        const auto labels = random_labels(count(shared_labels ? 1 : members, p.batch), p.classes, 17);
+        std::vector<float> loss(static_cast<std::size_t>(members)), dlogits(z_n), probs(z_n);
+        std::vector<std::int32_t> correct(static_cast<std::size_t>(members));
+        cpu().softmax_cross_entropy(p, logits.data(), labels.data(), loss.data(), dlogits.data(), probs.data(),
+                                    correct.data(), nullptr, nullptr);
+        auto gz = on(t.device, logits), gl = on(t.device, labels), gd = zeros(t.device, z_n), gp = zeros(t.device, z_n);
+        auto gloss = zeros(t.device, loss.size()), gcorrect = zeros(t.device, correct.size(), pmap::DType::i32);
+        auto bad = zeros(t.device, 1, pmap::DType::i32);
+        auto ws = workspace(t, be.softmax_cross_entropy_workspace_bytes(p));
+        be.softmax_cross_entropy(p, gz.data<float>(), gl.data<std::int32_t>(), gloss.data<float>(), gd.data<float>(),
+                                 gp.data<float>(), gcorrect.data<std::int32_t>(), bad.data<std::int32_t>(),
+                                 ws.raw_data());
+        CHECK(relative_error(gloss.to_vector<float>(), loss) <= kForwardTolerance);
+        CHECK(gcorrect.to_vector<std::int32_t>() == correct);
+        CHECK(relative_error(gp.to_vector<float>(), probs) <= kForwardTolerance);
+        CHECK(relative_error(gd.to_vector<float>(), dlogits) <= kBackwardTolerance);
+        CHECK(bad.to_vector<std::int32_t>() == std::vector<std::int32_t>{0});
+        if (t.device.is_cpu()) {  // the host run computes in the CPU's order with the same libm: the same bits
+          CHECK(bitwise_equal(gloss.to_vector<float>(), loss));
+          CHECK(bitwise_equal(gp.to_vector<float>(), probs));
+          CHECK(bitwise_equal(gd.to_vector<float>(), dlogits));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda softmax cross-entropy skips and counts labels outside 0..K-1, a shared label once") {
+  for (const Target& t : targets()) {
+    CAPTURE(t.name);
+    const k::Backend& be = *t.backend;
+    for (bool shared : {true, false}) {
+      CAPTURE(shared);
+      const int members = 3;
+      k::SoftmaxXentParams p{members, 4, 10, shared};
+      const auto z = random_floats(static_cast<std::size_t>(members * 40), 18);
+      std::vector<std::int32_t> labels{1, 10, 3, -1};  // two bad
+      if (!shared) labels = {1, 10, 3, -1, 2, 2, 2, 2, 0, 0, 0, 99};  // three bad over the members
+      auto gz = on(t.device, z), gl = on(t.device, labels);
+      auto loss = zeros(t.device, members), correct = zeros(t.device, members, pmap::DType::i32);
+      auto dz = zeros(t.device, z.size());
+      auto bad = on(t.device, std::vector<std::int32_t>{5});  // added to, not overwritten
+      be.softmax_cross_entropy(p, gz.data<float>(), gl.data<std::int32_t>(), loss.data<float>(), dz.data<float>(),
+                               nullptr, correct.data<std::int32_t>(), bad.data<std::int32_t>(), nullptr);
+      CHECK(bad.to_vector<std::int32_t>() == std::vector<std::int32_t>{5 + (shared ? 2 : 3)});
+      // A skipped row adds nothing: the loss is that of the good rows over the whole batch.
+      const auto dzh = dz.to_vector<float>();
+      CHECK(std::all_of(dzh.begin() + 10, dzh.begin() + 20, [](float v) { return v == 0.0f; }));  // row 1: label 10
+      const std::vector<std::int32_t> good{1, 3};
+      std::vector<float> one_loss(1);
+      std::vector<std::int32_t> one_correct(1);
+      std::vector<float> rows{z.begin(), z.begin() + 10};
+      rows.insert(rows.end(), z.begin() + 20, z.begin() + 30);
+      cpu().softmax_cross_entropy(k::SoftmaxXentParams{1, 2, 10, true}, rows.data(), good.data(), one_loss.data(),
+                                  nullptr, nullptr, one_correct.data(), nullptr, nullptr);
+      CHECK(loss.to_vector<float>()[0] == doctest::Approx(one_loss[0] * 2 / 4).epsilon(1e-6));
+    }
+  }
+  CHECK_THROWS_AS(cpu().softmax_cross_entropy(k::SoftmaxXentParams{1, 1, 10, true}, std::vector<float>(10).data(),
+                                              std::vector<std::int32_t>{12}.data(), std::vector<float>(1).data(),
+                                              nullptr, nullptr, nullptr, nullptr, nullptr),
                   pmap::ValueError);
+}
+
+TEST_CASE("cuda ensemble reductions are bitwise the CPU ops: member sums, mean, argmax hits, metric sums") {
+  for (const Target& t : targets()) {
+    CAPTURE(t.name);
+    const k::Backend& be = *t.backend;
+    const int count_m = 3, rows = 11, classes = 10;
+    const std::size_t n = static_cast<std::size_t>(rows) * classes;
+    const auto x = random_floats(count_m * n, 19, 0.0f, 1.0f);
+    std::vector<float> out = random_floats(n, 20);
+    auto gx = on(t.device, x), gout = on(t.device, out);
+    cpu().sum_members(count_m, n, x.data(), out.data(), true);
+    be.sum_members(count_m, n, gx.data<float>(), gout.data<float>(), true);
+    CHECK(bitwise_equal(gout.to_vector<float>(), out));
+    cpu().sum_members(2, n, x.data(), out.data(), false);
+    be.sum_members(2, n, gx.data<float>(), gout.data<float>(), false);
+    CHECK(bitwise_equal(gout.to_vector<float>(), out));
+    cpu().divide(n, out.data(), 3.0f);
+    be.divide(n, gout.data<float>(), 3.0f);
+    CHECK(bitwise_equal(gout.to_vector<float>(), out));
+    // Ties go to the first index, as jnp.argmax: row 0 ties classes 2 and 5 with label 5 (a miss).
+    out[2] = out[5] = 7.0f;
+    const auto labels = random_labels(static_cast<std::size_t>(rows), classes, 21);
+    std::vector<std::int32_t> with_tie = labels;
+    with_tie[0] = 5;
+    auto gtie = on(t.device, out), glab = on(t.device, with_tie);
+    std::int32_t hits = 3;
+    cpu().argmax_hits(rows, classes, out.data(), with_tie.data(), &hits);
+    auto ghits = on(t.device, std::vector<std::int32_t>{3});
+    be.argmax_hits(rows, classes, gtie.data<float>(), glab.data<std::int32_t>(), ghits.data<std::int32_t>());
+    CHECK(ghits.to_vector<std::int32_t>() == std::vector<std::int32_t>{hits});
+    int expect = 3;
+    for (int r = 0; r < rows; ++r) {
+      const auto* s = out.data() + r * classes;
+      expect += static_cast<int>(std::max_element(s, s + classes) - s) == with_tie[static_cast<std::size_t>(r)];
+    }
+    CHECK(hits == expect);
+    const std::vector<float> loss{0.5f, 1.25f, 2.0f};
+    const std::vector<std::int32_t> correct{4, 5, 6};
+    std::vector<double> sums{1.0, 2.0, 3.0};
+    std::vector<std::int32_t> hit_sums{1, 1, 1};
+    auto gloss = on(t.device, loss), gcorrect = on(t.device, correct), gsums = on(t.device, sums);
+    auto ghit_sums = on(t.device, hit_sums);
+    cpu().accumulate_metrics(3, loss.data(), correct.data(), 7.0, sums.data(), hit_sums.data());
+    be.accumulate_metrics(3, gloss.data<float>(), gcorrect.data<std::int32_t>(), 7.0, gsums.data<double>(),
+                          ghit_sums.data<std::int32_t>());
+    CHECK(gsums.to_vector<double>() == std::vector<double>{4.5, 10.75, 17.0});
+    CHECK(sums == std::vector<double>{4.5, 10.75, 17.0});
+    CHECK(ghit_sums.to_vector<std::int32_t>() == std::vector<std::int32_t>{5, 6, 7});
+    std::vector<float> means(3);
+    auto gmeans = zeros(t.device, 3);
+    cpu().mean_from_sums(3, sums.data(), 3.0, means.data());
+    be.mean_from_sums(3, gsums.data<double>(), 3.0, gmeans.data<float>());
+    CHECK(bitwise_equal(gmeans.to_vector<float>(), means));
+    CHECK(means[0] == 1.5f);
+  }
 }
 
 TEST_CASE("cuda ops reject null pointers and bad parameters before queueing work") {
-  PMAPCC_REQUIRE_GPU();
-  k::DenseParams bad{1, 0, 3, 4, false};
-  auto buf = gpu_floats(16);
-  CHECK_THROWS_AS(gpu().dense_forward(bad, buf.data<float>(), buf.data<float>(), nullptr, buf.data<float>(), nullptr),
-                  pmap::ValueError);
-  CHECK_THROWS_AS(gpu().relu_forward(4, nullptr, buf.data<float>()), pmap::ValueError);
+  for (const Target& t : targets()) {
+    CAPTURE(t.name);
+    const k::Backend& be = *t.backend;
+    k::DenseParams bad{1, 0, 3, 4, false};
+    auto buf = zeros(t.device, 16);
+    CHECK_THROWS_AS(be.dense_forward(bad, buf.data<float>(), buf.data<float>(), nullptr, buf.data<float>(), nullptr),
+                    pmap::ValueError);
+    CHECK_THROWS_AS(be.relu_forward(4, nullptr, buf.data<float>()), pmap::ValueError);
+    CHECK_THROWS_AS(be.sum_members(0, 4, buf.data<float>(), buf.data<float>(), false), pmap::ValueError);
+    CHECK_THROWS_AS(be.softmax_cross_entropy(k::SoftmaxXentParams{1, 2, 3, true}, buf.data<float>(), nullptr,
+                                             buf.data<float>(), nullptr, nullptr, nullptr, nullptr, nullptr),
+                    pmap::ValueError);
+  }
 }
 
 TEST_CASE("Array prefix copies move only the first bytes, on host and (with a GPU) device arrays") {

@@ -71,11 +71,26 @@ TEST_CASE("cuda device samplers draw the host samplers' numbers for the same key
       pmap::bernoulli(key, gcoin, 0.3f);
       CHECK(bitwise_equal(gcoin.to_vector<std::uint8_t>(), coin));
 
+      // Standard normals in ulps: CUDA's logf / sinf / cosf are not glibc's, a few ulp apart.
       std::vector<float> z(n);
-      pmap::normal(key, z, 0.3f, 1.7f);
+      pmap::normal(key, z, 0.0f, 1.0f);
       auto gz = gpu_array(n, pmap::DType::f32);
-      pmap::normal(key, gz, 0.3f, 1.7f);
-      CHECK(max_ulp(gz.to_vector<float>(), z) <= 16);  // CUDA's logf / sinf / cosf are not glibc's
+      pmap::normal(key, gz, 0.0f, 1.0f);
+      CHECK(max_ulp(gz.to_vector<float>(), z) <= 16);
+      // Scaled and shifted: 0.3 + 1.7 z cancels near 0, where one ulp of z is many ulps of the sample, so
+      // the tolerance is absolute, on the scale of z * stddev (16 ulp of z, times 1.7, plus the rounding).
+      std::vector<float> s(n);
+      pmap::normal(key, s, 0.3f, 1.7f);
+      auto gs = gpu_array(n, pmap::DType::f32);
+      pmap::normal(key, gs, 0.3f, 1.7f);
+      const auto gsh = gs.to_vector<float>();
+      std::size_t outside = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const double eps = std::numeric_limits<float>::epsilon();
+        const double tol = 1.7 * 16 * eps * std::abs(z[i]) + 2 * eps * std::max(0.3, std::abs(static_cast<double>(s[i])));
+        outside += std::abs(static_cast<double>(gsh[i]) - s[i]) > tol ? 1 : 0;
+      }
+      CHECK(outside == 0);
     }
   }
 }

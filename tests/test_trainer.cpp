@@ -139,7 +139,8 @@ TEST_CASE("a model runner runs any group of members alike, and rejects a bad gro
   model->init(keys, params);
   std::vector<float> x(static_cast<std::size_t>(batch * 144));
   pmap::uniform(pmap::key(4), x);
-  ModelRunner all(*model, pmap::Device{}, members, batch), pairs(*model, pmap::Device{}, members, batch, 2);
+  const auto& be = pmap::kernels::backend_for(pmap::DeviceKind::cpu);
+  ModelRunner all(*model, be, pmap::Device{}, members, batch), pairs(*model, be, pmap::Device{}, members, batch, 2);
   CHECK(all.group() == members);
   CHECK(pairs.group() == 2);
   const float* la = all.forward(x.data(), batch, params.data());
@@ -149,8 +150,10 @@ TEST_CASE("a model runner runs any group of members alike, and rejects a bad gro
     CHECK(std::vector<float>(lp, lp + 2 * batch * 10) ==
           std::vector<float>(logits_all.begin() + first * batch * 10, logits_all.begin() + (first + 2) * batch * 10));
   }
-  CHECK_THROWS_WITH_AS(ModelRunner(*model, pmap::Device{}, members, batch, 5), doctest::Contains("group of 5"),
+  CHECK_THROWS_WITH_AS(ModelRunner(*model, be, pmap::Device{}, members, batch, 5), doctest::Contains("group of 5"),
                        pmap::ValueError);
+  CHECK_THROWS_WITH_AS(ModelRunner(*model, be, pmap::Device{pmap::DeviceKind::cuda, 0, 0}, members, batch),
+                       doctest::Contains("the cpu backend cannot run on cuda:0"), pmap::ValueError);
   CHECK_THROWS_WITH_AS(pairs.forward(x.data(), batch, params.data(), 3, 2), doctest::Contains("members [3, 5)"),
                        pmap::ShapeError);
   CHECK_THROWS_AS(pairs.forward(x.data(), batch, params.data(), 0, 3), pmap::ShapeError);
@@ -299,4 +302,73 @@ TEST_CASE("bad training configurations are rejected naming the flag") {
   big.batch_size = 1000;
   CHECK_THROWS_WITH_AS(Trainer(big, data().train, data().test), doctest::Contains("--batch-size 1000"),
                        pmap::ValueError);
+}
+
+TEST_CASE("the CUDA backend run on the host trains like the CPU backend, and its captured steps like eager ones") {
+  // 10 steps of 2 members on a CPU device through the CUDA kernels (host run): the captured (recorded
+  // and replayed) train step gives bitwise the eager one, and both stay within float reassociation of the
+  // CPU ops (cuBLAS's GEMM order is not Eigen's).
+  for (Mode mode : {Mode::ensemble, Mode::data_parallel}) {
+    CAPTURE(to_string(mode));
+    TrainConfig cpu_config = mode == Mode::ensemble ? small(1, 2) : small(2, 1);
+    cpu_config.mode = mode;
+    TrainConfig graphs = cpu_config;
+    graphs.cuda_kernels_on_host = true;
+    TrainConfig eager = graphs;
+    eager.graphs = false;
+    Trainer cpu(cpu_config, data().train, data().test), host(graphs, data().train, data().test),
+        host_eager(eager, data().train, data().test);
+    CHECK(host.gather(false) == cpu.gather(false));  // the same initial members
+    const EpochMetrics mc = cpu.run_epoch(), mh = host.run_epoch(), me = host_eager.run_epoch();
+    CHECK(host.gather(false) == host_eager.gather(false));
+    CHECK(host.gather(true) == host_eager.gather(true));
+    CHECK(mh.train_loss == me.train_loss);
+    CHECK(mh.member_test_accuracy == me.member_test_accuracy);
+    CHECK(mh.ensemble_test_accuracy == me.ensemble_test_accuracy);
+    const float diff = max_abs_diff(host.gather(false), cpu.gather(false));
+    MESSAGE(to_string(mode) << ": max |param difference| after 10 steps, CUDA kernels on the host vs CPU ops: "
+                            << diff << "; train loss " << mh.train_loss << " vs " << mc.train_loss);
+    CHECK(diff <= 1e-6f);  // measured: 6e-8 (ensemble), 3e-8 (data parallel)
+    CHECK(diff > 0.0f);    // a different GEMM really ran
+    CHECK(mh.train_loss == doctest::Approx(mc.train_loss).epsilon(1e-5));
+    CHECK(mh.test_loss == doctest::Approx(mc.test_loss).epsilon(1e-4));
+    for (std::size_t g = 0; g < mc.member_test_accuracy.size(); ++g)
+      CHECK(std::abs(mh.member_test_accuracy[g] - mc.member_test_accuracy[g]) <= 2.0 / 200);
+  }
+  TrainConfig wrong = small(1, 1);
+  wrong.cuda_kernels_on_host = true;
+  wrong.backend = pmap::DeviceKind::cuda;
+  CHECK_THROWS_WITH_AS(Trainer(wrong, data().train, data().test), doctest::Contains("for CPU devices"),
+                       pmap::ValueError);
+}
+
+TEST_CASE("reporting every few steps changes no result, and every step is still reported in order") {
+  std::vector<std::pair<int, double>> every, sparse;
+  TrainConfig one = small(2, 2), three = small(2, 2);
+  three.report_every = 3;  // 10 steps: reports after steps 3, 6, 9 and 10
+  Trainer a(one, data().train, data().test), b(three, data().train, data().test);
+  CHECK(a.config().report_every == 1);  // the CPU default
+  const EpochMetrics ma = a.run_epoch([&](int step, int, double loss, double) { every.emplace_back(step, loss); });
+  const EpochMetrics mb = b.run_epoch([&](int step, int, double loss, double) { sparse.emplace_back(step, loss); });
+  CHECK(every == sparse);
+  CHECK(every.size() == 10);
+  CHECK(a.gather(false) == b.gather(false));
+  CHECK(ma.train_loss == mb.train_loss);
+  CHECK(ma.train_accuracy == mb.train_accuracy);
+  TrainConfig bad = small(1, 1);
+  bad.report_every = -1;
+  CHECK_THROWS_WITH_AS(Trainer(bad, data().train, data().test), doctest::Contains("report_every"), pmap::ValueError);
+}
+
+TEST_CASE("training on CUDA devices where no GPU is usable says so") {
+  if (pmap::cuda_device_count() > 0) return;  // a GPU machine trains (tests/test_cuda_train.cpp)
+  TrainConfig c = small(1, 1);
+  c.backend = pmap::DeviceKind::cuda;
+  if (pmap::cuda_status().problem.empty()) {
+    CHECK_THROWS_WITH_AS(Trainer(c, data().train, data().test), doctest::Contains("no GPU is usable here"),
+                         pmap::NotAvailable);
+  } else {
+    CHECK_THROWS_WITH_AS(Trainer(c, data().train, data().test), doctest::Contains("cannot use the GPU"),
+                         pmap::CudaError);
+  }
 }

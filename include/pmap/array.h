@@ -1,5 +1,7 @@
 // Array: a dense, contiguous, row-major n-d buffer of one dtype on one device. Move-only; copies are
-// explicit (copy(), to(), copy_from()). CPU arrays live in 64-byte aligned host memory.
+// explicit (copy(), to(), copy_from()). CPU arrays live in 64-byte aligned host memory, or in pinned
+// (page-locked) host memory for Array::pinned, which GPUs copy from and to asynchronously. Allocating
+// and the blocking copies raise CaptureError while the calling thread captures a step into a graph.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +26,9 @@ class Array {
   Array() = default;  // an empty handle: valid() is false
   // A zero-filled array. Throws ShapeError for negative dims.
   Array(Shape shape, DType dtype, Device device = {});
+  // A zero-filled host array in pinned memory (cudaHostAlloc) when a GPU is usable, else in ordinary host
+  // memory: the staging buffer of asynchronous host <-> GPU copies. Its device is the host (cpu:0).
+  static Array pinned(Shape shape, DType dtype);
   Array(Array&&) noexcept;
   Array& operator=(Array&&) noexcept;
   Array(const Array&) = delete;  // copies are explicit: copy(), to()
@@ -46,6 +51,7 @@ class Array {
   }
 
   bool valid() const { return data_ != nullptr || (dtype_set_ && size() == 0); }
+  bool is_pinned() const { return pinned_; }
   const Shape& shape() const { return shape_; }
   int ndim() const { return static_cast<int>(shape_.size()); }
   std::int64_t dim(int axis) const;  // negative axes count from the end
@@ -104,6 +110,7 @@ class Array {
   DType dtype_ = DType::f32;
   bool dtype_set_ = false;
   Device device_;
+  bool pinned_ = false;
   void* data_ = nullptr;
 };
 

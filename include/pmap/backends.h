@@ -1,6 +1,8 @@
 // What this build of pmapcc was compiled with, and how many GPUs this process can use.
 #pragma once
 
+#include <string>
+
 namespace pmap {
 
 struct BuildInfo {
@@ -13,5 +15,14 @@ BuildInfo build_info();
 
 // Usable CUDA GPUs; 0 without a CUDA build, without a driver, or without a GPU (never throws).
 int cuda_device_count();
+
+// What this process knows of its GPUs: `count` usable ones; when there are none, `problem` tells "no GPU"
+// ("": no NVIDIA driver loaded, no device, or a build without CUDA) from "a GPU is here but CUDA cannot
+// use it" (the reason, with the CUDA runtime's error, e.g. a driver too old for this runtime).
+struct GpuStatus {
+  int count = 0;
+  std::string problem;
+};
+GpuStatus cuda_status();
 
 }  // namespace pmap

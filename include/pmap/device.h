@@ -35,7 +35,8 @@ DeviceKind parse_device_kind(std::string_view text);
 // The devices of one kind this process can use (owned by this process).
 // - cpu: `n` devices; n < 0 takes PMAPCC_CPU_DEVICES from the environment, else the core count.
 // - cuda: n < 0 gives one device per GPU; n > GPU count gives virtual devices, spread round-robin
-//   (logical device i on GPU i % gpus). Throws NotAvailable when there is no usable GPU.
+//   (logical device i on GPU i % gpus). Throws NotAvailable when there is no GPU (or no CUDA in this
+//   build), and CudaError, with the CUDA runtime's message, when a GPU is present but cannot be used.
 // n == 0, or a malformed PMAPCC_CPU_DEVICES, throws ValueError naming the value.
 std::vector<Device> local_devices(DeviceKind kind, int n = -1);
 

@@ -49,6 +49,8 @@ PMAPCC_DEFINE_ERROR(CublasError, CudaError)   // a cuBLAS call failed
 PMAPCC_DEFINE_ERROR(CurandError, CudaError)   // a cuRAND call failed
 PMAPCC_DEFINE_ERROR(NcclError, Error)         // an NCCL call failed
 PMAPCC_DEFINE_ERROR(MpiError, Error)          // an MPI call failed or a process was lost
+PMAPCC_DEFINE_ERROR(CaptureError, Error)      // a step being captured into a graph allocated, synchronized
+                                              // with the host or called a collective
 
 #undef PMAPCC_DEFINE_ERROR
 

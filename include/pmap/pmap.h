@@ -19,6 +19,7 @@
 #include <pmap/device.h>
 #include <pmap/distributed.h>
 #include <pmap/error.h>
+#include <pmap/feed.h>
 #include <pmap/mesh.h>
 #include <pmap/sharded.h>
 #include <pmap/transfer.h>

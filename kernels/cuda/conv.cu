@@ -1,9 +1,9 @@
-// CUDA conv2d forward and backward: im2col of the whole batch (once for a shared input), then cuBLAS
-// strided-batched GEMMs against HWIO weights seen as (KH*KW*Cin, Cout) matrices, one batch entry per
-// member; dx by a gather col2im (no atomics: deterministic).
+// CUDA conv2d forward and backward: im2col of the whole batch (once for a shared input), then strided-
+// batched GEMMs against HWIO weights seen as (KH*KW*Cin, Cout) matrices, one batch entry per member, and
+// the bias-and-ReLU epilogue; dx by a gather col2im (no atomics: deterministic). Every kernel is one item
+// per output element (im2col: per patch entry; col2im: per input pixel and channel).
 #include <cstdint>
 
-#include "kernels/cuda/context.h"
 #include "kernels/cuda/linear.h"
 #include "kernels/cuda/ops.h"
 
@@ -54,8 +54,8 @@ std::size_t workspace_bytes(const ConvPlan& plan) {
   return 2 * cols + align_up(plan.partials * sizeof(double)) + kAlign;
 }
 
-ConvBuffers carve(const ConvPlan& plan, void* workspace) {
-  if (workspace == nullptr) workspace = scratch(workspace_bytes(plan));
+ConvBuffers carve(const Exec& ex, const ConvPlan& plan, void* workspace) {
+  if (workspace == nullptr) workspace = ex.scratch(workspace_bytes(plan));
   auto base = (reinterpret_cast<std::uintptr_t>(workspace) + kAlign - 1) / kAlign * kAlign;
   ConvBuffers b;
   const std::size_t cols = align_up(plan.col_floats * sizeof(float));
@@ -66,31 +66,35 @@ ConvBuffers carve(const ConvPlan& plan, void* workspace) {
 }
 
 // col (images*OH*OW, K) = patches of x (images, H, W, Cin); a patch row is (ky, kx, c); padding reads 0.
-__global__ void im2col_kernel(ConvPlan plan, const float* x, float* col, std::size_t total) {
-  const Conv2dParams& p = plan.p;
-  const std::size_t k = static_cast<std::size_t>(plan.patch);
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < total; i += stride) {
-    const std::size_t row = i / k;
-    const int kk = static_cast<int>(i % k);
-    const std::size_t pix = row % (static_cast<std::size_t>(plan.g.out_height) * plan.g.out_width);
-    const std::size_t image = row / (static_cast<std::size_t>(plan.g.out_height) * plan.g.out_width);
+struct Im2col {
+  ConvPlan plan;
+  const float* x;
+  float* col;
+  PMAPCC_HD void operator()(std::size_t i) const {
+    const Conv2dParams& p = plan.p;
+    const std::size_t row = i / static_cast<std::size_t>(plan.patch);
+    const int kk = static_cast<int>(i % static_cast<std::size_t>(plan.patch));
+    const std::size_t per_image = static_cast<std::size_t>(plan.g.out_height) * plan.g.out_width;
+    const std::size_t pix = row % per_image, image = row / per_image;
     const int oy = static_cast<int>(pix / plan.g.out_width), ox = static_cast<int>(pix % plan.g.out_width);
     const int ky = kk / (p.kernel_w * p.in_channels), rest = kk % (p.kernel_w * p.in_channels);
     const int kx = rest / p.in_channels, c = rest % p.in_channels;
     const int iy = oy * p.stride_h - plan.g.pad_top + ky, ix = ox * p.stride_w - plan.g.pad_left + kx;
     const bool inside = iy >= 0 && iy < p.height && ix >= 0 && ix < p.width;
-    col[i] = inside ? x[image * plan.in_image + (static_cast<std::size_t>(iy) * p.width + ix) * p.in_channels + c] : 0.0f;
+    col[i] = inside ? x[image * plan.in_image + (static_cast<std::size_t>(iy) * p.width + ix) * p.in_channels + c]
+                    : 0.0f;
   }
-}
+};
 
-// dx (images, H, W, Cin) = the patch gradients dcol (images*OH*OW, K) gathered back: each input pixel
-// sums the patch entries that read it, in the CPU's order (output pixels ascending).
-__global__ void col2im_kernel(ConvPlan plan, const float* dcol, float* dx, std::size_t total) {
-  const Conv2dParams& p = plan.p;
-  const ConvGeometry& g = plan.g;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < total; i += stride) {
+// dx (images, H, W, Cin) = the patch gradients dcol (images*OH*OW, K) gathered back: each input pixel sums
+// the patch entries that read it, in the CPU's order (output pixels ascending).
+struct Col2im {
+  ConvPlan plan;
+  const float* dcol;
+  float* dx;
+  PMAPCC_HD void operator()(std::size_t i) const {
+    const Conv2dParams& p = plan.p;
+    const ConvGeometry& g = plan.g;
     const int c = static_cast<int>(i % p.in_channels);
     std::size_t t = i / p.in_channels;
     const int ix = static_cast<int>(t % p.width);
@@ -112,14 +116,12 @@ __global__ void col2im_kernel(ConvPlan plan, const float* dcol, float* dx, std::
     }
     dx[i] = acc;
   }
-}
+};
 
 // The patch matrices of all col_members: x itself for identity, else im2col'ed into col.
-const float* patches(const ConvPlan& plan, const float* x, float* col) {
+const float* patches(const Exec& ex, const ConvPlan& plan, const float* x, float* col) {
   if (plan.identity) return x;
-  const std::size_t total = plan.col_floats;
-  im2col_kernel<<<grid_for(total), kThreads, 0, current_stream()>>>(plan, x, col, total);
-  PMAPCC_CHECK_LAUNCH();
+  ex.launch(Im2col{plan, x, col}, plan.col_floats);
   return col;
 }
 
@@ -131,7 +133,7 @@ Gemm member_gemm(const ConvPlan& plan) {
   return g;
 }
 
-void backward_dx(const ConvPlan& plan, const float* w, const float* dy, float* dx, float* dcol) {
+void backward_dx(const Exec& ex, const ConvPlan& plan, const float* w, const float* dy, float* dx, float* dcol) {
   const Conv2dParams& p = plan.p;
   const long long w_size = static_cast<long long>(plan.patch) * p.out_channels;
   const long long y_size = static_cast<long long>(plan.pixels) * p.out_channels;
@@ -143,56 +145,54 @@ void backward_dx(const ConvPlan& plan, const float* w, const float* dy, float* d
   if (p.shared_input) {  // members' patch gradients summed in member order, then one col2im
     for (int m = 0; m < p.members; ++m) {
       g.beta = m == 0 ? 0.0f : 1.0f;
-      gemm(g, dy + m * y_size, w + m * w_size, target);
+      ex.gemm(g, dy + m * y_size, w + m * w_size, target);
     }
   } else {
     g.batch = p.members, g.stride_a = y_size, g.stride_b = w_size;
     g.stride_c = static_cast<long long>(plan.pixels) * plan.patch;
-    gemm(g, dy, w, target);
+    ex.gemm(g, dy, w, target);
   }
   if (plan.identity) return;
-  const std::size_t total = static_cast<std::size_t>(plan.col_members) * p.batch * plan.in_image;
-  col2im_kernel<<<grid_for(total), kThreads, 0, current_stream()>>>(plan, dcol, dx, total);
-  PMAPCC_CHECK_LAUNCH();
+  ex.launch(Col2im{plan, dcol, dx}, static_cast<std::size_t>(plan.col_members) * p.batch * plan.in_image);
 }
 
 }  // namespace
 
 std::size_t conv2d_workspace_bytes(const Conv2dParams& p) { return workspace_bytes(make_plan(p)); }
 
-void conv2d_forward(const Conv2dParams& p, const float* x, const float* w, const float* b, float* y,
+void conv2d_forward(const Exec& ex, const Conv2dParams& p, const float* x, const float* w, const float* b, float* y,
                     void* workspace) {
   require(x, "conv2d_forward", "x");
   require(w, "conv2d_forward", "w");
   require(y, "conv2d_forward", "y");
   const ConvPlan plan = make_plan(p);
-  const ConvBuffers buf = carve(plan, workspace);
-  const float* a = patches(plan, x, buf.col);
+  const ConvBuffers buf = carve(ex, plan, workspace);
+  const float* a = patches(ex, plan, x, buf.col);
   Gemm g = member_gemm(plan);
   g.m = static_cast<int>(plan.pixels), g.n = p.out_channels, g.k = plan.patch;
   g.stride_b = static_cast<long long>(plan.patch) * p.out_channels;
   g.stride_c = static_cast<long long>(plan.pixels) * p.out_channels;
-  gemm(g, a, w, y);
-  if (b != nullptr) add_bias(p.members, plan.pixels, p.out_channels, b, y);
+  ex.gemm(g, a, w, y);
+  bias_relu(ex, p.members, plan.pixels, p.out_channels, b, p.relu, y);
 }
 
-void conv2d_backward(const Conv2dParams& p, const float* x, const float* w, const float* dy, float* dx, float* dw,
-                     float* db, void* workspace) {
+void conv2d_backward(const Exec& ex, const Conv2dParams& p, const float* x, const float* w, const float* dy, float* dx,
+                     float* dw, float* db, void* workspace) {
   require(dy, "conv2d_backward", "dy");
   if (dw != nullptr) require(x, "conv2d_backward", "x (needed for dw)");
   if (dx != nullptr) require(w, "conv2d_backward", "w (needed for dx)");
   const ConvPlan plan = make_plan(p);
-  const ConvBuffers buf = carve(plan, workspace);
-  if (db != nullptr) column_sums(p.members, plan.pixels, p.out_channels, dy, db, buf.partial);
+  const ConvBuffers buf = carve(ex, plan, workspace);
+  if (db != nullptr) column_sums(ex, p.members, plan.pixels, p.out_channels, dy, db, buf.partial);
   if (dw != nullptr) {  // dw_m (K, Cout) = patches_m^T (K, P) @ dy_m (P, Cout)
     Gemm g = member_gemm(plan);
     g.trans_a = true;
     g.m = plan.patch, g.n = p.out_channels, g.k = static_cast<int>(plan.pixels);
     g.stride_b = static_cast<long long>(plan.pixels) * p.out_channels;
     g.stride_c = static_cast<long long>(plan.patch) * p.out_channels;
-    gemm(g, patches(plan, x, buf.col), dy, dw);
+    ex.gemm(g, patches(ex, plan, x, buf.col), dy, dw);
   }
-  if (dx != nullptr) backward_dx(plan, w, dy, dx, buf.dcol);
+  if (dx != nullptr) backward_dx(ex, plan, w, dy, dx, buf.dcol);
 }
 
 }  // namespace pmap::kernels::gpu

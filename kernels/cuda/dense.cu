@@ -1,6 +1,5 @@
-// CUDA dense layer forward and backward: cuBLAS strided-batched GEMMs over members (a shared input has
-// batch stride 0), the bias broadcast, and deterministic bias-gradient column sums.
-#include "kernels/cuda/context.h"
+// CUDA dense layer forward and backward: strided-batched GEMMs over members (a shared input has batch
+// stride 0), the bias-and-ReLU epilogue, and deterministic bias-gradient column sums.
 #include "kernels/cuda/linear.h"
 #include "kernels/cuda/ops.h"
 
@@ -23,7 +22,8 @@ std::size_t dense_workspace_bytes(const DenseParams& p) {
   return column_sum_partials(p.members, static_cast<std::size_t>(p.batch), p.out_features) * sizeof(double);
 }
 
-void dense_forward(const DenseParams& p, const float* x, const float* w, const float* b, float* y, void*) {
+void dense_forward(const Exec& ex, const DenseParams& p, const float* x, const float* w, const float* b, float* y,
+                   void*) {
   require(x, "dense_forward", "x");
   require(w, "dense_forward", "w");
   require(y, "dense_forward", "y");
@@ -32,12 +32,12 @@ void dense_forward(const DenseParams& p, const float* x, const float* w, const f
   Gemm g;  // y_m (N, O) = x_m (N, I) @ w_m (I, O)
   g.m = p.batch, g.n = p.out_features, g.k = p.in_features;
   g.stride_a = s.x, g.stride_b = s.w, g.stride_c = s.y, g.batch = p.members;
-  gemm(g, x, w, y);
-  if (b != nullptr) add_bias(p.members, static_cast<std::size_t>(p.batch), p.out_features, b, y);
+  ex.gemm(g, x, w, y);
+  bias_relu(ex, p.members, static_cast<std::size_t>(p.batch), p.out_features, b, p.relu, y);
 }
 
-void dense_backward(const DenseParams& p, const float* x, const float* w, const float* dy, float* dx, float* dw,
-                    float* db, void* workspace) {
+void dense_backward(const Exec& ex, const DenseParams& p, const float* x, const float* w, const float* dy, float* dx,
+                    float* dw, float* db, void* workspace) {
   require(dy, "dense_backward", "dy");
   if (dw != nullptr) require(x, "dense_backward", "x (needed for dw)");
   if (dx != nullptr) require(w, "dense_backward", "w (needed for dx)");
@@ -45,14 +45,14 @@ void dense_backward(const DenseParams& p, const float* x, const float* w, const 
   const DenseSizes s = sizes(p);
   if (db != nullptr) {
     auto* partial = dense_workspace_bytes(p) == 0 ? nullptr : static_cast<double*>(workspace);
-    column_sums(p.members, static_cast<std::size_t>(p.batch), p.out_features, dy, db, partial);
+    column_sums(ex, p.members, static_cast<std::size_t>(p.batch), p.out_features, dy, db, partial);
   }
   if (dw != nullptr) {  // dw_m (I, O) = x_m^T (I, N) @ dy_m (N, O)
     Gemm g;
     g.trans_a = true;
     g.m = p.in_features, g.n = p.out_features, g.k = p.batch;
     g.stride_a = s.x, g.stride_b = s.y, g.stride_c = s.w, g.batch = p.members;
-    gemm(g, x, dy, dw);
+    ex.gemm(g, x, dy, dw);
   }
   if (dx == nullptr) return;
   Gemm g;  // dx_m (N, I) = dy_m (N, O) @ w_m^T
@@ -61,13 +61,13 @@ void dense_backward(const DenseParams& p, const float* x, const float* w, const 
   if (p.shared_input) {  // one dx summed over members, in member order
     for (int m = 0; m < p.members; ++m) {
       g.beta = m == 0 ? 0.0f : 1.0f;
-      gemm(g, dy + m * s.y, w + m * s.w, dx);
+      ex.gemm(g, dy + m * s.y, w + m * s.w, dx);
     }
     return;
   }
   g.stride_a = s.y, g.stride_b = s.w, g.stride_c = static_cast<long long>(p.batch) * p.in_features;
   g.batch = p.members;
-  gemm(g, dy, w, dx);
+  ex.gemm(g, dy, w, dx);
 }
 
 }  // namespace pmap::kernels::gpu

@@ -1,69 +1,76 @@
-// Bias broadcast and deterministic column sums (bias gradients) for conv2d and dense.
+// The bias-and-ReLU epilogue and deterministic column sums (bias gradients) for conv2d and dense: one
+// item per output element, no cooperation between threads, so a host run checks them exactly.
 #include "kernels/cuda/linear.h"
-
-#include "kernels/cuda/context.h"
 
 namespace pmap::kernels::gpu {
 namespace {
 
-constexpr int kTileCols = 32;       // columns per block: one warp reads a row segment, coalesced
-constexpr int kTileRows = 8;        // row lanes per block
-constexpr std::size_t kChunkRows = 1024;  // rows per block of the first pass
+constexpr std::size_t kChunkRows = 256;  // rows summed by one item of the first pass
 
-__global__ void add_bias_kernel(std::size_t rows, int cols, const float* b, float* y, std::size_t total) {
-  const std::size_t per_member = rows * static_cast<std::size_t>(cols);
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < total; i += stride) {
-    const std::size_t m = i / per_member;
+// y[i] += b[member, column]; then ReLU (x < 0 ? 0 : x, so NaN passes, as the CPU ops).
+struct BiasRelu {
+  std::size_t per_member;  // rows * cols
+  int cols;
+  const float* b;
+  bool relu;
+  float* y;
+  PMAPCC_HD void operator()(std::size_t i) const {
+    float v = y[i];
+    if (b != nullptr) v = v + b[(i / per_member) * static_cast<std::size_t>(cols) + i % static_cast<std::size_t>(cols)];
+    if (relu) v = v < 0.0f ? 0.0f : v;
+    y[i] = v;
+  }
+};
+
+// Item (member, chunk, column), columns fastest (adjacent items read adjacent columns of a row): the sum of
+// the chunk's rows in order, in double. One chunk: the float result; several: a double partial.
+struct ColumnChunks {
+  std::size_t rows;
+  std::size_t chunks;
+  int cols;
+  const float* a;
+  float* out;
+  double* partial;
+  PMAPCC_HD void operator()(std::size_t i) const {
     const std::size_t c = i % static_cast<std::size_t>(cols);
-    y[i] = y[i] + b[m * static_cast<std::size_t>(cols) + c];
+    const std::size_t chunk = (i / static_cast<std::size_t>(cols)) % chunks;
+    const std::size_t m = i / (static_cast<std::size_t>(cols) * chunks);
+    const std::size_t first = chunks == 1 ? 0 : chunk * kChunkRows;
+    const std::size_t last = chunks == 1 ? rows : (first + kChunkRows < rows ? first + kChunkRows : rows);
+    const float* am = a + m * rows * static_cast<std::size_t>(cols) + c;
+    double sum = 0.0;
+    for (std::size_t r = first; r < last; ++r) sum += am[r * static_cast<std::size_t>(cols)];
+    if (chunks == 1) {
+      out[m * static_cast<std::size_t>(cols) + c] = static_cast<float>(sum);
+    } else {
+      partial[i] = sum;  // (member, chunk, column), chunks of a column strided by cols
+    }
   }
-}
+};
 
-// Block (column tile x, row chunk y, member z): lanes sum rows ty, ty + 8, ... of the chunk, then lane
-// sums are added in lane order. One chunk: the float result; several: a double partial per chunk.
-__global__ void column_sums_pass(std::size_t rows, std::size_t chunk_rows, int cols, const float* a, float* out,
-                                 double* partial) {
-  __shared__ double lanes[kTileRows][kTileCols];
-  const int c = static_cast<int>(blockIdx.x) * kTileCols + static_cast<int>(threadIdx.x);
-  const std::size_t first = blockIdx.y * chunk_rows;
-  const std::size_t last = first + chunk_rows < rows ? first + chunk_rows : rows;
-  const float* am = a + blockIdx.z * rows * static_cast<std::size_t>(cols);
-  double acc = 0.0;
-  if (c < cols) {
-    for (std::size_t r = first + threadIdx.y; r < last; r += kTileRows) acc += am[r * static_cast<std::size_t>(cols) + c];
+// Item (member, column): the chunks' partial sums of the column, in chunk order.
+struct ColumnFinish {
+  std::size_t chunks;
+  int cols;
+  const double* partial;
+  float* out;
+  PMAPCC_HD void operator()(std::size_t i) const {
+    const std::size_t c = i % static_cast<std::size_t>(cols), m = i / static_cast<std::size_t>(cols);
+    const double* pm = partial + m * chunks * static_cast<std::size_t>(cols) + c;
+    double sum = 0.0;
+    for (std::size_t k = 0; k < chunks; ++k) sum += pm[k * static_cast<std::size_t>(cols)];
+    out[i] = static_cast<float>(sum);
   }
-  lanes[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y != 0 || c >= cols) return;
-  double sum = lanes[0][threadIdx.x];
-  for (int k = 1; k < kTileRows; ++k) sum += lanes[k][threadIdx.x];
-  if (gridDim.y == 1) {
-    out[blockIdx.z * static_cast<std::size_t>(cols) + c] = static_cast<float>(sum);
-  } else {
-    partial[(blockIdx.z * gridDim.y + blockIdx.y) * static_cast<std::size_t>(cols) + c] = sum;
-  }
-}
+};
 
-// out[m, c] = the chunks' partial sums of column c, added in chunk order.
-__global__ void column_sums_finish(int members, int chunks, int cols, const double* partial, float* out) {
-  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (i >= members * cols) return;
-  const int m = i / cols, c = i % cols;
-  double sum = 0.0;
-  for (int k = 0; k < chunks; ++k) sum += partial[(static_cast<std::size_t>(m) * chunks + k) * cols + c];
-  out[i] = static_cast<float>(sum);
-}
-
-std::size_t chunks_for(std::size_t rows) { return rows == 0 ? 1 : (rows + kChunkRows - 1) / kChunkRows; }
+std::size_t chunks_for(std::size_t rows) { return rows <= kChunkRows ? 1 : (rows + kChunkRows - 1) / kChunkRows; }
 
 }  // namespace
 
-void add_bias(int members, std::size_t rows, int cols, const float* b, float* y) {
-  const std::size_t total = static_cast<std::size_t>(members) * rows * static_cast<std::size_t>(cols);
-  if (total == 0) return;
-  add_bias_kernel<<<grid_for(total), kThreads, 0, current_stream()>>>(rows, cols, b, y, total);
-  PMAPCC_CHECK_LAUNCH();
+void bias_relu(const Exec& ex, int members, std::size_t rows, int cols, const float* b, bool relu, float* y) {
+  if (b == nullptr && !relu) return;
+  const std::size_t per_member = rows * static_cast<std::size_t>(cols);
+  ex.launch(BiasRelu{per_member, cols, b, relu, y}, static_cast<std::size_t>(members) * per_member);
 }
 
 std::size_t column_sum_partials(int members, std::size_t rows, int cols) {
@@ -71,18 +78,12 @@ std::size_t column_sum_partials(int members, std::size_t rows, int cols) {
   return chunks == 1 ? 0 : static_cast<std::size_t>(members) * chunks * static_cast<std::size_t>(cols);
 }
 
-void column_sums(int members, std::size_t rows, int cols, const float* a, float* out, double* partial) {
-  const std::size_t chunks = partial == nullptr ? 1 : chunks_for(rows);
-  const std::size_t chunk_rows = chunks == 1 ? rows : kChunkRows;
-  const dim3 grid((static_cast<unsigned>(cols) + kTileCols - 1) / kTileCols, static_cast<unsigned>(chunks),
-                  static_cast<unsigned>(members));
-  column_sums_pass<<<grid, dim3(kTileCols, kTileRows), 0, current_stream()>>>(rows, chunk_rows, cols, a, out, partial);
-  PMAPCC_CHECK_LAUNCH();
-  if (chunks == 1) return;
-  const int total = members * cols;
-  column_sums_finish<<<grid_for(static_cast<std::size_t>(total)), kThreads, 0, current_stream()>>>(
-      members, static_cast<int>(chunks), cols, partial, out);
-  PMAPCC_CHECK_LAUNCH();
+void column_sums(const Exec& ex, int members, std::size_t rows, int cols, const float* a, float* out,
+                 double* partial) {
+  const std::size_t chunks = partial == nullptr ? 1 : chunks_for(rows);  // no partials: one pass per column
+  const std::size_t outputs = static_cast<std::size_t>(members) * static_cast<std::size_t>(cols);
+  ex.launch(ColumnChunks{rows, chunks, cols, a, out, partial}, outputs * chunks);
+  if (chunks > 1) ex.launch(ColumnFinish{chunks, cols, partial, out}, outputs);
 }
 
 }  // namespace pmap::kernels::gpu

@@ -1,19 +1,22 @@
-// Internal to the CUDA kernels: the bias broadcast and the bias-gradient column sums shared by conv2d and
-// dense.
+// Internal to the CUDA kernels: the bias-and-ReLU epilogue and the bias-gradient column sums shared by
+// conv2d and dense.
 #pragma once
 
 #include <cstddef>
 
+#include "kernels/cuda/exec.h"
+
 namespace pmap::kernels::gpu {
 
-// y (M, rows, cols) += b (M, cols), each row of member m getting b_m. Asynchronous.
-void add_bias(int members, std::size_t rows, int cols, const float* b, float* y);
+// y (M, rows, cols) = y + b_m (each row of member m), then max(., 0) when relu: the epilogue of a GEMM.
+// b may be null (no bias); with neither a bias nor relu nothing runs.
+void bias_relu(const Exec& ex, int members, std::size_t rows, int cols, const float* b, bool relu, float* y);
 
 // out (M, cols) = the column sums of a (M, rows, cols), each accumulated in double in a fixed order (so
-// deterministic) and rounded once. With `partial` (column_sum_partials(...) doubles of device memory), tall
-// inputs are summed by many blocks in chunks of rows; with nullptr, one block per column tile and member
-// sums every row (fine for a few thousand rows). Asynchronous.
+// deterministic) and rounded once. Tall inputs are summed in chunks of rows into `partial`
+// (column_sum_partials(...) doubles), then the chunks in order; with a null `partial`, one item sums a
+// whole column (slower for tall inputs, same contract).
 std::size_t column_sum_partials(int members, std::size_t rows, int cols);
-void column_sums(int members, std::size_t rows, int cols, const float* a, float* out, double* partial);
+void column_sums(const Exec& ex, int members, std::size_t rows, int cols, const float* a, float* out, double* partial);
 
 }  // namespace pmap::kernels::gpu

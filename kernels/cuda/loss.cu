@@ -1,114 +1,109 @@
-// CUDA softmax cross-entropy on integer labels: one block per member, one warp per row (sample); the
-// row's max, log-sum-exp and probabilities in double as on the CPU, the loss and hit counts reduced in
-// a fixed order on the device.
-#include "kernels/cuda/context.h"
+// CUDA softmax cross-entropy on integer labels in two launches: one item per row (sample) computes its
+// max, log-sum-exp, probabilities and gradient in double as the CPU op does, and leaves its loss and hit
+// in the workspace; then one item per member sums its rows in row order (the CPU's order, so a host run
+// gives the CPU op's bits).
+#include <math.h>  // exp, log: glibc on the host, CUDA's on the device
+
+#include <cstdint>
+
 #include "kernels/cuda/ops.h"
 
 namespace pmap::kernels::gpu {
 namespace {
 
-constexpr int kWarps = 8;
-constexpr unsigned kFullMask = 0xffffffffu;
+constexpr std::size_t kAlign = 256;
 
-struct XentArgs {
+std::size_t rows_of(const SoftmaxXentParams& p) { return static_cast<std::size_t>(p.members) * p.batch; }
+
+// Per row: its loss term (0 without a valid label) and hit: 1 argmax == label, 0 not, -1 a bad label.
+struct RowResults {
+  double* loss;
+  std::int32_t* hit;
+};
+
+RowResults carve(const Exec& ex, const SoftmaxXentParams& p, void* workspace) {
+  if (workspace == nullptr) workspace = ex.scratch(softmax_cross_entropy_workspace_bytes(p));
+  const auto base = (reinterpret_cast<std::uintptr_t>(workspace) + kAlign - 1) / kAlign * kAlign;
+  auto* loss = reinterpret_cast<double*>(base);
+  return RowResults{loss, reinterpret_cast<std::int32_t*>(loss + rows_of(p))};
+}
+
+struct XentRows {
   SoftmaxXentParams p;
   const float* logits;
   const std::int32_t* labels;
-  float* loss;
   float* dlogits;
   float* probs;
-  std::int32_t* correct;
-  std::int32_t* bad_labels;
-};
-
-// The row's largest logit and its first index (jnp.argmax), across the warp.
-__device__ void row_max(const float* z, int k, float& best, int& index) {
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  best = -INFINITY;
-  index = k;  // "none yet"; any real entry wins
-  for (int j = lane; j < k; j += 32) {
-    if (index == k || z[j] > best) best = z[j], index = j;
-  }
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float other = __shfl_xor_sync(kFullMask, best, offset);
-    const int other_index = __shfl_xor_sync(kFullMask, index, offset);
-    const bool take = other_index < k && (index == k || other > best || (other == best && other_index < index));
-    if (take) best = other, index = other_index;
-  }
-}
-
-__device__ double warp_sum(double v) {
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
-  return v;
-}
-
-// One row: writes probs / dlogits, and returns (on every lane) its loss and hit, 0 for a bad label.
-__device__ void row_xent(const XentArgs& a, std::size_t row, int label, double inv_batch, double& loss, int& hit) {
-  const int k = a.p.classes;
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const float* z = a.logits + row * k;
-  float max;
-  int argmax;
-  row_max(z, k, max, argmax);
-  double sum_exp = 0.0;
-  for (int j = lane; j < k; j += 32) sum_exp += exp(static_cast<double>(z[j]) - max);
-  const double log_sum = log(warp_sum(sum_exp));
-  const bool valid = label >= 0 && label < k;
-  loss = valid ? log_sum - (static_cast<double>(z[label]) - max) : 0.0;
-  hit = valid && argmax == label ? 1 : 0;
-  for (int j = lane; j < k; j += 32) {
-    const double prob = exp(static_cast<double>(z[j]) - max - log_sum);
-    if (a.probs != nullptr) a.probs[row * k + j] = static_cast<float>(prob);
-    if (a.dlogits != nullptr) {
-      const double target = j == label ? 1.0 : 0.0;
-      a.dlogits[row * k + j] = valid ? static_cast<float>((prob - target) * inv_batch) : 0.0f;
+  RowResults rows;
+  PMAPCC_HD void operator()(std::size_t row) const {
+    const int k = p.classes;
+    const std::size_t m = row / static_cast<std::size_t>(p.batch), n = row % static_cast<std::size_t>(p.batch);
+    const float* z = logits + row * k;
+    float max = z[0];
+    int argmax = 0;
+    for (int j = 1; j < k; ++j) {
+      if (z[j] > max) max = z[j], argmax = j;  // the first index on ties, as jnp.argmax
+    }
+    double sum_exp = 0.0;
+    for (int j = 0; j < k; ++j) sum_exp += ::exp(static_cast<double>(z[j]) - max);
+    const double log_sum = ::log(sum_exp);
+    const int label = labels == nullptr ? -1 : labels[(p.shared_labels ? 0 : m * p.batch) + n];
+    const bool valid = labels != nullptr && label >= 0 && label < k;
+    rows.loss[row] = valid ? log_sum - (static_cast<double>(z[label]) - max) : 0.0;
+    rows.hit[row] = labels == nullptr ? 0 : (!valid ? -1 : (argmax == label ? 1 : 0));
+    const double inv_batch = 1.0 / p.batch;
+    for (int j = 0; j < k; ++j) {
+      const double prob = ::exp(static_cast<double>(z[j]) - max - log_sum);
+      if (probs != nullptr) probs[row * k + j] = static_cast<float>(prob);
+      if (dlogits != nullptr) {
+        const double target = j == label ? 1.0 : 0.0;
+        dlogits[row * k + j] = valid ? static_cast<float>((prob - target) * inv_batch) : 0.0f;
+      }
     }
   }
-}
+};
 
-// Block m: member m's rows, warp w taking rows w, w + kWarps, ...; sums in warp order.
-__global__ void xent_kernel(XentArgs a) {
-  __shared__ double warp_loss[kWarps];
-  __shared__ int warp_hits[kWarps];
-  const int m = static_cast<int>(blockIdx.x);
-  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
-  const double inv_batch = 1.0 / a.p.batch;
-  const std::int32_t* labels =
-      a.labels == nullptr ? nullptr : a.labels + (a.p.shared_labels ? 0 : static_cast<std::size_t>(m) * a.p.batch);
-  double loss_sum = 0.0;
-  int hits = 0;
-  for (int n = warp; n < a.p.batch; n += kWarps) {
-    const int label = labels == nullptr ? -1 : labels[n];
-    if (labels != nullptr && (label < 0 || label >= a.p.classes) && lane == 0 && a.bad_labels != nullptr)
-      atomicAdd(a.bad_labels, 1);
-    double loss;
-    int hit;
-    row_xent(a, static_cast<std::size_t>(m) * a.p.batch + n, label, inv_batch, loss, hit);
-    loss_sum += loss;
-    hits += hit;
+// Per member: the mean loss and the hit count over its rows, in row order. A bad label is counted once:
+// with shared labels only member 0 counts them.
+struct XentMembers {
+  SoftmaxXentParams p;
+  RowResults rows;
+  float* loss;
+  std::int32_t* correct;
+  std::int32_t* bad_labels;
+  PMAPCC_HD void operator()(std::size_t m) const {
+    double sum = 0.0;
+    int hits = 0, bad = 0;
+    for (std::size_t r = m * p.batch; r < (m + 1) * p.batch; ++r) {
+      sum += rows.loss[r];
+      hits += rows.hit[r] == 1 ? 1 : 0;
+      bad += rows.hit[r] < 0 ? 1 : 0;
+    }
+    if (loss != nullptr) loss[m] = static_cast<float>(sum * (1.0 / p.batch));
+    if (correct != nullptr) correct[m] = hits;
+    if (bad_labels != nullptr && bad != 0 && (!p.shared_labels || m == 0)) detail::atomic_add(bad_labels, bad);
   }
-  if (lane == 0) warp_loss[warp] = loss_sum, warp_hits[warp] = hits;
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  double total = 0.0;
-  int total_hits = 0;
-  for (int w = 0; w < kWarps; ++w) total += warp_loss[w], total_hits += warp_hits[w];
-  if (a.loss != nullptr) a.loss[m] = static_cast<float>(total * inv_batch);
-  if (a.correct != nullptr) a.correct[m] = total_hits;
-}
+};
 
 }  // namespace
 
-void softmax_cross_entropy(const SoftmaxXentParams& p, const float* logits, const std::int32_t* labels, float* loss,
-                           float* dlogits, float* probs, std::int32_t* correct, std::int32_t* bad_labels) {
+std::size_t softmax_cross_entropy_workspace_bytes(const SoftmaxXentParams& p) {
+  validate(p);
+  return rows_of(p) * (sizeof(double) + sizeof(std::int32_t)) + kAlign;
+}
+
+void softmax_cross_entropy(const Exec& ex, const SoftmaxXentParams& p, const float* logits,
+                           const std::int32_t* labels, float* loss, float* dlogits, float* probs,
+                           std::int32_t* correct, std::int32_t* bad_labels, void* workspace) {
   const char* op = "softmax_cross_entropy";
   require(logits, op, "logits");
   validate(p);
   if (loss != nullptr || dlogits != nullptr || correct != nullptr)
     require(labels, op, "labels (needed for loss, dlogits and correct)");
-  const XentArgs args{p, logits, labels, loss, dlogits, probs, correct, bad_labels};
-  xent_kernel<<<static_cast<unsigned>(p.members), kWarps * 32, 0, current_stream()>>>(args);
-  PMAPCC_CHECK_LAUNCH();
+  const RowResults rows = carve(ex, p, workspace);
+  ex.launch(XentRows{p, logits, labels, dlogits, probs, rows}, rows_of(p));
+  if (loss != nullptr || correct != nullptr || bad_labels != nullptr)
+    ex.launch(XentMembers{p, rows, loss, correct, bad_labels}, static_cast<std::size_t>(p.members));
 }
 
 }  // namespace pmap::kernels::gpu

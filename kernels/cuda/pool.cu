@@ -1,7 +1,6 @@
-// CUDA average pooling (VALID, any window and stride), forward and backward, one thread per output
+// CUDA average pooling (VALID, any window and stride), forward and backward, one item per output
 // (forward) or input (backward) element. The sums run in the CPU's order without FMA, so the results are
 // bitwise those of the CPU ops.
-#include "kernels/cuda/context.h"
 #include "kernels/cuda/ops.h"
 
 namespace pmap::kernels::gpu {
@@ -21,10 +20,12 @@ PoolPlan make_plan(const AvgPoolParams& p) {
 }
 
 // y (images, OH, OW, C): each the window sum in (ky, kx) order, times scale.
-__global__ void pool_forward_kernel(PoolPlan plan, const float* x, float* y, std::size_t total) {
-  const AvgPoolParams& p = plan.p;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < total; i += stride) {
+struct PoolForward {
+  PoolPlan plan;
+  const float* x;
+  float* y;
+  PMAPCC_HD void operator()(std::size_t i) const {
+    const AvgPoolParams& p = plan.p;
     const int c = static_cast<int>(i % p.channels);
     std::size_t t = i / p.channels;
     const int ox = static_cast<int>(t % plan.g.out_width);
@@ -39,14 +40,18 @@ __global__ void pool_forward_kernel(PoolPlan plan, const float* x, float* y, std
     }
     y[i] = acc * plan.scale;
   }
-}
+};
 
-// dx (images, H, W, C): the sum over the windows holding the pixel (output pixels ascending) of
-// dy * scale; 0 outside every window.
-__global__ void pool_backward_kernel(PoolPlan plan, const float* dy, float* dx, std::size_t total) {
-  const AvgPoolParams& p = plan.p;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < total; i += stride) {
+// dx (images, H, W, C): the sum over the windows holding the pixel (output pixels ascending) of dy * scale;
+// 0 outside every window. With `r` (the pool's input, a ReLU's output): 0 where r <= 0 as well, and dx may
+// be r (each item reads r[i] before writing dx[i], and no other item touches index i).
+struct PoolBackward {
+  PoolPlan plan;
+  const float* dy;
+  const float* r;
+  float* dx;
+  PMAPCC_HD void operator()(std::size_t i) const {
+    const AvgPoolParams& p = plan.p;
     const int c = static_cast<int>(i % p.channels);
     std::size_t t = i / p.channels;
     const int ix = static_cast<int>(t % p.width);
@@ -56,39 +61,49 @@ __global__ void pool_backward_kernel(PoolPlan plan, const float* dy, float* dx, 
     const float* dyi = dy + image * plan.g.out_height * plan.g.out_width * p.channels;
     // Windows oy with oy*sh <= iy < oy*sh + wh, likewise ox.
     const int oy_lo = iy >= p.window_h ? (iy - p.window_h) / p.stride_h + 1 : 0;
-    const int oy_hi = min(iy / p.stride_h, plan.g.out_height - 1);
+    const int oy_top = iy / p.stride_h, ox_top = ix / p.stride_w;
+    const int oy_hi = oy_top < plan.g.out_height - 1 ? oy_top : plan.g.out_height - 1;
     const int ox_lo = ix >= p.window_w ? (ix - p.window_w) / p.stride_w + 1 : 0;
-    const int ox_hi = min(ix / p.stride_w, plan.g.out_width - 1);
+    const int ox_hi = ox_top < plan.g.out_width - 1 ? ox_top : plan.g.out_width - 1;
     float acc = 0.0f;
     for (int oy = oy_lo; oy <= oy_hi; ++oy) {
       for (int ox = ox_lo; ox <= ox_hi; ++ox) {
         const float g = dyi[(static_cast<std::size_t>(oy) * plan.g.out_width + ox) * p.channels + c] * plan.scale;
-        acc = plan.tiled ? g : acc + g;  // tiled: the CPU writes the one value (keeps a -0)
+        // Tiled without a mask: the CPU writes the one value (keeping a -0); otherwise it adds from 0.
+        acc = plan.tiled && r == nullptr ? g : acc + g;
       }
     }
+    if (r != nullptr && !(r[i] > 0.0f)) acc = 0.0f;
     dx[i] = acc;
   }
+};
+
+std::size_t input_elements(const AvgPoolParams& p) {
+  return static_cast<std::size_t>(p.members) * p.batch * p.height * p.width * p.channels;
 }
 
 }  // namespace
 
-void avg_pool_forward(const AvgPoolParams& p, const float* x, float* y) {
+void avg_pool_forward(const Exec& ex, const AvgPoolParams& p, const float* x, float* y) {
   require(x, "avg_pool_forward", "x");
   require(y, "avg_pool_forward", "y");
   const PoolPlan plan = make_plan(p);
   const std::size_t total = static_cast<std::size_t>(p.members) * p.batch * plan.g.out_height * plan.g.out_width *
                             p.channels;
-  pool_forward_kernel<<<grid_for(total), kThreads, 0, current_stream()>>>(plan, x, y, total);
-  PMAPCC_CHECK_LAUNCH();
+  ex.launch(PoolForward{plan, x, y}, total);
 }
 
-void avg_pool_backward(const AvgPoolParams& p, const float* dy, float* dx) {
+void avg_pool_backward(const Exec& ex, const AvgPoolParams& p, const float* dy, float* dx) {
   require(dy, "avg_pool_backward", "dy");
   require(dx, "avg_pool_backward", "dx");
-  const PoolPlan plan = make_plan(p);
-  const std::size_t total = static_cast<std::size_t>(p.members) * p.batch * p.height * p.width * p.channels;
-  pool_backward_kernel<<<grid_for(total), kThreads, 0, current_stream()>>>(plan, dy, dx, total);
-  PMAPCC_CHECK_LAUNCH();
+  ex.launch(PoolBackward{make_plan(p), dy, nullptr, dx}, input_elements(p));
+}
+
+void avg_pool_relu_backward(const Exec& ex, const AvgPoolParams& p, const float* r, const float* dy, float* dx) {
+  require(r, "avg_pool_relu_backward", "r");
+  require(dy, "avg_pool_relu_backward", "dy");
+  require(dx, "avg_pool_relu_backward", "dx");
+  ex.launch(PoolBackward{make_plan(p), dy, r, dx}, input_elements(p));
 }
 
 }  // namespace pmap::kernels::gpu

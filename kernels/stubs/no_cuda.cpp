@@ -1,12 +1,22 @@
-// Stub CUDA kernels for builds without the CUDA toolkit: asking for the CUDA backend throws NotAvailable.
+// The GPU-only part of the CUDA kernels in builds without the CUDA toolkit: every call throws NotAvailable.
+// The kernels themselves are still built, as host code, and run on the host (kernels::cuda_backend_on_host).
 #include <pmap/error.h>
 
-#include "kernels/backend.h"
+#include "kernels/cuda/gpu/native.h"
 
-namespace pmap::kernels::detail {
-
-const Backend& cuda_backend() {
-  throw NotAvailable("the CUDA kernels were not built (PMAPCC_WITH_CUDA=OFF or no CUDA toolkit)");
+namespace pmap::kernels::gpu::native {
+namespace {
+[[noreturn]] void unavailable() {
+  throw NotAvailable("the CUDA kernels need a GPU build (PMAPCC_WITH_CUDA=OFF or no CUDA toolkit here)");
 }
+}  // namespace
 
-}  // namespace pmap::kernels::detail
+bool built() { return false; }
+void sgemm(const ColumnMajorGemm&) { unavailable(); }
+void fill_zero(void*, std::size_t) { unavailable(); }
+void copy(void*, const void*, std::size_t) { unavailable(); }
+void* scratch(std::size_t) { unavailable(); }
+void prepare() { unavailable(); }
+std::unique_ptr<Graph> capture(const std::function<void()>&) { unavailable(); }
+
+}  // namespace pmap::kernels::gpu::native

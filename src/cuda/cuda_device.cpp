@@ -1,7 +1,11 @@
-// CUDA backend: device discovery, memory, copies and streams. A missing or too-old driver counts as zero
-// GPUs. Copies and fills go to the calling thread's current stream and wait for it, so they are ordered
-// after the kernels that thread queued (its stream does not synchronize with the legacy stream).
+// CUDA backend: device discovery, memory, copies, streams and events. No GPU (no NVIDIA driver loaded,
+// or no device) counts as zero GPUs; a GPU that is present but unusable (a driver too old for this
+// runtime, ...) also counts as zero, with the reason kept for the errors and tests that need it. Blocking
+// copies and fills go to the calling thread's current stream and wait for it, so they are ordered after
+// the kernels that thread queued (its stream does not synchronize with the legacy stream).
 #include <cuda_runtime_api.h>
+
+#include <filesystem>
 
 #include <pmap/detail/cuda_check.h>
 #include <pmap/detail/cuda_stream.h>
@@ -44,13 +48,42 @@ bool current_stream_capturing() {
   return status != cudaStreamCaptureStatusNone;
 }
 
-int cuda_device_count() {
+namespace {
+
+// An NVIDIA kernel driver is loaded (a GPU is present) even if the CUDA runtime cannot use it.
+bool nvidia_driver_loaded() {
+  std::error_code ec;
+  return std::filesystem::exists("/proc/driver/nvidia/version", ec) || std::filesystem::exists("/dev/nvidia0", ec);
+}
+
+GpuProbe probe() {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "insufficient driver" / "no device" error
-    return 0;
-  }
-  return n;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err == cudaSuccess) return GpuProbe{n, {}};
+  cudaGetLastError();  // clear the sticky "insufficient driver" / "no device" error
+  if (err == cudaErrorNoDevice || !nvidia_driver_loaded()) return GpuProbe{0, {}};
+  return GpuProbe{0, std::string("an NVIDIA driver is loaded, but the CUDA runtime cannot use the GPU: "
+                                 "cudaGetDeviceCount failed with ") +
+                         cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")"};
+}
+
+}  // namespace
+
+const GpuProbe& cuda_probe() {
+  static const GpuProbe result = probe();
+  return result;
+}
+
+int cuda_device_count() { return cuda_probe().count; }
+
+void* cuda_host_alloc(std::size_t bytes) {
+  void* p = nullptr;
+  PMAPCC_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocPortable));
+  return p;
+}
+
+void cuda_host_free(void* ptr) noexcept {
+  if (ptr != nullptr) cudaFreeHost(ptr);
 }
 
 void* cuda_alloc(int ordinal, std::size_t bytes) {
@@ -78,12 +111,19 @@ void cuda_memset_zero(int ordinal, void* ptr, std::size_t bytes) {
 void cuda_copy(void* dst, const Device& dst_device, const void* src, const Device& src_device,
                std::size_t bytes) {
   const Device& active = dst_device.is_cpu() ? src_device : dst_device;
+  if (!dst_device.is_cpu() && !src_device.is_cpu() && dst_device.ordinal != src_device.ordinal) {
+    // The calling thread may still be writing the source (or reading the destination) on its own stream,
+    // which may live on either GPU: wait for it before the copy, which runs on the destination GPU.
+    PMAPCC_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
+    DeviceScope scope(active.ordinal);
+    const cudaStream_t stream = stream_for_gpu(active.ordinal);
+    PMAPCC_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device.ordinal, src, src_device.ordinal, bytes, stream));
+    PMAPCC_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return;
+  }
   DeviceScope scope(active.ordinal);
   const cudaStream_t stream = stream_for_gpu(active.ordinal);
-  if (!dst_device.is_cpu() && !src_device.is_cpu() && dst_device.ordinal != src_device.ordinal) {
-    PMAPCC_CUDA_CHECK(cudaStreamSynchronize(stream));  // the source may still be written by this thread
-    PMAPCC_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device.ordinal, src, src_device.ordinal, bytes, stream));
-  } else {
+  {
     PMAPCC_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
   }
   PMAPCC_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -150,5 +190,37 @@ void cuda_set_thread_stream(StreamHandle stream) noexcept {
 }
 
 void cuda_sync_current_stream() { PMAPCC_CUDA_CHECK(cudaStreamSynchronize(current_stream())); }
+
+EventHandle cuda_event_create(int ordinal) {
+  DeviceScope scope(ordinal);
+  cudaEvent_t event = nullptr;
+  PMAPCC_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  return event;
+}
+
+void cuda_event_destroy(int ordinal, EventHandle event) noexcept {
+  int previous = 0;
+  if (event == nullptr || cudaGetDevice(&previous) != cudaSuccess) return;
+  if (cudaSetDevice(ordinal) == cudaSuccess) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+  cudaSetDevice(previous);
+}
+
+void cuda_event_record(EventHandle event, StreamHandle stream) {
+  PMAPCC_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)));
+}
+
+void cuda_stream_wait_event(StreamHandle stream, EventHandle event) {
+  PMAPCC_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0));
+}
+
+void cuda_event_synchronize(EventHandle event) {
+  PMAPCC_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
+}
+
+void cuda_copy_async(void* dst, const void* src, std::size_t bytes, StreamHandle stream, int ordinal) {
+  if (bytes == 0) return;
+  DeviceScope scope(ordinal);
+  PMAPCC_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
+}
 
 }  // namespace pmap::detail

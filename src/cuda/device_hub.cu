@@ -1,7 +1,7 @@
 // Device-side data movement of the thread hub's collectives for logical devices sharing one GPU: the hub
 // meets the threads on the host, then each rank reduces its slice of every rank's buffer on its own
-// stream, combining ranks in order 0..n-1 (bitwise the host hub's results). Also the device division
-// pmean uses.
+// stream, combining ranks in order 0..n-1 (bitwise the host hub's results; the kernels are in
+// src/device_kernels.h, where the CPU checks them). Also the device division pmean uses.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -11,57 +11,15 @@
 
 #include <pmap/detail/cuda_check.h>
 #include <pmap/detail/cuda_stream.h>
+#include <pmap/detail/launch_gpu.cuh>
 #include <pmap/error.h>
 
 #include "backend.h"
+#include "device_kernels.h"
 #include "thread_hub.h"
 
 namespace pmap::detail {
 namespace {
-
-constexpr int kMaxRanks = 64;  // virtual devices on one GPU that one collective can combine
-constexpr int kThreads = 256;
-
-// The ranks' buffers, passed to kernels by value.
-struct RankPointers {
-  const void* in[kMaxRanks];
-  void* out[kMaxRanks];
-  int n;
-};
-
-// The host hub's combine(), NaN-propagating for max and min, in device code.
-template <class T> __device__ T combine(T a, T b, ReduceOp op) {
-  if (op == ReduceOp::sum) return static_cast<T>(a + b);
-  if constexpr (std::is_floating_point_v<T>) {
-    if (isnan(a) || isnan(b)) return isnan(a) ? a : b;
-  }
-  if (op == ReduceOp::max) return a < b ? b : a;
-  return b < a ? b : a;
-}
-
-// out_k[dst_off + i] = in_0[src_off + i] op ... op in_{n-1}[src_off + i] for every out_k, i < len.
-template <class T>
-__global__ void reduce_ranks(RankPointers p, int outs, std::size_t src_off, std::size_t dst_off, std::size_t len,
-                             ReduceOp op) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < len; i += stride) {
-    T acc = static_cast<const T*>(p.in[0])[src_off + i];
-    for (int k = 1; k < p.n; ++k) acc = combine(acc, static_cast<const T*>(p.in[k])[src_off + i], op);
-    for (int k = 0; k < outs; ++k) static_cast<T*>(p.out[k])[dst_off + i] = acc;
-  }
-}
-
-template <class T> __global__ void divide_kernel(T* x, std::size_t count, T divisor) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < count; i += stride) {
-    x[i] = x[i] / divisor;
-  }
-}
-
-unsigned blocks_for(std::size_t n) {
-  const std::size_t blocks = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(blocks < 4096 ? (blocks == 0 ? 1 : blocks) : 4096);
-}
 
 template <class F> void with_type(DType t, F&& f) {
   switch (t) {
@@ -82,12 +40,10 @@ void launch_reduce(const CollectiveOp& op, const std::vector<const void*>& sends
   p.n = static_cast<int>(sends.size());
   for (std::size_t k = 0; k < sends.size(); ++k) p.in[k] = sends[k];
   for (std::size_t k = 0; k < outs.size(); ++k) p.out[k] = outs[k];
-  const int n_out = static_cast<int>(outs.size());
   with_type(op.dtype, [&](auto t) {
-    using T = decltype(t);
-    reduce_ranks<T><<<blocks_for(len), kThreads, 0, current_stream()>>>(p, n_out, src_off, dst_off, len, op.reduce);
+    const ReduceRanks<decltype(t)> kernel{p, static_cast<int>(outs.size()), src_off, dst_off, op.reduce};
+    gpu_launch(kernel, len, hub_grid(len), current_stream());
   });
-  PMAPCC_CHECK_LAUNCH();
 }
 
 void copy_async(void* dst, const void* src, std::size_t bytes) {
@@ -100,8 +56,8 @@ void copy_async(void* dst, const void* src, std::size_t bytes) {
 void device_execute(const CollectiveOp& op, const std::vector<const void*>& sends, const std::vector<void*>& recvs,
                     int rank) {
   const std::size_t n = sends.size();
-  if (n > static_cast<std::size_t>(kMaxRanks)) {
-    throw NotAvailable(std::string(op.name) + ": device collectives combine at most " + std::to_string(kMaxRanks) +
+  if (n > static_cast<std::size_t>(kMaxDeviceRanks)) {
+    throw NotAvailable(std::string(op.name) + ": device collectives combine at most " + std::to_string(kMaxDeviceRanks) +
                        " logical devices on one GPU, got " + std::to_string(n));
   }
   const auto r = static_cast<std::size_t>(rank);
@@ -138,14 +94,12 @@ void cuda_divide(int ordinal, void* x, std::size_t count, DType dtype, int n) {
   DeviceScope scope(ordinal);
   const cudaStream_t stream = stream_for_gpu(ordinal);
   if (dtype == DType::f32) {
-    divide_kernel<float><<<blocks_for(count), kThreads, 0, stream>>>(static_cast<float*>(x), count, static_cast<float>(n));
+    gpu_launch(DivideBy<float>{static_cast<float*>(x), static_cast<float>(n)}, count, hub_grid(count), stream);
   } else if (dtype == DType::f64) {
-    divide_kernel<double><<<blocks_for(count), kThreads, 0, stream>>>(static_cast<double*>(x), count,
-                                                                      static_cast<double>(n));
+    gpu_launch(DivideBy<double>{static_cast<double*>(x), static_cast<double>(n)}, count, hub_grid(count), stream);
   } else {
     throw ValueError("cuda_divide: needs f32 or f64, got " + std::string(name(dtype)));
   }
-  PMAPCC_CHECK_LAUNCH();
 }
 
 }  // namespace pmap::detail

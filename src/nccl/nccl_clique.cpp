@@ -90,7 +90,9 @@ class NcclCommunicator final : public Communicator, public OpRunner {
                    std::chrono::milliseconds timeout)
       : comm_(comm), hub_(hub), group_(group), device_(device), rank_(rank), local_rank_(local_rank),
         timeout_(timeout) {
-    PMAPCC_CUDA_CHECK(cudaMalloc(&barrier_word_, sizeof(float)));  // up front: no allocation in collectives
+    // Up front (no allocation in collectives), and zeroed: the barrier all-reduces it (initcheck).
+    PMAPCC_CUDA_CHECK(cudaMalloc(&barrier_word_, sizeof(float)));
+    PMAPCC_CUDA_CHECK(cudaMemset(barrier_word_, 0, sizeof(float)));
   }
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
@@ -351,7 +353,10 @@ class Clique final : public NcclClique {
   std::unique_ptr<Communicator> split(int device, int color, int rank, int local_rank, const Group& group) override {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;     // creation and collectives return at once; we poll with a deadline
-    config.splitShare = 1;   // children share the root's resources; one thread uses them at a time
+    // No sharing with the root: a child sharing its parent's resources also shares its abort flag, so
+    // aborting one communicator (a failed or timed-out collective) would abort every communicator of the
+    // device while only the one that failed knows it. Each communicator aborts alone.
+    config.splitShare = 0;
     ncclComm_t comm = nullptr;
     PMAPCC_NCCL_ISSUE(ncclCommSplit(roots_.at(device), color, rank, &comm, &config));
     auto out = std::make_unique<NcclCommunicator>(comm, hub_, group, device, rank, local_rank, timeout_);

@@ -10,7 +10,19 @@ namespace {
 [[noreturn]] void unavailable() { throw NotAvailable("this pmapcc was built without CUDA (PMAPCC_WITH_CUDA=OFF)"); }
 }  // namespace
 
+const GpuProbe& cuda_probe() {
+  static const GpuProbe none{};
+  return none;
+}
 int cuda_device_count() { return 0; }
+void* cuda_host_alloc(std::size_t) { unavailable(); }
+void cuda_host_free(void*) noexcept {}
+EventHandle cuda_event_create(int) { unavailable(); }
+void cuda_event_destroy(int, EventHandle) noexcept {}
+void cuda_event_record(EventHandle, StreamHandle) { unavailable(); }
+void cuda_stream_wait_event(StreamHandle, EventHandle) { unavailable(); }
+void cuda_event_synchronize(EventHandle) { unavailable(); }
+void cuda_copy_async(void*, const void*, std::size_t, StreamHandle, int) { unavailable(); }
 void* cuda_alloc(int, std::size_t) { unavailable(); }
 void cuda_free(int, void*) noexcept {}
 void cuda_memset_zero(int, void*, std::size_t) { unavailable(); }

@@ -7,11 +7,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define PMAPCC_HD __host__ __device__
-#else
-#define PMAPCC_HD
-#endif
+#include <pmap/detail/launch.h>  // PMAPCC_HD
 
 namespace pmap::detail {
 

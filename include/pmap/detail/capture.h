@@ -1,0 +1,31 @@
+// Graph capture guard: while the calling thread captures a step into a graph (a CUDA graph on its stream,
+// or the recording of a host run of the CUDA kernels), what a replay could not repeat or would break is
+// refused with a CaptureError that names the operation: allocating memory, a blocking copy or any other
+// synchronization with the host, and collectives (they meet the other devices on the host). Internal to
+// pmapcc; the runtime's Arrays and collectives and the kernels' scratch memory check it.
+#pragma once
+
+#include <string>
+
+namespace pmap::detail {
+
+// Marks the calling thread as capturing for the scope (nests; `what` names the capture in messages).
+class CaptureScope {
+ public:
+  explicit CaptureScope(const char* what);
+  ~CaptureScope();
+  CaptureScope(const CaptureScope&) = delete;
+  CaptureScope& operator=(const CaptureScope&) = delete;
+
+ private:
+  const char* previous_;
+};
+
+// The name of the capture the calling thread is inside, or nullptr. Never throws.
+const char* capturing() noexcept;
+
+// Throws CaptureError "<op> <does> during <capture>: ..." when the calling thread is capturing.
+// `does` says what is not allowed, e.g. "allocates device memory", "synchronizes with the host".
+void check_not_capturing(const std::string& op, const char* does);
+
+}  // namespace pmap::detail

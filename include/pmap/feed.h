@@ -1,0 +1,127 @@
+// Feed<T>: batches from the host onto a mesh's devices, double-buffered (Flax's prefetch_to_device). A
+// batch is a tree T of Arrays with the prototype's shapes and dtypes; it reaches every local device whole
+// (FeedLayout::replicated(), ensemble training) or split along the leading axis over mesh axes
+// (FeedLayout::sharded(axes), data parallelism: device i along the axes gets block i, as shard()).
+//
+// On CUDA devices the host buffers are pinned and each device copies on a stream of its own, so the copy
+// of batch s+1 runs while step s computes; the device's stream waits for a batch's copy (on the GPU, not
+// the host) when the batch is popped. On CPU devices a push is a plain copy into each device's buffers.
+//
+//   pmap::Feed<Batch> feed(mesh, prototype);        // prototype: one batch's shapes (host Arrays)
+//   fill(feed.next()); feed.push();                 // batch 0 on its way
+//   for (int s = 0; s < steps; ++s) {
+//     if (s + 1 < steps) { fill(feed.next()); feed.push(); }   // batch s+1 on its way
+//     step_fn(states, feed.pop());                  // step s, on batch s (a Sharded<T> argument)
+//   }
+//
+// At most two batches are pushed and not yet popped. Host-thread only (not inside a pmapped function).
+// Buffers are allocated once, at construction; later calls allocate nothing.
+#pragma once
+
+#include <memory>
+#include <type_traits>
+#include <vector>
+
+#include <pmap/array.h>
+#include <pmap/mesh.h>
+#include <pmap/sharded.h>
+#include <pmap/tree.h>
+
+namespace pmap {
+
+struct FeedLayout {
+  bool shard = false;
+  AxisNames axes;  // sharded: the axes the leading axis is split over (empty: every axis)
+  static FeedLayout replicated() { return FeedLayout{}; }
+  static FeedLayout sharded(AxisNames over = {}) { return FeedLayout{true, std::move(over)}; }
+};
+
+namespace detail {
+
+// The tree-free part of a Feed: slots of host and device leaves, copies, events and streams.
+class FeedCore {
+ public:
+  // host[slot][leaf]; device[slot][local device][leaf]; prototype leaves give the whole batch's shapes.
+  FeedCore(const Mesh& mesh, std::vector<std::vector<Array*>> host,
+           std::vector<std::vector<std::vector<Array*>>> device, FeedLayout layout);
+  ~FeedCore();
+  FeedCore(const FeedCore&) = delete;
+  FeedCore& operator=(const FeedCore&) = delete;
+
+  int next_slot();  // waits until the slot's host buffers may be written
+  void push();
+  int pop_slot();   // the devices' streams wait for the slot's copies
+
+ private:
+  struct DeviceState;
+  const Mesh& mesh_;
+  std::vector<std::vector<Array*>> host_;
+  std::vector<std::vector<std::vector<Array*>>> device_;
+  FeedLayout layout_;
+  std::vector<int> piece_;  // per local device: its block (sharded)
+  int parts_ = 1;
+  std::vector<std::unique_ptr<DeviceState>> state_;  // per local device
+  long long pushed_ = 0, popped_ = 0;
+  bool slot_taken_ = false;  // next() was called and push() not yet
+};
+
+}  // namespace detail
+
+template <class T> class Feed {
+ public:
+  Feed(const Mesh& mesh, const T& prototype, FeedLayout layout = FeedLayout::replicated()) {
+    const int parts = layout.shard ? mesh.axis_size(layout.axes) : 1;
+    std::vector<std::vector<Array*>> host_leaves(2);
+    std::vector<std::vector<std::vector<Array*>>> device_leaves(2);
+    for (int slot = 0; slot < 2; ++slot) {
+      host_[slot] = tree_map(prototype, [](const auto& leaf) {
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+          return Array::pinned(leaf.shape(), leaf.dtype());
+        } else {
+          return leaf;
+        }
+      });
+      tree_for_each(host_[slot], [&](auto& leaf) {
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) host_leaves[slot].push_back(&leaf);
+      });
+      std::vector<T> per_device;
+      for (const Device& d : mesh.local_devices())
+        per_device.push_back(tree_map(prototype, [&](const auto& leaf) {
+          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+            Shape s = leaf.shape();
+            if (layout.shard && !s.empty()) s[0] /= parts;
+            return Array(s, leaf.dtype(), d);
+          } else {
+            return leaf;
+          }
+        }));
+      device_[slot] = Sharded<T>(std::move(per_device));
+      for (T& tree : device_[slot]) {
+        device_leaves[slot].emplace_back();
+        tree_for_each(tree, [&](auto& leaf) {
+          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>)
+            device_leaves[slot].back().push_back(&leaf);
+        });
+      }
+    }
+    core_ = std::make_unique<detail::FeedCore>(mesh, std::move(host_leaves), std::move(device_leaves),
+                                               std::move(layout));
+  }
+
+  // The host tree to fill with the next batch (pinned memory when GPUs are in use). Waits until the copy
+  // out of it (two pushes ago) has finished. ValueError when two batches are pushed and not popped.
+  T& next() { return host_[core_->next_slot()]; }
+  // Starts copying the batch filled through next() to every local device (returns at once on GPUs).
+  void push() { core_->push(); }
+  // The oldest pushed batch on the devices (one tree per local device, for a pmapped function). Each
+  // device's stream will wait for the batch's copy before the work queued after this call. Valid until
+  // the second push() after it. ValueError when nothing was pushed.
+  const Sharded<T>& pop() { return device_[core_->pop_slot()]; }
+
+ private:
+  T host_[2];
+  Sharded<T> device_[2];
+  std::unique_ptr<detail::FeedCore> core_;
+};
+
+}  // namespace pmap

@@ -1,0 +1,144 @@
+// Exec: dispatch of the CUDA backend's work to a GPU (kernels/cuda/gpu) or to the host; the row-major to
+// column-major GEMM mapping and the host GEMM with cuBLAS's semantics; host scratch memory; and host
+// captures, which record a step's launches and replay them as a CUDA graph would.
+#include "kernels/cuda/exec.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <pmap/detail/capture.h>
+#include <pmap/error.h>
+
+#include "kernels/cuda/gpu/native.h"
+#include "kernels/graph.h"
+
+namespace pmap::kernels::gpu {
+namespace {
+
+// The launches recorded by a host capture, replayed by launch().
+class HostGraph final : public Graph {
+ public:
+  std::vector<std::function<void()>> work;
+  void launch() override {
+    for (const auto& f : work) f();
+  }
+};
+
+thread_local HostGraph* tls_recording = nullptr;
+
+// Scratch memory of the calling thread for host runs. Buffers only grow and are never freed before the
+// thread exits: a recorded graph may still point at an earlier one.
+class HostScratch {
+ public:
+  void* get(std::size_t bytes) {
+    if (bytes <= size_ && !buffers_.empty()) return buffers_.back().get();
+    detail::check_not_capturing("scratch memory of " + std::to_string(bytes) + " bytes", "allocates memory");
+    buffers_.push_back(std::make_unique<std::max_align_t[]>(bytes / sizeof(std::max_align_t) + 1));
+    size_ = bytes;
+    return buffers_.back().get();
+  }
+
+ private:
+  std::vector<std::unique_ptr<std::max_align_t[]>> buffers_;
+  std::size_t size_ = 0;
+};
+
+}  // namespace
+
+ColumnMajorGemm column_major(const Gemm& g, const float* a, const float* b, float* c) {
+  ColumnMajorGemm cm;
+  cm.trans_a = g.trans_b;  // column-major A is the row-major B (and B is A)
+  cm.trans_b = g.trans_a;
+  cm.m = g.n, cm.n = g.m, cm.k = g.k;
+  cm.alpha = 1.0f, cm.beta = g.beta;
+  cm.a = b, cm.lda = g.trans_b ? g.k : g.n, cm.stride_a = g.stride_b;
+  cm.b = a, cm.ldb = g.trans_a ? g.m : g.k, cm.stride_b = g.stride_a;
+  cm.c = c, cm.ldc = g.n, cm.stride_c = g.stride_c;
+  cm.batch = g.batch;
+  return cm;
+}
+
+void host_sgemm(const ColumnMajorGemm& g) {
+  std::vector<double> acc(static_cast<std::size_t>(g.m));
+  for (int i = 0; i < g.batch; ++i) {
+    const float* a = g.a + i * g.stride_a;
+    const float* b = g.b + i * g.stride_b;
+    float* c = g.c + i * g.stride_c;
+    for (int col = 0; col < g.n; ++col) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int l = 0; l < g.k; ++l) {
+        // op(B)(l, col): B is k x n (ldb), or n x k when transposed.
+        const double blc = g.trans_b ? b[col + static_cast<long long>(l) * g.ldb] : b[l + static_cast<long long>(col) * g.ldb];
+        for (int row = 0; row < g.m; ++row) {
+          const double arl = g.trans_a ? a[l + static_cast<long long>(row) * g.lda] : a[row + static_cast<long long>(l) * g.lda];
+          acc[static_cast<std::size_t>(row)] += arl * blc;
+        }
+      }
+      float* cc = c + static_cast<long long>(col) * g.ldc;
+      for (int row = 0; row < g.m; ++row) {
+        const double sum = static_cast<double>(g.alpha) * acc[static_cast<std::size_t>(row)];
+        cc[row] = static_cast<float>(g.beta == 0.0f ? sum : sum + static_cast<double>(g.beta) * cc[row]);
+      }
+    }
+  }
+}
+
+void Exec::run_on_host(std::function<void()> f) {
+  if (tls_recording != nullptr) {
+    tls_recording->work.push_back(std::move(f));
+  } else {
+    f();
+  }
+}
+
+void Exec::no_gpu(const char* what) {
+  throw NotAvailable(std::string(what) + " on a GPU: this code was compiled without CUDA; only Exec::host() runs here");
+}
+
+void Exec::gemm(const Gemm& g, const float* a, const float* b, float* c) const {
+  if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0) return;
+  const ColumnMajorGemm cm = column_major(g, a, b, c);
+  if (host_) return run_on_host([cm] { host_sgemm(cm); });
+  native::sgemm(cm);
+}
+
+void Exec::fill_zero(void* dst, std::size_t bytes) const {
+  if (bytes == 0) return;
+  if (host_) return run_on_host([dst, bytes] { std::memset(dst, 0, bytes); });
+  native::fill_zero(dst, bytes);
+}
+
+void Exec::copy(void* dst, const void* src, std::size_t bytes) const {
+  if (bytes == 0 || dst == src) return;
+  if (host_) return run_on_host([dst, src, bytes] { std::memmove(dst, src, bytes); });
+  native::copy(dst, src, bytes);
+}
+
+void* Exec::scratch(std::size_t bytes) const {
+  if (!host_) return native::scratch(bytes);
+  thread_local HostScratch host_scratch;
+  return host_scratch.get(bytes);
+}
+
+void Exec::prepare() const {
+  if (!host_) native::prepare();
+}
+
+std::unique_ptr<Graph> Exec::capture(const std::function<void()>& body) const {
+  if (!host_) return native::capture(body);
+  if (tls_recording != nullptr) throw CaptureError("a host capture cannot start inside another capture");
+  auto graph = std::make_unique<HostGraph>();
+  detail::CaptureScope scope("the capture of a step (host run of the CUDA kernels)");
+  tls_recording = graph.get();
+  try {
+    body();
+  } catch (...) {
+    tls_recording = nullptr;
+    throw;
+  }
+  tls_recording = nullptr;
+  return graph;
+}
+
+}  // namespace pmap::kernels::gpu

@@ -1,0 +1,67 @@
+// CUDA-graph capture of a step (Exec::capture on a GPU): capture of the current stream in thread-local mode
+// (other threads' CUDA calls are unaffected), under the runtime's capture guard, so that an allocation,
+// blocking copy or collective in the body raises CaptureError naming it rather than a CUDA error.
+#include <cuda_runtime_api.h>
+
+#include <pmap/detail/capture.h>
+#include <pmap/detail/cuda_check.h>
+#include <pmap/detail/cuda_stream.h>
+#include <pmap/error.h>
+
+#include "kernels/cuda/gpu/native.h"
+#include "kernels/graph.h"
+
+namespace pmap::kernels::gpu::native {
+namespace {
+
+class CudaGraph final : public Graph {
+ public:
+  CudaGraph(cudaGraphExec_t exec, int device) : exec_(exec), device_(device) {}
+  ~CudaGraph() override { cudaGraphExecDestroy(exec_); }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+
+  void launch() override {
+    int device = -1;
+    PMAPCC_CUDA_CHECK(cudaGetDevice(&device));
+    if (device != device_)
+      throw ValueError("a CUDA graph captured on GPU " + std::to_string(device_) + " was launched on GPU " +
+                       std::to_string(device));
+    PMAPCC_CUDA_CHECK(cudaGraphLaunch(exec_, pmap::detail::current_stream()));
+  }
+
+ private:
+  cudaGraphExec_t exec_;
+  int device_;
+};
+
+}  // namespace
+
+std::unique_ptr<Graph> capture(const std::function<void()>& body) {
+  const cudaStream_t stream = pmap::detail::current_stream();
+  if (stream == nullptr)
+    throw ValueError("graph capture: the legacy default stream cannot be captured; run inside pmap or under a "
+                     "pmap::detail::StreamScope");
+  PMAPCC_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    pmap::detail::CaptureScope scope("the capture of a step into a CUDA graph");
+    body();
+  } catch (...) {
+    cudaGraph_t partial = nullptr;
+    if (cudaStreamEndCapture(stream, &partial) == cudaSuccess && partial != nullptr) cudaGraphDestroy(partial);
+    cudaGetLastError();
+    throw;
+  }
+  cudaGraph_t graph = nullptr;
+  PMAPCC_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (made != cudaSuccess)
+    pmap::detail::throw_cuda_error(made, pmap::detail::CheckSite{"cudaGraphInstantiate(&exec, graph, 0)", __FILE__, __LINE__});
+  int device = -1;
+  PMAPCC_CUDA_CHECK(cudaGetDevice(&device));
+  return std::make_unique<CudaGraph>(exec, device);
+}
+
+}  // namespace pmap::kernels::gpu::native

@@ -1,0 +1,189 @@
+// The CUDA code where no GPU is needed to check it: the row-major to column-major GEMM mapping against a
+// row-major reference (and cuBLAS with a GPU), the host launcher's grid-stride order, and the runtime's
+// own kernels (src/device_kernels.h: the device hub's rank-order reduction, pmean's division, the
+// samplers) run over their launch grids on the host against the host paths they must equal bit for bit.
+#include "cuda_testing.h"
+
+#include <cstring>
+#include <limits>
+
+#include "kernels/cuda/exec.h"
+#include "src/device_kernels.h"
+#include "src/reduce.h"
+
+namespace {
+
+using namespace cuda_testing;
+namespace gpu = pmap::kernels::gpu;
+using pmap::detail::Grid;
+
+// C_i = op(A_i) @ op(B_i) + beta * C_i, row-major, each entry summed in double over k in order.
+std::vector<float> reference_gemm(const gpu::Gemm& g, const std::vector<float>& a, const std::vector<float>& b,
+                                  std::vector<float> c) {
+  for (int i = 0; i < g.batch; ++i) {
+    const float* ai = a.data() + i * g.stride_a;
+    const float* bi = b.data() + i * g.stride_b;
+    float* ci = c.data() + i * g.stride_c;
+    for (int r = 0; r < g.m; ++r)
+      for (int col = 0; col < g.n; ++col) {
+        double acc = 0;
+        for (int l = 0; l < g.k; ++l) {
+          const double x = g.trans_a ? ai[l * g.m + r] : ai[r * g.k + l];
+          const double y = g.trans_b ? bi[col * g.k + l] : bi[l * g.n + col];
+          acc += x * y;
+        }
+        float& out = ci[r * g.n + col];
+        out = static_cast<float>(g.beta == 0.0f ? acc : acc + static_cast<double>(g.beta) * out);
+      }
+  }
+  return c;
+}
+
+template <class T> bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("cuda host run: the GEMM's column-major mapping equals row-major products (and cuBLAS with a GPU)") {
+  const bool with_gpu = gpu_usable();
+  int cases = 0;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (bool shared_a : {false, true})
+        for (float beta : {0.0f, 1.0f}) {
+          CAPTURE(ta);
+          CAPTURE(tb);
+          CAPTURE(shared_a);
+          CAPTURE(beta);
+          gpu::Gemm g;
+          g.trans_a = ta, g.trans_b = tb, g.m = 5, g.n = 4, g.k = 3, g.batch = 3, g.beta = beta;
+          g.stride_a = shared_a ? 0 : g.m * g.k, g.stride_b = g.k * g.n, g.stride_c = g.m * g.n;
+          const auto a = random_floats(static_cast<std::size_t>(3 * g.m * g.k), 1);
+          const auto b = random_floats(static_cast<std::size_t>(3 * g.k * g.n), 2);
+          auto c = random_floats(static_cast<std::size_t>(3 * g.m * g.n), 3);
+          if (beta == 0.0f) c[0] = std::numeric_limits<float>::quiet_NaN();  // beta 0: C is not read
+          const auto expect = reference_gemm(g, a, b, c);
+          std::vector<float> host = c;
+          gpu::Exec::host().gemm(g, a.data(), b.data(), host.data());
+          CHECK(same_bytes(host, expect));
+          if (with_gpu) {
+            auto ga = on_gpu(a), gb = on_gpu(b), gc = on_gpu(c);
+            gpu::Exec::gpu().gemm(g, ga.data<float>(), gb.data<float>(), gc.data<float>());
+            CHECK(relative_error(gc.to_vector<float>(), expect) <= kForwardTolerance);
+          }
+          ++cases;
+        }
+  CHECK(cases == 16);
+  // The mapping itself: operands swapped, transposes kept, leading dimensions of the row-major storage.
+  gpu::Gemm g;
+  g.trans_a = true, g.m = 7, g.n = 2, g.k = 5, g.stride_a = 35, g.stride_b = 10, g.stride_c = 14, g.batch = 4;
+  float a = 0, b = 0, c = 0;
+  const gpu::ColumnMajorGemm cm = gpu::column_major(g, &a, &b, &c);
+  CHECK(cm.a == &b);
+  CHECK(cm.b == &a);
+  CHECK(cm.c == &c);
+  CHECK((cm.m == 2 && cm.n == 7 && cm.k == 5));
+  CHECK((!cm.trans_a && cm.trans_b));
+  CHECK((cm.lda == 2 && cm.ldb == 7 && cm.ldc == 2));
+  CHECK((cm.stride_a == 10 && cm.stride_b == 35 && cm.stride_c == 14 && cm.batch == 4));
+}
+
+TEST_CASE("cuda host run: the host launcher visits every item once, in the GPU's thread-to-item order") {
+  for (std::size_t items : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}}) {
+    for (Grid grid : {Grid{1, 1}, Grid{2, 3}, pmap::detail::grid_for(items)}) {
+      std::vector<std::size_t> visits;
+      pmap::detail::host_launch([&](std::size_t i) { visits.push_back(i); }, items, grid);
+      REQUIRE(visits.size() == items);
+      // Thread t handles t, t + stride, ...: items in order within a thread, threads in order.
+      const std::size_t stride = static_cast<std::size_t>(grid.blocks) * grid.threads;
+      std::vector<std::size_t> expect;
+      for (std::size_t t = 0; t < stride; ++t)
+        for (std::size_t i = t; i < items; i += stride) expect.push_back(i);
+      CHECK(visits == expect);
+    }
+  }
+  CHECK(pmap::detail::grid_for(100'000'000).blocks == pmap::detail::kLaunchMaxBlocks);
+  CHECK(pmap::detail::grid_for(300).blocks == 2);
+}
+
+namespace {
+
+// The device hub's reduction of n ranks' buffers, run on the host, against the host hub's reduce_range.
+template <class T> void check_reduce_ranks(int n, pmap::ReduceOp op, Grid grid_override) {
+  CAPTURE(n);
+  CAPTURE(static_cast<int>(op));
+  const std::size_t len = 37, src_off = 5, dst_off = 3, total = 50;
+  std::vector<std::vector<T>> in(static_cast<std::size_t>(n), std::vector<T>(total));
+  std::mt19937 gen(static_cast<unsigned>(n * 7 + static_cast<int>(op)));
+  for (auto& v : in)
+    for (auto& x : v) x = static_cast<T>(gen() % 200) - static_cast<T>(std::is_signed_v<T> ? 100 : 0);
+  if constexpr (std::is_floating_point_v<T>) in[0][src_off + 4] = std::numeric_limits<T>::quiet_NaN();
+  std::vector<std::vector<T>> expect(2, std::vector<T>(total, T{1})), got = expect, got_small = expect;
+  std::vector<const void*> sends;
+  for (auto& v : in) sends.push_back(v.data());
+  pmap::detail::reduce_range<T>(sends, {expect[0].data(), expect[1].data()}, src_off, dst_off, len, op);
+  pmap::detail::RankPointers p{};
+  p.n = n;
+  for (int r = 0; r < n; ++r) p.in[r] = in[static_cast<std::size_t>(r)].data();
+  for (auto* out : {&got, &got_small}) {
+    p.out[0] = (*out)[0].data(), p.out[1] = (*out)[1].data();
+    const pmap::detail::ReduceRanks<T> kernel{p, 2, src_off, dst_off, op};
+    pmap::detail::host_launch(kernel, len, out == &got ? pmap::detail::hub_grid(len) : grid_override);
+  }
+  for (int k = 0; k < 2; ++k) {
+    CHECK(same_bytes(got[static_cast<std::size_t>(k)], expect[static_cast<std::size_t>(k)]));
+    CHECK(same_bytes(got_small[static_cast<std::size_t>(k)], expect[static_cast<std::size_t>(k)]));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda host run: the device hub reduces in rank order, bitwise the host hub, NaN included") {
+  for (int n : {1, 2, 3, 5})
+    for (pmap::ReduceOp op : {pmap::ReduceOp::sum, pmap::ReduceOp::max, pmap::ReduceOp::min}) {
+      check_reduce_ranks<float>(n, op, Grid{2, 3});
+      check_reduce_ranks<double>(n, op, Grid{1, 4});
+      check_reduce_ranks<std::int32_t>(n, op, Grid{3, 2});
+      check_reduce_ranks<std::uint8_t>(n, op, Grid{1, 1});
+    }
+  std::vector<float> x = random_floats(1001, 5), expect = x;
+  for (float& v : expect) v /= 3.0f;
+  pmap::detail::host_launch(pmap::detail::DivideBy<float>{x.data(), 3.0f}, x.size(), pmap::detail::hub_grid(x.size()));
+  CHECK(same_bytes(x, expect));
+}
+
+TEST_CASE("cuda host run: the sampler kernel draws the host samplers' numbers bit for bit") {
+  using pmap::detail::SampleKind;
+  for (std::size_t count : {std::size_t{1}, std::size_t{6}, std::size_t{4099}}) {
+    for (Grid grid : {pmap::detail::sample_grid(count), Grid{2, 3}}) {
+      CAPTURE(count);
+      CAPTURE(grid.blocks);
+      const pmap::Key key = pmap::key(11);
+      auto draw = [&](SampleKind kind, float a, float b, void* out) {
+        pmap::detail::SampleRequest r;
+        r.kind = kind, r.key = key, r.a = a, r.b = b, r.out = out, r.count = count;
+        pmap::detail::host_launch(pmap::detail::SampleBlocks{pmap::detail::sample_params(r)},
+                                  pmap::detail::sample_items(count), grid);
+      };
+      std::vector<std::uint32_t> bits(count), bits_k(count);
+      pmap::random_bits(key, bits);
+      draw(SampleKind::bits, 0, 0, bits_k.data());
+      CHECK(bits_k == bits);
+      std::vector<float> f(count), f_k(count);
+      pmap::uniform(key, f, -0.5f, 3.0f);
+      draw(SampleKind::uniform, -0.5f, 3.0f, f_k.data());
+      CHECK(same_bytes(f_k, f));
+      pmap::normal(key, f, 0.3f, 1.7f);
+      draw(SampleKind::normal, 0.3f, 1.7f, f_k.data());
+      CHECK(same_bytes(f_k, f));  // the same logf / sinf / cosf on the host
+      pmap::truncated_normal(key, f, -2.0f, 2.0f);
+      draw(SampleKind::truncated_normal, -2.0f, 2.0f, f_k.data());
+      CHECK(same_bytes(f_k, f));
+      std::vector<std::uint8_t> coin(count), coin_k(count);
+      pmap::bernoulli(key, coin, 0.3f);
+      draw(SampleKind::bernoulli, 0.3f, 0, coin_k.data());
+      CHECK(coin_k == coin);
+    }
+  }
+}

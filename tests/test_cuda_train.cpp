@@ -1,0 +1,110 @@
+// Training on a GPU through the library's own path (Trainer: feed, device-neutral step, CUDA graphs),
+// against the CPU: the same initial parameters for a key (bitwise), a 10-step loss trajectory within
+// float reassociation of the CPU's, the same run twice bitwise on the GPU, several members on one GPU and
+// virtual devices, data parallel, and a checkpoint moving between CPU and GPU. Each case needs a GPU.
+#include "cuda_testing.h"
+
+#include <cmath>
+#include <filesystem>
+#include <unistd.h>
+
+#include "ensemble/trainer.h"
+#include "synthetic.h"
+
+using namespace pmap::ensemble;
+
+namespace {
+
+struct Data {
+  Dataset train = pmap::testing::synthetic_dataset(640, 12, 1);
+  Dataset test = pmap::testing::synthetic_dataset(200, 12, 2);
+};
+
+const Data& data() {
+  static const Data d;
+  return d;
+}
+
+TrainConfig config(pmap::DeviceKind kind, int devices, int members, Mode mode = Mode::ensemble) {
+  TrainConfig c;
+  c.backend = kind;
+  c.devices = devices;
+  c.members = members;
+  c.mode = mode;
+  c.batch_size = 64;
+  c.eval_batch = 128;
+  c.report_every = 3;  // reports at steps 3, 6, 9 and 10
+  return c;
+}
+
+// Per-step losses of one epoch, as the progress callback reports them.
+std::vector<double> step_losses(Trainer& t) {
+  std::vector<double> out;
+  double previous = 0;
+  t.run_epoch([&](int step, int, double mean, double) {
+    out.push_back(mean * step - previous * (step - 1));
+    previous = mean;
+  });
+  return out;
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  float m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("cuda training: the GPU starts from the CPU's parameters and follows its loss trajectory") {
+  PMAPCC_REQUIRE_GPU();
+  for (int members : {1, 4, 8}) {
+    CAPTURE(members);
+    Trainer cpu(config(pmap::DeviceKind::cpu, 1, members), data().train, data().test);
+    Trainer gpu(config(pmap::DeviceKind::cuda, 1, members), data().train, data().test);
+    Trainer again(config(pmap::DeviceKind::cuda, 1, members), data().train, data().test);
+    CHECK(gpu.gather(false) == cpu.gather(false));  // initial parameters: bitwise, for the same key
+    const auto lc = step_losses(cpu), lg = step_losses(gpu), la = step_losses(again);
+    REQUIRE(lg.size() == 10);
+    for (std::size_t s = 0; s < lc.size(); ++s) CHECK(lg[s] == doctest::Approx(lc[s]).epsilon(1e-4));
+    CHECK(la == lg);  // the same run twice on the GPU: bitwise
+    CHECK(again.gather(false) == gpu.gather(false));
+    CHECK(again.history().back().ensemble_test_accuracy == gpu.history().back().ensemble_test_accuracy);
+    const float diff = max_abs_diff(gpu.gather(false), cpu.gather(false));
+    MESSAGE(members << " member(s): max |param difference| GPU vs CPU after 10 steps: " << diff);
+    CHECK(diff <= 1e-4f);
+  }
+}
+
+TEST_CASE("cuda training: virtual devices on one GPU and data parallel match their CPU twins") {
+  PMAPCC_REQUIRE_GPU();
+  for (auto [devices, members, mode] : {std::tuple{4, 4, Mode::ensemble}, std::tuple{2, 1, Mode::data_parallel}}) {
+    CAPTURE(devices);
+    Trainer cpu(config(pmap::DeviceKind::cpu, devices, members, mode), data().train, data().test);
+    Trainer gpu(config(pmap::DeviceKind::cuda, devices, members, mode), data().train, data().test);
+    const auto lc = step_losses(cpu), lg = step_losses(gpu);
+    for (std::size_t s = 0; s < lc.size(); ++s) CHECK(lg[s] == doctest::Approx(lc[s]).epsilon(1e-4));
+    CHECK(max_abs_diff(gpu.gather(false), cpu.gather(false)) <= 1e-4f);
+  }
+}
+
+TEST_CASE("cuda training: a checkpoint written on the GPU resumes on the CPU and back") {
+  PMAPCC_REQUIRE_GPU();
+  const auto dir = std::filesystem::temp_directory_path() / ("pmapcc_cuda_train_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  Trainer gpu(config(pmap::DeviceKind::cuda, 1, 2), data().train, data().test);
+  gpu.run_epoch();
+  gpu.save_checkpoint(dir / "gpu.safetensors");
+  Trainer cpu(config(pmap::DeviceKind::cpu, 2, 2), data().train, data().test);
+  cpu.load_checkpoint(dir / "gpu.safetensors");
+  CHECK(cpu.gather(false) == gpu.gather(false));
+  CHECK(cpu.gather(true) == gpu.gather(true));
+  cpu.run_epoch();
+  cpu.save_checkpoint(dir / "cpu.safetensors");
+  Trainer back(config(pmap::DeviceKind::cuda, 1, 2), data().train, data().test);
+  back.load_checkpoint(dir / "cpu.safetensors");
+  CHECK(back.gather(false) == cpu.gather(false));
+  CHECK(back.epochs_done() == 2);
+  std::filesystem::remove_all(dir);
+}
