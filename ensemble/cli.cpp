@@ -40,6 +40,13 @@ const std::map<std::string, Setter>& setters() {
          o.train.backend = parse_device_kind(v);
        }},
       {"--devices", [](CliOptions& o, const std::string& f, const std::string& v) { o.train.devices = positive_int(f, v); }},
+      {"--kernels", [](CliOptions& o, const std::string& f, const std::string& v) {
+         if (v != "native" && v != "cuda-on-host") throw UsageError(f + ": '" + v + "' is not native or cuda-on-host");
+         o.train.cuda_kernels_on_host = v == "cuda-on-host";
+       }},
+      {"--report-every", [](CliOptions& o, const std::string& f, const std::string& v) {
+         o.train.report_every = positive_int(f, v);
+       }},
       {"--members", [](CliOptions& o, const std::string& f, const std::string& v) { o.train.members = positive_int(f, v); }},
       {"--mode", [](CliOptions& o, const std::string& f, const std::string& v) {
          if (v != "ensemble" && v != "data-parallel") throw UsageError(f + ": '" + v + "' is not ensemble or data-parallel");
@@ -117,7 +124,10 @@ std::string cli_help(const std::string& program) {
          "Devices:\n"
          "  --backend cpu|cuda    device kind                            [cpu]\n"
          "  --devices N           devices in the mesh  [PMAPCC_CPU_DEVICES, else cores; all GPUs]\n"
-         "                        (under mpirun/srun: per process; the mesh spans all processes)\n"
+         "                        (under mpirun/srun: per process; the mesh spans all processes;\n"
+         "                        more CUDA devices than GPUs share them as virtual devices)\n"
+         "  --kernels K           native | cuda-on-host: the CUDA kernels run on the host, on CPU\n"
+         "                        devices (a check of the CUDA code without a GPU; slow)  [native]\n"
          "  --members N           ensemble members, a multiple of all devices  [one per device]\n"
          "  --mode M              ensemble | data-parallel               [ensemble]\n"
          "Training:\n"
@@ -126,6 +136,7 @@ std::string cli_help(const std::string& program) {
          "  --lr LR               SGD learning rate                      [0.1]\n"
          "  --momentum MU         SGD momentum                           [0.9]\n"
          "  --seed S              key(S) -> member keys and data order   [0]\n"
+         "  --report-every N      gather the step losses every N steps   [1 on CPU, 16 on GPUs]\n"
          "Output:\n"
          "  --progress P          auto | bar | plain | none              [auto: bar on a terminal]\n"
          "  --metrics-json PATH   per-epoch metrics as JSON\n"

@@ -43,6 +43,7 @@ int run(const CliOptions& o) {
                 static_cast<double>(c.learning_rate), static_cast<double>(c.momentum),
                 static_cast<unsigned long long>(c.seed),
                 o.resume.empty() ? "" : (", resumed after epoch " + std::to_string(trainer.epochs_done())).c_str());
+    if (c.cuda_kernels_on_host) std::printf("the CUDA kernels run on the host (--kernels cuda-on-host)\n");
     if (c.processes > 1)
       std::printf("%d processes, %d device(s) each; this process prints and writes the outputs\n", c.processes,
                   trainer.mesh().local_size());

@@ -83,4 +83,7 @@ const Backend& backend_for(DeviceKind kind);
 // memory (CPU devices). For checking the CUDA code where there is no GPU; much slower than the CPU ops.
 const Backend& cuda_backend_on_host();
 
+// "cuBLAS 13.1.0" (the library loaded), or "" in builds without CUDA. For logs; never throws.
+std::string cublas_version();
+
 }  // namespace pmap::kernels

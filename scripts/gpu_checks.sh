@@ -1,106 +1,267 @@
 #!/usr/bin/env bash
-# Every check that needs a GPU, in order, from the repository root of a CUDA machine:
-#   1. build (Release, CUDA on, NCCL when found)          5. compute-sanitizer racecheck (shared memory)
-#   2. the CUDA tests (ctest -R cuda)                       6. compute-sanitizer synccheck
-#   3. the whole suite                                      7. bench_cuda_train (model-images/s)
-#   4. compute-sanitizer memcheck on the CUDA tests         8. side by side with the JAX / PyTorch anchors
-# usage: scripts/gpu_checks.sh [--build DIR] [--data DIR] [--skip-build] [--only N[,N...]]
-#   --data DIR     MNIST IDX files for step 8 (default data/mnist; step 8 is skipped when absent)
-#   ANCHORS=DIR    where jax_cnn_ensemble.py and torch_cnn_ensemble.py live (default: shared/anchors,
-#                  ../shared/anchors or /work/shared/anchors, the first that exists)
-# Writes logs to <build>/gpu_checks/ and exits non-zero when a check fails (the others still run).
+# Every check that needs a GPU, run from the repository root of a CUDA machine (fresh checkout), stage by
+# stage; each stage is bounded by a timeout well inside 10 minutes, so a session can run the stages in a
+# few invocations of a 10-minute limit (for example: `info build cuda`, `suite sanitize`, `train bench
+# summary`). A stage that fails makes the exit status non-zero; the other stages named still run.
+#
+# usage: scripts/gpu_checks.sh [--build DIR] [--data DIR] [--deps FILE] STAGE...   (no stage: all of them)
+#   pack-deps  (on a machine with the Debian packages, not the GPU): packs Eigen, doctest and zlib's headers
+#              and CMake files into .gpudeps/deps.tar.gz (ignored by git) for a bare GPU machine; carry it
+#   info       pmap_info --require-gpu (built first if needed): GPU, driver, CUDA runtime, cuBLAS and NCCL
+#              versions; fails when no GPU is usable
+#   build      unpacks --deps when Eigen is missing, finds NCCL (the CUDA toolkit's, or the one in python3's
+#              nvidia-nccl package), configures Release with CUDA and NCCL required, builds everything
+#   cuda       the CUDA tests (ctest -R cuda) with PMAPCC_REQUIRE_GPU=1: a skipped GPU test fails
+#   suite      the whole ctest suite with PMAPCC_REQUIRE_GPU=1
+#   sanitize   compute-sanitizer memcheck, racecheck, synccheck and initcheck over the CUDA tests (graph-
+#              captured train steps included) and a short mnist_ensemble --backend cuda run
+#   train      mnist_ensemble --backend cuda, 1, 4 and 8 members on one GPU, against --backend cpu:
+#              initial parameters bitwise equal, a 20-step loss trajectory within 1e-4, and the same GPU
+#              run twice bitwise equal (losses and checkpoint tensors)
+#   bench      bench_cuda_train beside ../shared/anchors' torch_cnn_ensemble.py --device cuda and
+#              jax_cnn_ensemble.py (ANCHORS=DIR to point elsewhere), 1, 4 and 8 members
+#   summary    one JSON file, bench/results/gpu-checks-<device>-<date>.json: the device, versions, every
+#              stage's result and the benchmark lines
+# Logs: <build>/gpu_checks/ (stage results accumulate there across invocations, for the summary).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
-build=build-gpu
+build=build/gpu
 data=data/mnist
-skip_build=0
-only=""
+deps=.gpudeps/deps.tar.gz
+stages=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
-    --skip-build) skip_build=1; shift ;;
-    --only) only=",$2,"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
-    *) echo "gpu_checks.sh: unknown argument $1" >&2; exit 2 ;;
+    --deps) deps=$2; shift 2 ;;
+    -h | --help) sed -n '2,30p' "$0"; exit 0 ;;
+    pack-deps | info | build | cuda | suite | sanitize | train | bench | summary | all) stages+=("$1"); shift ;;
+    *) echo "gpu_checks.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+[[ ${#stages[@]} -eq 0 || " ${stages[*]} " == *" all "* ]] && stages=(info build cuda suite sanitize train bench summary)
 logs="$build/gpu_checks"
 mkdir -p "$logs"
+results="$logs/stages.jsonl"
 failed=()
+export PMAPCC_REQUIRE_GPU=1  # a GPU test that skips is a failure here (tests/cuda_testing.h, the CLI test)
+export build data deps logs root
 
-wanted() { [[ -z "$only" || "$only" == *",$1,"* ]]; }
-# check N NAME COMMAND...: runs one check, logs it, records a failure.
-check() {
-  local n=$1 name=$2
-  shift 2
-  wanted "$n" || return 0
-  echo "== [$n] $name: $*"
-  if "$@" >"$logs/$n-$name.log" 2>&1; then
-    echo "   ok ($(tail -n 1 "$logs/$n-$name.log"))"
+# run_stage NAME LIMIT_SECONDS FUNCTION: runs it under a timeout, logs it, records the result.
+run_stage() {
+  local name=$1 limit=$2 fn=$3 t0=$SECONDS rc
+  echo "== [$name] (limit ${limit} s, log $logs/$name.log)"
+  timeout --kill-after=10 "$limit" bash -c "$(declare -f); stage_helpers; $fn" >"$logs/$name.log" 2>&1
+  rc=$?
+  local secs=$((SECONDS - t0))
+  if [[ $rc -eq 0 ]]; then
+    echo "   ok in ${secs} s: $(tail -n 1 "$logs/$name.log")"
   else
-    echo "   FAILED, see $logs/$n-$name.log:"
-    tail -n 20 "$logs/$n-$name.log" | sed 's/^/     /'
-    failed+=("$n-$name")
+    [[ $rc -eq 124 || $rc -eq 137 ]] && echo "   TIMED OUT after ${secs} s" || echo "   FAILED (exit $rc) after ${secs} s:"
+    tail -n 25 "$logs/$name.log" | sed 's/^/     /'
+    failed+=("$name")
   fi
+  printf '{"stage": "%s", "exit": %d, "seconds": %d, "at": "%s"}\n' "$name" "$rc" "$secs" "$(date -u +%FT%TZ)" >>"$results"
 }
 
-if ! nvidia-smi -L >/dev/null 2>&1; then
-  echo "gpu_checks.sh: no GPU here (nvidia-smi -L failed); nothing to check" >&2
-  exit 1
-fi
-nvidia-smi -L
-sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-tests="$build/tests/pmapcc_tests"
-cuda_cases='cuda*'   # every GPU test case's name starts with "cuda"
+# Shared by the stages (they run in child shells): paths and small helpers.
+stage_helpers() {
+  tests="$build/tests/pmapcc_tests"
+  program="$build/examples/mnist_ensemble"
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  # Raw IDX files for the anchors and the program (the .gz files travel; the reader takes either).
+  raw_data() {
+    local out="$build/mnist-raw"
+    mkdir -p "$out"
+    for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
+      [[ -s "$out/$f" ]] && continue
+      if [[ -s "$data/$f" ]]; then cp "$data/$f" "$out/$f"; elif [[ -s "$data/$f.gz" ]]; then gunzip -c "$data/$f.gz" >"$out/$f"; fi
+    done
+    echo "$out"
+  }
+  # The safetensors tensor bytes of two files are equal (their metadata, with timings, may differ).
+  same_tensors() {
+    python3 - "$1" "$2" <<'PY'
+import struct, sys
+def tensors(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; return b[8 + n:]
+sys.exit(0 if tensors(sys.argv[1]) == tensors(sys.argv[2]) else 1)
+PY
+  }
+}
 
-if [[ $skip_build == 0 ]]; then
-  check 1 configure cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DPMAPCC_WITH_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90
-  # What the whole suite (step 3) runs: the tests, the program its CLI test drives, and the
-  # multi-process tests when MPI was found (their mpi.cuda cases put CUDA devices across processes).
-  targets=(pmapcc_tests bench_cuda_train mnist_ensemble)
-  cmake --build "$build" --target help 2>/dev/null | grep -q pmapcc_mpi_tests && targets+=(pmapcc_mpi_tests)
-  check 1 build cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
-fi
-check 2 cuda-tests ctest --test-dir "$build" -R cuda --output-on-failure
-check 3 all-tests ctest --test-dir "$build" --output-on-failure -j 4
-if [[ -x "$sanitizer" ]]; then
-  check 4 memcheck "$sanitizer" --tool memcheck --leak-check full --error-exitcode 1 "$tests" -tc="$cuda_cases"
-  check 5 racecheck "$sanitizer" --tool racecheck --error-exitcode 1 "$tests" -tc="$cuda_cases"
-  check 6 synccheck "$sanitizer" --tool synccheck --error-exitcode 1 "$tests" -tc="$cuda_cases"
-else
-  echo "== [4-6] compute-sanitizer not found: skipped"
-  failed+=("4-6-no-compute-sanitizer")
-fi
-check 7 bench "$build/bench/bench_cuda_train" --steps 200
+stage_pack_deps() {
+  mkdir -p .gpudeps
+  grep -qx '/.gpudeps/' .git/info/exclude 2>/dev/null || echo '/.gpudeps/' >>.git/info/exclude
+  tar -czf "$deps" -C / usr/include/eigen3 usr/share/eigen3 usr/include/doctest usr/lib/cmake/doctest \
+    usr/include/zlib.h usr/include/zconf.h usr/lib/x86_64-linux-gnu/libz.so usr/lib/x86_64-linux-gnu/libz.a
+  ls -la "$deps"
+}
 
-anchors=${ANCHORS:-}
-for dir in shared/anchors ../shared/anchors /work/shared/anchors; do
-  [[ -z "$anchors" && -f "$dir/jax_cnn_ensemble.py" ]] && anchors=$dir
-done
-if wanted 8 && [[ -d "$data" && -n "$anchors" ]]; then
-  check 8 build-mnist_ensemble cmake --build "$build" -j "$(nproc)" --target mnist_ensemble
-  for members in 1 4 8; do
-    check 8 "pmapcc-$members" "$build/examples/mnist_ensemble" --backend cuda --devices 1 --members "$members" \
-      --epochs 1 --data "$data" --progress plain --metrics-json "$logs/pmapcc-$members.json"
-    check 8 "torch-vmap-$members" python3 "$anchors/torch_cnn_ensemble.py" --data "$data" --members "$members" \
-      --steps 200 --mode vmap --device cuda
-    check 8 "torch-loop-$members" python3 "$anchors/torch_cnn_ensemble.py" --data "$data" --members "$members" \
-      --steps 200 --mode loop --device cuda
-    check 8 "jax-vmap-$members" python3 "$anchors/jax_cnn_ensemble.py" --data "$data" --members "$members" \
-      --steps 200 --mode vmap
+stage_build() {
+  if [[ ! -e /usr/share/eigen3/cmake/Eigen3Config.cmake && -s "$deps" ]]; then
+    echo "unpacking $deps into / (Eigen, doctest, zlib headers)"
+    tar -xzf "$deps" -C /
+  fi
+  local nccl=()
+  if [[ ! -e /usr/local/cuda/include/nccl.h ]]; then
+    local py
+    py=$(python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)
+    if [[ -n "$py" && -e "$py/include/nccl.h" ]]; then
+      mkdir -p "$build/nccl-lib"
+      ln -sf "$py"/lib/libnccl.so.2 "$build/nccl-lib/libnccl.so"
+      nccl=(-DNCCL_INCLUDE_DIR="$py/include" -DNCCL_LIBRARY="$root/$build/nccl-lib/libnccl.so")
+      echo "NCCL from python3's nvidia-nccl package: $py"
+    fi
+  fi
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPMAPCC_WITH_CUDA=ON -DPMAPCC_WITH_NCCL=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 "${nccl[@]}" || return 1
+  cmake --build "$build" -j "$(nproc)"
+}
+
+stage_info() {
+  [[ -x "$build/examples/pmap_info" ]] || stage_build >/dev/null || return 1
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+  "$build/examples/pmap_info" --require-gpu
+}
+
+stage_cuda() {
+  ctest --test-dir "$build" -R cuda --output-on-failure --timeout 300
+}
+
+stage_suite() {
+  ctest --test-dir "$build" --output-on-failure -j 8 --timeout 300
+}
+
+stage_sanitize() {
+  local cases='cuda*' skip='cuda NCCL*'  # NCCL's own transport is outside what the sanitizers can follow
+  local rc=0
+  for tool in memcheck racecheck synccheck initcheck; do
+    echo "-- $tool: CUDA tests"
+    local extra=()
+    [[ $tool == memcheck ]] && extra=(--leak-check full)
+    "$sanitizer" --tool "$tool" "${extra[@]}" --error-exitcode 1 "$tests" -tc="$cases" -tce="$skip" || rc=1
   done
-  echo "   model_images_per_s:"
-  grep -ho '"model_images_per_s": *[0-9.]*' "$logs"/8-*.log "$logs"/7-bench.log 2>/dev/null | sed 's/^/     /'
-elif wanted 8; then
-  echo "== [8] side by side skipped: need $data (MNIST IDX files) and the anchors (ANCHORS=...)"
-fi
+  local d
+  d=$(raw_data)
+  for tool in memcheck initcheck; do
+    echo "-- $tool: mnist_ensemble --backend cuda, 8 members, 1 epoch of 10 steps (captured train steps)"
+    "$sanitizer" --tool "$tool" --error-exitcode 1 "$program" --data "$d" --backend cuda --devices 1 --members 8 \
+      --train-limit 1280 --test-limit 500 --epochs 1 --progress none || rc=1
+  done
+  return $rc
+}
 
+stage_train() {
+  local d w rc=0
+  d=$(raw_data)
+  w="$logs/train"
+  mkdir -p "$w"
+  for m in 1 4 8; do
+    local base=("$program" --data "$d" --devices 1 --members "$m" --test-limit 1000 --progress none)
+    "${base[@]}" --backend cpu --epochs 0 --save "$w/init-cpu-$m.st" >/dev/null || return 1
+    "${base[@]}" --backend cuda --epochs 0 --save "$w/init-gpu-$m.st" >/dev/null || return 1
+    if same_tensors "$w/init-cpu-$m.st" "$w/init-gpu-$m.st"; then
+      echo "ok   $m member(s): initial parameters bitwise equal on CPU and GPU"
+    else
+      echo "FAIL $m member(s): initial parameters differ between CPU and GPU"; rc=1
+    fi
+    # 20 steps: 20 epochs of one full-batch step of 128 images (each epoch's train_loss is its step's loss).
+    local steps=(--train-limit 128 --batch-size 128 --epochs 20)
+    "${base[@]}" "${steps[@]}" --backend cpu --metrics-json "$w/cpu-$m.json" --save "$w/cpu-$m.st" >/dev/null || return 1
+    for run in 1 2; do
+      "${base[@]}" "${steps[@]}" --backend cuda --metrics-json "$w/gpu-$m-$run.json" --save "$w/gpu-$m-$run.st" \
+        >/dev/null || return 1
+    done
+    python3 - "$w/cpu-$m.json" "$w/gpu-$m-1.json" "$w/gpu-$m-2.json" "$m" <<'PY' || rc=1
+import json, sys
+cpu, g1, g2 = ([e["train_loss"] for e in json.load(open(p))["epochs"]] for p in sys.argv[1:4])
+worst = max(abs(a - b) / abs(b) for a, b in zip(g1, cpu))
+print(f"{'ok  ' if worst <= 1e-4 else 'FAIL'} {sys.argv[4]} member(s): 20-step loss trajectory GPU vs CPU, "
+      f"worst relative difference {worst:.2e} (first {cpu[0]:.6f}, last {cpu[-1]:.6f} vs {g1[-1]:.6f})")
+print(f"{'ok  ' if g1 == g2 else 'FAIL'} {sys.argv[4]} member(s): two GPU runs give the same losses bitwise")
+sys.exit(0 if worst <= 1e-4 and g1 == g2 else 1)
+PY
+    if same_tensors "$w/gpu-$m-1.st" "$w/gpu-$m-2.st"; then
+      echo "ok   $m member(s): two GPU runs end with the same parameters bitwise"
+    else
+      echo "FAIL $m member(s): two GPU runs end with different parameters"; rc=1
+    fi
+  done
+  [[ $rc -eq 0 ]] && echo "train: all checks passed"
+  return $rc
+}
+
+stage_bench() {
+  local d anchors=${ANCHORS:-} rc=0
+  d=$(raw_data)
+  for dir in shared/anchors ../shared/anchors /work/shared/anchors; do
+    [[ -z "$anchors" && -f "$dir/jax_cnn_ensemble.py" ]] && anchors=$dir
+  done
+  "$build/bench/bench_cuda_train" --data "$d" --steps 200 || rc=1
+  if [[ -z "$anchors" ]]; then
+    echo "bench: the anchors (jax_cnn_ensemble.py, torch_cnn_ensemble.py) were not found: set ANCHORS=DIR"
+    return 1
+  fi
+  for m in 1 4 8; do
+    for mode in loop vmap; do
+      python3 "$anchors/torch_cnn_ensemble.py" --data "$d" --members "$m" --steps 200 --mode "$mode" --device cuda || rc=1
+    done
+    python3 "$anchors/jax_cnn_ensemble.py" --data "$d" --members "$m" --steps 200 --mode vmap || rc=1
+  done
+  return $rc
+}
+
+stage_summary() {
+  mkdir -p bench/results
+  python3 - "$logs" <<'PY'
+import datetime, json, os, re, subprocess, sys
+logs = sys.argv[1]
+def read(name):
+    p = os.path.join(logs, name)
+    return open(p).read() if os.path.exists(p) else ""
+info = read("info.log").strip().splitlines()
+device = next((l.split(":", 1)[1].split(",")[0].strip() for l in info if l.startswith("GPU 0:")), "unknown GPU")
+stages = [json.loads(l) for l in read("stages.jsonl").splitlines() if l.strip()]
+latest = {}
+for s in stages:
+    latest[s["stage"]] = s
+bench = []
+for line in read("bench.log").splitlines():
+    line = line.strip()
+    if line.startswith("{") and "model_images_per_s" in line:
+        try:
+            bench.append(json.loads(line))
+        except ValueError:
+            pass
+commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+now = datetime.datetime.now(datetime.timezone.utc)
+out = {"date": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": commit, "device": device, "info": info,
+       "stages": latest, "train": read("train.log").strip().splitlines(), "bench": bench}
+slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower()
+path = os.path.join("bench", "results", f"gpu-checks-{slug}-{now.strftime('%Y%m%d-%H%M%S')}.json")
+json.dump(out, open(path, "w"), indent=2)
+print(path)
+PY
+}
+
+for s in "${stages[@]}"; do
+  case "$s" in
+    pack-deps) run_stage pack-deps 120 stage_pack_deps ;;
+    info) run_stage info 540 stage_info ;;
+    build) run_stage build 540 stage_build ;;
+    cuda) run_stage cuda 540 stage_cuda ;;
+    suite) run_stage suite 570 stage_suite ;;
+    sanitize) run_stage sanitize 570 stage_sanitize ;;
+    train) run_stage train 540 stage_train ;;
+    bench) run_stage bench 570 stage_bench ;;
+    summary) run_stage summary 60 stage_summary ;;
+  esac
+done
 if [[ ${#failed[@]} -gt 0 ]]; then
   echo "gpu_checks.sh: FAILED: ${failed[*]}"
   exit 1
 fi
-echo "gpu_checks.sh: all checks passed"
+echo "gpu_checks.sh: ${stages[*]}: all passed"

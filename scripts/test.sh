@@ -12,10 +12,13 @@ usage: bash scripts/test.sh [--quick] [--no-setup] [--all] [-h|--help]
               those tests then skip themselves)
     default   cmake --preset default (CUDA, NCCL, MPI when found), build, ctest
     tsan      cmake --preset tsan (ThreadSanitizer, CPU only), build, ctest (the whole suite, 2 rounds)
+    asan, ubsan  the AddressSanitizer and UndefinedBehaviorSanitizer builds (CPU only: the CUDA kernels
+              built as host code) of the test binary, running the host runs of every CUDA kernel, the
+              graph captures, the feed and the training through the CUDA kernels (ctest -R "$cuda_tests")
     consumer  install the default build into a scratch prefix, build and run tests/consumer against it
   --quick     setup, data and the default build's full ctest (consumer test included) only
   --no-setup  skip setup.sh (nothing is installed)
-  --all       also build and test the asan and ubsan presets
+  --all       build and test the whole suite in the asan and ubsan presets (not only the CUDA host runs)
 EOF
 }
 
@@ -31,6 +34,11 @@ for arg in "$@"; do
 done
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+
+# The tests that run the CUDA code on the host (tests/test_cuda_*.cpp, the feed, training through the CUDA
+# kernels): what the sanitizer stages run unless --all.
+cuda_tests='^(cuda|the CUDA backend|Feed)'
+
 
 # Per-test limit. The slowest test takes a few seconds today; a hang must not eat the CI budget (90 min).
 test_timeout=600
@@ -114,6 +122,14 @@ else
   if [[ $all -eq 1 ]]; then
     preset_stages asan -E '^consumer_project$'
     preset_stages ubsan -E '^consumer_project$'
+  else
+    for preset in asan ubsan; do
+      if stage "$preset: configure" cmake --preset "$preset" && stage "$preset: build" cmake --build --preset "$preset" --target pmapcc_tests; then
+        stage "$preset: ctest (CUDA host runs)" ctest --preset "$preset" "${ctest_args[@]}" -R "$cuda_tests"
+      else
+        skip "$preset: ctest (CUDA host runs)" "configure or build failed"
+      fi
+    done
   fi
 
   # The consumer check is one CTest test (tests/consumer/run.cmake): run here on its own, once, so it has

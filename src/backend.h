@@ -27,7 +27,11 @@ struct GpuProbe {
   std::string problem;
 };
 const GpuProbe& cuda_probe();
+// Facts about the CUDA stack for logs: driver and runtime versions, then one line per GPU (name, compute
+// capability, memory, UUID). Empty without CUDA. Never throws.
+std::vector<std::string> cuda_report() noexcept;
 bool nccl_available();
+std::string nccl_version();  // "2.28.3" (the library loaded), or "" without NCCL. Never throws.
 bool mpi_available();
 
 // CUDA memory and copies; the stub (no CUDA) throws NotAvailable. Blocking: copies and fills run on the

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace pmap {
 
@@ -24,5 +25,9 @@ struct GpuStatus {
   std::string problem;
 };
 GpuStatus cuda_status();
+
+// For logs: the CUDA driver and runtime versions, NCCL's (when built with it), and one line per GPU (name,
+// compute capability, memory, UUID). Empty in builds without CUDA. Never throws.
+std::vector<std::string> cuda_report();
 
 }  // namespace pmap

@@ -97,6 +97,8 @@ const Backend& cuda_backend() {
 
 }  // namespace detail
 
+std::string cublas_version() { return gpu::native::cublas_version(); }
+
 const Backend& cuda_backend_on_host() {
   static const CudaBackend backend(gpu::Exec::host());
   return backend;

@@ -12,6 +12,7 @@ namespace {
 }  // namespace
 
 bool built() { return false; }
+std::string cublas_version() { return {}; }
 void sgemm(const ColumnMajorGemm&) { unavailable(); }
 void fill_zero(void*, std::size_t) { unavailable(); }
 void copy(void*, const void*, std::size_t) { unavailable(); }

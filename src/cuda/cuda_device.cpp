@@ -76,6 +76,33 @@ const GpuProbe& cuda_probe() {
 
 int cuda_device_count() { return cuda_probe().count; }
 
+std::vector<std::string> cuda_report() noexcept {
+  std::vector<std::string> out;
+  try {
+    auto version = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
+    int driver = 0, runtime = 0;
+    if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+    if (cudaRuntimeGetVersion(&runtime) != cudaSuccess) runtime = 0;
+    cudaGetLastError();
+    out.push_back("CUDA driver " + (driver == 0 ? std::string("none") : version(driver)) + ", runtime " +
+                  version(runtime));
+    const GpuProbe& probe = cuda_probe();
+    if (!probe.problem.empty()) out.push_back("GPU unusable: " + probe.problem);
+    for (int d = 0; d < probe.count; ++d) {
+      cudaDeviceProp prop{};
+      if (cudaGetDeviceProperties(&prop, d) != cudaSuccess) {
+        cudaGetLastError();
+        continue;
+      }
+      out.push_back("GPU " + std::to_string(d) + ": " + prop.name + ", sm_" + std::to_string(prop.major) +
+                    std::to_string(prop.minor) + ", " + std::to_string(prop.totalGlobalMem >> 20) + " MiB, " +
+                    std::to_string(prop.multiProcessorCount) + " SMs, uuid " + cuda_gpu_uuid(d));
+    }
+  } catch (...) {  // string allocation only; report what we have
+  }
+  return out;
+}
+
 void* cuda_host_alloc(std::size_t bytes) {
   void* p = nullptr;
   PMAPCC_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocPortable));

@@ -15,6 +15,7 @@ const GpuProbe& cuda_probe() {
   return none;
 }
 int cuda_device_count() { return 0; }
+std::vector<std::string> cuda_report() noexcept { return {}; }
 void* cuda_host_alloc(std::size_t) { unavailable(); }
 void cuda_host_free(void*) noexcept {}
 EventHandle cuda_event_create(int) { unavailable(); }

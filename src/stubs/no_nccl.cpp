@@ -8,6 +8,7 @@
 namespace pmap::detail {
 
 bool nccl_available() { return false; }
+std::string nccl_version() { return {}; }
 
 std::unique_ptr<NcclClique> make_nccl_clique(const std::vector<int>&, const std::vector<int>&, int, bool, ThreadHub&,
                                              std::chrono::milliseconds, std::chrono::milliseconds) {

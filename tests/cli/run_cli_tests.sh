@@ -78,6 +78,33 @@ expect "resume from epoch 0" 0 "resumed after epoch 0" -- "${run[@]}" --epochs 1
 same_tensors "$work/ck1.safetensors" "$work/ck0b.safetensors" && pass "resume from epoch 0 is exact" \
   || fail "resume from epoch 0 is exact"
 
+# The CUDA backend: it trains on a GPU; where no GPU is usable it says so (exit 1) and does not crash.
+# PMAPCC_REQUIRE_GPU=1 (scripts/gpu_checks.sh) demands the GPU run.
+"${run[@]}" --backend cuda --epochs 1 --metrics-json "$work/cuda.json" >"$work/out" 2>"$work/err"; rc=$?
+if [ "$rc" -eq 0 ] && [ -s "$work/cuda.json" ]; then
+  pass "--backend cuda trains on the GPU"
+elif [ "$rc" -eq 1 ] && grep -qE "error: (no GPU is usable here|CUDA devices requested, but)" "$work/err" \
+     && [ "${PMAPCC_REQUIRE_GPU:-0}" != 1 ]; then
+  pass "--backend cuda without a usable GPU: $(head -c 120 "$work/err")"
+else
+  fail "--backend cuda: exit $rc ($(head -c 300 "$work/err"))"
+fi
+# The CUDA kernels run on the host (CPU devices): the same training to float reassociation.
+expect "cuda kernels on the host" 0 "CUDA kernels run on the host" -- "${run[@]}" --epochs 1 --kernels cuda-on-host \
+  --metrics-json "$work/host.json"
+expect "cpu kernels" 0 "ensemble" -- "${run[@]}" --epochs 1 --metrics-json "$work/cpu.json"
+python3 - "$work/host.json" "$work/cpu.json" <<'PY' && pass "cuda-on-host trains like the CPU ops" || fail "cuda-on-host trains like the CPU ops"
+import json, sys
+h, c = (json.load(open(p)) for p in sys.argv[1:])
+assert h["config"]["kernels"] == "cuda-on-host" and c["config"]["kernels"] == "native"
+hl, cl = h["final"]["train_loss"], c["final"]["train_loss"]
+assert abs(hl - cl) <= 1e-5 * abs(cl), (hl, cl)
+assert abs(h["final"]["test_loss"] - c["final"]["test_loss"]) <= 1e-4 * abs(c["final"]["test_loss"])
+PY
+expect "cuda-on-host needs CPU devices" 1 "for CPU devices" -- "${run[@]}" --epochs 1 --kernels cuda-on-host --backend cuda
+expect "bad kernels" 2 "--kernels: 'gpu' is not native or cuda-on-host" -- "$bin" --kernels gpu
+expect "bad report interval" 2 "--report-every: 0 is out of range" -- "$bin" --report-every 0
+
 head -c 1000 "$work/ck1.safetensors" >"$work/trunc.safetensors"
 expect "truncated checkpoint" 1 "error: .*trunc.safetensors" -- "${run[@]}" --epochs 2 --resume "$work/trunc.safetensors"
 expect "checkpoint seed mismatch" 1 "seed" -- "${run[@]}" --epochs 2 --seed 5 --resume "$work/ck1.safetensors"

@@ -102,6 +102,15 @@ ThreadGpuContext& context() {
 
 bool built() { return true; }
 
+std::string cublas_version() {
+  int major = 0, minor = 0, patch = 0;
+  if (cublasGetProperty(MAJOR_VERSION, &major) != CUBLAS_STATUS_SUCCESS ||
+      cublasGetProperty(MINOR_VERSION, &minor) != CUBLAS_STATUS_SUCCESS ||
+      cublasGetProperty(PATCH_LEVEL, &patch) != CUBLAS_STATUS_SUCCESS)
+    return "cuBLAS (version unknown)";
+  return "cuBLAS " + std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+}
+
 void prepare() { context().handle(current_stream()); }
 
 void* scratch(std::size_t bytes) { return context().scratch(bytes); }

@@ -12,7 +12,8 @@
 
 namespace pmap::kernels::gpu::native {
 
-bool built();                                               // false in the stub (no CUDA in this build)
+bool built();
+std::string cublas_version();                               // "" in the stub                                               // false in the stub (no CUDA in this build)
 void sgemm(const ColumnMajorGemm& g);                       // cublasSgemmStridedBatched, current stream
 void fill_zero(void* dst, std::size_t bytes);               // cudaMemsetAsync, current stream
 void copy(void* dst, const void* src, std::size_t bytes);   // cudaMemcpyAsync, current stream
