@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <span>
 
 #include <pmap/distributed.h>
@@ -131,11 +132,18 @@ Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
   options_.axis = mesh_.axes()[0].name;
   options_.total_members = total_members_;
   if (config_.report_every == 0) config_.report_every = config_.backend == DeviceKind::cpu ? 1 : 16;
+  make_device_work();
+  if (config_.processes > 1) check_processes_agree();
+  init_members();
+}
+
+void Trainer::make_device_work() {
   const kernels::Backend& backend =
       config_.cuda_kernels_on_host ? kernels::cuda_backend_on_host() : kernels::backend_for(config_.backend);
+  const Dataset& train = train_;
   // Activations for one training step's rows per device; evaluation runs its batches through them in pieces.
-  const int rows = options_.data_parallel ? config_.batch_size / devices : config_.batch_size;
-  const int eval_batch = std::min<int>(config_.eval_batch, static_cast<int>(test.count));
+  const int rows = options_.data_parallel ? config_.batch_size / mesh_.size() : config_.batch_size;
+  const int eval_batch = std::min<int>(config_.eval_batch, static_cast<int>(test_.count));
   std::vector<DeviceWork*> ptrs;
   std::vector<TrainState> states;
   for (const Device& d : mesh_.local_devices()) {
@@ -158,8 +166,6 @@ Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
   eval_feed_ = std::make_unique<Feed<Batch>>(mesh_, prototype(eval_batch), FeedLayout::replicated());
   // Handles and workspaces the steps use are created now, on the devices' threads: steps allocate nothing.
   pmap::pmap([](DeviceWork* w) { w->backend.prepare(); }, mesh_)(work_ptrs_);
-  if (config_.processes > 1) check_processes_agree();
-  init_members();
 }
 
 void Trainer::check_processes_agree() const {
@@ -233,6 +239,35 @@ void check_labels(std::int64_t bad, const char* where) {
 
 }  // namespace
 
+namespace {
+
+// The running sums of an epoch, fed by the gathered logs: the steps are added in one order (step, device,
+// member) whichever process or report interval, so every process holds the same bits.
+struct EpochSums {
+  std::size_t devices = 1, per_device = 1, log_rows = 1;  // the gathered log's shape
+  double divisor = 1;      // ensemble: all members; data parallel: the devices' blocks
+  double loss_sum = 0;     // sum over the steps of the step's mean loss
+  double correct = 0;
+  int added = 0;           // steps added so far
+};
+
+// Adds the steps up to `through` (0-based) from `log`, calling on_step for each.
+void add_steps(const LogOnHost& log, int through, EpochSums& e, const std::function<void(int, double)>& on_step) {
+  for (; e.added <= through; ++e.added) {
+    const auto r = static_cast<std::size_t>(e.added) % e.log_rows;
+    double step_loss = 0;
+    for (std::size_t d = 0; d < e.devices; ++d)
+      for (std::size_t j = 0; j < e.per_device; ++j) {
+        step_loss += log.loss[(d * e.log_rows + r) * e.per_device + j];
+        e.correct += log.correct[(d * e.log_rows + r) * e.per_device + j];
+      }
+    e.loss_sum += step_loss / e.divisor;
+    on_step(e.added + 1, e.loss_sum / (e.added + 1));
+  }
+}
+
+}  // namespace
+
 EpochMetrics Trainer::run_epoch(const StepCallback& on_step) {
   EpochMetrics m;
   m.epoch = epochs_done_ + 1;
@@ -240,8 +275,8 @@ EpochMetrics Trainer::run_epoch(const StepCallback& on_step) {
                                  static_cast<std::uint32_t>(train_.count));
   const int steps = steps_per_epoch();
   // Every report_every steps (and at the end of the epoch) the devices' per-step logs are all-gathered
-  // over the mesh, so that every process sums the same values in one order (step, device, member) and
-  // the processes of a mesh that spans several stay in step.
+  // over the mesh, so that every process sums the same values and the processes of a mesh that spans
+  // several stay in step.
   const Device first_local = mesh_.local_devices()[0];
   auto step_fn = pmap::pmap([first_local](TrainState& s, DeviceWork* w, const Batch& b, const StepOptions& o,
                                           bool report) {
@@ -251,14 +286,15 @@ EpochMetrics Trainer::run_epoch(const StepCallback& on_step) {
     w->log_fill = 0;
     return current_device() == first_local ? to_host(all) : LogOnHost{};
   }, mesh_);
-  // Ensemble: the mean over all members; data parallel: the mean over the devices' blocks.
-  const double divisor = static_cast<double>(options_.data_parallel ? mesh_.size() : total_members_);
-  const auto devices = static_cast<std::size_t>(mesh_.size());
-  const auto per = static_cast<std::size_t>(members_per_device_);
-  const auto log_rows = static_cast<std::size_t>(config_.report_every);
-  double loss_sum = 0, correct = 0;
-  int reported = 0;
+  EpochSums sums{static_cast<std::size_t>(mesh_.size()), static_cast<std::size_t>(members_per_device_),
+                 static_cast<std::size_t>(config_.report_every),
+                 static_cast<double>(options_.data_parallel ? mesh_.size() : total_members_)};
   const auto t0 = Clock::now();
+  auto report_step = [&](int step, double running_loss) {
+    if (!on_step) return;
+    const double secs = seconds_since(t0), images = static_cast<double>(total_members_) * config_.batch_size * step;
+    on_step(step, steps, running_loss, secs > 0 ? images / secs : 0.0);
+  };
   if (steps > 0) fill_batch(*train_feed_, order, 0, config_.batch_size, train_, /*own_rows_only=*/true);
   for (int s = 0; s < steps; ++s) {
     if (s + 1 < steps)  // the next batch's copy overlaps this step
@@ -267,28 +303,13 @@ EpochMetrics Trainer::run_epoch(const StepCallback& on_step) {
     const bool report = (s + 1) % config_.report_every == 0 || s + 1 == steps;
     auto res = step_fn(states_, work_ptrs_, train_feed_->pop(), options_, report);
     if (!report) continue;
-    const LogOnHost& log = res[0];
-    check_labels(log.bad_labels, "training");
-    for (; reported <= s; ++reported) {
-      const auto r = static_cast<std::size_t>(reported % config_.report_every);
-      double step_loss = 0;
-      for (std::size_t d = 0; d < devices; ++d)
-        for (std::size_t j = 0; j < per; ++j) {
-          step_loss += log.loss[(d * log_rows + r) * per + j];
-          correct += log.correct[(d * log_rows + r) * per + j];
-        }
-      loss_sum += step_loss / divisor;
-      if (on_step) {
-        const double secs = seconds_since(t0);
-        on_step(reported + 1, steps, loss_sum / (reported + 1),
-                secs > 0 ? static_cast<double>(total_members_) * config_.batch_size * (reported + 1) / secs : 0.0);
-      }
-    }
+    check_labels(res[0].bad_labels, "training");
+    add_steps(res[0], s, sums, report_step);
   }
   m.seconds = seconds_since(t0);
   const double seen = static_cast<double>(steps) * config_.batch_size;
-  m.train_loss = steps > 0 ? loss_sum / steps : 0.0;
-  m.train_accuracy = steps > 0 ? correct / (seen * total_members_) : 0.0;
+  m.train_loss = steps > 0 ? sums.loss_sum / steps : 0.0;
+  m.train_accuracy = steps > 0 ? sums.correct / (seen * total_members_) : 0.0;
   m.model_images_per_second = m.seconds > 0 ? total_members_ * seen / m.seconds : 0.0;
   ++epochs_done_;
   const auto t1 = Clock::now();

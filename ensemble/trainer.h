@@ -107,6 +107,8 @@ class Trainer {
   void load_checkpoint(const std::filesystem::path& path);
 
  private:
+  // The devices' step buffers, the feeds and the backend's handles (allocated once, here).
+  void make_device_work();
   void init_members();
   void check_processes_agree() const;  // ValueError unless every process has the same config and data
   // Every device's `mine` (one host vector per local device, all of one length), over the whole mesh in

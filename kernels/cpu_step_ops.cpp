@@ -36,9 +36,7 @@ void argmax_hits(int rows, int classes, const float* scores, const std::int32_t*
   require(scores, "argmax_hits", "scores");
   require(labels, "argmax_hits", "labels");
   require(hits, "argmax_hits", "hits");
-  if (rows < 0 || classes < 1)
-    throw ValueError("argmax_hits: needs rows >= 0 and classes >= 1, got " + std::to_string(rows) + " and " +
-                     std::to_string(classes));
+  validate_argmax_hits(rows, classes);
   for (int r = 0; r < rows; ++r) {
     const float* s = scores + static_cast<std::size_t>(r) * classes;
     int best = 0;

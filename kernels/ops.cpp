@@ -108,4 +108,10 @@ void validate(const MatmulParams& p) {
   require_positive(p.depth, op, "depth");
 }
 
+void validate_argmax_hits(int rows, int classes) {
+  if (rows < 0 || classes < 1)
+    throw ValueError("argmax_hits: needs rows >= 0 and classes >= 1, got " + std::to_string(rows) + " and " +
+                     std::to_string(classes));
+}
+
 }  // namespace pmap::kernels

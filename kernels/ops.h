@@ -112,6 +112,7 @@ PoolGeometry avg_pool_geometry(const AvgPoolParams& p);
 void validate(const DenseParams& p);
 void validate(const SoftmaxXentParams& p);
 void validate(const MatmulParams& p);
+void validate_argmax_hits(int rows, int classes);  // rows >= 0, classes >= 1
 
 }  // namespace pmap::kernels
 

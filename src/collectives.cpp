@@ -27,8 +27,9 @@ struct Target {
 
 Target target(const char* what, const AxisNames& axes) {
   auto& ctx = detail::current_context(what);
-  detail::check_not_capturing(std::string(what) + " over " + axes.str(),
-                              "meets the other devices on the host (a collective)");
+  if (detail::capturing() != nullptr)
+    detail::check_not_capturing(std::string(what) + " over " + axes.str(),
+                                "meets the other devices on the host (a collective)");
   const bool on_device = ctx.mesh->device_memory(ctx.device, axes);
   return Target{ctx.mesh, ctx.device, &ctx.mesh->comm(ctx.device, axes),
                 on_device ? ctx.mesh->devices()[static_cast<std::size_t>(ctx.device)] : Device{}};

@@ -315,7 +315,8 @@ ThreadCommunicator::ThreadCommunicator(ThreadHub& hub, const Group& group, int d
 }
 
 void ThreadCommunicator::run(CollectiveOp op) {
-  check_not_capturing(std::string(op.name) + " over " + group_.axes, "meets the other devices on the host");
+  if (capturing() != nullptr)
+    check_not_capturing(std::string(op.name) + " over " + group_.axes, "meets the other devices on the host");
   op.device = device_memory_;
   if (device_memory_) cuda_sync_current_stream();  // peers read our send buffer from their streams
   hub_.collective(device_, group_, local_rank_, op);

@@ -2,7 +2,11 @@
 // square whose position encodes the label.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
+#include <vector>
 
 #include <pmap/random.h>
 
@@ -31,6 +35,24 @@ inline ensemble::Dataset synthetic_dataset(std::int64_t count, int side, std::ui
       for (int c = c0; c < c0 + 1 + side / 10 && c < side; ++c) img[r * side + c] = 255;
   }
   return d;
+}
+
+// The training tests' data: 640 training and 200 test images of 12x12, made once.
+struct TrainingData {
+  ensemble::Dataset train = synthetic_dataset(640, 12, 1);
+  ensemble::Dataset test = synthetic_dataset(200, 12, 2);
+};
+inline const TrainingData& training_data() {
+  static const TrainingData d;
+  return d;
+}
+
+// The largest |a[i] - b[i]|; infinity when the sizes differ.
+inline float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return std::numeric_limits<float>::infinity();
+  float m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
 }
 
 }  // namespace pmap::testing

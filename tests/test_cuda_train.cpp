@@ -15,15 +15,7 @@ using namespace pmap::ensemble;
 
 namespace {
 
-struct Data {
-  Dataset train = pmap::testing::synthetic_dataset(640, 12, 1);
-  Dataset test = pmap::testing::synthetic_dataset(200, 12, 2);
-};
-
-const Data& data() {
-  static const Data d;
-  return d;
-}
+const pmap::testing::TrainingData& data() { return pmap::testing::training_data(); }
 
 TrainConfig config(pmap::DeviceKind kind, int devices, int members, Mode mode = Mode::ensemble) {
   TrainConfig c;
@@ -48,12 +40,7 @@ std::vector<double> step_losses(Trainer& t) {
   return out;
 }
 
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  float m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
-  return m;
-}
+using pmap::testing::max_abs_diff;
 
 }  // namespace
 

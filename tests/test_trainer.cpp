@@ -16,15 +16,7 @@ using namespace pmap::ensemble;
 
 namespace {
 
-struct Data {
-  Dataset train = pmap::testing::synthetic_dataset(640, 12, 1);
-  Dataset test = pmap::testing::synthetic_dataset(200, 12, 2);
-};
-
-const Data& data() {
-  static const Data d;
-  return d;
-}
+const pmap::testing::TrainingData& data() { return pmap::testing::training_data(); }
 
 TrainConfig small(int devices, int members, int epochs = 1) {
   TrainConfig c;
@@ -36,12 +28,7 @@ TrainConfig small(int devices, int members, int epochs = 1) {
   return c;
 }
 
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  float m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
-  return m;
-}
+using pmap::testing::max_abs_diff;
 
 std::filesystem::path temp_path(const std::string& name) {
   auto dir = std::filesystem::temp_directory_path() / ("pmapcc_trainer_test_" + std::to_string(::getpid()));

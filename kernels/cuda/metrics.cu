@@ -78,9 +78,7 @@ void argmax_hits(const Exec& ex, int rows, int classes, const float* scores, con
   require(scores, "argmax_hits", "scores");
   require(labels, "argmax_hits", "labels");
   require(hits, "argmax_hits", "hits");
-  if (rows < 0 || classes < 1)
-    throw ValueError("argmax_hits: needs rows >= 0 and classes >= 1, got " + std::to_string(rows) + " and " +
-                     std::to_string(classes));
+  validate_argmax_hits(rows, classes);
   ex.launch(ArgmaxHits{classes, scores, labels, hits}, static_cast<std::size_t>(rows));
 }
 

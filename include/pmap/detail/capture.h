@@ -25,7 +25,8 @@ class CaptureScope {
 const char* capturing() noexcept;
 
 // Throws CaptureError "<op> <does> during <capture>: ..." when the calling thread is capturing.
-// `does` says what is not allowed, e.g. "allocates device memory", "synchronizes with the host".
+// `does` says what is not allowed, e.g. "allocates device memory", "synchronizes with the host". Hot
+// paths test capturing() first, so that they build the message only when it is needed.
 void check_not_capturing(const std::string& op, const char* does);
 
 }  // namespace pmap::detail
