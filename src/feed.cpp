@@ -104,7 +104,7 @@ void FeedCore::push() {
       Array& dst = *dsts[l];
       const auto* src = static_cast<const char*>(hosts[l]->raw_data()) + piece * dst.nbytes();
       if (s.device.is_cpu()) {
-        if (dst.nbytes() != 0) std::memcpy(dst.raw_data(), src, dst.nbytes());
+        if (dst.nbytes() != 0 && dst.raw_data() != src) std::memcpy(dst.raw_data(), src, dst.nbytes());
       } else {
         cuda_copy_async(dst.raw_data(), src, dst.nbytes(), s.copy_stream.get(), s.device.ordinal);
       }

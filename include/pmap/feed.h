@@ -5,7 +5,8 @@
 //
 // On CUDA devices the host buffers are pinned and each device copies on a stream of its own, so the copy
 // of batch s+1 runs while step s computes; the device's stream waits for a batch's copy (on the GPU, not
-// the host) when the batch is popped. On CPU devices a push is a plain copy into each device's buffers.
+// the host) when the batch is popped. On CPU devices a push is a plain copy into each device's buffers
+// (replicated: next() is the first device's buffers, copied to the others).
 //
 //   pmap::Feed<Batch> feed(mesh, prototype);        // prototype: one batch's shapes (host Arrays)
 //   fill(feed.next()); feed.push();                 // batch 0 on its way
@@ -71,19 +72,26 @@ template <class T> class Feed {
  public:
   Feed(const Mesh& mesh, const T& prototype, FeedLayout layout = FeedLayout::replicated()) {
     const int parts = layout.shard ? mesh.axis_size(layout.axes) : 1;
+    // Replicated onto CPU devices, the first device's buffers are host memory already: the batch is filled
+    // there, and pushed to the other devices.
+    fill_first_device_ = !layout.shard && mesh.local_devices().front().is_cpu();
     std::vector<std::vector<Array*>> host_leaves(2);
     std::vector<std::vector<std::vector<Array*>>> device_leaves(2);
+    auto leaves_of = [](T& tree, std::vector<Array*>& out) {
+      tree_for_each(tree, [&](auto& leaf) {
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) out.push_back(&leaf);
+      });
+    };
     for (int slot = 0; slot < 2; ++slot) {
-      host_[slot] = tree_map(prototype, [](const auto& leaf) {
-        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
-          return Array::pinned(leaf.shape(), leaf.dtype());
-        } else {
-          return leaf;
-        }
-      });
-      tree_for_each(host_[slot], [&](auto& leaf) {
-        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) host_leaves[slot].push_back(&leaf);
-      });
+      if (!fill_first_device_) {
+        host_[slot] = tree_map(prototype, [](const auto& leaf) {
+          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+            return Array::pinned(leaf.shape(), leaf.dtype());
+          } else {
+            return leaf;
+          }
+        });
+      }
       std::vector<T> per_device;
       for (const Device& d : mesh.local_devices())
         per_device.push_back(tree_map(prototype, [&](const auto& leaf) {
@@ -96,13 +104,8 @@ template <class T> class Feed {
           }
         }));
       device_[slot] = Sharded<T>(std::move(per_device));
-      for (T& tree : device_[slot]) {
-        device_leaves[slot].emplace_back();
-        tree_for_each(tree, [&](auto& leaf) {
-          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>)
-            device_leaves[slot].back().push_back(&leaf);
-        });
-      }
+      for (T& tree : device_[slot]) leaves_of(tree, device_leaves[slot].emplace_back());
+      leaves_of(fill_first_device_ ? device_[slot][0] : host_[slot], host_leaves[slot]);
     }
     core_ = std::make_unique<detail::FeedCore>(mesh, std::move(host_leaves), std::move(device_leaves),
                                                std::move(layout));
@@ -110,7 +113,10 @@ template <class T> class Feed {
 
   // The host tree to fill with the next batch (pinned memory when GPUs are in use). Waits until the copy
   // out of it (two pushes ago) has finished. ValueError when two batches are pushed and not popped.
-  T& next() { return host_[core_->next_slot()]; }
+  T& next() {
+    const int slot = core_->next_slot();
+    return fill_first_device_ ? device_[slot][0] : host_[slot];
+  }
   // Starts copying the batch filled through next() to every local device (returns at once on GPUs).
   void push() { core_->push(); }
   // The oldest pushed batch on the devices (one tree per local device, for a pmapped function). Each
@@ -119,7 +125,8 @@ template <class T> class Feed {
   const Sharded<T>& pop() { return device_[core_->pop_slot()]; }
 
  private:
-  T host_[2];
+  bool fill_first_device_ = false;
+  T host_[2];  // unused when fill_first_device_
   Sharded<T> device_[2];
   std::unique_ptr<detail::FeedCore> core_;
 };
