@@ -1,5 +1,6 @@
 // Trainer checkpoints: every member's parameters and momentum as (members, ...) safetensors tensors,
 // with the step, epoch, keys, configuration and history in __metadata__. Written atomically.
+#include <algorithm>
 #include <cmath>
 
 #include <pmap/error.h>
@@ -24,14 +25,25 @@ std::string shape_text(const std::vector<std::int64_t>& s) {
   return out + ")";
 }
 
-// The fields a resumed run must share with the run that wrote the checkpoint to continue exactly.
+// Two recorded values of a field agree. lr and momentum are floats: compared as such (checkpoints before
+// the configuration was recorded as given hold the float's exact double, 0.10000000149011612).
+bool same_setting(std::string_view field, const Json& a, const Json& b) {
+  if ((field == "lr" || field == "momentum") && a.is_number() && b.is_number())
+    return static_cast<float>(a.as_double()) == static_cast<float>(b.as_double());
+  return a == b;
+}
+
+// The fields a resumed run must share with the run that wrote the checkpoint to continue exactly. A
+// checkpoint without "dataset" was written on MNIST (the only data there was).
 void check_same(const SafetensorsFile& f, const Json& saved, const Json& now) {
   const JsonView s(saved, f.path.string(), "__metadata__.config");
-  for (const char* field : {"mode", "members", "seed", "batch_size", "lr", "momentum", "train_limit"}) {
+  const Json mnist("mnist");
+  for (const char* field : {"mode", "members", "seed", "batch_size", "lr", "momentum", "train_limit", "dataset"}) {
     const Json* a = saved.find(field);
     const Json* b = now.find(field);
+    if (a == nullptr && std::string_view(field) == "dataset") a = &mnist;
     if (a == nullptr) s.fail(std::string("missing field '") + field + "'");
-    if (!(*a == *b))
+    if (!same_setting(field, *a, *b))
       throw DataError(f.path.string() + ": the checkpoint was written with " + field + " = " + a->dump() +
                       ", this run has " + b->dump() + " (resume with the same setting)");
   }
@@ -91,21 +103,73 @@ void Trainer::save_checkpoint(const std::filesystem::path& path) const {
   if (is_main_process()) save_safetensors(path, tensors, meta);
 }
 
+namespace {
+
+// The file, checked to be a pmapcc checkpoint (its __metadata__ "format").
+SafetensorsFile load_checkpoint_file(const std::filesystem::path& path) {
+  SafetensorsFile f = load_safetensors(path);
+  auto it = f.metadata.find("format");
+  if (it == f.metadata.end()) throw DataError(path.string() + ": __metadata__ has no 'format': not a pmapcc checkpoint");
+  if (it->second != kFormat) throw DataError(path.string() + ": format '" + it->second + "' is not " + kFormat);
+  return f;
+}
+
+// A non-negative integer of __metadata__.
+std::int64_t metadata_count(const SafetensorsFile& f, const char* key) {
+  if (f.metadata.find(key) == f.metadata.end())
+    throw DataError(f.path.string() + ": __metadata__ has no '" + key + "': not a pmapcc checkpoint");
+  const Json j = f.metadata_json(key);
+  if (!j.is_integer() || j.as_int() < 0) throw DataError(f.path.string() + ": __metadata__." + key + " is not a count");
+  return j.as_int();
+}
+
+CheckpointSummary summary_of(const SafetensorsFile& f) {
+  CheckpointSummary s;
+  s.config = f.metadata_json("config");
+  const JsonView members = JsonView(s.config, f.path.string(), "__metadata__.config")["members"];
+  if (members.as_int() < 1 || members.as_int() > 1'000'000) members.fail("is not a member count");
+  s.members = static_cast<int>(members.as_int());
+  s.epochs_done = static_cast<int>(metadata_count(f, "epochs_done"));
+  return s;
+}
+
+}  // namespace
+
+CheckpointSummary inspect_checkpoint(const std::filesystem::path& path) { return summary_of(load_checkpoint_file(path)); }
+
+void Trainer::load_members(const std::filesystem::path& path, const std::vector<int>& subset) {
+  const SafetensorsFile f = load_checkpoint_file(path);
+  const CheckpointSummary s = summary_of(f);
+  std::vector<int> pick = subset;
+  if (pick.empty())
+    for (int m = 0; m < s.members; ++m) pick.push_back(m);
+  for (std::size_t i = 0; i < pick.size(); ++i) {
+    if (pick[i] < 0 || pick[i] >= s.members)
+      throw ValueError("--members-subset: member " + std::to_string(pick[i]) + " is not among the checkpoint's " +
+                       std::to_string(s.members) + " members (0.." + std::to_string(s.members - 1) + ") in " +
+                       path.string());
+    if (std::find(pick.begin(), pick.begin() + static_cast<std::ptrdiff_t>(i), pick[i]) != pick.begin() + static_cast<std::ptrdiff_t>(i))
+      throw ValueError("--members-subset: member " + std::to_string(pick[i]) + " is named twice");
+  }
+  if (static_cast<int>(pick.size()) != total_members_)
+    throw ValueError("evaluating " + std::to_string(pick.size()) + " member(s) of " + path.string() + " needs a trainer of " +
+                     std::to_string(pick.size()) + " members, this one has " + std::to_string(total_members_));
+  const std::vector<float> all = read_stacked(f, "params/", *model_, s.members);
+  std::vector<float> params(static_cast<std::size_t>(total_members_ * model_->params_per_member()));
+  const auto n = static_cast<std::int64_t>(pick.size());
+  for (const auto& t : model_->tensors())
+    for (std::int64_t j = 0; j < n; ++j)
+      std::copy_n(all.begin() + t.offset * s.members + pick[static_cast<std::size_t>(j)] * t.size, t.size,
+                  params.begin() + t.offset * n + j * t.size);
+  scatter(params, std::vector<float>(params.size(), 0.0f), 0);
+  epochs_done_ = s.epochs_done;
+  history_.clear();
+}
+
 void Trainer::load_checkpoint(const std::filesystem::path& path) {
-  const SafetensorsFile f = load_safetensors(path);
-  auto meta = [&](const char* key) -> const std::string& {
-    auto it = f.metadata.find(key);
-    if (it == f.metadata.end()) throw DataError(path.string() + ": __metadata__ has no '" + key + "': not a pmapcc checkpoint");
-    return it->second;
-  };
-  if (meta("format") != kFormat)
-    throw DataError(path.string() + ": format '" + meta("format") + "' is not " + kFormat);
+  const SafetensorsFile f = load_checkpoint_file(path);
   check_same(f, f.metadata_json("config"), config_.to_json());
-  auto integer = [&](const char* key) {
-    const Json j = f.metadata_json(key);
-    if (!j.is_integer() || j.as_int() < 0) throw DataError(path.string() + ": __metadata__." + key + " is not a count");
-    return j.as_int();
-  };
+  auto integer = [&](const char* key) { return metadata_count(f, key); };
   const std::int64_t step = integer("step"), epochs = integer("epochs_done");
   if (integer("train_examples") != train_.count)
     throw DataError(path.string() + ": the checkpoint was trained on " + std::to_string(integer("train_examples")) +

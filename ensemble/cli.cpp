@@ -30,11 +30,37 @@ int positive_int(const std::string& flag, const std::string& text, int min = 1) 
   return static_cast<int>(v);
 }
 
+// "0,2,5": distinct member indices, in order.
+std::vector<int> member_list(const std::string& flag, const std::string& text) {
+  std::vector<int> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    if (item.empty()) throw UsageError(flag + ": '" + text + "' has an empty entry (expected e.g. 0,2,5)");
+    const int m = positive_int(flag, item, 0);
+    for (int seen : out)
+      if (seen == m) throw UsageError(flag + ": member " + item + " is named twice");
+    out.push_back(m);
+    start = comma + 1;
+  }
+  return out;
+}
+
 using Setter = std::function<void(CliOptions&, const std::string& flag, const std::string& value)>;
 
 const std::map<std::string, Setter>& setters() {
   static const std::map<std::string, Setter> table{
       {"--data", [](CliOptions& o, const std::string&, const std::string& v) { o.data = v; }},
+      {"--dataset", [](CliOptions& o, const std::string& f, const std::string& v) {
+         if (v != "mnist" && v != "fashion-mnist") throw UsageError(f + ": '" + v + "' is not mnist or fashion-mnist");
+         o.train.dataset = v;
+       }},
+      {"--evaluate", [](CliOptions& o, const std::string&, const std::string& v) { o.evaluate = v; }},
+      {"--members-subset", [](CliOptions& o, const std::string& f, const std::string& v) {
+         o.members_subset = member_list(f, v);
+       }},
+      {"--predict", [](CliOptions& o, const std::string&, const std::string& v) { o.predict = v; }},
       {"--backend", [](CliOptions& o, const std::string& f, const std::string& v) {
          if (v != "cpu" && v != "cuda") throw UsageError(f + ": '" + v + "' is not cpu or cuda");
          o.train.backend = parse_device_kind(v);
@@ -83,8 +109,11 @@ const std::map<std::string, Setter>& setters() {
 
 }  // namespace
 
+std::string dataset_title(const std::string& dataset) { return dataset == "fashion-mnist" ? "Fashion-MNIST" : "MNIST"; }
+
 CliOptions parse_cli(const std::vector<std::string>& args) {
   CliOptions o;
+  bool data_given = false;
   for (std::size_t i = 0; i < args.size(); ++i) {
     std::string flag = args[i], value;
     if (flag == "--help" || flag == "-h") {
@@ -108,17 +137,27 @@ CliOptions parse_cli(const std::vector<std::string>& args) {
     }
     if (value.empty()) throw UsageError(flag + " needs a non-empty value");
     it->second(o, flag, value);
+    data_given = data_given || flag == "--data";
   }
+  if (!data_given) o.data = "data/" + o.train.dataset;
+  if (!o.members_subset.empty() && o.evaluate.empty())
+    throw UsageError("--members-subset picks members of the checkpoint given with --evaluate");
+  if (!o.evaluate.empty() && (!o.save.empty() || !o.resume.empty()))
+    throw UsageError("--evaluate trains nothing: it takes neither --save nor --resume");
+  if (!o.evaluate.empty() && !o.metrics_csv.empty())
+    throw UsageError("--evaluate writes no per-epoch CSV: use --metrics-json (and --predict)");
   return o;
 }
 
 std::string cli_help(const std::string& program) {
   return "usage: " + program + " [flags]\n"
          "Trains an ensemble of MNIST CNNs (the Flax example's model and recipe), one or more members per\n"
-         "device, and reports each member's and the ensemble's test accuracy.\n"
+         "device, and reports each member's and the ensemble's test accuracy and calibration (NLL, Brier\n"
+         "score, expected calibration error, predictive entropy).\n"
          "\n"
          "Data:\n"
-         "  --data DIR            MNIST IDX files (raw or .gz)            [data/mnist]\n"
+         "  --dataset D           mnist | fashion-mnist (names the data, picks the directory)  [mnist]\n"
+         "  --data DIR            the IDX files (raw or .gz)              [data/<dataset>]\n"
          "  --train-limit N       use the first N training examples      [all]\n"
          "  --test-limit N        use the first N test examples          [all]\n"
          "Devices:\n"
@@ -141,10 +180,16 @@ std::string cli_help(const std::string& program) {
          "  --progress P          auto | bar | plain | none              [auto: bar on a terminal]\n"
          "  --metrics-json PATH   per-epoch metrics as JSON\n"
          "  --metrics-csv PATH    per-epoch metrics as CSV\n"
-         "  --plot PATH           SVG of test accuracy and train loss per epoch\n"
+         "  --plot PATH           SVG of test accuracy and loss per epoch, reliability diagram and\n"
+         "                        ensemble-size curve\n"
+         "  --predict PATH        CSV of every test image's label, ensemble prediction, its probability,\n"
+         "                        predictive entropy and the members' votes (after the last epoch)\n"
          "Checkpoints:\n"
          "  --save PATH           write a checkpoint after every epoch (safetensors)\n"
          "  --resume PATH         continue from a checkpoint (same seed, members and recipe)\n"
+         "  --evaluate PATH       evaluate a checkpoint's ensemble instead of training (any backend and\n"
+         "                        device count; writes the table, --metrics-json, --plot, --predict)\n"
+         "  --members-subset L    with --evaluate: the members to ensemble, e.g. 0,2,5  [all]\n"
          "  -h, --help            this text\n"
          "\n"
          "Several processes: mpirun -np P mnist_ensemble --devices N ... trains on P x N devices; the first\n"

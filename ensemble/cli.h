@@ -19,11 +19,17 @@ class UsageError : public ValueError {
 
 struct CliOptions {
   TrainConfig train;
-  std::filesystem::path data = "data/mnist";
+  std::filesystem::path data = "data/mnist";  // --data, else data/<--dataset>
   std::filesystem::path metrics_json, metrics_csv, plot, save, resume;
+  std::filesystem::path evaluate;  // a checkpoint to evaluate instead of training
+  std::filesystem::path predict;   // per-image predictions CSV
+  std::vector<int> members_subset;  // with --evaluate: the checkpoint's members to evaluate
   std::string progress = "auto";
   bool help = false;
 };
+
+// The display name of a --dataset value: "MNIST", "Fashion-MNIST".
+std::string dataset_title(const std::string& dataset);
 
 // Parses argv[1..argc). Accepts "--flag value" and "--flag=value". Throws UsageError naming the flag.
 CliOptions parse_cli(const std::vector<std::string>& args);

@@ -54,23 +54,47 @@ std::string pad_left(std::string s, std::size_t width) {
 
 }  // namespace
 
-Json metrics_json(const Json& config, const std::vector<EpochMetrics>& epochs) {
+Json metrics_json(const Json& config, const std::vector<EpochMetrics>& epochs,
+                  const std::vector<SizePoint>& size_curve) {
   Json doc = Json::object();
   doc.set("config", config);
   Json list = Json::array();
   for (const EpochMetrics& m : epochs) list.push_back(epoch_json(m));
   doc.set("epochs", std::move(list));
   doc.set("final", epochs.empty() ? Json(nullptr) : epoch_json(epochs.back()));
+  if (!size_curve.empty()) doc.set("ensemble_size_curve", size_curve_json(size_curve));
   return doc;
 }
 
+namespace {
+
+// The calibration metrics of the CSV, their column names' suffixes and accessors.
+struct CalibrationColumn {
+  const char* name;
+  double Calibration::*field;
+};
+constexpr CalibrationColumn kCalibrationColumns[] = {
+    {"nll", &Calibration::nll}, {"brier", &Calibration::brier}, {"ece", &Calibration::ece},
+    {"entropy", &Calibration::entropy}};
+
+}  // namespace
+
 std::string metrics_csv(const std::vector<EpochMetrics>& epochs) {
   std::size_t members = 0;
-  for (const EpochMetrics& m : epochs) members = std::max(members, m.member_test_accuracy.size());
+  bool calibrated = false;
+  for (const EpochMetrics& m : epochs) {
+    members = std::max(members, m.member_test_accuracy.size());
+    calibrated = calibrated || !m.member_calibration.empty();
+  }
   std::string out =
       "epoch,train_loss,train_accuracy,test_loss,ensemble_test_accuracy,seconds,eval_seconds,"
       "model_images_per_second";
   for (std::size_t i = 0; i < members; ++i) out += ",member_" + std::to_string(i) + "_test_accuracy";
+  if (calibrated) {
+    for (const auto& c : kCalibrationColumns) out += std::string(",ensemble_test_") + c.name;
+    for (const auto& c : kCalibrationColumns)
+      for (std::size_t i = 0; i < members; ++i) out += ",member_" + std::to_string(i) + "_test_" + c.name;
+  }
   out += '\n';
   for (const EpochMetrics& m : epochs) {
     out += std::to_string(m.epoch);
@@ -81,9 +105,35 @@ std::string metrics_csv(const std::vector<EpochMetrics>& epochs) {
       out += ',';
       if (i < m.member_test_accuracy.size()) out += shortest(m.member_test_accuracy[i]);
     }
+    if (calibrated) {
+      const bool has = !m.member_calibration.empty();
+      for (const auto& c : kCalibrationColumns) out += ',' + (has ? shortest(m.ensemble_calibration.*c.field) : "");
+      for (const auto& c : kCalibrationColumns)
+        for (std::size_t i = 0; i < members; ++i) {
+          out += ',';
+          if (i < m.member_calibration.size()) out += shortest(m.member_calibration[i].*c.field);
+        }
+    }
     out += '\n';
   }
   return out;
+}
+
+std::string predictions_csv(const Predictions& p) {
+  std::string out = "index,label,prediction,probability,entropy";
+  for (std::size_t m = 0; m < p.votes.size(); ++m) out += ",member_" + std::to_string(m);
+  out += '\n';
+  for (std::size_t i = 0; i < p.predicted.size(); ++i) {
+    out += std::to_string(i) + ',' + std::to_string(p.label[i]) + ',' + std::to_string(p.predicted[i]) + ',' +
+           shortest(static_cast<double>(p.probability[i])) + ',' + shortest(static_cast<double>(p.entropy[i]));
+    for (const auto& votes : p.votes) out += ',' + std::to_string(votes[i]);
+    out += '\n';
+  }
+  return out;
+}
+
+void write_predictions_csv(const std::filesystem::path& path, const Predictions& p) {
+  write_text_file_atomic(path, predictions_csv(p));
 }
 
 void write_text_file_atomic(const std::filesystem::path& path, std::string_view contents) {
@@ -113,49 +163,70 @@ void write_text_file_atomic(const std::filesystem::path& path, std::string_view 
 }
 
 void write_metrics_json(const std::filesystem::path& path, const Json& config,
-                        const std::vector<EpochMetrics>& epochs) {
-  write_text_file_atomic(path, metrics_json(config, epochs).dump(2) + "\n");
+                        const std::vector<EpochMetrics>& epochs, const std::vector<SizePoint>& size_curve) {
+  write_text_file_atomic(path, metrics_json(config, epochs, size_curve).dump(2) + "\n");
 }
 
 void write_metrics_csv(const std::filesystem::path& path, const std::vector<EpochMetrics>& epochs) {
   write_text_file_atomic(path, metrics_csv(epochs));
 }
 
-void write_plot_svg(const std::filesystem::path& path, const std::vector<EpochMetrics>& epochs) {
-  write_text_file_atomic(path, accuracy_plot_svg(epochs));
+void write_plot_svg(const std::filesystem::path& path, const std::vector<EpochMetrics>& epochs,
+                    const PlotExtras& extras) {
+  write_text_file_atomic(path, accuracy_plot_svg(epochs, extras));
 }
 
 std::string final_table(const EpochMetrics& last, int members_per_device) {
   const std::vector<double>& acc = last.member_test_accuracy;
   const bool devices = members_per_device > 0;
+  const bool calibrated = !last.member_calibration.empty();
   constexpr std::size_t label_width = 8;
   constexpr std::size_t device_width = 8;
   constexpr std::size_t value_width = 15;
-  auto row = [&](const std::string& label, const std::string& device, double fraction,
+  constexpr std::size_t metric_width = 9;
+  auto metrics = [&](const Calibration* c) {
+    std::string cells;
+    if (!calibrated) return cells;
+    for (double v : {c ? c->nll : 0.0, c ? c->brier : 0.0, c ? c->ece : 0.0, c ? c->entropy : 0.0})
+      cells += pad_left(c ? fixed(v, 4) : "", metric_width);
+    return cells;
+  };
+  auto row = [&](const std::string& label, const std::string& device, double fraction, const Calibration* c,
                  const std::string& note) {
     std::string line = pad_left(label, label_width);
     if (devices) line += pad_left(device, device_width);
-    line += pad_left(fixed(100.0 * fraction, 2) + " %", value_width);
+    line += pad_left(fixed(100.0 * fraction, 2) + " %", value_width) + metrics(c);
     if (!note.empty()) line += "   " + note;
+    while (!line.empty() && line.back() == ' ') line.pop_back();
     return line + '\n';
   };
   std::string out = pad_left("member", label_width);
   if (devices) out += pad_left("device", device_width);
-  out += pad_left("test accuracy", value_width) + '\n';
+  out += pad_left("test accuracy", value_width);
+  if (calibrated)
+    for (const char* h : {"NLL", "Brier", "ECE", "entropy"}) out += pad_left(h, metric_width);
+  out += '\n';
   for (std::size_t i = 0; i < acc.size(); ++i) {
     const std::string device =
         devices ? std::to_string(i / static_cast<std::size_t>(members_per_device)) : "";
-    out += row(std::to_string(i), device, acc[i], "");
+    out += row(std::to_string(i), device, acc[i], i < last.member_calibration.size() ? &last.member_calibration[i] : nullptr,
+               "");
   }
-  if (acc.empty()) return out + row("ensemble", "", last.ensemble_test_accuracy, "");
+  if (acc.empty()) return out + row("ensemble", "", last.ensemble_test_accuracy, &last.ensemble_calibration, "");
   const auto best = std::max_element(acc.begin(), acc.end());
   const double mean = std::accumulate(acc.begin(), acc.end(), 0.0) / static_cast<double>(acc.size());
-  out += row("best", "", *best, "(member " + std::to_string(best - acc.begin()) + ")");
-  out += row("mean", "", mean, "");
+  Calibration mean_calibration;
+  for (const Calibration& c : last.member_calibration) {
+    const double w = 1.0 / static_cast<double>(last.member_calibration.size());
+    mean_calibration.nll += c.nll * w, mean_calibration.brier += c.brier * w;
+    mean_calibration.ece += c.ece * w, mean_calibration.entropy += c.entropy * w;
+  }
+  out += row("best", "", *best, nullptr, "(member " + std::to_string(best - acc.begin()) + ")");
+  out += row("mean", "", mean, &mean_calibration, "");
   const double gain = 100.0 * (last.ensemble_test_accuracy - *best);
   const std::string note = gain >= 0 ? "(+" + fixed(gain, 2) + " over the best member)"
                                      : "(" + fixed(gain, 2) + " under the best member)";
-  return out + row("ensemble", "", last.ensemble_test_accuracy, note);
+  return out + row("ensemble", "", last.ensemble_test_accuracy, &last.ensemble_calibration, note);
 }
 
 }  // namespace pmap::ensemble

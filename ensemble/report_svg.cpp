@@ -1,4 +1,5 @@
-// The SVG plot of a run: test accuracy per member and for the ensemble, and the losses, per epoch.
+// The SVG plot of a run: test accuracy per member and for the ensemble, and the losses, per epoch; the last
+// epoch's reliability diagram and the ensemble-size curve when they are known.
 // Plain string building: axes with "nice" ticks (1, 2, 5 x 10^k), no dependencies, no external fonts.
 #include <algorithm>
 #include <array>
@@ -30,6 +31,12 @@ constexpr double kLegendLeft = kPlotLeft + kPlotWidth + 24;
 constexpr double kLegendRow = 17;
 constexpr double kLegendValueRight = kLegendLeft + 215;  // legend values right-aligned here
 constexpr int kMarkerMaxEpochs = 40;                     // markers at each point up to this many epochs
+// The calibration row below the loss panel: (c) the reliability diagram on the left, (d) and (e) the
+// ensemble-size curve stacked on the right, each with its legend beneath.
+constexpr double kCalibrationTop = 830;
+constexpr double kReliabilityLeft = 80, kReliabilityWidth = 300, kReliabilityHeight = 300;
+constexpr double kSizeLeft = 520, kSizeWidth = 300, kSizeHeight = 110, kSizeGap = 185;
+constexpr double kCalibrationHeight = kCalibrationTop + kReliabilityHeight + 110;
 
 std::string num(double v, int decimals = 1) {
   char buf[64];
@@ -127,53 +134,85 @@ Series make_series(std::string css_class, std::string color, std::string dash, d
   return s;
 }
 
+// Where a panel sits on the page, and its x axis's title.
+struct Frame {
+  double top, height;
+  double left = kPlotLeft, width = kPlotWidth;
+  std::string x_title = "epoch";
+};
+
 // A rectangle of the page showing one x and one y axis.
 class Panel {
  public:
   // The frame shows the axes' ranges plus a small margin, so points on the range's ends stay clear of it.
-  Panel(double top, double height, Axis x, Axis y)
-      : top_(top),
-        height_(height),
+  Panel(Frame f, Axis x, Axis y)
+      : top_(f.top),
+        height_(f.height),
+        left_(f.left),
+        width_(f.width),
+        x_title_(std::move(f.x_title)),
         x_(x),
         y_(y),
         x_pad_(kMargin * (x.hi - x.lo)),
         y_pad_(kMargin * (y.hi - y.lo)) {}
-  double px(double x) const {
-    return kPlotLeft + (x - x_.lo + x_pad_) / (x_.hi - x_.lo + 2 * x_pad_) * kPlotWidth;
-  }
+  Panel(double top, double height, Axis x, Axis y) : Panel(Frame{top, height}, x, y) {}
+  double px(double x) const { return left_ + (x - x_.lo + x_pad_) / (x_.hi - x_.lo + 2 * x_pad_) * width_; }
   double py(double y) const {
     return top_ + height_ - (y - y_.lo + y_pad_) / (y_.hi - y_.lo + 2 * y_pad_) * height_;
   }
 
   // Frame, grid, ticks, tick labels, the panel's title and the axis titles.
   void axes(std::string& out, const std::string& title, const std::string& y_title) const {
-    out += "<text x=\"" + num(kPlotLeft) + "\" y=\"" + num(top_ - 10) +
+    out += "<text x=\"" + num(left_) + "\" y=\"" + num(top_ - 10) +
            "\" font-size=\"15\" font-weight=\"bold\">" + xml_escape(title) + "</text>\n";
-    out += "<text transform=\"translate(24 " + num(top_ + height_ / 2) +
+    out += "<text transform=\"translate(" + num(left_ - 56) + " " + num(top_ + height_ / 2) +
            ") rotate(-90)\" text-anchor=\"middle\">" + xml_escape(y_title) + "</text>\n";
     const int yd = decimals_for(y_.step);
     const long y_ticks = std::lround((y_.hi - y_.lo) / y_.step);
     for (long k = 0; k <= y_ticks; ++k) {
       const double v = y_.lo + static_cast<double>(k) * y_.step;
       const std::string y = num(py(v));
-      out += "<line x1=\"" + num(kPlotLeft) + "\" y1=\"" + y + "\" x2=\"" + num(kPlotLeft + kPlotWidth) +
-             "\" y2=\"" + y + "\" stroke=\"#e3e3e3\"/>\n";
-      out += "<text x=\"" + num(kPlotLeft - 8) + "\" y=\"" + num(py(v) + 4) + "\" text-anchor=\"end\">" +
+      out += "<line x1=\"" + num(left_) + "\" y1=\"" + y + "\" x2=\"" + num(left_ + width_) + "\" y2=\"" + y +
+             "\" stroke=\"#e3e3e3\"/>\n";
+      out += "<text x=\"" + num(left_ - 8) + "\" y=\"" + num(py(v) + 4) + "\" text-anchor=\"end\">" +
              num(v, yd) + "</text>\n";
     }
+    const int xd = decimals_for(x_.step);
+    const long x_ticks = std::lround((x_.hi - x_.lo) / x_.step);
     const double first = std::ceil(x_.lo / x_.step - 1e-9) * x_.step;
     const std::string bottom = num(top_ + height_);
-    for (double v = first; v <= x_.hi + 1e-9; v += x_.step) {  // integers: exact
+    for (long k = 0; k <= x_ticks; ++k) {
+      const double v = first + static_cast<double>(k) * x_.step;
+      if (v > x_.hi + 1e-9) break;
       const std::string x = num(px(v));
       out += "<line x1=\"" + x + "\" y1=\"" + bottom + "\" x2=\"" + x + "\" y2=\"" + num(top_ + height_ + 5) +
              "\" stroke=\"#444\"/>\n";
       out += "<text x=\"" + x + "\" y=\"" + num(top_ + height_ + 19) + "\" text-anchor=\"middle\">" +
-             num(v, 0) + "</text>\n";
+             num(v, xd) + "</text>\n";
     }
-    out += "<rect x=\"" + num(kPlotLeft) + "\" y=\"" + num(top_) + "\" width=\"" + num(kPlotWidth) +
-           "\" height=\"" + num(height_) + "\" fill=\"none\" stroke=\"#444\"/>\n";
-    out += "<text x=\"" + num(kPlotLeft + kPlotWidth / 2) + "\" y=\"" + num(top_ + height_ + 38) +
-           "\" text-anchor=\"middle\">epoch</text>\n";
+    out += "<rect x=\"" + num(left_) + "\" y=\"" + num(top_) + "\" width=\"" + num(width_) + "\" height=\"" +
+           num(height_) + "\" fill=\"none\" stroke=\"#444\"/>\n";
+    out += "<text x=\"" + num(left_ + width_ / 2) + "\" y=\"" + num(top_ + height_ + 38) +
+           "\" text-anchor=\"middle\">" + xml_escape(x_title_) + "</text>\n";
+  }
+
+  // A dashed grey segment between two points (the diagonal of perfect calibration).
+  void guide(std::string& out, double x0, double y0, double x1, double y1) const {
+    out += "<line class=\"guide\" x1=\"" + num(px(x0)) + "\" y1=\"" + num(py(y0)) + "\" x2=\"" + num(px(x1)) +
+           "\" y2=\"" + num(py(y1)) + "\" stroke=\"#999\" stroke-dasharray=\"4 3\"/>\n";
+  }
+
+  // Legend rows beneath the panel (under its axis title), one per series.
+  void legend_below(std::string& out, const std::vector<Series>& series) const {
+    for (std::size_t i = 0; i < series.size(); ++i) {
+      const Series& s = series[i];
+      const double y = top_ + height_ + 58 + kLegendRow * static_cast<double>(i);
+      out += "<line x1=\"" + num(left_) + "\" y1=\"" + num(y) + "\" x2=\"" + num(left_ + 24) + "\" y2=\"" +
+             num(y) + "\" stroke=\"" + s.color + "\" stroke-width=\"" + num(s.width) + "\"";
+      if (!s.dash.empty()) out += " stroke-dasharray=\"" + s.dash + "\"";
+      out += "/>\n<text x=\"" + num(left_ + 30) + "\" y=\"" + num(y + 4) + "\">" + xml_escape(s.label) +
+             (s.value.empty() ? "" : ": " + xml_escape(s.value)) + "</text>\n";
+    }
   }
 
   // The series as one polyline (non-finite points left out), with markers if there are few epochs.
@@ -215,7 +254,8 @@ class Panel {
 
  private:
   static constexpr double kMargin = 0.03;  // of the range, on each side
-  double top_, height_;
+  double top_, height_, left_, width_;
+  std::string x_title_;
   Axis x_, y_;
   double x_pad_, y_pad_;
 };
@@ -276,6 +316,78 @@ std::vector<Series> loss_series(const std::vector<EpochMetrics>& epochs) {
   return {train, test};
 }
 
+// (c): per non-empty confidence bin, accuracy against mean confidence, for the ensemble and the best member.
+void reliability_panel(std::string& out, const EpochMetrics& last) {
+  const Panel panel(Frame{kCalibrationTop, kReliabilityHeight, kReliabilityLeft, kReliabilityWidth, "confidence"},
+                    Axis{0, 1, 0.2}, Axis{0, 1, 0.2});
+  panel.axes(out, "(c) Reliability, epoch " + std::to_string(last.epoch), "accuracy");
+  panel.guide(out, 0, 0, 1, 1);
+  const std::size_t best = best_member(last);
+  struct Curve {
+    const Calibration* c;
+    Series s;
+  };
+  std::vector<Curve> curves;
+  Curve ens{&last.ensemble_calibration, make_series("reliability-ensemble", "#000000", "", 2.6, 3.2)};
+  ens.s.label = "ensemble";
+  ens.s.value = "ECE " + num(last.ensemble_calibration.ece, 4);
+  curves.push_back(ens);
+  if (best < last.member_calibration.size() && !last.member_calibration[best].bins.empty()) {
+    Curve mem{&last.member_calibration[best], make_series("reliability-member", kPalette[best % kPalette.size()], "6 3",
+                                                         1.8, 2.6)};
+    mem.s.label = "best member (" + std::to_string(best) + ")";
+    mem.s.value = "ECE " + num(last.member_calibration[best].ece, 4);
+    curves.push_back(mem);
+  }
+  std::vector<Series> legend;
+  for (Curve& c : curves) {
+    std::vector<double> x;
+    for (const ReliabilityBin& b : c.c->bins)
+      if (b.count > 0) {
+        x.push_back(b.confidence);
+        c.s.y.push_back(b.accuracy);
+      }
+    panel.line(out, x, c.s);
+    legend.push_back(c.s);
+  }
+  panel.legend_below(out, legend);
+}
+
+// (d) and (e): the ensemble of the first k members, k = 1..M: test accuracy, then NLL and ECE.
+void size_panels(std::string& out, const std::vector<SizePoint>& curve) {
+  std::vector<double> k;
+  Series acc = make_series("size-accuracy", "#000000", "", 2.2, 3.0);
+  Series nll = make_series("size-nll", "#1f5fa8", "", 2.0, 3.0);
+  Series ece = make_series("size-ece", "#d2691e", "6 3", 2.0, 3.0);
+  for (const SizePoint& p : curve) {
+    k.push_back(p.members);
+    acc.y.push_back(100 * p.accuracy);
+    nll.y.push_back(p.calibration.nll);
+    ece.y.push_back(p.calibration.ece);
+  }
+  acc.label = "test accuracy";
+  acc.value = last_value(acc.y, 2, " %");
+  nll.label = "NLL";
+  nll.value = last_value(nll.y, 4, "");
+  ece.label = "ECE";
+  ece.value = last_value(ece.y, 4, "");
+  const Axis k_axis = epoch_axis(curve.front().members, curve.back().members);
+  auto [acc_lo, acc_hi] = finite_range({acc});
+  if (acc_lo > acc_hi) acc_lo = acc_hi = 0;
+  auto [v_lo, v_hi] = finite_range({nll, ece});
+  if (v_lo > v_hi) v_lo = v_hi = 0;
+  const Panel top(Frame{kCalibrationTop, kSizeHeight, kSizeLeft, kSizeWidth, "members in the ensemble"}, k_axis,
+                  percent_axis(acc_lo, acc_hi));
+  top.axes(out, "(d) Ensemble of the first k members", "accuracy (%)");
+  top.line(out, k, acc);
+  const Panel bottom(Frame{kCalibrationTop + kSizeGap, kSizeHeight, kSizeLeft, kSizeWidth, "members in the ensemble"},
+                     k_axis, value_axis(std::min(0.0, v_lo), v_hi));
+  bottom.axes(out, "(e) NLL and ECE of the first k members", "");
+  bottom.line(out, k, nll);
+  bottom.line(out, k, ece);
+  bottom.legend_below(out, {acc, nll, ece});
+}
+
 std::string svg_open(double height) {
   return "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" +
          num(kWidth, 0) + "\" height=\"" + num(height, 0) + "\" viewBox=\"0 0 " + num(kWidth, 0) + " " +
@@ -286,7 +398,7 @@ std::string svg_open(double height) {
 
 }  // namespace
 
-std::string accuracy_plot_svg(const std::vector<EpochMetrics>& epochs) {
+std::string accuracy_plot_svg(const std::vector<EpochMetrics>& epochs, const PlotExtras& extras) {
   if (epochs.empty())
     return svg_open(120) + "<text x=\"" + num(kWidth / 2) +
            "\" y=\"64\" text-anchor=\"middle\" font-size=\"16\" fill=\"#666\">no epochs yet</text>\n</svg>\n";
@@ -304,9 +416,11 @@ std::string accuracy_plot_svg(const std::vector<EpochMetrics>& epochs) {
   const Panel bottom(kBottomPanelTop, kBottomPanelHeight, x_axis, value_axis(loss_lo, loss_hi));
 
   const std::size_t members = acc.size() - 1;
-  std::string out = svg_open(kHeight);
-  out += "<text x=\"" + num(kPlotLeft) +
-         "\" y=\"28\" font-size=\"17\" font-weight=\"bold\">MNIST ensemble: " + std::to_string(members) +
+  const bool reliability = !epochs.back().member_calibration.empty();
+  const bool size_curve = !extras.size_curve.empty();
+  std::string out = svg_open(reliability || size_curve ? kCalibrationHeight : kHeight);
+  out += "<text x=\"" + num(kPlotLeft) + "\" y=\"28\" font-size=\"17\" font-weight=\"bold\">" +
+         xml_escape(extras.dataset) + " ensemble: " + std::to_string(members) +
          (members == 1 ? " member, " : " members, ") + "epoch " + std::to_string(epochs.back().epoch) +
          " — ensemble test accuracy " + last_value(acc[0].y, 2, " %") + "</text>\n";
   top.axes(out, "(a) Test accuracy", "test accuracy (%)");
@@ -316,6 +430,8 @@ std::string accuracy_plot_svg(const std::vector<EpochMetrics>& epochs) {
   bottom.axes(out, "(b) Loss", "cross-entropy");
   for (const Series& s : loss) bottom.line(out, x, s);
   bottom.legend(out, loss);
+  if (reliability) reliability_panel(out, epochs.back());
+  if (size_curve) size_panels(out, extras.size_curve);
   return out + "</svg>\n";
 }
 

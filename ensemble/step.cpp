@@ -16,6 +16,14 @@ std::size_t xent_workspace_bytes(const kernels::Backend& be, int group, int rows
   return be.softmax_cross_entropy_workspace_bytes(kernels::SoftmaxXentParams{group, rows, classes, true});
 }
 
+// Calibration sums of a piece's group of members, or of the ensemble over a whole eval batch.
+std::size_t calibration_workspace_bytes(const kernels::Backend& be, int group, int rows, int eval_rows, int classes) {
+  return std::max(be.calibration_workspace_bytes(kernels::CalibrationParams{group, rows, classes}),
+                  be.calibration_workspace_bytes(kernels::CalibrationParams{1, eval_rows, classes}));
+}
+
+constexpr std::int64_t kSlots = kernels::kCalibrationSlots;
+
 // The rows of a batch on this device, checked against the buffers sized for them.
 int rows_of(const Batch& b, const DeviceWork& work, const char* step) {
   const auto rows = b.images.ndim() == 0 ? 0 : b.images.shape()[0];
@@ -51,10 +59,14 @@ DeviceWork::DeviceWork(const Sequential& model, const kernels::Backend& be, Devi
       step_correct(Shape{members}, DType::i32, device),
       eval_loss_sum(Shape{members}, DType::f64, device),
       eval_hits(Shape{members}, DType::i32, device),
+      member_probs(Shape{members, max_eval_batch, classes_of(model)}, DType::f32, device),
+      calibration_ws(Shape{static_cast<std::int64_t>(
+                         calibration_workspace_bytes(be, runner.group(), max_rows, max_eval_batch, classes_of(model)))},
+                     DType::u8, device),
       log{Array(Shape{log_rows, members}, DType::f32, device), Array(Shape{log_rows, members}, DType::i32, device),
           Array(Shape{1}, DType::i32, device)},
       eval{Array(Shape{members}, DType::f32, device), Array(Shape{members}, DType::i32, device),
-           Array(Shape{1}, DType::i32, device)},
+           Array(Shape{1}, DType::i32, device), Array(Shape{members + 1, kSlots}, DType::f64, device)},
       update_graph(be, graphs),
       graphs_(graphs) {
   if (log_rows < 1) throw ValueError("DeviceWork: log_rows must be >= 1, got " + std::to_string(log_rows));
@@ -99,7 +111,8 @@ void train_step(TrainState& state, DeviceWork& work, const Batch& batch, const S
   be.copy(work.log.correct.data<std::int32_t>() + row, work.step_correct.raw_data(), work.step_correct.nbytes());
 }
 
-void eval_step(const TrainState& state, DeviceWork& work, const Batch& batch, int rows, const StepOptions& opt) {
+void eval_step(const TrainState& state, DeviceWork& work, const Batch& batch, int rows, const StepOptions& opt,
+               bool keep) {
   const kernels::Backend& be = work.backend;
   const int capacity = rows_of(batch, work, "eval_step");
   if (rows < 1 || rows > capacity || rows > work.mean_probs.shape()[0])
@@ -113,6 +126,9 @@ void eval_step(const TrainState& state, DeviceWork& work, const Batch& batch, in
   be.fill_zero(work.eval_loss_sum.raw_data(), work.eval_loss_sum.nbytes());
   be.fill_zero(work.eval_hits.raw_data(), work.eval_hits.nbytes());
   be.fill_zero(work.eval.ensemble_correct.raw_data(), work.eval.ensemble_correct.nbytes());
+  be.fill_zero(work.eval.calibration.raw_data(), work.eval.calibration.nbytes());
+  double* calibration = work.eval.calibration.data<double>();
+  const int eval_rows = static_cast<int>(work.mean_probs.shape()[0]);
   // Each piece of rows through each group of members: its mean loss and hits added to the members' sums,
   // its probabilities added (in member order) to the rows' sum over this device's members.
   for (int first = 0; first < rows; first += piece_max) {
@@ -130,6 +146,11 @@ void eval_step(const TrainState& state, DeviceWork& work, const Batch& batch, in
       be.accumulate_metrics(count, piece_loss, piece_correct, n, work.eval_loss_sum.data<double>() + m0,
                             work.eval_hits.data<std::int32_t>() + m0);
       be.sum_members(count, static_cast<std::size_t>(n) * k, piece, mean + static_cast<std::size_t>(first) * k, m0 > 0);
+      be.calibration_sums(kernels::CalibrationParams{count, n, k}, piece, labels, calibration + m0 * kSlots,
+                          work.calibration_ws.raw_data());
+      for (int j = 0; keep && j < count; ++j)  // member m0 + j's rows [first, first + n)
+        be.copy(work.member_probs.data<float>() + (static_cast<std::size_t>(m0 + j) * eval_rows + first) * k,
+                piece + static_cast<std::size_t>(j) * n * k, static_cast<std::size_t>(n) * k * sizeof(float));
     }
   }
   be.mean_from_sums(members, work.eval_loss_sum.data<double>(), rows, work.eval.loss.data<float>());
@@ -140,6 +161,42 @@ void eval_step(const TrainState& state, DeviceWork& work, const Batch& batch, in
     be.divide(static_cast<std::size_t>(rows) * k, mean, static_cast<float>(opt.total_members));
   }
   be.argmax_hits(rows, k, mean, batch.labels.data<std::int32_t>(), work.eval.ensemble_correct.data<std::int32_t>());
+  be.calibration_sums(kernels::CalibrationParams{1, rows, k}, mean, batch.labels.data<std::int32_t>(),
+                      calibration + members * kSlots, work.calibration_ws.raw_data());
+}
+
+ReportWork::ReportWork(const DeviceWork& work, int members)
+    : total_members(members),
+      running(work.mean_probs.shape(), DType::f32, work.mean_probs.device()),
+      mean(work.mean_probs.shape(), DType::f32, work.mean_probs.device()),
+      result{Array(Shape{members, kSlots}, DType::f64, work.mean_probs.device()),
+             Array(Shape{work.mean_probs.shape()[0]}, DType::i32, work.mean_probs.device()),
+             Array(Shape{work.mean_probs.shape()[0]}, DType::f32, work.mean_probs.device()),
+             Array(Shape{work.mean_probs.shape()[0]}, DType::f32, work.mean_probs.device()),
+             Array(Shape{members, work.mean_probs.shape()[0]}, DType::i32, work.mean_probs.device())} {}
+
+void report_step(DeviceWork& work, ReportWork& report, const Batch& batch, int rows, const StepOptions& opt) {
+  const kernels::Backend& be = work.backend;
+  const auto eval_rows = static_cast<std::size_t>(work.mean_probs.shape()[0]);
+  const int k = static_cast<int>(work.mean_probs.shape()[1]);
+  const std::size_t n = static_cast<std::size_t>(rows) * k;
+  const std::int32_t* labels = batch.labels.data<std::int32_t>();
+  // Every member's probabilities, member-major over the mesh: device d's member j is member d * per + j.
+  // (Data parallel: every device holds the one model; the first block is it.)
+  const Array all = all_gather(work.member_probs, opt.axis, /*tiled=*/true);  // (devices * per, eval, K)
+  ReportResult& r = report.result;
+  be.fill_zero(r.curve.raw_data(), r.curve.nbytes());
+  for (int m = 0; m < report.total_members; ++m) {
+    const float* probs = all.data<float>() + static_cast<std::size_t>(m) * eval_rows * k;
+    be.sum_members(1, n, probs, report.running.data<float>(), m > 0);
+    be.copy(report.mean.raw_data(), report.running.raw_data(), n * sizeof(float));
+    be.divide(n, report.mean.data<float>(), static_cast<float>(m + 1));
+    be.calibration_sums(kernels::CalibrationParams{1, rows, k}, report.mean.data<float>(), labels,
+                        r.curve.data<double>() + m * kSlots, work.calibration_ws.raw_data());
+    be.predictions(rows, k, probs, r.votes.data<std::int32_t>() + m * eval_rows, nullptr, nullptr);
+  }
+  be.predictions(rows, k, work.mean_probs.data<float>(), r.predicted.data<std::int32_t>(),
+                 r.probability.data<float>(), r.entropy.data<float>());
 }
 
 }  // namespace pmap::ensemble

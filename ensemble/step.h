@@ -42,13 +42,28 @@ struct TrainLog {
 PMAPCC_TREE(TrainLog, loss, correct, bad_labels)
 
 // What eval_step leaves on the device for one eval batch: per member its mean loss and correct count,
-// and the ensemble's correct count (from the probabilities averaged over every member of the mesh).
+// the ensemble's correct count (from the probabilities averaged over every member of the mesh), and the
+// calibration sums (kernels::CalibrationParams) of each member's probabilities and, last, the ensemble's.
 struct EvalResult {
   Array loss;              // (members) f32
   Array correct;           // (members) i32
   Array ensemble_correct;  // (1) i32
+  Array calibration;       // (members + 1, kernels::kCalibrationSlots) f64
 };
-PMAPCC_TREE(EvalResult, loss, correct, ensemble_correct)
+PMAPCC_TREE(EvalResult, loss, correct, ensemble_correct, calibration)
+
+// What report_step leaves on the device for one eval batch, for all M members of the mesh: the
+// calibration sums of the ensemble of the first k members (k = 1..M, the ensemble-size curve), and per
+// image the ensemble's predicted class, its probability and the predictive entropy, and each member's
+// predicted class (its vote).
+struct ReportResult {
+  Array curve;        // (M, kernels::kCalibrationSlots) f64
+  Array predicted;    // (eval batch) i32
+  Array probability;  // (eval batch) f32
+  Array entropy;      // (eval batch) f32
+  Array votes;        // (M, eval batch) i32
+};
+PMAPCC_TREE(ReportResult, curve, predicted, probability, entropy, votes)
 
 struct StepOptions {
   kernels::SgdParams sgd;
@@ -76,6 +91,8 @@ struct DeviceWork {
   Array step_correct;  // (members) i32
   Array eval_loss_sum;   // (members) f64: an eval batch's loss sums over its pieces
   Array eval_hits;       // (members) i32
+  Array member_probs;    // (members, max_eval_batch, K): each member's probabilities (eval_step's `keep`)
+  Array calibration_ws;  // the calibration sums' workspace (u8)
   TrainLog log;
   EvalResult eval;
   int log_fill = 0;  // rows of `log` written since the last report
@@ -99,7 +116,22 @@ int default_member_group(const Device& device, int members);
 void train_step(TrainState& state, DeviceWork& work, const Batch& batch, const StepOptions& opt);
 
 // Forward only, on the first `rows` examples of `batch`: fills work.eval (a collective in ensemble mode:
-// the probabilities are summed over the mesh axis).
-void eval_step(const TrainState& state, DeviceWork& work, const Batch& batch, int rows, const StepOptions& opt);
+// the probabilities are summed over the mesh axis); with `keep`, each member's probabilities stay in
+// work.member_probs for report_step.
+void eval_step(const TrainState& state, DeviceWork& work, const Batch& batch, int rows, const StepOptions& opt,
+               bool keep = false);
+
+// The buffers of report_step for the `total_members` members of the mesh (made when a report is asked for).
+struct ReportWork {
+  ReportWork(const DeviceWork& work, int total_members);
+  int total_members;
+  Array running;  // (max_eval_batch, K): the sum of the first k members' probabilities
+  Array mean;     // (max_eval_batch, K): that sum / k
+  ReportResult result;
+};
+
+// After eval_step(..., keep = true) on the same batch: gathers every member's probabilities over the mesh
+// axis (a collective) and fills report.result.
+void report_step(DeviceWork& work, ReportWork& report, const Batch& batch, int rows, const StepOptions& opt);
 
 }  // namespace pmap::ensemble

@@ -2,6 +2,7 @@
 #include "ensemble/trainer.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -47,7 +48,7 @@ void check_config(const TrainConfig& c, int devices, const Dataset& train, const
   if (c.mode == Mode::data_parallel && c.batch_size % devices != 0)
     bad("--batch-size " + std::to_string(c.batch_size) + " does not split evenly over --devices " +
         std::to_string(devices));
-  if (train.count < c.batch_size)
+  if (c.epochs > 0 && train.count < c.batch_size)
     bad("--batch-size " + std::to_string(c.batch_size) + " is larger than the " + std::to_string(train.count) +
         " training examples (see --train-limit)");
   if (test.count < 1) bad("the test set is empty");
@@ -84,6 +85,19 @@ Mode parse_mode(std::string_view text) {
   throw ValueError("--mode must be ensemble or data-parallel, got '" + std::string(text) + "'");
 }
 
+namespace {
+
+// The float as the decimal it was most likely written as: the shortest one that reads back to it.
+double as_given(float v) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  double d = 0;
+  std::from_chars(buf, r.ptr, d);
+  return d;
+}
+
+}  // namespace
+
 Json TrainConfig::to_json() const {
   Json j = Json::object();
   j.set("backend", std::string(pmap::to_string(backend)));
@@ -92,8 +106,8 @@ Json TrainConfig::to_json() const {
   j.set("mode", std::string(ensemble::to_string(mode)));
   j.set("epochs", epochs);
   j.set("batch_size", batch_size);
-  j.set("lr", static_cast<double>(learning_rate));
-  j.set("momentum", static_cast<double>(momentum));
+  j.set("lr", as_given(learning_rate));
+  j.set("momentum", as_given(momentum));
   j.set("seed", static_cast<std::int64_t>(seed));
   j.set("train_limit", train_limit);
   j.set("test_limit", test_limit);
@@ -104,6 +118,7 @@ Json TrainConfig::to_json() const {
   j.set("kernels", std::string(cuda_kernels_on_host ? "cuda-on-host" : "native"));
   j.set("graphs", graphs);
   j.set("processes", processes);
+  j.set("dataset", dataset);
   return j;
 }
 
@@ -321,35 +336,102 @@ EpochMetrics Trainer::run_epoch(const StepCallback& on_step) {
 
 namespace {
 
-// One eval batch's results of every device of the mesh, on the host: (devices, members) and (devices).
+constexpr std::size_t kSlots = kernels::kCalibrationSlots;
+
+// One eval batch's results of every device of the mesh, on the host: (devices, members), (devices),
+// (devices, members + 1, slots); with a report, the size curve's sums and the per-image results.
 struct EvalOnHost {
   std::vector<float> loss;
   std::vector<std::int32_t> correct, ensemble_correct;
+  std::vector<double> calibration;
   std::int64_t bad_labels = 0;
+  std::vector<double> curve;                    // (M, slots)
+  std::vector<std::int32_t> predicted, votes;   // (eval batch), (M, eval batch)
+  std::vector<float> probability, entropy;      // (eval batch)
 };
+
+EvalOnHost eval_to_host(const EvalResult& all, const Array& bad) {
+  EvalOnHost h{all.loss.to_vector<float>(), all.correct.to_vector<std::int32_t>(),
+               all.ensemble_correct.to_vector<std::int32_t>(), all.calibration.to_vector<double>(), 0, {}, {}, {}, {}, {}};
+  for (std::int32_t v : bad.to_vector<std::int32_t>()) h.bad_labels += v;
+  return h;
+}
+
+void add_report(const ReportResult& r, EvalOnHost& h) {
+  h.curve = r.curve.to_vector<double>();
+  h.predicted = r.predicted.to_vector<std::int32_t>();
+  h.probability = r.probability.to_vector<float>();
+  h.entropy = r.entropy.to_vector<float>();
+  h.votes = r.votes.to_vector<std::int32_t>();
+}
+
+// Element-wise dst += src[offset, offset + dst.size()).
+void add_slots(std::vector<double>& dst, const std::vector<double>& src, std::size_t offset) {
+  for (std::size_t i = 0; i < dst.size(); ++i) dst[i] += src[offset + i];
+}
+
+// Appends one eval batch's `rows` per-image results (and `first`..: their test indices) to p.
+void add_predictions(const EvalOnHost& r, int rows, std::int64_t first, const Dataset& test, int members,
+                     Predictions& p) {
+  const auto eval_rows = r.predicted.size();
+  p.votes.resize(static_cast<std::size_t>(members));
+  for (int i = 0; i < rows; ++i) {
+    const auto ui = static_cast<std::size_t>(i);
+    p.label.push_back(test.labels[static_cast<std::size_t>(first + i)]);
+    p.predicted.push_back(r.predicted[ui]);
+    p.probability.push_back(r.probability[ui]);
+    p.entropy.push_back(r.entropy[ui]);
+    for (int m = 0; m < members; ++m)
+      p.votes[static_cast<std::size_t>(m)].push_back(r.votes[static_cast<std::size_t>(m) * eval_rows + ui]);
+  }
+}
 
 }  // namespace
 
-void Trainer::evaluate(EpochMetrics& m) {
+void Trainer::evaluate(EpochMetrics& m) { evaluate_into(m, nullptr); }
+
+EnsembleReport Trainer::evaluate_report(EpochMetrics& m) {
+  EnsembleReport report;
+  if (report_work_.empty()) {  // allocated once, outside any step
+    report_work_.resize(work_.size());
+    pmap::pmap([&](DeviceWork* w) {
+      const auto i = static_cast<std::size_t>(std::find(work_ptrs_.begin(), work_ptrs_.end(), w) - work_ptrs_.begin());
+      report_work_[i] = std::make_unique<ReportWork>(*w, total_members_);
+    }, mesh_)(work_ptrs_);
+  }
+  evaluate_into(m, &report);
+  return report;
+}
+
+void Trainer::evaluate_into(EpochMetrics& m, EnsembleReport* report) {
   const Device first_local = mesh_.local_devices()[0];
-  auto eval_fn = pmap::pmap([first_local](const TrainState& s, DeviceWork* w, const Batch& b, int rows,
-                                          const StepOptions& o) {
-    eval_step(s, *w, b, rows, o);
+  std::vector<ReportWork*> report_ptrs(work_.size(), nullptr);
+  for (std::size_t i = 0; i < report_work_.size(); ++i) report_ptrs[i] = report_work_[i].get();
+  const Sharded<ReportWork*> reports(std::move(report_ptrs));
+  const bool with_report = report != nullptr;
+  auto eval_fn = pmap::pmap([first_local, with_report](const TrainState& s, DeviceWork* w, ReportWork* rw,
+                                                       const Batch& b, int rows, const StepOptions& o) {
+    eval_step(s, *w, b, rows, o, with_report);
     const EvalResult all = all_gather(w->eval, o.axis);
     const Array bad = all_gather(w->log.bad_labels, o.axis);
+    if (with_report) report_step(*w, *rw, b, rows, o);
     if (current_device() != first_local) return EvalOnHost{};
-    EvalOnHost h{all.loss.to_vector<float>(), all.correct.to_vector<std::int32_t>(),
-                 all.ensemble_correct.to_vector<std::int32_t>(), 0};
-    for (std::int32_t v : bad.to_vector<std::int32_t>()) h.bad_labels += v;
+    EvalOnHost h = eval_to_host(all, bad);
+    if (with_report) add_report(rw->result, h);
     return h;
   }, mesh_);
   std::vector<std::uint32_t> order(static_cast<std::size_t>(test_.count));
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::uint32_t>(i);
-  // Per device of the mesh: each member's loss sum (loss x batch size over the batches) and correct
-  // count. Every device holds the ensemble's count (it comes from a psum); device 0's is used.
+  // Per device of the mesh: each member's loss sum (loss x batch size over the batches), correct count
+  // and calibration sums. Every device holds the ensemble's results (they come from a psum); device 0's
+  // are used.
   const auto per = static_cast<std::size_t>(members_per_device_);
   const auto devices = static_cast<std::size_t>(mesh_.size());
   std::vector<double> loss_sums(devices * per, 0.0), rights(devices * per, 0.0);
+  std::vector<std::vector<double>> member_slots(devices * per, std::vector<double>(kSlots, 0.0));
+  std::vector<double> ensemble_slots(kSlots, 0.0);
+  std::vector<std::vector<double>> curve_slots(with_report ? static_cast<std::size_t>(total_members_) : 0,
+                                               std::vector<double>(kSlots, 0.0));
   double ensemble_right = 0;
   auto size_at = [&](std::int64_t begin) {
     return static_cast<int>(std::min<std::int64_t>(config_.eval_batch, test_.count - begin));
@@ -359,30 +441,36 @@ void Trainer::evaluate(EpochMetrics& m) {
     const std::int64_t next = begin + config_.eval_batch;
     if (next < test_.count) fill_batch(*eval_feed_, order, next, size_at(next), test_, false);
     const int size = size_at(begin);
-    auto res = eval_fn(states_, work_ptrs_, eval_feed_->pop(), size, options_);
+    auto res = eval_fn(states_, work_ptrs_, reports, eval_feed_->pop(), size, options_);
     const EvalOnHost& r = res[0];
     check_labels(r.bad_labels, "evaluation");
-    for (std::size_t i = 0; i < devices * per; ++i) {
-      loss_sums[i] += static_cast<double>(r.loss[i]) * size;
-      rights[i] += r.correct[i];
-    }
+    for (std::size_t d = 0; d < devices; ++d)
+      for (std::size_t j = 0; j < per; ++j) {
+        const std::size_t i = d * per + j;
+        loss_sums[i] += static_cast<double>(r.loss[i]) * size;
+        rights[i] += r.correct[i];
+        add_slots(member_slots[i], r.calibration, (d * (per + 1) + j) * kSlots);
+      }
+    add_slots(ensemble_slots, r.calibration, per * kSlots);  // device 0's ensemble row
     ensemble_right += static_cast<double>(r.ensemble_correct[0]);
+    for (std::size_t k = 0; k < curve_slots.size(); ++k) add_slots(curve_slots[k], r.curve, k * kSlots);
+    if (with_report) add_predictions(r, size, begin, test_, total_members_, report->predictions);
   }
-  std::vector<double> loss(static_cast<std::size_t>(total_members_), 0.0), right(loss.size(), 0.0);
-  const std::size_t devices_reporting = options_.data_parallel ? 1 : devices;
-  for (std::size_t d = 0; d < devices_reporting; ++d)
-    for (std::size_t j = 0; j < per; ++j) {
-      loss[d * per + j] = loss_sums[d * per + j];
-      right[d * per + j] = rights[d * per + j];
-    }
+  const std::size_t members = static_cast<std::size_t>(total_members_);  // data parallel: device 0's one
   const double n = static_cast<double>(test_.count);
   m.member_test_accuracy.clear();
+  m.member_calibration.clear();
   m.test_loss = 0;
-  for (std::size_t g = 0; g < loss.size(); ++g) {
-    m.member_test_accuracy.push_back(right[g] / n);
-    m.test_loss += loss[g] / n / static_cast<double>(loss.size());
+  for (std::size_t g = 0; g < members; ++g) {
+    m.member_test_accuracy.push_back(rights[g] / n);
+    m.test_loss += loss_sums[g] / n / static_cast<double>(members);
+    m.member_calibration.push_back(calibration_from_sums(member_slots[g]));
   }
   m.ensemble_test_accuracy = ensemble_right / n;
+  m.ensemble_calibration = calibration_from_sums(ensemble_slots);
+  for (std::size_t k = 0; k < curve_slots.size(); ++k)
+    report->size_curve.push_back(
+        SizePoint{static_cast<int>(k + 1), accuracy_from_sums(curve_slots[k]), calibration_from_sums(curve_slots[k])});
 }
 
 std::int64_t Trainer::step() const { return states_[0].step; }

@@ -30,6 +30,20 @@
 namespace pmap::ensemble {
 
 enum class Mode { ensemble, data_parallel };
+
+// What a checkpoint holds, for setting up its evaluation: its members, epochs and recorded configuration.
+struct CheckpointSummary {
+  int members = 0;
+  int epochs_done = 0;
+  Json config;
+};
+CheckpointSummary inspect_checkpoint(const std::filesystem::path& path);
+
+// What a final evaluation adds: the ensemble of the first k members for k = 1..M, and per-image results.
+struct EnsembleReport {
+  std::vector<SizePoint> size_curve;
+  Predictions predictions;
+};
 std::string_view to_string(Mode m);
 Mode parse_mode(std::string_view text);  // "ensemble" | "data-parallel"; ValueError otherwise
 
@@ -59,8 +73,11 @@ struct TrainConfig {
   // every step's kernels one by one (for comparison). Changes no result.
   bool graphs = true;
   int processes = 1;         // set by the Trainer: processes the mesh spans
+  std::string dataset = "mnist";  // the data's name, for the outputs: mnist | fashion-mnist
 
-  Json to_json() const;  // every field, for metrics and checkpoints
+  // Every field, for metrics and checkpoints. lr and momentum as given: the shortest decimal that reads
+  // back to the same float (0.1, not 0.10000000149011612).
+  Json to_json() const;
 };
 
 // Called after each training step: (step 1-based, steps, running mean loss, model-images/s so far).
@@ -85,8 +102,11 @@ class Trainer {
 
   // Trains the next epoch, evaluates, appends to history() and returns the epoch's metrics.
   EpochMetrics run_epoch(const StepCallback& on_step = {});
-  // Per-member test loss/accuracy and the ensemble's accuracy, into m (epoch and timings untouched).
+  // Per-member test loss, accuracy and calibration and the ensemble's accuracy and calibration, into m
+  // (epoch and timings untouched). Computed on the devices, from the probabilities accuracy comes from.
   void evaluate(EpochMetrics& m);
+  // As evaluate (the same bits into m), and also the ensemble-size curve and every test image's results.
+  EnsembleReport evaluate_report(EpochMetrics& m);
 
   // Whether this process writes the run's files: the one that owns the mesh's first device (every
   // process when the mesh does not span processes).
@@ -105,11 +125,17 @@ class Trainer {
   // writes; every process reads the file in load_checkpoint (a path all of them can see).
   void save_checkpoint(const std::filesystem::path& path) const;
   void load_checkpoint(const std::filesystem::path& path);
+  // Evaluation of a saved ensemble: this trainer's members (config().members of them) become the
+  // checkpoint's members `subset` (indices into its members, in that order; empty: all of them, which must
+  // then be as many), momentum zero. Checks the model's tensors, not the recipe. DataError for a file
+  // that does not fit, ValueError for a subset that does not.
+  void load_members(const std::filesystem::path& path, const std::vector<int>& subset);
 
  private:
   // The devices' step buffers, the feeds and the backend's handles (allocated once, here).
   void make_device_work();
   void init_members();
+  void evaluate_into(EpochMetrics& m, EnsembleReport* report);
   void check_processes_agree() const;  // ValueError unless every process has the same config and data
   // Every device's `mine` (one host vector per local device, all of one length), over the whole mesh in
   // mesh order, on every process: an all_gather over the mesh's axis.
@@ -133,6 +159,7 @@ class Trainer {
   Sharded<DeviceWork*> work_ptrs_;
   std::unique_ptr<Feed<Batch>> train_feed_;  // batches of config.batch_size (sharded in data parallel)
   std::unique_ptr<Feed<Batch>> eval_feed_;   // batches of eval_batch, replicated
+  std::vector<std::unique_ptr<ReportWork>> report_work_;  // per local device, made by the first report
   int epochs_done_ = 0;
   std::vector<EpochMetrics> history_;
 };

@@ -1,6 +1,7 @@
 // mnist_ensemble: trains an ensemble of MNIST CNNs (one or more members per device, or one model data-
-// parallel over the devices) and reports each member's and the ensemble's test accuracy. Under mpirun or
-// srun the mesh spans the processes (--devices per process); only the main process prints and writes.
+// parallel over the devices) and reports each member's and the ensemble's test accuracy and calibration,
+// and at the end the ensemble-size curve; or (--evaluate) evaluates a saved ensemble. Under mpirun or srun
+// the mesh spans the processes (--devices per process); only the main process prints and writes.
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -18,56 +19,104 @@ namespace {
 
 // Checkpoints gather every member from every process; the metrics are the same on every process, and
 // only the main one writes them.
-void write_outputs(const CliOptions& o, const Trainer& t) {
+void write_outputs(const CliOptions& o, const Trainer& t, const EnsembleReport* report) {
   if (!o.save.empty()) t.save_checkpoint(o.save);
   if (!t.is_main_process()) return;
-  if (!o.metrics_json.empty()) write_metrics_json(o.metrics_json, t.config().to_json(), t.history());
+  const std::vector<SizePoint> curve = report == nullptr ? std::vector<SizePoint>{} : report->size_curve;
+  if (!o.metrics_json.empty()) write_metrics_json(o.metrics_json, t.config().to_json(), t.history(), curve);
   if (!o.metrics_csv.empty()) write_metrics_csv(o.metrics_csv, t.history());
-  if (!o.plot.empty()) write_plot_svg(o.plot, t.history());
+  if (!o.plot.empty()) write_plot_svg(o.plot, t.history(), PlotExtras{dataset_title(t.config().dataset), curve});
+  if (!o.predict.empty() && report != nullptr) write_predictions_csv(o.predict, report->predictions);
 }
 
-int run(const CliOptions& o) {
+void print_header(const Trainer& t, std::int64_t train_count, std::int64_t test_count, const std::string& what) {
+  const TrainConfig& c = t.config();
+  const std::string images = (train_count > 0 ? std::to_string(train_count) + " train / " : std::string()) +
+                             std::to_string(test_count) + " test images";
+  std::printf("pmapcc mnist_ensemble: %s: %d CNN member(s) on %s (%d per device), mode %s, %s, %s\n", what.c_str(),
+              t.total_members(), t.mesh().str().c_str(), t.members_per_device(), std::string(to_string(c.mode)).c_str(),
+              dataset_title(c.dataset).c_str(), images.c_str());
+  if (train_count > 0)
+    std::printf("%lld parameters per member; epochs %d, batch %d, lr %g, momentum %g, seed %llu\n",
+                static_cast<long long>(t.model().params_per_member()), c.epochs, c.batch_size,
+                static_cast<double>(c.learning_rate), static_cast<double>(c.momentum),
+                static_cast<unsigned long long>(c.seed));
+  if (c.cuda_kernels_on_host) std::printf("the CUDA kernels run on the host (--kernels cuda-on-host)\n");
+  if (c.processes > 1)
+    std::printf("%d processes, %d device(s) each; this process prints and writes the outputs\n", c.processes,
+                t.mesh().local_size());
+  std::fflush(stdout);
+}
+
+void print_size_curve(const std::vector<SizePoint>& curve) {
+  if (curve.size() < 2) return;
+  std::printf("\nensemble of the first k members:\n       k  test accuracy      NLL      ECE\n");
+  for (const SizePoint& p : curve)
+    std::printf("%8d  %11.2f %%  %7.4f  %7.4f\n", p.members, 100 * p.accuracy, p.calibration.nll, p.calibration.ece);
+}
+
+int run_training(const CliOptions& o) {
   const Dataset train = load_mnist(o.data, Split::train, o.train.train_limit);
   const Dataset test = load_mnist(o.data, Split::test, o.train.test_limit);
   Trainer trainer(o.train, train, test);
   if (!o.resume.empty()) trainer.load_checkpoint(o.resume);
   const TrainConfig& c = trainer.config();
   const bool main_process = trainer.is_main_process();
-  if (main_process) {
-    std::printf("pmapcc mnist_ensemble: %d %s member(s) on %s (%d per device), mode %s, %lld train / %lld test images\n",
-                trainer.total_members(), "CNN", trainer.mesh().str().c_str(), trainer.members_per_device(),
-                std::string(to_string(c.mode)).c_str(), static_cast<long long>(train.count),
-                static_cast<long long>(test.count));
-    std::printf("%lld parameters per member; epochs %d, batch %d, lr %g, momentum %g, seed %llu%s\n",
-                static_cast<long long>(trainer.model().params_per_member()), c.epochs, c.batch_size,
-                static_cast<double>(c.learning_rate), static_cast<double>(c.momentum),
-                static_cast<unsigned long long>(c.seed),
-                o.resume.empty() ? "" : (", resumed after epoch " + std::to_string(trainer.epochs_done())).c_str());
-    if (c.cuda_kernels_on_host) std::printf("the CUDA kernels run on the host (--kernels cuda-on-host)\n");
-    if (c.processes > 1)
-      std::printf("%d processes, %d device(s) each; this process prints and writes the outputs\n", c.processes,
-                  trainer.mesh().local_size());
-    std::fflush(stdout);
-  }
+  if (main_process)
+    print_header(trainer, train.count, test.count,
+                 o.resume.empty() ? "training" : "resumed after epoch " + std::to_string(trainer.epochs_done()));
   ProgressBar bar(stdout, main_process ? parse_progress_mode(o.progress) : ProgressMode::none, std::max(1, c.epochs));
-  bool ran_epoch = false;
   while (trainer.epochs_done() < c.epochs) {
-    ran_epoch = true;
     bar.begin_epoch(trainer.epochs_done() + 1, trainer.steps_per_epoch());
     EpochMetrics m = trainer.run_epoch([&](int step, int, double loss, double ips) { bar.update(step, loss, ips); });
     bar.end_epoch(m);
-    write_outputs(o, trainer);
+    if (trainer.epochs_done() < c.epochs) write_outputs(o, trainer, nullptr);
   }
+  // The final evaluation (the last epoch's, again, with the size curve and per-image results; or, with no
+  // epoch run, of the initial or resumed members), and every output asked for.
   EpochMetrics last;
-  if (trainer.history().empty()) {
-    trainer.evaluate(last);  // --epochs 0: evaluate the initial (or resumed) members
-  } else {
-    last = trainer.history().back();
+  const EnsembleReport report = trainer.evaluate_report(last);
+  if (!trainer.history().empty()) last = trainer.history().back();
+  write_outputs(o, trainer, &report);
+  if (main_process) {
+    std::printf("\n%s", final_table(last, trainer.members_per_device()).c_str());
+    print_size_curve(report.size_curve);
   }
-  // No epoch ran in this invocation (--epochs 0, or a resume already at --epochs): the outputs asked for
-  // are still written, of the initial or resumed state (the metrics with the epochs done so far).
-  if (!ran_epoch) write_outputs(o, trainer);
-  if (main_process) std::printf("\n%s", final_table(last, trainer.members_per_device()).c_str());
+  return 0;
+}
+
+int run_evaluation(const CliOptions& o) {
+  const Dataset test = load_mnist(o.data, Split::test, o.train.test_limit);
+  const CheckpointSummary saved = inspect_checkpoint(o.evaluate);
+  TrainConfig c = o.train;
+  c.members = o.members_subset.empty() ? saved.members : static_cast<int>(o.members_subset.size());
+  c.mode = Mode::ensemble;
+  c.epochs = 0;
+  // Evaluated in the pieces the run was trained with, so a CPU evaluation gives that run's own numbers.
+  if (const Json* batch = saved.config.find("batch_size"); batch != nullptr && batch->is_integer())
+    c.batch_size = static_cast<int>(batch->as_int());
+  Trainer trainer(c, test, test);  // trains nothing: the test set stands in for the training set
+  trainer.load_members(o.evaluate, o.members_subset);
+  EpochMetrics m;
+  m.epoch = saved.epochs_done;
+  const EnsembleReport report = trainer.evaluate_report(m);
+  if (!trainer.is_main_process()) return 0;
+  print_header(trainer, 0, test.count, "evaluating " + o.evaluate.string() + " (epoch " + std::to_string(m.epoch) + ")");
+  std::printf("\n%s", final_table(m, trainer.members_per_device()).c_str());
+  print_size_curve(report.size_curve);
+  if (!o.metrics_json.empty()) {
+    Json doc = Json::object();
+    doc.set("config", trainer.config().to_json());
+    doc.set("checkpoint", o.evaluate.string());
+    Json subset = Json::array();
+    for (int g : o.members_subset) subset.push_back(g);
+    doc.set("members_subset", std::move(subset));
+    doc.set("evaluation", epoch_json(m));
+    doc.set("ensemble_size_curve", size_curve_json(report.size_curve));
+    write_text_file_atomic(o.metrics_json, doc.dump(2) + "\n");
+  }
+  if (!o.plot.empty()) write_plot_svg(o.plot, {m}, PlotExtras{dataset_title(c.dataset), report.size_curve});
+  if (!o.predict.empty()) write_predictions_csv(o.predict, report.predictions);
   return 0;
 }
 
@@ -87,7 +136,7 @@ int main(int argc, char** argv) {
   }
   try {
     pmap::distributed::initialize();  // joins the other processes under mpirun/srun; nothing otherwise
-    return run(options);
+    return options.evaluate.empty() ? run_training(options) : run_evaluation(options);
   } catch (const std::exception& e) {
     if (pmap::distributed::process_count() > 1) {
       std::fprintf(stderr, "mnist_ensemble: process %d: error: %s\n", pmap::distributed::process_index(), e.what());

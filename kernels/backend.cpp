@@ -76,6 +76,18 @@ class CpuBackend final : public Backend {
   void mean_from_sums(int count, const double* sums, double divisor, float* out) const override {
     cpu::mean_from_sums(count, sums, divisor, out);
   }
+  std::size_t calibration_workspace_bytes(const CalibrationParams& p) const override {
+    validate(p);
+    return 0;
+  }
+  void calibration_sums(const CalibrationParams& p, const float* probs, const std::int32_t* labels, double* sums,
+                        void*) const override {
+    cpu::calibration_sums(p, probs, labels, sums);
+  }
+  void predictions(int rows, int classes, const float* probs, std::int32_t* predicted, float* probability,
+                   float* entropy) const override {
+    cpu::predictions(rows, classes, probs, predicted, probability, entropy);
+  }
   void copy(void* dst, const void* src, std::size_t bytes) const override {
     if (bytes != 0 && dst != src) std::memmove(dst, src, bytes);
   }

@@ -60,6 +60,13 @@ class Backend {
   virtual void accumulate_metrics(int count, const float* loss, const std::int32_t* correct, double rows,
                                   double* loss_sum, std::int32_t* hits) const = 0;
   virtual void mean_from_sums(int count, const double* sums, double divisor, float* out) const = 0;
+  virtual std::size_t calibration_workspace_bytes(const CalibrationParams& p) const = 0;
+  // sums (predictors, kCalibrationSlots) f64 += the calibration sums of probs (kernels/ops.h). A label out
+  // of range: the CPU raises ValueError, CUDA leaves the row out.
+  virtual void calibration_sums(const CalibrationParams& p, const float* probs, const std::int32_t* labels,
+                                double* sums, void* workspace) const = 0;
+  virtual void predictions(int rows, int classes, const float* probs, std::int32_t* predicted, float* probability,
+                           float* entropy) const = 0;
 
   // Memory of the device, ordered with the backend's other work: a copy within it, zero bytes.
   virtual void copy(void* dst, const void* src, std::size_t bytes) const = 0;

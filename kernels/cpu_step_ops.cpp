@@ -5,6 +5,7 @@
 
 #include <pmap/error.h>
 
+#include "kernels/calibration.h"
 #include "kernels/ops.h"
 
 namespace pmap::kernels::cpu {
@@ -62,6 +63,44 @@ void mean_from_sums(int count, const double* sums, double divisor, float* out) {
   require(sums, "mean_from_sums", "sums");
   require(out, "mean_from_sums", "out");
   for (int m = 0; m < count; ++m) out[m] = static_cast<float>(sums[m] / divisor);
+}
+
+void calibration_sums(CalibrationParams p, const float* probs, const std::int32_t* labels, double* sums) {
+  require(probs, "calibration_sums", "probs");
+  require(labels, "calibration_sums", "labels");
+  require(sums, "calibration_sums", "sums");
+  validate(p);
+  for (int r = 0; r < p.rows; ++r)
+    if (labels[r] < 0 || labels[r] >= p.classes)
+      throw ValueError("calibration_sums: label " + std::to_string(labels[r]) + " at row " + std::to_string(r) +
+                       " is outside [0, " + std::to_string(p.classes) + ")");
+  for (int q = 0; q < p.predictors; ++q) {
+    double partial[kCalibrationSlots] = {};
+    for (int r = 0; r < p.rows; ++r) {
+      const float* row = probs + (static_cast<std::size_t>(q) * p.rows + r) * p.classes;
+      const RowCalibration c = row_calibration(row, p.classes, labels[r]);
+      for (int s = 0; s < 4; ++s) partial[s] += row_slot(c, s);
+      double* bin = partial + 4 + 3 * c.bin;
+      bin[0] += 1.0;
+      bin[1] += c.confidence;
+      bin[2] += c.hit;
+    }
+    double* out = sums + static_cast<std::size_t>(q) * kCalibrationSlots;
+    for (int s = 0; s < kCalibrationSlots; ++s) out[s] += partial[s];
+  }
+}
+
+void predictions(int rows, int classes, const float* probs, std::int32_t* predicted, float* probability,
+                 float* entropy) {
+  require(probs, "predictions", "probs");
+  validate_argmax_hits(rows, classes);
+  for (int r = 0; r < rows; ++r) {
+    const float* row = probs + static_cast<std::size_t>(r) * classes;
+    const int pred = predicted_class(row, classes);
+    if (predicted != nullptr) predicted[r] = pred;
+    if (probability != nullptr) probability[r] = row[pred];
+    if (entropy != nullptr) entropy[r] = static_cast<float>(row_entropy(row, classes));
+  }
 }
 
 }  // namespace pmap::kernels::cpu

@@ -108,6 +108,13 @@ void validate(const MatmulParams& p) {
   require_positive(p.depth, op, "depth");
 }
 
+void validate(const CalibrationParams& p) {
+  const char* op = "calibration_sums";
+  require_positive(p.predictors, op, "predictors");
+  require_non_negative(p.rows, op, "rows");
+  require_positive(p.classes, op, "classes");
+}
+
 void validate_argmax_hits(int rows, int classes) {
   if (rows < 0 || classes < 1)
     throw ValueError("argmax_hits: needs rows >= 0 and classes >= 1, got " + std::to_string(rows) + " and " +

@@ -106,6 +106,24 @@ struct SgdParams {
   bool nesterov = false;
 };
 
+// Calibration statistics of predicted probabilities (calibration_sums): for each of `predictors` sets of
+// `rows` probability rows over `classes` classes, sums over the rows, in row order, in double, of
+//   slot 0: the negative log-likelihood -log(p[label]) (p floored at kMinProbability)
+//   slot 1: the Brier score sum_c (p[c] - [c == label])^2 (0..2)
+//   slot 2: the predictive entropy -sum_c p[c] log p[c] (nats; 0 log 0 = 0)
+//   slot 3: hits (the argmax, first index on ties, is the label)
+//   slots 4 + 3b .. 6 + 3b, for the equal-width confidence bins b = 0..14 (confidence = max_c p[c],
+//   bin min(floor(15 * confidence), 14)): the rows in the bin, their confidences' sum, their hits.
+// The expected calibration error (top-label, 15 bins) is sum_b |hits_b - confidence_sum_b| / rows.
+inline constexpr int kCalibrationBins = 15;
+inline constexpr int kCalibrationSlots = 4 + 3 * kCalibrationBins;
+inline constexpr double kMinProbability = 1e-30;  // a probability that underflowed to 0 counts as this
+struct CalibrationParams {
+  int predictors = 1;
+  int rows = 0;
+  int classes = 0;
+};
+
 // Validation and derived shapes (backend-neutral). Each throws pmap::ValueError naming the bad field.
 ConvGeometry conv2d_geometry(const Conv2dParams& p);
 PoolGeometry avg_pool_geometry(const AvgPoolParams& p);
@@ -113,6 +131,7 @@ void validate(const DenseParams& p);
 void validate(const SoftmaxXentParams& p);
 void validate(const MatmulParams& p);
 void validate_argmax_hits(int rows, int classes);  // rows >= 0, classes >= 1
+void validate(const CalibrationParams& p);
 
 }  // namespace pmap::kernels
 
@@ -241,5 +260,15 @@ void accumulate_metrics(int count, const float* loss, const std::int32_t* correc
 
 // out[m] = float(sums[m] / divisor) for count members.
 void mean_from_sums(int count, const double* sums, double divisor, float* out);
+
+// sums (predictors, kCalibrationSlots) += the calibration sums (see CalibrationParams) of probs
+// (predictors, rows, classes) against labels (rows), each slot's sum over the rows taken first, in row
+// order, then added. A label outside [0, classes) throws ValueError.
+void calibration_sums(CalibrationParams p, const float* probs, const std::int32_t* labels, double* sums);
+
+// Per row of probs (rows, classes): the predicted class (argmax, first index on ties), its probability and
+// the predictive entropy -sum_c p log p (computed in double). Each output optional (nullptr).
+void predictions(int rows, int classes, const float* probs, std::int32_t* predicted, float* probability,
+                 float* entropy);
 
 }  // namespace pmap::kernels::cpu

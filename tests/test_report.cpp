@@ -476,3 +476,113 @@ TEST_CASE("report: final_table lists members, best, mean and the ensemble's gain
   m.ensemble_test_accuracy = 0.9910;
   CHECK(pmap::ensemble::final_table(m).find("99.10 %   (-0.10 under the best member)") != std::string::npos);
 }
+
+namespace {
+
+// A calibration whose fields encode (member, epoch), with 15 bins, bin 3 empty.
+pmap::ensemble::Calibration make_calibration(int member, int epoch) {
+  pmap::ensemble::Calibration c;
+  c.nll = 0.1 + member / 7.0 + epoch / 11.0;
+  c.brier = 0.05 + member / 13.0;
+  c.ece = 0.01 + epoch / 17.0;
+  c.entropy = 0.2 + member / 19.0;
+  for (int b = 0; b < 15; ++b)
+    c.bins.push_back(b == 3 ? pmap::ensemble::ReliabilityBin{0, std::nan(""), std::nan("")}
+                            : pmap::ensemble::ReliabilityBin{10.0 + b, (b + 0.5) / 15, (b + 0.3) / 15});
+  return c;
+}
+
+std::vector<EpochMetrics> make_calibrated_run(int epochs, int members) {
+  std::vector<EpochMetrics> run = make_run(epochs, members);
+  for (EpochMetrics& m : run) {
+    for (int i = 0; i < members; ++i) m.member_calibration.push_back(make_calibration(i, m.epoch));
+    m.ensemble_calibration = make_calibration(99, m.epoch);
+  }
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE("report: calibration metrics in the JSON, read back exactly, empty bins as null") {
+  const std::vector<EpochMetrics> run = make_calibrated_run(2, 3);
+  std::vector<pmap::ensemble::SizePoint> curve;
+  for (int k = 1; k <= 3; ++k) curve.push_back({k, 0.9 + k / 100.0, make_calibration(k, 9)});
+  const Json doc = Json::parse(pmap::ensemble::metrics_json(Json::object(), run, curve).dump(2), "m.json");
+  const Json& last = *doc.find("final");
+  for (const char* key : {"member_test_nll", "member_test_brier", "member_test_ece", "member_test_entropy"})
+    CHECK(last.find(key)->size() == 3);
+  CHECK(last.find("member_test_ece")->as_array()[1].as_double() == run.back().member_calibration[1].ece);
+  CHECK(last.find("ensemble_test_nll")->as_double() == run.back().ensemble_calibration.nll);
+  const Json& ens = *last.find("ensemble_reliability");
+  CHECK(ens.find("count")->size() == 15);
+  CHECK(ens.find("accuracy")->as_array()[3].is_null());  // the empty bin
+  CHECK(last.find("best_member_reliability")->find("member")->as_int() == 2);  // the best accuracy: member 2
+  // The size curve: one point per k, with the documented keys.
+  const Json& c = *doc.find("ensemble_size_curve");
+  REQUIRE(c.size() == 3);
+  const std::vector<std::string> keys = {"members", "test_accuracy", "test_nll", "test_brier", "test_ece",
+                                         "test_entropy"};
+  for (std::size_t i = 0; i < keys.size(); ++i) CHECK(c.as_array()[2].as_object()[i].first == keys[i]);
+  CHECK(c.as_array()[2].find("test_accuracy")->as_double() == curve[2].accuracy);
+  // Read back: every number, the best member's bins, and the NaN of the empty bin.
+  const EpochMetrics back =
+      pmap::ensemble::epoch_metrics_from_json(pmap::ensemble::JsonView(last, "m.json", "final"));
+  REQUIRE(back.member_calibration.size() == 3);
+  CHECK(back.member_calibration[2].nll == run.back().member_calibration[2].nll);
+  CHECK(back.ensemble_calibration.ece == run.back().ensemble_calibration.ece);
+  REQUIRE(back.member_calibration[2].bins.size() == 15);
+  CHECK(back.member_calibration[2].bins[4].accuracy == run.back().member_calibration[2].bins[4].accuracy);
+  CHECK(std::isnan(back.ensemble_calibration.bins[3].confidence));
+  // An epoch without calibration (an older checkpoint's history) has none of these keys, and reads back.
+  const Json plain = pmap::ensemble::epoch_json(make_epoch(1, 2));
+  CHECK(plain.find("ensemble_test_nll") == nullptr);
+  CHECK(pmap::ensemble::epoch_metrics_from_json(pmap::ensemble::JsonView(plain, "x")).member_calibration.empty());
+}
+
+TEST_CASE("report: calibration columns in the CSV, the predictions CSV, the table and the plot") {
+  const std::vector<EpochMetrics> run = make_calibrated_run(2, 2);
+  const std::vector<std::string> lines = split(pmap::ensemble::metrics_csv(run), '\n');
+  CHECK(lines[0] ==
+        "epoch,train_loss,train_accuracy,test_loss,ensemble_test_accuracy,seconds,eval_seconds,"
+        "model_images_per_second,member_0_test_accuracy,member_1_test_accuracy,ensemble_test_nll,ensemble_test_brier,"
+        "ensemble_test_ece,ensemble_test_entropy,member_0_test_nll,member_1_test_nll,member_0_test_brier,"
+        "member_1_test_brier,member_0_test_ece,member_1_test_ece,member_0_test_entropy,member_1_test_entropy");
+  const std::vector<std::string> cells = split(lines[2], ',');
+  REQUIRE(cells.size() == 22);
+  CHECK(std::strtod(cells[12].c_str(), nullptr) == run[1].ensemble_calibration.ece);
+  CHECK(std::strtod(cells[17].c_str(), nullptr) == run[1].member_calibration[1].brier);
+
+  pmap::ensemble::Predictions p;
+  p.label = {7, 2};
+  p.predicted = {7, 3};
+  p.probability = {0.75f, 0.5f};
+  p.entropy = {0.25f, 1.0f};
+  p.votes = {{7, 3}, {7, 2}, {1, 3}};
+  CHECK(pmap::ensemble::predictions_csv(p) ==
+        "index,label,prediction,probability,entropy,member_0,member_1,member_2\n"
+        "0,7,7,0.75,0.25,7,7,1\n"
+        "1,2,3,0.5,1,3,2,3\n");
+
+  const std::string table = pmap::ensemble::final_table(run.back());
+  CHECK(table.find("test accuracy      NLL    Brier      ECE  entropy") != std::string::npos);
+  char nll[32];
+  std::snprintf(nll, sizeof nll, "%.4f", run.back().ensemble_calibration.nll);
+  CHECK(table.find(nll) != std::string::npos);
+
+  std::vector<pmap::ensemble::SizePoint> curve = {{1, 0.9, make_calibration(1, 1)}, {2, 0.92, make_calibration(2, 1)}};
+  const std::string svg = pmap::ensemble::accuracy_plot_svg(run, {"Fashion-MNIST", curve});
+  CHECK(xml_problem(svg) == "");
+  CHECK(svg.find("Fashion-MNIST ensemble: 2 members") != std::string::npos);
+  CHECK(count(svg, "<polyline class=\"reliability-ensemble\"") == 1);
+  CHECK(count(svg, "<polyline class=\"reliability-member\"") == 1);
+  for (const char* c : {"size-accuracy", "size-nll", "size-ece"})
+    CHECK(count(svg, std::string("<polyline class=\"") + c + "\"") == 1);
+  // The reliability line leaves out the empty bin: 14 points.
+  const auto at = svg.find("<polyline class=\"reliability-ensemble\"");
+  const auto pts = svg.find("points=\"", at) + 8;
+  CHECK(split(svg.substr(pts, svg.find('"', pts) - pts), ' ').size() == 14);
+  // Without calibration or curve: no such panels.
+  const std::string plain = pmap::ensemble::accuracy_plot_svg(make_run(2, 2));
+  CHECK(plain.find("reliability") == std::string::npos);
+  CHECK(plain.find("MNIST ensemble") != std::string::npos);
+}

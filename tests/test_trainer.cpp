@@ -359,3 +359,95 @@ TEST_CASE("training on CUDA devices where no GPU is usable says so") {
                          pmap::CudaError);
   }
 }
+
+TEST_CASE("calibration and the ensemble-size curve come from the same probabilities as accuracy") {
+  TrainConfig c = small(1, 3);
+  Trainer t(c, data().train, data().test);
+  t.run_epoch();
+  const EpochMetrics& epoch = t.history().back();
+  EpochMetrics again;
+  const EnsembleReport report = t.evaluate_report(again);
+  // The report's evaluation is the epoch's, bit for bit.
+  CHECK(again.member_test_accuracy == epoch.member_test_accuracy);
+  CHECK(again.ensemble_test_accuracy == epoch.ensemble_test_accuracy);
+  CHECK(again.ensemble_calibration.nll == epoch.ensemble_calibration.nll);
+  CHECK(again.ensemble_calibration.ece == epoch.ensemble_calibration.ece);
+  REQUIRE(epoch.member_calibration.size() == 3);
+  // Member NLL from the probabilities is the cross-entropy test loss, to float rounding.
+  double nll_mean = 0;
+  for (const auto& m : epoch.member_calibration) nll_mean += m.nll / 3;
+  CHECK(nll_mean == doctest::Approx(epoch.test_loss).epsilon(1e-5));
+  // The curve: k = 1 is member 0, k = 3 the whole ensemble (one device: the same sums, so the same bits).
+  REQUIRE(report.size_curve.size() == 3);
+  CHECK(report.size_curve[0].members == 1);
+  CHECK(report.size_curve[0].accuracy == epoch.member_test_accuracy[0]);
+  CHECK(report.size_curve[0].calibration.nll == epoch.member_calibration[0].nll);
+  CHECK(report.size_curve[2].accuracy == epoch.ensemble_test_accuracy);
+  CHECK(report.size_curve[2].calibration.nll == epoch.ensemble_calibration.nll);
+  CHECK(report.size_curve[2].calibration.brier == epoch.ensemble_calibration.brier);
+  CHECK(report.size_curve[2].calibration.ece == epoch.ensemble_calibration.ece);
+  // Per-image results: the ensemble's hits are its accuracy; each member's votes its accuracy.
+  const Predictions& p = report.predictions;
+  REQUIRE(p.predicted.size() == static_cast<std::size_t>(data().test.count));
+  REQUIRE(p.votes.size() == 3);
+  int hits = 0;
+  std::vector<int> member_hits(3, 0);
+  for (std::size_t i = 0; i < p.predicted.size(); ++i) {
+    CHECK(p.label[i] == data().test.labels[i]);
+    hits += p.predicted[i] == p.label[i];
+    for (std::size_t m = 0; m < 3; ++m) member_hits[m] += p.votes[m][i] == p.label[i];
+    CHECK(p.probability[i] > 0.0f);
+    CHECK(p.probability[i] <= 1.0f);
+    CHECK(p.entropy[i] >= 0.0f);
+  }
+  CHECK(hits == static_cast<int>(std::lround(epoch.ensemble_test_accuracy * data().test.count)));
+  for (std::size_t m = 0; m < 3; ++m)
+    CHECK(member_hits[m] == static_cast<int>(std::lround(epoch.member_test_accuracy[m] * data().test.count)));
+}
+
+TEST_CASE("a saved ensemble evaluates alone, as a whole or a subset of its members, on any device count") {
+  const auto path = temp_path("evaluate.safetensors");
+  Trainer t(small(2, 4), data().train, data().test);
+  t.run_epoch();
+  t.save_checkpoint(path);
+  const EpochMetrics& trained = t.history().back();
+  CHECK(inspect_checkpoint(path).members == 4);
+  CHECK(inspect_checkpoint(path).epochs_done == 1);
+  // All members on the same devices: the training run's own evaluation, bit for bit.
+  TrainConfig all = small(2, 4);
+  all.epochs = 0;
+  Trainer whole(all, data().test, data().test);
+  whole.load_members(path, {});
+  EpochMetrics m;
+  whole.evaluate(m);
+  CHECK(m.member_test_accuracy == trained.member_test_accuracy);
+  CHECK(m.ensemble_test_accuracy == trained.ensemble_test_accuracy);
+  CHECK(m.ensemble_calibration.nll == trained.ensemble_calibration.nll);
+  CHECK(m.test_loss == trained.test_loss);
+  // Members 3 and 1 on one device: their own accuracies.
+  TrainConfig two = small(1, 2);
+  two.epochs = 0;
+  Trainer pair(two, data().test, data().test);
+  pair.load_members(path, {3, 1});
+  EpochMetrics mp;
+  pair.evaluate(mp);
+  CHECK(mp.member_test_accuracy == std::vector<double>{trained.member_test_accuracy[3], trained.member_test_accuracy[1]});
+  CHECK_THROWS_WITH_AS(pair.load_members(path, {0, 4}), doctest::Contains("member 4 is not among the checkpoint's 4"),
+                       pmap::ValueError);
+  CHECK_THROWS_WITH_AS(pair.load_members(path, {1, 1}), doctest::Contains("named twice"), pmap::ValueError);
+  CHECK_THROWS_WITH_AS(pair.load_members(path, {}), doctest::Contains("needs a trainer of 4 members"), pmap::ValueError);
+  // A checkpoint of another model (other image size) does not fit.
+  const Dataset big_test = pmap::testing::synthetic_dataset(50, 16, 3);  // Dense_0 takes 4x4x64, not 3x3x64
+  Trainer other(two, big_test, big_test);
+  CHECK_THROWS_WITH_AS(other.load_members(path, {0, 1}), doctest::Contains("Dense_0/kernel"), pmap::DataError);
+}
+
+TEST_CASE("the configuration is recorded as given: lr 0.1, not 0.10000000149011612") {
+  TrainConfig c = small(1, 1);
+  c.momentum = 0.95f;
+  Trainer t(c, data().train, data().test);
+  const std::string text = t.config().to_json().dump();
+  CHECK(text.find("\"lr\":0.1,") != std::string::npos);
+  CHECK(text.find("\"momentum\":0.95,") != std::string::npos);
+  CHECK(text.find("\"dataset\":\"mnist\"") != std::string::npos);
+}

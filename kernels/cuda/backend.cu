@@ -74,6 +74,17 @@ class CudaBackend final : public Backend {
   void mean_from_sums(int count, const double* sums, double divisor, float* out) const override {
     gpu::mean_from_sums(ex_, count, sums, divisor, out);
   }
+  std::size_t calibration_workspace_bytes(const CalibrationParams& p) const override {
+    return gpu::calibration_workspace_bytes(p);
+  }
+  void calibration_sums(const CalibrationParams& p, const float* probs, const std::int32_t* labels, double* sums,
+                        void* ws) const override {
+    gpu::calibration_sums(ex_, p, probs, labels, sums, ws);
+  }
+  void predictions(int rows, int classes, const float* probs, std::int32_t* predicted, float* probability,
+                   float* entropy) const override {
+    gpu::predictions(ex_, rows, classes, probs, predicted, probability, entropy);
+  }
   void copy(void* dst, const void* src, std::size_t bytes) const override { ex_.copy(dst, src, bytes); }
   void fill_zero(void* dst, std::size_t bytes) const override { ex_.fill_zero(dst, bytes); }
   void prepare() const override { ex_.prepare(); }

@@ -100,4 +100,14 @@ void accumulate_metrics(const Exec& ex, int count, const float* loss, const std:
                         double* loss_sum, std::int32_t* hits);
 void mean_from_sums(const Exec& ex, int count, const double* sums, double divisor, float* out);
 
+// As cpu::calibration_sums (and the same bits: the rows' arithmetic is kernels/calibration.h, summed in row
+// order), except that a row whose label is out of range adds nothing instead of raising (the loss counts
+// such labels). workspace:
+// calibration_workspace_bytes(p) bytes, or null (Exec::scratch).
+std::size_t calibration_workspace_bytes(const CalibrationParams& p);
+void calibration_sums(const Exec& ex, const CalibrationParams& p, const float* probs, const std::int32_t* labels,
+                      double* sums, void* workspace);
+void predictions(const Exec& ex, int rows, int classes, const float* probs, std::int32_t* predicted,
+                 float* probability, float* entropy);
+
 }  // namespace pmap::kernels::gpu
