@@ -386,6 +386,53 @@ void add_predictions(const EvalOnHost& r, int rows, std::int64_t first, const Da
   }
 }
 
+// The sums of an evaluation over its batches, in batch order: per device of the mesh each member's loss
+// sum (loss x batch size), correct count and calibration sums; the ensemble's (device 0's: every device
+// holds the same, from a psum); the size curve's.
+struct EvalSums {
+  EvalSums(std::size_t mesh_devices, std::size_t per_device, int curve_points)
+      : devices(mesh_devices), per(per_device), loss(mesh_devices * per_device, 0.0), right(loss.size(), 0.0),
+        member_slots(loss.size(), std::vector<double>(kSlots, 0.0)), ensemble_slots(kSlots, 0.0),
+        curve_slots(static_cast<std::size_t>(curve_points), std::vector<double>(kSlots, 0.0)) {}
+
+  void add(const EvalOnHost& r, int size) {
+    for (std::size_t d = 0; d < devices; ++d)
+      for (std::size_t j = 0; j < per; ++j) {
+        const std::size_t i = d * per + j;
+        loss[i] += static_cast<double>(r.loss[i]) * size;
+        right[i] += r.correct[i];
+        add_slots(member_slots[i], r.calibration, (d * (per + 1) + j) * kSlots);
+      }
+    add_slots(ensemble_slots, r.calibration, per * kSlots);  // device 0's ensemble row
+    ensemble_right += static_cast<double>(r.ensemble_correct[0]);
+    for (std::size_t k = 0; k < curve_slots.size(); ++k) add_slots(curve_slots[k], r.curve, k * kSlots);
+  }
+
+  // The metrics of the first `members` members (mesh order) over n test images.
+  void finish(std::size_t members, double n, EpochMetrics& m, std::vector<SizePoint>* curve) const {
+    m.member_test_accuracy.clear();
+    m.member_calibration.clear();
+    m.test_loss = 0;
+    for (std::size_t g = 0; g < members; ++g) {
+      m.member_test_accuracy.push_back(right[g] / n);
+      m.test_loss += loss[g] / n / static_cast<double>(members);
+      m.member_calibration.push_back(calibration_from_sums(member_slots[g]));
+    }
+    m.ensemble_test_accuracy = ensemble_right / n;
+    m.ensemble_calibration = calibration_from_sums(ensemble_slots);
+    for (std::size_t k = 0; curve != nullptr && k < curve_slots.size(); ++k)
+      curve->push_back(
+          SizePoint{static_cast<int>(k + 1), accuracy_from_sums(curve_slots[k]), calibration_from_sums(curve_slots[k])});
+  }
+
+  std::size_t devices, per;
+  std::vector<double> loss, right;
+  std::vector<std::vector<double>> member_slots;
+  std::vector<double> ensemble_slots;
+  std::vector<std::vector<double>> curve_slots;
+  double ensemble_right = 0;
+};
+
 }  // namespace
 
 void Trainer::evaluate(EpochMetrics& m) { evaluate_into(m, nullptr); }
@@ -422,17 +469,8 @@ void Trainer::evaluate_into(EpochMetrics& m, EnsembleReport* report) {
   }, mesh_);
   std::vector<std::uint32_t> order(static_cast<std::size_t>(test_.count));
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::uint32_t>(i);
-  // Per device of the mesh: each member's loss sum (loss x batch size over the batches), correct count
-  // and calibration sums. Every device holds the ensemble's results (they come from a psum); device 0's
-  // are used.
-  const auto per = static_cast<std::size_t>(members_per_device_);
-  const auto devices = static_cast<std::size_t>(mesh_.size());
-  std::vector<double> loss_sums(devices * per, 0.0), rights(devices * per, 0.0);
-  std::vector<std::vector<double>> member_slots(devices * per, std::vector<double>(kSlots, 0.0));
-  std::vector<double> ensemble_slots(kSlots, 0.0);
-  std::vector<std::vector<double>> curve_slots(with_report ? static_cast<std::size_t>(total_members_) : 0,
-                                               std::vector<double>(kSlots, 0.0));
-  double ensemble_right = 0;
+  EvalSums sums(static_cast<std::size_t>(mesh_.size()), static_cast<std::size_t>(members_per_device_),
+                with_report ? total_members_ : 0);
   auto size_at = [&](std::int64_t begin) {
     return static_cast<int>(std::min<std::int64_t>(config_.eval_batch, test_.count - begin));
   };
@@ -442,35 +480,12 @@ void Trainer::evaluate_into(EpochMetrics& m, EnsembleReport* report) {
     if (next < test_.count) fill_batch(*eval_feed_, order, next, size_at(next), test_, false);
     const int size = size_at(begin);
     auto res = eval_fn(states_, work_ptrs_, reports, eval_feed_->pop(), size, options_);
-    const EvalOnHost& r = res[0];
-    check_labels(r.bad_labels, "evaluation");
-    for (std::size_t d = 0; d < devices; ++d)
-      for (std::size_t j = 0; j < per; ++j) {
-        const std::size_t i = d * per + j;
-        loss_sums[i] += static_cast<double>(r.loss[i]) * size;
-        rights[i] += r.correct[i];
-        add_slots(member_slots[i], r.calibration, (d * (per + 1) + j) * kSlots);
-      }
-    add_slots(ensemble_slots, r.calibration, per * kSlots);  // device 0's ensemble row
-    ensemble_right += static_cast<double>(r.ensemble_correct[0]);
-    for (std::size_t k = 0; k < curve_slots.size(); ++k) add_slots(curve_slots[k], r.curve, k * kSlots);
-    if (with_report) add_predictions(r, size, begin, test_, total_members_, report->predictions);
+    check_labels(res[0].bad_labels, "evaluation");
+    sums.add(res[0], size);
+    if (with_report) add_predictions(res[0], size, begin, test_, total_members_, report->predictions);
   }
-  const std::size_t members = static_cast<std::size_t>(total_members_);  // data parallel: device 0's one
-  const double n = static_cast<double>(test_.count);
-  m.member_test_accuracy.clear();
-  m.member_calibration.clear();
-  m.test_loss = 0;
-  for (std::size_t g = 0; g < members; ++g) {
-    m.member_test_accuracy.push_back(rights[g] / n);
-    m.test_loss += loss_sums[g] / n / static_cast<double>(members);
-    m.member_calibration.push_back(calibration_from_sums(member_slots[g]));
-  }
-  m.ensemble_test_accuracy = ensemble_right / n;
-  m.ensemble_calibration = calibration_from_sums(ensemble_slots);
-  for (std::size_t k = 0; k < curve_slots.size(); ++k)
-    report->size_curve.push_back(
-        SizePoint{static_cast<int>(k + 1), accuracy_from_sums(curve_slots[k]), calibration_from_sums(curve_slots[k])});
+  sums.finish(static_cast<std::size_t>(total_members_), static_cast<double>(test_.count), m,  // data parallel: 1
+              with_report ? &report->size_curve : nullptr);
 }
 
 std::int64_t Trainer::step() const { return states_[0].step; }

@@ -3,7 +3,7 @@
 # resume, and the error paths (usage errors exit 2 with one line; data/checkpoint errors exit 1).
 # usage: run_cli_tests.sh /path/to/mnist_ensemble
 set -uo pipefail
-bin=$1
+bin=$(realpath "$1")
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -39,15 +39,61 @@ expect "train 2 epochs" 0 "ensemble" -- "${run[@]}" --epochs 2 --metrics-json "$
 python3 - "$work/m.json" <<'PY' && pass "metrics json shape" || fail "metrics json shape"
 import json, sys
 m = json.load(open(sys.argv[1]))
-assert set(m) == {"config", "epochs", "final"}, m.keys()
+assert set(m) == {"config", "epochs", "final", "ensemble_size_curve"}, m.keys()
 assert len(m["epochs"]) == 2 and m["final"] == m["epochs"][-1]
 e = m["final"]
 for k in ("epoch", "train_loss", "train_accuracy", "test_loss", "member_test_accuracy",
-          "ensemble_test_accuracy", "seconds", "model_images_per_second"):
+          "ensemble_test_accuracy", "seconds", "model_images_per_second", "member_test_nll", "member_test_brier",
+          "member_test_ece", "member_test_entropy", "ensemble_test_nll", "ensemble_test_brier", "ensemble_test_ece",
+          "ensemble_test_entropy", "ensemble_reliability", "best_member_reliability"):
     assert k in e, k
-assert len(e["member_test_accuracy"]) == 2
+assert len(e["member_test_accuracy"]) == 2 and len(e["member_test_nll"]) == 2
+assert len(e["ensemble_reliability"]["count"]) == 15
+assert sum(e["ensemble_reliability"]["count"]) == 200  # every test image in one bin
+curve = m["ensemble_size_curve"]
+assert [p["members"] for p in curve] == [1, 2]
+assert curve[0]["test_accuracy"] == e["member_test_accuracy"][0]
 assert m["config"]["members"] == 2 and m["config"]["devices"] == 2
+assert m["config"]["lr"] == 0.1 and m["config"]["momentum"] == 0.9 and m["config"]["dataset"] == "mnist"
 PY
+grep -q '"lr": 0.1,' "$work/m.json" && pass "the config is recorded as given (lr 0.1)" || fail "the config is recorded as given"
+# The ensemble saved after epoch 2, evaluated alone on the same devices: the run's final evaluation, bitwise;
+# --predict writes one line per test image with the members' votes.
+expect "evaluate a checkpoint" 0 "evaluating .*ck2.safetensors \\(epoch 2\\)" -- "${run[@]}" --evaluate "$work/ck2.safetensors" \
+  --metrics-json "$work/e.json" --predict "$work/pred.csv" --plot "$work/e.svg"
+python3 - "$work/m.json" "$work/e.json" "$work/pred.csv" <<'PY' && pass "evaluate equals the run's last epoch; predictions" || fail "evaluate equals the run's last epoch; predictions"
+import csv, json, sys
+t, e = json.load(open(sys.argv[1]))["final"], json.load(open(sys.argv[2]))
+ev = e["evaluation"]
+for k, v in ev.items():
+    if k not in ("train_loss", "train_accuracy", "seconds", "eval_seconds", "model_images_per_second"):
+        assert t[k] == v, (k, t[k], v)
+assert e["ensemble_size_curve"] == json.load(open(sys.argv[1]))["ensemble_size_curve"]
+rows = list(csv.reader(open(sys.argv[3])))
+assert rows[0] == ["index", "label", "prediction", "probability", "entropy", "member_0", "member_1"], rows[0]
+assert len(rows) == 201
+assert sum(r[1] == r[2] for r in rows[1:]) == round(ev["ensemble_test_accuracy"] * 200)
+assert all(0 < float(r[3]) <= 1 and float(r[4]) >= 0 for r in rows[1:])
+PY
+expect "evaluate a subset" 0 "ensemble" -- "${run[@]}" --devices 1 --evaluate "$work/ck2.safetensors" --members-subset 1
+expect "subset out of range" 1 "--members-subset: member 5 is not among the checkpoint's 2 members" -- \
+  "${run[@]}" --devices 1 --evaluate "$work/ck2.safetensors" --members-subset 0,5
+expect "subset not a multiple of the devices" 1 "--members 1 is not a multiple of --devices 2" -- \
+  "${run[@]}" --evaluate "$work/ck2.safetensors" --members-subset 1
+expect "subset without evaluate" 2 "--members-subset picks members of the checkpoint given with --evaluate" -- \
+  "$bin" --members-subset 0
+expect "subset twice" 2 "--members-subset: member 1 is named twice" -- "$bin" --evaluate x --members-subset 1,1
+expect "evaluate takes no save" 2 "--evaluate trains nothing" -- "$bin" --evaluate x --save y
+expect "evaluate a missing checkpoint" 1 "error: .*nope.safetensors" -- "${run[@]}" --evaluate "$work/nope.safetensors"
+expect "evaluate a non-checkpoint" 1 "error: .*m.json" -- "${run[@]}" --evaluate "$work/m.json"
+# --dataset names the data and picks its directory (data/fashion-mnist, relative to where it runs).
+(cd "$work" && "$bin" --dataset fashion-mnist --epochs 1 >"$work/out" 2>"$work/err"); rc=$?
+[ $rc -eq 1 ] && grep -q "data/fashion-mnist/train-images-idx3-ubyte" "$work/err" && pass "--dataset picks data/fashion-mnist" \
+  || fail "--dataset picks data/fashion-mnist: exit $rc ($(head -c 200 "$work/err"))"
+expect "fashion title" 0 "Fashion-MNIST" -- "${run[@]}" --dataset fashion-mnist --epochs 1 --train-limit 128 \
+  --test-limit 100 --plot "$work/f.svg"
+grep -q "Fashion-MNIST ensemble" "$work/f.svg" && pass "fashion plot title" || fail "fashion plot title"
+expect "bad dataset" 2 "--dataset: 'cifar' is not mnist or fashion-mnist" -- "$bin" --dataset cifar
 expect "train 1 epoch" 0 "ensemble" -- "${run[@]}" --epochs 1 --save "$work/ck1.safetensors"
 expect "resume to 2" 0 "resumed after epoch 1" -- "${run[@]}" --epochs 2 --resume "$work/ck1.safetensors" \
   --save "$work/ck1b.safetensors" --metrics-json "$work/r.json"
