@@ -57,6 +57,7 @@ void ThreadHub::reset() {
   std::lock_guard lk(mu_);
   for (auto& s : slots_) s = Slot{};
   aborted_ = false;
+  timed_out_ = false;
   reason_.clear();
 }
 
@@ -66,10 +67,11 @@ void ThreadHub::finished(int device, bool failed) {
   changed();
 }
 
-void ThreadHub::abort(const std::string& reason) {
+void ThreadHub::abort(const std::string& reason, bool timeout) {
   std::lock_guard lk(mu_);
   if (!aborted_) {
     aborted_ = true;
+    timed_out_ = timeout;
     reason_ = reason;
   }
   changed();
@@ -157,6 +159,7 @@ void ThreadHub::collective(int device, const Group& group, int rank, const Colle
       leave(CollectiveMismatch(div));
     }
     if (complete) break;
+    if (aborted_ && timed_out_) leave(Timeout(std::string(op.name) + " over " + group.axes + ": " + reason_));
     if (aborted_) leave(Aborted(std::string(op.name) + " over " + group.axes + " cancelled: " + reason_));
     // Past the deadline even when await() saw a change (a busy mesh can keep changing the hub's state).
     const bool expired =
@@ -168,6 +171,7 @@ void ThreadHub::collective(int device, const Group& group, int rank, const Colle
       std::string msg = describe(device) + " timed out after " + std::to_string(timeout_.count()) +
                         " ms waiting for " + missing(group, seq);
       aborted_ = true;
+      timed_out_ = true;
       reason_ = msg;
       leave(Timeout(msg));
     }
@@ -237,6 +241,7 @@ void ThreadHub::exchange_remote(const Group& group, int rank, std::uint64_t seq,
     leader.remote_failure = failure;
     if (failure.kind != FailureKind::none && !aborted_) {
       aborted_ = true;
+      timed_out_ = failure.kind == FailureKind::timeout;
       reason_ = failure.message;
     }
     changed();
@@ -256,6 +261,11 @@ void ThreadHub::exchange_remote(const Group& group, int rank, std::uint64_t seq,
 std::string ThreadHub::abort_reason() const {
   std::lock_guard lk(mu_);
   return aborted_ ? reason_ : std::string();
+}
+
+bool ThreadHub::aborted_by_timeout() const {
+  std::lock_guard lk(mu_);
+  return aborted_ && timed_out_;
 }
 
 void ThreadHub::execute(const Group& group, int rank) const {

@@ -76,12 +76,16 @@ class ThreadHub {
   // The device's function has returned (normally, or by an exception when `failed`): it will post
   // nothing more. Peers waiting for it raise CollectiveMismatch (returned early) or Aborted (failed).
   void finished(int device, bool failed);
-  // Cancels pending and future collectives of this call: waiters raise Aborted with `reason`.
-  void abort(const std::string& reason);
+  // Cancels pending and future collectives of this call: waiters raise Aborted with `reason`, or Timeout
+  // when the cancellation is a timeout (a device that waited past the deadline): every waiting device
+  // then sees the same Timeout, and Aborted means that another device failed.
+  void abort(const std::string& reason, bool timeout = false);
   // Runs `op` for `device`, which is group.members[rank]. Blocks until the whole group is done.
   void collective(int device, const Group& group, int rank, const CollectiveOp& op);
   // Why this call was aborted, or "" while it is not (polled by communicators that wait elsewhere).
   std::string abort_reason() const;
+  // Whether that abort is a timeout (see abort).
+  bool aborted_by_timeout() const;
 
  private:
   // What a device called as its k-th collective, kept for the last kHistory calls so a device that
@@ -134,6 +138,7 @@ class ThreadHub {
   bool spin_ = false;
   std::vector<Slot> slots_;
   bool aborted_ = false;
+  bool timed_out_ = false;  // the abort is a timeout
   std::string reason_;
 };
 

@@ -272,9 +272,10 @@ void NcclCommunicator::wait(const CollectiveOp& op, cudaStream_t stream) {
       deadline = std::min(deadline, Clock::now() + kAbortGrace);
     }
     if (Clock::now() > deadline) {
+      if (peer_failed && hub_.aborted_by_timeout()) fail<Timeout>(who(op) + ": " + hub_.abort_reason());
       if (peer_failed) fail<Aborted>(who(op) + " cancelled: " + hub_.abort_reason());
       const std::string message = who(op) + " did not complete within " + std::to_string(timeout_.count()) + " ms";
-      hub_.abort(message);
+      hub_.abort(message, /*timeout=*/true);
       fail<Timeout>(message);
     }
     if (spin > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
