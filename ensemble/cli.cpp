@@ -23,12 +23,15 @@ template <class T> T parse_number(const std::string& flag, const std::string& te
   return v;
 }
 
-int positive_int(const std::string& flag, const std::string& text, int min = 1) {
+int positive_int(const std::string& flag, const std::string& text, int min = 1, int max = 1'000'000'000) {
   const long long v = parse_number<long long>(flag, text);
-  if (v < min || v > 1'000'000'000)
-    throw UsageError(flag + ": " + text + " is out of range (at least " + std::to_string(min) + ")");
+  if (v < min || v > max)
+    throw UsageError(flag + ": " + text + " is out of range (" + std::to_string(min) + ".." + std::to_string(max) + ")");
   return static_cast<int>(v);
 }
+
+// Devices are worker threads (and, on GPUs, streams): as many as PMAPCC_CPU_DEVICES allows.
+constexpr int kMaxDevices = 4096;
 
 // "0,2,5": distinct member indices, in order.
 std::vector<int> member_list(const std::string& flag, const std::string& text) {
@@ -65,7 +68,9 @@ const std::map<std::string, Setter>& setters() {
          if (v != "cpu" && v != "cuda") throw UsageError(f + ": '" + v + "' is not cpu or cuda");
          o.train.backend = parse_device_kind(v);
        }},
-      {"--devices", [](CliOptions& o, const std::string& f, const std::string& v) { o.train.devices = positive_int(f, v); }},
+      {"--devices", [](CliOptions& o, const std::string& f, const std::string& v) {
+         o.train.devices = positive_int(f, v, 1, kMaxDevices);
+       }},
       {"--kernels", [](CliOptions& o, const std::string& f, const std::string& v) {
          if (v != "native" && v != "cuda-on-host") throw UsageError(f + ": '" + v + "' is not native or cuda-on-host");
          o.train.cuda_kernels_on_host = v == "cuda-on-host";

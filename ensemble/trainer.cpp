@@ -8,6 +8,8 @@
 #include <functional>
 #include <span>
 
+#include <unistd.h>
+
 #include <pmap/distributed.h>
 #include <pmap/error.h>
 
@@ -53,6 +55,24 @@ void check_config(const TrainConfig& c, int devices, const Dataset& train, const
         " training examples (see --train-limit)");
   if (test.count < 1) bad("the test set is empty");
   if (train.rows != test.rows || train.cols != test.cols) bad("training and test images differ in size");
+}
+
+// The members' parameters, momentum and gradients must fit in this machine's memory (CPU devices; a GPU's
+// own limit shows as a CUDA allocation error naming the size): a clear error instead of std::bad_alloc or
+// the system's out-of-memory killer.
+void check_memory(const TrainConfig& c, int devices, std::int64_t params_per_member) {
+  if (c.backend != DeviceKind::cpu) return;
+  const double per_device = c.mode == Mode::ensemble ? static_cast<double>(c.members) / devices : 1.0;
+  const double local_devices = c.devices > 0 ? c.devices : devices;
+  const double need = 3.0 * 4.0 * static_cast<double>(params_per_member) * per_device * local_devices;
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return;
+  const double have = static_cast<double>(pages) * static_cast<double>(page);
+  if (need <= have) return;
+  throw ValueError(std::to_string(c.members) + " members (--members; one per device by default): their parameters, "
+                   "momentum and gradients alone need " +
+                   std::to_string(static_cast<long long>(need / 1e9)) + " GB; this machine has " +
+                   std::to_string(static_cast<long long>(have / 1e9)) + " GB of memory");
 }
 
 // FNV-1a over the bytes of `data`, continuing from `h`.
@@ -134,6 +154,7 @@ Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
                                            mesh_.devices().begin()));
   if (config_.members == 0) config_.members = config_.mode == Mode::ensemble ? devices : 1;
   check_config(config_, devices, train, test);
+  check_memory(config_, devices, model_->params_per_member());
   total_members_ = config_.members;
   members_per_device_ = config_.mode == Mode::ensemble ? config_.members / devices : 1;
   if (config_.member_group < 0 || config_.member_group > members_per_device_)
@@ -163,7 +184,7 @@ void Trainer::make_device_work() {
   std::vector<TrainState> states;
   for (const Device& d : mesh_.local_devices()) {
     work_.push_back(std::make_unique<DeviceWork>(*model_, backend, d, members_per_device_, rows, eval_batch,
-                                                 config_.member_group, config_.report_every, config_.graphs));
+                                                 config_.member_group, log_rows(), config_.graphs));
     ptrs.push_back(work_.back().get());
     const Shape s{members_per_device_ * model_->params_per_member()};
     states.push_back(TrainState{Array(s, DType::f32, d), Array(s, DType::f32, d), 0});
@@ -200,6 +221,8 @@ void Trainer::check_processes_agree() const {
 }
 
 Trainer::~Trainer() = default;
+
+int Trainer::log_rows() const { return std::max(1, std::min(config_.report_every, steps_per_epoch())); }
 
 int Trainer::steps_per_epoch() const { return static_cast<int>(ensemble::steps_per_epoch(train_.count, config_.batch_size)); }
 
@@ -302,7 +325,7 @@ EpochMetrics Trainer::run_epoch(const StepCallback& on_step) {
     return current_device() == first_local ? to_host(all) : LogOnHost{};
   }, mesh_);
   EpochSums sums{static_cast<std::size_t>(mesh_.size()), static_cast<std::size_t>(members_per_device_),
-                 static_cast<std::size_t>(config_.report_every),
+                 static_cast<std::size_t>(log_rows()),
                  static_cast<double>(options_.data_parallel ? mesh_.size() : total_members_)};
   const auto t0 = Clock::now();
   auto report_step = [&](int step, double running_loss) {

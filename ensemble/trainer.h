@@ -98,6 +98,8 @@ class Trainer {
   int total_members() const { return total_members_; }
   int epochs_done() const { return epochs_done_; }
   int steps_per_epoch() const;
+  // Rows of each device's per-step log: report_every, at most an epoch's steps.
+  int log_rows() const;
   const std::vector<EpochMetrics>& history() const { return history_; }
 
   // Trains the next epoch, evaluates, appends to history() and returns the epoch's metrics.

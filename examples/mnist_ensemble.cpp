@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <new>
 
 #include <pmap/distributed.h>
 
@@ -137,6 +138,10 @@ int main(int argc, char** argv) {
   try {
     pmap::distributed::initialize();  // joins the other processes under mpirun/srun; nothing otherwise
     return options.evaluate.empty() ? run_training(options) : run_evaluation(options);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "mnist_ensemble: error: out of memory: the run needs more memory than is available "
+                         "(fewer --members or --devices, a smaller --batch-size)\n");
+    return 1;
   } catch (const std::exception& e) {
     if (pmap::distributed::process_count() > 1) {
       std::fprintf(stderr, "mnist_ensemble: process %d: error: %s\n", pmap::distributed::process_index(), e.what());

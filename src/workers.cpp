@@ -8,6 +8,8 @@
 #include <sched.h>
 #endif
 
+#include <pmap/error.h>
+
 #include "backend.h"
 
 namespace pmap::detail {
@@ -34,14 +36,16 @@ WorkerPool::WorkerPool(const std::vector<Device>& devices, bool pin_threads) {
   try {
     for (std::size_t i = 0; i < devices.size(); ++i)
       threads_.emplace_back(&WorkerPool::loop, this, static_cast<int>(i), devices[i], pin_threads);
-  } catch (...) {
+  } catch (const std::exception& e) {
+    const std::size_t started = threads_.size();
     {
       std::lock_guard lk(mu_);
       stop_ = true;
     }
     start_cv_.notify_all();
     for (auto& t : threads_) t.join();
-    throw;
+    throw Error("cannot start the worker thread of device " + std::to_string(started) + " of " +
+                std::to_string(devices.size()) + " (one thread per device): " + e.what());
   }
 }
 

@@ -152,6 +152,11 @@ PY
 expect "cuda-on-host needs CPU devices" 1 "for CPU devices" -- "${run[@]}" "${few[@]}" --kernels cuda-on-host --backend cuda
 expect "bad kernels" 2 "--kernels: 'gpu' is not native or cuda-on-host" -- "$bin" --kernels gpu
 expect "bad report interval" 2 "--report-every: 0 is out of range" -- "$bin" --report-every 0
+# Sizes beyond the machine: one clear line, at once (no thread storm, no std::bad_alloc, no huge log).
+expect "too many devices" 2 "--devices: 100000 is out of range \\(1..4096\\)" -- "$bin" --devices 100000
+expect "members beyond memory" 1 "100000 members .* need [0-9]+ GB; this machine has [0-9]+ GB of memory" -- \
+  "${run[@]}" --members 100000 --devices 1 --epochs 1
+expect "a report interval past the epoch" 0 "ensemble" -- "${run[@]}" "${few[@]}" --report-every 1000000000
 
 head -c 1000 "$work/ck1.safetensors" >"$work/trunc.safetensors"
 expect "truncated checkpoint" 1 "error: .*trunc.safetensors" -- "${run[@]}" --epochs 2 --resume "$work/trunc.safetensors"
