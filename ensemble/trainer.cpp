@@ -54,7 +54,10 @@ void check_config(const TrainConfig& c, int devices, const Dataset& train, const
     bad("--batch-size " + std::to_string(c.batch_size) + " is larger than the " + std::to_string(train.count) +
         " training examples (see --train-limit)");
   if (test.count < 1) bad("the test set is empty");
-  if (train.rows != test.rows || train.cols != test.cols) bad("training and test images differ in size");
+  if (train.rows != test.rows || train.cols != test.cols)
+    bad("the training images are " + std::to_string(train.rows) + "x" + std::to_string(train.cols) +
+        ", the test images " + std::to_string(test.rows) + "x" + std::to_string(test.cols) +
+        ": --data must hold the two splits of one dataset");
 }
 
 // The members' parameters, momentum and gradients must fit in this machine's memory (CPU devices; a GPU's
