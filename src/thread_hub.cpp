@@ -118,6 +118,14 @@ bool ThreadHub::all_arrived(const Group& group, std::uint64_t seq) const {
   return true;
 }
 
+bool ThreadHub::missing_wait_elsewhere(const Group& group, std::uint64_t seq) const {
+  for (int m : group.members) {
+    const Slot& s = slots_[static_cast<std::size_t>(m)];
+    if (s.seq < seq && s.done >= s.seq) return false;  // missing, and not inside a collective
+  }
+  return true;
+}
+
 std::string ThreadHub::missing(const Group& group, std::uint64_t seq) const {
   std::string out;
   for (int m : group.members)
@@ -136,7 +144,7 @@ void ThreadHub::collective(int device, const Group& group, int rank, const Colle
   me.seq = seq;
   me.history[seq % kHistory] = Posted{seq, op, &group};
   changed();
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  auto deadline = std::chrono::steady_clock::now() + timeout_;
   // A device leaving the rendezvous by an exception withdraws its post, so that no peer counts it as
   // arrived. Completion is then monotonic: once a group is complete nobody withdraws, because a device
   // only withdraws after seeing its group incomplete (all under mu_).
@@ -168,6 +176,13 @@ void ThreadHub::collective(int device, const Group& group, int rank, const Colle
       // A peer whose deadline passed at the same moment may have given up first (and withdrawn its post,
       // so it would look missing here): then report its cancellation, not a timeout of our own.
       if (aborted_) continue;
+      // Missing peers that wait inside collectives of their own are not late: their deadlines (or their
+      // exchange's with other processes) decide, and a failure reaches us through the abort. A device
+      // only waits for devices with lower collective numbers, so these waits form no cycle.
+      if (missing_wait_elsewhere(group, seq)) {
+        deadline = std::chrono::steady_clock::now() + timeout_;
+        continue;
+      }
       std::string msg = describe(device) + " timed out after " + std::to_string(timeout_.count()) +
                         " ms waiting for " + missing(group, seq);
       aborted_ = true;

@@ -115,6 +115,8 @@ class ThreadHub {
   std::string find_divergence(int device, const Group& group, std::uint64_t seq, bool group_only) const;
   bool all_arrived(const Group& group, std::uint64_t seq) const;
   std::string missing(const Group& group, std::uint64_t seq) const;
+  // Whether every member missing from collective #seq is inside an earlier collective (posted, not done).
+  bool missing_wait_elsewhere(const Group& group, std::uint64_t seq) const;
   std::string describe(int device) const;
   void execute(const Group& group, int rank) const;
   // Remote groups: the leader (local rank 0) runs the exchange while the others wait; every member

@@ -3,11 +3,14 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
-#include <dirent.h>
 #include <mutex>
 #include <thread>
 
 #include <pmap/pmap.h>
+
+#include "fault_program.h"
+
+using fault_program::thread_count;
 
 namespace {
 
@@ -46,16 +49,6 @@ struct Outcomes {
     kind[static_cast<std::size_t>(d)] = k;
   }
 };
-
-int thread_count() {
-  int n = 0;
-  if (DIR* dir = opendir("/proc/self/task")) {
-    while (dirent* e = readdir(dir))
-      if (e->d_name[0] != '.') ++n;
-    closedir(dir);
-  }
-  return n;
-}
 
 }  // namespace
 
@@ -173,6 +166,40 @@ TEST_CASE("a collective timeout reaches every device as Timeout, naming the devi
     });
   }, mesh)(), pmap::ValueError);
   CHECK(o.kind == std::vector<std::string>{"aborted", "aborted", "other", "aborted"});
+}
+
+TEST_CASE("a device waiting for a peer that waits in another collective blames the device that never came") {
+  // cpu:1 and cpu:3 share a group over "a", cpu:0 and cpu:1 one over "b", cpu:2 and cpu:3 another. cpu:3
+  // never comes; cpu:1 waits for it in the psum over "a" from 100 ms on. cpu:0's deadline in the psum over
+  // "b" passes first (600 ms), while cpu:1 is still waiting inside its own collective: cpu:0 must not blame
+  // cpu:1. The first real timeout (cpu:1's or cpu:2's, ~700 ms) waits for cpu:3, and every device says so.
+  pmap::MeshOptions options;
+  options.collective_timeout = std::chrono::milliseconds(600);
+  pmap::Mesh mesh(pmap::local_devices(pmap::DeviceKind::cpu, 4), {{"a", 2}, {"b", 2}}, options);
+  Outcomes o(4);
+  std::vector<std::string> messages(4);
+  CHECK_THROWS_AS(pmap::pmap([&] {
+    const int d = pmap::axis_index({"a", "b"});
+    o.run(d, [&] {
+      try {
+        if (d == 3) std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+        if (d == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        pmap::psum(ones(2), "a");  // {cpu:0, cpu:2} completes; {cpu:1, cpu:3} waits
+        if (d == 2) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        pmap::psum(ones(2), "b");
+      } catch (const pmap::Error& e) {
+        std::lock_guard lk(o.mu);
+        messages[static_cast<std::size_t>(d)] = e.what();
+        throw;
+      }
+    });
+  }, mesh)(), pmap::Timeout);
+  CHECK(o.kind == std::vector<std::string>(4, "timeout"));
+  for (int d = 0; d < 4; ++d) {
+    CAPTURE(messages[static_cast<std::size_t>(d)]);
+    CHECK(messages[static_cast<std::size_t>(d)].find("timed out after 600 ms waiting for cpu:3") != std::string::npos);
+    CHECK(messages[static_cast<std::size_t>(d)].find("waiting for cpu:1") == std::string::npos);
+  }
 }
 
 TEST_CASE("meshes leave no threads behind") {

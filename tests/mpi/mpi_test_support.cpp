@@ -41,14 +41,6 @@ long long now_ms() {
       .count();
 }
 
-const char* error_kind(const pmap::Error& e) {
-  if (dynamic_cast<const pmap::CollectiveMismatch*>(&e)) return "CollectiveMismatch";
-  if (dynamic_cast<const pmap::Timeout*>(&e)) return "Timeout";
-  if (dynamic_cast<const pmap::Aborted*>(&e)) return "Aborted";
-  if (dynamic_cast<const pmap::ValueError*>(&e)) return "ValueError";
-  return "Error";
-}
-
 int check_sharded(const std::vector<pmap::Device>& devices, int rank, int processes) {
   const auto n = static_cast<std::int64_t>(devices.size());
   pmap::Mesh mesh(devices, "i");

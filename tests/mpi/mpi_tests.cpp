@@ -1,9 +1,10 @@
 // pmapcc_mpi_tests: run under mpirun. `collectives L` checks that collectives over a mesh spanning the
 // processes (L CPU devices each) are bitwise identical to one process with all the devices; `kill R`,
-// `throw R`, `hang R`, `mismatch R` make rank R fail inside an epoch-like loop of collectives, and
+// `throw R`, `hang R`, `late R` (3 s), `mismatch R` make rank R fail inside an epoch-like loop of collectives, and
 // `uneven R` gives rank R more local devices than the others; `cuda L` checks CUDA devices spanning the
 // processes (their collectives staged through the host: bitwise one process of CPU devices; skipped
-// without a GPU) and that NCCL cannot be forced onto such a mesh.
+// without a GPU) and that NCCL cannot be forced onto such a mesh; `fault-stress SEED` is one randomized
+// fault (mpi_fault_stress.cpp).
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -132,7 +133,7 @@ int check_cuda(int local_n) {
   return failures == 0 ? 0 : 1;
 }
 
-int report(const pmap::Error& e, int who) {
+int report(const pmap::Error& e, int who, int linger_ms = 1500) {
   // The failing rank reports its own error; the others report how they learnt of it.
   const int rank = pmap::distributed::process_index();
   std::printf("%s=%lld rank %d: %s: %s\n", rank == who ? "RAISED_AT_MS" : "DETECTED_AT_MS", now_ms(), rank,
@@ -140,7 +141,7 @@ int report(const pmap::Error& e, int who) {
   std::fflush(stdout);
   // mpirun tears the whole job down when the first process exits non-zero: linger so that the others
   // (which may be slow to learn of the failure on a loaded machine) get their reports out first.
-  std::this_thread::sleep_for(std::chrono::milliseconds(rank == who ? 3000 : 1500));
+  std::this_thread::sleep_for(std::chrono::milliseconds(rank == who ? 3000 : linger_ms));
   return 3;
 }
 
@@ -164,7 +165,8 @@ int run_failure(const std::string& mode, int who) {
     for (int step = 0; step < 8; ++step) {
       pmap::pmap([&] {
         const int g = pmap::axis_index("i");
-        pmap::Array x = hard_floats(g, 4096);
+        // late: messages small enough to go eagerly, so the late rank finds the others' already there.
+        pmap::Array x = hard_floats(g, mode == "late" ? 4 : 4096);
         for (int k = 0; k < 20; ++k) {
           x = pmap::pmean(x, "i");
           if (step != 3 || k != 10 || rank != who) continue;
@@ -181,11 +183,12 @@ int run_failure(const std::string& mode, int who) {
           if (mode == "kill") std::raise(SIGKILL);
           if (mode == "throw") throw pmap::ValueError("injected failure on rank " + std::to_string(rank));
           if (mode == "hang") std::this_thread::sleep_for(std::chrono::seconds(120));
+          if (mode == "late") std::this_thread::sleep_for(std::chrono::seconds(3));  // past a 1 s timeout
         }
       }, mesh)();
     }
   } catch (const pmap::Error& e) {
-    return report(e, who);
+    return report(e, who, mode == "late" ? 4000 : 1500);  // late: until the late rank has woken and reported
   }
   std::printf("rank %d: finished without an error\n", rank);
   return 0;
@@ -200,7 +203,10 @@ int main(int argc, char** argv) {
   if (mode == "collectives") return check_collectives(arg);
   if (mode == "uneven") return run_uneven(arg);
   if (mode == "cuda") return check_cuda(arg);
-  if (mode == "kill" || mode == "throw" || mode == "hang" || mode == "mismatch") return run_failure(mode, arg);
-  std::fprintf(stderr, "usage: %s collectives|cuda LOCAL_DEVICES | kill|throw|hang|mismatch|uneven RANK\n", argv[0]);
+  if (mode == "kill" || mode == "throw" || mode == "hang" || mode == "late" || mode == "mismatch")
+    return run_failure(mode, arg);
+  if (mode == "fault-stress" && argc > 2) return run_fault_stress(static_cast<unsigned>(std::strtoul(argv[2], nullptr, 10)));
+  std::fprintf(stderr, "usage: %s collectives|cuda LOCAL_DEVICES | kill|throw|hang|late|mismatch|uneven RANK | fault-stress SEED\n",
+               argv[0]);
   return 2;
 }
