@@ -81,5 +81,21 @@ if(PMAPCC_SANITIZE)
   add_link_options(${_san})
 endif()
 
+# The fuzz build: libFuzzer's coverage instrumentation, ASan and UBSan on everything; the fuzz targets
+# (tests/fuzz) link libFuzzer's main. Clang only (GCC has no libFuzzer).
+if(PMAPCC_BUILD_FUZZERS)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "PMAPCC_BUILD_FUZZERS needs clang (libFuzzer), not ${CMAKE_CXX_COMPILER_ID}: "
+                        "cmake --preset fuzz (scripts/setup.sh --fuzz installs clang)")
+  endif()
+  if(PMAPCC_SANITIZE)
+    message(FATAL_ERROR "PMAPCC_BUILD_FUZZERS builds with ASan and UBSan itself: leave PMAPCC_SANITIZE empty")
+  endif()
+  foreach(flag -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
+    add_compile_options($<$<COMPILE_LANGUAGE:CXX>:${flag}>)
+  endforeach()
+  add_link_options(-fsanitize=address,undefined)
+endif()
+
 # The CPU kernels' ISA variants (AVX2+FMA next to the baseline build).
 include(${CMAKE_CURRENT_LIST_DIR}/pmapccCpuVariants.cmake)

@@ -13,14 +13,16 @@ namespace {
 
 std::atomic<const OpsTable*> g_active{nullptr};
 
+#if PMAPCC_HAVE_CPU_AVX2
 bool cpu_runs_avx2() {
-#if PMAPCC_HAVE_CPU_AVX2 && (defined(__x86_64__) || defined(__i386__))
+#if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else
   return false;
 #endif
 }
+#endif
 
 const OpsTable* avx2_table() {
 #if PMAPCC_HAVE_CPU_AVX2

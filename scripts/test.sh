@@ -1,44 +1,40 @@
 #!/usr/bin/env bash
 # The project's test command (README, .ci/run): installs what is missing, fetches MNIST, builds and tests the
-# default build, the ThreadSanitizer build, and an outside project against the installed package.
+# default build and the ThreadSanitizer, AddressSanitizer and UndefinedBehaviorSanitizer builds, fuzzes the
+# parsers, and builds an outside project against the installed package.
 set -uo pipefail
 
 usage() {
   cat <<'EOF'
-usage: bash scripts/test.sh [--quick] [--no-setup] [--all] [-h|--help]
+usage: bash scripts/test.sh [--quick] [--no-setup] [-h|--help]
   Stages, in order (each prints a summary line at the end; any failure makes the exit status non-zero):
-    setup     scripts/setup.sh: the Debian packages the build and tests need
+    setup     scripts/setup.sh --fuzz: the Debian packages the builds and tests need
     data      scripts/get_data.sh: MNIST and Fashion-MNIST for the data tests (a failure only warns:
               those tests then skip themselves)
     default   cmake --preset default (CUDA, NCCL, MPI when found), build, ctest
     tsan      cmake --preset tsan (ThreadSanitizer, CPU only), build, ctest (the whole suite, 2 rounds)
-    asan, ubsan  the AddressSanitizer and UndefinedBehaviorSanitizer builds (CPU only: the CUDA kernels
-              built as host code) of the test binary, running the host runs of every CUDA kernel, the
-              graph captures, the feed and the training through the CUDA kernels (ctest -R "$cuda_tests")
+    asan      cmake --preset asan (AddressSanitizer + LeakSanitizer, CPU only: the CUDA kernels built as
+              host code), build, ctest (the whole suite)
+    ubsan     the same with UndefinedBehaviorSanitizer
+    fuzz      scripts/fuzz.sh: the clang libFuzzer build (ASan + UBSan), the corpora replayed, then every
+              parser's fuzz target for 60 s
     consumer  install the default build into a scratch prefix, build and run tests/consumer against it
   --quick     setup, data and the default build's full ctest (consumer test included) only
   --no-setup  skip setup.sh (nothing is installed)
-  --all       build and test the whole suite in the asan and ubsan presets (not only the CUDA host runs)
 EOF
 }
 
-quick=0 setup=1 all=0
+quick=0 setup=1
 for arg in "$@"; do
   case "$arg" in
     --quick) quick=1 ;;
     --no-setup) setup=0 ;;
-    --all) all=1 ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; echo "test.sh: error: unknown option '$arg'" >&2; exit 2 ;;
   esac
 done
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
-
-# The tests that run the CUDA code on the host (tests/test_cuda_*.cpp, the feed, training through the CUDA
-# kernels): what the sanitizer stages run unless --all.
-cuda_tests='^(cuda|the CUDA backend|Feed)'
-
 
 # Per-test limit. The slowest test takes a few seconds today; a hang must not eat the CI budget (90 min).
 test_timeout=600
@@ -89,7 +85,7 @@ preset_stages() {
 }
 
 if [[ $setup -eq 1 ]]; then
-  stage setup bash scripts/setup.sh
+  stage setup bash scripts/setup.sh --fuzz
 else
   skip setup "--no-setup"
 fi
@@ -111,26 +107,16 @@ else
   preset_stages default -E '^consumer_project$'
   default_built=$built
 
-  # ThreadSanitizer over the whole suite: measured at ~4 s for one round on 2 cores (the build, ~2 min, is
-  # what costs), so every test runs, twice, for more interleavings. If training tests make this too slow,
-  # narrow it with PMAPCC_TSAN_TESTS (a ctest -R regex) rather than dropping the stage.
+  # The sanitizers over the whole suite. ThreadSanitizer runs it twice, for more interleavings; if it ever
+  # grows too slow for CI, narrow it with PMAPCC_TSAN_TESTS (a ctest -R regex) rather than dropping it.
   export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
   tsan_filter=()
   [[ -n "${PMAPCC_TSAN_TESTS:-}" ]] && tsan_filter=(-R "$PMAPCC_TSAN_TESTS")
   preset_stages tsan -E '^consumer_project$' --repeat until-fail:2 "${tsan_filter[@]}"
+  preset_stages asan -E '^consumer_project$'
+  preset_stages ubsan -E '^consumer_project$'
 
-  if [[ $all -eq 1 ]]; then
-    preset_stages asan -E '^consumer_project$'
-    preset_stages ubsan -E '^consumer_project$'
-  else
-    for preset in asan ubsan; do
-      if stage "$preset: configure" cmake --preset "$preset" && stage "$preset: build" cmake --build --preset "$preset" --target pmapcc_tests; then
-        stage "$preset: ctest (CUDA host runs)" ctest --preset "$preset" "${ctest_args[@]}" -R "$cuda_tests"
-      else
-        skip "$preset: ctest (CUDA host runs)" "configure or build failed"
-      fi
-    done
-  fi
+  stage fuzz bash scripts/fuzz.sh --seconds 60
 
   # The consumer check is one CTest test (tests/consumer/run.cmake): run here on its own, once, so it has
   # its own line below; the default ctest above leaves it out.
