@@ -146,8 +146,12 @@ MeshImpl::MeshImpl(std::vector<Device> devices, std::vector<AxisSpec> axes, Mesh
   }
   if (spans_processes) transport_ = make_mesh_transport(devices_, axes_, options_);
   std::vector<std::string> names;
-  for (const auto& d : devices_) names.push_back(d.str());
-  hub_ = std::make_unique<ThreadHub>(names, options_.collective_timeout);
+  std::vector<bool> local;
+  for (const auto& d : devices_) {
+    names.push_back(d.str());
+    local.push_back(d.process == me);
+  }
+  hub_ = std::make_unique<ThreadHub>(names, local, options_.collective_timeout);
   streams_.reserve(devices_.size());
   for (const auto& d : devices_) streams_.emplace_back(!d.is_cpu() && d.process == me, d.ordinal);
   if (use_nccl) {

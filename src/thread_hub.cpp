@@ -22,8 +22,9 @@ bool same_signature(const CollectiveOp& a, const Group* ga, const CollectiveOp& 
 
 }  // namespace
 
-ThreadHub::ThreadHub(std::vector<std::string> device_names, std::chrono::milliseconds timeout)
-    : names_(std::move(device_names)), timeout_(timeout), slots_(names_.size()) {
+ThreadHub::ThreadHub(std::vector<std::string> device_names, std::vector<bool> local, std::chrono::milliseconds timeout)
+    : names_(std::move(device_names)), local_(std::move(local)), timeout_(timeout), slots_(names_.size()) {
+  local_.resize(names_.size(), true);
   spin_ = names_.size() <= std::max(1u, std::thread::hardware_concurrency());
 }
 
@@ -124,6 +125,19 @@ bool ThreadHub::missing_wait_elsewhere(const Group& group, std::uint64_t seq) co
     if (s.seq < seq && s.done >= s.seq) return false;  // missing, and not inside a collective
   }
   return true;
+}
+
+std::string ThreadHub::local_suspects(std::uint64_t seq) const {
+  std::string out;
+  for (std::size_t d = 0; d < slots_.size(); ++d) {
+    const Slot& s = slots_[d];
+    if (!local_[d] || s.seq >= seq || s.done < s.seq) continue;  // reached collective #seq, or waits inside one
+    out += "; " + names_[d] + " of this process " +
+           (s.finished ? "returned early, after collective #" + std::to_string(s.seq)
+                       : "has not called collective #" + std::to_string(s.seq + 1) + " (busy outside collectives)") +
+           ": the missing process may be waiting for it";
+  }
+  return out;
 }
 
 std::string ThreadHub::missing(const Group& group, std::uint64_t seq) const {
@@ -252,6 +266,7 @@ void ThreadHub::exchange_remote(const Group& group, int rank, std::uint64_t seq,
       failure = {FailureKind::other, e.what()};
     }
     lk.lock();
+    if (failure.kind == FailureKind::timeout) failure.message += local_suspects(seq);
     leader.exchanged = seq;
     leader.remote_failure = failure;
     if (failure.kind != FailureKind::none && !aborted_) {

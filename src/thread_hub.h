@@ -69,7 +69,8 @@ struct Group {
 
 class ThreadHub {
  public:
-  ThreadHub(std::vector<std::string> device_names, std::chrono::milliseconds timeout);
+  // device_names: every device of the mesh; local[d]: device d runs in this process.
+  ThreadHub(std::vector<std::string> device_names, std::vector<bool> local, std::chrono::milliseconds timeout);
 
   // Clears all state for a new pmap call. No device may be inside a collective.
   void reset();
@@ -117,6 +118,10 @@ class ThreadHub {
   std::string missing(const Group& group, std::uint64_t seq) const;
   // Whether every member missing from collective #seq is inside an earlier collective (posted, not done).
   bool missing_wait_elsewhere(const Group& group, std::uint64_t seq) const;
+  // When an exchange with other processes timed out in collective #seq: this process's devices that have
+  // not reached it and are in no collective (returned early, or busy), which the missing process may be
+  // waiting for; "" when there are none. So a chain of waits across processes still names its cause.
+  std::string local_suspects(std::uint64_t seq) const;
   std::string describe(int device) const;
   void execute(const Group& group, int rank) const;
   // Remote groups: the leader (local rank 0) runs the exchange while the others wait; every member
@@ -133,6 +138,7 @@ class ThreadHub {
   std::cv_status await(std::unique_lock<std::mutex>& lk, std::chrono::steady_clock::time_point deadline);
 
   std::vector<std::string> names_;
+  std::vector<bool> local_;
   std::chrono::milliseconds timeout_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -16,7 +16,10 @@
 // Failures: a process that dies, hangs or fails makes every other process raise in its next
 // collective across processes (Aborted when a peer reported its failure, Timeout when a peer did not
 // arrive within MeshOptions::process_timeout / PMAPCC_MPI_TIMEOUT, default 8 s), naming the lost
-// process; a late process that comes back raises Aborted in the collective it comes back to. Such a
+// process; in a chain of waits, the process at its head reports first (the first collectives of a call
+// give up slightly sooner) and the others raise with its report, and a timeout also names this process's
+// devices that returned early or never came to the collective (what the missing process may wait for).
+// A late process that comes back raises Aborted in the collective it comes back to. Such a
 // failure cannot be recovered: every later pmap over a multi-process mesh raises
 // Aborted, and the program should exit with a non-zero status (mpirun then ends the job).
 #pragma once

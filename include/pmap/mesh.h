@@ -28,6 +28,8 @@ struct MeshOptions {
   bool pin_threads = false;
   // Meshes spanning processes: how long a collective waits for the other processes before declaring
   // the missing ones lost (Timeout). Zero: PMAPCC_MPI_TIMEOUT (seconds) from the environment, else 8 s.
+  // The k-th collective of a call waits (4 - min(k - 1, 4)) * min(timeout / 40, 50 ms) less (so that in
+  // a chain of waits the process at its head times out first and its report names the cause).
   std::chrono::milliseconds process_timeout{0};
 };
 

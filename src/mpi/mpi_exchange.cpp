@@ -2,6 +2,7 @@
 // then the deterministic data movement shared with the thread hub (reduce.h).
 #include "mpi_exchange.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 
@@ -151,14 +152,21 @@ void MpiExchange::exchange(const std::vector<const CollectiveOp*>& ops, std::uin
                            const std::function<bool()>& cancelled) {
   pack(ops, seq);
   const std::string what = describe(read_header(round_.outgoing()));
-  switch (round_.run(timeout_, cancelled)) {
+  // The first collectives of a call give up a little sooner: collective k waits the timeout less
+  // (4 - min(k - 1, 4)) steps of timeout / 40 (at most 50 ms). In a chain of waits across processes (a
+  // device waits for a remote device that waits, in an earlier collective, for the faulty one) the head
+  // of the chain then times out first, and its failure notice, which names the cause, reaches the others
+  // before their own deadlines. No collective waits longer than the timeout.
+  const auto step = std::min(timeout_ / 40, std::chrono::milliseconds(50));
+  const auto timeout = timeout_ - step * static_cast<long>(4 - std::min<std::uint64_t>(seq - 1, 4));
+  switch (round_.run(timeout, cancelled)) {
     case PeerRound::Result::done: break;
     case PeerRound::Result::failed: throw Aborted(what + " cancelled: " + failure());
     case PeerRound::Result::cancelled: throw Aborted(what + " cancelled: a device of this process failed");
     case PeerRound::Result::timeout: {
       std::string lost;
       for (int q : round_.missing()) lost += (lost.empty() ? "" : ", ") + process_str(q);
-      throw Timeout(what + ": " + lost + " did not arrive within " + std::to_string(timeout_.count()) +
+      throw Timeout(what + ": " + lost + " did not arrive within " + std::to_string(timeout.count()) +
                     " ms (lost, hung, or no longer calling collectives; if only slow, raise "
                     "MeshOptions::process_timeout or PMAPCC_MPI_TIMEOUT)");
     }

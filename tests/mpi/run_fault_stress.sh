@@ -5,13 +5,14 @@
 # after a fault MPI is left unfinalized on purpose, the processes being out of step, so mpirun's exit
 # status is not the verdict and it may cut a process's output short).
 # PMAPCC_STRESS_SEED sets the first seed (default: random; printed, with the seed of any failing job).
-# Usage: run_fault_stress.sh MPIEXEC NP PROGRAM SECONDS
+# With SEED, every job replays that one seed (a regression case: a race is tried several times).
+# Usage: run_fault_stress.sh MPIEXEC NP PROGRAM SECONDS [SEED]
 set -u
-mpiexec=$1 np=$2 program=$3 budget=$4
+mpiexec=$1 np=$2 program=$3 budget=$4 fixed=${5:-}
 flags=()
 [ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 "$mpiexec" --version 2>&1 | grep -Eq "Open MPI|OpenRTE" && flags+=(--oversubscribe --quiet)
-first=${PMAPCC_STRESS_SEED:-$(( (RANDOM << 15 | RANDOM) ))}
+first=${fixed:-${PMAPCC_STRESS_SEED:-$(( (RANDOM << 15 | RANDOM) ))}}
 echo "run_fault_stress: $np processes, first seed $first (PMAPCC_STRESS_SEED=$first replays this run), ${budget} s"
 out=$(mktemp)
 dir=$(mktemp -d)
@@ -33,8 +34,11 @@ while [ $((SECONDS - start)) -lt "$budget" ] || [ $jobs -lt 3 ]; do
     exit 1
   fi
   kinds[$kind]=$((${kinds[$kind]:-0} + 1))
-  jobs=$((jobs + 1)) seed=$((seed + 1))
+  jobs=$((jobs + 1))
+  [ -z "$fixed" ] && seed=$((seed + 1))
 done
 summary=""
 for k in "${!kinds[@]}"; do summary+="$k ${kinds[$k]}, "; done
-echo "run_fault_stress: $jobs jobs of $np processes passed in $((SECONDS - start)) s (seeds $first..$((seed - 1))): ${summary%, }"
+seeds="seeds $first..$((seed - 1))"
+[ -n "$fixed" ] && seeds="seed $fixed each time"
+echo "run_fault_stress: $jobs jobs of $np processes passed in $((SECONDS - start)) s ($seeds): ${summary%, }"
