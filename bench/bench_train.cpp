@@ -22,8 +22,7 @@
 
 #include "ensemble/json.h"
 #include "ensemble/trainer.h"
-#include "kernels/cpu_isa.h"
-#include "kernels/ops.h"
+#include "kernels/cpu_backend.h"
 
 using namespace pmap;
 using namespace pmap::ensemble;
@@ -273,12 +272,12 @@ Json run_sgemm(const Args& a) {
     work[t].a.assign(elems, 0.5f + 0.01f * static_cast<float>(t));
     work[t].b.assign(elems, 0.25f);
     work[t].c.assign(elems, 0.0f);
-    work[t].ws.resize(kernels::cpu::matmul_workspace_bytes(p));
+    work[t].ws.resize(kernels::cpu_backend().matmul_workspace_bytes(p));
   }
   auto run = [&](Work& w, int count) {
     for (int r = 0; r < count; ++r) {
       const auto t0 = Clock::now();
-      kernels::cpu::matmul(p, w.a.data(), w.b.data(), w.c.data(), w.ws.data());
+      kernels::cpu_backend().matmul(p, w.a.data(), w.b.data(), w.c.data(), w.ws.data());
       w.best = std::min(w.best, std::chrono::duration<double>(Clock::now() - t0).count());
     }
   };

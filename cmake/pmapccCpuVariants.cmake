@@ -7,7 +7,7 @@
 # (-DPMAPCC_CPU_VARIANT=<name>: pmap::kernels::cpu::<name>), the avx2 one with Eigen renamed
 # (-DEigen=pmapcc_eigen_avx2), and the avx2 objects are then linked into one relocatable object
 # (ld -r --force-group-allocation, which resolves and dissolves the COMDAT groups) whose symbols objcopy makes
-# local except its entry point pmapcc_cpu_ops_avx2. Nothing compiled with -mavx2 is visible to the rest of
+# local except its entry point pmapcc_cpu_backend_avx2 (that variant's CpuBackend). Nothing compiled with -mavx2 is visible to the rest of
 # the program; scripts/check_cpu_variants.sh verifies it with nm.
 #
 # PMAPCC_CPU_AVX2 (AUTO|ON|OFF): AUTO builds the avx2 variant on x86-64 with GCC or Clang and GNU ld/objcopy.
@@ -67,7 +67,7 @@ function(pmapcc_cpu_variant name flags out_var)
   add_custom_command(
     OUTPUT ${blob}
     COMMAND ${CMAKE_LINKER} -r --force-group-allocation -o ${merged} $<TARGET_OBJECTS:${lib}>
-    COMMAND ${CMAKE_OBJCOPY} --keep-global-symbol=pmapcc_cpu_ops_${name} ${merged} ${blob}
+    COMMAND ${CMAKE_OBJCOPY} --keep-global-symbol=pmapcc_cpu_backend_${name} ${merged} ${blob}
     DEPENDS ${lib} $<TARGET_OBJECTS:${lib}>
     COMMAND_EXPAND_LISTS
     COMMENT "Linking the ${name} CPU kernels into one object with a single global symbol"

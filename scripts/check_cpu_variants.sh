@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks that the AVX2 build of the CPU kernels is isolated from the rest of a program (see
-# cmake/pmapccCpuVariants.cmake): its merged object defines exactly one global symbol, pmapcc_cpu_ops_avx2;
+# cmake/pmapccCpuVariants.cmake): its merged object defines exactly one global symbol, pmapcc_cpu_backend_avx2;
 # its Eigen is renamed (pmapcc_eigen_avx2::) so no Eigen symbol is shared with the generic build; and in
 # the linked program no avx2 symbol but the entry point is global.
 #   scripts/check_cpu_variants.sh BLOB.o PROGRAM
@@ -10,7 +10,7 @@ program=$2
 fail() { echo "check_cpu_variants: FAIL: $*" >&2; exit 1; }
 
 globals=$(nm --defined-only -g "$blob" | awk '{print $3}')
-[[ "$globals" == "pmapcc_cpu_ops_avx2" ]] || fail "$blob defines global symbols other than pmapcc_cpu_ops_avx2: $globals"
+[[ "$globals" == "pmapcc_cpu_backend_avx2" ]] || fail "$blob defines global symbols other than pmapcc_cpu_backend_avx2: $globals"
 
 renamed=$(nm -C "$blob" | grep -c 'pmapcc_eigen_avx2::' || true)
 [[ $renamed -gt 0 ]] || fail "$blob holds no pmapcc_eigen_avx2:: symbol (was Eigen renamed?)"
@@ -20,8 +20,8 @@ fi
 
 leaked=$(nm -C --defined-only -g "$program" | grep -E 'pmapcc_eigen_avx2|kernels::cpu::avx2' || true)
 [[ -z "$leaked" ]] || fail "$program exports avx2 symbols: $(echo "$leaked" | head -3)"
-nm --defined-only "$program" | grep -q ' T pmapcc_cpu_ops_avx2$' || fail "$program lacks pmapcc_cpu_ops_avx2"
+nm --defined-only "$program" | grep -q ' T pmapcc_cpu_backend_avx2$' || fail "$program lacks pmapcc_cpu_backend_avx2"
 
 generic_eigen=$(nm -C "$program" | grep -c ' Eigen::' || true)
 avx2_eigen=$(nm -C "$program" | grep -c 'pmapcc_eigen_avx2::' || true)
-echo "check_cpu_variants: ok: pmapcc_cpu_ops_avx2 is the only global avx2 symbol; Eigen symbols in the program: $generic_eigen generic (Eigen::), $avx2_eigen avx2 (pmapcc_eigen_avx2::, all local)"
+echo "check_cpu_variants: ok: pmapcc_cpu_backend_avx2 is the only global avx2 symbol; Eigen symbols in the program: $generic_eigen generic (Eigen::), $avx2_eigen avx2 (pmapcc_eigen_avx2::, all local)"

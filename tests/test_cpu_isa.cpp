@@ -1,4 +1,4 @@
-// Tests of the CPU kernels' ISA variants (kernels/cpu_isa.h) and of the ops added for speed: every variant
+// Tests of the CPU kernels' ISA variants (kernels/cpu_backend.h) and of the ops added for speed: every variant
 // against the generic one, the fused ReLU paths against the unfused ops (bitwise), matmul against its
 // definition, and workspaces sized for a batch serving every smaller batch.
 #include <doctest/doctest.h>
@@ -10,11 +10,13 @@
 #include <vector>
 
 #include "kernel_checks.h"
-#include "kernels/cpu_isa.h"
-#include "kernels/ops.h"
+#include "kernels/cpu_backend.h"
 
 namespace kc = kernel_checks;
 namespace cpu = pmap::kernels::cpu;
+namespace {
+const pmap::kernels::CpuBackend& cpu_ops() { return pmap::kernels::cpu_backend(); }
+}  // namespace
 using namespace pmap::kernels;
 
 namespace {
@@ -50,8 +52,8 @@ std::vector<float> step_outputs() {
     const auto x = kc::random_floats(conv_x(p), 1), w = kc::random_floats(conv_w(p), 2, 0.3f);
     const auto b = kc::random_floats(std::size_t(p.members) * p.out_channels, 3), dy = kc::random_floats(conv_y(p), 4);
     std::vector<float> y(conv_y(p)), dx(conv_x(p)), dw(conv_w(p)), db(b.size());
-    cpu::conv2d_forward(p, x.data(), w.data(), b.data(), y.data(), nullptr);
-    cpu::conv2d_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), nullptr);
+    cpu_ops().conv2d_forward(p, x.data(), w.data(), b.data(), y.data(), nullptr);
+    cpu_ops().conv2d_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), nullptr);
     append(y), append(dx), append(dw), append(db);
   }
   DenseParams d;
@@ -59,8 +61,8 @@ std::vector<float> step_outputs() {
   const auto x = kc::random_floats(2 * 5 * 300, 5), w = kc::random_floats(2 * 300 * 40, 6, 0.1f);
   const auto b = kc::random_floats(2 * 40, 7), dy = kc::random_floats(2 * 5 * 40, 8);
   std::vector<float> y(2 * 5 * 40), dx(x.size()), dw(w.size()), db(b.size());
-  cpu::dense_forward(d, x.data(), w.data(), b.data(), y.data(), nullptr);
-  cpu::dense_backward(d, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), nullptr);
+  cpu_ops().dense_forward(d, x.data(), w.data(), b.data(), y.data(), nullptr);
+  cpu_ops().dense_backward(d, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), nullptr);
   append(y), append(dx), append(dw), append(db);
   return out;
 }
@@ -73,13 +75,13 @@ std::vector<float> elementwise_outputs() {
   q.members = 2, q.batch = 2, q.height = 6, q.width = 7, q.channels = 12;
   const auto x = kc::random_floats(2 * 2 * 6 * 7 * 12, 9), dy = kc::random_floats(2 * 2 * 3 * 3 * 12, 10);
   std::vector<float> y(dy.size()), dx(x.size()), relu(x.size()), masked(x.size());
-  cpu::avg_pool_forward(q, x.data(), y.data());
-  cpu::avg_pool_backward(q, dy.data(), dx.data());
-  cpu::relu_forward(x.size(), x.data(), relu.data());
-  cpu::avg_pool_relu_backward(q, relu.data(), dy.data(), masked.data());
+  cpu_ops().avg_pool_forward(q, x.data(), y.data());
+  cpu_ops().avg_pool_backward(q, dy.data(), dx.data());
+  cpu_ops().relu_forward(x.size(), x.data(), relu.data());
+  cpu_ops().avg_pool_relu_backward(q, relu.data(), dy.data(), masked.data());
   append(y), append(dx), append(relu), append(masked);
   std::vector<float> params = kc::random_floats(77, 11), momentum = kc::random_floats(77, 12);
-  cpu::sgd_momentum_update(SgdParams{0.1f, 0.9f, true}, 77, params.data(), momentum.data(), x.data());
+  cpu_ops().sgd_momentum_update(SgdParams{0.1f, 0.9f, true}, 77, params.data(), momentum.data(), x.data());
   append(params), append(momentum);
   return out;
 }
@@ -130,14 +132,14 @@ TEST_CASE("matmul matches the definition, accumulate adds, members are independe
         for (int k = 0; k < 300; ++k) s += double(a[(m * 7 + i) * 300 + k]) * b[(m * 300 + k) * 13 + j];
         ref.push_back(s);
       }
-  cpu::matmul(p, a.data(), b.data(), c.data(), nullptr);
+  cpu_ops().matmul(p, a.data(), b.data(), c.data(), nullptr);
   CHECK(kc::max_rel_diff(c, ref) < 1e-6);
   p.accumulate = true;
-  std::vector<unsigned char> ws(cpu::matmul_workspace_bytes(p));
-  cpu::matmul(p, a.data(), b.data(), c.data(), ws.data());
+  std::vector<unsigned char> ws(cpu_ops().matmul_workspace_bytes(p));
+  cpu_ops().matmul(p, a.data(), b.data(), c.data(), ws.data());
   for (double& v : ref) v *= 2;
   CHECK(kc::max_rel_diff(c, ref) < 1e-6);
-  CHECK_THROWS_AS(cpu::matmul_workspace_bytes(MatmulParams{}), pmap::ValueError);
+  CHECK_THROWS_AS(cpu_ops().matmul_workspace_bytes(MatmulParams{}), pmap::ValueError);
 }
 
 TEST_CASE("conv2d and dense with relu equal the op then relu_forward, bitwise (GEMM and direct paths)") {
@@ -147,10 +149,10 @@ TEST_CASE("conv2d and dense with relu equal the op then relu_forward, bitwise (G
     const auto x = kc::random_floats(conv_x(p), 31), w = kc::random_floats(conv_w(p), 32);
     const auto b = kc::random_floats(std::size_t(p.members) * p.out_channels, 33);
     std::vector<float> plain(conv_y(p)), fused(conv_y(p));
-    cpu::conv2d_forward(p, x.data(), w.data(), b.data(), plain.data(), nullptr);
-    cpu::relu_forward(plain.size(), plain.data(), plain.data());
+    cpu_ops().conv2d_forward(p, x.data(), w.data(), b.data(), plain.data(), nullptr);
+    cpu_ops().relu_forward(plain.size(), plain.data(), plain.data());
     p.relu = true;
-    cpu::conv2d_forward(p, x.data(), w.data(), b.data(), fused.data(), nullptr);
+    cpu_ops().conv2d_forward(p, x.data(), w.data(), b.data(), fused.data(), nullptr);
     CHECK(kc::same_bits(plain.data(), fused.data(), plain.size()));
     CHECK(std::count(fused.begin(), fused.end(), 0.0f) > 0);
   }
@@ -158,10 +160,10 @@ TEST_CASE("conv2d and dense with relu equal the op then relu_forward, bitwise (G
   d.members = 2, d.batch = 4, d.in_features = 30, d.out_features = 9;
   const auto x = kc::random_floats(2 * 4 * 30, 34), w = kc::random_floats(2 * 30 * 9, 35), b = kc::random_floats(18, 36);
   std::vector<float> plain(2 * 4 * 9), fused(plain.size());
-  cpu::dense_forward(d, x.data(), w.data(), b.data(), plain.data(), nullptr);
-  cpu::relu_forward(plain.size(), plain.data(), plain.data());
+  cpu_ops().dense_forward(d, x.data(), w.data(), b.data(), plain.data(), nullptr);
+  cpu_ops().relu_forward(plain.size(), plain.data(), plain.data());
   d.relu = true;
-  cpu::dense_forward(d, x.data(), w.data(), b.data(), fused.data(), nullptr);
+  cpu_ops().dense_forward(d, x.data(), w.data(), b.data(), fused.data(), nullptr);
   CHECK(kc::same_bits(plain.data(), fused.data(), plain.size()));
 }
 
@@ -174,14 +176,14 @@ TEST_CASE("avg_pool_relu_backward equals avg_pool_backward then relu_backward, b
     const auto g = avg_pool_geometry(q);
     const std::size_t xs = 2 * 2 * 7 * 8 * 5, ys = std::size_t(2) * 2 * g.out_height * g.out_width * 5;
     std::vector<float> r = kc::random_floats(xs, 41);
-    cpu::relu_forward(xs, r.data(), r.data());
+    cpu_ops().relu_forward(xs, r.data(), r.data());
     const auto dy = kc::random_floats(ys, 42);
     std::vector<float> expect(xs), got(xs, 7.0f);
-    cpu::avg_pool_backward(q, dy.data(), expect.data());
-    cpu::relu_backward(xs, r.data(), expect.data(), expect.data());
-    cpu::avg_pool_relu_backward(q, r.data(), dy.data(), got.data());
+    cpu_ops().avg_pool_backward(q, dy.data(), expect.data());
+    cpu_ops().relu_backward(xs, r.data(), expect.data(), expect.data());
+    cpu_ops().avg_pool_relu_backward(q, r.data(), dy.data(), got.data());
     CHECK(kc::same_bits(expect.data(), got.data(), xs));
-    cpu::avg_pool_relu_backward(q, r.data(), dy.data(), r.data());  // over the activation
+    cpu_ops().avg_pool_relu_backward(q, r.data(), dy.data(), r.data());  // over the activation
     CHECK(kc::same_bits(expect.data(), r.data(), xs));
   }
 }
@@ -194,29 +196,29 @@ TEST_CASE("conv2d and dense workspaces sized for a batch serve every smaller bat
   };
   for (const Conv2dParams& big : {conv(1, 128, 28, 1, 32, true), conv(1, 128, 14, 32, 64, false)}) {
     CAPTURE(big.in_channels);
-    const std::size_t bytes = cpu::conv2d_workspace_bytes(big);
+    const std::size_t bytes = cpu_ops().conv2d_workspace_bytes(big);
     std::vector<unsigned char> ws(bytes + kGuard, 0xab);
     const auto x = kc::random_floats(conv_x(big), 51), w = kc::random_floats(conv_w(big), 52);
     std::vector<float> y(conv_y(big)), dx(conv_x(big)), dw(conv_w(big)), db(big.out_channels);
     for (int batch : {1, 2, 3, 5, 8, 13, 33, 64, 65, 100, 127}) {
       Conv2dParams p = big;
       p.batch = batch;
-      cpu::conv2d_forward(p, x.data(), w.data(), nullptr, y.data(), ws.data());
-      cpu::conv2d_backward(p, x.data(), w.data(), y.data(), dx.data(), dw.data(), db.data(), ws.data());
+      cpu_ops().conv2d_forward(p, x.data(), w.data(), nullptr, y.data(), ws.data());
+      cpu_ops().conv2d_backward(p, x.data(), w.data(), y.data(), dx.data(), dw.data(), db.data(), ws.data());
       CHECK(untouched(ws, bytes));
     }
   }
   DenseParams big;
   big.batch = 128, big.in_features = 3136, big.out_features = 256;
-  const std::size_t bytes = cpu::dense_workspace_bytes(big);
+  const std::size_t bytes = cpu_ops().dense_workspace_bytes(big);
   std::vector<unsigned char> ws(bytes + kGuard, 0xab);
   const auto x = kc::random_floats(128 * 3136, 53), w = kc::random_floats(3136 * 256, 54);
   std::vector<float> y(128 * 256), dx(x.size()), dw(w.size()), db(256);
   for (int batch : {1, 7, 31, 64, 100}) {
     DenseParams p = big;
     p.batch = batch;
-    cpu::dense_forward(p, x.data(), w.data(), nullptr, y.data(), ws.data());
-    cpu::dense_backward(p, x.data(), w.data(), y.data(), dx.data(), dw.data(), db.data(), ws.data());
+    cpu_ops().dense_forward(p, x.data(), w.data(), nullptr, y.data(), ws.data());
+    cpu_ops().dense_backward(p, x.data(), w.data(), y.data(), dx.data(), dw.data(), db.data(), ws.data());
     CHECK(untouched(ws, bytes));
   }
 }

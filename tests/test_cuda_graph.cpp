@@ -2,13 +2,13 @@
 // bitwise the results of running the ops directly, and what a captured step must not do (allocate, copy
 // to or from the host, call a collective, grow scratch memory) raises CaptureError naming it. Each case
 // runs on the host run of the CUDA kernels (a recording replayed) and, when one is usable, on a GPU (a
-// CUDA graph); also the per-member reductions of kernels/cuda/ops.h.
+// CUDA graph); also the per-member reductions of the CUDA backend.
 #include "cuda_testing.h"
 
 #include <pmap/detail/capture.h>
 
 #include "kernels/backend.h"
-#include "kernels/cuda/ops.h"
+#include "kernels/cpu_backend.h"
 #include "kernels/graph.h"
 
 namespace {
@@ -138,17 +138,17 @@ TEST_CASE("cuda reduce_sum and reduce_mean match the CPU's per-member sums") {
   const std::size_t n = 100003;
   const auto x = random_floats(members * n, 21);
   std::vector<float> sum(members), mean(members);
-  k::cpu::reduce_sum(members, n, x.data(), sum.data());
-  k::cpu::reduce_mean(members, n, x.data(), mean.data());
+  k::cpu_backend().reduce_sum(members, n, x.data(), sum.data());
+  k::cpu_backend().reduce_mean(members, n, x.data(), mean.data());
   std::vector<float> hs(members), hm(members);  // the host run sums in the CPU's order: the same bits
-  k::gpu::reduce_sum(k::gpu::Exec::host(), members, n, x.data(), hs.data());
-  k::gpu::reduce_mean(k::gpu::Exec::host(), members, n, x.data(), hm.data());
+  k::cuda_backend_on_host().reduce_sum(members, n, x.data(), hs.data());
+  k::cuda_backend_on_host().reduce_mean(members, n, x.data(), hm.data());
   CHECK(hs == sum);
   CHECK(hm == mean);
   PMAPCC_REQUIRE_GPU();
   auto gx = on_gpu(x), gs = gpu_floats(members), gm = gpu_floats(members);
-  k::gpu::reduce_sum(k::gpu::Exec::gpu(), members, n, gx.data<float>(), gs.data<float>());
-  k::gpu::reduce_mean(k::gpu::Exec::gpu(), members, n, gx.data<float>(), gm.data<float>());
+  k::backend_for(pmap::DeviceKind::cuda).reduce_sum(members, n, gx.data<float>(), gs.data<float>());
+  k::backend_for(pmap::DeviceKind::cuda).reduce_mean(members, n, gx.data<float>(), gm.data<float>());
   CHECK(relative_error(gs.to_vector<float>(), sum) <= kForwardTolerance);
   CHECK(relative_error(gm.to_vector<float>(), mean) <= kForwardTolerance);
 }

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "kernels/cpu/variant.h"
+#include "kernels/cpu/ops.h"
 
 namespace PMAPCC_CPU_NS::detail {
 

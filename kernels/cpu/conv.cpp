@@ -114,12 +114,12 @@ void backward(const ConvPlan& plan, const float* x, const float* w, const float*
 
 }  // namespace
 
-std::size_t conv2d_workspace_bytes(const Conv2dParams& p) {
+std::size_t Ops::conv2d_workspace_bytes(Conv2dParams p) const {
   return detail::conv_workspace_bytes(detail::make_conv_plan(p));
 }
 
-void conv2d_forward(Conv2dParams p, const float* x, const float* w, const float* b, float* y,
-                    void* workspace) {
+void Ops::conv2d_forward(Conv2dParams p, const float* x, const float* w, const float* b, float* y,
+                         void* workspace) const {
   detail::require(x, "conv2d_forward", "x");
   detail::require(w, "conv2d_forward", "w");
   detail::require(y, "conv2d_forward", "y");
@@ -133,8 +133,8 @@ void conv2d_forward(Conv2dParams p, const float* x, const float* w, const float*
   }
 }
 
-void conv2d_backward(Conv2dParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
-                     float* db, void* workspace) {
+void Ops::conv2d_backward(Conv2dParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
+                          float* db, void* workspace) const {
   detail::require(dy, "conv2d_backward", "dy");
   if (dw != nullptr) detail::require(x, "conv2d_backward", "x (needed for dw)");
   if (dx != nullptr) detail::require(w, "conv2d_backward", "w (needed for dx)");

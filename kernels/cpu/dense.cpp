@@ -22,11 +22,12 @@ std::size_t pack_floats(const DenseParams& p) {
 
 }  // namespace
 
-std::size_t dense_workspace_bytes(const DenseParams& p) {
+std::size_t Ops::dense_workspace_bytes(DenseParams p) const {
   return pack_floats(p) * sizeof(float) + detail::Scratch::kAlign;
 }
 
-void dense_forward(DenseParams p, const float* x, const float* w, const float* b, float* y, void* workspace) {
+void Ops::dense_forward(DenseParams p, const float* x, const float* w, const float* b, float* y,
+                        void* workspace) const {
   detail::require(x, "dense_forward", "x");
   detail::require(w, "dense_forward", "w");
   detail::require(y, "dense_forward", "y");
@@ -43,8 +44,8 @@ void dense_forward(DenseParams p, const float* x, const float* w, const float* b
   }
 }
 
-void dense_backward(DenseParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
-                    float* db, void* workspace) {
+void Ops::dense_backward(DenseParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
+                         float* db, void* workspace) const {
   detail::require(dy, "dense_backward", "dy");
   if (dw != nullptr) detail::require(x, "dense_backward", "x (needed for dw)");
   if (dx != nullptr) detail::require(w, "dense_backward", "w (needed for dx)");

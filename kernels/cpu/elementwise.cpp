@@ -9,13 +9,13 @@
 
 namespace PMAPCC_CPU_NS {
 
-void relu_forward(std::size_t n, const float* x, float* y) {
+void Ops::relu_forward(std::size_t n, const float* x, float* y) const {
   detail::require(x, "relu_forward", "x");
   detail::require(y, "relu_forward", "y");
   for (std::size_t i = 0; i < n; ++i) y[i] = x[i] < 0.0f ? 0.0f : x[i];  // NaN is not < 0: it passes
 }
 
-void relu_backward(std::size_t n, const float* y, const float* dy, float* dx) {
+void Ops::relu_backward(std::size_t n, const float* y, const float* dy, float* dx) const {
   detail::require(y, "relu_backward", "y");
   detail::require(dy, "relu_backward", "dy");
   detail::require(dx, "relu_backward", "dx");
@@ -25,7 +25,7 @@ void relu_backward(std::size_t n, const float* y, const float* dy, float* dx) {
   }
 }
 
-void sgd_momentum_update(SgdParams p, std::size_t n, float* params, float* momentum, const float* grads) {
+void Ops::sgd_momentum_update(SgdParams p, std::size_t n, float* params, float* momentum, const float* grads) const {
   detail::require(params, "sgd_momentum_update", "params");
   detail::require(momentum, "sgd_momentum_update", "momentum");
   detail::require(grads, "sgd_momentum_update", "grads");
@@ -66,11 +66,11 @@ void member_sums(const char* op, int members, std::size_t n, const float* x, con
 
 }  // namespace
 
-void reduce_sum(int members, std::size_t n, const float* x, float* out) {
+void Ops::reduce_sum(int members, std::size_t n, const float* x, float* out) const {
   member_sums("reduce_sum", members, n, x, out, [&](int m, double sum) { out[m] = static_cast<float>(sum); });
 }
 
-void reduce_mean(int members, std::size_t n, const float* x, float* out) {
+void Ops::reduce_mean(int members, std::size_t n, const float* x, float* out) const {
   if (n == 0) throw ValueError("reduce_mean: n must be > 0");
   member_sums("reduce_mean", members, n, x, out,
               [&](int m, double sum) { out[m] = static_cast<float>(sum / static_cast<double>(n)); });

@@ -44,8 +44,8 @@ RowStats row_stats(const float* z, int k) {
 
 }  // namespace
 
-void softmax_cross_entropy(SoftmaxXentParams p, const float* logits, const std::int32_t* labels, float* loss,
-                           float* dlogits, float* probs, std::int32_t* correct) {
+void Ops::softmax_cross_entropy(SoftmaxXentParams p, const float* logits, const std::int32_t* labels, float* loss,
+                                float* dlogits, float* probs, std::int32_t* correct, std::int32_t*, void*) const {
   const char* op = "softmax_cross_entropy";
   detail::require(logits, op, "logits");
   validate(p);

@@ -4,12 +4,12 @@
 
 namespace PMAPCC_CPU_NS {
 
-std::size_t matmul_workspace_bytes(const MatmulParams& p) {
+std::size_t Ops::matmul_workspace_bytes(MatmulParams p) const {
   validate(p);
   return detail::gemm_pack_floats(p.rows, p.cols, p.depth) * sizeof(float) + detail::Scratch::kAlign;
 }
 
-void matmul(MatmulParams p, const float* a, const float* b, float* c, void* workspace) {
+void Ops::matmul(MatmulParams p, const float* a, const float* b, float* c, void* workspace) const {
   detail::require(a, "matmul", "a");
   detail::require(b, "matmul", "b");
   detail::require(c, "matmul", "c");

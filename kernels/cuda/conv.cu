@@ -4,8 +4,8 @@
 // per output element (im2col: per patch entry; col2im: per input pixel and channel).
 #include <cstdint>
 
+#include "kernels/cuda/backend.h"
 #include "kernels/cuda/linear.h"
-#include "kernels/cuda/ops.h"
 
 namespace pmap::kernels::gpu {
 namespace {
@@ -158,10 +158,11 @@ void backward_dx(const Exec& ex, const ConvPlan& plan, const float* w, const flo
 
 }  // namespace
 
-std::size_t conv2d_workspace_bytes(const Conv2dParams& p) { return workspace_bytes(make_plan(p)); }
+std::size_t CudaBackend::conv2d_workspace_bytes(Conv2dParams p) const { return workspace_bytes(make_plan(p)); }
 
-void conv2d_forward(const Exec& ex, const Conv2dParams& p, const float* x, const float* w, const float* b, float* y,
-                    void* workspace) {
+void CudaBackend::conv2d_forward(Conv2dParams p, const float* x, const float* w, const float* b, float* y,
+                                 void* workspace) const {
+  const Exec& ex = ex_;
   require(x, "conv2d_forward", "x");
   require(w, "conv2d_forward", "w");
   require(y, "conv2d_forward", "y");
@@ -176,8 +177,9 @@ void conv2d_forward(const Exec& ex, const Conv2dParams& p, const float* x, const
   bias_relu(ex, p.members, plan.pixels, p.out_channels, b, p.relu, y);
 }
 
-void conv2d_backward(const Exec& ex, const Conv2dParams& p, const float* x, const float* w, const float* dy, float* dx,
-                     float* dw, float* db, void* workspace) {
+void CudaBackend::conv2d_backward(Conv2dParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
+                                  float* db, void* workspace) const {
+  const Exec& ex = ex_;
   require(dy, "conv2d_backward", "dy");
   if (dw != nullptr) require(x, "conv2d_backward", "x (needed for dw)");
   if (dx != nullptr) require(w, "conv2d_backward", "w (needed for dx)");

@@ -1,7 +1,7 @@
 // CUDA dense layer forward and backward: strided-batched GEMMs over members (a shared input has batch
 // stride 0), the bias-and-ReLU epilogue, and deterministic bias-gradient column sums.
+#include "kernels/cuda/backend.h"
 #include "kernels/cuda/linear.h"
-#include "kernels/cuda/ops.h"
 
 namespace pmap::kernels::gpu {
 namespace {
@@ -17,13 +17,13 @@ DenseSizes sizes(const DenseParams& p) {
 
 }  // namespace
 
-std::size_t dense_workspace_bytes(const DenseParams& p) {
+std::size_t CudaBackend::dense_workspace_bytes(DenseParams p) const {
   validate(p);
   return column_sum_partials(p.members, static_cast<std::size_t>(p.batch), p.out_features) * sizeof(double);
 }
 
-void dense_forward(const Exec& ex, const DenseParams& p, const float* x, const float* w, const float* b, float* y,
-                   void*) {
+void CudaBackend::dense_forward(DenseParams p, const float* x, const float* w, const float* b, float* y, void*) const {
+  const Exec& ex = ex_;
   require(x, "dense_forward", "x");
   require(w, "dense_forward", "w");
   require(y, "dense_forward", "y");
@@ -36,8 +36,9 @@ void dense_forward(const Exec& ex, const DenseParams& p, const float* x, const f
   bias_relu(ex, p.members, static_cast<std::size_t>(p.batch), p.out_features, b, p.relu, y);
 }
 
-void dense_backward(const Exec& ex, const DenseParams& p, const float* x, const float* w, const float* dy, float* dx,
-                    float* dw, float* db, void* workspace) {
+void CudaBackend::dense_backward(DenseParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
+                                 float* db, void* workspace) const {
+  const Exec& ex = ex_;
   require(dy, "dense_backward", "dy");
   if (dw != nullptr) require(x, "dense_backward", "x (needed for dw)");
   if (dx != nullptr) require(w, "dense_backward", "w (needed for dx)");

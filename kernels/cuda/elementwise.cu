@@ -1,11 +1,11 @@
 // CUDA element-wise ops (relu forward/backward, the SGD-momentum update) and the per-member sums, one item
 // per element (per member for the sums). No FMA contraction (-fmad=false): bitwise the CPU ops' results.
+#include <pmap/error.h>
+
 #include <cmath>
 #include <string>
 
-#include <pmap/error.h>
-
-#include "kernels/cuda/ops.h"
+#include "kernels/cuda/backend.h"
 
 namespace pmap::kernels::gpu {
 namespace {
@@ -62,21 +62,24 @@ void member_sums(const Exec& ex, const char* op, int members, std::size_t n, con
 
 }  // namespace
 
-void relu_forward(const Exec& ex, std::size_t n, const float* x, float* y) {
+void CudaBackend::relu_forward(std::size_t n, const float* x, float* y) const {
+  const Exec& ex = ex_;
   require(x, "relu_forward", "x");
   require(y, "relu_forward", "y");
   ex.launch(ReluForward{x, y}, n);
 }
 
-void relu_backward(const Exec& ex, std::size_t n, const float* y, const float* dy, float* dx) {
+void CudaBackend::relu_backward(std::size_t n, const float* y, const float* dy, float* dx) const {
+  const Exec& ex = ex_;
   require(y, "relu_backward", "y");
   require(dy, "relu_backward", "dy");
   require(dx, "relu_backward", "dx");
   ex.launch(ReluBackward{y, dy, dx}, n);
 }
 
-void sgd_momentum_update(const Exec& ex, const SgdParams& p, std::size_t n, float* params, float* momentum,
-                         const float* grads) {
+void CudaBackend::sgd_momentum_update(SgdParams p, std::size_t n, float* params, float* momentum,
+                                      const float* grads) const {
+  const Exec& ex = ex_;
   require(params, "sgd_momentum_update", "params");
   require(momentum, "sgd_momentum_update", "momentum");
   require(grads, "sgd_momentum_update", "grads");
@@ -85,11 +88,13 @@ void sgd_momentum_update(const Exec& ex, const SgdParams& p, std::size_t n, floa
   ex.launch(SgdMomentum{p, params, momentum, grads}, n);
 }
 
-void reduce_sum(const Exec& ex, int members, std::size_t n, const float* x, float* out) {
+void CudaBackend::reduce_sum(int members, std::size_t n, const float* x, float* out) const {
+  const Exec& ex = ex_;
   member_sums(ex, "reduce_sum", members, n, x, out, 1.0);
 }
 
-void reduce_mean(const Exec& ex, int members, std::size_t n, const float* x, float* out) {
+void CudaBackend::reduce_mean(int members, std::size_t n, const float* x, float* out) const {
+  const Exec& ex = ex_;
   if (n == 0) throw ValueError("reduce_mean: n must be > 0");
   member_sums(ex, "reduce_mean", members, n, x, out, static_cast<double>(n));
 }

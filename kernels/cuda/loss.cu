@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/ops.h"
+#include "kernels/cuda/backend.h"
 
 namespace pmap::kernels::gpu {
 namespace {
@@ -21,8 +21,13 @@ struct RowResults {
   std::int32_t* hit;
 };
 
+std::size_t workspace_bytes(const SoftmaxXentParams& p) {
+  validate(p);
+  return rows_of(p) * (sizeof(double) + sizeof(std::int32_t)) + kAlign;
+}
+
 RowResults carve(const Exec& ex, const SoftmaxXentParams& p, void* workspace) {
-  if (workspace == nullptr) workspace = ex.scratch(softmax_cross_entropy_workspace_bytes(p));
+  if (workspace == nullptr) workspace = ex.scratch(workspace_bytes(p));
   const auto base = (reinterpret_cast<std::uintptr_t>(workspace) + kAlign - 1) / kAlign * kAlign;
   auto* loss = reinterpret_cast<double*>(base);
   return RowResults{loss, reinterpret_cast<std::int32_t*>(loss + rows_of(p))};
@@ -87,14 +92,12 @@ struct XentMembers {
 
 }  // namespace
 
-std::size_t softmax_cross_entropy_workspace_bytes(const SoftmaxXentParams& p) {
-  validate(p);
-  return rows_of(p) * (sizeof(double) + sizeof(std::int32_t)) + kAlign;
-}
+std::size_t CudaBackend::softmax_cross_entropy_workspace_bytes(SoftmaxXentParams p) const { return workspace_bytes(p); }
 
-void softmax_cross_entropy(const Exec& ex, const SoftmaxXentParams& p, const float* logits,
-                           const std::int32_t* labels, float* loss, float* dlogits, float* probs,
-                           std::int32_t* correct, std::int32_t* bad_labels, void* workspace) {
+void CudaBackend::softmax_cross_entropy(SoftmaxXentParams p, const float* logits, const std::int32_t* labels,
+                                        float* loss, float* dlogits, float* probs, std::int32_t* correct,
+                                        std::int32_t* bad_labels, void* workspace) const {
+  const Exec& ex = ex_;
   const char* op = "softmax_cross_entropy";
   require(logits, op, "logits");
   validate(p);

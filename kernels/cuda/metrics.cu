@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "kernels/calibration.h"
-#include "kernels/cuda/ops.h"
+#include "kernels/cuda/backend.h"
 
 namespace pmap::kernels::gpu {
 namespace {
@@ -131,13 +131,14 @@ struct Predictions {
 
 }  // namespace
 
-std::size_t calibration_workspace_bytes(const CalibrationParams& p) {
+std::size_t CudaBackend::calibration_workspace_bytes(CalibrationParams p) const {
   validate(p);
   return static_cast<std::size_t>(p.predictors) * static_cast<std::size_t>(p.rows) * sizeof(RowCalibration) + 256;
 }
 
-void calibration_sums(const Exec& ex, const CalibrationParams& p, const float* probs, const std::int32_t* labels,
-                      double* sums, void* workspace) {
+void CudaBackend::calibration_sums(CalibrationParams p, const float* probs, const std::int32_t* labels, double* sums,
+                                   void* workspace) const {
+  const Exec& ex = ex_;
   require(probs, "calibration_sums", "probs");
   require(labels, "calibration_sums", "labels");
   require(sums, "calibration_sums", "sums");
@@ -149,27 +150,31 @@ void calibration_sums(const Exec& ex, const CalibrationParams& p, const float* p
   ex.launch(CalibrationSlotSums{p, rows, sums}, static_cast<std::size_t>(p.predictors) * (4 + kCalibrationBins));
 }
 
-void predictions(const Exec& ex, int rows, int classes, const float* probs, std::int32_t* predicted,
-                 float* probability, float* entropy) {
+void CudaBackend::predictions(int rows, int classes, const float* probs, std::int32_t* predicted, float* probability,
+                              float* entropy) const {
+  const Exec& ex = ex_;
   require(probs, "predictions", "probs");
   validate_argmax_hits(rows, classes);
   ex.launch(Predictions{classes, probs, predicted, probability, entropy}, static_cast<std::size_t>(rows));
 }
 
-void sum_members(const Exec& ex, int count, std::size_t n, const float* x, float* out, bool accumulate) {
+void CudaBackend::sum_members(int count, std::size_t n, const float* x, float* out, bool accumulate) const {
+  const Exec& ex = ex_;
   require(x, "sum_members", "x");
   require(out, "sum_members", "out");
   if (count < 1) throw ValueError("sum_members: count must be >= 1, got " + std::to_string(count));
   ex.launch(SumMembers{count, n, x, out, accumulate}, n);
 }
 
-void divide(const Exec& ex, std::size_t n, float* x, float divisor) {
+void CudaBackend::divide(std::size_t n, float* x, float divisor) const {
+  const Exec& ex = ex_;
   require(x, "divide", "x");
   ex.launch(Divide{x, divisor}, n);
 }
 
-void argmax_hits(const Exec& ex, int rows, int classes, const float* scores, const std::int32_t* labels,
-                 std::int32_t* hits) {
+void CudaBackend::argmax_hits(int rows, int classes, const float* scores, const std::int32_t* labels,
+                              std::int32_t* hits) const {
+  const Exec& ex = ex_;
   require(scores, "argmax_hits", "scores");
   require(labels, "argmax_hits", "labels");
   require(hits, "argmax_hits", "hits");
@@ -177,8 +182,9 @@ void argmax_hits(const Exec& ex, int rows, int classes, const float* scores, con
   ex.launch(ArgmaxHits{classes, scores, labels, hits}, static_cast<std::size_t>(rows));
 }
 
-void accumulate_metrics(const Exec& ex, int count, const float* loss, const std::int32_t* correct, double rows,
-                        double* loss_sum, std::int32_t* hits) {
+void CudaBackend::accumulate_metrics(int count, const float* loss, const std::int32_t* correct, double rows,
+                                     double* loss_sum, std::int32_t* hits) const {
+  const Exec& ex = ex_;
   require(loss, "accumulate_metrics", "loss");
   require(correct, "accumulate_metrics", "correct");
   require(loss_sum, "accumulate_metrics", "loss_sum");
@@ -186,7 +192,8 @@ void accumulate_metrics(const Exec& ex, int count, const float* loss, const std:
   ex.launch(AccumulateMetrics{loss, correct, rows, loss_sum, hits}, static_cast<std::size_t>(count < 0 ? 0 : count));
 }
 
-void mean_from_sums(const Exec& ex, int count, const double* sums, double divisor, float* out) {
+void CudaBackend::mean_from_sums(int count, const double* sums, double divisor, float* out) const {
+  const Exec& ex = ex_;
   require(sums, "mean_from_sums", "sums");
   require(out, "mean_from_sums", "out");
   ex.launch(MeanFromSums{sums, divisor, out}, static_cast<std::size_t>(count < 0 ? 0 : count));

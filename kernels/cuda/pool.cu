@@ -1,7 +1,7 @@
 // CUDA average pooling (VALID, any window and stride), forward and backward, one item per output
 // (forward) or input (backward) element. The sums run in the CPU's order without FMA, so the results are
 // bitwise those of the CPU ops.
-#include "kernels/cuda/ops.h"
+#include "kernels/cuda/backend.h"
 
 namespace pmap::kernels::gpu {
 namespace {
@@ -84,7 +84,8 @@ std::size_t input_elements(const AvgPoolParams& p) {
 
 }  // namespace
 
-void avg_pool_forward(const Exec& ex, const AvgPoolParams& p, const float* x, float* y) {
+void CudaBackend::avg_pool_forward(AvgPoolParams p, const float* x, float* y) const {
+  const Exec& ex = ex_;
   require(x, "avg_pool_forward", "x");
   require(y, "avg_pool_forward", "y");
   const PoolPlan plan = make_plan(p);
@@ -93,13 +94,15 @@ void avg_pool_forward(const Exec& ex, const AvgPoolParams& p, const float* x, fl
   ex.launch(PoolForward{plan, x, y}, total);
 }
 
-void avg_pool_backward(const Exec& ex, const AvgPoolParams& p, const float* dy, float* dx) {
+void CudaBackend::avg_pool_backward(AvgPoolParams p, const float* dy, float* dx) const {
+  const Exec& ex = ex_;
   require(dy, "avg_pool_backward", "dy");
   require(dx, "avg_pool_backward", "dx");
   ex.launch(PoolBackward{make_plan(p), dy, nullptr, dx}, input_elements(p));
 }
 
-void avg_pool_relu_backward(const Exec& ex, const AvgPoolParams& p, const float* r, const float* dy, float* dx) {
+void CudaBackend::avg_pool_relu_backward(AvgPoolParams p, const float* r, const float* dy, float* dx) const {
+  const Exec& ex = ex_;
   require(r, "avg_pool_relu_backward", "r");
   require(dy, "avg_pool_relu_backward", "dy");
   require(dx, "avg_pool_relu_backward", "dx");

@@ -1,0 +1,51 @@
+// Internal to the CPU kernels: one ISA variant's backend. kernels/cpu/*.cpp are compiled once per variant
+// (generic: the baseline ISA; avx2: -mavx2 -mfma), each into its own namespace pmap::kernels::cpu::<variant>
+// (PMAPCC_CPU_NS), so the two builds share no symbol; each defines the Ops members it implements, and the
+// variant's one exported symbol is its entry point, extern "C" pmapcc_cpu_backend_<variant>()
+// (kernels/cpu/backend.cpp). The contracts are kernels/backend.h's and kernels/cpu_backend.h's.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "kernels/cpu_backend.h"
+
+#ifndef PMAPCC_CPU_VARIANT
+#error "kernels/cpu sources are built per ISA variant: compile them with -DPMAPCC_CPU_VARIANT=generic|avx2"
+#endif
+#define PMAPCC_CPU_NS pmap::kernels::cpu::PMAPCC_CPU_VARIANT
+
+namespace PMAPCC_CPU_NS {
+
+class Ops final : public CpuBackend {
+ public:
+  std::string isa() const override;                                        // backend.cpp
+  std::size_t conv2d_workspace_bytes(Conv2dParams p) const override;       // conv.cpp
+  void conv2d_forward(Conv2dParams p, const float* x, const float* w, const float* b, float* y,
+                      void* workspace) const override;
+  void conv2d_backward(Conv2dParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
+                       float* db, void* workspace) const override;
+  void avg_pool_forward(AvgPoolParams p, const float* x, float* y) const override;  // pool.cpp
+  void avg_pool_backward(AvgPoolParams p, const float* dy, float* dx) const override;
+  void avg_pool_relu_backward(AvgPoolParams p, const float* r, const float* dy, float* dx) const override;
+  std::size_t dense_workspace_bytes(DenseParams p) const override;  // dense.cpp
+  void dense_forward(DenseParams p, const float* x, const float* w, const float* b, float* y,
+                     void* workspace) const override;
+  void dense_backward(DenseParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
+                      float* db, void* workspace) const override;
+  void relu_forward(std::size_t n, const float* x, float* y) const override;  // elementwise.cpp
+  void relu_backward(std::size_t n, const float* y, const float* dy, float* dx) const override;
+  void sgd_momentum_update(SgdParams p, std::size_t n, float* params, float* momentum,
+                           const float* grads) const override;
+  void reduce_sum(int members, std::size_t n, const float* x, float* out) const override;
+  void reduce_mean(int members, std::size_t n, const float* x, float* out) const override;
+  // loss.cpp; bad_labels and workspace are unused: a bad label raises ValueError.
+  void softmax_cross_entropy(SoftmaxXentParams p, const float* logits, const std::int32_t* labels, float* loss,
+                             float* dlogits, float* probs, std::int32_t* correct, std::int32_t* bad_labels,
+                             void* workspace) const override;
+  std::size_t matmul_workspace_bytes(MatmulParams p) const override;  // matmul.cpp
+  void matmul(MatmulParams p, const float* a, const float* b, float* c, void* workspace) const override;
+};
+
+}  // namespace PMAPCC_CPU_NS

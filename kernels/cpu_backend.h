@@ -1,0 +1,73 @@
+// The CPU backends: host pointers; blocking; single-threaded (each pmap CPU device calls from its own
+// worker thread), and safe to call from several threads at once on distinct outputs and workspaces.
+//
+// The ops are compiled once per ISA variant (kernels/cpu, cmake/pmapccCpuVariants.cmake): for the baseline
+// ISA ("generic") and, on x86-64 with GCC/Clang and GNU binutils, again with AVX2+FMA ("avx2"). Each
+// variant is a CpuBackend of its own, so one binary runs on any x86-64 CPU and uses AVX2+FMA where the CPU
+// (and OS) support it. Which variant is active is decided once, at the first cpu_backend() call:
+// PMAPCC_CPU_ISA=generic|avx2|auto if set, else the best variant available. The variants differ in
+// rounding (FMA) only; the ensemble step's reductions, softmax cross-entropy's bookkeeping and memory ops
+// are shared by all of them (CpuBackend's final members), so they give the same bits everywhere.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kernels/backend.h"
+
+namespace pmap::kernels {
+
+class CpuBackend : public Backend {
+ public:
+  std::string name() const final { return "cpu"; }
+  DeviceKind kind() const final { return DeviceKind::cpu; }
+  // "generic" or "avx2".
+  virtual std::string isa() const = 0;
+
+  // c (M, rows, cols) = (or += with accumulate) a (M, rows, depth) @ b (M, depth, cols), member by member:
+  // the GEMM every CPU op runs on, public for benchmarks (bench_train's sgemm rate) and tests. Not in
+  // place. workspace: matmul_workspace_bytes(p) bytes (GEMM packing space), or nullptr (allocated).
+  virtual std::size_t matmul_workspace_bytes(MatmulParams p) const = 0;
+  virtual void matmul(MatmulParams p, const float* a, const float* b, float* c, void* workspace) const = 0;
+
+  // The same in every variant (kernels/cpu_backend.cpp).
+  std::size_t softmax_cross_entropy_workspace_bytes(SoftmaxXentParams p) const final;
+  void sum_members(int count, std::size_t n, const float* x, float* out, bool accumulate) const final;
+  void divide(std::size_t n, float* x, float divisor) const final;
+  void argmax_hits(int rows, int classes, const float* scores, const std::int32_t* labels,
+                   std::int32_t* hits) const final;
+  void accumulate_metrics(int count, const float* loss, const std::int32_t* correct, double rows, double* loss_sum,
+                          std::int32_t* hits) const final;
+  void mean_from_sums(int count, const double* sums, double divisor, float* out) const final;
+  std::size_t calibration_workspace_bytes(CalibrationParams p) const final;
+  void calibration_sums(CalibrationParams p, const float* probs, const std::int32_t* labels, double* sums,
+                        void* workspace) const final;
+  void predictions(int rows, int classes, const float* probs, std::int32_t* predicted, float* probability,
+                   float* entropy) const final;
+  void copy(void* dst, const void* src, std::size_t bytes) const final;
+  void fill_zero(void* dst, std::size_t bytes) const final;
+};
+
+// The active variant (backend_for(DeviceKind::cpu) returns it too), choosing it first if none is. Throws
+// pmap::ValueError when PMAPCC_CPU_ISA is not one of generic, avx2, auto (or empty), and
+// pmap::NotAvailable when it names a variant that was not built or that this CPU cannot run (e.g. avx2
+// without AVX2 or FMA); every call throws the same until the variable is fixed.
+const CpuBackend& cpu_backend();
+
+namespace cpu {
+
+// The variants built into this binary that this CPU can run, worst first: {"generic"} or {"generic", "avx2"}.
+std::vector<std::string> available_isas();
+
+// cpu_backend().isa(): the active variant's name.
+std::string isa();
+
+// Makes `name` ("generic", "avx2" or "auto": the best) the active variant for the whole process, for
+// tests and benchmarks. Not thread-safe against kernels running on other threads: call it between runs;
+// a Backend reference taken before keeps its variant. Throws as cpu_backend() does for a bad or
+// unavailable name.
+void set_isa(std::string_view name);
+
+}  // namespace cpu
+}  // namespace pmap::kernels

@@ -1,0 +1,87 @@
+// Internal to the CUDA kernels: the CUDA Backend, on the memory of its Exec's target. With Exec::gpu() every
+// op is asynchronous: it queues kernels and GEMMs on the calling thread's current stream on its current GPU
+// and allocates nothing (given workspaces), so a sequence of ops can be captured in a CUDA graph. With
+// Exec::host() (kernels::cuda_backend_on_host) the same kernels run on the host over their whole launch
+// grid, on host memory: how the CUDA code is checked without a GPU. Bad parameters and null pointers throw
+// pmap::ValueError before anything is queued. The contracts are kernels/backend.h's; the element-wise ops,
+// the ensemble step's reductions and the loss rows give the CPU's bits, being compiled without FMA
+// contraction (-fmad=false) and computed in the CPU's order. Each op's body is in the .cu file of its family.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <pmap/error.h>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/exec.h"
+
+namespace pmap::kernels::gpu {
+
+// Throws pmap::ValueError "<op>: <arg> is null" when ptr is null.
+inline void require(const void* ptr, const char* op, const char* arg) {
+  if (ptr == nullptr) throw ValueError(std::string(op) + ": " + arg + " is null");
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(Exec ex) : ex_(ex) {}
+  std::string name() const override { return ex_.on_host() ? "cuda-on-host" : "cuda"; }
+  DeviceKind kind() const override { return ex_.on_host() ? DeviceKind::cpu : DeviceKind::cuda; }
+
+  // conv.cu: im2col + one strided-batched GEMM over the members (a shared input im2col'ed once), bias and
+  // fused ReLU in one epilogue pass; a shared input's dx summed over members in member order. A null
+  // workspace takes Exec::scratch, which allocates when it grows.
+  std::size_t conv2d_workspace_bytes(Conv2dParams p) const override;
+  void conv2d_forward(Conv2dParams p, const float* x, const float* w, const float* b, float* y,
+                      void* workspace) const override;
+  void conv2d_backward(Conv2dParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
+                       float* db, void* workspace) const override;
+  // pool.cu
+  void avg_pool_forward(AvgPoolParams p, const float* x, float* y) const override;
+  void avg_pool_backward(AvgPoolParams p, const float* dy, float* dx) const override;
+  void avg_pool_relu_backward(AvgPoolParams p, const float* r, const float* dy, float* dx) const override;
+  // dense.cu: a null workspace is always allowed (db is then summed in one pass).
+  std::size_t dense_workspace_bytes(DenseParams p) const override;
+  void dense_forward(DenseParams p, const float* x, const float* w, const float* b, float* y,
+                     void* workspace) const override;
+  void dense_backward(DenseParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
+                      float* db, void* workspace) const override;
+  // elementwise.cu
+  void relu_forward(std::size_t n, const float* x, float* y) const override;
+  void relu_backward(std::size_t n, const float* y, const float* dy, float* dx) const override;
+  void sgd_momentum_update(SgdParams p, std::size_t n, float* params, float* momentum,
+                           const float* grads) const override;
+  void reduce_sum(int members, std::size_t n, const float* x, float* out) const override;
+  void reduce_mean(int members, std::size_t n, const float* x, float* out) const override;
+  // loss.cu: a bad label skips its row and counts into *bad_labels (see Backend).
+  std::size_t softmax_cross_entropy_workspace_bytes(SoftmaxXentParams p) const override;
+  void softmax_cross_entropy(SoftmaxXentParams p, const float* logits, const std::int32_t* labels, float* loss,
+                             float* dlogits, float* probs, std::int32_t* correct, std::int32_t* bad_labels,
+                             void* workspace) const override;
+  // metrics.cu: the rows' calibration arithmetic is kernels/calibration.h, summed in row order.
+  void sum_members(int count, std::size_t n, const float* x, float* out, bool accumulate) const override;
+  void divide(std::size_t n, float* x, float divisor) const override;
+  void argmax_hits(int rows, int classes, const float* scores, const std::int32_t* labels,
+                   std::int32_t* hits) const override;
+  void accumulate_metrics(int count, const float* loss, const std::int32_t* correct, double rows, double* loss_sum,
+                          std::int32_t* hits) const override;
+  void mean_from_sums(int count, const double* sums, double divisor, float* out) const override;
+  std::size_t calibration_workspace_bytes(CalibrationParams p) const override;
+  void calibration_sums(CalibrationParams p, const float* probs, const std::int32_t* labels, double* sums,
+                        void* workspace) const override;
+  void predictions(int rows, int classes, const float* probs, std::int32_t* predicted, float* probability,
+                   float* entropy) const override;
+
+  void copy(void* dst, const void* src, std::size_t bytes) const override { ex_.copy(dst, src, bytes); }
+  void fill_zero(void* dst, std::size_t bytes) const override { ex_.fill_zero(dst, bytes); }
+  void prepare() const override { ex_.prepare(); }
+  bool captures() const override { return true; }
+  std::unique_ptr<Graph> capture(const std::function<void()>& body) const override { return ex_.capture(body); }
+
+ private:
+  Exec ex_;
+};
+
+}  // namespace pmap::kernels::gpu
