@@ -15,9 +15,6 @@
 namespace pmap {
 namespace {
 
-using detail::CollectiveOp;
-using detail::OpKind;
-
 struct Target {
   detail::MeshImpl* mesh;
   int device;
@@ -30,22 +27,9 @@ Target target(const char* what, const AxisNames& axes) {
   if (detail::capturing() != nullptr)
     detail::check_not_capturing(std::string(what) + " over " + axes.str(),
                                 "meets the other devices on the host (a collective)");
-  const bool on_device = ctx.mesh->device_memory(ctx.device, axes);
-  return Target{ctx.mesh, ctx.device, &ctx.mesh->comm(ctx.device, axes),
-                on_device ? ctx.mesh->devices()[static_cast<std::size_t>(ctx.device)] : Device{}};
-}
-
-void dispatch(Communicator& c, const CollectiveOp& op) {
-  if (auto* r = dynamic_cast<detail::OpRunner*>(&c)) return r->run(op);
-  switch (op.kind) {
-    case OpKind::all_reduce: return c.all_reduce(op.send, op.recv, op.count, op.dtype, op.reduce);
-    case OpKind::all_gather: return c.all_gather(op.send, op.recv, op.count, op.dtype);
-    case OpKind::reduce_scatter: return c.reduce_scatter(op.send, op.recv, op.count, op.dtype, op.reduce);
-    case OpKind::broadcast: return c.broadcast(op.send, op.recv, op.count, op.dtype, op.root);
-    case OpKind::permute:
-      return c.permute(op.send, op.recv, op.count, op.dtype, op.send_to, op.recv_from, op.perm_id);
-    case OpKind::barrier: return c.barrier();
-  }
+  const auto ep = ctx.mesh->endpoint(ctx.device, axes);
+  return Target{ctx.mesh, ctx.device, ep.comm,
+                ep.device_memory ? ctx.mesh->devices()[static_cast<std::size_t>(ctx.device)] : Device{}};
 }
 
 // True when an array on `d` lives in the memory `want` names: any host memory, or the same GPU.
@@ -59,17 +43,17 @@ void run(const Target& t, CollectiveOp op, const Array& in, Array& out) {
   if (resides(in.device(), t.memory) && resides(out.device(), t.memory)) {
     op.send = in.raw_data();
     op.recv = out.raw_data();
-    return dispatch(*t.comm, op);
+    return t.comm->run(op);
   }
   Array staged_in = in.to(t.memory);
   Array staged_out(out.shape(), out.dtype(), t.memory);
   op.send = staged_in.raw_data();
   op.recv = staged_out.raw_data();
-  dispatch(*t.comm, op);
+  t.comm->run(op);
   out.copy_from(staged_out);
 }
 
-CollectiveOp make(OpKind kind, const char* name, const Array& x, std::size_t count) {
+CollectiveOp make(CollectiveKind kind, const char* name, const Array& x, std::size_t count) {
   CollectiveOp op;
   op.kind = kind;
   op.name = name;
@@ -80,7 +64,7 @@ CollectiveOp make(OpKind kind, const char* name, const Array& x, std::size_t cou
 
 void reduce_into(const char* name, const Array& x, Array& out, const AxisNames& axes, ReduceOp r) {
   Target t = target(name, axes);
-  CollectiveOp op = make(OpKind::all_reduce, name, x, static_cast<std::size_t>(x.size()));
+  CollectiveOp op = make(CollectiveKind::all_reduce, name, x, static_cast<std::size_t>(x.size()));
   op.reduce = r;
   run(t, op, x, out);
 }
@@ -166,7 +150,9 @@ Array all_gather(const Array& x, const AxisNames& axes, bool tiled) {
     shape.insert(shape.begin(), n);
   }
   Array out(shape, x.dtype(), x.device());
-  run(t, make(OpKind::all_gather, tiled ? "all_gather(tiled)" : "all_gather", x, static_cast<std::size_t>(x.size())),
+  run(t,
+      make(CollectiveKind::all_gather, tiled ? "all_gather(tiled)" : "all_gather", x,
+           static_cast<std::size_t>(x.size())),
       x, out);
   return out;
 }
@@ -188,7 +174,7 @@ Array psum_scatter(const Array& x, const AxisNames& axes, bool tiled) {
     shape.erase(shape.begin());
   }
   Array out(shape, x.dtype(), x.device());
-  CollectiveOp op = make(OpKind::reduce_scatter, "psum_scatter", x, static_cast<std::size_t>(out.size()));
+  CollectiveOp op = make(CollectiveKind::reduce_scatter, "psum_scatter", x, static_cast<std::size_t>(out.size()));
   run(t, op, x, out);
   return out;
 }
@@ -198,7 +184,7 @@ Array ppermute(const Array& x, const AxisNames& axes, const std::vector<std::pai
   const int n = t.comm->size();
   const int me = t.comm->rank();
   std::set<int> srcs, dsts;
-  CollectiveOp op = make(OpKind::permute, "ppermute", x, static_cast<std::size_t>(x.size()));
+  CollectiveOp op = make(CollectiveKind::permute, "ppermute", x, static_cast<std::size_t>(x.size()));
   std::uint64_t id = detail::kFnvOffsetBasis;
   for (const auto& [s, d] : perm) {
     if (s < 0 || s >= n || d < 0 || d >= n)
@@ -221,7 +207,7 @@ void barrier(const AxisNames& axes) {
   Target t = target("barrier", axes);
   CollectiveOp op;
   op.name = "barrier";
-  dispatch(*t.comm, op);
+  t.comm->run(op);
 }
 
 }  // namespace pmap

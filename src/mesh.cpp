@@ -17,6 +17,7 @@
 
 #include "hash.h"
 #include "processes.h"
+#include "thread_communicator.h"
 
 namespace pmap {
 
@@ -215,20 +216,39 @@ int MeshImpl::axis_index(int device, const AxisNames& axes) const {
   return idx;
 }
 
-std::string MeshImpl::key(const std::vector<int>& axis_ids) const {
-  std::string k;
-  for (int id : axis_ids) k += std::to_string(id) + ",";
-  return k;
+std::uint64_t MeshImpl::tuple_key(const std::vector<int>& axis_ids) const {
+  std::uint64_t key = 0;
+  for (int id : axis_ids) key = key * (axes_.size() + 1) + static_cast<std::uint64_t>(id) + 1;
+  return key;
+}
+
+std::uint64_t MeshImpl::tuple_key(const AxisNames& axes) const {
+  const std::uint64_t base = axes_.size() + 1;
+  std::uint64_t key = 0;
+  if (axes.empty()) {
+    for (std::size_t i = 0; i < axes_.size(); ++i) key = key * base + i + 1;
+    return key;
+  }
+  std::uint64_t seen = 0;  // a bit per axis id (a mesh has far fewer than 64 axes: see the constructor)
+  for (const auto& n : axes.names()) {
+    auto it = std::find_if(axes_.begin(), axes_.end(), [&](const AxisSpec& a) { return a.name == n; });
+    if (it == axes_.end()) throw AxisError("unknown axis name '" + n + "'; axes in scope: " + scope_str());
+    const auto id = static_cast<std::uint64_t>(it - axes_.begin());
+    if ((seen >> id & 1u) != 0) throw AxisError("axis '" + n + "' is named twice in " + axes.str());
+    seen |= std::uint64_t{1} << id;
+    key = key * base + id + 1;
+  }
+  return key;
 }
 
 void MeshImpl::build_comms() {
-  std::map<std::string, std::vector<std::vector<int>>> members;  // whole groups, by axis tuple key
+  std::map<std::uint64_t, std::vector<std::vector<int>>> members;  // whole groups, by tuple_key
   for (const auto& tuple : ordered_tuples(static_cast<int>(axes_.size()))) {
     std::vector<std::string> names;
     for (int id : tuple) names.push_back(axes_[static_cast<std::size_t>(id)].name);
     AxisNames an(names);
     AxisComms ac;
-    auto& whole = members[key(tuple)];
+    auto& whole = members[tuple_key(tuple)];
     ac.group_of.assign(devices_.size(), -1);
     std::map<std::vector<int>, int> by_rest;  // coordinates on the other axes -> group
     for (int d = 0; d < size(); ++d) {
@@ -244,7 +264,7 @@ void MeshImpl::build_comms() {
       whole[static_cast<std::size_t>(it->second)][static_cast<std::size_t>(axis_index(d, an))] = d;
       ac.group_of[static_cast<std::size_t>(d)] = it->second;
     }
-    comms_.emplace(key(tuple), std::move(ac));
+    comms_.emplace(tuple_key(tuple), std::move(ac));
   }
   // This process's view of each group; groups spanning processes get their exchange, created in the
   // same order on every process. Communicators hold references to groups: create them once the map
@@ -264,12 +284,12 @@ void MeshImpl::build_comms() {
       if (spans) group.remote = transport_->exchange_for(whole, group.axes);
     }
     ac.comms.resize(devices_.size());
-    ac.device_memory.assign(devices_.size(), 0);
+    ac.kind.assign(devices_.size(), CommKind::host_hub);
     for (int d : local_) {
       const Group& g = ac.groups[static_cast<std::size_t>(ac.group_of[static_cast<std::size_t>(d)])];
       int local_rank = static_cast<int>(std::find(g.members.begin(), g.members.end(), d) - g.members.begin());
       const CommKind kind = comm_kind(g);
-      ac.device_memory[static_cast<std::size_t>(d)] = kind != CommKind::host_hub;
+      ac.kind[static_cast<std::size_t>(d)] = kind;
       if (kind != CommKind::nccl)
         ac.comms[static_cast<std::size_t>(d)] =
             std::make_unique<ThreadCommunicator>(*hub_, g, d, local_rank, kind == CommKind::device_hub);
@@ -312,7 +332,7 @@ void MeshImpl::build_nccl_comms() {
     try {
       for (auto& [k, ac] : comms_) {
         const auto du = static_cast<std::size_t>(d);
-        if (ac.comms[du] != nullptr) continue;  // a thread-hub communicator
+        if (ac.kind[du] != CommKind::nccl) continue;  // a thread-hub communicator
         const int color = ac.group_of[du];
         const Group& g = ac.groups[static_cast<std::size_t>(color)];
         const auto local_rank = std::find(g.members.begin(), g.members.end(), d) - g.members.begin();
@@ -342,25 +362,23 @@ void MeshImpl::release_nccl_comms() noexcept {
     const int d = local_[static_cast<std::size_t>(i)];
     for (auto& [k, ac] : comms_) {
       const auto du = static_cast<std::size_t>(d);
-      if (ac.device_memory[du] && dynamic_cast<ThreadCommunicator*>(ac.comms[du].get()) == nullptr) ac.comms[du].reset();
+      if (ac.kind[du] == CommKind::nccl) ac.comms[du].reset();
     }
     nccl_->release(d);
   });
   nccl_.reset();
 }
 
-MeshImpl::AxisComms& MeshImpl::lookup(const AxisNames& axes) { return comms_.at(key(resolve(axes))); }
+const MeshImpl::AxisComms& MeshImpl::lookup(const AxisNames& axes) const { return comms_.at(tuple_key(axes)); }
 
-Communicator& MeshImpl::comm(int device, const AxisNames& axes) {
-  return *lookup(axes).comms[static_cast<std::size_t>(device)];
+MeshImpl::Endpoint MeshImpl::endpoint(int device, const AxisNames& axes) const {
+  const AxisComms& ac = lookup(axes);
+  const auto d = static_cast<std::size_t>(device);
+  return Endpoint{ac.comms[d].get(), ac.kind[d] != CommKind::host_hub};
 }
 
-bool MeshImpl::device_memory(int device, const AxisNames& axes) {
-  return lookup(axes).device_memory[static_cast<std::size_t>(device)] != 0;
-}
-
-const Group& MeshImpl::group(int device, const AxisNames& axes) {
-  auto& ac = lookup(axes);
+const Group& MeshImpl::group(int device, const AxisNames& axes) const {
+  const AxisComms& ac = lookup(axes);
   return ac.groups[static_cast<std::size_t>(ac.group_of[static_cast<std::size_t>(device)])];
 }
 

@@ -2,6 +2,7 @@
 // ids are mesh positions over every process; workers exist for the local devices only.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -37,13 +38,17 @@ class MeshImpl {
   int axis_size(const AxisNames& axes) const;
   // The device's index along the axis tuple (row-major over the tuple, in the tuple's order).
   int axis_index(int device, const AxisNames& axes) const;
-  // A local device's communicator for the axis tuple, and its group (this process's view).
-  Communicator& comm(int device, const AxisNames& axes);
-  // True when that communicator takes buffers in the device's own memory (NCCL, or the device hub of
-  // virtual devices; single-process meshes only); false: host memory (CPU devices, or CUDA devices
-  // staged through the host, which every mesh spanning processes does).
-  bool device_memory(int device, const AxisNames& axes);
-  const Group& group(int device, const AxisNames& axes);
+  // A local device's communicator for an axis tuple, built with the mesh. device_memory: the communicator
+  // takes buffers in the device's own memory (NCCL, or the device hub of virtual devices; single-process
+  // meshes only); false: host memory (CPU devices, or CUDA devices staged through the host, which every
+  // mesh spanning processes does).
+  struct Endpoint {
+    Communicator* comm;
+    bool device_memory;
+  };
+  // Raises AxisError as resolve() does. Builds nothing: the tuple's key is computed from the names.
+  Endpoint endpoint(int device, const AxisNames& axes) const;
+  const Group& group(int device, const AxisNames& axes) const;  // this process's view of the device's group
   // Device d's CUDA stream (the one its worker's work goes to); null for CPU and other processes' devices.
   StreamHandle stream(int device) const { return streams_[static_cast<std::size_t>(device)].get(); }
   std::string scope_str() const;  // "'data', 'model'"
@@ -53,21 +58,24 @@ class MeshImpl {
   void run(const std::function<void(int)>& fn);
 
  private:
+  // How the devices of one group talk: see comm_kind.
+  enum class CommKind : unsigned char { host_hub, device_hub, nccl };
   struct AxisComms {
     std::vector<Group> groups;  // this process's view of each group
     std::vector<int> group_of;  // per device
     std::vector<std::unique_ptr<Communicator>> comms;  // per device; null for other processes' devices
-    std::vector<char> device_memory;                   // per device: see device_memory()
+    std::vector<CommKind> kind;                        // per device
   };
-  // How the devices of one group talk: see comm_kind.
-  enum class CommKind { host_hub, device_hub, nccl };
   void build_comms();
   CommKind comm_kind(const Group& g);
   void build_nccl_comms();
   void release_nccl_comms() noexcept;
   void report_failure(const std::string& what);
-  std::string key(const std::vector<int>& axis_ids) const;
-  AxisComms& lookup(const AxisNames& axes);
+  // An axis tuple's key in comms_: its axis ids in tuple order as the digits, id + 1, of a number in base
+  // (number of axes + 1). The AxisNames overload validates the names as resolve() does.
+  std::uint64_t tuple_key(const std::vector<int>& axis_ids) const;
+  std::uint64_t tuple_key(const AxisNames& axes) const;
+  const AxisComms& lookup(const AxisNames& axes) const;
 
   std::vector<Device> devices_;
   std::vector<AxisSpec> axes_;
@@ -78,7 +86,7 @@ class MeshImpl {
   std::unique_ptr<ThreadHub> hub_;
   std::vector<DeviceStream> streams_;  // per device: its CUDA stream (empty for CPU and other processes' devices)
   std::unique_ptr<NcclClique> nccl_;  // single process, one GPU per device, NCCL built: the root communicators
-  std::map<std::string, AxisComms> comms_;  // by axis tuple key ("0,1")
+  std::map<std::uint64_t, AxisComms> comms_;  // by tuple_key; the same order in every process
   std::mutex run_mu_;
   std::unique_ptr<WorkerPool> workers_;  // last: threads stop before the rest is destroyed
 };

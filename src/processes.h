@@ -12,7 +12,7 @@
 #include <pmap/device.h>
 #include <pmap/mesh.h>
 
-#include "thread_hub.h"
+#include "group.h"
 
 namespace pmap::detail {
 

@@ -80,14 +80,15 @@ void ThreadHub::abort(const std::string& reason, bool timeout) {
 
 std::string ThreadHub::describe(int device) const {
   const Slot& s = slots_[static_cast<std::size_t>(device)];
-  return describe(names_[static_cast<std::size_t>(device)], Posted{s.seq, s.op, s.group});
+  return describe(names_[static_cast<std::size_t>(device)], s.posted);
 }
 
 std::string ThreadHub::describe(const std::string& device_name, const Posted& s) const {
   std::string d = device_name + " called " + s.op.name + "(" +
                   std::string(name(s.op.dtype)) + "[" + std::to_string(s.op.count) + "]";
-  if (s.op.kind == OpKind::all_reduce || s.op.kind == OpKind::reduce_scatter) d += std::string(", ") + reduce_name(s.op.reduce);
-  if (s.op.kind == OpKind::broadcast) d += ", root " + std::to_string(s.op.root);
+  if (s.op.kind == CollectiveKind::all_reduce || s.op.kind == CollectiveKind::reduce_scatter)
+    d += std::string(", ") + reduce_name(s.op.reduce);
+  if (s.op.kind == CollectiveKind::broadcast) d += ", root " + std::to_string(s.op.root);
   return d + ") over " + s.group->axes;
 }
 
@@ -99,7 +100,7 @@ std::string ThreadHub::find_divergence(int device, const Group& group, std::uint
     if (group_only && std::find(group.members.begin(), group.members.end(), static_cast<int>(e)) == group.members.end())
       continue;
     const Posted& other = slots_[e].history[seq % kHistory];
-    if (other.seq == seq && !same_signature(me.op, me.group, other.op, other.group))
+    if (other.seq == seq && !same_signature(me.posted.op, me.posted.group, other.op, other.group))
       return "devices called different collectives as their collective #" + std::to_string(seq) + ": " +
              describe(device) + ", but " + describe(names_[e], other);
   }
@@ -147,26 +148,40 @@ std::string ThreadHub::missing(const Group& group, std::uint64_t seq) const {
   return out;
 }
 
-void ThreadHub::collective(int device, const Group& group, int rank, const CollectiveOp& op) {
+void ThreadHub::collective(int device, const Group& group, int rank, const CollectiveOp& op, DataPath path) {
   std::unique_lock lk(mu_);
-  Slot& me = slots_[static_cast<std::size_t>(device)];
-  // Post before looking at the abort flag: a device arriving after a mismatch was found still sees
+  const std::uint64_t seq = post(device, group, op, path);
+  await_group(device, group, seq, lk);
+  const std::exception_ptr failure = move_data(device, group, rank, seq, lk);
+  await_done(group, seq, lk);
+  if (failure) std::rethrow_exception(failure);
+}
+
+std::uint64_t ThreadHub::post(int device, const Group& group, const CollectiveOp& op, DataPath path) {
+  // Posted before anyone looks at the abort flag: a device arriving after a mismatch was found still sees
   // (and reports) the mismatch rather than a bare cancellation.
+  Slot& me = slots_[static_cast<std::size_t>(device)];
   const std::uint64_t seq = me.seq + 1;
-  me.op = op;
-  me.group = &group;
+  me.posted = Posted{seq, op, &group, path};
   me.seq = seq;
-  me.history[seq % kHistory] = Posted{seq, op, &group};
+  me.history[seq % kHistory] = me.posted;
   changed();
+  return seq;
+}
+
+// A device leaving the rendezvous by an exception withdraws its post, so that no peer counts it as
+// arrived. Completion is then monotonic: once a group is complete nobody withdraws, because a device only
+// withdraws after seeing its group incomplete (all under mu_).
+template <class E>
+void ThreadHub::withdraw(int device, std::uint64_t seq, E error) {
+  slots_[static_cast<std::size_t>(device)].seq = seq - 1;
+  changed();
+  throw error;
+}
+
+void ThreadHub::await_group(int device, const Group& group, std::uint64_t seq, std::unique_lock<std::mutex>& lk) {
+  const CollectiveOp& op = slots_[static_cast<std::size_t>(device)].posted.op;
   auto deadline = std::chrono::steady_clock::now() + timeout_;
-  // A device leaving the rendezvous by an exception withdraws its post, so that no peer counts it as
-  // arrived. Completion is then monotonic: once a group is complete nobody withdraws, because a device
-  // only withdraws after seeing its group incomplete (all under mu_).
-  auto leave = [&](auto error) {
-    me.seq = seq - 1;
-    changed();
-    throw error;
-  };
   for (;;) {
     // Once the whole group has posted, every member must reach the same decision, or one could enter the
     // data phase and wait forever for a peer that left: then only a mismatch inside the group (which
@@ -178,43 +193,51 @@ void ThreadHub::collective(int device, const Group& group, int rank, const Colle
         aborted_ = true;
         reason_ = div;
       }
-      leave(CollectiveMismatch(div));
+      withdraw(device, seq, CollectiveMismatch(div));
     }
-    if (complete) break;
-    if (aborted_ && timed_out_) leave(Timeout(std::string(op.name) + " over " + group.axes + ": " + reason_));
-    if (aborted_) leave(Aborted(std::string(op.name) + " over " + group.axes + " cancelled: " + reason_));
+    if (complete) return;
+    if (aborted_ && timed_out_)
+      withdraw(device, seq, Timeout(std::string(op.name) + " over " + group.axes + ": " + reason_));
+    if (aborted_)
+      withdraw(device, seq, Aborted(std::string(op.name) + " over " + group.axes + " cancelled: " + reason_));
     // Past the deadline even when await() saw a change (a busy mesh can keep changing the hub's state).
     const bool expired =
         await(lk, deadline) == std::cv_status::timeout || std::chrono::steady_clock::now() >= deadline;
-    if (expired && !all_arrived(group, seq)) {
-      // A peer whose deadline passed at the same moment may have given up first (and withdrawn its post,
-      // so it would look missing here): then report its cancellation, not a timeout of our own.
-      if (aborted_) continue;
-      // Missing peers that wait inside collectives of their own are not late: their deadlines (or their
-      // exchange's with other processes) decide, and a failure reaches us through the abort. A device
-      // only waits for devices with lower collective numbers, so these waits form no cycle.
-      if (missing_wait_elsewhere(group, seq)) {
-        deadline = std::chrono::steady_clock::now() + timeout_;
-        continue;
-      }
-      std::string msg = describe(device) + " timed out after " + std::to_string(timeout_.count()) +
-                        " ms waiting for " + missing(group, seq);
-      aborted_ = true;
-      timed_out_ = true;
-      reason_ = msg;
-      leave(Timeout(msg));
+    if (!expired || all_arrived(group, seq)) continue;
+    // A peer whose deadline passed at the same moment may have given up first (and withdrawn its post, so
+    // it would look missing here): then report its cancellation, not a timeout of our own.
+    if (aborted_) continue;
+    // Missing peers that wait inside collectives of their own are not late: their deadlines (or their
+    // exchange's with other processes) decide, and a failure reaches us through the abort. A device only
+    // waits for devices with lower collective numbers, so these waits form no cycle.
+    if (missing_wait_elsewhere(group, seq)) {
+      deadline = std::chrono::steady_clock::now() + timeout_;
+      continue;
     }
+    std::string msg = describe(device) + " timed out after " + std::to_string(timeout_.count()) + " ms waiting for " +
+                      missing(group, seq);
+    aborted_ = true;
+    timed_out_ = true;
+    reason_ = msg;
+    withdraw(device, seq, Timeout(msg));
   }
-  // Data phase. Whatever happens here, this device marks itself done and waits for its peers before
-  // leaving (or rethrowing): they may still read its send buffer or write its receive buffer. Host data
-  // movement cannot fail; device movement (CudaError) and the exchange between processes can.
+}
+
+// Whatever happens here, the device marks itself done (and then waits for its peers before leaving or
+// rethrowing: they may still read its send buffer or write its receive buffer). Host data movement cannot
+// fail; device movement (CudaError) and the exchange between processes can: the failure is returned, and
+// the rest of the call's collectives are cancelled.
+std::exception_ptr ThreadHub::move_data(int device, const Group& group, int rank, std::uint64_t seq,
+                                        std::unique_lock<std::mutex>& lk) {
+  Slot& me = slots_[static_cast<std::size_t>(device)];
   std::exception_ptr failure;
   std::string failure_what;
   try {
     if (group.remote != nullptr) {
       exchange_remote(group, rank, seq, lk);
       lk.unlock();
-      group.remote->finish(me.op, rank, static_cast<int>(group.members.size()));
+      if (me.posted.path != DataPath::none)
+        group.remote->finish(me.posted.op, rank, static_cast<int>(group.members.size()));
     } else {
       lk.unlock();
       execute(group, rank);
@@ -227,18 +250,21 @@ void ThreadHub::collective(int device, const Group& group, int rank, const Colle
   }
   if (!lk.owns_lock()) lk.lock();
   me.done = seq;
-  if (failure && !aborted_) {  // the rest of the call's collectives are cancelled
+  if (failure && !aborted_) {
     aborted_ = true;
     reason_ = describe(device) + " failed while moving its data" + (failure_what.empty() ? "" : ": " + failure_what);
   }
   changed();
+  return failure;
+}
+
+void ThreadHub::await_done(const Group& group, std::uint64_t seq, std::unique_lock<std::mutex>& lk) {
   auto all_done = [&] {
     for (int m : group.members)
       if (slots_[static_cast<std::size_t>(m)].done < seq) return false;
     return true;
   };
   while (!all_done()) await(lk, std::chrono::steady_clock::time_point::max());
-  if (failure) std::rethrow_exception(failure);
 }
 
 bool ThreadHub::is_aborted() const {
@@ -251,11 +277,11 @@ void ThreadHub::exchange_remote(const Group& group, int rank, std::uint64_t seq,
   if (rank == 0) {
     // The members are blocked in this collective, so their ops stay put while we read them unlocked.
     std::vector<const CollectiveOp*> ops;
-    for (int m : group.members) ops.push_back(&slots_[static_cast<std::size_t>(m)].op);
+    for (int m : group.members) ops.push_back(&slots_[static_cast<std::size_t>(m)].posted.op);
     OpFailure failure;
     lk.unlock();
     try {
-      group.remote->exchange(ops, seq, [this] { return is_aborted(); });
+      group.remote->exchange(ops, leader.posted.path, seq, [this] { return is_aborted(); });
     } catch (const CollectiveMismatch& e) {
       failure = {FailureKind::mismatch, e.message()};
     } catch (const Timeout& e) {
@@ -301,106 +327,49 @@ bool ThreadHub::aborted_by_timeout() const {
 void ThreadHub::execute(const Group& group, int rank) const {
   const std::size_t n = group.members.size();
   const Slot& mine = slots_[static_cast<std::size_t>(group.members[static_cast<std::size_t>(rank)])];
-  const CollectiveOp& op = mine.op;
-  if (op.check_only) return;
+  const CollectiveOp& op = mine.posted.op;
+  if (mine.posted.path == DataPath::none) return;
   const std::size_t esize = size_of(op.dtype);
   std::vector<const void*> sends(n);
   std::vector<void*> recvs(n);
   for (std::size_t k = 0; k < n; ++k) {
     const Slot& s = slots_[static_cast<std::size_t>(group.members[k])];
-    sends[k] = s.op.send;
-    recvs[k] = s.op.recv;
+    sends[k] = s.posted.op.send;
+    recvs[k] = s.posted.op.recv;
   }
-  if (op.device) return device_execute(op, sends, recvs, rank);
+  if (mine.posted.path == DataPath::device) return device_execute(op, sends, recvs, rank);
   const auto r = static_cast<std::size_t>(rank);
   switch (op.kind) {
-    case OpKind::all_reduce: {
+    case CollectiveKind::all_reduce: {
       std::size_t begin = op.count * r / n, end = op.count * (r + 1) / n;
       with_type(op.dtype, [&](auto t) {
         reduce_range<decltype(t)>(sends, recvs, begin, begin, end - begin, op.reduce);
       });
       break;
     }
-    case OpKind::reduce_scatter:
+    case CollectiveKind::reduce_scatter:
       with_type(op.dtype, [&](auto t) {
         reduce_range<decltype(t)>(sends, {op.recv}, r * op.count, 0, op.count, op.reduce);
       });
       break;
-    case OpKind::all_gather:
+    case CollectiveKind::all_gather:
       for (std::size_t k = 0; k < n; ++k)
         copy_bytes(static_cast<char*>(recvs[k]) + r * op.count * esize, op.send, op.count * esize);
       break;
-    case OpKind::broadcast:
+    case CollectiveKind::broadcast:
       if (op.recv != sends[static_cast<std::size_t>(op.root)])
         copy_bytes(op.recv, sends[static_cast<std::size_t>(op.root)], op.count * esize);
       break;
-    case OpKind::permute:
+    case CollectiveKind::permute:
       if (op.recv_from >= 0) {
         copy_bytes(op.recv, sends[static_cast<std::size_t>(op.recv_from)], op.count * esize);
       } else {
         std::memset(op.recv, 0, op.count * esize);
       }
       break;
-    case OpKind::barrier: break;
+    case CollectiveKind::barrier:
+      break;
   }
-}
-
-ThreadCommunicator::ThreadCommunicator(ThreadHub& hub, const Group& group, int device, int local_rank,
-                                       bool device_memory)
-    : hub_(hub), group_(group), device_(device), local_rank_(local_rank), device_memory_(device_memory) {
-  if (device_memory_ && group_.remote != nullptr)
-    throw NotAvailable("collectives over " + group_.axes +
-                       " span processes, so they move host memory over MPI: device-memory collectives (the "
-                       "device hub of virtual CUDA devices) work only within one process");
-}
-
-void ThreadCommunicator::run(CollectiveOp op) {
-  if (capturing() != nullptr)
-    check_not_capturing(std::string(op.name) + " over " + group_.axes, "meets the other devices on the host");
-  op.device = device_memory_;
-  if (device_memory_) cuda_sync_current_stream();  // peers read our send buffer from their streams
-  hub_.collective(device_, group_, local_rank_, op);
-}
-
-void ThreadCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
-  CollectiveOp c;
-  c.kind = OpKind::all_reduce, c.reduce = op, c.dtype = dtype, c.count = count, c.send = send, c.recv = recv;
-  c.name = "all_reduce";
-  run(c);
-}
-
-void ThreadCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
-  CollectiveOp c;
-  c.kind = OpKind::all_gather, c.dtype = dtype, c.count = count, c.send = send, c.recv = recv, c.name = "all_gather";
-  run(c);
-}
-
-void ThreadCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
-  CollectiveOp c;
-  c.kind = OpKind::reduce_scatter, c.reduce = op, c.dtype = dtype, c.count = count, c.send = send, c.recv = recv;
-  c.name = "reduce_scatter";
-  run(c);
-}
-
-void ThreadCommunicator::broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root) {
-  CollectiveOp c;
-  c.kind = OpKind::broadcast, c.dtype = dtype, c.count = count, c.root = root, c.send = send, c.recv = recv;
-  c.name = "broadcast";
-  run(c);
-}
-
-void ThreadCommunicator::permute(const void* send, void* recv, std::size_t count, DType dtype, int send_to,
-                                 int recv_from, std::size_t perm_id) {
-  CollectiveOp c;
-  c.kind = OpKind::permute, c.dtype = dtype, c.count = count, c.send = send, c.recv = recv;
-  c.send_to = send_to, c.recv_from = recv_from, c.perm_id = perm_id, c.name = "permute";
-  run(c);
-}
-
-void ThreadCommunicator::barrier() {
-  CollectiveOp c;
-  c.name = "barrier";
-  run(c);
 }
 
 }  // namespace pmap::detail

@@ -10,62 +10,18 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
 
-#include <pmap/communicator.h>
+#include <pmap/collective_op.h>
 #include <pmap/dtype.h>
 
+#include "group.h"
+
 namespace pmap::detail {
-
-enum class OpKind : std::uint8_t { all_reduce, all_gather, reduce_scatter, broadcast, permute, barrier };
-
-// One device's part in one collective. `count` is in elements (per rank where the op says so).
-struct CollectiveOp {
-  OpKind kind = OpKind::barrier;
-  ReduceOp reduce = ReduceOp::sum;
-  DType dtype = DType::f32;
-  std::size_t count = 0;
-  int root = 0;
-  std::size_t perm_id = 0;
-  int send_to = -1;
-  int recv_from = -1;
-  const void* send = nullptr;
-  void* recv = nullptr;
-  const char* name = "collective";  // the user-facing name (psum, all_gather, ...), compared across devices
-  bool device = false;      // send/recv are device memory of one GPU: the data moves by device_execute
-  bool check_only = false;  // rendezvous and signature check only; the caller moves the data (NCCL)
-};
-
-// Moves a collective's data between processes, for a group whose devices live in several processes
-// (src/mpi). The hub first gathers the group's devices of this process; then the first of them calls
-// exchange() while the others wait, and once it has succeeded every one of them calls finish().
-class RemoteExchange {
- public:
-  virtual ~RemoteExchange() = default;
-  // Sends this process's contributions and receives every other process's. `ops`: the local members'
-  // ops in local rank order, already checked to agree; `seq`: the collective's number in this pmap
-  // call; `cancelled()` turns true when this process aborts the call. Raises CollectiveMismatch,
-  // Timeout (a process never came), Aborted (a process failed, or cancelled) or MpiError.
-  virtual void exchange(const std::vector<const CollectiveOp*>& ops, std::uint64_t seq,
-                        const std::function<bool()>& cancelled) = 0;
-  // Writes the results of local member `local_rank` (of `local_count`) from the exchanged data. The
-  // members share the work of an all_reduce, so all of them must call it.
-  virtual void finish(const CollectiveOp& op, int local_rank, int local_count) = 0;
-};
-
-// A set of mesh devices that communicate along one axis tuple, as seen by this process: `members` are
-// the group's devices that this process runs, in rank order. In a single-process mesh that is the
-// whole group (ranks 0..size-1) and `remote` is null.
-struct Group {
-  std::vector<int> members;
-  std::string axes;  // "'data'" or "('data', 'model')", for messages and for the cross-device check
-  std::vector<int> ranks;  // members[k]'s rank in the whole group
-  int size = 0;            // devices in the whole group, over every process
-  RemoteExchange* remote = nullptr;  // set when the group spans processes
-};
 
 class ThreadHub {
  public:
@@ -81,8 +37,9 @@ class ThreadHub {
   // when the cancellation is a timeout (a device that waited past the deadline): every waiting device
   // then sees the same Timeout, and Aborted means that another device failed.
   void abort(const std::string& reason, bool timeout = false);
-  // Runs `op` for `device`, which is group.members[rank]. Blocks until the whole group is done.
-  void collective(int device, const Group& group, int rank, const CollectiveOp& op);
+  // Runs `op` for `device`, which is group.members[rank], its data moving by `path`. Blocks until the
+  // whole group is done: post(), await_group(), move_data(), await_done().
+  void collective(int device, const Group& group, int rank, const CollectiveOp& op, DataPath path);
   // Why this call was aborted, or "" while it is not (polled by communicators that wait elsewhere).
   std::string abort_reason() const;
   // Whether that abort is a timeout (see abort).
@@ -95,6 +52,7 @@ class ThreadHub {
     std::uint64_t seq = 0;
     CollectiveOp op;
     const Group* group = nullptr;
+    DataPath path = DataPath::host;
   };
   static constexpr std::size_t kHistory = 16;
   enum class FailureKind : std::uint8_t { none, mismatch, timeout, aborted, other };
@@ -108,10 +66,20 @@ class ThreadHub {
     bool finished = false;  // returned normally
     std::uint64_t exchanged = 0;  // remote groups, on the leader: the last collective exchanged
     OpFailure remote_failure;     // ... and how that exchange failed, if it did
-    CollectiveOp op;
-    const Group* group = nullptr;
+    Posted posted;                // the collective #seq
     Posted history[kHistory];
   };
+  // The steps of collective(), each called and returning with `lk` held. A step that raises has withdrawn
+  // the device's post (await_group) or waited for its peers (move_data); the caller only rethrows.
+  std::uint64_t post(int device, const Group& group, const CollectiveOp& op, DataPath path);
+  void await_group(int device, const Group& group, std::uint64_t seq, std::unique_lock<std::mutex>& lk);
+  std::exception_ptr move_data(int device, const Group& group, int rank, std::uint64_t seq,
+                               std::unique_lock<std::mutex>& lk);
+  void await_done(const Group& group, std::uint64_t seq, std::unique_lock<std::mutex>& lk);
+  // Takes back the post of collective #seq (so no peer counts this device as arrived) and throws.
+  template <class E>
+  [[noreturn]] void withdraw(int device, std::uint64_t seq, E error);
+
   std::string describe(const std::string& device_name, const Posted& p) const;
   std::string find_divergence(int device, const Group& group, std::uint64_t seq, bool group_only) const;
   bool all_arrived(const Group& group, std::uint64_t seq) const;
@@ -158,44 +126,5 @@ class ThreadHub {
 // src/cuda/device_hub.cu; the stub throws NotAvailable.
 void device_execute(const CollectiveOp& op, const std::vector<const void*>& sends, const std::vector<void*>& recvs,
                     int rank);
-
-// A communicator that also takes a fully described op, so the collectives layer can pass the user-facing
-// name (psum, all_gather, ...) that mismatch and timeout messages show.
-class OpRunner {
- public:
-  virtual ~OpRunner() = default;
-  virtual void run(CollectiveOp op) = 0;
-};
-
-// A Communicator for one device in one group, backed by a ThreadHub (and the group's RemoteExchange
-// when it spans processes). `local_rank` indexes group.members; rank() and size() are the whole group's.
-// With device_memory, the buffers are device memory and every member's GPU can reach every other's
-// (virtual devices on one GPU, or GPUs with peer access): the hub only meets the threads, the data moves
-// on the GPUs. device_memory needs a group within one process (NotAvailable otherwise: the exchange
-// between processes reads and writes host memory).
-class ThreadCommunicator final : public Communicator, public OpRunner {
- public:
-  ThreadCommunicator(ThreadHub& hub, const Group& group, int device, int local_rank, bool device_memory = false);
-  int rank() const override { return group_.ranks[static_cast<std::size_t>(local_rank_)]; }
-  int size() const override { return group_.size; }
-  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
-  void all_gather(const void* send, void* recv, std::size_t count, DType dtype) override;
-  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
-  void broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root) override;
-  void permute(const void* send, void* recv, std::size_t count, DType dtype, int send_to, int recv_from,
-               std::size_t perm_id) override;
-  void barrier() override;
-  void abort(const std::string& reason) override { hub_.abort(reason); }
-  // Runs a fully described op (lets the collectives layer pass its user-facing name).
-  void run(CollectiveOp op) override;
-  bool device_memory() const { return device_memory_; }
-
- private:
-  ThreadHub& hub_;
-  const Group& group_;
-  int device_;
-  int local_rank_;
-  bool device_memory_;
-};
 
 }  // namespace pmap::detail

@@ -16,7 +16,7 @@
 
 namespace fault_program {
 
-enum class OpKind { psum, pmean, pmax, all_gather, psum_scatter, barrier };
+enum class CollectiveKind { psum, pmean, pmax, all_gather, psum_scatter, barrier };
 inline constexpr int kOpKinds = 6;
 // The faults a device can inject: none, an exception, returning early from the function, a collective
 // that differs from its peers' (op, shape, dtype), or sleeping past the collective timeout.
@@ -46,7 +46,7 @@ inline const char* error_kind(const pmap::Error& e) {
 }
 
 struct Op {
-  OpKind kind;
+  CollectiveKind kind;
   pmap::AxisNames axes;
   int length;  // elements per device (psum_scatter: per device of the group)
 };
@@ -77,10 +77,10 @@ inline std::vector<Op> random_program(std::mt19937& rng, const std::vector<pmap:
   std::vector<Op> program;
   const int length = 1 + pick(rng, 5);
   for (int i = 0, count = 1 + pick(rng, 5); i < count; ++i)
-    program.push_back(Op{static_cast<OpKind>(pick(rng, kOpKinds)),
+    program.push_back(Op{static_cast<CollectiveKind>(pick(rng, kOpKinds)),
                          axis_choices[static_cast<std::size_t>(pick(rng, static_cast<int>(axis_choices.size())))],
                          1 + pick(rng, length * 3)});
-  program.push_back(Op{OpKind::barrier, axis_choices.back(), 1});
+  program.push_back(Op{CollectiveKind::barrier, axis_choices.back(), 1});
   return program;
 }
 
@@ -89,13 +89,14 @@ inline std::vector<Op> random_program(std::mt19937& rng, const std::vector<pmap:
 inline bool run_op(const Op& op, FaultKind variant) {
   const int g = pmap::axis_size(op.axes), r = pmap::axis_index(op.axes);
   const int length = variant == FaultKind::shape_mismatch ? op.length + 1 : op.length;
-  OpKind kind = op.kind;
-  if (variant == FaultKind::op_mismatch) kind = kind == OpKind::psum ? OpKind::pmax : OpKind::psum;
-  if (kind == OpKind::barrier && variant != FaultKind::none && variant != FaultKind::op_mismatch)
-    kind = OpKind::psum;  // a barrier has no shape or dtype to get wrong
+  CollectiveKind kind = op.kind;
+  if (variant == FaultKind::op_mismatch)
+    kind = kind == CollectiveKind::psum ? CollectiveKind::pmax : CollectiveKind::psum;
+  if (kind == CollectiveKind::barrier && variant != FaultKind::none && variant != FaultKind::op_mismatch)
+    kind = CollectiveKind::psum;  // a barrier has no shape or dtype to get wrong
   // A dtype its peers do not send: f64 for pmean (which takes floating dtypes only), i32 otherwise.
   const pmap::DType dtype = variant != FaultKind::dtype_mismatch ? pmap::DType::f32
-                            : kind == OpKind::pmean              ? pmap::DType::f64
+                            : kind == CollectiveKind::pmean      ? pmap::DType::f64
                                                                  : pmap::DType::i32;
   auto filled = [&](int n, float v) {
     pmap::Array a({n}, dtype);
@@ -113,20 +114,24 @@ inline bool run_op(const Op& op, FaultKind variant) {
   };
   const float tri = static_cast<float>(g * (g + 1) / 2);
   switch (kind) {
-    case OpKind::psum: return all_equal(pmap::psum(filled(length, r + 1.0f), op.axes).to_vector<float>(), tri);
-    case OpKind::pmean: return all_equal(pmap::pmean(filled(length, r + 1.0f), op.axes).to_vector<float>(), tri / g);
-    case OpKind::pmax:
+    case CollectiveKind::psum:
+      return all_equal(pmap::psum(filled(length, r + 1.0f), op.axes).to_vector<float>(), tri);
+    case CollectiveKind::pmean:
+      return all_equal(pmap::pmean(filled(length, r + 1.0f), op.axes).to_vector<float>(), tri / g);
+    case CollectiveKind::pmax:
       return all_equal(pmap::pmax(filled(length, r + 1.0f), op.axes).to_vector<float>(), static_cast<float>(g));
-    case OpKind::all_gather: {
+    case CollectiveKind::all_gather: {
       const auto v = pmap::all_gather(filled(length, r + 1.0f), op.axes).to_vector<float>();
       for (int k = 0; k < g; ++k)
         for (int i = 0; i < length; ++i)
           if (v[static_cast<std::size_t>(k * length + i)] != k + 1.0f) return false;
       return true;
     }
-    case OpKind::psum_scatter:
+    case CollectiveKind::psum_scatter:
       return all_equal(pmap::psum_scatter(filled(g * length, r + 1.0f), op.axes, true).to_vector<float>(), tri);
-    case OpKind::barrier: pmap::barrier(op.axes); return true;
+    case CollectiveKind::barrier:
+      pmap::barrier(op.axes);
+      return true;
   }
   return false;
 }

@@ -63,28 +63,29 @@ void device_execute(const CollectiveOp& op, const std::vector<const void*>& send
   const auto r = static_cast<std::size_t>(rank);
   const std::size_t esize = size_of(op.dtype);
   switch (op.kind) {
-    case OpKind::all_reduce: {
+    case CollectiveKind::all_reduce: {
       const std::size_t begin = op.count * r / n, end = op.count * (r + 1) / n;
       launch_reduce(op, sends, recvs, begin, begin, end - begin);
       break;
     }
-    case OpKind::reduce_scatter:
+    case CollectiveKind::reduce_scatter:
       launch_reduce(op, sends, {op.recv}, r * op.count, 0, op.count);
       break;
-    case OpKind::all_gather:
+    case CollectiveKind::all_gather:
       for (std::size_t k = 0; k < n; ++k) copy_async(static_cast<char*>(recvs[k]) + r * op.count * esize, op.send, op.count * esize);
       break;
-    case OpKind::broadcast:
+    case CollectiveKind::broadcast:
       copy_async(op.recv, sends[static_cast<std::size_t>(op.root)], op.count * esize);
       break;
-    case OpKind::permute:
+    case CollectiveKind::permute:
       if (op.recv_from >= 0) {
         copy_async(op.recv, sends[static_cast<std::size_t>(op.recv_from)], op.count * esize);
       } else if (op.count > 0) {
         PMAPCC_CUDA_CHECK(cudaMemsetAsync(op.recv, 0, op.count * esize, current_stream()));
       }
       break;
-    case OpKind::barrier: break;
+    case CollectiveKind::barrier:
+      break;
   }
   PMAPCC_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
 }

@@ -41,25 +41,29 @@ bool same(const Header& a, const Header& b) {
 }
 
 std::string describe(const Header& h) {
-  const auto kind = static_cast<OpKind>(h.kind);
+  const auto kind = static_cast<CollectiveKind>(h.kind);
   const auto dtype = static_cast<DType>(h.dtype);
   std::string d = std::string(h.name) + "(" + std::string(name(dtype)) + "[" + std::to_string(h.count) + "]";
-  if (kind == OpKind::all_reduce || kind == OpKind::reduce_scatter)
+  if (kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter)
     d += std::string(", ") + reduce_name(static_cast<ReduceOp>(h.reduce));
-  if (kind == OpKind::broadcast) d += ", root " + std::to_string(h.root);
+  if (kind == CollectiveKind::broadcast) d += ", root " + std::to_string(h.root);
   return d + ") over " + h.axes + " as collective #" + std::to_string(h.seq) + " of pmap call " +
          std::to_string(h.epoch);
 }
 
 // Elements group rank `rank` contributes to a collective of group size n.
-std::size_t contribution(OpKind kind, std::size_t count, int root, int rank, int n) {
+std::size_t contribution(CollectiveKind kind, std::size_t count, int root, int rank, int n) {
   switch (kind) {
-    case OpKind::all_reduce:
-    case OpKind::all_gather:
-    case OpKind::permute: return count;
-    case OpKind::reduce_scatter: return count * static_cast<std::size_t>(n);
-    case OpKind::broadcast: return rank == root ? count : 0;
-    case OpKind::barrier: return 0;
+    case CollectiveKind::all_reduce:
+    case CollectiveKind::all_gather:
+    case CollectiveKind::permute:
+      return count;
+    case CollectiveKind::reduce_scatter:
+      return count * static_cast<std::size_t>(n);
+    case CollectiveKind::broadcast:
+      return rank == root ? count : 0;
+    case CollectiveKind::barrier:
+      return 0;
   }
   return 0;
 }
@@ -99,13 +103,13 @@ void MpiExchange::pack(const std::vector<const CollectiveOp*>& ops, std::uint64_
   h.kind = static_cast<std::uint8_t>(op_.kind);
   h.reduce = static_cast<std::uint8_t>(op_.reduce);
   h.dtype = static_cast<std::uint8_t>(op_.dtype);
-  h.check_only = op_.check_only ? 1 : 0;
+  h.check_only = check_only_ ? 1 : 0;
   copy_text(h.name, op_.name);
   copy_text(h.axes, layout_.axes);
   const auto& mine = layout_.ranks_of[static_cast<std::size_t>(round_.rank())];
   const std::size_t esize = size_of(op_.dtype);
   std::size_t bytes = sizeof h;
-  for (int r : mine) bytes += (op_.check_only ? 0 : contribution(op_.kind, op_.count, op_.root, r, layout_.size)) * esize;
+  for (int r : mine) bytes += (check_only_ ? 0 : contribution(op_.kind, op_.count, op_.root, r, layout_.size)) * esize;
   if (bytes > static_cast<std::size_t>(INT_MAX))
     throw ShapeError(std::string(op_.name) + " over " + layout_.axes + ": " + std::to_string(bytes) +
                      " bytes from one process exceed what one MPI message carries (2 GiB)");
@@ -115,7 +119,8 @@ void MpiExchange::pack(const std::vector<const CollectiveOp*>& ops, std::uint64_
   std::size_t at = sizeof h;
   local_recvs_.clear();
   for (std::size_t k = 0; k < mine.size(); ++k) {
-    const std::size_t n = (op_.check_only ? 0 : contribution(op_.kind, op_.count, op_.root, mine[k], layout_.size)) * esize;
+    const std::size_t n =
+        (check_only_ ? 0 : contribution(op_.kind, op_.count, op_.root, mine[k], layout_.size)) * esize;
     if (n > 0) std::memcpy(out.data() + at, ops[k]->send, n);
     at += n;
     local_recvs_.push_back(ops[k]->recv);
@@ -138,7 +143,7 @@ void MpiExchange::index_contributions() {
     const auto& msg = round_.message(q);
     std::size_t at = sizeof(Header);
     for (int r : layout_.ranks_of[static_cast<std::size_t>(q)]) {
-      const std::size_t n = (op_.check_only ? 0 : contribution(op_.kind, op_.count, op_.root, r, layout_.size)) * esize;
+      const std::size_t n = (check_only_ ? 0 : contribution(op_.kind, op_.count, op_.root, r, layout_.size)) * esize;
       sends_[static_cast<std::size_t>(r)] = n > 0 ? msg.data() + at : nullptr;
       at += n;
     }
@@ -148,8 +153,9 @@ void MpiExchange::index_contributions() {
   }
 }
 
-void MpiExchange::exchange(const std::vector<const CollectiveOp*>& ops, std::uint64_t seq,
+void MpiExchange::exchange(const std::vector<const CollectiveOp*>& ops, DataPath path, std::uint64_t seq,
                            const std::function<bool()>& cancelled) {
+  check_only_ = path == DataPath::none;
   pack(ops, seq);
   const std::string what = describe(read_header(round_.outgoing()));
   // The first collectives of a call give up a little sooner: collective k waits the timeout less
@@ -176,12 +182,11 @@ void MpiExchange::exchange(const std::vector<const CollectiveOp*>& ops, std::uin
 }
 
 void MpiExchange::finish(const CollectiveOp& op, int local_rank, int local_count) {
-  if (op.check_only) return;  // the devices' NCCL communicator moves the data
   const int rank = layout_.ranks_of[static_cast<std::size_t>(round_.rank())][static_cast<std::size_t>(local_rank)];
   const std::size_t esize = size_of(op.dtype);
   const std::size_t bytes = op.count * esize;
   switch (op.kind) {
-    case OpKind::all_reduce: {  // the local members share the elements; each writes all local results
+    case CollectiveKind::all_reduce: {  // the local members share the elements; each writes all local results
       const auto lr = static_cast<std::size_t>(local_rank), lc = static_cast<std::size_t>(local_count);
       const std::size_t begin = op.count * lr / lc, end = op.count * (lr + 1) / lc;
       with_type(op.dtype, [&](auto t) {
@@ -189,24 +194,25 @@ void MpiExchange::finish(const CollectiveOp& op, int local_rank, int local_count
       });
       break;
     }
-    case OpKind::reduce_scatter:
+    case CollectiveKind::reduce_scatter:
       with_type(op.dtype, [&](auto t) {
         reduce_range<decltype(t)>(sends_, {op.recv}, static_cast<std::size_t>(rank) * op.count, 0, op.count, op.reduce);
       });
       break;
-    case OpKind::all_gather:
+    case CollectiveKind::all_gather:
       for (std::size_t k = 0; k < sends_.size() && bytes > 0; ++k)
         std::memcpy(static_cast<char*>(op.recv) + k * bytes, sends_[k], bytes);
       break;
-    case OpKind::broadcast:
+    case CollectiveKind::broadcast:
       if (bytes > 0) std::memcpy(op.recv, sends_[static_cast<std::size_t>(op.root)], bytes);
       break;
-    case OpKind::permute:
+    case CollectiveKind::permute:
       if (bytes == 0) break;
       if (op.recv_from >= 0) std::memcpy(op.recv, sends_[static_cast<std::size_t>(op.recv_from)], bytes);
       else std::memset(op.recv, 0, bytes);
       break;
-    case OpKind::barrier: break;
+    case CollectiveKind::barrier:
+      break;
   }
 }
 

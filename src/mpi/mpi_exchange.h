@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "peer_round.h"
-#include "thread_hub.h"
+#include "group.h"
 
 namespace pmap::detail::mpi {
 
@@ -32,7 +32,7 @@ class MpiExchange final : public RemoteExchange {
   // `comm` spans the group's processes; `epoch` is the mesh's pmap call counter (read, not owned).
   MpiExchange(MPI_Comm comm, GroupLayout layout, std::chrono::milliseconds timeout, const std::uint64_t& epoch);
 
-  void exchange(const std::vector<const CollectiveOp*>& ops, std::uint64_t seq,
+  void exchange(const std::vector<const CollectiveOp*>& ops, DataPath path, std::uint64_t seq,
                 const std::function<bool()>& cancelled) override;
   void finish(const CollectiveOp& op, int local_rank, int local_count) override;
 
@@ -47,6 +47,7 @@ class MpiExchange final : public RemoteExchange {
   const std::uint64_t& epoch_;
   PeerRound round_;
   CollectiveOp op_;                     // this process's op of the current collective (leader's)
+  bool check_only_ = false;             // ... whose data NCCL moves: only the signatures travel
   std::vector<const void*> sends_;      // by group rank: its contribution in the exchanged messages
   std::vector<void*> local_recvs_;      // this process's members' receive buffers, local rank order
 };

@@ -61,13 +61,12 @@ void at_exit() { shutdown_processes(); }
 
 }  // namespace
 
-void check(int rc, const char* call, const char* file, int line) {
-  if (rc == MPI_SUCCESS) return;
+void throw_mpi_error(int rc, const CheckSite& site) {
   char text[MPI_MAX_ERROR_STRING] = {};
   int len = 0;
   if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) len = 0;
-  throw MpiError(std::string(call) + " failed at " + file + ":" + std::to_string(line) + " on process " +
-                 std::to_string(state().rank) + ": " + std::string(text, static_cast<std::size_t>(len)));
+  throw MpiError(check_message(site, "process " + std::to_string(state().rank),
+                               std::string(text, static_cast<std::size_t>(len))));
 }
 
 std::unique_lock<std::mutex> lock() { return std::unique_lock(state().mpi_mu); }

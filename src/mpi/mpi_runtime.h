@@ -7,11 +7,14 @@
 #include <mutex>
 #include <string>
 
+#include <pmap/detail/check.h>
+
 namespace pmap::detail::mpi {
 
-// Raises MpiError naming the call, file:line and MPI's message unless rc is MPI_SUCCESS.
-void check(int rc, const char* call, const char* file, int line);
-#define PMAPCC_MPI_CHECK(call) ::pmap::detail::mpi::check((call), #call, __FILE__, __LINE__)
+// PMAPCC_MPI_CHECK(call): the MPI member of the checking macro family (pmap/detail/check.h). Unless the
+// call returns MPI_SUCCESS, raises MpiError naming the call, file:line, this process and MPI's message.
+[[noreturn]] void throw_mpi_error(int rc, const CheckSite& site);
+#define PMAPCC_MPI_CHECK(call) PMAPCC_CHECK_GEN(call, MPI_SUCCESS, ::pmap::detail::mpi::throw_mpi_error)
 
 // pmapcc asks for MPI_THREAD_SERIALIZED and makes every MPI call under this lock: worker threads of
 // several groups may exchange at once, one MPI call at a time, and Open MPI's progress engine is

@@ -63,11 +63,6 @@ std::string last_error(ncclComm_t comm) {
   return detail == nullptr || *detail == '\0' ? std::string() : ": " + std::string(detail);
 }
 
-// A call on a nonblocking communicator: ncclInProgress means "queued, completion pending".
-void issue(ncclResult_t result, const char* expr, int line) {
-  if (result != ncclSuccess && result != ncclInProgress) throw_nccl_error(result, CheckSite{expr, __FILE__, line});
-}
-#define PMAPCC_NCCL_ISSUE(expr) issue((expr), #expr, __LINE__)
 
 // Ends an NCCL group that an exception left open between ncclGroupStart and ncclGroupEnd (NCCL needs
 // every group ended before the communicators are aborted), ignoring the result: the caller is already
@@ -89,7 +84,7 @@ class OpenGroup {
   bool open_ = true;
 };
 
-class NcclCommunicator final : public Communicator, public OpRunner {
+class NcclCommunicator final : public Communicator {
  public:
   // `rank`: the device's rank in the whole group (its NCCL rank); `local_rank`: its index among this
   // process's members of the group (its place in the hub).
@@ -107,41 +102,14 @@ class NcclCommunicator final : public Communicator, public OpRunner {
 
   int rank() const override { return rank_; }
   int size() const override { return group_.size; }
-  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
-    run(make(OpKind::all_reduce, "all_reduce", send, recv, count, dtype, op));
-  }
-  void all_gather(const void* send, void* recv, std::size_t count, DType dtype) override {
-    run(make(OpKind::all_gather, "all_gather", send, recv, count, dtype, ReduceOp::sum));
-  }
-  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
-    run(make(OpKind::reduce_scatter, "reduce_scatter", send, recv, count, dtype, op));
-  }
-  void broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root) override {
-    CollectiveOp c = make(OpKind::broadcast, "broadcast", send, recv, count, dtype, ReduceOp::sum);
-    c.root = root;
-    run(c);
-  }
-  void permute(const void* send, void* recv, std::size_t count, DType dtype, int send_to, int recv_from,
-               std::size_t perm_id) override {
-    CollectiveOp c = make(OpKind::permute, "permute", send, recv, count, dtype, ReduceOp::sum);
-    c.send_to = send_to, c.recv_from = recv_from, c.perm_id = perm_id;
-    run(c);
-  }
-  void barrier() override { run(make(OpKind::barrier, "barrier", nullptr, nullptr, 0, DType::f32, ReduceOp::sum)); }
   void abort(const std::string& reason) override { hub_.abort(reason); }  // waiters abort their communicators
 
   // Checks the op against the other devices, enqueues it on the current stream and waits for it.
-  void run(CollectiveOp op) override;
+  void run(const CollectiveOp& op) override;
   // Waits until a nonblocking call on the communicator (creation, split, finalize) has completed.
   void await_ready(const char* what);
 
  private:
-  static CollectiveOp make(OpKind kind, const char* name, const void* send, void* recv, std::size_t count, DType dtype,
-                           ReduceOp op) {
-    CollectiveOp c;
-    c.kind = kind, c.name = name, c.send = send, c.recv = recv, c.count = count, c.dtype = dtype, c.reduce = op;
-    return c;
-  }
   void enqueue(const CollectiveOp& op, cudaStream_t stream);
   void wait(const CollectiveOp& op, cudaStream_t stream);
   // Aborts the communicator (once) and raises E with `message`.
@@ -206,14 +174,12 @@ void NcclCommunicator::await_ready(const char* what) {
   }
 }
 
-void NcclCommunicator::run(CollectiveOp op) {
+void NcclCommunicator::run(const CollectiveOp& op) {
   if (aborted_) throw NcclError(who(op) + ": the NCCL communicator was aborted earlier; build a new Mesh");
   if (current_stream_capturing())
     throw ValueError(who(op) + ": collectives cannot be captured in a CUDA graph (they meet the other devices "
                                "on the host); capture the compute around them");
-  CollectiveOp check = op;
-  check.check_only = true;
-  hub_.collective(device_, group_, local_rank_, check);  // raises CollectiveMismatch / Timeout / Aborted
+  hub_.collective(device_, group_, local_rank_, op, DataPath::none);  // raises CollectiveMismatch / Timeout / Aborted
   const cudaStream_t stream = current_stream();
   enqueue(op, stream);
   wait(op, stream);
@@ -222,19 +188,19 @@ void NcclCommunicator::run(CollectiveOp op) {
 void NcclCommunicator::enqueue(const CollectiveOp& op, cudaStream_t stream) {
   const ncclDataType_t type = nccl_type(op.dtype);
   switch (op.kind) {
-    case OpKind::all_reduce:
+    case CollectiveKind::all_reduce:
       PMAPCC_NCCL_ISSUE(ncclAllReduce(op.send, op.recv, op.count, type, nccl_op(op.reduce), comm_, stream));
       break;
-    case OpKind::all_gather:
+    case CollectiveKind::all_gather:
       PMAPCC_NCCL_ISSUE(ncclAllGather(op.send, op.recv, op.count, type, comm_, stream));
       break;
-    case OpKind::reduce_scatter:
+    case CollectiveKind::reduce_scatter:
       PMAPCC_NCCL_ISSUE(ncclReduceScatter(op.send, op.recv, op.count, type, nccl_op(op.reduce), comm_, stream));
       break;
-    case OpKind::broadcast:
+    case CollectiveKind::broadcast:
       PMAPCC_NCCL_ISSUE(ncclBroadcast(op.send, op.recv, op.count, type, op.root, comm_, stream));
       break;
-    case OpKind::permute: {
+    case CollectiveKind::permute: {
       OpenGroup group;
       if (op.send_to >= 0) PMAPCC_NCCL_ISSUE(ncclSend(op.send, op.count, type, op.send_to, comm_, stream));
       if (op.recv_from >= 0) PMAPCC_NCCL_ISSUE(ncclRecv(op.recv, op.count, type, op.recv_from, comm_, stream));
@@ -243,7 +209,7 @@ void NcclCommunicator::enqueue(const CollectiveOp& op, cudaStream_t stream) {
         PMAPCC_CUDA_CHECK(cudaMemsetAsync(op.recv, 0, op.count * size_of(op.dtype), stream));
       break;
     }
-    case OpKind::barrier:
+    case CollectiveKind::barrier:
       PMAPCC_NCCL_ISSUE(ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat32, ncclSum, comm_, stream));
       break;
   }
@@ -369,7 +335,9 @@ class Clique final : public NcclClique {
     PMAPCC_NCCL_ISSUE(ncclCommSplit(roots_.at(device), color, rank, &comm, &config));
     auto out = std::make_unique<NcclCommunicator>(comm, hub_, group, device, rank, local_rank, timeout_);
     out->await_ready("ncclCommSplit");
-    out->barrier();  // the init barrier: this communicator can talk
+    CollectiveOp barrier;  // the init barrier: this communicator can talk
+    barrier.name = "barrier";
+    out->run(barrier);
     return out;
   }
 

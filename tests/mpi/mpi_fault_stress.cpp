@@ -138,7 +138,8 @@ int run_fault_stress(unsigned seed) {
         failures.push_back("the faulty process raised " + o.kind + ", not its own ValueError");
     }
     // The next call: refused on every process after a fault, fine without one.
-    const Outcome next = run_call(mesh, {Op{OpKind::psum, all, 3}, Op{OpKind::barrier, all, 1}}, Fault{}, all, sleep);
+    const Outcome next =
+        run_call(mesh, {Op{CollectiveKind::psum, all, 3}, Op{CollectiveKind::barrier, all, 1}}, Fault{}, all, sleep);
     std::printf("FAULT_STRESS rank %d: the next call %s%s%s\n", rank, next.raised ? "raised " : "succeeded",
                 next.kind.c_str(), next.raised ? (": " + next.message).c_str() : "");
     if (fault.kind == FaultKind::none && (next.raised || !next.right))

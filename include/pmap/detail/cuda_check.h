@@ -1,6 +1,6 @@
-// The one checking macro family for CUDA, cuBLAS and cuRAND calls (NCCL's lives in src/nccl/nccl_check.h
-// and uses the same generator): a failed call throws a typed pmap error naming the expression, file:line,
-// the current GPU and the library's own message. Internal to pmapcc's CUDA sources (src/, kernels/).
+// The checking macros of CUDA, cuBLAS and cuRAND calls, on the generator of pmap/detail/check.h (as are
+// NCCL's and MPI's): a failed call throws a typed pmap error naming the expression, file:line, the
+// current GPU and the library's own message. Internal to pmapcc's CUDA sources (src/, kernels/).
 #pragma once
 
 #include <cublas_api.h>
@@ -9,32 +9,25 @@
 
 #include <string>
 
+#include <pmap/detail/check.h>
 #include <pmap/error.h>
 
 namespace pmap::detail {
 
-// Where a checked call was written.
-struct CheckSite {
-  const char* expr;
-  const char* file;
-  int line;
-};
-
 // "<expr> failed at <file>:<line> on GPU <n>: <what>". Clears CUDA's last (non-sticky) error.
-inline std::string check_message(const CheckSite& site, const std::string& what) {
+inline std::string gpu_check_message(const CheckSite& site, const std::string& what) {
   int gpu = -1;
   if (cudaGetDevice(&gpu) != cudaSuccess) gpu = -1;
   cudaGetLastError();
-  return std::string(site.expr) + " failed at " + site.file + ":" + std::to_string(site.line) + " on GPU " +
-         std::to_string(gpu) + ": " + what;
+  return check_message(site, "GPU " + std::to_string(gpu), what);
 }
 
 [[noreturn]] inline void throw_cuda_error(cudaError_t err, const CheckSite& site) {
-  throw CudaError(check_message(site, std::string(cudaGetErrorName(err)) + " (" + cudaGetErrorString(err) + ")"));
+  throw CudaError(gpu_check_message(site, std::string(cudaGetErrorName(err)) + " (" + cudaGetErrorString(err) + ")"));
 }
 
 [[noreturn]] inline void throw_cublas_error(cublasStatus_t status, const CheckSite& site) {
-  throw CublasError(check_message(site, std::string(cublasGetStatusName(status)) + " (" +
+  throw CublasError(gpu_check_message(site, std::string(cublasGetStatusName(status)) + " (" +
                                             cublasGetStatusString(status) + ")"));
 }
 
@@ -59,18 +52,10 @@ inline const char* curand_status_name(curandStatus_t status) {
 }
 
 [[noreturn]] inline void throw_curand_error(curandStatus_t status, const CheckSite& site) {
-  throw CurandError(check_message(site, curand_status_name(status)));
+  throw CurandError(gpu_check_message(site, curand_status_name(status)));
 }
 
 }  // namespace pmap::detail
-
-// PMAPCC_CHECK_GEN(expr, ok, thrower): evaluates expr once; unless it equals `ok`, calls
-// thrower(status, CheckSite), which throws.
-#define PMAPCC_CHECK_GEN(expr, ok, thrower)                                             \
-  do {                                                                                  \
-    const auto pmapcc_status_ = (expr);                                                 \
-    if (pmapcc_status_ != (ok)) thrower(pmapcc_status_, ::pmap::detail::CheckSite{#expr, __FILE__, __LINE__}); \
-  } while (0)
 
 #define PMAPCC_CUDA_CHECK(expr) PMAPCC_CHECK_GEN(expr, cudaSuccess, ::pmap::detail::throw_cuda_error)
 #define PMAPCC_CUBLAS_CHECK(expr) PMAPCC_CHECK_GEN(expr, CUBLAS_STATUS_SUCCESS, ::pmap::detail::throw_cublas_error)
