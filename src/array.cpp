@@ -8,7 +8,8 @@
 
 #include <pmap/detail/capture.h>
 
-#include "backend.h"
+#include "availability.h"
+#include "cuda_seam.h"
 
 namespace pmap {
 namespace {

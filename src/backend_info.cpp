@@ -1,7 +1,7 @@
 // Reports which backends this build of pmapcc has.
 #include <pmap/backends.h>
 
-#include "backend.h"
+#include "availability.h"
 
 namespace pmap {
 

@@ -8,7 +8,7 @@
 
 #include <pmap/detail/capture.h>
 
-#include "backend.h"
+#include "cuda_seam.h"
 #include "hash.h"
 #include "mesh_impl.h"
 

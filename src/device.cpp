@@ -7,7 +7,7 @@
 #include <ostream>
 #include <thread>
 
-#include "backend.h"
+#include "availability.h"
 #include "processes.h"
 
 namespace pmap {

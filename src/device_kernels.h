@@ -11,7 +11,7 @@
 #include <pmap/detail/launch.h>
 #include <pmap/detail/philox.h>
 
-#include "backend.h"
+#include "cuda_seam.h"
 
 namespace pmap::detail {
 

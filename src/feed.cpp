@@ -9,7 +9,7 @@
 #include <pmap/error.h>
 #include <pmap/transfer.h>
 
-#include "backend.h"
+#include "cuda_seam.h"
 #include "mesh_impl.h"
 
 namespace pmap::detail {

@@ -1,5 +1,6 @@
-// MeshImpl: a mesh's topology, worker threads and communicators, and the pmap execution loop. Device
-// ids are mesh positions over every process; workers exist for the local devices only.
+// MeshImpl: a mesh's topology (src/topology.cpp), communicators (src/comm_plan.cpp), worker threads and
+// the pmap execution loop (src/mesh.cpp). Device ids are mesh positions over every process; workers exist
+// for the local devices only.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +14,7 @@
 #include <pmap/communicator.h>
 #include <pmap/mesh.h>
 
-#include "backend.h"
+#include "cuda_seam.h"
 #include "nccl_clique.h"
 #include "processes.h"
 #include "thread_hub.h"
@@ -66,6 +67,10 @@ class MeshImpl {
     std::vector<std::unique_ptr<Communicator>> comms;  // per device; null for other processes' devices
     std::vector<CommKind> kind;                        // per device
   };
+  void validate() const;  // topology.cpp: axes, devices and options, or the error naming what is wrong
+  // comm_plan.cpp: whether NCCL connects the devices (collective over the processes when the mesh spans
+  // several), and the communicators of every axis tuple.
+  bool plan_nccl(bool spans_processes) const;
   void build_comms();
   CommKind comm_kind(const Group& g);
   void build_nccl_comms();

@@ -7,7 +7,7 @@
 #include <span>
 #include <string>
 
-#include "backend.h"
+#include "cuda_seam.h"
 
 namespace pmap {
 namespace {

@@ -4,7 +4,7 @@
 #include <pmap/detail/capture.h>
 #include <pmap/error.h>
 
-#include "backend.h"
+#include "cuda_seam.h"
 
 namespace pmap::detail {
 

@@ -9,7 +9,6 @@
 #include <pmap/detail/capture.h>
 #include <pmap/error.h>
 
-#include "backend.h"
 #include "reduce.h"
 
 namespace pmap::detail {

@@ -10,7 +10,7 @@
 
 #include <pmap/error.h>
 
-#include "backend.h"
+#include "cuda_seam.h"
 
 namespace pmap::detail {
 namespace {

@@ -11,7 +11,8 @@
 #include <pmap/detail/cuda_stream.h>
 #include <pmap/device.h>
 
-#include "backend.h"
+#include "availability.h"
+#include "cuda_seam.h"
 
 namespace pmap::detail {
 namespace {

@@ -14,7 +14,7 @@
 #include <pmap/detail/launch_gpu.cuh>
 #include <pmap/error.h>
 
-#include "backend.h"
+#include "cuda_seam.h"
 #include "device_kernels.h"
 #include "thread_hub.h"
 

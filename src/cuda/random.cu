@@ -6,7 +6,7 @@
 #include <pmap/detail/cuda_stream.h>
 #include <pmap/detail/launch_gpu.cuh>
 
-#include "backend.h"
+#include "cuda_seam.h"
 #include "device_kernels.h"
 
 namespace pmap::detail {

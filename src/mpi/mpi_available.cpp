@@ -1,5 +1,5 @@
 // MPI backend presence flag.
-#include "backend.h"
+#include "availability.h"
 
 namespace pmap::detail {
 

@@ -20,7 +20,7 @@
 #include <pmap/detail/cuda_stream.h>
 #include <pmap/error.h>
 
-#include "backend.h"
+#include "availability.h"
 #include "nccl/nccl_check.h"
 #include "nccl_clique.h"
 #include "processes.h"

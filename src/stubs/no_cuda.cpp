@@ -2,7 +2,8 @@
 #include <pmap/device.h>
 #include <pmap/error.h>
 
-#include "backend.h"
+#include "availability.h"
+#include "cuda_seam.h"
 #include "thread_hub.h"
 
 namespace pmap::detail {

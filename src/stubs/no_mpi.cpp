@@ -2,7 +2,7 @@
 // another process's devices raises NotAvailable.
 #include <pmap/error.h>
 
-#include "backend.h"
+#include "availability.h"
 #include "processes.h"
 
 namespace pmap::detail {

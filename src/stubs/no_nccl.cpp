@@ -2,7 +2,7 @@
 // across GPUs).
 #include <pmap/error.h>
 
-#include "backend.h"
+#include "availability.h"
 #include "nccl_clique.h"
 
 namespace pmap::detail {

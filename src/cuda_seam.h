@@ -1,5 +1,6 @@
-// Internal seams between the runtime and its optional backends (CUDA, NCCL, MPI), implemented by file
-// pairs chosen by CMake: src/cuda/* or src/stubs/no_cuda.cpp, and so on. CUDA-free: streams are opaque.
+// The runtime's seam to CUDA: device memory and copies, streams and events, and the runtime's own device
+// work (division, sampling). src/cuda/* implements it; src/stubs/no_cuda.cpp throws NotAvailable in
+// builds without CUDA. CUDA-free: streams and events are opaque handles.
 #pragma once
 
 #include <cstddef>
@@ -15,24 +16,6 @@ struct Device;
 }
 
 namespace pmap::detail {
-
-// Number of CUDA GPUs usable by this process; 0 when the build has no CUDA, there is no GPU, or a GPU
-// cannot be used (see cuda_probe). Never throws; probes once per process.
-int cuda_device_count();
-// The probe behind cuda_device_count: `problem` is "" when GPUs are usable or when there is simply no
-// GPU (no NVIDIA driver loaded, no device); otherwise it says why a GPU that is present cannot be used
-// (for instance a driver too old for this CUDA runtime), with the runtime's own error. Never throws.
-struct GpuProbe {
-  int count = 0;
-  std::string problem;
-};
-const GpuProbe& cuda_probe();
-// Facts about the CUDA stack for logs: driver and runtime versions, then one line per GPU (name, compute
-// capability, memory, UUID). Empty without CUDA. Never throws.
-std::vector<std::string> cuda_report() noexcept;
-bool nccl_available();
-std::string nccl_version();  // "2.28.3" (the library loaded), or "" without NCCL. Never throws.
-bool mpi_available();
 
 // CUDA memory and copies; the stub (no CUDA) throws NotAvailable. Blocking: copies and fills run on the
 // calling thread's current stream (see pmap/detail/cuda_stream.h), which they then synchronize, so they
