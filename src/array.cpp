@@ -39,7 +39,7 @@ std::int64_t num_elements(const Shape& shape) {
 std::string shape_str(const Shape& shape) {
   std::string s = "(";
   for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + ")";
+  return s + (shape.size() == 1 ? ",)" : ")");
 }
 
 Array::Array(Shape shape, DType dtype, Device device)
@@ -211,9 +211,9 @@ Array Array::slice_rows(std::int64_t begin, std::int64_t end, const Device& devi
   return out;
 }
 
-std::string Array::str() const {
-  return std::string(name(dtype_)) + shape_str(shape_) + " on " + device_.str();
-}
+std::string Array::signature() const { return std::string(name(dtype_)) + shape_str(shape_); }
+
+std::string Array::str() const { return signature() + " on " + device_.str(); }
 
 Array concatenate(const std::vector<const Array*>& parts, const Device& device, bool stacked) {
   if (parts.empty()) throw ShapeError("concatenate: no arrays");

@@ -84,9 +84,16 @@ void divide_by(Array& x, int n) {
   detail::cuda_divide(x.device().ordinal, x.raw_data(), static_cast<std::size_t>(x.size()), x.dtype(), n);
 }
 
+// x for a message raised on the calling device, which pmap names first: "f32(2, 3)", and " on <device>"
+// only for an array elsewhere than that device.
+std::string describe(const Array& x) {
+  const bool here = detail::in_pmap() && x.device() == current_device();
+  return here ? x.signature() : x.str();
+}
+
 void check_floating(const char* name, const Array& x) {
   if (!is_floating(x.dtype()))
-    throw ValueError(std::string(name) + " of " + x.str() + ": needs a floating dtype (f32 or f64)");
+    throw ValueError(std::string(name) + " of " + describe(x) + ": needs a floating dtype (f32 or f64)");
 }
 
 }  // namespace
@@ -144,7 +151,7 @@ Array all_gather(const Array& x, const AxisNames& axes, bool tiled) {
   const int n = t.comm->size();
   Shape shape = x.shape();
   if (tiled) {
-    if (shape.empty()) throw ShapeError("all_gather(tiled=true) of " + x.str() + ": a scalar has no leading axis");
+    if (shape.empty()) throw ShapeError("all_gather(tiled=true) of " + describe(x) + ": a scalar has no leading axis");
     shape[0] *= n;
   } else {
     shape.insert(shape.begin(), n);
@@ -160,16 +167,16 @@ Array all_gather(const Array& x, const AxisNames& axes, bool tiled) {
 Array psum_scatter(const Array& x, const AxisNames& axes, bool tiled) {
   Target t = target("psum_scatter", axes);
   const int n = t.comm->size();
-  if (x.ndim() == 0) throw ShapeError("psum_scatter of " + x.str() + ": a scalar has no leading axis");
+  if (x.ndim() == 0) throw ShapeError("psum_scatter of " + describe(x) + ": a scalar has no leading axis");
   Shape shape = x.shape();
   if (tiled) {
     if (shape[0] % n != 0)
       throw ShapeError("psum_scatter(tiled=true) over " + axes.str() + ": leading size " + std::to_string(shape[0]) +
-                       " of " + x.str() + " is not divisible by " + std::to_string(n));
+                       " of " + describe(x) + " is not divisible by " + std::to_string(n));
     shape[0] /= n;
   } else {
     if (shape[0] != n)
-      throw ShapeError("psum_scatter over " + axes.str() + ": leading size of " + x.str() + " must equal the " +
+      throw ShapeError("psum_scatter over " + axes.str() + ": leading size of " + describe(x) + " must equal the " +
                        std::to_string(n) + " devices (or pass tiled=true)");
     shape.erase(shape.begin());
   }

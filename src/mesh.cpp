@@ -41,13 +41,12 @@ MeshImpl::MeshImpl(std::vector<Device> devices, std::vector<AxisSpec> axes, Mesh
   const bool spans_processes = local_.size() != devices_.size();
   const bool use_nccl = plan_nccl(spans_processes);
   if (spans_processes) transport_ = make_mesh_transport(devices_, axes_, options_);
-  std::vector<std::string> names;
   std::vector<bool> local;
   for (const auto& d : devices_) {
-    names.push_back(d.str());
+    device_names_.push_back(d.str());
     local.push_back(d.process == me);
   }
-  hub_ = std::make_unique<ThreadHub>(names, local, options_.collective_timeout);
+  hub_ = std::make_unique<ThreadHub>(device_names_, local, options_.collective_timeout);
   streams_.reserve(devices_.size());
   for (const auto& d : devices_) streams_.emplace_back(!d.is_cpu() && d.process == me, d.ordinal);
   if (use_nccl) {
@@ -71,23 +70,19 @@ void MeshImpl::report_failure(const std::string& what) {
   if (transport_) transport_->report_failure(what);
 }
 
-void MeshImpl::run(const std::function<void(int)>& fn) {
+void MeshImpl::run(TaskRef fn) {
   if (in_pmap() || workers_->on_worker_thread())
     throw Error("pmap called inside a pmapped function: nested pmap is not supported (use a 2-D mesh)");
   std::lock_guard run_lock(run_mu_);  // one pmap at a time per mesh
-  struct Failure {
-    std::exception_ptr error;
-    std::uint64_t order = std::numeric_limits<std::uint64_t>::max();
-    bool aborted = false;
-  };
-  std::vector<Failure> failures(local_.size());
+  std::vector<Failure>& failures = failures_;
+  failures.assign(local_.size(), Failure{});
   std::atomic<std::uint64_t> clock{0};
   if (transport_) transport_->begin_call();
   hub_->reset();
   workers_->run_all([&](int i) {
     const int d = local_[static_cast<std::size_t>(i)];
     tls_context = DeviceContext{this, d};
-    const std::string dev = devices_[static_cast<std::size_t>(d)].str();
+    const std::string& dev = device_names_[static_cast<std::size_t>(d)];
     Failure& f = failures[static_cast<std::size_t>(i)];
     const StreamHandle stream = streams_[static_cast<std::size_t>(d)].get();
     cuda_set_thread_stream(stream);  // CUDA devices: every op of fn goes to the device's stream

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -56,7 +58,7 @@ class MeshImpl {
 
   // Runs fn(i) on the worker of every local device i (an index into local_devices()); rethrows the
   // first failure (see pmap.h).
-  void run(const std::function<void(int)>& fn);
+  void run(TaskRef fn);
 
  private:
   // How the devices of one group talk: see comm_kind.
@@ -83,6 +85,7 @@ class MeshImpl {
   const AxisComms& lookup(const AxisNames& axes) const;
 
   std::vector<Device> devices_;
+  std::vector<std::string> device_names_;  // devices_[d].str()
   std::vector<AxisSpec> axes_;
   MeshOptions options_;
   std::vector<int> local_;
@@ -93,6 +96,13 @@ class MeshImpl {
   std::unique_ptr<NcclClique> nccl_;  // single process, one GPU per device, NCCL built: the root communicators
   std::map<std::uint64_t, AxisComms> comms_;  // by tuple_key; the same order in every process
   std::mutex run_mu_;
+  // A device's failure in a run; the first one (by time, an Aborted only when no other) is rethrown.
+  struct Failure {
+    std::exception_ptr error;
+    std::uint64_t order = std::numeric_limits<std::uint64_t>::max();
+    bool aborted = false;
+  };
+  std::vector<Failure> failures_;  // per local device, reused by every run (under run_mu_)
   std::unique_ptr<WorkerPool> workers_;  // last: threads stop before the rest is destroyed
 };
 

@@ -28,6 +28,6 @@ void check_pmap_axes(const Mesh& mesh, const AxisNames& axes) {
                     ") or none");
 }
 
-void run_on_mesh(const Mesh& mesh, const std::function<void(int)>& fn) { mesh.impl().run(fn); }
+void run_on_mesh(const Mesh& mesh, TaskRef fn) { mesh.impl().run(fn); }
 
 }  // namespace pmap::detail

@@ -2,6 +2,7 @@
 #include "workers.h"
 
 #include <algorithm>
+#include <chrono>
 
 #if defined(__linux__)
 #include <pthread.h>
@@ -40,7 +41,7 @@ WorkerPool::WorkerPool(const std::vector<Device>& devices, bool pin_threads) {
     const std::size_t started = threads_.size();
     {
       std::lock_guard lk(mu_);
-      stop_ = true;
+      stop_.store(true);
     }
     start_cv_.notify_all();
     for (auto& t : threads_) t.join();
@@ -52,7 +53,7 @@ WorkerPool::WorkerPool(const std::vector<Device>& devices, bool pin_threads) {
 WorkerPool::~WorkerPool() {
   {
     std::lock_guard lk(mu_);
-    stop_ = true;
+    stop_.store(true);
   }
   start_cv_.notify_all();
   for (auto& t : threads_)
@@ -61,13 +62,31 @@ WorkerPool::~WorkerPool() {
 
 bool WorkerPool::on_worker_thread() const { return tls_pool == this; }
 
-void WorkerPool::run_all(const std::function<void(int)>& task) {
-  std::unique_lock lk(mu_);
+template <class P> bool WorkerPool::poll(const P& pred) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+  for (int i = 0;; ++i) {
+    if (pred()) return true;
+    if ((i & 15) == 15 && std::chrono::steady_clock::now() >= until) return pred();
+    std::this_thread::yield();
+  }
+}
+
+void WorkerPool::run_all(TaskRef task) {
   task_ = &task;
-  remaining_ = static_cast<int>(threads_.size());
-  ++generation_;
-  start_cv_.notify_all();
-  done_cv_.wait(lk, [&] { return remaining_ == 0; });
+  remaining_.store(static_cast<int>(threads_.size()), std::memory_order_relaxed);
+  {
+    // Under mu_, so a worker that found no new task and went to sleep is woken (see loop).
+    std::lock_guard lk(mu_);
+    generation_.fetch_add(1, std::memory_order_release);
+    if (sleepers_ > 0) start_cv_.notify_all();
+  }
+  auto done = [&] { return remaining_.load(std::memory_order_acquire) == 0; };
+  if (!poll(done)) {
+    std::unique_lock lk(mu_);
+    caller_asleep_ = true;
+    done_cv_.wait(lk, done);
+    caller_asleep_ = false;
+  }
   task_ = nullptr;
 }
 
@@ -76,15 +95,16 @@ void WorkerPool::loop(int index, Device device, bool pin) {
   if (pin && device.is_cpu()) pin_to_core(index);
   bool bound = device.is_cpu();
   std::uint64_t seen = 0;
+  auto started = [&] { return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen; };
   for (;;) {
-    const std::function<void(int)>* task = nullptr;
-    {
+    if (!poll(started)) {
       std::unique_lock lk(mu_);
-      start_cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      task = task_;
+      ++sleepers_;
+      start_cv_.wait(lk, started);
+      --sleepers_;
     }
+    if (stop_.load(std::memory_order_acquire)) return;
+    seen = generation_.load(std::memory_order_acquire);
     if (!bound) {  // a failure to bind shows up as an error of the task's first CUDA call
       try {
         cuda_bind_thread(device.ordinal);
@@ -92,9 +112,13 @@ void WorkerPool::loop(int index, Device device, bool pin) {
       } catch (...) {
       }
     }
-    (*task)(index);
-    std::lock_guard lk(mu_);
-    if (--remaining_ == 0) done_cv_.notify_all();
+    (*task_)(index);
+    if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      // The last one: wake run_all if it went to sleep. Under mu_, so the wake-up cannot slip in between
+      // its check of remaining_ and its wait.
+      std::lock_guard lk(mu_);
+      if (caller_asleep_) done_cv_.notify_one();
+    }
   }
 }
 

@@ -19,7 +19,7 @@ namespace pmap {
 using Shape = std::vector<std::int64_t>;
 
 std::int64_t num_elements(const Shape& shape);  // product of dims; 1 for a scalar shape ()
-std::string shape_str(const Shape& shape);      // "(2, 3)", "()"
+std::string shape_str(const Shape& shape);      // "(2, 3)", "(1003,)", "()" (Python's tuples)
 
 class Array {
  public:
@@ -98,7 +98,8 @@ class Array {
   Array reshape(Shape shape) &&;            // same element count; moves the storage
   // Rows [begin, end) of the leading axis, copied to `device`.
   Array slice_rows(std::int64_t begin, std::int64_t end, const Device& device) const;
-  std::string str() const;  // "f32(2, 3) on cpu:0"
+  std::string signature() const;  // "f32(2, 3)", "f32(1003,)", "f32()": dtype and shape
+  std::string str() const;        // "f32(2, 3) on cpu:0"
 
  private:
   void check_dtype(DType want) const;

@@ -16,11 +16,13 @@
 #include <pmap/array.h>
 #include <pmap/backends.h>
 #include <pmap/collectives.h>
+#include <pmap/detail/task_ref.h>
 #include <pmap/device.h>
 #include <pmap/distributed.h>
 #include <pmap/error.h>
 #include <pmap/feed.h>
 #include <pmap/mesh.h>
+#include <pmap/random.h>
 #include <pmap/sharded.h>
 #include <pmap/transfer.h>
 #include <pmap/tree.h>
@@ -43,7 +45,7 @@ void check_mapped_sizes(const std::vector<std::pair<int, std::size_t>>& sizes, c
 // Raises AxisError unless `axes` is empty or names every axis of the mesh.
 void check_pmap_axes(const Mesh& mesh, const AxisNames& axes);
 // Runs fn(i) for every local device i of the mesh, each on its worker; blocks; rethrows the first failure.
-void run_on_mesh(const Mesh& mesh, const std::function<void(int)>& fn);
+void run_on_mesh(const Mesh& mesh, TaskRef fn);
 
 }  // namespace detail
 
