@@ -15,7 +15,7 @@
 
 #include <pmap/backends.h>
 
-#include "ensemble/trainer.h"
+#include <pmapcc/ensemble/trainer.h>
 
 using namespace pmap;
 using namespace pmap::ensemble;

@@ -20,9 +20,9 @@
 
 #include <sys/resource.h>
 
-#include "ensemble/json.h"
-#include "ensemble/trainer.h"
-#include "kernels/cpu_backend.h"
+#include <pmapcc/ensemble/json.h>
+#include <pmapcc/ensemble/trainer.h>
+#include <pmapcc/kernels/cpu_backend.h>
 
 using namespace pmap;
 using namespace pmap::ensemble;
@@ -144,7 +144,8 @@ Json run_train(const Args& a) {
   Trainer trainer(c, train, test);
   Clock::time_point t_start = Clock::now(), t_end = t_start;
   double cpu_start = cpu_seconds(), cpu_end = cpu_start;
-  trainer.run_epoch([&](int step, int, double, double) {
+  trainer.run_epoch([&](const StepReport& r) {
+    const int step = r.step;
     if (step == warmup) t_start = Clock::now(), cpu_start = cpu_seconds();
     if (step == warmup + steps) t_end = Clock::now(), cpu_end = cpu_seconds();
   });

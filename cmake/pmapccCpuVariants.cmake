@@ -47,7 +47,7 @@ endif()
 function(pmapcc_cpu_variant name flags out_var)
   set(lib pmapcc_kernels_cpu_${name})
   add_library(${lib} OBJECT ${kernel_cpu_sources})
-  target_include_directories(${lib} PRIVATE ${PROJECT_SOURCE_DIR})
+  target_include_directories(${lib} PRIVATE ${PMAPCC_BUILD_INCLUDE_DIR})
   target_link_libraries(${lib} PRIVATE pmapcc_runtime Eigen3::Eigen)
   target_compile_definitions(${lib} PRIVATE PMAPCC_CPU_VARIANT=${name})
   # No contraction of a * b + c into FMA outside Eigen's explicit kernels: element-wise ops (SGD, relu,

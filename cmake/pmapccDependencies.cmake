@@ -49,11 +49,13 @@ if(PMAPCC_WITH_NCCL STREQUAL "ON" AND NOT PMAPCC_HAVE_NCCL)
   message(FATAL_ERROR "PMAPCC_WITH_NCCL=ON but NCCL (nccl.h, libnccl) was not found or CUDA is off")
 endif()
 
-# MPI: multi-process meshes.
+# MPI: multi-process meshes. The runtime calls MPI's C API from C++: the CXX component without the
+# (removed) C++ bindings, so neither pmapcc nor a program using it has to enable the C language.
 set(PMAPCC_HAVE_MPI OFF)
 if(NOT PMAPCC_WITH_MPI STREQUAL "OFF")
-  find_package(MPI COMPONENTS C QUIET)
-  if(MPI_C_FOUND)
+  set(MPI_CXX_SKIP_MPICXX TRUE)
+  find_package(MPI COMPONENTS CXX QUIET)
+  if(MPI_CXX_FOUND)
     set(PMAPCC_HAVE_MPI ON)
   elseif(PMAPCC_WITH_MPI STREQUAL "ON")
     message(FATAL_ERROR "PMAPCC_WITH_MPI=ON but no MPI was found (install libopenmpi-dev: scripts/setup.sh)")

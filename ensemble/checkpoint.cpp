@@ -5,8 +5,8 @@
 
 #include <pmap/error.h>
 
-#include "ensemble/safetensors.h"
-#include "ensemble/trainer.h"
+#include <pmapcc/ensemble/safetensors.h>
+#include <pmapcc/ensemble/trainer.h>
 
 namespace pmap::ensemble {
 namespace {
@@ -73,8 +73,8 @@ std::vector<float> read_stacked(const SafetensorsFile& f, const std::string& pre
 void Trainer::save_checkpoint(const std::filesystem::path& path) const {
   std::vector<TensorEntry> tensors;
   const std::int64_t m = total_members_;
-  for (const char* prefix : {"params/", "momentum/"}) {
-    const std::vector<float> all = gather(std::string(prefix) == "momentum/");
+  for (auto [prefix, field] : {std::pair{"params/", &TrainState::params}, std::pair{"momentum/", &TrainState::momentum}}) {
+    const std::vector<float> all = stacked(field);
     for (const auto& t : model_->tensors()) {
       std::span<const float> block(all.data() + t.offset * m, static_cast<std::size_t>(t.size * m));
       tensors.push_back(make_tensor<float>(prefix + t.name, stacked_shape(m, t.shape), block));
@@ -161,7 +161,7 @@ void Trainer::load_members(const std::filesystem::path& path, const std::vector<
     for (std::int64_t j = 0; j < n; ++j)
       std::copy_n(all.begin() + t.offset * s.members + pick[static_cast<std::size_t>(j)] * t.size, t.size,
                   params.begin() + t.offset * n + j * t.size);
-  scatter(params, std::vector<float>(params.size(), 0.0f), 0);
+  restore(params, std::vector<float>(params.size(), 0.0f), 0);
   epochs_done_ = s.epochs_done;
   history_.clear();
 }
@@ -186,7 +186,7 @@ void Trainer::load_checkpoint(const std::filesystem::path& path) {
   if (f.tensors.size() != 2 * model_->tensors().size())
     throw DataError(path.string() + ": holds " + std::to_string(f.tensors.size()) + " tensors, this model has " +
                     std::to_string(2 * model_->tensors().size()));
-  scatter(params, momentum, step);
+  restore(params, momentum, step);
   epochs_done_ = static_cast<int>(epochs);
   history_ = std::move(restored);
 }

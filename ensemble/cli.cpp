@@ -1,5 +1,5 @@
 // mnist_ensemble's command line: a table of flags, strict number parsing, grouped help.
-#include "ensemble/cli.h"
+#include <pmapcc/ensemble/cli.h>
 
 #include <charconv>
 #include <cmath>

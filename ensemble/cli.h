@@ -7,7 +7,7 @@
 
 #include <pmap/error.h>
 
-#include "ensemble/trainer.h"
+#include <pmapcc/ensemble/trainer.h>
 
 namespace pmap::ensemble {
 

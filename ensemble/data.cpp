@@ -1,6 +1,6 @@
 // IDX reading (raw or gzip, via zlib) with validation that names the file and the fault; MNIST loading and
 // batch gathering. See data.h for the contracts.
-#include "ensemble/data.h"
+#include <pmapcc/ensemble/data.h>
 
 #include <zlib.h>
 
@@ -12,7 +12,7 @@
 #include <string>
 #include <system_error>
 
-#include "pmap/error.h"
+#include <pmap/error.h>
 
 namespace pmap::ensemble {
 namespace {

@@ -1,12 +1,12 @@
 // Json values: typed access, building, serialization (dump), and JsonView's path-carrying access.
 // Parsing lives in json_parse.cpp.
-#include "ensemble/json.h"
+#include <pmapcc/ensemble/json.h>
 
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 
-#include "pmap/error.h"
+#include <pmap/error.h>
 
 namespace pmap::ensemble {
 namespace detail {

@@ -5,8 +5,9 @@
 #include <cstdio>
 #include <string>
 
-#include "ensemble/json.h"
-#include "pmap/error.h"
+#include <pmap/error.h>
+
+#include <pmapcc/ensemble/json.h>
 
 namespace pmap::ensemble {
 namespace {

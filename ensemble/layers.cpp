@@ -1,5 +1,5 @@
 // The layer implementations: thin adapters from layer shapes to the kernels' parameter structs.
-#include "ensemble/layers.h"
+#include <pmapcc/ensemble/layers.h>
 
 #include <pmap/error.h>
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/backend.h"
+#include <pmapcc/kernels/backend.h>
 
 namespace pmap::ensemble {
 

@@ -1,11 +1,11 @@
 // EpochMetrics <-> JSON, shared by the metrics file and the training history kept in checkpoints.
-#include "ensemble/metrics.h"
+#include <pmapcc/ensemble/metrics.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
-#include "kernels/ops.h"
+#include <pmapcc/kernels/ops.h>
 
 namespace pmap::ensemble {
 namespace {

@@ -65,7 +65,7 @@ struct EpochMetrics {
 
 }  // namespace pmap::ensemble
 
-#include "ensemble/json.h"
+#include <pmapcc/ensemble/json.h>
 
 namespace pmap::ensemble {
 

@@ -1,5 +1,5 @@
 // Sequential's parameter layout and initialization, and the reference CNN.
-#include "ensemble/model.h"
+#include <pmapcc/ensemble/model.h>
 
 #include <cmath>
 #include <sstream>

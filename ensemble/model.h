@@ -12,7 +12,7 @@
 
 #include <pmap/random.h>
 
-#include "ensemble/layers.h"
+#include <pmapcc/ensemble/layers.h>
 
 namespace pmap::ensemble {
 

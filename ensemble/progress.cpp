@@ -1,5 +1,5 @@
 // ProgressBar: the Keras-style per-step bar (TTY) and the per-epoch summary line (TTY and logs).
-#include "ensemble/progress.h"
+#include <pmapcc/ensemble/progress.h>
 
 #include <sys/ioctl.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 #include <cmath>
 #include <string>
 
-#include "pmap/error.h"
+#include <pmap/error.h>
 
 namespace pmap::ensemble {
 namespace {

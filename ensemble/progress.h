@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "ensemble/metrics.h"
+#include <pmapcc/ensemble/metrics.h>
 
 namespace pmap::ensemble {
 

@@ -1,6 +1,6 @@
 // Metrics files (JSON, CSV), the atomic text-file writer they share, and the final per-member table.
 // The SVG plot lives in report_svg.cpp.
-#include "ensemble/report.h"
+#include <pmapcc/ensemble/report.h>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -14,7 +14,7 @@
 #include <cstring>
 #include <numeric>
 
-#include "pmap/error.h"
+#include <pmap/error.h>
 
 namespace pmap::ensemble {
 namespace {

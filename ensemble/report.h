@@ -8,8 +8,8 @@
 #include <string_view>
 #include <vector>
 
-#include "ensemble/json.h"
-#include "ensemble/metrics.h"
+#include <pmapcc/ensemble/json.h>
+#include <pmapcc/ensemble/metrics.h>
 
 namespace pmap::ensemble {
 

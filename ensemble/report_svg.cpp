@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "ensemble/report.h"
+#include <pmapcc/ensemble/report.h>
 
 namespace pmap::ensemble {
 namespace {

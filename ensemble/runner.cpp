@@ -1,6 +1,6 @@
 // ModelRunner: buffer planning (in-place layers share buffers; gradients ping-pong between two
 // buffers), and the layer-by-layer forward and backward.
-#include "ensemble/runner.h"
+#include <pmapcc/ensemble/runner.h>
 
 #include <algorithm>
 

@@ -16,7 +16,7 @@
 
 #include <pmap/array.h>
 
-#include "ensemble/model.h"
+#include <pmapcc/ensemble/model.h>
 
 namespace pmap::ensemble {
 

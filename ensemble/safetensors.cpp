@@ -1,6 +1,6 @@
 // safetensors reading (every field of a possibly hostile file validated before use) and atomic writing
 // (temp file in the same directory, fsync, rename, fsync of the directory).
-#include "ensemble/safetensors.h"
+#include <pmapcc/ensemble/safetensors.h>
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -12,9 +12,10 @@
 #include <string_view>
 #include <vector>
 
-#include "ensemble/json.h"
-#include "pmap/dtype.h"
-#include "pmap/error.h"
+#include <pmap/dtype.h>
+#include <pmap/error.h>
+
+#include <pmapcc/ensemble/json.h>
 
 namespace pmap::ensemble {
 

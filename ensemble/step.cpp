@@ -1,6 +1,6 @@
 // train_step and eval_step: forward, loss, backward, [pmean of gradients], SGD; the ensemble's
 // probability averaging across the mesh axis; the per-member metrics, all on the device.
-#include "ensemble/step.h"
+#include <pmapcc/ensemble/step.h>
 
 #include <pmap/collectives.h>
 #include <pmap/error.h>

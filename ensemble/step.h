@@ -18,9 +18,9 @@
 #include <pmap/array.h>
 #include <pmap/tree.h>
 
-#include "ensemble/runner.h"
-#include "ensemble/train_state.h"
-#include "kernels/graph.h"
+#include <pmapcc/ensemble/runner.h>
+#include <pmapcc/ensemble/train_state.h>
+#include <pmapcc/kernels/graph.h>
 
 namespace pmap::ensemble {
 

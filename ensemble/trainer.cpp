@@ -1,5 +1,5 @@
 // Trainer: configuration checks, member initialization, the epoch loop and evaluation.
-#include "ensemble/trainer.h"
+#include <pmapcc/ensemble/trainer.h>
 
 #include <algorithm>
 #include <charconv>
@@ -12,6 +12,8 @@
 
 #include <pmap/distributed.h>
 #include <pmap/error.h>
+
+#include <pmapcc/ensemble/member_layout.h>
 
 namespace pmap::ensemble {
 namespace {
@@ -234,7 +236,7 @@ void Trainer::init_members() {
   const auto keys = split(init_key_, total_members_);
   std::vector<float> all(static_cast<std::size_t>(total_members_ * model_->params_per_member()));
   model_->init(keys, all);
-  scatter(all, std::vector<float>(all.size(), 0.0f), 0);
+  restore(all, std::vector<float>(all.size(), 0.0f), 0);
 }
 
 void Trainer::fill_batch(Feed<Batch>& feed, const std::vector<std::uint32_t>& order, std::int64_t begin, int size,
@@ -292,8 +294,9 @@ struct EpochSums {
   int added = 0;           // steps added so far
 };
 
-// Adds the steps up to `through` (0-based) from `log`, calling on_step for each.
-void add_steps(const LogOnHost& log, int through, EpochSums& e, const std::function<void(int, double)>& on_step) {
+// Adds the steps up to `through` (0-based) from `log`, calling on_step(step, its loss, the running mean)
+// for each.
+template <class OnStep> void add_steps(const LogOnHost& log, int through, EpochSums& e, const OnStep& on_step) {
   for (; e.added <= through; ++e.added) {
     const auto r = static_cast<std::size_t>(e.added) % e.log_rows;
     double step_loss = 0;
@@ -303,7 +306,7 @@ void add_steps(const LogOnHost& log, int through, EpochSums& e, const std::funct
         e.correct += log.correct[(d * e.log_rows + r) * e.per_device + j];
       }
     e.loss_sum += step_loss / e.divisor;
-    on_step(e.added + 1, e.loss_sum / (e.added + 1));
+    on_step(e.added + 1, step_loss / e.divisor, e.loss_sum / (e.added + 1));
   }
 }
 
@@ -331,10 +334,10 @@ EpochMetrics Trainer::run_epoch(const StepCallback& on_step) {
                  static_cast<std::size_t>(log_rows()),
                  static_cast<double>(options_.data_parallel ? mesh_.size() : total_members_)};
   const auto t0 = Clock::now();
-  auto report_step = [&](int step, double running_loss) {
+  auto report_step = [&](int step, double loss, double running_loss) {
     if (!on_step) return;
     const double secs = seconds_since(t0), images = static_cast<double>(total_members_) * config_.batch_size * step;
-    on_step(step, steps, running_loss, secs > 0 ? images / secs : 0.0);
+    on_step(StepReport{step, steps, loss, running_loss, secs > 0 ? images / secs : 0.0});
   };
   if (steps > 0) fill_batch(*train_feed_, order, 0, config_.batch_size, train_, /*own_rows_only=*/true);
   for (int s = 0; s < steps; ++s) {
@@ -529,37 +532,25 @@ template <class T> std::vector<T> Trainer::from_all_devices(const std::vector<st
   return std::move(gathered[0]);
 }
 
-std::vector<float> Trainer::gather(bool momentum) const {
-  const std::int64_t total = total_members_, local = members_per_device_;
+std::vector<float> Trainer::params() const { return stacked(&TrainState::params); }
+
+std::vector<float> Trainer::momentum() const { return stacked(&TrainState::momentum); }
+
+std::vector<float> Trainer::stacked(Array TrainState::*field) const {
   std::vector<std::vector<float>> mine;
-  for (const TrainState& s : states_) mine.push_back((momentum ? s.momentum : s.params).to_vector<float>());
-  const std::vector<float> all = from_all_devices(mine);
-  const auto per_device = static_cast<std::int64_t>(mine[0].size());
-  std::vector<float> out(static_cast<std::size_t>(total * model_->params_per_member()));
-  const int devices_holding = options_.data_parallel ? 1 : mesh_.size();
-  for (int d = 0; d < devices_holding; ++d) {
-    const auto host = all.begin() + d * per_device;
-    for (const auto& t : model_->tensors())
-      for (std::int64_t j = 0; j < local; ++j) {
-        const std::int64_t g = d * local + j;
-        std::copy_n(host + t.offset * local + j * t.size, t.size, out.begin() + t.offset * total + g * t.size);
-      }
-  }
-  return out;
+  for (const TrainState& s : states_) mine.push_back((s.*field).to_vector<float>());
+  // Data parallel: every device holds the one model; the first device's copy is it.
+  return stack_members(*model_, from_all_devices(mine), options_.data_parallel ? 1 : mesh_.size(),
+                       members_per_device_, total_members_);
 }
 
-void Trainer::scatter(const std::vector<float>& params, const std::vector<float>& momentum, std::int64_t step) {
-  const std::int64_t total = total_members_, local = members_per_device_;
+void Trainer::restore(const std::vector<float>& params, const std::vector<float>& momentum, std::int64_t step) {
   for (std::size_t i = 0; i < mesh_index_.size(); ++i) {
     TrainState& s = states_[i];
-    const std::int64_t first = options_.data_parallel ? 0 : mesh_index_[i] * local;
+    const std::int64_t first = options_.data_parallel ? 0 : std::int64_t{mesh_index_[i]} * members_per_device_;
     for (auto [src, dst] : {std::pair{&params, &s.params}, std::pair{&momentum, &s.momentum}}) {
-      std::vector<float> host(static_cast<std::size_t>(dst->size()));
-      for (const auto& t : model_->tensors())
-        for (std::int64_t j = 0; j < local; ++j)
-          std::copy_n(src->begin() + t.offset * total + (first + j) * t.size, t.size,
-                      host.begin() + t.offset * local + j * t.size);
-      dst->copy_from_host(host.data(), host.size() * sizeof(float));
+      const std::vector<float> block = member_block(*model_, *src, total_members_, first, members_per_device_);
+      dst->copy_from_host(block.data(), block.size() * sizeof(float));
     }
     s.step = step;
   }

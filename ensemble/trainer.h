@@ -7,7 +7,7 @@
 // devices (config.devices of them per process), each process trains the members on its own devices,
 // and per-step and per-member results are all-gathered over the mesh, so every process holds the same
 // metrics, equal bit for bit to one process with as many devices. Every process must make the same
-// calls (run_epoch, evaluate, gather, save_checkpoint, load_checkpoint) in the same order.
+// calls (run_epoch, evaluate, params, momentum, save_checkpoint, load_checkpoint) in the same order.
 #pragma once
 
 #include <cstdint>
@@ -21,11 +21,11 @@
 #include <pmap/pmap.h>
 #include <pmap/random.h>
 
-#include "ensemble/data.h"
-#include "ensemble/json.h"
-#include "ensemble/metrics.h"
-#include "ensemble/model.h"
-#include "ensemble/step.h"
+#include <pmapcc/ensemble/data.h>
+#include <pmapcc/ensemble/json.h>
+#include <pmapcc/ensemble/metrics.h>
+#include <pmapcc/ensemble/model.h>
+#include <pmapcc/ensemble/step.h>
 
 namespace pmap::ensemble {
 
@@ -80,8 +80,15 @@ struct TrainConfig {
   Json to_json() const;
 };
 
-// Called after each training step: (step 1-based, steps, running mean loss, model-images/s so far).
-using StepCallback = std::function<void(int, int, double, double)>;
+// What run_epoch reports after each training step.
+struct StepReport {
+  int step = 0;                    // 1-based, within the epoch
+  int steps = 0;                   // the epoch's steps
+  double loss = 0;                 // this step's loss: the mean over members (data parallel: over the replicas' blocks)
+  double running_loss = 0;         // the mean of the epoch's step losses so far
+  double images_per_second = 0;    // model-images per second so far
+};
+using StepCallback = std::function<void(const StepReport&)>;
 
 class Trainer {
  public:
@@ -114,11 +121,10 @@ class Trainer {
   // process when the mesh does not span processes).
   bool is_main_process() const;
 
-  // Every member's parameters (or momentum), in host memory, members stacked: tensors()[t] of member g
-  // is at [t.offset * M + g * t.size, ...) with M = total_members(). The layout of a checkpoint. On
-  // every process (collective).
-  std::vector<float> gather(bool momentum) const;
-  void scatter(const std::vector<float>& params, const std::vector<float>& momentum, std::int64_t step);
+  // Every member's parameters (momentum), in host memory, stacked as a checkpoint holds them
+  // (ensemble/member_layout.h, M = total_members()). On every process (collective).
+  std::vector<float> params() const;
+  std::vector<float> momentum() const;
   std::int64_t step() const;
 
   // Checkpoints (safetensors): everything needed to continue exactly. load_checkpoint checks that the
@@ -139,6 +145,10 @@ class Trainer {
   void init_members();
   void evaluate_into(EpochMetrics& m, EnsembleReport* report);
   void check_processes_agree() const;  // ValueError unless every process has the same config and data
+  // The members' `field` (params or momentum) stacked, gathered from every device; and the reverse: each
+  // device's members from stacked params and momentum, at `step`.
+  std::vector<float> stacked(Array TrainState::*field) const;
+  void restore(const std::vector<float>& params, const std::vector<float>& momentum, std::int64_t step);
   // Every device's `mine` (one host vector per local device, all of one length), over the whole mesh in
   // mesh order, on every process: an all_gather over the mesh's axis.
   template <class T> std::vector<T> from_all_devices(const std::vector<std::vector<T>>& mine) const;

@@ -9,10 +9,10 @@
 
 #include <pmap/distributed.h>
 
-#include "ensemble/cli.h"
-#include "ensemble/progress.h"
-#include "ensemble/report.h"
-#include "ensemble/trainer.h"
+#include <pmapcc/ensemble/cli.h>
+#include <pmapcc/ensemble/progress.h>
+#include <pmapcc/ensemble/report.h>
+#include <pmapcc/ensemble/trainer.h>
 
 using namespace pmap::ensemble;
 
@@ -69,7 +69,8 @@ int run_training(const CliOptions& o) {
   ProgressBar bar(stdout, main_process ? parse_progress_mode(o.progress) : ProgressMode::none, std::max(1, c.epochs));
   while (trainer.epochs_done() < c.epochs) {
     bar.begin_epoch(trainer.epochs_done() + 1, trainer.steps_per_epoch());
-    EpochMetrics m = trainer.run_epoch([&](int step, int, double loss, double ips) { bar.update(step, loss, ips); });
+    EpochMetrics m =
+        trainer.run_epoch([&](const StepReport& r) { bar.update(r.step, r.running_loss, r.images_per_second); });
     bar.end_epoch(m);
     if (trainer.epochs_done() < c.epochs) write_outputs(o, trainer, nullptr);
   }

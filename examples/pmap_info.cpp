@@ -7,8 +7,8 @@
 #include <pmap/backends.h>
 #include <pmap/device.h>
 
-#include "kernels/backend.h"
-#include "kernels/cpu_backend.h"
+#include <pmapcc/kernels/backend.h>
+#include <pmapcc/kernels/cpu_backend.h>
 
 int main(int argc, char** argv) {
   const bool require_gpu = argc > 1 && std::strcmp(argv[1], "--require-gpu") == 0;

@@ -1,9 +1,9 @@
 // The backend_for() lookup, and StepGraph.
-#include "kernels/backend.h"
+#include <pmapcc/kernels/backend.h>
 
 #include <pmap/error.h>
 
-#include "kernels/cpu_backend.h"
+#include <pmapcc/kernels/cpu_backend.h>
 
 namespace pmap::kernels {
 

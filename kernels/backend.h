@@ -25,8 +25,8 @@
 
 #include <pmap/device.h>
 
-#include "kernels/graph.h"
-#include "kernels/ops.h"
+#include <pmapcc/kernels/graph.h>
+#include <pmapcc/kernels/ops.h>
 
 namespace pmap::kernels {
 

@@ -7,7 +7,7 @@
 
 #include <pmap/detail/launch.h>
 
-#include "kernels/ops.h"
+#include <pmapcc/kernels/ops.h>
 
 namespace pmap::kernels {
 

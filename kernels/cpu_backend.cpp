@@ -1,7 +1,7 @@
 // What the CPU backends share (kernels/cpu_backend.h): the choice of the active ISA variant, and the
 // ensemble step's reductions, the memory ops and the workspace sizes, which are plain loops compiled once
 // outside the variants (kernels/cpu), without FMA contraction, so every variant gives the same bits.
-#include "kernels/cpu_backend.h"
+#include <pmapcc/kernels/cpu_backend.h>
 
 #include <pmap/error.h>
 
@@ -10,7 +10,7 @@
 #include <cstring>
 #include <string>
 
-#include "kernels/calibration.h"
+#include <pmapcc/kernels/calibration.h>
 
 // Each built variant defines its entry point (kernels/cpu/backend.cpp compiled as that variant).
 extern "C" const pmap::kernels::CpuBackend* pmapcc_cpu_backend_generic();

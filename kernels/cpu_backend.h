@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "kernels/backend.h"
+#include <pmapcc/kernels/backend.h>
 
 namespace pmap::kernels {
 

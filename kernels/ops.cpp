@@ -1,5 +1,5 @@
 // Backend-neutral part of the ops: parameter validation and derived shapes (output sizes, padding).
-#include "kernels/ops.h"
+#include <pmapcc/kernels/ops.h>
 
 #include <pmap/error.h>
 

@@ -16,7 +16,7 @@
 
 #include <pmap/pmap.h>
 
-#include "kernels/backend.h"
+#include <pmapcc/kernels/backend.h>
 
 namespace cuda_testing {
 

@@ -10,7 +10,7 @@
 
 #include <pmap/random.h>
 
-#include "ensemble/data.h"
+#include <pmapcc/ensemble/data.h>
 
 namespace pmap::testing {
 

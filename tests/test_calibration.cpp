@@ -6,8 +6,8 @@
 
 #include <cmath>
 
-#include "ensemble/metrics.h"
-#include "kernels/backend.h"
+#include <pmapcc/ensemble/metrics.h>
+#include <pmapcc/kernels/backend.h>
 
 namespace {
 

@@ -7,9 +7,9 @@
 
 #include <pmap/detail/capture.h>
 
-#include "kernels/backend.h"
-#include "kernels/cpu_backend.h"
-#include "kernels/graph.h"
+#include <pmapcc/kernels/backend.h>
+#include <pmapcc/kernels/cpu_backend.h>
+#include <pmapcc/kernels/graph.h>
 
 namespace {
 

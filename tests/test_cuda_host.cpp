@@ -7,7 +7,7 @@
 #include <cstring>
 #include <limits>
 
-#include "kernels/cuda/exec.h"
+#include <pmapcc/kernels/cuda/exec.h>
 #include "src/device_kernels.h"
 #include "src/reduce.h"
 

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <string>
 
-#include "kernels/backend.h"
+#include <pmapcc/kernels/backend.h>
 
 namespace {
 

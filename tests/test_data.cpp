@@ -14,7 +14,7 @@
 #include <tuple>
 #include <vector>
 
-#include "ensemble/data.h"
+#include <pmapcc/ensemble/data.h>
 #include "pmap/error.h"
 
 namespace fs = std::filesystem;

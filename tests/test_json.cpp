@@ -8,7 +8,7 @@
 #include <limits>
 #include <string>
 
-#include "ensemble/json.h"
+#include <pmapcc/ensemble/json.h>
 #include "pmap/error.h"
 
 using pmap::ensemble::Json;

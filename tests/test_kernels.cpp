@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kernel_checks.h"
-#include "kernels/cpu_backend.h"
+#include <pmapcc/kernels/cpu_backend.h>
 
 namespace kc = kernel_checks;
 namespace {

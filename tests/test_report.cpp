@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "ensemble/json.h"
-#include "ensemble/progress.h"
-#include "ensemble/report.h"
+#include <pmapcc/ensemble/json.h>
+#include <pmapcc/ensemble/progress.h>
+#include <pmapcc/ensemble/report.h>
 #include "pmap/error.h"
 
 namespace fs = std::filesystem;

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "ensemble/safetensors.h"
+#include <pmapcc/ensemble/safetensors.h>
 
 namespace fs = std::filesystem;
 using namespace pmap::ensemble;

@@ -7,9 +7,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "ensemble/runner.h"
-#include "ensemble/safetensors.h"
-#include "ensemble/trainer.h"
+#include <pmapcc/ensemble/member_layout.h>
+#include <pmapcc/ensemble/runner.h>
+#include <pmapcc/ensemble/safetensors.h>
+#include <pmapcc/ensemble/trainer.h>
 #include "synthetic.h"
 
 using namespace pmap::ensemble;
@@ -41,11 +42,7 @@ std::filesystem::path temp_path(const std::string& name) {
 TEST_CASE("a 10-step loss trajectory is pinned and learning happens") {
   Trainer t(small(1, 1), data().train, data().test);
   std::vector<double> losses;
-  double prev_mean = 0;
-  t.run_epoch([&](int step, int, double running_mean, double) {
-    losses.push_back(running_mean * step - prev_mean * (step - 1));  // this step's loss
-    prev_mean = running_mean;
-  });
+  t.run_epoch([&](const pmap::ensemble::StepReport& r) { losses.push_back(r.loss); });
   REQUIRE(losses.size() == 10);  // 640 / 64
   // At initialization the logits are small, so the first loss is close to log(10).
   CHECK(losses[0] == doctest::Approx(std::log(10.0)).epsilon(0.05));
@@ -58,23 +55,23 @@ TEST_CASE("a 10-step loss trajectory is pinned and learning happens") {
 TEST_CASE("same seed and device count: bitwise identical results, run after run") {
   Trainer a(small(2, 2), data().train, data().test), b(small(2, 2), data().train, data().test);
   auto ma = a.run_epoch(), mb = b.run_epoch();
-  CHECK(a.gather(false) == b.gather(false));
-  CHECK(a.gather(true) == b.gather(true));
+  CHECK(a.params() == b.params());
+  CHECK(a.momentum() == b.momentum());
   CHECK(ma.train_loss == mb.train_loss);
   CHECK(ma.member_test_accuracy == mb.member_test_accuracy);
   CHECK(ma.ensemble_test_accuracy == mb.ensemble_test_accuracy);
   TrainConfig other = small(2, 2);
   other.seed = 1;
   Trainer c(other, data().train, data().test);
-  CHECK(c.gather(false) != a.gather(false));
+  CHECK(c.params() != a.params());
 }
 
 TEST_CASE("4 members on 4 devices and 4 members on 1 device start from the same keys") {
   Trainer spread(small(4, 4), data().train, data().test), packed(small(1, 4), data().train, data().test);
-  CHECK(spread.gather(false) == packed.gather(false));  // member g's init depends only on its key
+  CHECK(spread.params() == packed.params());  // member g's init depends only on its key
   spread.run_epoch();
   packed.run_epoch();
-  const float diff = max_abs_diff(spread.gather(false), packed.gather(false));
+  const float diff = max_abs_diff(spread.params(), packed.params());
   MESSAGE("max |param difference| after one epoch, 4x1 vs 1x4 members: " << diff);
   CHECK(diff <= 1e-4f);
 }
@@ -116,6 +113,31 @@ TEST_CASE("members start LeCun-normal as in Flax: truncated at 2 sigma, std sqrt
       CHECK(!std::equal(three.begin() + t.offset * 3, three.begin() + t.offset * 3 + t.size,
                         three.begin() + t.offset * 3 + t.size));
   }
+}
+
+TEST_CASE("the checkpoint member layout: device blocks stack tensor by tensor, and a block comes back out") {
+  const auto model = flax_mnist_cnn({8, 8, 1}, 3);
+  const std::int64_t per = model->params_per_member(), local = 2, total = 6;
+  // Value v of member g is g * per + v: where each value lands says which member and tensor it belongs to.
+  std::vector<float> blocks(static_cast<std::size_t>(total * per));
+  for (int d = 0; d < 3; ++d)
+    for (const auto& t : model->tensors())
+      for (std::int64_t j = 0; j < local; ++j)
+        for (std::int64_t i = 0; i < t.size; ++i)
+          blocks[static_cast<std::size_t>(d * local * per + t.offset * local + j * t.size + i)] =
+              static_cast<float>((d * local + j) * per + t.offset + i);
+  const std::vector<float> stacked = stack_members(*model, blocks, 3, local, total);
+  for (const auto& t : model->tensors())
+    for (std::int64_t g = 0; g < total; ++g)
+      for (std::int64_t i = 0; i < t.size; ++i)
+        REQUIRE(stacked[static_cast<std::size_t>(t.offset * total + g * t.size + i)] ==
+                static_cast<float>(g * per + t.offset + i));
+  for (int d = 0; d < 3; ++d) {
+    const std::vector<float> block = member_block(*model, stacked, total, d * local, local);
+    CHECK(std::equal(block.begin(), block.end(), blocks.begin() + d * local * per));
+  }
+  CHECK_THROWS_AS(stack_members(*model, blocks, 2, local, total), pmap::ValueError);
+  CHECK_THROWS_AS(member_block(*model, stacked, total, 5, local), pmap::ValueError);
 }
 
 TEST_CASE("a model runner runs any group of members alike, and rejects a bad group or member range") {
@@ -162,8 +184,8 @@ TEST_CASE("the member group changes no result: members run 1, 3 or 4 at a time t
     Trainer t(c, data().train, data().test);
     CHECK(t.member_group() == (group == 0 ? 1 : group));
     metrics.push_back(t.run_epoch());
-    params.push_back(t.gather(false));
-    momentum.push_back(t.gather(true));
+    params.push_back(t.params());
+    momentum.push_back(t.momentum());
   }
   for (std::size_t i = 1; i < params.size(); ++i) {
     CAPTURE(i);
@@ -189,10 +211,10 @@ TEST_CASE("data parallel over 2 devices matches 1 device with the same batch, an
   TrainConfig one = small(1, 1), two = small(2, 1);
   one.mode = two.mode = Mode::data_parallel;
   Trainer a(one, data().train, data().test), b(two, data().train, data().test);
-  CHECK(a.gather(false) == b.gather(false));
+  CHECK(a.params() == b.params());
   auto ma = a.run_epoch();
   auto mb = b.run_epoch();
-  const float diff = max_abs_diff(a.gather(false), b.gather(false));
+  const float diff = max_abs_diff(a.params(), b.params());
   MESSAGE("max |param difference| after one epoch, data parallel 1 vs 2 devices: " << diff);
   CHECK(diff <= 1e-4f);
   CHECK(ma.train_loss == doctest::Approx(mb.train_loss).epsilon(1e-4));
@@ -220,16 +242,16 @@ TEST_CASE("resume continues exactly: 2 epochs = 1 epoch, save, resume, 1 more") 
   CHECK(resumed.history().size() == 1);
   auto m = resumed.run_epoch();
   CHECK(m.epoch == 2);
-  CHECK(resumed.gather(false) == straight.gather(false));
-  CHECK(resumed.gather(true) == straight.gather(true));
+  CHECK(resumed.params() == straight.params());
+  CHECK(resumed.momentum() == straight.momentum());
   CHECK(resumed.step() == straight.step());
   CHECK(m.member_test_accuracy == straight.history().back().member_test_accuracy);
   // A checkpoint of 2 members written on 2 devices resumes on 1 device too.
   Trainer one_device(small(1, 2, 2), data().train, data().test), two_devices(small(2, 2, 2), data().train, data().test);
   one_device.load_checkpoint(path);
   two_devices.load_checkpoint(path);
-  CHECK(one_device.gather(false) == two_devices.gather(false));
-  CHECK(one_device.gather(true) == two_devices.gather(true));
+  CHECK(one_device.params() == two_devices.params());
+  CHECK(one_device.momentum() == two_devices.momentum());
 }
 
 TEST_CASE("mismatched and corrupt checkpoints are rejected with a clear error") {
@@ -305,14 +327,14 @@ TEST_CASE("the CUDA backend run on the host trains like the CPU backend, and its
     TrainConfig eager = graphs;
     eager.graphs = false;
     Trainer cpu(cpu_config, train, data().test), host(graphs, train, data().test), host_eager(eager, train, data().test);
-    CHECK(host.gather(false) == cpu.gather(false));  // the same initial members
+    CHECK(host.params() == cpu.params());  // the same initial members
     const EpochMetrics mc = cpu.run_epoch(), mh = host.run_epoch(), me = host_eager.run_epoch();
-    CHECK(host.gather(false) == host_eager.gather(false));
-    CHECK(host.gather(true) == host_eager.gather(true));
+    CHECK(host.params() == host_eager.params());
+    CHECK(host.momentum() == host_eager.momentum());
     CHECK(mh.train_loss == me.train_loss);
     CHECK(mh.member_test_accuracy == me.member_test_accuracy);
     CHECK(mh.ensemble_test_accuracy == me.ensemble_test_accuracy);
-    const float diff = max_abs_diff(host.gather(false), cpu.gather(false));
+    const float diff = max_abs_diff(host.params(), cpu.params());
     MESSAGE(to_string(mode) << ": max |param difference| after 5 steps, CUDA kernels on the host vs CPU ops: "
                             << diff << "; train loss " << mh.train_loss << " vs " << mc.train_loss);
     CHECK(diff <= 1e-6f);  // measured: 3e-8 in both modes
@@ -335,11 +357,11 @@ TEST_CASE("reporting every few steps changes no result, and every step is still 
   three.report_every = 3;  // 10 steps: reports after steps 3, 6, 9 and 10
   Trainer a(one, data().train, data().test), b(three, data().train, data().test);
   CHECK(a.config().report_every == 1);  // the CPU default
-  const EpochMetrics ma = a.run_epoch([&](int step, int, double loss, double) { every.emplace_back(step, loss); });
-  const EpochMetrics mb = b.run_epoch([&](int step, int, double loss, double) { sparse.emplace_back(step, loss); });
+  const EpochMetrics ma = a.run_epoch([&](const pmap::ensemble::StepReport& r) { every.emplace_back(r.step, r.running_loss); });
+  const EpochMetrics mb = b.run_epoch([&](const pmap::ensemble::StepReport& r) { sparse.emplace_back(r.step, r.running_loss); });
   CHECK(every == sparse);
   CHECK(every.size() == 10);
-  CHECK(a.gather(false) == b.gather(false));
+  CHECK(a.params() == b.params());
   CHECK(ma.train_loss == mb.train_loss);
   CHECK(ma.train_accuracy == mb.train_accuracy);
   TrainConfig bad = small(1, 1);

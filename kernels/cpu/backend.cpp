@@ -1,6 +1,6 @@
 // This variant's backend, exported as extern "C" pmapcc_cpu_backend_<variant>() for kernels/cpu_backend.cpp,
 // which chooses the active one.
-#include "kernels/cpu/ops.h"
+#include <pmapcc/kernels/cpu/ops.h>
 
 #define PMAPCC_CPU_CONCAT2(a, b) a##b
 #define PMAPCC_CPU_CONCAT(a, b) PMAPCC_CPU_CONCAT2(a, b)

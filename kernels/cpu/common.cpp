@@ -1,5 +1,5 @@
 // Helpers shared by the CPU op files: argument checks, bias broadcast and reduction, workspace carving.
-#include "kernels/cpu/common.h"
+#include <pmapcc/kernels/cpu/common.h>
 
 #include <pmap/error.h>
 

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "kernels/cpu/ops.h"
+#include <pmapcc/kernels/cpu/ops.h>
 
 namespace PMAPCC_CPU_NS::detail {
 

@@ -2,11 +2,11 @@
 // (KH*KW*Cin, Cout) matrices. A shared input is im2col'ed once per chunk for all members.
 #include <algorithm>
 
-#include "kernels/cpu/common.h"
-#include "kernels/cpu/conv_direct.h"
-#include "kernels/cpu/gemm.h"
-#include "kernels/cpu/im2col.h"
-#include "kernels/ops.h"
+#include <pmapcc/kernels/cpu/common.h>
+#include <pmapcc/kernels/cpu/conv_direct.h>
+#include <pmapcc/kernels/cpu/gemm.h>
+#include <pmapcc/kernels/cpu/im2col.h>
+#include <pmapcc/kernels/ops.h>
 
 namespace PMAPCC_CPU_NS {
 namespace {

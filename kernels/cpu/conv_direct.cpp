@@ -2,7 +2,7 @@
 // images): each image is copied into a zero-padded buffer; the forward sums every output pixel's taps into a
 // block of output channels held in SIMD registers (Eigen's packets: 8 floats with AVX, 4 with SSE), and the
 // backward's dw accumulates a few taps at a time over the image's pixels, reading dy once per image.
-#include "kernels/cpu/conv_direct.h"
+#include <pmapcc/kernels/cpu/conv_direct.h>
 
 #include <algorithm>
 #include <array>

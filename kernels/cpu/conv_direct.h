@@ -1,7 +1,7 @@
 // Internal to the CPU conv2d: the direct path for small patches (ConvPlan::direct), forward and dw/db.
 #pragma once
 
-#include "kernels/cpu/im2col.h"
+#include <pmapcc/kernels/cpu/im2col.h>
 
 namespace PMAPCC_CPU_NS::detail {
 

@@ -1,9 +1,9 @@
 // CPU dense layer forward and backward: one GEMM per member (x @ W + b) on row-major buffers.
 #include <algorithm>
 
-#include "kernels/cpu/common.h"
-#include "kernels/cpu/gemm.h"
-#include "kernels/ops.h"
+#include <pmapcc/kernels/cpu/common.h>
+#include <pmapcc/kernels/cpu/gemm.h>
+#include <pmapcc/kernels/ops.h>
 
 namespace PMAPCC_CPU_NS {
 namespace {

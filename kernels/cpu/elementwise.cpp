@@ -4,8 +4,8 @@
 #include <cmath>
 #include <string>
 
-#include "kernels/cpu/common.h"
-#include "kernels/ops.h"
+#include <pmapcc/kernels/cpu/common.h>
+#include <pmapcc/kernels/ops.h>
 
 namespace PMAPCC_CPU_NS {
 

@@ -1,7 +1,7 @@
 // The CPU kernels' GEMM. With Eigen 3.4 it calls Eigen's blocked GEMM (the one behind c.noalias() = a * b)
 // with packing buffers from the caller's workspace; other Eigen versions go through the public API, which
 // allocates its packing buffers per call.
-#include "kernels/cpu/gemm.h"
+#include <pmapcc/kernels/cpu/gemm.h>
 
 #include <algorithm>
 #include <cstdint>

@@ -4,7 +4,7 @@
 
 #include <cstddef>
 
-#include "kernels/cpu/common.h"
+#include <pmapcc/kernels/cpu/common.h>
 
 namespace PMAPCC_CPU_NS::detail {
 

@@ -1,10 +1,10 @@
 // CPU conv2d plan and the im2col / col2im transforms. A patch row is KH*KW*Cin floats in (ky, kx, c)
 // order, the row order of HWIO weights, so conv is patches (P, KH*KW*Cin) @ w (KH*KW*Cin, Cout).
-#include "kernels/cpu/im2col.h"
+#include <pmapcc/kernels/cpu/im2col.h>
 
 #include <algorithm>
 
-#include "kernels/cpu/gemm.h"
+#include <pmapcc/kernels/cpu/gemm.h>
 
 namespace PMAPCC_CPU_NS::detail {
 namespace {

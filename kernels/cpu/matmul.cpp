@@ -1,6 +1,6 @@
 // CPU matmul: the kernels' GEMM as an op of its own, one call per member (bench_train's sgemm rate).
-#include "kernels/cpu/common.h"
-#include "kernels/cpu/gemm.h"
+#include <pmapcc/kernels/cpu/common.h>
+#include <pmapcc/kernels/cpu/gemm.h>
 
 namespace PMAPCC_CPU_NS {
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/cpu_backend.h"
+#include <pmapcc/kernels/cpu_backend.h>
 
 #ifndef PMAPCC_CPU_VARIANT
 #error "kernels/cpu sources are built per ISA variant: compile them with -DPMAPCC_CPU_VARIANT=generic|avx2"

@@ -2,8 +2,8 @@
 // pooling never mixes images, so (M, N, ...) is handled as M*N images.
 #include <algorithm>
 
-#include "kernels/cpu/common.h"
-#include "kernels/ops.h"
+#include <pmapcc/kernels/cpu/common.h>
+#include <pmapcc/kernels/ops.h>
 
 namespace PMAPCC_CPU_NS {
 

@@ -1,11 +1,11 @@
 // The two CUDA backends (kernels/cuda/backend.h): on the GPU (Exec::gpu(): the calling thread's current
 // stream; nothing waits for the GPU) and on the host (Exec::host(): cuda_backend_on_host, how the CUDA
 // code is checked without a GPU). Graph capture: CUDA graphs on the GPU, recordings of the host run.
-#include "kernels/cuda/backend.h"
+#include <pmapcc/kernels/cuda/backend.h>
 
 #include <pmap/error.h>
 
-#include "kernels/cuda/gpu/native.h"
+#include <pmapcc/kernels/cuda/gpu/native.h>
 
 namespace pmap::kernels {
 

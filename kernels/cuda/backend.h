@@ -14,8 +14,8 @@
 
 #include <pmap/error.h>
 
-#include "kernels/backend.h"
-#include "kernels/cuda/exec.h"
+#include <pmapcc/kernels/backend.h>
+#include <pmapcc/kernels/cuda/exec.h>
 
 namespace pmap::kernels::gpu {
 

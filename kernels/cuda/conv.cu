@@ -4,8 +4,8 @@
 // per output element (im2col: per patch entry; col2im: per input pixel and channel).
 #include <cstdint>
 
-#include "kernels/cuda/backend.h"
-#include "kernels/cuda/linear.h"
+#include <pmapcc/kernels/cuda/backend.h>
+#include <pmapcc/kernels/cuda/linear.h>
 
 namespace pmap::kernels::gpu {
 namespace {

@@ -1,7 +1,7 @@
 // CUDA dense layer forward and backward: strided-batched GEMMs over members (a shared input has batch
 // stride 0), the bias-and-ReLU epilogue, and deterministic bias-gradient column sums.
-#include "kernels/cuda/backend.h"
-#include "kernels/cuda/linear.h"
+#include <pmapcc/kernels/cuda/backend.h>
+#include <pmapcc/kernels/cuda/linear.h>
 
 namespace pmap::kernels::gpu {
 namespace {

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <string>
 
-#include "kernels/cuda/backend.h"
+#include <pmapcc/kernels/cuda/backend.h>
 
 namespace pmap::kernels::gpu {
 namespace {

@@ -1,7 +1,7 @@
 // Exec: dispatch of the CUDA backend's work to a GPU (kernels/cuda/gpu) or to the host; the row-major to
 // column-major GEMM mapping and the host GEMM with cuBLAS's semantics; host scratch memory; and host
 // captures, which record a step's launches and replay them as a CUDA graph would.
-#include "kernels/cuda/exec.h"
+#include <pmapcc/kernels/cuda/exec.h>
 
 #include <cstring>
 #include <string>
@@ -10,8 +10,8 @@
 #include <pmap/detail/capture.h>
 #include <pmap/error.h>
 
-#include "kernels/cuda/gpu/native.h"
-#include "kernels/graph.h"
+#include <pmapcc/kernels/cuda/gpu/native.h>
+#include <pmapcc/kernels/graph.h>
 
 namespace pmap::kernels::gpu {
 namespace {

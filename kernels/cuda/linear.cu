@@ -1,6 +1,6 @@
 // The bias-and-ReLU epilogue and deterministic column sums (bias gradients) for conv2d and dense: one
 // item per output element, no cooperation between threads, so a host run checks them exactly.
-#include "kernels/cuda/linear.h"
+#include <pmapcc/kernels/cuda/linear.h>
 
 namespace pmap::kernels::gpu {
 namespace {

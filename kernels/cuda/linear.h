@@ -4,7 +4,7 @@
 
 #include <cstddef>
 
-#include "kernels/cuda/exec.h"
+#include <pmapcc/kernels/cuda/exec.h>
 
 namespace pmap::kernels::gpu {
 

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/backend.h"
+#include <pmapcc/kernels/cuda/backend.h>
 
 namespace pmap::kernels::gpu {
 namespace {

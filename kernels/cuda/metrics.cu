@@ -3,8 +3,8 @@
 // One item per element, row or member, in the CPU ops' order, so host runs give the CPU's bits.
 #include <cstdint>
 
-#include "kernels/calibration.h"
-#include "kernels/cuda/backend.h"
+#include <pmapcc/kernels/calibration.h>
+#include <pmapcc/kernels/cuda/backend.h>
 
 namespace pmap::kernels::gpu {
 namespace {

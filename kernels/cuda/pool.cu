@@ -1,7 +1,7 @@
 // CUDA average pooling (VALID, any window and stride), forward and backward, one item per output
 // (forward) or input (backward) element. The sums run in the CPU's order without FMA, so the results are
 // bitwise those of the CPU ops.
-#include "kernels/cuda/backend.h"
+#include <pmapcc/kernels/cuda/backend.h>
 
 namespace pmap::kernels::gpu {
 namespace {

@@ -2,7 +2,7 @@
 // The kernels themselves are still built, as host code, and run on the host (kernels::cuda_backend_on_host).
 #include <pmap/error.h>
 
-#include "kernels/cuda/gpu/native.h"
+#include <pmapcc/kernels/cuda/gpu/native.h>
 
 namespace pmap::kernels::gpu::native {
 namespace {

@@ -4,7 +4,7 @@
 #include <exception>
 #include <vector>
 
-#include <ensemble/data.h>
+#include <pmapcc/ensemble/data.h>
 #include <pmap/pmap.h>
 
 int main() {

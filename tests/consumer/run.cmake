@@ -1,5 +1,6 @@
 # The consumer-project check: installs a pmapcc build tree into a fresh prefix, then configures, builds and runs
-# tests/consumer against it with only CMAKE_PREFIX_PATH pointing there. Used by CTest (consumer_project):
+# tests/consumer (everything) and tests/consumer/runtime_only (the runtime alone) against it with only
+# CMAKE_PREFIX_PATH pointing there. Used by CTest (consumer_project):
 #   cmake -DBUILD_DIR=<pmapcc build> -DWORK_DIR=<scratch> [-DGENERATOR=..] [-DBUILD_TYPE=..] [-DCXX_COMPILER=..]
 #         [-DSANITIZE=address|undefined|thread] -P tests/consumer/run.cmake
 cmake_minimum_required(VERSION 3.24)
@@ -26,7 +27,7 @@ endfunction()
 
 step("install ${BUILD_DIR} into ${prefix}" "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${prefix}")
 
-set(args -S "${consumer_src}" -B "${build}" "-DCMAKE_PREFIX_PATH=${prefix}")
+set(args "-DCMAKE_PREFIX_PATH=${prefix}")
 if(GENERATOR)
   list(APPEND args -G "${GENERATOR}")
 endif()
@@ -39,7 +40,9 @@ endif()
 if(SANITIZE)  # the installed static libraries are instrumented: the program must link the same runtime
   list(APPEND args "-DCMAKE_CXX_FLAGS=-fsanitize=${SANITIZE}" "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=${SANITIZE}")
 endif()
-step("configure the consumer" "${CMAKE_COMMAND}" ${args})
+# Eigen is used inside the kernels only: no consumer may need it.
+step("configure the consumer" "${CMAKE_COMMAND}" -S "${consumer_src}" -B "${build}" ${args}
+     -DCMAKE_DISABLE_FIND_PACKAGE_Eigen3=TRUE)
 
 # The package must have come from our prefix, not from some other pmapcc on the system.
 file(STRINGS "${build}/CMakeCache.txt" found_dir REGEX "^pmapcc_DIR:")
@@ -50,4 +53,11 @@ endif()
 
 step("build the consumer" "${CMAKE_COMMAND}" --build "${build}")
 step("run the consumer" "${build}/consumer")
+message("${step_output}")
+
+# A consumer of the runtime alone needs neither zlib nor Eigen (both hidden from it) nor the C language.
+step("configure the runtime-only consumer" "${CMAKE_COMMAND}" -S "${consumer_src}/runtime_only" -B "${build}-runtime"
+     ${args} -DCMAKE_DISABLE_FIND_PACKAGE_ZLIB=TRUE -DCMAKE_DISABLE_FIND_PACKAGE_Eigen3=TRUE)
+step("build the runtime-only consumer" "${CMAKE_COMMAND}" --build "${build}-runtime")
+step("run the runtime-only consumer" "${build}-runtime/runtime_consumer")
 message("${step_output}")

@@ -9,7 +9,7 @@
 
 #include <pmap/error.h>
 
-#include "ensemble/data.h"
+#include <pmapcc/ensemble/data.h>
 #include "tests/fuzz/fuzz_common.h"
 
 namespace {

@@ -5,7 +5,7 @@
 
 #include <pmap/error.h>
 
-#include "ensemble/json.h"
+#include <pmapcc/ensemble/json.h>
 #include "tests/fuzz/fuzz_common.h"
 
 using pmap::ensemble::Json;

@@ -8,7 +8,7 @@
 
 #include <pmap/error.h>
 
-#include "ensemble/safetensors.h"
+#include <pmapcc/ensemble/safetensors.h>
 #include "tests/fuzz/fuzz_common.h"
 
 namespace se = pmap::ensemble;

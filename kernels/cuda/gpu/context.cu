@@ -14,7 +14,7 @@
 #include <pmap/detail/cuda_stream.h>
 #include <pmap/error.h>
 
-#include "kernels/cuda/gpu/native.h"
+#include <pmapcc/kernels/cuda/gpu/native.h>
 
 namespace pmap::kernels::gpu::native {
 namespace {

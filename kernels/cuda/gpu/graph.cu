@@ -8,8 +8,8 @@
 #include <pmap/detail/cuda_stream.h>
 #include <pmap/error.h>
 
-#include "kernels/cuda/gpu/native.h"
-#include "kernels/graph.h"
+#include <pmapcc/kernels/cuda/gpu/native.h>
+#include <pmapcc/kernels/graph.h>
 
 namespace pmap::kernels::gpu::native {
 namespace {

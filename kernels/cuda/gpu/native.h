@@ -8,7 +8,7 @@
 #include <functional>
 #include <memory>
 
-#include "kernels/cuda/exec.h"
+#include <pmapcc/kernels/cuda/exec.h>
 
 namespace pmap::kernels::gpu::native {
 
