@@ -1,7 +1,7 @@
 // Tests of mnist_ensemble's command-line parsing: defaults, both flag spellings, one-line errors.
 #include <doctest/doctest.h>
 
-#include <pmapcc/ensemble/cli.h>
+#include "examples/mnist_ensemble/cli.h"
 
 using pmap::ensemble::parse_cli;
 using pmap::ensemble::UsageError;

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include <pmapcc/ensemble/json.h>
-#include <pmapcc/ensemble/progress.h>
-#include <pmapcc/ensemble/report.h>
+#include "examples/mnist_ensemble/progress.h"
+#include "examples/mnist_ensemble/report.h"
 #include "pmap/error.h"
 
 namespace fs = std::filesystem;

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include <pmapcc/ensemble/cli.h>
+#include "examples/mnist_ensemble/cli.h"
 #include "tests/fuzz/fuzz_common.h"
 
 namespace se = pmap::ensemble;

@@ -1,5 +1,5 @@
 // mnist_ensemble's command line: a table of flags, strict number parsing, grouped help.
-#include <pmapcc/ensemble/cli.h>
+#include "cli.h"
 
 #include <charconv>
 #include <cmath>

@@ -1,6 +1,6 @@
 // Metrics files (JSON, CSV), the atomic text-file writer they share, and the final per-member table.
 // The SVG plot lives in report_svg.cpp.
-#include <pmapcc/ensemble/report.h>
+#include "report.h"
 
 #include <fcntl.h>
 #include <unistd.h>

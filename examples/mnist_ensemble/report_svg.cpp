@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include <pmapcc/ensemble/report.h>
+#include "report.h"
 
 namespace pmap::ensemble {
 namespace {

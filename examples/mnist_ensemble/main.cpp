@@ -9,9 +9,9 @@
 
 #include <pmap/distributed.h>
 
-#include <pmapcc/ensemble/cli.h>
-#include <pmapcc/ensemble/progress.h>
-#include <pmapcc/ensemble/report.h>
+#include "cli.h"
+#include "progress.h"
+#include "report.h"
 #include <pmapcc/ensemble/trainer.h>
 
 using namespace pmap::ensemble;

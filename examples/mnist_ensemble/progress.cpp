@@ -1,5 +1,5 @@
 // ProgressBar: the Keras-style per-step bar (TTY) and the per-epoch summary line (TTY and logs).
-#include <pmapcc/ensemble/progress.h>
+#include "progress.h"
 
 #include <sys/ioctl.h>
 #include <unistd.h>
