@@ -5,12 +5,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <pmap/pmap.h>
+
+#include "machine.h"
 
 namespace {
 
@@ -110,20 +111,6 @@ Row measure(const Options& o, const pmap::Mesh& mesh, std::size_t count) {
   return row;
 }
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown CPU";
-}
-
-std::string first_line(const char* path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
 double gbps(std::size_t bytes, double s) { return static_cast<double>(bytes) / s / 1e9; }
 
 void print_row(const Row& r) {
@@ -169,10 +156,9 @@ Options parse(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
-  std::string command = argv[0];
-  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
-  std::printf("machine: %s, %u hardware threads, load average %s\n", cpu_model().c_str(),
-              std::thread::hardware_concurrency(), first_line("/proc/loadavg").c_str());
+  const std::string command = bench::command_line(argc, argv);
+  std::printf("machine: %s, %u hardware threads, load average %s\n", bench::cpu_model().c_str(),
+              std::thread::hardware_concurrency(), bench::first_line("/proc/loadavg").c_str());
   std::printf("command: %s\n", command.c_str());
   std::printf("psum_inplace of f32 on CPU devices; medians; GB/s = bytes / time; ratio = psum GB/s / memcpy GB/s\n\n");
   std::printf("%7s %12s %12s %10s %12s %12s %7s %6s\n", "devices", "bytes", "psum_us", "psum_GB/s", "memcpy_us",

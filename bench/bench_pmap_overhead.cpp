@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -14,6 +13,8 @@
 #include <sys/resource.h>
 
 #include <pmap/pmap.h>
+
+#include "machine.h"
 
 namespace {
 
@@ -26,20 +27,6 @@ struct Options {
   int calls = 2000;
   int idle_ms = 300;
 };
-
-std::string first_line(const char* path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown CPU";
-}
 
 double percentile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
@@ -137,10 +124,9 @@ Options parse(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
-  std::string command = argv[0];
-  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
-  std::printf("machine: %s, %u hardware threads\n", cpu_model().c_str(), std::thread::hardware_concurrency());
-  std::printf("load average before: %s\n", first_line("/proc/loadavg").c_str());
+  const std::string command = bench::command_line(argc, argv);
+  std::printf("machine: %s, %u hardware threads\n", bench::cpu_model().c_str(), std::thread::hardware_concurrency());
+  std::printf("load average before: %s\n", bench::first_line("/proc/loadavg").c_str());
   std::printf("command: %s\n", command.c_str());
   std::printf("empty pmap call and a 4-byte psum_inplace inside one, on CPU devices; %d calls each; microseconds\n",
               o.calls);
@@ -156,7 +142,7 @@ int main(int argc, char** argv) {
     if (n <= static_cast<int>(std::thread::hardware_concurrency()))
       pass = pass && r.call_med / r.devices <= kTargetPerDeviceUs && r.idle_cpu < 0.05;
   }
-  std::printf("\nload average after: %s\n", first_line("/proc/loadavg").c_str());
+  std::printf("\nload average after: %s\n", bench::first_line("/proc/loadavg").c_str());
   std::printf("target: an empty call <= %.0f us per device (device counts up to the core count), idle_cpu < 0.05: %s\n",
               kTargetPerDeviceUs, pass ? "PASS" : "FAIL");
   return 0;
