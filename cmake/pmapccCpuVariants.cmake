@@ -7,8 +7,8 @@
 # (-DPMAPCC_CPU_VARIANT=<name>: pmap::kernels::cpu::<name>), the avx2 one with Eigen renamed
 # (-DEigen=pmapcc_eigen_avx2), and the avx2 objects are then linked into one relocatable object
 # (ld -r --force-group-allocation, which resolves and dissolves the COMDAT groups) whose symbols objcopy makes
-# local except its entry point pmapcc_cpu_backend_avx2 (that variant's CpuBackend). Nothing compiled with -mavx2 is visible to the rest of
-# the program; scripts/check_cpu_variants.sh verifies it with nm.
+# local except its entry point pmapcc_cpu_backend_avx2 (that variant's CpuBackend). Nothing compiled with
+# -mavx2 is visible to the rest of the program; scripts/check_cpu_variants.sh verifies it with nm.
 #
 # PMAPCC_CPU_AVX2 (AUTO|ON|OFF): AUTO builds the avx2 variant on x86-64 with GCC or Clang and GNU ld/objcopy.
 

@@ -73,7 +73,8 @@ std::vector<float> read_stacked(const SafetensorsFile& f, const std::string& pre
 void Trainer::save_checkpoint(const std::filesystem::path& path) const {
   std::vector<TensorEntry> tensors;
   const std::int64_t m = total_members_;
-  for (auto [prefix, field] : {std::pair{"params/", &TrainState::params}, std::pair{"momentum/", &TrainState::momentum}}) {
+  for (auto [prefix, field] :
+       {std::pair{"params/", &TrainState::params}, std::pair{"momentum/", &TrainState::momentum}}) {
     const std::vector<float> all = stacked(field);
     for (const auto& t : model_->tensors()) {
       std::span<const float> block(all.data() + t.offset * m, static_cast<std::size_t>(t.size * m));

@@ -28,7 +28,8 @@ std::vector<float> stack_members(const Sequential& model, const std::vector<floa
 
 std::vector<float> member_block(const Sequential& model, const std::vector<float>& stacked, std::int64_t total,
                                 std::int64_t first, std::int64_t local) {
-  if (first < 0 || first + local > total || static_cast<std::int64_t>(stacked.size()) != total * model.params_per_member())
+  if (first < 0 || first + local > total ||
+      static_cast<std::int64_t>(stacked.size()) != total * model.params_per_member())
     throw ValueError("member_block: members " + std::to_string(first) + ".." + std::to_string(first + local - 1) +
                      " of " + std::to_string(total) + " (" + std::to_string(stacked.size()) + " values)");
   std::vector<float> block(static_cast<std::size_t>(local * model.params_per_member()));

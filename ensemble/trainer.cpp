@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include <pmap/detail/hash.h>
 #include <pmap/distributed.h>
 #include <pmap/error.h>
 
@@ -80,15 +81,10 @@ void check_memory(const TrainConfig& c, int devices, std::int64_t params_per_mem
                    std::to_string(static_cast<long long>(have / 1e9)) + " GB of memory");
 }
 
-// FNV-1a over the bytes of `data`, continuing from `h`.
-std::uint64_t fnv1a(std::span<const std::uint8_t> data, std::uint64_t h = 14695981039346656037ull) {
-  for (std::uint8_t b : data) h = (h ^ b) * 1099511628211ull;
-  return h;
-}
-
 std::uint64_t fingerprint(const Json& config, const Dataset& train, const Dataset& test) {
   const std::string text = config.dump();
-  std::uint64_t h = fnv1a({reinterpret_cast<const std::uint8_t*>(text.data()), text.size()});
+  using pmap::detail::fnv1a;
+  std::uint64_t h = fnv1a(text);
   for (const Dataset* d : {&train, &test}) {
     const std::int64_t dims[3] = {d->count, d->rows, d->cols};
     h = fnv1a({reinterpret_cast<const std::uint8_t*>(dims), sizeof(dims)}, h);

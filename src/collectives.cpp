@@ -7,9 +7,9 @@
 #include <set>
 
 #include <pmap/detail/capture.h>
+#include <pmap/detail/hash.h>
 
 #include "cuda_seam.h"
-#include "hash.h"
 #include "mesh_impl.h"
 
 namespace pmap {

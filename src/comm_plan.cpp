@@ -12,10 +12,10 @@
 
 #include <unistd.h>
 
+#include <pmap/detail/hash.h>
 #include <pmap/error.h>
 
 #include "availability.h"
-#include "hash.h"
 #include "processes.h"
 #include "thread_communicator.h"
 

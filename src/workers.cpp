@@ -95,7 +95,9 @@ void WorkerPool::loop(int index, Device device, bool pin) {
   if (pin && device.is_cpu()) pin_to_core(index);
   bool bound = device.is_cpu();
   std::uint64_t seen = 0;
-  auto started = [&] { return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen; };
+  auto started = [&] {
+    return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen;
+  };
   for (;;) {
     if (!poll(started)) {
       std::unique_lock lk(mu_);

@@ -6,9 +6,9 @@
 #include <climits>
 #include <cstring>
 
+#include <pmap/detail/hash.h>
 #include <pmap/error.h>
 
-#include "hash.h"
 #include "mpi_runtime.h"
 #include "reduce.h"
 
