@@ -120,26 +120,13 @@ void print_row(const Row& r) {
               r.devices == kTargetDevices && r.bytes == kTargetCount * sizeof(float) ? "  <- target" : "");
 }
 
-std::vector<int> parse_devices(const char* text) {
-  std::vector<int> out;
-  for (const char* p = text; *p;) {
-    char* end = nullptr;
-    const long v = std::strtol(p, &end, 10);
-    if (end == p || v < 1 || v > 256) throw pmap::ValueError(std::string("--devices: bad list '") + text + "'");
-    out.push_back(static_cast<int>(v));
-    p = *end == ',' ? end + 1 : end;
-    if (*end != ',' && *end != '\0') throw pmap::ValueError(std::string("--devices: bad list '") + text + "'");
-  }
-  return out;
-}
-
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const bool has_value = i + 1 < argc;
     if (a == "--devices" && has_value) {
-      o.devices = parse_devices(argv[++i]);
+      o.devices = bench::parse_device_list(argv[0], argv[++i]);
     } else if (a == "--max-mib" && has_value) {
       o.max_bytes = static_cast<std::size_t>(std::strtoull(argv[++i], nullptr, 10)) << 20;
     } else if (a == "--seconds-per-row" && has_value) {

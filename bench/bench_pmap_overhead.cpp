@@ -94,18 +94,7 @@ Options parse(int argc, char** argv) {
     const std::string a = argv[i];
     const bool has_value = i + 1 < argc;
     if (a == "--devices" && has_value) {
-      o.devices.clear();
-      std::string list = argv[++i];
-      for (std::size_t at = 0; at <= list.size();) {
-        const std::size_t comma = std::min(list.find(',', at), list.size());
-        const int n = std::atoi(list.substr(at, comma - at).c_str());
-        if (n < 1 || n > 64) {
-          std::fprintf(stderr, "bench_pmap_overhead: --devices: bad list '%s' (1..64 each)\n", list.c_str());
-          std::exit(2);
-        }
-        o.devices.push_back(n);
-        at = comma + 1;
-      }
+      o.devices = bench::parse_device_list(argv[0], argv[++i]);
     } else if (a == "--calls" && has_value) {
       o.calls = std::atoi(argv[++i]);
       if (o.calls < 10) {

@@ -1,8 +1,12 @@
-// What every benchmark prints first: the machine, its load, and the command that ran.
+// What every benchmark prints first (the machine, its load, the command that ran), and the device-count
+// list flag they share.
 #pragma once
 
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace bench {
 
@@ -27,6 +31,27 @@ inline std::string command_line(int argc, char** argv) {
   std::string command = argv[0];
   for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
   return command;
+}
+
+// A --devices list ("2,4,8"), each count in [1, 256]; otherwise prints "<program>: --devices: bad list
+// '<text>'" and exits with status 2.
+inline std::vector<int> parse_device_list(const char* program, const char* text) {
+  std::vector<int> out;
+  for (const char* p = text; *p != '\0';) {
+    char* end = nullptr;
+    const long v = std::strtol(p, &end, 10);
+    if (end == p || v < 1 || v > 256 || (*end != ',' && *end != '\0')) {
+      std::fprintf(stderr, "%s: --devices: bad list '%s' (counts 1..256, comma-separated)\n", program, text);
+      std::exit(2);
+    }
+    out.push_back(static_cast<int>(v));
+    p = *end == ',' ? end + 1 : end;
+  }
+  if (out.empty()) {
+    std::fprintf(stderr, "%s: --devices: empty list\n", program);
+    std::exit(2);
+  }
+  return out;
 }
 
 }  // namespace bench

@@ -13,7 +13,7 @@ install(TARGETS pmapcc pmapcc_runtime pmapcc_kernels pmapcc_ensemble
 install(DIRECTORY include/pmap DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY kernels ensemble DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pmapcc  # <pmapcc/kernels/...>
         FILES_MATCHING PATTERN "*.h"
-        PATTERN "cpu" EXCLUDE PATTERN "cuda" EXCLUDE PATTERN "stubs" EXCLUDE)  # the backends' internals
+        PATTERN "cpu" EXCLUDE PATTERN "cuda" EXCLUDE)  # the backends' internal headers
 install(EXPORT pmapccTargets NAMESPACE pmapcc:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/pmapcc)
 
 # Where the CUDA toolkit was found (the directory above nvcc's bin/), a hint for the installed config.

@@ -5,6 +5,7 @@
 
 #include <pmap/error.h>
 
+#include <pmapcc/ensemble/member_layout.h>
 #include <pmapcc/ensemble/safetensors.h>
 #include <pmapcc/ensemble/trainer.h>
 
@@ -156,12 +157,13 @@ void Trainer::load_members(const std::filesystem::path& path, const std::vector<
     throw ValueError("evaluating " + std::to_string(pick.size()) + " member(s) of " + path.string() + " needs a trainer of " +
                      std::to_string(pick.size()) + " members, this one has " + std::to_string(total_members_));
   const std::vector<float> all = read_stacked(f, "params/", *model_, s.members);
-  std::vector<float> params(static_cast<std::size_t>(total_members_ * model_->params_per_member()));
+  std::vector<float> blocks;  // the picked members one after another, then stacked (member_layout.h)
+  for (int g : pick) {
+    const std::vector<float> one = member_block(*model_, all, s.members, g, 1);
+    blocks.insert(blocks.end(), one.begin(), one.end());
+  }
   const auto n = static_cast<std::int64_t>(pick.size());
-  for (const auto& t : model_->tensors())
-    for (std::int64_t j = 0; j < n; ++j)
-      std::copy_n(all.begin() + t.offset * s.members + pick[static_cast<std::size_t>(j)] * t.size, t.size,
-                  params.begin() + t.offset * n + j * t.size);
+  const std::vector<float> params = stack_members(*model_, blocks, static_cast<int>(n), 1, n);
   restore(params, std::vector<float>(params.size(), 0.0f), 0);
   epochs_done_ = s.epochs_done;
   history_.clear();

@@ -85,14 +85,6 @@ void set_isa(std::string_view name) { g_active.store(backend_for_isa(name, "set_
 
 const CpuBackend& cpu_backend() { return cpu::active_backend(); }
 
-namespace {
-
-void require(const void* ptr, const char* op, const char* arg) {
-  if (ptr == nullptr) throw ValueError(std::string(op) + ": " + arg + " is null");
-}
-
-}  // namespace
-
 void CpuBackend::sum_members(int count, std::size_t n, const float* x, float* out, bool accumulate) const {
   require(x, "sum_members", "x");
   require(out, "sum_members", "out");

@@ -44,6 +44,10 @@ Axis conv_axis(int in, int k, int stride, Padding padding, int pad_lo, int pad_h
 
 }  // namespace
 
+void require(const void* ptr, const char* op, const char* arg) {
+  if (ptr == nullptr) throw ValueError(std::string(op) + ": " + arg + " is null");
+}
+
 ConvGeometry conv2d_geometry(const Conv2dParams& p) {
   const char* op = "conv2d";
   require_positive(p.members, op, "members");

@@ -124,6 +124,9 @@ struct CalibrationParams {
   int classes = 0;
 };
 
+// Throws pmap::ValueError "<op>: <arg> is null" when ptr is null: every backend's check of its pointers.
+void require(const void* ptr, const char* op, const char* arg);
+
 // Validation and derived shapes (backend-neutral). Each throws pmap::ValueError naming the bad field.
 ConvGeometry conv2d_geometry(const Conv2dParams& p);
 PoolGeometry avg_pool_geometry(const AvgPoolParams& p);

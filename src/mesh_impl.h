@@ -82,6 +82,9 @@ class MeshImpl {
   // (number of axes + 1). The AxisNames overload validates the names as resolve() does.
   std::uint64_t tuple_key(const std::vector<int>& axis_ids) const;
   std::uint64_t tuple_key(const AxisNames& axes) const;
+  // Calls f(id) for the named axes' ids in tuple order (every axis when none is named), raising AxisError
+  // for an unknown or repeated name: resolve() and tuple_key() share it.
+  template <class F> void for_each_axis(const AxisNames& axes, F&& f) const;
   const AxisComms& lookup(const AxisNames& axes) const;
 
   std::vector<Device> devices_;

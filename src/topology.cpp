@@ -55,20 +55,25 @@ std::string MeshImpl::scope_str() const {
   return s;
 }
 
-std::vector<int> MeshImpl::resolve(const AxisNames& axes) const {
-  std::vector<int> ids;
+template <class F> void MeshImpl::for_each_axis(const AxisNames& axes, F&& f) const {
   if (axes.empty()) {
-    for (std::size_t i = 0; i < axes_.size(); ++i) ids.push_back(static_cast<int>(i));
-    return ids;
+    for (std::size_t i = 0; i < axes_.size(); ++i) f(static_cast<int>(i));
+    return;
   }
+  unsigned seen = 0;  // a bit per axis id: a mesh has at most 4 axes (validate())
   for (const auto& n : axes.names()) {
     auto it = std::find_if(axes_.begin(), axes_.end(), [&](const AxisSpec& a) { return a.name == n; });
     if (it == axes_.end()) throw AxisError("unknown axis name '" + n + "'; axes in scope: " + scope_str());
-    int id = static_cast<int>(it - axes_.begin());
-    if (std::find(ids.begin(), ids.end(), id) != ids.end())
-      throw AxisError("axis '" + n + "' is named twice in " + axes.str());
-    ids.push_back(id);
+    const int id = static_cast<int>(it - axes_.begin());
+    if ((seen >> id & 1u) != 0) throw AxisError("axis '" + n + "' is named twice in " + axes.str());
+    seen |= 1u << id;
+    f(id);
   }
+}
+
+std::vector<int> MeshImpl::resolve(const AxisNames& axes) const {
+  std::vector<int> ids;
+  for_each_axis(axes, [&](int id) { ids.push_back(id); });
   return ids;
 }
 
@@ -92,21 +97,8 @@ std::uint64_t MeshImpl::tuple_key(const std::vector<int>& axis_ids) const {
 }
 
 std::uint64_t MeshImpl::tuple_key(const AxisNames& axes) const {
-  const std::uint64_t base = axes_.size() + 1;
-  std::uint64_t key = 0;
-  if (axes.empty()) {
-    for (std::size_t i = 0; i < axes_.size(); ++i) key = key * base + i + 1;
-    return key;
-  }
-  std::uint64_t seen = 0;  // a bit per axis id (a mesh has at most 4 axes: see validate())
-  for (const auto& n : axes.names()) {
-    auto it = std::find_if(axes_.begin(), axes_.end(), [&](const AxisSpec& a) { return a.name == n; });
-    if (it == axes_.end()) throw AxisError("unknown axis name '" + n + "'; axes in scope: " + scope_str());
-    const auto id = static_cast<std::uint64_t>(it - axes_.begin());
-    if ((seen >> id & 1u) != 0) throw AxisError("axis '" + n + "' is named twice in " + axes.str());
-    seen |= std::uint64_t{1} << id;
-    key = key * base + id + 1;
-  }
+  std::uint64_t key = 0;  // as the overload above, without building the vector of ids
+  for_each_axis(axes, [&](int id) { key = key * (axes_.size() + 1) + static_cast<std::uint64_t>(id) + 1; });
   return key;
 }
 

@@ -9,10 +9,6 @@
 
 namespace PMAPCC_CPU_NS::detail {
 
-void require(const void* ptr, const char* op, const char* arg) {
-  if (ptr == nullptr) throw ValueError(std::string(op) + ": " + arg + " is null");
-}
-
 void column_sums(const float* a, Index rows, Index cols, float* out) {
   constexpr Index kBlock = 256;  // columns per pass: the double accumulators stay on the stack
   double acc[kBlock];

@@ -15,8 +15,7 @@ using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::Ro
 using MatrixView = Eigen::Map<RowMatrix>;             // (rows, cols) over a float*, row-major, contiguous
 using ConstMatrixView = Eigen::Map<const RowMatrix>;  // the same over a const float*
 
-// Throws pmap::ValueError "<op>: <arg> is null" when ptr is null.
-void require(const void* ptr, const char* op, const char* arg);
+using pmap::kernels::require;  // kernels/ops.h
 
 // out (cols) = column sums of a (rows, cols), each accumulated in double over rows in order, then rounded.
 void column_sums(const float* a, Index rows, Index cols, float* out);

@@ -19,11 +19,6 @@
 
 namespace pmap::kernels::gpu {
 
-// Throws pmap::ValueError "<op>: <arg> is null" when ptr is null.
-inline void require(const void* ptr, const char* op, const char* arg) {
-  if (ptr == nullptr) throw ValueError(std::string(op) + ": " + arg + " is null");
-}
-
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(Exec ex) : ex_(ex) {}
