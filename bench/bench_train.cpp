@@ -20,12 +20,13 @@
 
 #include <sys/resource.h>
 
-#include <pmapcc/ensemble/json.h>
 #include <pmapcc/ensemble/trainer.h>
+#include <pmapcc/io/json.h>
 #include <pmapcc/kernels/cpu_backend.h>
 
 using namespace pmap;
 using namespace pmap::ensemble;
+using pmap::io::Json;
 
 namespace {
 
@@ -157,25 +158,25 @@ Json run_train(const Args& a) {
   const double per_member = 4.0 * (2.0 * static_cast<double>(model.params_per_member()) +
                                     static_cast<double>(activation_floats_per_example(model) * c.batch_size));
   Json j = Json::object();
-  j.set("kind", std::string("train"));
-  j.set("members", trainer.total_members());
-  j.set("devices", trainer.mesh().size());
-  j.set("mode", std::string(to_string(c.mode)));
-  j.set("isa", kernels::cpu::isa());
-  j.set("pin_threads", c.pin_threads);
-  j.set("member_group", trainer.member_group());
-  j.set("batch", c.batch_size);
-  j.set("warmup_steps", warmup);
-  j.set("timed_steps", steps);
-  j.set("seconds", seconds);
-  j.set("cpu_seconds", cpu_end - cpu_start);  // over all threads: seconds * devices when nothing else runs
-  j.set("model_images_per_s", images / seconds);
-  j.set("gflops", images * train_flops_per_image(model) / seconds / 1e9);
-  j.set("peak_rss_mb", peak_rss_bytes() / 1e6);
-  j.set("dataset_mb", dataset_bytes / 1e6);
-  j.set("per_member_mb", per_member / 1e6);
-  j.set("budget_mb", (dataset_bytes + trainer.total_members() * per_member + 200e6) / 1e6);
-  j.set("final_train_loss", trainer.history().back().train_loss);
+  j["kind"] = "train";
+  j["members"] = trainer.total_members();
+  j["devices"] = trainer.mesh().size();
+  j["mode"] = to_string(c.mode);
+  j["isa"] = kernels::cpu::isa();
+  j["pin_threads"] = c.pin_threads;
+  j["member_group"] = trainer.member_group();
+  j["batch"] = c.batch_size;
+  j["warmup_steps"] = warmup;
+  j["timed_steps"] = steps;
+  j["seconds"] = seconds;
+  j["cpu_seconds"] = cpu_end - cpu_start;  // over all threads: seconds * devices when nothing else runs
+  j["model_images_per_s"] = images / seconds;
+  j["gflops"] = images * train_flops_per_image(model) / seconds / 1e9;
+  j["peak_rss_mb"] = peak_rss_bytes() / 1e6;
+  j["dataset_mb"] = dataset_bytes / 1e6;
+  j["per_member_mb"] = per_member / 1e6;
+  j["budget_mb"] = (dataset_bytes + trainer.total_members() * per_member + 200e6) / 1e6;
+  j["final_train_loss"] = trainer.history().back().train_loss;
   return j;
 }
 
@@ -228,28 +229,24 @@ Json run_paired(const Args& a) {
     return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
   };
   Json j = Json::object();
-  j.set("kind", std::string("paired"));
-  j.set("isa", kernels::cpu::isa());
-  j.set("batch", batch);
-  j.set("rounds", rounds);
+  j["kind"] = "paired";
+  j["isa"] = kernels::cpu::isa();
+  j["batch"] = batch;
+  j["rounds"] = rounds;
   for (const Side& side : sides) {
     Json s = Json::object();
-    s.set("members", side.trainer->total_members());
-    s.set("member_group", side.trainer->member_group());
-    s.set("steps_per_round", side.trainer->steps_per_epoch());
-    Json rates = Json::array();
-    for (double v : side.rate) rates.push_back(v);
-    s.set("model_images_per_s", std::move(rates));
-    s.set("median_model_images_per_s",
-          median(std::vector<double>(side.rate.begin() + (side.rate.size() > 1 ? 1 : 0), side.rate.end())));
-    j.set(side.name, std::move(s));
+    s["members"] = side.trainer->total_members();
+    s["member_group"] = side.trainer->member_group();
+    s["steps_per_round"] = side.trainer->steps_per_epoch();
+    s["model_images_per_s"] = side.rate;
+    s["median_model_images_per_s"] =
+        median(std::vector<double>(side.rate.begin() + (side.rate.size() > 1 ? 1 : 0), side.rate.end()));
+    j[side.name] = std::move(s);
   }
-  Json rs = Json::array();
-  for (double v : ratios) rs.push_back(v);
-  j.set("ratios_b_over_a", std::move(rs));
-  j.set("median_ratio_b_over_a", median(ratios));
-  j.set("min_ratio", ratios.empty() ? 0.0 : *std::min_element(ratios.begin(), ratios.end()));
-  j.set("max_ratio", ratios.empty() ? 0.0 : *std::max_element(ratios.begin(), ratios.end()));
+  j["ratios_b_over_a"] = ratios;
+  j["median_ratio_b_over_a"] = median(ratios);
+  j["min_ratio"] = ratios.empty() ? 0.0 : *std::min_element(ratios.begin(), ratios.end());
+  j["max_ratio"] = ratios.empty() ? 0.0 : *std::max_element(ratios.begin(), ratios.end());
   return j;
 }
 
@@ -298,16 +295,16 @@ Json run_sgemm(const Args& a) {
   double best_rate = 0;
   for (const Work& w : work) best_rate += flops / w.best;
   Json j = Json::object();
-  j.set("kind", std::string("sgemm"));
-  j.set("isa", kernels::cpu::isa());
-  j.set("threads", threads);
-  j.set("size", n);
-  j.set("reps", reps);
-  j.set("seconds", seconds);
-  j.set("cpu_seconds", cpu);
-  j.set("gflops", flops * reps * threads / seconds / 1e9);
-  j.set("gflops_per_cpu_second", flops * reps * threads / cpu / 1e9);
-  j.set("best_gflops", best_rate / 1e9);
+  j["kind"] = "sgemm";
+  j["isa"] = kernels::cpu::isa();
+  j["threads"] = threads;
+  j["size"] = n;
+  j["reps"] = reps;
+  j["seconds"] = seconds;
+  j["cpu_seconds"] = cpu;
+  j["gflops"] = flops * reps * threads / seconds / 1e9;
+  j["gflops_per_cpu_second"] = flops * reps * threads / cpu / 1e9;
+  j["best_gflops"] = best_rate / 1e9;
   return j;
 }
 
@@ -316,17 +313,17 @@ Json run_flops() {
   Json layers = Json::array();
   for (const LayerFlops& l : count_flops(*model)) {
     Json e = Json::object();
-    e.set("layer", l.name);
-    e.set("forward_mflop", l.forward / 1e6);
-    e.set("train_mflop", l.forward * (l.computes_dx ? 3 : 2) / 1e6);
+    e["layer"] = l.name;
+    e["forward_mflop"] = l.forward / 1e6;
+    e["train_mflop"] = l.forward * (l.computes_dx ? 3 : 2) / 1e6;
     layers.push_back(std::move(e));
   }
   Json j = Json::object();
-  j.set("kind", std::string("flops"));
-  j.set("layers", std::move(layers));
-  j.set("train_mflop_per_image", train_flops_per_image(*model) / 1e6);
-  j.set("activation_floats_per_example", activation_floats_per_example(*model));
-  j.set("params_per_member", model->params_per_member());
+  j["kind"] = "flops";
+  j["layers"] = std::move(layers);
+  j["train_mflop_per_image"] = train_flops_per_image(*model) / 1e6;
+  j["activation_floats_per_example"] = activation_floats_per_example(*model);
+  j["params_per_member"] = model->params_per_member();
   return j;
 }
 
@@ -348,7 +345,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "usage: bench_train train|paired|sgemm|flops [--flags] (see the top of bench/bench_train.cpp)\n");
       return 2;
     }
-    std::printf("%s\n", out.dump().c_str());
+    std::printf("%s\n", pmap::io::dump_json(out).c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_train: error: %s\n", e.what());

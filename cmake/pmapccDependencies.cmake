@@ -2,6 +2,7 @@
 find_package(Threads REQUIRED)
 find_package(Eigen3 3.3 REQUIRED NO_MODULE)
 find_package(ZLIB REQUIRED)
+find_package(nlohmann_json 3.10 REQUIRED)
 
 # CUDA: AUTO turns it on when a CUDA compiler and toolkit are found.
 set(PMAPCC_HAVE_CUDA OFF)

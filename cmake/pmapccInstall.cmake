@@ -1,17 +1,19 @@
-# Installs headers and libraries and exports pmapcc::{pmapcc,runtime,kernels,ensemble} for find_package(pmapcc CONFIG).
+# Installs headers and libraries and exports pmapcc::{pmapcc,runtime,kernels,io,ensemble} for
+# find_package(pmapcc CONFIG).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set_target_properties(pmapcc_runtime PROPERTIES EXPORT_NAME runtime)
 set_target_properties(pmapcc_kernels PROPERTIES EXPORT_NAME kernels)
+set_target_properties(pmapcc_io PROPERTIES EXPORT_NAME io)
 set_target_properties(pmapcc_ensemble PROPERTIES EXPORT_NAME ensemble)
 
-install(TARGETS pmapcc pmapcc_runtime pmapcc_kernels pmapcc_ensemble
+install(TARGETS pmapcc pmapcc_runtime pmapcc_kernels pmapcc_io pmapcc_ensemble
         EXPORT pmapccTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})  # include paths: each target's $<INSTALL_INTERFACE:...>
 install(DIRECTORY include/pmap DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(DIRECTORY kernels ensemble DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pmapcc  # <pmapcc/kernels/...>
+install(DIRECTORY kernels io ensemble DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pmapcc  # <pmapcc/kernels/...>
         FILES_MATCHING PATTERN "*.h"
         PATTERN "cpu" EXCLUDE PATTERN "cuda" EXCLUDE)  # the backends' internal headers
 install(EXPORT pmapccTargets NAMESPACE pmapcc:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/pmapcc)

@@ -6,10 +6,24 @@
 #include <pmap/error.h>
 
 #include <pmapcc/ensemble/member_layout.h>
-#include <pmapcc/ensemble/safetensors.h>
 #include <pmapcc/ensemble/trainer.h>
+#include <pmapcc/io/metrics.h>
+#include <pmapcc/io/safetensors.h>
 
 namespace pmap::ensemble {
+
+using io::dump_json;
+using io::epoch_json;
+using io::epoch_metrics_from_json;
+using io::Json;
+using io::JsonView;
+using io::load_safetensors;
+using io::make_tensor;
+using io::safetensors_dtype_name;
+using io::save_safetensors;
+using io::SafetensorsFile;
+using io::TensorEntry;
+
 namespace {
 
 constexpr const char* kFormat = "pmapcc.ensemble.v1";
@@ -30,7 +44,7 @@ std::string shape_text(const std::vector<std::int64_t>& s) {
 // the configuration was recorded as given hold the float's exact double, 0.10000000149011612).
 bool same_setting(std::string_view field, const Json& a, const Json& b) {
   if ((field == "lr" || field == "momentum") && a.is_number() && b.is_number())
-    return static_cast<float>(a.as_double()) == static_cast<float>(b.as_double());
+    return static_cast<float>(a.get<double>()) == static_cast<float>(b.get<double>());
   return a == b;
 }
 
@@ -40,13 +54,13 @@ void check_same(const SafetensorsFile& f, const Json& saved, const Json& now) {
   const JsonView s(saved, f.path.string(), "__metadata__.config");
   const Json mnist("mnist");
   for (const char* field : {"mode", "members", "seed", "batch_size", "lr", "momentum", "train_limit", "dataset"}) {
-    const Json* a = saved.find(field);
-    const Json* b = now.find(field);
+    const Json* a = saved.contains(field) ? &saved[field] : nullptr;
+    const Json& b = now.at(field);
     if (a == nullptr && std::string_view(field) == "dataset") a = &mnist;
     if (a == nullptr) s.fail(std::string("missing field '") + field + "'");
-    if (!same_setting(field, *a, *b))
-      throw DataError(f.path.string() + ": the checkpoint was written with " + field + " = " + a->dump() +
-                      ", this run has " + b->dump() + " (resume with the same setting)");
+    if (!same_setting(field, *a, b))
+      throw DataError(f.path.string() + ": the checkpoint was written with " + field + " = " + dump_json(*a) +
+                      ", this run has " + dump_json(b) + " (resume with the same setting)");
   }
 }
 
@@ -83,24 +97,19 @@ void Trainer::save_checkpoint(const std::filesystem::path& path) const {
     }
   }
   Json keys = Json::array();
-  for (const Key& k : split(init_key_, total_members_)) {
-    Json pair = Json::array();
-    pair.push_back(static_cast<std::int64_t>(k.k0));
-    pair.push_back(static_cast<std::int64_t>(k.k1));
-    keys.push_back(std::move(pair));
-  }
+  for (const Key& k : split(init_key_, total_members_)) keys.push_back({k.k0, k.k1});
   Json history = Json::array();
   for (const auto& e : history_) history.push_back(epoch_json(e));
   std::map<std::string, std::string> meta{
       {"format", kFormat},
-      {"config", config_.to_json().dump()},
+      {"config", dump_json(config_.to_json())},
       {"step", std::to_string(step())},
       {"epochs_done", std::to_string(epochs_done_)},
       {"seed", std::to_string(config_.seed)},
       {"devices", std::to_string(mesh_.size())},
       {"train_examples", std::to_string(train_.count)},
-      {"member_keys", keys.dump()},
-      {"history", history.dump()},
+      {"member_keys", dump_json(keys)},
+      {"history", dump_json(history)},
   };
   if (is_main_process()) save_safetensors(path, tensors, meta);
 }
@@ -121,8 +130,9 @@ std::int64_t metadata_count(const SafetensorsFile& f, const char* key) {
   if (f.metadata.find(key) == f.metadata.end())
     throw DataError(f.path.string() + ": __metadata__ has no '" + key + "': not a pmapcc checkpoint");
   const Json j = f.metadata_json(key);
-  if (!j.is_integer() || j.as_int() < 0) throw DataError(f.path.string() + ": __metadata__." + key + " is not a count");
-  return j.as_int();
+  const std::int64_t n = j.is_number_integer() ? j.get<std::int64_t>() : -1;
+  if (n < 0) throw DataError(f.path.string() + ": __metadata__." + key + " is not a count");
+  return n;
 }
 
 CheckpointSummary summary_of(const SafetensorsFile& f) {

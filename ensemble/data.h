@@ -1,5 +1,5 @@
-// MNIST-style datasets: IDX files (raw or gzip) read and validated into host memory, and batch gathering.
-// Every malformed input raises pmap::DataError naming the file and the fault; nothing here trusts a header.
+// MNIST-style datasets: a split's IDX image and label files (io/idx.h) read into host memory and checked
+// against each other, and batch gathering. Malformed input raises pmap::DataError naming the file and fault.
 #pragma once
 
 #include <cstdint>
@@ -8,22 +8,6 @@
 #include <vector>
 
 namespace pmap::ensemble {
-
-// Largest IDX payload we agree to allocate, in bytes (2 GiB). Checked against the header before allocating.
-inline constexpr std::int64_t kMaxIdxPayloadBytes = std::int64_t{1} << 31;
-
-// One IDX array of unsigned bytes: its dimensions as the header states them and its data, row-major.
-struct IdxArray {
-  std::vector<std::int64_t> dims;  // e.g. (N, rows, cols) for images, (N) for labels
-  std::vector<std::uint8_t> data;  // product(dims) bytes
-};
-
-// Reads one IDX file of element type u8 with exactly `rank` dimensions (magic 0x000008<rank>).
-// The file may be raw or gzip-compressed; gzip is recognised by its magic bytes (1f 8b), not its name.
-// Throws DataError, naming the file, when it is missing, a directory, has a bad magic / type / rank,
-// a zero dimension, a payload over kMaxIdxPayloadBytes (rejected before allocating), is truncated,
-// has trailing bytes, or is a corrupt gzip stream; IoError when reading an existing file fails.
-IdxArray read_idx(const std::filesystem::path& path, int rank);
 
 // Images and labels of one split, on the host.
 struct Dataset {
@@ -39,7 +23,7 @@ struct Dataset {
 
 // Reads an IDX3 image file and an IDX1 label file and checks that they agree: same example count
 // (else DataError naming both files and both counts) and every label in [0, num_classes) (else
-// DataError naming the label file, the index and the value). Throws what read_idx throws, and
+// DataError naming the label file, the index and the value). Throws what io::read_idx throws, and
 // ValueError when num_classes is not in [1, 256].
 Dataset load_idx_pair(const std::filesystem::path& images, const std::filesystem::path& labels,
                       int num_classes = 10);

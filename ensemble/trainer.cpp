@@ -81,8 +81,8 @@ void check_memory(const TrainConfig& c, int devices, std::int64_t params_per_mem
                    std::to_string(static_cast<long long>(have / 1e9)) + " GB of memory");
 }
 
-std::uint64_t fingerprint(const Json& config, const Dataset& train, const Dataset& test) {
-  const std::string text = config.dump();
+std::uint64_t fingerprint(const io::Json& config, const Dataset& train, const Dataset& test) {
+  const std::string text = io::dump_json(config);
   using pmap::detail::fnv1a;
   std::uint64_t h = fnv1a(text);
   for (const Dataset* d : {&train, &test}) {
@@ -119,27 +119,27 @@ double as_given(float v) {
 
 }  // namespace
 
-Json TrainConfig::to_json() const {
-  Json j = Json::object();
-  j.set("backend", std::string(pmap::to_string(backend)));
-  j.set("devices", devices);
-  j.set("members", members);
-  j.set("mode", std::string(ensemble::to_string(mode)));
-  j.set("epochs", epochs);
-  j.set("batch_size", batch_size);
-  j.set("lr", as_given(learning_rate));
-  j.set("momentum", as_given(momentum));
-  j.set("seed", static_cast<std::int64_t>(seed));
-  j.set("train_limit", train_limit);
-  j.set("test_limit", test_limit);
-  j.set("eval_batch", eval_batch);
-  j.set("pin_threads", pin_threads);
-  j.set("member_group", member_group);
-  j.set("report_every", report_every);
-  j.set("kernels", std::string(cuda_kernels_on_host ? "cuda-on-host" : "native"));
-  j.set("graphs", graphs);
-  j.set("processes", processes);
-  j.set("dataset", dataset);
+io::Json TrainConfig::to_json() const {
+  io::Json j = io::Json::object();
+  j["backend"] = pmap::to_string(backend);
+  j["devices"] = devices;
+  j["members"] = members;
+  j["mode"] = ensemble::to_string(mode);
+  j["epochs"] = epochs;
+  j["batch_size"] = batch_size;
+  j["lr"] = as_given(learning_rate);
+  j["momentum"] = as_given(momentum);
+  j["seed"] = static_cast<std::int64_t>(seed);
+  j["train_limit"] = train_limit;
+  j["test_limit"] = test_limit;
+  j["eval_batch"] = eval_batch;
+  j["pin_threads"] = pin_threads;
+  j["member_group"] = member_group;
+  j["report_every"] = report_every;
+  j["kernels"] = cuda_kernels_on_host ? "cuda-on-host" : "native";
+  j["graphs"] = graphs;
+  j["processes"] = processes;
+  j["dataset"] = dataset;
   return j;
 }
 
@@ -217,8 +217,8 @@ void Trainer::check_processes_agree() const {
   if (!differ.empty())
     throw ValueError("the processes of this run differ in their flags or data (process " + differ +
                      " against process 0): every process must get the same flags and the same data files; this "
-                     "process has " + config_.to_json().dump() + " and " + std::to_string(train_.count) + " + " +
-                     std::to_string(test_.count) + " examples");
+                     "process has " + io::dump_json(config_.to_json()) + " and " + std::to_string(train_.count) +
+                     " + " + std::to_string(test_.count) + " examples");
 }
 
 Trainer::~Trainer() = default;

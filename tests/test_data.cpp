@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <pmapcc/ensemble/data.h>
+#include <pmapcc/io/idx.h>
 #include "pmap/error.h"
 
 namespace fs = std::filesystem;
@@ -134,7 +135,7 @@ TEST_CASE("IDX files round-trip exactly, raw or gzip, recognised by content not 
   }
   SUBCASE("read_idx returns the header's dims") {
     write_gz(dir / "img.gz", image_file());
-    const auto arr = pmap::ensemble::read_idx(dir / "img.gz", 3);
+    const auto arr = pmap::io::read_idx(dir / "img.gz", 3);
     CHECK(arr.dims == std::vector<std::int64_t>{kCount, kRows, kCols});
     CHECK(arr.data == sample_pixels());
   }
@@ -247,19 +248,19 @@ TEST_CASE("corrupt gzip streams raise DataError") {
     Bytes b = gz;
     b[b.size() - 8] ^= 0xff;
     write_raw(img, b);
-    check_fault([&] { pmap::ensemble::read_idx(img, 3); }, img, "corrupt gzip stream");
+    check_fault([&] { pmap::io::read_idx(img, 3); }, img, "corrupt gzip stream");
   }
   SUBCASE("invalid deflate block type") {
     Bytes b = gz;
     b[10] = 0xff;  // first byte after the 10-byte gzip header: BTYPE 11 is reserved
     write_raw(img, b);
-    check_fault([&] { pmap::ensemble::read_idx(img, 3); }, img, "corrupt gzip stream");
+    check_fault([&] { pmap::io::read_idx(img, 3); }, img, "corrupt gzip stream");
   }
   SUBCASE("compressed stream cut short") {
     Bytes b = gz;
     b.resize(b.size() - 4);  // drop ISIZE: the data is all there, the stream is not
     write_raw(img, b);
-    check_fault([&] { pmap::ensemble::read_idx(img, 3); }, img, "truncated gzip stream");
+    check_fault([&] { pmap::io::read_idx(img, 3); }, img, "truncated gzip stream");
   }
 }
 
@@ -273,7 +274,7 @@ TEST_CASE("every truncation of a valid file raises DataError") {
     for (std::size_t n = 0; n < bytes.size(); ++n) {
       write_raw(path, Bytes(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(n)));
       INFO("rank " << rank << ", first " << n << " of " << bytes.size() << " bytes");
-      CHECK_THROWS_AS(pmap::ensemble::read_idx(path, rank), pmap::DataError);
+      CHECK_THROWS_AS(pmap::io::read_idx(path, rank), pmap::DataError);
     }
   }
 }
@@ -289,7 +290,7 @@ TEST_CASE("any single corrupted byte either loads or raises DataError") {
       write_raw(path, b);
       INFO("byte " << i << " of " << good.size());
       try {
-        const auto arr = pmap::ensemble::read_idx(path, 3);
+        const auto arr = pmap::io::read_idx(path, 3);
         CHECK(arr.data.size() == kCount * kRows * kCols);
       } catch (const pmap::DataError&) {
       }

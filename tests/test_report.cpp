@@ -15,14 +15,13 @@
 #include <string>
 #include <vector>
 
-#include <pmapcc/ensemble/json.h>
 #include "examples/mnist_ensemble/progress.h"
 #include "examples/mnist_ensemble/report.h"
 #include "pmap/error.h"
 
 namespace fs = std::filesystem;
 using pmap::ensemble::EpochMetrics;
-using pmap::ensemble::Json;
+using pmap::io::Json;
 using pmap::ensemble::ProgressBar;
 using pmap::ensemble::ProgressMode;
 
@@ -164,56 +163,53 @@ std::string contents(std::FILE* f) {
 
 TEST_CASE("report: metrics_json has the documented structure and reads back exactly") {
   const std::vector<EpochMetrics> run = make_run(3, 4);
-  Json config = Json::object();
-  config.set("members", 4);
-  config.set("lr", 0.1);
-  const Json doc = Json::parse(pmap::ensemble::metrics_json(config, run).dump(2), "metrics.json");
+  const Json config = {{"members", 4}, {"lr", 0.1}};
+  const Json doc =
+      pmap::io::parse_json(pmap::io::dump_json(pmap::ensemble::metrics_json(config, run), 2), "metrics.json");
   REQUIRE(doc.is_object());
   REQUIRE(doc.size() == 3);
-  CHECK(doc.as_object()[0].first == "config");
-  CHECK(doc.as_object()[1].first == "epochs");
-  CHECK(doc.as_object()[2].first == "final");
-  CHECK(*doc.find("config") == config);
-  const Json& epochs = *doc.find("epochs");
+  CHECK(doc.begin().key() == "config");
+  CHECK(std::next(doc.begin()).key() == "epochs");
+  CHECK(std::next(doc.begin(), 2).key() == "final");
+  CHECK(doc["config"] == config);
+  const Json& epochs = doc["epochs"];
   REQUIRE(epochs.size() == run.size());
   const std::vector<std::string> keys = {"epoch",     "train_loss",           "train_accuracy",
                                          "test_loss", "member_test_accuracy", "ensemble_test_accuracy",
                                          "seconds",   "eval_seconds",         "model_images_per_second"};
   for (std::size_t e = 0; e < run.size(); ++e) {
-    const Json& o = epochs.as_array()[e];
+    const Json& o = epochs[e];
     const EpochMetrics& m = run[e];
     REQUIRE(o.size() == keys.size());
-    for (std::size_t k = 0; k < keys.size(); ++k) CHECK(o.as_object()[k].first == keys[k]);
-    CHECK(o.find("epoch")->is_integer());
-    CHECK(o.find("epoch")->as_int() == m.epoch);
-    CHECK(o.find("train_loss")->as_double() == m.train_loss);
-    CHECK(o.find("train_accuracy")->as_double() == m.train_accuracy);
-    CHECK(o.find("test_loss")->as_double() == m.test_loss);
-    CHECK(o.find("ensemble_test_accuracy")->as_double() == m.ensemble_test_accuracy);
-    CHECK(o.find("seconds")->as_double() == m.seconds);
-    CHECK(o.find("eval_seconds")->as_double() == m.eval_seconds);
-    CHECK(o.find("model_images_per_second")->as_double() == m.model_images_per_second);
-    const Json& members = *o.find("member_test_accuracy");
-    REQUIRE(members.size() == m.member_test_accuracy.size());
-    for (std::size_t i = 0; i < members.size(); ++i)
-      CHECK(members.as_array()[i].as_double() == m.member_test_accuracy[i]);
+    for (std::size_t k = 0; k < keys.size(); ++k) CHECK(std::next(o.begin(), static_cast<long>(k)).key() == keys[k]);
+    CHECK(o["epoch"].is_number_integer());
+    CHECK(o["epoch"] == m.epoch);
+    CHECK(o["train_loss"] == m.train_loss);
+    CHECK(o["train_accuracy"] == m.train_accuracy);
+    CHECK(o["test_loss"] == m.test_loss);
+    CHECK(o["ensemble_test_accuracy"] == m.ensemble_test_accuracy);
+    CHECK(o["seconds"] == m.seconds);
+    CHECK(o["eval_seconds"] == m.eval_seconds);
+    CHECK(o["model_images_per_second"] == m.model_images_per_second);
+    CHECK(o["member_test_accuracy"] == Json(m.member_test_accuracy));
   }
-  CHECK(*doc.find("final") == epochs.as_array().back());
+  CHECK(doc["final"] == epochs.back());
 }
 
 TEST_CASE("report: metrics_json with no epochs, and non-finite values as null") {
   const Json empty = pmap::ensemble::metrics_json(Json::object(), {});
-  CHECK(empty.find("epochs")->size() == 0);
-  CHECK(empty.find("final")->is_null());
+  CHECK(empty["epochs"].empty());
+  CHECK(empty["final"].is_null());
 
   EpochMetrics diverged = make_epoch(1, 2);
   diverged.train_loss = std::numeric_limits<double>::quiet_NaN();
   diverged.member_test_accuracy[1] = std::numeric_limits<double>::infinity();
-  const Json doc = Json::parse(pmap::ensemble::metrics_json(nullptr, {diverged}).dump(), "m.json");
-  const Json& final_epoch = *doc.find("final");
-  CHECK(final_epoch.find("train_loss")->is_null());
-  CHECK(final_epoch.find("member_test_accuracy")->as_array()[1].is_null());
-  CHECK(final_epoch.find("test_loss")->as_double() == diverged.test_loss);
+  const Json doc =
+      pmap::io::parse_json(pmap::io::dump_json(pmap::ensemble::metrics_json(nullptr, {diverged})), "m.json");
+  const Json& final_epoch = doc["final"];
+  CHECK(final_epoch["train_loss"].is_null());
+  CHECK(final_epoch["member_test_accuracy"][1].is_null());
+  CHECK(final_epoch["test_loss"] == diverged.test_loss);
 }
 
 TEST_CASE("report: metrics_csv header, one row per epoch, values parse back exactly") {
@@ -262,7 +258,7 @@ TEST_CASE("report: files are written atomically and replace older content") {
   pmap::ensemble::write_metrics_json(json, Json::object(), run);
   pmap::ensemble::write_metrics_csv(csv, run);
   pmap::ensemble::write_plot_svg(svg, run);
-  CHECK(read_file(json) == pmap::ensemble::metrics_json(Json::object(), run).dump(2) + "\n");
+  CHECK(read_file(json) == pmap::io::dump_json(pmap::ensemble::metrics_json(Json::object(), run), 2) + "\n");
   CHECK(read_file(csv) == pmap::ensemble::metrics_csv(run));
   CHECK(read_file(svg) == pmap::ensemble::accuracy_plot_svg(run));
   std::size_t files = 0;
@@ -507,26 +503,27 @@ TEST_CASE("report: calibration metrics in the JSON, read back exactly, empty bin
   const std::vector<EpochMetrics> run = make_calibrated_run(2, 3);
   std::vector<pmap::ensemble::SizePoint> curve;
   for (int k = 1; k <= 3; ++k) curve.push_back({k, 0.9 + k / 100.0, make_calibration(k, 9)});
-  const Json doc = Json::parse(pmap::ensemble::metrics_json(Json::object(), run, curve).dump(2), "m.json");
-  const Json& last = *doc.find("final");
+  const Json doc =
+      pmap::io::parse_json(pmap::io::dump_json(pmap::ensemble::metrics_json(Json::object(), run, curve), 2), "m.json");
+  const Json& last = doc["final"];
   for (const char* key : {"member_test_nll", "member_test_brier", "member_test_ece", "member_test_entropy"})
-    CHECK(last.find(key)->size() == 3);
-  CHECK(last.find("member_test_ece")->as_array()[1].as_double() == run.back().member_calibration[1].ece);
-  CHECK(last.find("ensemble_test_nll")->as_double() == run.back().ensemble_calibration.nll);
-  const Json& ens = *last.find("ensemble_reliability");
-  CHECK(ens.find("count")->size() == 15);
-  CHECK(ens.find("accuracy")->as_array()[3].is_null());  // the empty bin
-  CHECK(last.find("best_member_reliability")->find("member")->as_int() == 2);  // the best accuracy: member 2
+    CHECK(last[key].size() == 3);
+  CHECK(last["member_test_ece"][1] == run.back().member_calibration[1].ece);
+  CHECK(last["ensemble_test_nll"] == run.back().ensemble_calibration.nll);
+  const Json& ens = last["ensemble_reliability"];
+  CHECK(ens["count"].size() == 15);
+  CHECK(ens["accuracy"][3].is_null());  // the empty bin
+  CHECK(last["best_member_reliability"]["member"] == 2);  // the best accuracy: member 2
   // The size curve: one point per k, with the documented keys.
-  const Json& c = *doc.find("ensemble_size_curve");
+  const Json& c = doc["ensemble_size_curve"];
   REQUIRE(c.size() == 3);
   const std::vector<std::string> keys = {"members", "test_accuracy", "test_nll", "test_brier", "test_ece",
                                          "test_entropy"};
-  for (std::size_t i = 0; i < keys.size(); ++i) CHECK(c.as_array()[2].as_object()[i].first == keys[i]);
-  CHECK(c.as_array()[2].find("test_accuracy")->as_double() == curve[2].accuracy);
+  for (std::size_t i = 0; i < keys.size(); ++i) CHECK(std::next(c[2].begin(), static_cast<long>(i)).key() == keys[i]);
+  CHECK(c[2]["test_accuracy"] == curve[2].accuracy);
   // Read back: every number, the best member's bins, and the NaN of the empty bin.
   const EpochMetrics back =
-      pmap::ensemble::epoch_metrics_from_json(pmap::ensemble::JsonView(last, "m.json", "final"));
+      pmap::io::epoch_metrics_from_json(pmap::io::JsonView(last, "m.json", "final"));
   REQUIRE(back.member_calibration.size() == 3);
   CHECK(back.member_calibration[2].nll == run.back().member_calibration[2].nll);
   CHECK(back.ensemble_calibration.ece == run.back().ensemble_calibration.ece);
@@ -534,9 +531,9 @@ TEST_CASE("report: calibration metrics in the JSON, read back exactly, empty bin
   CHECK(back.member_calibration[2].bins[4].accuracy == run.back().member_calibration[2].bins[4].accuracy);
   CHECK(std::isnan(back.ensemble_calibration.bins[3].confidence));
   // An epoch without calibration (an older checkpoint's history) has none of these keys, and reads back.
-  const Json plain = pmap::ensemble::epoch_json(make_epoch(1, 2));
-  CHECK(plain.find("ensemble_test_nll") == nullptr);
-  CHECK(pmap::ensemble::epoch_metrics_from_json(pmap::ensemble::JsonView(plain, "x")).member_calibration.empty());
+  const Json plain = pmap::io::epoch_json(make_epoch(1, 2));
+  CHECK_FALSE(plain.contains("ensemble_test_nll"));
+  CHECK(pmap::io::epoch_metrics_from_json(pmap::io::JsonView(plain, "x")).member_calibration.empty());
 }
 
 TEST_CASE("report: calibration columns in the CSV, the predictions CSV, the table and the plot") {

@@ -9,7 +9,7 @@
 
 #include <pmapcc/ensemble/member_layout.h>
 #include <pmapcc/ensemble/runner.h>
-#include <pmapcc/ensemble/safetensors.h>
+#include <pmapcc/io/safetensors.h>
 #include <pmapcc/ensemble/trainer.h>
 #include "synthetic.h"
 

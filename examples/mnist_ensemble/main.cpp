@@ -95,8 +95,8 @@ int run_evaluation(const CliOptions& o) {
   c.mode = Mode::ensemble;
   c.epochs = 0;
   // Evaluated in the pieces the run was trained with, so a CPU evaluation gives that run's own numbers.
-  if (const Json* batch = saved.config.find("batch_size"); batch != nullptr && batch->is_integer())
-    c.batch_size = static_cast<int>(batch->as_int());
+  if (const auto batch = saved.config.find("batch_size"); batch != saved.config.end() && batch->is_number_integer())
+    c.batch_size = batch->get<int>();
   Trainer trainer(c, test, test);  // trains nothing: the test set stands in for the training set
   trainer.load_members(o.evaluate, o.members_subset);
   EpochMetrics m;
@@ -107,15 +107,12 @@ int run_evaluation(const CliOptions& o) {
   std::printf("\n%s", final_table(m, trainer.members_per_device()).c_str());
   print_size_curve(report.size_curve);
   if (!o.metrics_json.empty()) {
-    Json doc = Json::object();
-    doc.set("config", trainer.config().to_json());
-    doc.set("checkpoint", o.evaluate.string());
-    Json subset = Json::array();
-    for (int g : o.members_subset) subset.push_back(g);
-    doc.set("members_subset", std::move(subset));
-    doc.set("evaluation", epoch_json(m));
-    doc.set("ensemble_size_curve", size_curve_json(report.size_curve));
-    write_text_file_atomic(o.metrics_json, doc.dump(2) + "\n");
+    const pmap::io::Json doc = {{"config", trainer.config().to_json()},
+                                {"checkpoint", o.evaluate.string()},
+                                {"members_subset", o.members_subset},
+                                {"evaluation", pmap::io::epoch_json(m)},
+                                {"ensemble_size_curve", pmap::io::size_curve_json(report.size_curve)}};
+    write_text_file_atomic(o.metrics_json, pmap::io::dump_json(doc, 2) + "\n");
   }
   if (!o.plot.empty()) write_plot_svg(o.plot, {m}, PlotExtras{dataset_title(c.dataset), report.size_curve});
   if (!o.predict.empty()) write_predictions_csv(o.predict, report.predictions);

@@ -54,15 +54,15 @@ std::string pad_left(std::string s, std::size_t width) {
 
 }  // namespace
 
-Json metrics_json(const Json& config, const std::vector<EpochMetrics>& epochs,
-                  const std::vector<SizePoint>& size_curve) {
-  Json doc = Json::object();
-  doc.set("config", config);
-  Json list = Json::array();
-  for (const EpochMetrics& m : epochs) list.push_back(epoch_json(m));
-  doc.set("epochs", std::move(list));
-  doc.set("final", epochs.empty() ? Json(nullptr) : epoch_json(epochs.back()));
-  if (!size_curve.empty()) doc.set("ensemble_size_curve", size_curve_json(size_curve));
+io::Json metrics_json(const io::Json& config, const std::vector<EpochMetrics>& epochs,
+                      const std::vector<SizePoint>& size_curve) {
+  io::Json doc = io::Json::object();
+  doc["config"] = config;
+  io::Json list = io::Json::array();
+  for (const EpochMetrics& m : epochs) list.push_back(io::epoch_json(m));
+  doc["epochs"] = std::move(list);
+  doc["final"] = epochs.empty() ? io::Json(nullptr) : io::epoch_json(epochs.back());
+  if (!size_curve.empty()) doc["ensemble_size_curve"] = io::size_curve_json(size_curve);
   return doc;
 }
 
@@ -162,9 +162,9 @@ void write_text_file_atomic(const std::filesystem::path& path, std::string_view 
   }
 }
 
-void write_metrics_json(const std::filesystem::path& path, const Json& config,
+void write_metrics_json(const std::filesystem::path& path, const io::Json& config,
                         const std::vector<EpochMetrics>& epochs, const std::vector<SizePoint>& size_curve) {
-  write_text_file_atomic(path, metrics_json(config, epochs, size_curve).dump(2) + "\n");
+  write_text_file_atomic(path, io::dump_json(metrics_json(config, epochs, size_curve), 2) + "\n");
 }
 
 void write_metrics_csv(const std::filesystem::path& path, const std::vector<EpochMetrics>& epochs) {

@@ -8,15 +8,15 @@
 #include <string_view>
 #include <vector>
 
-#include <pmapcc/ensemble/json.h>
 #include <pmapcc/ensemble/metrics.h>
+#include <pmapcc/io/json.h>
 
 namespace pmap::ensemble {
 
 // {"config": config, "epochs": [epoch_json(e) for e in epochs], "final": epoch_json(epochs.back())},
 // "final" null when there are no epochs, and "ensemble_size_curve": size_curve_json(size_curve) when
 // there is a curve. `config` is copied as given (normally an object).
-Json metrics_json(const Json& config, const std::vector<EpochMetrics>& epochs,
+io::Json metrics_json(const io::Json& config, const std::vector<EpochMetrics>& epochs,
                   const std::vector<SizePoint>& size_curve = {});
 
 // CSV text, one header line and one line per epoch, '\n'-terminated:
@@ -40,7 +40,7 @@ void write_predictions_csv(const std::filesystem::path& path, const Predictions&
 void write_text_file_atomic(const std::filesystem::path& path, std::string_view contents);
 
 // metrics_json(config, epochs, size_curve).dump(2) plus a newline, written with write_text_file_atomic.
-void write_metrics_json(const std::filesystem::path& path, const Json& config,
+void write_metrics_json(const std::filesystem::path& path, const io::Json& config,
                         const std::vector<EpochMetrics>& epochs, const std::vector<SizePoint>& size_curve = {});
 // metrics_csv(epochs), written with write_text_file_atomic.
 void write_metrics_csv(const std::filesystem::path& path, const std::vector<EpochMetrics>& epochs);

@@ -4,7 +4,7 @@
 #include <exception>
 #include <vector>
 
-#include <pmapcc/ensemble/data.h>
+#include <pmapcc/io/idx.h>
 #include <pmap/pmap.h>
 
 int main() {
@@ -19,10 +19,10 @@ int main() {
     int wrong = 0;
     for (const auto& device_sum : sums)
       for (float v : device_sum) wrong += v != 3.0f;
-    // The ensemble library (and its zlib dependency) links too: a missing file is a DataError.
+    // The formats library (and its zlib dependency) links too: a missing file is a DataError.
     bool data_error = false;
     try {
-      pmap::ensemble::read_idx("/nonexistent/pmapcc-consumer.idx", 1);
+      pmap::io::read_idx("/nonexistent/pmapcc-consumer.idx", 1);
     } catch (const pmap::DataError&) {
       data_error = true;
     }

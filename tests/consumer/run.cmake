@@ -55,9 +55,11 @@ step("build the consumer" "${CMAKE_COMMAND}" --build "${build}")
 step("run the consumer" "${build}/consumer")
 message("${step_output}")
 
-# A consumer of the runtime alone needs neither zlib nor Eigen (both hidden from it) nor the C language.
+# A consumer of the runtime alone needs neither zlib, nlohmann-json nor Eigen (all hidden from it) nor the C
+# language.
 step("configure the runtime-only consumer" "${CMAKE_COMMAND}" -S "${consumer_src}/runtime_only" -B "${build}-runtime"
-     ${args} -DCMAKE_DISABLE_FIND_PACKAGE_ZLIB=TRUE -DCMAKE_DISABLE_FIND_PACKAGE_Eigen3=TRUE)
+     ${args} -DCMAKE_DISABLE_FIND_PACKAGE_ZLIB=TRUE -DCMAKE_DISABLE_FIND_PACKAGE_nlohmann_json=TRUE
+     -DCMAKE_DISABLE_FIND_PACKAGE_Eigen3=TRUE)
 step("build the runtime-only consumer" "${CMAKE_COMMAND}" --build "${build}-runtime")
 step("run the runtime-only consumer" "${build}-runtime/runtime_consumer")
 message("${step_output}")

@@ -19,7 +19,7 @@
 
 #include <pmap/error.h>
 
-#include <pmapcc/ensemble/safetensors.h>
+#include <pmapcc/io/safetensors.h>
 #include <pmapcc/ensemble/trainer.h>
 #include "tests/fuzz/fuzz_common.h"
 #include "tests/synthetic.h"

@@ -1,4 +1,4 @@
-// libFuzzer target: ensemble::read_idx, the reader of MNIST's IDX files, raw and gzip-compressed.
+// libFuzzer target: io::read_idx, the reader of MNIST's IDX files, raw and gzip-compressed.
 // The first input byte picks how the rest is read: bit 0 set, the rest is gzip-compressed by the target
 // first (so mutations of the IDX bytes reach the parser through zlib, too); bit 1 set, the file is read
 // as rank 1 (labels), else rank 3 (images). Malformed files may only raise pmap::DataError; an accepted
@@ -9,7 +9,7 @@
 
 #include <pmap/error.h>
 
-#include <pmapcc/ensemble/data.h>
+#include <pmapcc/io/idx.h>
 #include "tests/fuzz/fuzz_common.h"
 
 namespace {
@@ -38,9 +38,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const int rank = (data[0] & 2) != 0 ? 1 : 3;
   std::vector<std::uint8_t> bytes = compress ? gzip(data + 1, size - 1) : std::vector<std::uint8_t>(data + 1, data + size);
   const auto path = pmap::fuzz::scratch().write("input.idx", bytes);
-  pmap::ensemble::IdxArray a;
+  pmap::io::IdxArray a;
   try {
-    a = pmap::ensemble::read_idx(path, rank);
+    a = pmap::io::read_idx(path, rank);
   } catch (const pmap::DataError&) {
     return 0;
   }

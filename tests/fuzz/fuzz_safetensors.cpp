@@ -1,4 +1,4 @@
-// libFuzzer target: ensemble::load_safetensors, the reader of checkpoints (8-byte header length, JSON
+// libFuzzer target: io::load_safetensors, the reader of checkpoints (8-byte header length, JSON
 // header, tensor bytes). Malformed files may only raise pmap::DataError. An accepted file must be what
 // the header says (every tensor's bytes the size of its shape and dtype, together exactly the bytes after
 // the header, names findable, metadata values
@@ -8,10 +8,10 @@
 
 #include <pmap/error.h>
 
-#include <pmapcc/ensemble/safetensors.h>
+#include <pmapcc/io/safetensors.h>
 #include "tests/fuzz/fuzz_common.h"
 
-namespace se = pmap::ensemble;
+namespace se = pmap::io;
 
 namespace {
 

@@ -1,6 +1,6 @@
 // safetensors reading (every field of a possibly hostile file validated before use) and atomic writing
 // (temp file in the same directory, fsync, rename, fsync of the directory).
-#include <pmapcc/ensemble/safetensors.h>
+#include <pmapcc/io/safetensors.h>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -16,7 +16,7 @@
 #include <optional>
 #include <set>
 
-namespace pmap::ensemble {
+namespace pmap::io {
 namespace {
 
 static_assert(std::endian::native == std::endian::little, "safetensors bytes are written as in memory");
@@ -76,8 +76,8 @@ std::string header_text(const std::vector<TensorEntry>& tensors,
   Json header = Json::object();
   if (!metadata.empty()) {
     Json meta = Json::object();
-    for (const auto& [k, v] : metadata) meta.as_object().emplace_back(k, Json(v));
-    header.as_object().emplace_back("__metadata__", std::move(meta));
+    for (const auto& [k, v] : metadata) meta[k] = v;
+    header["__metadata__"] = std::move(meta);
   }
   std::set<std::string_view> names;
   std::uint64_t offset = 0;
@@ -85,27 +85,23 @@ std::string header_text(const std::vector<TensorEntry>& tensors,
     if (t.name == "__metadata__")
       throw ValueError("save_safetensors: the tensor name \"__metadata__\" is reserved");
     if (!names.insert(t.name).second)
-      throw ValueError("save_safetensors: duplicate tensor name " + detail::quoted(t.name));
+      throw ValueError("save_safetensors: duplicate tensor name " + io::quoted(t.name));
     const auto bytes = byte_size(t.shape, size_of(t.dtype));
     if (!bytes)
-      throw ShapeError("save_safetensors: tensor " + detail::quoted(t.name) + ": invalid shape " +
+      throw ShapeError("save_safetensors: tensor " + io::quoted(t.name) + ": invalid shape " +
                        shape_string(t.shape));
     if (*bytes != t.data.size())
-      throw ShapeError("save_safetensors: tensor " + detail::quoted(t.name) + ": shape " +
+      throw ShapeError("save_safetensors: tensor " + io::quoted(t.name) + ": shape " +
                        shape_string(t.shape) + " of " + std::string(name(t.dtype)) + " needs " +
                        std::to_string(*bytes) + " bytes, data has " + std::to_string(t.data.size()));
-    Json shape = Json::array();
-    for (std::int64_t d : t.shape) shape.push_back(d);
-    Json info = Json::object();
-    info.set("dtype", safetensors_dtype_name(t.dtype));
-    info.set("shape", std::move(shape));
-    info.set("data_offsets", Json(Json::Array{Json(offset), Json(offset + *bytes)}));
-    header.as_object().emplace_back(t.name, std::move(info));
+    header[t.name] = {{"dtype", safetensors_dtype_name(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + *bytes}}};
     offset += *bytes;
   }
   std::string text;
   try {
-    text = header.dump();
+    text = dump_json(header);
   } catch (const ValueError& e) {  // a name or metadata string that is not UTF-8
     throw ValueError("save_safetensors: header " + e.message());
   }
@@ -199,15 +195,15 @@ struct Planned {
 };
 
 Planned plan_tensor(const JsonView& v, const std::string& tensor_name) {
-  for (const auto& [key, value] : v.as_object())
+  for (const auto& [key, value] : v.as_object().items())
     if (key != "dtype" && key != "shape" && key != "data_offsets")
-      v.fail("unexpected member " + detail::quoted(key));
+      v.fail("unexpected member " + io::quoted(key));
   Planned p;
   p.entry.name = tensor_name;
   const JsonView dtype = v["dtype"];
   const auto t = dtype_from_name(dtype.as_string());
   if (!t)
-    dtype.fail("unsupported dtype " + detail::quoted(dtype.as_string()) +
+    dtype.fail("unsupported dtype " + io::quoted(dtype.as_string()) +
                " (pmapcc reads F32 F64 I32 I64 U32 U8)");
   p.entry.dtype = *t;
   const JsonView shape = v["shape"];
@@ -238,7 +234,7 @@ void check_tiling(std::vector<Planned>& planned, std::uint64_t buffer_bytes,
                   const std::filesystem::path& path) {
   for (const Planned& p : planned)
     if (p.end > buffer_bytes)
-      data_error(path, "tensor " + detail::quoted(p.entry.name) + ": data_offsets [" +
+      data_error(path, "tensor " + io::quoted(p.entry.name) + ": data_offsets [" +
                            std::to_string(p.begin) + ", " + std::to_string(p.end) +
                            "] run past the end of the " + std::to_string(buffer_bytes) + "-byte data buffer");
   std::stable_sort(planned.begin(), planned.end(), [](const Planned& a, const Planned& b) {
@@ -248,8 +244,8 @@ void check_tiling(std::vector<Planned>& planned, std::uint64_t buffer_bytes,
   const Planned* previous = nullptr;
   for (const Planned& p : planned) {
     if (p.begin < cursor)
-      data_error(path, "tensor " + detail::quoted(p.entry.name) + " overlaps tensor " +
-                           detail::quoted(previous->entry.name));
+      data_error(path, "tensor " + io::quoted(p.entry.name) + " overlaps tensor " +
+                           io::quoted(previous->entry.name));
     if (p.begin > cursor)
       data_error(path, "hole in the data buffer: bytes [" + std::to_string(cursor) + ", " +
                            std::to_string(p.begin) + ") belong to no tensor");
@@ -276,14 +272,14 @@ const TensorEntry* SafetensorsFile::find(std::string_view tensor_name) const {
 
 const TensorEntry& SafetensorsFile::at(std::string_view tensor_name) const {
   if (const TensorEntry* t = find(tensor_name)) return *t;
-  data_error(path, "no tensor named " + detail::quoted(tensor_name));
+  data_error(path, "no tensor named " + io::quoted(tensor_name));
 }
 
 Json SafetensorsFile::metadata_json(std::string_view key) const {
   const std::string where = path.string() + ": __metadata__." + std::string(key);
   const auto it = metadata.find(std::string(key));
   if (it == metadata.end()) throw DataError(where + ": missing");
-  return Json::parse(it->second, where);
+  return parse_json(it->second, where);
 }
 
 void save_safetensors(const std::filesystem::path& path, const std::vector<TensorEntry>& tensors,
@@ -326,15 +322,15 @@ SafetensorsFile load_safetensors(const std::filesystem::path& path) {
   read_at(file.fd, path, header.data(), header.size(), 8);
   if (header.empty() || header[0] != '{') data_error(path, "header does not start with '{'");
 
-  const Json root = Json::parse(header, path.string() + ": header");
+  const Json root = parse_json(header, path.string() + ": header");
   const JsonView top(root, path.string());
   SafetensorsFile out;
   out.path = path;
   std::vector<Planned> planned;
-  for (const auto& [key, value] : top.as_object()) {
+  for (const auto& [key, value] : top.as_object().items()) {
     const JsonView v(value, path.string(), top.child_path(key));
     if (key == "__metadata__") {
-      for (const auto& [mk, mv] : v.as_object())
+      for (const auto& [mk, mv] : v.as_object().items())
         out.metadata.emplace(mk, JsonView(mv, path.string(), v.child_path(mk)).as_string());
     } else {
       planned.push_back(plan_tensor(v, key));
@@ -349,4 +345,4 @@ SafetensorsFile load_safetensors(const std::filesystem::path& path) {
   return out;
 }
 
-}  // namespace pmap::ensemble
+}  // namespace pmap::io

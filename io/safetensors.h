@@ -15,9 +15,9 @@
 #include <pmap/dtype.h>
 #include <pmap/error.h>
 
-#include <pmapcc/ensemble/json.h>
+#include <pmapcc/io/json.h>
 
-namespace pmap::ensemble {
+namespace pmap::io {
 
 // One named tensor: dense, row-major ('C' order), little-endian bytes.
 struct TensorEntry {
@@ -99,4 +99,4 @@ std::vector<T> tensor_values(const TensorEntry& e) {
   return out;
 }
 
-}  // namespace pmap::ensemble
+}  // namespace pmap::io
