@@ -1,6 +1,9 @@
 // Tests of mnist_ensemble's command-line parsing: defaults, both flag spellings, one-line errors.
 #include <doctest/doctest.h>
 
+#include <string>
+#include <vector>
+
 #include "examples/mnist_ensemble/cli.h"
 
 using pmap::ensemble::parse_cli;
@@ -30,6 +33,26 @@ TEST_CASE("flags take '--flag value' and '--flag=value'") {
   CHECK(o.progress == "none");
   CHECK(o.save == "a.st");
   CHECK(parse_cli({"--help"}).help);
+  CHECK(parse_cli({"--epochs", "3", "--epochs=4"}).train.epochs == 4);  // the last one counts
+  CHECK(parse_cli({"--evaluate", "c.st", "--members-subset", "5,0,2"}).members_subset == std::vector<int>{5, 0, 2});
+  CHECK(parse_cli({"--dataset", "fashion-mnist"}).data == "data/fashion-mnist");
+  CHECK(parse_cli({"--dataset", "fashion-mnist", "--data", "d"}).data == "d");
+  CHECK(parse_cli({"--seed", "18446744073709551615"}).train.seed == 18446744073709551615ull);
+}
+
+TEST_CASE("the help lists every flag in its group, with its default") {
+  const std::string help = pmap::ensemble::cli_help("prog");
+  CHECK(help.starts_with("usage: prog [flags]\nTrains an ensemble of MNIST CNNs"));
+  std::size_t at = 0;
+  for (const char* line : {"\nData:\n", "  --dataset D           mnist | fashion-mnist", "[mnist]\n",
+                           "\nDevices:\n", "  --backend cpu|cuda    device kind  [cpu]\n", "\nTraining:\n",
+                           "  --epochs E            epochs  [10]\n", "  --lr LR               SGD learning rate  [0.1]\n",
+                           "\nOutput:\n", "\nCheckpoints:\n", "  -h,--help             this text\n",
+                           "Several processes: mpirun"}) {
+    const std::size_t found = help.find(line, at);
+    CHECK_MESSAGE(found != std::string::npos, line);
+    if (found != std::string::npos) at = found;
+  }
 }
 
 TEST_CASE("bad command lines raise UsageError naming the flag") {
@@ -45,6 +68,9 @@ TEST_CASE("bad command lines raise UsageError naming the flag") {
   CHECK_THROWS_WITH_AS(parse_cli({"--backend", "tpu"}), doctest::Contains("not cpu or cuda"), UsageError);
   CHECK_THROWS_WITH_AS(parse_cli({"--progress", "fancy"}), doctest::Contains("auto, bar, plain or none"), UsageError);
   CHECK_THROWS_WITH_AS(parse_cli({"--seed", "-3"}), doctest::Contains("not an integer"), UsageError);
-  CHECK_THROWS_WITH_AS(parse_cli({"--data="}), doctest::Contains("non-empty"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--data", ""}), "--data: needs a non-empty value", UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--data="}), "--data needs a value", UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--members-subset", "1,,2"}), doctest::Contains("empty entry"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--bogus=3"}), "unknown flag '--bogus'", UsageError);
   CHECK_THROWS_AS(parse_cli({"--epochs", "99999999999"}), UsageError);
 }

@@ -1,115 +1,214 @@
-// mnist_ensemble's command line: a table of flags, strict number parsing, grouped help.
+// mnist_ensemble's command line on CLI11: the flags in groups with their defaults, and checks that name the
+// flag and what is wrong ("--epochs: 'x' is not an integer"). CLI11 tokenizes, dispatches and formats the
+// help; the validators below give the messages, and parse_cli turns every CLI11 error into one UsageError.
 #include "cli.h"
 
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <functional>
-#include <map>
+#include <optional>
 
 namespace pmap::ensemble {
 namespace {
 
-template <class T> T parse_number(const std::string& flag, const std::string& text) {
+// The whole of `text` as a T, or nothing.
+template <class T>
+std::optional<T> number(const std::string& text) {
   T v{};
   const char* end = text.data() + text.size();
-  auto [p, ec] = std::from_chars(text.data(), end, v);
-  if (ec != std::errc{} || p != end || text.empty()) {
-    const char* kind = std::is_floating_point_v<T> ? "a number" : "an integer";
-    throw UsageError(flag + ": '" + text + "' is not " + kind);
-  }
-  if constexpr (std::is_floating_point_v<T>) {
-    if (!std::isfinite(v)) throw UsageError(flag + ": '" + text + "' is not a finite number");
-  }
+  const auto [p, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec != std::errc{} || p != end) return std::nullopt;
   return v;
 }
 
-int positive_int(const std::string& flag, const std::string& text, int min = 1, int max = 1'000'000'000) {
-  const long long v = parse_number<long long>(flag, text);
-  if (v < min || v > max)
-    throw UsageError(flag + ": " + text + " is out of range (" + std::to_string(min) + ".." + std::to_string(max) + ")");
-  return static_cast<int>(v);
+// CLI11 reports a validator's message as "<flag>: <message>". The empty description keeps it out of the help.
+CLI::Validator check(std::function<std::string(const std::string&)> message) {
+  return CLI::Validator([message = std::move(message)](std::string& text) { return message(text); }, "");
 }
+
+CLI::Validator integer_in(long long min, long long max) {
+  return check([=](const std::string& text) -> std::string {
+    const auto v = number<long long>(text);
+    if (!v) return "'" + text + "' is not an integer";
+    if (*v < min || *v > max)
+      return text + " is out of range (" + std::to_string(min) + ".." + std::to_string(max) + ")";
+    return {};
+  });
+}
+
+// "'x' is not a, b or c".
+CLI::Validator one_of(std::vector<std::string> choices) {
+  return check([choices = std::move(choices)](const std::string& text) -> std::string {
+    if (std::find(choices.begin(), choices.end(), text) != choices.end()) return {};
+    std::string list;
+    for (std::size_t i = 0; i < choices.size(); ++i)
+      list += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
+    return "'" + text + "' is not " + list;
+  });
+}
+
+// A float, checked by `ok` (which returns the complaint about a bad value, or nothing).
+CLI::Validator real(std::function<std::string(float, const std::string&)> ok) {
+  return check([ok = std::move(ok)](const std::string& text) -> std::string {
+    const auto v = number<float>(text);
+    if (!v) return "'" + text + "' is not a number";
+    return std::isfinite(*v) ? ok(*v, text) : "'" + text + "' is not a finite number";
+  });
+}
+
+// "0,2,5": distinct member indices, in order, into `out`. Returns what is wrong, or nothing.
+std::string parse_members(const std::string& text, std::vector<int>& out) {
+  out.clear();
+  for (std::size_t start = 0; start <= text.size();) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    if (item.empty()) return "'" + text + "' has an empty entry (expected e.g. 0,2,5)";
+    const auto m = number<int>(item);
+    if (!m) return "'" + item + "' is not an integer";
+    if (*m < 0) return item + " is out of range (0..1000000000)";
+    if (std::find(out.begin(), out.end(), *m) != out.end()) return "member " + item + " is named twice";
+    out.push_back(*m);
+    start = comma + 1;
+  }
+  return {};
+}
+
+const CLI::Validator kNonEmpty = check([](const std::string& text) -> std::string {
+  return text.empty() ? "needs a non-empty value" : "";
+});
 
 // Devices are worker threads (and, on GPUs, streams): as many as PMAPCC_CPU_DEVICES allows.
 constexpr int kMaxDevices = 4096;
+constexpr long long kMaxCount = 1'000'000'000;
 
-// "0,2,5": distinct member indices, in order.
-std::vector<int> member_list(const std::string& flag, const std::string& text) {
-  std::vector<int> out;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    const std::size_t comma = std::min(text.find(',', start), text.size());
-    const std::string item = text.substr(start, comma - start);
-    if (item.empty()) throw UsageError(flag + ": '" + text + "' has an empty entry (expected e.g. 0,2,5)");
-    const int m = positive_int(flag, item, 0);
-    for (int seen : out)
-      if (seen == m) throw UsageError(flag + ": member " + item + " is named twice");
-    out.push_back(m);
-    start = comma + 1;
+// The help layout: "usage: NAME [flags]" and the description first, groups one blank line apart, each
+// flag's default at the end of its first line.
+class Help : public CLI::Formatter {
+ public:
+  std::string make_description(const CLI::App*) const override { return {}; }
+  std::string make_usage(const CLI::App* app, std::string name) const override {
+    while (name.ends_with(' ')) name.pop_back();  // App::help appends the (empty) app name after a space
+    return "usage: " + name + " [flags]\n" + app->get_description() + "\n\n";
   }
-  return out;
+  std::string make_group(std::string group, bool positional, std::vector<const CLI::Option*> opts) const override {
+    return CLI::Formatter::make_group(std::move(group), positional, std::move(opts)).substr(1);  // no "\n" first
+  }
+  std::string make_option_opts(const CLI::Option* opt) const override {
+    return opt->get_type_size() == 0 ? std::string() : " " + opt->get_type_name();
+  }
+  std::string make_option_desc(const CLI::Option* opt) const override {
+    std::string text = opt->get_description();
+    if (const std::string& d = opt->get_default_str(); !d.empty())
+      text.insert(std::min(text.find('\n'), text.size()), "  [" + d + "]");
+    return text;
+  }
+};
+
+// A flag of `group` whose value CLI11 converts into `target`, or hands to `set` as text.
+template <class T>
+CLI::Option* flag(CLI::App& app, const char* name, T& target, const char* type, const char* group, const char* help) {
+  return app.add_option(name, target, help)->type_name(type)->group(group)->check(kNonEmpty);
+}
+CLI::Option* flag(CLI::App& app, const char* name, std::function<void(const std::string&)> set, const char* type,
+                  const char* group, const char* help) {
+  return app.add_option_function<std::string>(name, std::move(set), help)->type_name(type)->group(group)->check(
+      kNonEmpty);
 }
 
-using Setter = std::function<void(CliOptions&, const std::string& flag, const std::string& value)>;
+// The flags, bound to `o`. Floats are converted with from_chars, as their validators read them (CLI11 reads
+// through long double, which can round differently).
+std::unique_ptr<CLI::App> make_app(CliOptions& o) {
+  auto app = std::make_unique<CLI::App>(
+      "Trains an ensemble of MNIST CNNs (the Flax example's model and recipe), one or more members per\n"
+      "device, and reports each member's and the ensemble's test accuracy and calibration (NLL, Brier\n"
+      "score, expected calibration error, predictive entropy).");
+  app->formatter(std::make_shared<Help>());
+  app->get_formatter()->column_width(24);
+  app->footer(
+      "Several processes: mpirun -np P mnist_ensemble --devices N ... trains on P x N devices; the first\n"
+      "process prints and writes every output, with every member in its checkpoints.");
+  app->set_help_flag();  // --help is a flag like the others (parse_cli reports it), not an exception
+  app->allow_extras();   // unknown flags and stray words: reported by parse_cli in its own words
+  app->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  CLI::App& a = *app;
+  TrainConfig& t = o.train;
+  auto set_float = [](float& target) { return [&target](const std::string& v) { target = *number<float>(v); }; };
 
-const std::map<std::string, Setter>& setters() {
-  static const std::map<std::string, Setter> table{
-      {"--data", [](CliOptions& o, const std::string&, const std::string& v) { o.data = v; }},
-      {"--dataset", [](CliOptions& o, const std::string& f, const std::string& v) {
-         if (v != "mnist" && v != "fashion-mnist") throw UsageError(f + ": '" + v + "' is not mnist or fashion-mnist");
-         o.train.dataset = v;
-       }},
-      {"--evaluate", [](CliOptions& o, const std::string&, const std::string& v) { o.evaluate = v; }},
-      {"--members-subset", [](CliOptions& o, const std::string& f, const std::string& v) {
-         o.members_subset = member_list(f, v);
-       }},
-      {"--predict", [](CliOptions& o, const std::string&, const std::string& v) { o.predict = v; }},
-      {"--backend", [](CliOptions& o, const std::string& f, const std::string& v) {
-         if (v != "cpu" && v != "cuda") throw UsageError(f + ": '" + v + "' is not cpu or cuda");
-         o.train.backend = parse_device_kind(v);
-       }},
-      {"--devices", [](CliOptions& o, const std::string& f, const std::string& v) {
-         o.train.devices = positive_int(f, v, 1, kMaxDevices);
-       }},
-      {"--kernels", [](CliOptions& o, const std::string& f, const std::string& v) {
-         if (v != "native" && v != "cuda-on-host") throw UsageError(f + ": '" + v + "' is not native or cuda-on-host");
-         o.train.cuda_kernels_on_host = v == "cuda-on-host";
-       }},
-      {"--report-every", [](CliOptions& o, const std::string& f, const std::string& v) {
-         o.train.report_every = positive_int(f, v);
-       }},
-      {"--members", [](CliOptions& o, const std::string& f, const std::string& v) { o.train.members = positive_int(f, v); }},
-      {"--mode", [](CliOptions& o, const std::string& f, const std::string& v) {
-         if (v != "ensemble" && v != "data-parallel") throw UsageError(f + ": '" + v + "' is not ensemble or data-parallel");
-         o.train.mode = parse_mode(v);
-       }},
-      {"--epochs", [](CliOptions& o, const std::string& f, const std::string& v) { o.train.epochs = positive_int(f, v, 0); }},
-      {"--batch-size", [](CliOptions& o, const std::string& f, const std::string& v) { o.train.batch_size = positive_int(f, v); }},
-      {"--lr", [](CliOptions& o, const std::string& f, const std::string& v) {
-         o.train.learning_rate = parse_number<float>(f, v);
-         if (!(o.train.learning_rate > 0)) throw UsageError(f + ": the learning rate must be positive, got " + v);
-       }},
-      {"--momentum", [](CliOptions& o, const std::string& f, const std::string& v) {
-         o.train.momentum = parse_number<float>(f, v);
-         if (!(o.train.momentum >= 0 && o.train.momentum < 1)) throw UsageError(f + ": must be in [0, 1), got " + v);
-       }},
-      {"--seed", [](CliOptions& o, const std::string& f, const std::string& v) {
-         o.train.seed = parse_number<std::uint64_t>(f, v);
-       }},
-      {"--train-limit", [](CliOptions& o, const std::string& f, const std::string& v) { o.train.train_limit = positive_int(f, v); }},
-      {"--test-limit", [](CliOptions& o, const std::string& f, const std::string& v) { o.train.test_limit = positive_int(f, v); }},
-      {"--metrics-json", [](CliOptions& o, const std::string&, const std::string& v) { o.metrics_json = v; }},
-      {"--metrics-csv", [](CliOptions& o, const std::string&, const std::string& v) { o.metrics_csv = v; }},
-      {"--plot", [](CliOptions& o, const std::string&, const std::string& v) { o.plot = v; }},
-      {"--save", [](CliOptions& o, const std::string&, const std::string& v) { o.save = v; }},
-      {"--resume", [](CliOptions& o, const std::string&, const std::string& v) { o.resume = v; }},
-      {"--progress", [](CliOptions& o, const std::string& f, const std::string& v) {
-         if (v != "auto" && v != "bar" && v != "plain" && v != "none")
-           throw UsageError(f + ": '" + v + "' is not auto, bar, plain or none");
-         o.progress = v;
-       }},
-  };
-  return table;
+  flag(a, "--dataset", t.dataset, "D", "Data", "mnist | fashion-mnist (names the data, picks the directory)")
+      ->check(one_of({"mnist", "fashion-mnist"}))->default_str("mnist");
+  flag(a, "--data", o.data, "DIR", "Data", "the IDX files (raw or .gz)")->default_str("data/<dataset>");
+  flag(a, "--train-limit", t.train_limit, "N", "Data", "use the first N training examples")
+      ->check(integer_in(1, kMaxCount))->default_str("all");
+  flag(a, "--test-limit", t.test_limit, "N", "Data", "use the first N test examples")
+      ->check(integer_in(1, kMaxCount))->default_str("all");
+
+  flag(a, "--backend", [&t](const std::string& v) { t.backend = parse_device_kind(v); }, "cpu|cuda", "Devices",
+       "device kind")->check(one_of({"cpu", "cuda"}))->default_str("cpu");
+  flag(a, "--devices", t.devices, "N", "Devices",
+       "devices in the mesh\n(under mpirun/srun: per process; the mesh spans all processes;\n"
+       "more CUDA devices than GPUs share them as virtual devices)")
+      ->check(integer_in(1, kMaxDevices))->default_str("PMAPCC_CPU_DEVICES, else cores; all GPUs");
+  flag(a, "--kernels", [&t](const std::string& v) { t.cuda_kernels_on_host = v == "cuda-on-host"; }, "K", "Devices",
+       "native | cuda-on-host\n(cuda-on-host: the CUDA kernels run on the host, on CPU devices;\n"
+       "a check of the CUDA code without a GPU; slow)")
+      ->check(one_of({"native", "cuda-on-host"}))->default_str("native");
+  flag(a, "--members", t.members, "N", "Devices", "ensemble members, a multiple of all devices")
+      ->check(integer_in(1, kMaxCount))->default_str("one per device");
+  flag(a, "--mode", [&t](const std::string& v) { t.mode = parse_mode(v); }, "M", "Devices", "ensemble | data-parallel")
+      ->check(one_of({"ensemble", "data-parallel"}))->default_str("ensemble");
+
+  flag(a, "--epochs", t.epochs, "E", "Training", "epochs")->check(integer_in(0, kMaxCount))->capture_default_str();
+  flag(a, "--batch-size", t.batch_size, "B", "Training", "examples per step (data-parallel: split over devices)")
+      ->check(integer_in(1, kMaxCount))->capture_default_str();
+  flag(a, "--lr", set_float(t.learning_rate), "LR", "Training", "SGD learning rate")
+      ->check(real([](float v, const std::string& text) {
+        return v > 0 ? std::string() : "the learning rate must be positive, got " + text;
+      }))->default_str("0.1");
+  flag(a, "--momentum", set_float(t.momentum), "MU", "Training", "SGD momentum")
+      ->check(real([](float v, const std::string& text) {
+        return v >= 0 && v < 1 ? std::string() : "must be in [0, 1), got " + text;
+      }))->default_str("0.9");
+  flag(a, "--seed", t.seed, "S", "Training", "key(S) -> member keys and data order")
+      ->check(check([](const std::string& text) {
+        return number<std::uint64_t>(text) ? std::string() : "'" + text + "' is not an integer";
+      }))->capture_default_str();
+  flag(a, "--report-every", t.report_every, "N", "Training", "gather the step losses every N steps")
+      ->check(integer_in(1, kMaxCount))->default_str("1 on CPU, 16 on GPUs");
+
+  flag(a, "--progress", o.progress, "P", "Output", "auto | bar | plain | none")
+      ->check(one_of({"auto", "bar", "plain", "none"}))->default_str("auto: bar on a terminal");
+  flag(a, "--metrics-json", o.metrics_json, "PATH", "Output", "per-epoch metrics as JSON");
+  flag(a, "--metrics-csv", o.metrics_csv, "PATH", "Output", "per-epoch metrics as CSV");
+  flag(a, "--plot", o.plot, "PATH", "Output",
+       "SVG of test accuracy and loss per epoch, reliability diagram and\nensemble-size curve");
+  flag(a, "--predict", o.predict, "PATH", "Output",
+       "CSV of every test image's label, ensemble prediction, its probability,\n"
+       "predictive entropy and the members' votes (after the last epoch)");
+
+  flag(a, "--save", o.save, "PATH", "Checkpoints", "write a checkpoint after every epoch (safetensors)");
+  flag(a, "--resume", o.resume, "PATH", "Checkpoints", "continue from a checkpoint (same seed, members and recipe)");
+  flag(a, "--evaluate", o.evaluate, "PATH", "Checkpoints",
+       "evaluate a checkpoint's ensemble instead of training (any backend and\n"
+       "device count; writes the table, --metrics-json, --plot, --predict)");
+  flag(a, "--members-subset", [&o](const std::string& v) { parse_members(v, o.members_subset); }, "L", "Checkpoints",
+       "with --evaluate: the members to ensemble, e.g. 0,2,5")
+      ->check(check([](const std::string& text) {
+        std::vector<int> members;
+        return parse_members(text, members);
+      }))->default_str("all");
+  a.add_flag("-h,--help", o.help, "this text")->group("Checkpoints");
+  return app;
+}
+
+// CLI11's "--batch-size: 1 required N missing" (no value after the flag) as "--batch-size needs a value".
+std::string usage_message(const CLI::ParseError& e) {
+  std::string m = e.what();
+  if (dynamic_cast<const CLI::ArgumentMismatch*>(&e) != nullptr && m.find(" required ") != std::string::npos)
+    return m.substr(0, m.find(':')) + " needs a value";
+  std::replace(m.begin(), m.end(), '\n', ' ');
+  return m;
 }
 
 }  // namespace
@@ -118,33 +217,18 @@ std::string dataset_title(const std::string& dataset) { return dataset == "fashi
 
 CliOptions parse_cli(const std::vector<std::string>& args) {
   CliOptions o;
-  bool data_given = false;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i], value;
-    if (flag == "--help" || flag == "-h") {
-      o.help = true;
-      continue;
-    }
-    const auto eq = flag.find('=');
-    const bool inline_value = flag.rfind("--", 0) == 0 && eq != std::string::npos;
-    if (inline_value) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    }
-    auto it = setters().find(flag);
-    if (it == setters().end()) {
-      if (flag.rfind("-", 0) == 0) throw UsageError("unknown flag '" + flag + "'");
-      throw UsageError("unexpected argument '" + flag + "' (flags start with --)");
-    }
-    if (!inline_value) {
-      if (i + 1 >= args.size()) throw UsageError(flag + " needs a value");
-      value = args[++i];
-    }
-    if (value.empty()) throw UsageError(flag + " needs a non-empty value");
-    it->second(o, flag, value);
-    data_given = data_given || flag == "--data";
+  const auto app = make_app(o);
+  try {
+    app->parse(std::vector<std::string>(args.rbegin(), args.rend()));  // CLI11 takes them last first
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(usage_message(e));
   }
-  if (!data_given) o.data = "data/" + o.train.dataset;
+  if (const auto rest = app->remaining(); !rest.empty()) {
+    const std::string& word = rest.front();
+    if (word.starts_with("-")) throw UsageError("unknown flag '" + word.substr(0, word.find('=')) + "'");
+    throw UsageError("unexpected argument '" + word + "' (flags start with --)");
+  }
+  if (app->count("--data") == 0) o.data = "data/" + o.train.dataset;
   if (!o.members_subset.empty() && o.evaluate.empty())
     throw UsageError("--members-subset picks members of the checkpoint given with --evaluate");
   if (!o.evaluate.empty() && (!o.save.empty() || !o.resume.empty()))
@@ -155,50 +239,9 @@ CliOptions parse_cli(const std::vector<std::string>& args) {
 }
 
 std::string cli_help(const std::string& program) {
-  return "usage: " + program + " [flags]\n"
-         "Trains an ensemble of MNIST CNNs (the Flax example's model and recipe), one or more members per\n"
-         "device, and reports each member's and the ensemble's test accuracy and calibration (NLL, Brier\n"
-         "score, expected calibration error, predictive entropy).\n"
-         "\n"
-         "Data:\n"
-         "  --dataset D           mnist | fashion-mnist (names the data, picks the directory)  [mnist]\n"
-         "  --data DIR            the IDX files (raw or .gz)              [data/<dataset>]\n"
-         "  --train-limit N       use the first N training examples      [all]\n"
-         "  --test-limit N        use the first N test examples          [all]\n"
-         "Devices:\n"
-         "  --backend cpu|cuda    device kind                            [cpu]\n"
-         "  --devices N           devices in the mesh  [PMAPCC_CPU_DEVICES, else cores; all GPUs]\n"
-         "                        (under mpirun/srun: per process; the mesh spans all processes;\n"
-         "                        more CUDA devices than GPUs share them as virtual devices)\n"
-         "  --kernels K           native | cuda-on-host: the CUDA kernels run on the host, on CPU\n"
-         "                        devices (a check of the CUDA code without a GPU; slow)  [native]\n"
-         "  --members N           ensemble members, a multiple of all devices  [one per device]\n"
-         "  --mode M              ensemble | data-parallel               [ensemble]\n"
-         "Training:\n"
-         "  --epochs E            epochs                                 [10]\n"
-         "  --batch-size B        examples per step (data-parallel: split over devices)  [128]\n"
-         "  --lr LR               SGD learning rate                      [0.1]\n"
-         "  --momentum MU         SGD momentum                           [0.9]\n"
-         "  --seed S              key(S) -> member keys and data order   [0]\n"
-         "  --report-every N      gather the step losses every N steps   [1 on CPU, 16 on GPUs]\n"
-         "Output:\n"
-         "  --progress P          auto | bar | plain | none              [auto: bar on a terminal]\n"
-         "  --metrics-json PATH   per-epoch metrics as JSON\n"
-         "  --metrics-csv PATH    per-epoch metrics as CSV\n"
-         "  --plot PATH           SVG of test accuracy and loss per epoch, reliability diagram and\n"
-         "                        ensemble-size curve\n"
-         "  --predict PATH        CSV of every test image's label, ensemble prediction, its probability,\n"
-         "                        predictive entropy and the members' votes (after the last epoch)\n"
-         "Checkpoints:\n"
-         "  --save PATH           write a checkpoint after every epoch (safetensors)\n"
-         "  --resume PATH         continue from a checkpoint (same seed, members and recipe)\n"
-         "  --evaluate PATH       evaluate a checkpoint's ensemble instead of training (any backend and\n"
-         "                        device count; writes the table, --metrics-json, --plot, --predict)\n"
-         "  --members-subset L    with --evaluate: the members to ensemble, e.g. 0,2,5  [all]\n"
-         "  -h, --help            this text\n"
-         "\n"
-         "Several processes: mpirun -np P mnist_ensemble --devices N ... trains on P x N devices; the first\n"
-         "process prints and writes every output, with every member in its checkpoints.\n";
+  CliOptions o;
+  const auto app = make_app(o);
+  return app->help(program);
 }
 
 }  // namespace pmap::ensemble
