@@ -208,7 +208,7 @@ void Trainer::make_device_work() {
 void Trainer::check_processes_agree() const {
   // Processes started with different flags or data would train different things under one mesh.
   const std::uint64_t mine = fingerprint(config_.to_json(), train_, test_);
-  const auto all = from_all_devices(std::vector<std::vector<std::int64_t>>(
+  const auto all = distributed::process_allgather(mesh_, std::vector<std::vector<std::int64_t>>(
       static_cast<std::size_t>(mesh_.local_size()), std::vector<std::int64_t>{static_cast<std::int64_t>(mine)}));
   std::string differ;
   for (std::size_t d = 0; d < all.size(); ++d)
@@ -517,17 +517,6 @@ std::int64_t Trainer::step() const { return states_[0].step; }
 
 bool Trainer::is_main_process() const { return mesh_.devices()[0].process == distributed::process_index(); }
 
-template <class T> std::vector<T> Trainer::from_all_devices(const std::vector<std::vector<T>>& mine) const {
-  std::vector<Array> arrays;
-  for (std::size_t i = 0; i < mine.size(); ++i)
-    arrays.push_back(Array::from_host(mine[i], Shape{static_cast<std::int64_t>(mine[i].size())}, mesh_.local_devices()[i]));
-  const std::string axis = options_.axis;
-  auto gathered = pmap::pmap([&axis](const Array& a) {
-    return all_gather(a, axis, /*tiled=*/true).template to_vector<T>();
-  }, mesh_)(Sharded<Array>(std::move(arrays)));
-  return std::move(gathered[0]);
-}
-
 std::vector<float> Trainer::params() const { return stacked(&TrainState::params); }
 
 std::vector<float> Trainer::momentum() const { return stacked(&TrainState::momentum); }
@@ -536,7 +525,7 @@ std::vector<float> Trainer::stacked(Array TrainState::*field) const {
   std::vector<std::vector<float>> mine;
   for (const TrainState& s : states_) mine.push_back((s.*field).to_vector<float>());
   // Data parallel: every device holds the one model; the first device's copy is it.
-  return stack_members(*model_, from_all_devices(mine), options_.data_parallel ? 1 : mesh_.size(),
+  return stack_members(*model_, distributed::process_allgather(mesh_, mine), options_.data_parallel ? 1 : mesh_.size(),
                        members_per_device_, total_members_);
 }
 

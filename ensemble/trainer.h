@@ -149,9 +149,6 @@ class Trainer {
   // device's members from stacked params and momentum, at `step`.
   std::vector<float> stacked(Array TrainState::*field) const;
   void restore(const std::vector<float>& params, const std::vector<float>& momentum, std::int64_t step);
-  // Every device's `mine` (one host vector per local device, all of one length), over the whole mesh in
-  // mesh order, on every process: an all_gather over the mesh's axis.
-  template <class T> std::vector<T> from_all_devices(const std::vector<std::vector<T>>& mine) const;
   // Fills a feed's next host batch with examples order[begin, begin + size) of data.
   void fill_batch(Feed<Batch>& feed, const std::vector<std::uint32_t>& order, std::int64_t begin, int size,
                   const Dataset& data, bool own_rows_only);

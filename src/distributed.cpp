@@ -2,6 +2,7 @@
 // (processes.h), so this builds with or without MPI.
 #include <pmap/distributed.h>
 #include <pmap/error.h>
+#include <pmap/pmap.h>
 
 #include <algorithm>
 #include <cmath>
@@ -58,6 +59,37 @@ std::vector<Device> global_devices(DeviceKind kind, int local_n) {
       out.push_back(Device{kind, index, ordinal, p});
     }
   return out;
+}
+
+namespace {
+
+template <Element T>
+std::vector<T> allgather(const Mesh& mesh, const std::vector<std::vector<T>>& mine) {
+  const auto& local = mesh.local_devices();
+  if (mine.size() != local.size())
+    throw ShapeError("process_allgather: " + std::to_string(mine.size()) + " vectors for the " +
+                     std::to_string(local.size()) + " local devices of the mesh");
+  std::vector<Array> arrays;
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    if (mine[i].size() != mine[0].size())
+      throw ShapeError("process_allgather: the vector of " + local[i].str() + " has " +
+                       std::to_string(mine[i].size()) + " elements, that of " + local[0].str() + " " +
+                       std::to_string(mine[0].size()));
+    arrays.push_back(Array::from_host(mine[i], Shape{static_cast<std::int64_t>(mine[i].size())}, local[i]));
+  }
+  auto gathered = pmap::pmap([](const Array& a) { return all_gather(a, AxisNames{}, /*tiled=*/true).to_vector<T>(); },
+                             mesh)(Sharded<Array>(std::move(arrays)));
+  return std::move(gathered[0]);
+}
+
+}  // namespace
+
+std::vector<float> process_allgather(const Mesh& mesh, const std::vector<std::vector<float>>& mine) {
+  return allgather(mesh, mine);
+}
+
+std::vector<std::int64_t> process_allgather(const Mesh& mesh, const std::vector<std::vector<std::int64_t>>& mine) {
+  return allgather(mesh, mine);
 }
 
 }  // namespace pmap::distributed

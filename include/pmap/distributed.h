@@ -24,9 +24,14 @@
 // Aborted, and the program should exit with a non-zero status (mpirun then ends the job).
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include <pmap/device.h>
+
+namespace pmap {
+class Mesh;
+}
 
 namespace pmap::distributed {
 
@@ -48,5 +53,13 @@ int process_count();  // number of processes (1 when not distributed)
 // otherwise). Blocks until all processes have called it (Timeout after the process timeout).
 // Without several processes this is local_devices(kind, local_n).
 std::vector<Device> global_devices(DeviceKind kind, int local_n = -1);
+
+// Per-device host data gathered onto every process (JAX's multihost_utils.process_allgather, tiled):
+// `mine` holds one vector per local device of `mesh` (in Mesh::local_devices() order), all of one length;
+// returns every device's vector, concatenated in the order of the mesh's devices, on every process. It is
+// an all_gather over every axis of the mesh: every process must call it, with vectors of the same length.
+// Raises ShapeError when `mine` does not hold one vector per local device or the lengths differ.
+std::vector<float> process_allgather(const Mesh& mesh, const std::vector<std::vector<float>>& mine);
+std::vector<std::int64_t> process_allgather(const Mesh& mesh, const std::vector<std::vector<std::int64_t>>& mine);
 
 }  // namespace pmap::distributed
