@@ -117,25 +117,9 @@ CLI::Option* flag(CLI::App& app, const char* name, std::function<void(const std:
       kNonEmpty);
 }
 
-// The flags, bound to `o`. Floats are converted with from_chars, as their validators read them (CLI11 reads
-// through long double, which can round differently).
-std::unique_ptr<CLI::App> make_app(CliOptions& o) {
-  auto app = std::make_unique<CLI::App>(
-      "Trains an ensemble of MNIST CNNs (the Flax example's model and recipe), one or more members per\n"
-      "device, and reports each member's and the ensemble's test accuracy and calibration (NLL, Brier\n"
-      "score, expected calibration error, predictive entropy).");
-  app->formatter(std::make_shared<Help>());
-  app->get_formatter()->column_width(24);
-  app->footer(
-      "Several processes: mpirun -np P mnist_ensemble --devices N ... trains on P x N devices; the first\n"
-      "process prints and writes every output, with every member in its checkpoints.");
-  app->set_help_flag();  // --help is a flag like the others (parse_cli reports it), not an exception
-  app->allow_extras();   // unknown flags and stray words: reported by parse_cli in its own words
-  app->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  CLI::App& a = *app;
+// The flags of each help group, bound to `o`.
+void data_flags(CLI::App& a, CliOptions& o) {
   TrainConfig& t = o.train;
-  auto set_float = [](float& target) { return [&target](const std::string& v) { target = *number<float>(v); }; };
-
   flag(a, "--dataset", t.dataset, "D", "Data", "mnist | fashion-mnist (names the data, picks the directory)")
       ->check(one_of({"mnist", "fashion-mnist"}))->default_str("mnist");
   flag(a, "--data", o.data, "DIR", "Data", "the IDX files (raw or .gz)")->default_str("data/<dataset>");
@@ -143,7 +127,9 @@ std::unique_ptr<CLI::App> make_app(CliOptions& o) {
       ->check(integer_in(1, kMaxCount))->default_str("all");
   flag(a, "--test-limit", t.test_limit, "N", "Data", "use the first N test examples")
       ->check(integer_in(1, kMaxCount))->default_str("all");
+}
 
+void device_flags(CLI::App& a, TrainConfig& t) {
   flag(a, "--backend", [&t](const std::string& v) { t.backend = parse_device_kind(v); }, "cpu|cuda", "Devices",
        "device kind")->check(one_of({"cpu", "cuda"}))->default_str("cpu");
   flag(a, "--devices", t.devices, "N", "Devices",
@@ -158,7 +144,12 @@ std::unique_ptr<CLI::App> make_app(CliOptions& o) {
       ->check(integer_in(1, kMaxCount))->default_str("one per device");
   flag(a, "--mode", [&t](const std::string& v) { t.mode = parse_mode(v); }, "M", "Devices", "ensemble | data-parallel")
       ->check(one_of({"ensemble", "data-parallel"}))->default_str("ensemble");
+}
 
+// Floats are converted with from_chars, as their validators read them (CLI11 reads through long double,
+// which can round differently).
+void training_flags(CLI::App& a, TrainConfig& t) {
+  auto set_float = [](float& target) { return [&target](const std::string& v) { target = *number<float>(v); }; };
   flag(a, "--epochs", t.epochs, "E", "Training", "epochs")->check(integer_in(0, kMaxCount))->capture_default_str();
   flag(a, "--batch-size", t.batch_size, "B", "Training", "examples per step (data-parallel: split over devices)")
       ->check(integer_in(1, kMaxCount))->capture_default_str();
@@ -176,7 +167,9 @@ std::unique_ptr<CLI::App> make_app(CliOptions& o) {
       }))->capture_default_str();
   flag(a, "--report-every", t.report_every, "N", "Training", "gather the step losses every N steps")
       ->check(integer_in(1, kMaxCount))->default_str("1 on CPU, 16 on GPUs");
+}
 
+void output_flags(CLI::App& a, CliOptions& o) {
   flag(a, "--progress", o.progress, "P", "Output", "auto | bar | plain | none")
       ->check(one_of({"auto", "bar", "plain", "none"}))->default_str("auto: bar on a terminal");
   flag(a, "--metrics-json", o.metrics_json, "PATH", "Output", "per-epoch metrics as JSON");
@@ -186,7 +179,9 @@ std::unique_ptr<CLI::App> make_app(CliOptions& o) {
   flag(a, "--predict", o.predict, "PATH", "Output",
        "CSV of every test image's label, ensemble prediction, its probability,\n"
        "predictive entropy and the members' votes (after the last epoch)");
+}
 
+void checkpoint_flags(CLI::App& a, CliOptions& o) {
   flag(a, "--save", o.save, "PATH", "Checkpoints", "write a checkpoint after every epoch (safetensors)");
   flag(a, "--resume", o.resume, "PATH", "Checkpoints", "continue from a checkpoint (same seed, members and recipe)");
   flag(a, "--evaluate", o.evaluate, "PATH", "Checkpoints",
@@ -199,6 +194,26 @@ std::unique_ptr<CLI::App> make_app(CliOptions& o) {
         return parse_members(text, members);
       }))->default_str("all");
   a.add_flag("-h,--help", o.help, "this text")->group("Checkpoints");
+}
+
+std::unique_ptr<CLI::App> make_app(CliOptions& o) {
+  auto app = std::make_unique<CLI::App>(
+      "Trains an ensemble of MNIST CNNs (the Flax example's model and recipe), one or more members per\n"
+      "device, and reports each member's and the ensemble's test accuracy and calibration (NLL, Brier\n"
+      "score, expected calibration error, predictive entropy).");
+  app->formatter(std::make_shared<Help>());
+  app->get_formatter()->column_width(24);
+  app->footer(
+      "Several processes: mpirun -np P mnist_ensemble --devices N ... trains on P x N devices; the first\n"
+      "process prints and writes every output, with every member in its checkpoints.");
+  app->set_help_flag();  // --help is a flag like the others (parse_cli reports it), not an exception
+  app->allow_extras();   // unknown flags and stray words: reported by parse_cli in its own words
+  app->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  data_flags(*app, o);
+  device_flags(*app, o.train);
+  training_flags(*app, o.train);
+  output_flags(*app, o);
+  checkpoint_flags(*app, o);
   return app;
 }
 
