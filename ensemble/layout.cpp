@@ -1,0 +1,190 @@
+// PartitionSpec text, LayoutMap matching, and the ShardingPlan's checks and block copies. See layout.h.
+#include <pmapcc/ensemble/layout.h>
+
+#include <algorithm>
+#include <cctype>
+
+#include <pmap/error.h>
+
+namespace pmap::ensemble {
+namespace {
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+bool is_axis_name(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+  });
+}
+
+std::string dims_text(const Dims& d) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + (d.size() == 1 ? ",)" : ")");
+}
+
+}  // namespace
+
+bool PartitionSpec::replicated() const {
+  return std::none_of(dims.begin(), dims.end(), [](const auto& a) { return a.has_value(); });
+}
+
+std::string PartitionSpec::str() const {
+  std::string s = "(";
+  for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + (dims[i] ? "'" + *dims[i] + "'" : "None");
+  return s + (dims.size() == 1 ? ",)" : ")");
+}
+
+PartitionSpec PartitionSpec::parse(std::string_view text) {
+  const std::string original(text);
+  auto bad = [&](const std::string& what) -> ValueError {
+    return ValueError("layout '" + original + "': " + what + " (expected e.g. None,model or ('model',))");
+  };
+  std::string_view s = trim(text);
+  if (s.starts_with('(') != s.ends_with(')')) throw bad("unbalanced parentheses");
+  if (s.starts_with('(')) s = trim(s.substr(1, s.size() - 2));
+  PartitionSpec spec;
+  if (s.empty()) return spec;
+  if (s.ends_with(',')) s.remove_suffix(1);  // a Python one-tuple: ('model',)
+  for (std::size_t start = 0; start <= s.size();) {
+    const std::size_t comma = std::min(s.find(',', start), s.size());
+    std::string_view entry = trim(s.substr(start, comma - start));
+    start = comma + 1;
+    if (entry.size() >= 2 && (entry.front() == '\'' || entry.front() == '"') && entry.back() == entry.front())
+      entry = entry.substr(1, entry.size() - 2);
+    if (entry.empty()) throw bad("an empty entry");
+    if (entry == "None" || entry == "none") {
+      spec.dims.emplace_back(std::nullopt);
+    } else if (is_axis_name(entry)) {
+      spec.dims.emplace_back(std::string(entry));
+    } else {
+      throw bad("'" + std::string(entry) + "' is neither an axis name nor None");
+    }
+  }
+  return spec;
+}
+
+void LayoutMap::add(std::string pattern, PartitionSpec spec) {
+  try {
+    regexes_.emplace_back(pattern, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    throw ValueError("layout map: '" + pattern + "' is not a regular expression (" + e.what() + ")");
+  }
+  entries_.push_back({std::move(pattern), std::move(spec)});
+}
+
+PartitionSpec LayoutMap::layout_of(std::string_view name, std::optional<std::size_t>* entry) const {
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    if (std::regex_match(name.begin(), name.end(), regexes_[i])) {
+      if (entry != nullptr) *entry = i;
+      return entries_[i].spec;
+    }
+  }
+  if (entry != nullptr) *entry = std::nullopt;
+  return {};
+}
+
+ShardingPlan::ShardingPlan(const Sequential& model, const LayoutMap& layouts, std::vector<AxisSpec> mesh_axes)
+    : axes_(std::move(mesh_axes)) {
+  for (const TensorSlot& slot : model.tensors()) {
+    std::optional<std::size_t> from;
+    ShardedTensor t{slot.name, slot.shape, layouts.layout_of(slot.name, &from), {}, slot.shape, 0, 0};
+    const std::string where = "layout of " + slot.name + " (shape " + dims_text(slot.shape) + "): " + t.spec.str() +
+                              (from ? " (from pattern '" + layouts.entries()[*from].pattern + "')" : "") + ": ";
+    if (t.spec.dims.size() > slot.shape.size())
+      throw ValueError(where + "has " + std::to_string(t.spec.dims.size()) + " entries for a " +
+                       std::to_string(slot.shape.size()) + "-dimensional weight");
+    t.spec.dims.resize(slot.shape.size());
+    t.axis_of_dim.assign(slot.shape.size(), -1);
+    for (std::size_t d = 0; d < slot.shape.size(); ++d) {
+      if (!t.spec.dims[d]) continue;
+      const std::string& axis = *t.spec.dims[d];
+      const auto it = std::find_if(axes_.begin(), axes_.end(), [&](const AxisSpec& a) { return a.name == axis; });
+      if (it == axes_.end()) {
+        std::string names;
+        for (const AxisSpec& a : axes_) names += (names.empty() ? "" : ", ") + ("'" + a.name + "'");
+        throw ValueError(where + "'" + axis + "' is not an axis of the mesh (" + names + ")");
+      }
+      const int index = static_cast<int>(it - axes_.begin());
+      if (std::find(t.axis_of_dim.begin(), t.axis_of_dim.end(), index) != t.axis_of_dim.end())
+        throw ValueError(where + "axis '" + axis + "' splits two dimensions");
+      if (it->size <= 0 || slot.shape[d] % it->size != 0)
+        throw ValueError(where + "dimension " + std::to_string(d) + " (" + std::to_string(slot.shape[d]) +
+                         ") is not divisible by the size of '" + axis + "' (" + std::to_string(it->size) + ")");
+      t.axis_of_dim[d] = index;
+      t.local_shape[d] = slot.shape[d] / it->size;
+    }
+    t.local_size = product(t.local_shape);
+    t.local_offset = local_params_;
+    local_params_ += t.local_size;
+    full_offsets_.push_back(slot.offset);
+    full_params_ += slot.size;
+    tensors_.push_back(std::move(t));
+  }
+}
+
+const ShardedTensor& ShardingPlan::tensor(std::string_view name) const {
+  for (const ShardedTensor& t : tensors_)
+    if (t.name == name) return t;
+  std::string names;
+  for (const ShardedTensor& t : tensors_) names += (names.empty() ? "" : ", ") + t.name;
+  throw ValueError("the model has no weight '" + std::string(name) + "' (its weights: " + names + ")");
+}
+
+void ShardingPlan::shard(std::span<const float> full, std::span<const int> coords, std::span<float> local) const {
+  copy<true>(full, coords, local);
+}
+
+void ShardingPlan::unshard(std::span<const float> local, std::span<const int> coords, std::span<float> full) const {
+  copy<false>(local, coords, full);
+}
+
+template <bool kToLocal>
+void ShardingPlan::copy(std::span<const float> from, std::span<const int> coords, std::span<float> to) const {
+  const char* what = kToLocal ? "ShardingPlan::shard" : "ShardingPlan::unshard";
+  const auto full_size = static_cast<std::size_t>(full_params_), local_size = static_cast<std::size_t>(local_params_);
+  if ((kToLocal ? from.size() : to.size()) != full_size || (kToLocal ? to.size() : from.size()) != local_size)
+    throw ShapeError(std::string(what) + ": the whole model is " + std::to_string(full_size) + " floats and a block " +
+                     std::to_string(local_size) + ", got buffers of " + std::to_string(from.size()) + " and " +
+                     std::to_string(to.size()));
+  if (coords.size() != axes_.size())
+    throw ValueError(std::string(what) + ": " + std::to_string(coords.size()) + " coordinates for a mesh of " +
+                     std::to_string(axes_.size()) + " axes");
+  for (std::size_t a = 0; a < axes_.size(); ++a)
+    if (coords[a] < 0 || coords[a] >= axes_[a].size)
+      throw ValueError(std::string(what) + ": coordinate " + std::to_string(coords[a]) + " is outside axis '" +
+                       axes_[a].name + "' of size " + std::to_string(axes_[a].size));
+  for (std::size_t k = 0; k < tensors_.size(); ++k) {
+    const ShardedTensor& t = tensors_[k];
+    if (t.local_size == 0) continue;
+    const std::size_t rank = t.shape.size();
+    if (rank == 0) {  // a scalar: never split
+      const auto f = static_cast<std::size_t>(full_offsets_[k]), l = static_cast<std::size_t>(t.local_offset);
+      (kToLocal ? to[l] : to[f]) = kToLocal ? from[f] : from[l];
+      continue;
+    }
+    // The block is a box: dimension d starts at coords[axis] * local_shape[d]. Copy it run by run along the
+    // last dimension, walking the other dimensions like an odometer.
+    std::vector<std::int64_t> start(rank, 0), stride(rank, 1), index(rank, 0);
+    for (std::size_t d = 0; d < rank; ++d)
+      if (t.axis_of_dim[d] >= 0) start[d] = coords[static_cast<std::size_t>(t.axis_of_dim[d])] * t.local_shape[d];
+    for (std::size_t d = rank - 1; d > 0; --d) stride[d - 1] = stride[d] * t.shape[d];
+    const std::int64_t run = t.local_shape[rank - 1];
+    for (std::int64_t l = t.local_offset; l < t.local_offset + t.local_size; l += run) {
+      std::int64_t f = full_offsets_[k];
+      for (std::size_t d = 0; d < rank; ++d) f += (start[d] + index[d]) * stride[d];
+      const float* src = from.data() + (kToLocal ? f : l);
+      std::copy(src, src + run, to.data() + (kToLocal ? l : f));
+      for (std::size_t d = rank - 1; d-- > 0;) {  // next run: advance dimensions rank-2 .. 0
+        if (++index[d] < t.local_shape[d]) break;
+        index[d] = 0;
+      }
+    }
+  }
+}
+
+}  // namespace pmap::ensemble
