@@ -16,6 +16,10 @@ void Layer::backward_through_relu(const kernels::Backend&, const LayerCall&, con
   throw Error(name() + ": cannot run its backward through a ReLU");
 }
 
+std::unique_ptr<Layer> Layer::with_features(int) const {
+  throw ValueError(name() + ": has no output features to split");
+}
+
 namespace {
 
 int as_int(std::int64_t v) { return static_cast<int>(v); }
@@ -59,6 +63,12 @@ class Conv2D final : public Layer {
   }
   std::string name_;
   int features_, k_;
+
+ public:
+  std::unique_ptr<Layer> clone() const override { return std::make_unique<Conv2D>(*this); }
+  std::unique_ptr<Layer> with_features(int features) const override {
+    return std::make_unique<Conv2D>(name_, features, k_);
+  }
 };
 
 class Dense final : public Layer {
@@ -99,12 +109,18 @@ class Dense final : public Layer {
   }
   std::string name_;
   int features_;
+
+ public:
+  std::unique_ptr<Layer> clone() const override { return std::make_unique<Dense>(*this); }
+  std::unique_ptr<Layer> with_features(int features) const override { return std::make_unique<Dense>(name_, features); }
 };
 
 // Elementwise layers on (M, N, ...) tensors; in place.
 class ReLU final : public Layer {
  public:
   std::string name() const override { return "relu"; }
+  std::unique_ptr<Layer> clone() const override { return std::make_unique<ReLU>(); }
+  bool keeps_feature_blocks(const Dims&) const override { return true; }
   Dims output_shape(const Dims& in) const override { return in; }
   std::vector<ParamSpec> params(const Dims&) const override { return {}; }
   bool in_place() const override { return true; }
@@ -129,6 +145,8 @@ class AvgPool final : public Layer {
  public:
   explicit AvgPool(int window) : window_(window) {}
   std::string name() const override { return "avg_pool"; }
+  std::unique_ptr<Layer> clone() const override { return std::make_unique<AvgPool>(window_); }
+  bool keeps_feature_blocks(const Dims&) const override { return true; }  // per channel
   Dims output_shape(const Dims& in) const override {
     if (in.size() != 3) throw ShapeError("avg_pool: expects (H, W, C) inputs");
     return {in[0] / window_, in[1] / window_, in[2]};
@@ -165,6 +183,9 @@ class AvgPool final : public Layer {
 class Flatten final : public Layer {
  public:
   std::string name() const override { return "flatten"; }
+  std::unique_ptr<Layer> clone() const override { return std::make_unique<Flatten>(); }
+  // (H, W, C) flattens channel blocks into strided, not contiguous, blocks of H*W*C.
+  bool keeps_feature_blocks(const Dims& in) const override { return in.size() == 1; }
   Dims output_shape(const Dims& in) const override { return {product(in)}; }
   std::vector<ParamSpec> params(const Dims&) const override { return {}; }
   bool in_place() const override { return true; }

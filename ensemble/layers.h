@@ -56,6 +56,15 @@ class Layer {
   virtual bool fuses_relu_backward() const { return false; }
   virtual void backward_through_relu(const kernels::Backend& be, const LayerCall& c, const float* r, const float* dy,
                                      float* dx) const;
+
+  // Model parallelism (ensemble/layout.h). A copy of the layer; with_features(n): a copy with n output
+  // features (Conv2D, Dense: the layer as one device runs it when its outputs are split; others throw).
+  virtual std::unique_ptr<Layer> clone() const = 0;
+  virtual std::unique_ptr<Layer> with_features(int features) const;
+  // Whether an input whose last dimension is split into contiguous blocks over devices gives an output
+  // split the same way, each device computing its block from its own (ReLU, AvgPool; Flatten of a flat
+  // input). A layer with parameters instead consumes such an input (row-parallel).
+  virtual bool keeps_feature_blocks(const Dims& /*input*/) const { return false; }
 };
 
 std::unique_ptr<Layer> conv2d(std::string name, int features, int kernel = 3);  // SAME padding, stride 1

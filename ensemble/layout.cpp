@@ -187,4 +187,82 @@ void ShardingPlan::copy(std::span<const float> from, std::span<const int> coords
   }
 }
 
+namespace {
+
+// "layout of Dense_1/kernel (shape (256, 10)): ('model', None): " for the errors about one weight.
+std::string about(const ShardedTensor& t) {
+  return "layout of " + t.name + " (shape " + dims_text(t.shape) + "): " + t.spec.str() + ": ";
+}
+
+std::string axis_name(const ShardingPlan& plan, int axis) {
+  return "'" + plan.mesh_axes()[static_cast<std::size_t>(axis)].name + "'";
+}
+
+}  // namespace
+
+LocalModel local_model(const Sequential& model, const ShardingPlan& plan) {
+  LocalModel out;
+  std::vector<std::unique_ptr<Layer>> layers;
+  int split_axis = -1;             // the axis the current activation's features are split over, or -1
+  std::string split_by;            // the weight that split them
+  for (std::size_t i = 0; i < model.layers().size(); ++i) {
+    const Layer& layer = *model.layers()[i];
+    const Dims& in = model.shapes()[i];
+    if (layer.params(in).empty()) {
+      if (split_axis >= 0 && !layer.keeps_feature_blocks(in))
+        throw ValueError("layer " + std::to_string(i) + " (" + layer.name() + ") mixes the features that " + split_by +
+                         " leaves split over " + axis_name(plan, split_axis) +
+                         ": the next layer must be row-parallel right after ReLU or AvgPool layers only");
+      layers.push_back(layer.clone());
+      out.splits.push_back({});
+      continue;
+    }
+    const ShardedTensor& kernel = plan.tensor(layer.name() + "/kernel");
+    const ShardedTensor& bias = plan.tensor(layer.name() + "/bias");
+    const std::size_t rank = kernel.shape.size(), in_dim = rank - 2, out_dim = rank - 1;
+    for (std::size_t d = 0; d < in_dim; ++d)
+      if (kernel.axis_of_dim[d] >= 0)
+        throw ValueError(about(kernel) + "only the input (" + std::to_string(in_dim) + ") and output (" +
+                         std::to_string(out_dim) + ") dimensions of a kernel can be split, not dimension " +
+                         std::to_string(d));
+    const int in_axis = kernel.axis_of_dim[in_dim], out_axis = kernel.axis_of_dim[out_dim];
+    if (in_axis >= 0 && out_axis >= 0)
+      throw ValueError(about(kernel) + "splits both its input and its output features; one of them at most");
+    if (in_axis != split_axis) {
+      if (split_axis >= 0)
+        throw ValueError(about(kernel) + "its input arrives split over " + axis_name(plan, split_axis) + " by " +
+                         split_by + ", so dimension " + std::to_string(in_dim) + " must be split over " +
+                         axis_name(plan, split_axis) + " too (row-parallel)");
+      throw ValueError(about(kernel) + "splits its input features over " + axis_name(plan, in_axis) +
+                       ", but its input arrives whole: a row-parallel layer must follow a column-parallel one");
+    }
+    const PartitionSpec bias_wanted = out_axis >= 0 ? PartitionSpec{{kernel.spec.dims[out_dim]}} : PartitionSpec{{}};
+    if (bias.spec != bias_wanted && !(out_axis < 0 && bias.spec.replicated()))
+      throw ValueError(about(bias) + "a bias follows its kernel's output features: it must be " +
+                       (out_axis >= 0 ? bias_wanted.str() : std::string("whole, ()")) + " as " + kernel.name +
+                       " is " + kernel.spec.str());
+    if (out_axis >= 0) {
+      layers.push_back(layer.with_features(static_cast<int>(kernel.local_shape[out_dim])));
+      out.splits.push_back({LayerSplit::Kind::column, out_axis});
+      split_axis = out_axis;
+      split_by = kernel.name;
+    } else {
+      layers.push_back(layer.clone());
+      out.splits.push_back(in_axis >= 0 ? LayerSplit{LayerSplit::Kind::row, in_axis} : LayerSplit{});
+      split_axis = -1;
+    }
+  }
+  if (split_axis >= 0)
+    throw ValueError("the logits leave " + split_by + " split over " + axis_name(plan, split_axis) +
+                     ", but the loss needs them whole: make the last Dense row-parallel after it, or keep " +
+                     split_by + " whole");
+  out.model = std::make_unique<Sequential>(model.input_shape(), std::move(layers));
+  const auto& local = out.model->tensors();  // the checks above guarantee this for the plan's own model
+  bool same = local.size() == plan.tensors().size();
+  for (std::size_t k = 0; same && k < local.size(); ++k)
+    same = local[k].name == plan.tensors()[k].name && local[k].shape == plan.tensors()[k].local_shape;
+  if (!same) throw ValueError("local_model: the plan was made for another model");
+  return out;
+}
+
 }  // namespace pmap::ensemble

@@ -106,4 +106,29 @@ class ShardingPlan {
   std::int64_t local_params_ = 0;
 };
 
+// How one layer runs under a plan: whole (its weights not split over any axis), column-parallel (its
+// output features split over `axis`: each device computes a block of the outputs from the whole input), or
+// row-parallel (its input features split over `axis`, as the column-parallel layer before it left them:
+// each device computes a partial sum of the outputs, which a psum over `axis` completes).
+struct LayerSplit {
+  enum class Kind { whole, column, row };
+  Kind kind = Kind::whole;
+  int axis = -1;  // index into ShardingPlan::mesh_axes(), or -1
+};
+
+// The model as each device runs it under `plan`: a Sequential whose parameters are exactly a device's
+// blocks (its tensors() have the plan's local shapes, in the same order), and how each layer is split.
+struct LocalModel {
+  std::unique_ptr<Sequential> model;
+  std::vector<LayerSplit> splits;  // per layer of the model
+};
+
+// Checks that the layers can run the plan's layouts (Megatron's pattern) and builds the local model. A
+// Conv2D or Dense may split its output features (the last kernel dimension, with the bias split alike) or,
+// when its input arrives split, its input features (the kernel's next-to-last dimension, over the same axis,
+// bias whole); a split input may pass only through layers that keep feature blocks (ReLU, AvgPool) on the
+// way; the logits must come out whole. Throws ValueError naming the weight, its shape, its layout and
+// what the layer cannot do.
+LocalModel local_model(const Sequential& model, const ShardingPlan& plan);
+
 }  // namespace pmap::ensemble

@@ -156,3 +156,76 @@ TEST_CASE("layout: a layout the weight or the mesh cannot take is refused, namin
   CHECK(error_of([&] { plan.shard(full, two, local); }) == "ShardingPlan::shard: 2 coordinates for a mesh of 1 axes");
   CHECK(error_of([&] { plan.unshard(full, bad, local); }).rfind("ShardingPlan::unshard: the whole model is", 0) == 0);
 }
+
+TEST_CASE("layout: the local model runs a device's blocks: Megatron's column- then row-parallel pattern") {
+  using Kind = pmap::ensemble::LayerSplit::Kind;
+  const auto model = pmap::ensemble::flax_mnist_cnn();
+  const ShardingPlan plan(*model, megatron(), {{"data", 2}, {"model", 4}});
+  const auto local = pmap::ensemble::local_model(*model, plan);
+  CHECK(local.model->params_per_member() == plan.local_params());
+  for (std::size_t k = 0; k < plan.tensors().size(); ++k) {
+    CHECK(local.model->tensors()[k].name == plan.tensors()[k].name);
+    CHECK(local.model->tensors()[k].shape == plan.tensors()[k].local_shape);
+  }
+  CHECK(local.model->output_shape() == model->output_shape());  // the logits come out whole
+  // Layers: Conv_0 relu pool Conv_1 relu pool flatten Dense_0 relu Dense_1.
+  REQUIRE(local.splits.size() == 10);
+  CHECK(local.splits[7].kind == Kind::column);
+  CHECK(local.splits[7].axis == 1);
+  CHECK(local.splits[9].kind == Kind::row);
+  CHECK(local.splits[0].kind == Kind::whole);
+  CHECK(local.model->shapes()[9] == pmap::ensemble::Dims{64});  // Dense_1 reads its block of Dense_0's outputs
+
+  // Convolutions the same way: Conv_0 on its output channels, Conv_1 on its input channels, through ReLU and
+  // AvgPool; the dense layers whole.
+  LayoutMap conv;
+  conv.add("Conv_0/kernel", PartitionSpec::parse("None,None,None,model"));
+  conv.add("Conv_0/bias", PartitionSpec::parse("model"));
+  conv.add("Conv_1/kernel", PartitionSpec::parse("None,None,model,None"));
+  const ShardingPlan conv_plan(*model, conv, {{"model", 2}});
+  const auto conv_local = pmap::ensemble::local_model(*model, conv_plan);
+  CHECK(conv_local.splits[0].kind == Kind::column);
+  CHECK(conv_local.splits[3].kind == Kind::row);
+  CHECK(conv_local.model->params_per_member() == conv_plan.local_params());
+  // Nothing split: the model itself.
+  const ShardingPlan whole(*model, LayoutMap{}, {{"model", 2}});
+  CHECK(pmap::ensemble::local_model(*model, whole).model->params_per_member() == model->params_per_member());
+}
+
+TEST_CASE("layout: layouts the layers cannot run are refused, naming the weight, its shape and its layout") {
+  const auto model = pmap::ensemble::flax_mnist_cnn();
+  auto error = [&](std::vector<std::pair<const char*, const char*>> entries) {
+    LayoutMap m;
+    for (const auto& [pattern, spec] : entries) m.add(pattern, PartitionSpec::parse(spec));
+    return error_of([&] {
+      const ShardingPlan plan(*model, m, {{"data", 2}, {"model", 2}});
+      (void)pmap::ensemble::local_model(*model, plan);
+    });
+  };
+  CHECK(error({{"Dense_1/kernel", "model,None"}}) ==
+        "layout of Dense_1/kernel (shape (256, 10)): ('model', None): splits its input features over 'model', but "
+        "its input arrives whole: a row-parallel layer must follow a column-parallel one");
+  CHECK(error({{"Dense_0/kernel", "None,model"}, {"Dense_0/bias", "model"}}) ==
+        "layout of Dense_1/kernel (shape (256, 10)): (None, None): its input arrives split over 'model' by "
+        "Dense_0/kernel, so dimension 0 must be split over 'model' too (row-parallel)");
+  CHECK(error({{"Dense_0/kernel", "None,model"}, {"Dense_1/kernel", "model,None"}}) ==
+        "layout of Dense_0/bias (shape (256,)): (None,): a bias follows its kernel's output features: it must be "
+        "('model',) as Dense_0/kernel is (None, 'model')");
+  CHECK(error({{"Dense_0/kernel", "None,model"}, {"Dense_0/bias", "model"}, {"Dense_1/kernel", "model,None"},
+               {"Dense_1/bias", "model"}}) ==
+        "layout of Dense_1/bias (shape (10,)): ('model',): a bias follows its kernel's output features: it must be "
+        "whole, () as Dense_1/kernel is ('model', None)");
+  CHECK(error({{"Dense_1/kernel", "None,model"}, {"Dense_1/bias", "model"}}) ==
+        "the logits leave Dense_1/kernel split over 'model', but the loss needs them whole: make the last Dense "
+        "row-parallel after it, or keep Dense_1/kernel whole");
+  CHECK(error({{"Conv_1/kernel", "None,None,None,model"}, {"Conv_1/bias", "model"}}) ==
+        "layer 6 (flatten) mixes the features that Conv_1/kernel leaves split over 'model': the next layer must be "
+        "row-parallel right after ReLU or AvgPool layers only");
+  LayoutMap spatial;
+  spatial.add("Conv_0/kernel", PartitionSpec::parse("model,None,None,None"));  // (3, 3, 1, 32) over 3 devices
+  CHECK(error_of([&] { (void)pmap::ensemble::local_model(*model, ShardingPlan(*model, spatial, {{"model", 3}})); }) ==
+        "layout of Conv_0/kernel (shape (3, 3, 1, 32)): ('model', None, None, None): only the input (2) and output "
+        "(3) dimensions of a kernel can be split, not dimension 0");
+  CHECK(error({{"Dense_0/kernel", "data,model"}}).find("splits both its input and its output features") !=
+        std::string::npos);
+}
