@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <regex>
 
 #include <pmap/error.h>
 
@@ -70,7 +71,7 @@ PartitionSpec PartitionSpec::parse(std::string_view text) {
 
 void LayoutMap::add(std::string pattern, PartitionSpec spec) {
   try {
-    regexes_.emplace_back(pattern, std::regex::ECMAScript);
+    std::regex(pattern, std::regex::ECMAScript);
   } catch (const std::regex_error& e) {
     throw ValueError("layout map: '" + pattern + "' is not a regular expression (" + e.what() + ")");
   }
@@ -79,7 +80,7 @@ void LayoutMap::add(std::string pattern, PartitionSpec spec) {
 
 PartitionSpec LayoutMap::layout_of(std::string_view name, std::optional<std::size_t>* entry) const {
   for (std::size_t i = 0; i < entries_.size(); ++i) {
-    if (std::regex_match(name.begin(), name.end(), regexes_[i])) {
+    if (std::regex_match(name.begin(), name.end(), std::regex(entries_[i].pattern, std::regex::ECMAScript))) {
       if (entry != nullptr) *entry = i;
       return entries_[i].spec;
     }

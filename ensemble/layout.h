@@ -11,8 +11,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
-#include <regex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -41,7 +41,8 @@ struct PartitionSpec {
 
 // Weight-name patterns to layouts. A pattern is an ECMAScript regular expression that must match the
 // whole name; patterns are tried in the order they were added and the first match wins; a weight that
-// no pattern matches is replicated (Keras's LayoutMap, with full matches).
+// no pattern matches is replicated (Keras's LayoutMap, with full matches). Lookups compile the patterns
+// again (plans are made once, for a handful of weights), which keeps <regex> out of this header.
 class LayoutMap {
  public:
   struct Entry {
@@ -57,7 +58,6 @@ class LayoutMap {
 
  private:
   std::vector<Entry> entries_;
-  std::vector<std::regex> regexes_;
 };
 
 // One weight as a device holds it: its full shape and layout, the block shape, and where the block sits

@@ -4,14 +4,15 @@
 
 #include <algorithm>
 
+#include <pmap/collectives.h>
 #include <pmap/error.h>
 
 namespace pmap::ensemble {
 
 ModelRunner::ModelRunner(const Sequential& model, const kernels::Backend& backend, Device device, int members,
-                         int max_batch, int group)
+                         int max_batch, int group, RunnerSplit split)
     : model_(model), backend_(backend), device_(device), members_(members), group_(group == 0 ? members : group),
-      max_batch_(max_batch) {
+      max_batch_(max_batch), split_(std::move(split)) {
   if (backend.kind() != device.kind)
     throw ValueError("ModelRunner: the " + backend.name() + " backend cannot run on " + device.str());
   if (members < 1 || max_batch < 1)
@@ -22,21 +23,34 @@ ModelRunner::ModelRunner(const Sequential& model, const kernels::Backend& backen
                      std::to_string(members) + " (0: all)");
   const std::size_t n_layers = model.layers().size();
   const auto& shapes = model.shapes();
+  if (!split_.layers.empty() && split_.layers.size() != n_layers)
+    throw ValueError("ModelRunner: the split has " + std::to_string(split_.layers.size()) + " layers, the model " +
+                     std::to_string(n_layers));
+  split_.layers.resize(n_layers);
   auto elems = [&](std::size_t i) { return group_ * static_cast<std::int64_t>(max_batch_) * product(shapes[i]); };
   act_.assign(n_layers + 1, nullptr);
+  act_store_.assign(n_layers + 1, -1);
   for (std::size_t i = 0; i < n_layers; ++i) {
     if (model.layers()[i]->in_place() && i > 0) {
       act_[i + 1] = act_[i];
+      act_store_[i + 1] = act_store_[i];
       continue;
     }
     storage_.emplace_back(Shape{elems(i + 1)}, DType::f32, device_);
     act_[i + 1] = storage_.back().data<float>();
+    act_store_[i + 1] = static_cast<int>(storage_.size()) - 1;
   }
   const auto& layers = model.layers();
   relu_forward_.assign(n_layers, false);
   relu_backward_.assign(n_layers, false);
-  for (std::size_t i = 0; i + 1 < n_layers; ++i)
-    relu_forward_[i] = layers[i]->fuses_relu_forward() && layers[i + 1]->is_relu();
+  std::int64_t zero_bias = 0;
+  for (std::size_t i = 0; i + 1 < n_layers; ++i)  // a row-parallel layer's outputs are partial sums until the psum
+    relu_forward_[i] = layers[i]->fuses_relu_forward() && layers[i + 1]->is_relu() &&
+                       split_.layers[i].kind != LayerSplit::Kind::row;
+  for (std::size_t i = 0; i < n_layers; ++i)
+    if (split_.layers[i].kind == LayerSplit::Kind::row)
+      zero_bias = std::max(zero_bias, group_ * product(shapes[i + 1]));
+  zero_bias_ = Array(Shape{zero_bias}, DType::f32, device_);  // zero-filled
   for (std::size_t i = 2; i < n_layers; ++i)
     relu_backward_[i] = layers[i]->fuses_relu_backward() && layers[i - 1]->is_relu() && layers[i - 1]->in_place();
   layer_tensors_.resize(n_layers);
@@ -65,16 +79,26 @@ ModelRunner::ModelRunner(const Sequential& model, const kernels::Backend& backen
     if (side[i] != kOverActivation) size[side[i]] = std::max(size[side[i]], elems(i));
   }
   float* buffer[2];
+  int store[2];
   for (int k = 0; k < 2; ++k) {
     storage_.emplace_back(Shape{size[k]}, DType::f32, device_);
     buffer[k] = storage_.back().data<float>();
+    store[k] = static_cast<int>(storage_.size()) - 1;
   }
   grad_.assign(n_layers + 1, nullptr);
-  for (std::size_t i = 1; i <= n_layers; ++i) grad_[i] = side[i] == kOverActivation ? act_[i] : buffer[side[i]];
+  grad_store_.assign(n_layers + 1, -1);
+  for (std::size_t i = 1; i <= n_layers; ++i) {
+    grad_[i] = side[i] == kOverActivation ? act_[i] : buffer[side[i]];
+    grad_store_[i] = side[i] == kOverActivation ? act_store_[i] : store[side[i]];
+  }
   std::size_t ws = 0;
   for (std::size_t i = 0; i < n_layers; ++i)
     ws = std::max(ws, model.layers()[i]->workspace_bytes(backend_, call(i, max_batch_, group_)));
   workspace_ = Array(Shape{static_cast<std::int64_t>(ws)}, DType::u8, device_);
+}
+
+const std::string& ModelRunner::axis_of(std::size_t layer) const {
+  return split_.axes.at(static_cast<std::size_t>(split_.layers[layer].axis));
 }
 
 LayerCall ModelRunner::call(std::size_t layer, int batch, int members) const {
@@ -101,10 +125,15 @@ const float* ModelRunner::forward(const float* x, int batch, const float* params
   act_[0] = const_cast<float*>(x);  // read only: layer 0 never runs in place
   for (std::size_t i = 0; i < model_.layers().size(); ++i) {
     if (i > 0 && relu_forward_[i - 1]) continue;  // applied by layer i - 1
-    const auto p = tensors_of(i, params);
+    auto p = tensors_of(i, params);
     LayerCall c = call(i, batch, count_);
     c.relu = relu_forward_[i];
+    const LayerSplit& s = split_.layers[i];
+    const bool row = s.kind == LayerSplit::Kind::row;
+    // The psum adds every device's partial outputs: the bias (the layer's last tensor) must count once.
+    if (row && axis_index(axis_of(i)) != 0) p[layer_tensors_[i].size() - 1] = zero_bias_.data<float>();
     model_.layers()[i]->forward(backend_, c, p.data(), act_[i], act_[i + 1], workspace_.raw_data());
+    if (row) psum_inplace(storage_[static_cast<std::size_t>(act_store_[i + 1])], axis_of(i));
   }
   return act_.back();
 }
@@ -126,6 +155,9 @@ void ModelRunner::backward(const float* x, const float* params, const float* dlo
     const auto g = tensors_of(i, grads);
     model_.layers()[i]->backward(backend_, call(i, batch_, count_), p.data(), act_[i], act_[i + 1], dy, dx, g.data(),
                                  workspace_.raw_data());
+    // A column-parallel layer's input gradient sums over its output blocks, one per device.
+    if (dx != nullptr && split_.layers[i].kind == LayerSplit::Kind::column)
+      psum_inplace(storage_[static_cast<std::size_t>(grad_store_[i])], axis_of(i));
     dy = dx;
   }
 }

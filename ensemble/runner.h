@@ -9,23 +9,39 @@
 // and run the members group by group (forward and backward of one group, then the next): activation
 // memory is then group / M of running all M at once. A member's results do not depend on the group it
 // runs in (every kernel's per-member results are independent of its member count).
+//
+// Model parallelism (layout.h): run with a RunnerSplit, the runner runs a local model (a device's blocks of
+// the weights) inside a pmap and issues the collectives its layers' splits need over their mesh axes, as
+// Megatron does: after a row-parallel layer's forward a psum of its partial outputs (the bias added on the
+// axis's first device only), and after a column-parallel layer's backward a psum of its input gradient.
+// Between a column- and a row-parallel layer the activations stay split: no collective.
 #pragma once
 
 #include <array>
+#include <string>
 #include <vector>
 
 #include <pmap/array.h>
 
+#include <pmapcc/ensemble/layout.h>
 #include <pmapcc/ensemble/model.h>
 
 namespace pmap::ensemble {
 
+// How the layers of a local model are split (LocalModel::splits), and the names of the mesh axes that
+// LayerSplit::axis indexes. Empty: nothing is split.
+struct RunnerSplit {
+  std::vector<LayerSplit> layers;
+  std::vector<std::string> axes;
+};
+
 class ModelRunner {
  public:
   // Buffers for up to max_batch examples of `group` of the `members` members at a time (0: all of them)
-  // on `device`, whose memory `backend` works on (ValueError otherwise).
+  // on `device`, whose memory `backend` works on (ValueError otherwise). With a split, forward and backward
+  // must run inside a pmap over a mesh with those axes.
   ModelRunner(const Sequential& model, const kernels::Backend& backend, Device device, int members, int max_batch,
-              int group = 0);
+              int group = 0, RunnerSplit split = {});
 
   int members() const { return members_; }
   int group() const { return group_; }
@@ -50,6 +66,7 @@ class ModelRunner {
  private:
   static constexpr std::size_t kMaxLayerTensors = 8;
   LayerCall call(std::size_t layer, int batch, int members) const;
+  const std::string& axis_of(std::size_t layer) const;  // the mesh axis layer `layer` is split over
   // Layer i's tensors for the members of the last forward, from a buffer of all members' tensors.
   template <class P> auto tensors_of(std::size_t layer, P* base) const -> std::array<P*, kMaxLayerTensors>;
 
@@ -71,6 +88,10 @@ class ModelRunner {
                                      // its input gradient over act_[i]
   std::vector<std::vector<const TensorSlot*>> layer_tensors_;  // per layer, its parameter tensors
   Array workspace_;
+  RunnerSplit split_;
+  std::vector<int> act_store_;   // act_store_[i]: the storage_ index of act_[i]'s buffer, or -1
+  std::vector<int> grad_store_;  // grad_store_[i]: the storage_ index of grad_[i]'s buffer, or -1
+  Array zero_bias_;              // zeros for a row-parallel layer's bias off the axis's first device
 };
 
 }  // namespace pmap::ensemble
