@@ -27,6 +27,7 @@ Target target(const char* what, const AxisNames& axes) {
   if (detail::capturing() != nullptr)
     detail::check_not_capturing(std::string(what) + " over " + axes.str(),
                                 "meets the other devices on the host (a collective)");
+  ++ctx.collectives;
   const auto ep = ctx.mesh->endpoint(ctx.device, axes);
   return Target{ctx.mesh, ctx.device, ep.comm,
                 ep.device_memory ? ctx.mesh->devices()[static_cast<std::size_t>(ctx.device)] : Device{}};
@@ -104,6 +105,8 @@ int axis_index(const AxisNames& axes) {
 }
 
 int axis_size(const AxisNames& axes) { return detail::current_context("axis_size").mesh->axis_size(axes); }
+
+std::uint64_t collectives_entered() { return detail::current_context("collectives_entered").collectives; }
 
 Device current_device() {
   auto& ctx = detail::current_context("current_device");

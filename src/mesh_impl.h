@@ -113,6 +113,7 @@ class MeshImpl {
 struct DeviceContext {
   MeshImpl* mesh = nullptr;
   int device = -1;
+  std::uint64_t collectives = 0;  // entered by this device in this call (collectives_entered())
 };
 // The calling thread's context; throws pmap::Error naming `what` when called outside pmap.
 DeviceContext& current_context(const char* what);

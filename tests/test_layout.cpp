@@ -242,6 +242,7 @@ namespace {
 // Logits and full-model gradients of one member on one device, for x and dlogits.
 struct Pass {
   std::vector<float> logits, grads;
+  std::uint64_t collectives = 0;  // entered by the device in one forward and backward
 };
 
 Pass one_device(const pmap::ensemble::Sequential& model, const std::vector<float>& params, const std::vector<float>& x,
@@ -249,7 +250,7 @@ Pass one_device(const pmap::ensemble::Sequential& model, const std::vector<float
   const auto& be = pmap::kernels::backend_for(pmap::DeviceKind::cpu);
   pmap::ensemble::ModelRunner runner(model, be, pmap::Device{}, 1, batch);
   const float* l = runner.forward(x.data(), batch, params.data());
-  Pass out{std::vector<float>(l, l + batch * 10), std::vector<float>(params.size())};
+  Pass out{std::vector<float>(l, l + batch * 10), std::vector<float>(params.size()), 0};
   runner.backward(x.data(), params.data(), dlogits.data(), out.grads.data());
   return out;
 }
@@ -274,11 +275,13 @@ std::vector<Pass> split_run(const pmap::ensemble::Sequential& model, const Layou
     runners.push_back(std::make_unique<pmap::ensemble::ModelRunner>(*local.model, be, mesh.local_devices()[d], 1,
                                                                      batch, 0, std::move(split)));
   }
+  std::vector<std::uint64_t> collectives(block.size());
   auto logits = pmap::pmap([&] {
     const auto d = static_cast<std::size_t>(pmap::axis_index("model"));
     const float* l = runners[d]->forward(x.data(), batch, block[d].data());
     std::vector<float> out(l, l + batch * 10);
     runners[d]->backward(x.data(), block[d].data(), dlogits.data(), grads[d].data());
+    collectives[d] = pmap::collectives_entered();
     return out;
   }, mesh)();
   std::vector<Pass> out;
@@ -288,7 +291,8 @@ std::vector<Pass> split_run(const pmap::ensemble::Sequential& model, const Layou
       const int coords[1] = {e};
       plan.unshard(grads[static_cast<std::size_t>(e)], coords, full);
     }
-    out.push_back({std::move(logits[static_cast<std::size_t>(d)]), std::move(full)});
+    out.push_back({std::move(logits[static_cast<std::size_t>(d)]), std::move(full),
+                   collectives[static_cast<std::size_t>(d)]});
   }
   return out;
 }
@@ -321,14 +325,19 @@ TEST_CASE("layout: column- then row-parallel layers over 2 and 4 devices compute
   conv.add("Conv_0/kernel", PartitionSpec::parse("None,None,None,model"));
   conv.add("Conv_0/bias", PartitionSpec::parse("model"));
   conv.add("Conv_1/kernel", PartitionSpec::parse("None,None,model,None"));
-  const LayoutMap dense = megatron();
-  for (const LayoutMap* layouts : {&dense, static_cast<const LayoutMap*>(&conv)})
+  const LayoutMap dense = megatron(), none;
+  // The collectives each layout needs, and no more: dense, a psum after Dense_1's forward and one after
+  // Dense_0's backward; conv adds Conv_1's forward psum (Conv_0, the first layer, has no input gradient).
+  const std::pair<const LayoutMap*, std::uint64_t> cases[] = {{&dense, 2}, {&conv, 3}, {&none, 0}};
+  for (const auto& [layouts, collectives] : cases)
     for (int devices : {2, 4}) {
       CAPTURE(devices);
+      CAPTURE(collectives);
       const auto runs = split_run(*model, *layouts, devices, params, x, dlogits, batch);
       for (const Pass& r : runs) {
         CHECK(r.logits == runs[0].logits);  // the psum gives every device the same bits
         CHECK(max_diff(r.logits, ref.logits) <= 1e-5f * max_abs(ref.logits));
+        CHECK(r.collectives == collectives);
       }
       CHECK(max_diff(runs[0].grads, ref.grads) <= 1e-5f * max_abs(ref.grads));
     }

@@ -91,6 +91,28 @@ TEST_CASE("collectives on 1-D meshes of 1, 2, 3, 5 and 8 devices: computed expec
   }
 }
 
+TEST_CASE("collectives_entered counts this device's collectives in the current call") {
+  const pmap::Mesh mesh(pmap::local_devices(pmap::DeviceKind::cpu, 4), {{"a", 2}, {"b", 2}});
+  const auto counts = pmap::pmap([] {
+    std::vector<std::uint64_t> seen{pmap::collectives_entered()};
+    pmap::Array x = pmap::Array::scalar(1.0f);
+    pmap::psum_inplace(x, "a");
+    pmap::pmean_inplace(x, {"a", "b"});  // one collective, however many axes
+    seen.push_back(pmap::collectives_entered());
+    (void)pmap::all_gather(x, "b");
+    pmap::barrier("a");
+    (void)pmap::axis_index("a");  // not a collective
+    seen.push_back(pmap::collectives_entered());
+    return seen;
+  }, mesh)();
+  for (const auto& seen : counts) CHECK(seen == std::vector<std::uint64_t>{0, 2, 4});
+  // A new call starts from zero.
+  const auto again = pmap::pmap([] { return pmap::collectives_entered(); }, mesh)();
+  REQUIRE(again.size() == 4);
+  for (std::uint64_t n : again) CHECK(n == 0);
+  CHECK_THROWS_AS(pmap::collectives_entered(), pmap::Error);  // outside pmap
+}
+
 TEST_CASE("2-D meshes: collectives over either axis, both, and both in the other order") {
   for (auto [rows, cols] : {std::pair{2, 3}, std::pair{2, 4}, std::pair{3, 1}}) {
     CAPTURE(rows);

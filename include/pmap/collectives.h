@@ -6,6 +6,7 @@
 // Array versions return a new array on the calling device; *_inplace versions overwrite x.
 #pragma once
 
+#include <cstdint>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -20,6 +21,9 @@ namespace pmap {
 int axis_index(const AxisNames& axes);  // this device's index along the axes (row-major over a tuple)
 int axis_size(const AxisNames& axes);   // number of devices along the axes
 Device current_device();                // the device the calling pmapped function runs on
+// How many collectives (of any kind, over any axes) the calling device has entered so far in the current
+// pmap call: what a step costs in collectives, for tests and profiling.
+std::uint64_t collectives_entered();
 
 Array psum(const Array& x, const AxisNames& axes);
 Array pmean(const Array& x, const AxisNames& axes);  // floating dtypes only (ValueError otherwise)
