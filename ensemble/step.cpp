@@ -45,11 +45,20 @@ void sgd_update(TrainState& state, DeviceWork& work, const StepOptions& opt) {
 
 int default_member_group(const Device& device, int members) { return device.is_cpu() ? 1 : members; }
 
+namespace {
+
+bool splits_any(const RunnerSplit& split) {
+  return std::any_of(split.layers.begin(), split.layers.end(),
+                     [](const LayerSplit& s) { return s.kind != LayerSplit::Kind::whole; });
+}
+
+}  // namespace
+
 DeviceWork::DeviceWork(const Sequential& model, const kernels::Backend& be, Device device, int members, int max_rows,
-                       int max_eval_batch, int member_group, int log_rows, bool graphs)
+                       int max_eval_batch, int member_group, int log_rows, bool graphs, RunnerSplit split)
     : backend(be),
       runner(model, be, device, members, max_rows,
-             member_group == 0 ? default_member_group(device, members) : member_group),
+             member_group == 0 ? default_member_group(device, members) : member_group, split),
       grads(Shape{members * model.params_per_member()}, DType::f32, device),
       dlogits(Shape{runner.group(), max_rows, classes_of(model)}, DType::f32, device),
       xent_ws(Shape{static_cast<std::int64_t>(xent_workspace_bytes(be, runner.group(), max_rows, classes_of(model)))},
@@ -68,7 +77,7 @@ DeviceWork::DeviceWork(const Sequential& model, const kernels::Backend& be, Devi
       eval{Array(Shape{members}, DType::f32, device), Array(Shape{members}, DType::i32, device),
            Array(Shape{1}, DType::i32, device), Array(Shape{members + 1, kSlots}, DType::f64, device)},
       update_graph(be, graphs),
-      graphs_(graphs) {
+      graphs_(graphs && !splits_any(split)) {
   if (log_rows < 1) throw ValueError("DeviceWork: log_rows must be >= 1, got " + std::to_string(log_rows));
 }
 

@@ -77,9 +77,12 @@ struct StepOptions {
 // run the members group by group; the group size changes no result, only speed and memory.
 // member_group 0 picks default_member_group(device, members). log_rows: train steps between reports.
 // graphs: capture the train step where the backend can (false: run it eagerly every time).
+// split: model parallelism, `model` being a local model (layout.h) whose layers issue collectives; such a
+// step runs eagerly (its collectives meet on the host), and is run with StepOptions::data_parallel over
+// the data axis (the batch sharded over it, the gradients pmean-ed over it).
 struct DeviceWork {
   DeviceWork(const Sequential& model, const kernels::Backend& backend, Device device, int members, int max_rows,
-             int max_eval_batch, int member_group, int log_rows, bool graphs = true);
+             int max_eval_batch, int member_group, int log_rows, bool graphs = true, RunnerSplit split = {});
 
   const kernels::Backend& backend;
   ModelRunner runner;

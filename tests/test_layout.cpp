@@ -317,6 +317,10 @@ TEST_CASE("layout: column- then row-parallel layers over 2 and 4 devices compute
   std::vector<float> params(static_cast<std::size_t>(model->params_per_member()));
   const std::vector<pmap::Key> keys{pmap::key(11)};
   model->init(keys, params);
+  for (const auto& t : model->tensors())  // biases start at zero: make them count
+    if (t.is_bias)
+      pmap::normal(pmap::key(14 + static_cast<std::uint32_t>(t.offset)),
+                   std::span<float>(params.data() + t.offset, static_cast<std::size_t>(t.size)));
   std::vector<float> x(static_cast<std::size_t>(batch * 144)), dlogits(static_cast<std::size_t>(batch * 10));
   pmap::uniform(pmap::key(12), x);
   pmap::normal(pmap::key(13), dlogits);
