@@ -72,13 +72,6 @@ std::vector<std::pair<int, int>> parse_meshes(const char* text) {
   return out;
 }
 
-pe::LayoutMap megatron() {
-  pe::LayoutMap m;
-  m.add("Dense_0/kernel", pe::PartitionSpec::parse("None,model"));
-  m.add("Dense_0/bias", pe::PartitionSpec::parse("model"));
-  m.add("Dense_1/kernel", pe::PartitionSpec::parse("model,None"));
-  return m;
-}
 
 // One mesh shape, in this process: prints "local_floats median_seconds".
 int run_one(int d_size, int m_size, int batch, int steps) {
@@ -88,7 +81,7 @@ int run_one(int d_size, int m_size, int batch, int steps) {
   }
   const auto model = pe::flax_mnist_cnn();
   const std::vector<pmap::AxisSpec> axes{{"data", d_size}, {"model", m_size}};
-  const pe::ShardingPlan plan(*model, megatron(), axes);
+  const pe::ShardingPlan plan(*model, pe::reference_cnn_layout(), axes);
   const pe::LocalModel local = pe::local_model(*model, plan);
   const pmap::Mesh mesh(pmap::local_devices(pmap::DeviceKind::cpu, d_size * m_size), axes);
   const auto& be = pmap::kernels::backend_for(pmap::DeviceKind::cpu);

@@ -89,6 +89,14 @@ PartitionSpec LayoutMap::layout_of(std::string_view name, std::optional<std::siz
   return {};
 }
 
+LayoutMap reference_cnn_layout() {
+  LayoutMap m;
+  m.add("Dense_0/kernel", PartitionSpec::parse("None,model"));
+  m.add("Dense_0/bias", PartitionSpec::parse("model"));
+  m.add("Dense_1/kernel", PartitionSpec::parse("model,None"));
+  return m;
+}
+
 ShardingPlan::ShardingPlan(const Sequential& model, const LayoutMap& layouts, std::vector<AxisSpec> mesh_axes)
     : axes_(std::move(mesh_axes)) {
   for (const TensorSlot& slot : model.tensors()) {

@@ -60,6 +60,11 @@ class LayoutMap {
   std::vector<Entry> entries_;
 };
 
+// The reference CNN's default model-parallel layout (Megatron's pattern over the "model" axis): Dense_0,
+// 97 % of the weights, column-parallel (kernel (None, 'model'), bias ('model',)), Dense_1 row-parallel
+// (kernel ('model', None)), everything else replicated.
+LayoutMap reference_cnn_layout();
+
 // One weight as a device holds it: its full shape and layout, the block shape, and where the block sits
 // in the device's packed buffer.
 struct ShardedTensor {

@@ -33,13 +33,7 @@ std::string error_of(auto&& f) {
 }
 
 // The Keras example's layout in pmapcc terms: the big Dense column-parallel, the last one row-parallel.
-LayoutMap megatron() {
-  LayoutMap m;
-  m.add("Dense_0/kernel", PartitionSpec::parse("None,model"));
-  m.add("Dense_0/bias", PartitionSpec::parse("model"));
-  m.add("Dense_1/kernel", PartitionSpec::parse("model,None"));
-  return m;
-}
+LayoutMap megatron() { return pmap::ensemble::reference_cnn_layout(); }
 
 }  // namespace
 

@@ -20,13 +20,6 @@ namespace {
 
 constexpr int kBatch = 8, kSteps = 20, kSide = 12, kClasses = 10;
 
-pe::LayoutMap megatron() {
-  pe::LayoutMap m;
-  m.add("Dense_0/kernel", pe::PartitionSpec::parse("None,model"));
-  m.add("Dense_0/bias", pe::PartitionSpec::parse("model"));
-  m.add("Dense_1/kernel", pe::PartitionSpec::parse("model,None"));
-  return m;
-}
 
 struct Data {
   std::vector<float> images;          // kSteps * kBatch examples
@@ -48,7 +41,7 @@ Data make_data() {
 std::vector<float> train(const pe::Sequential& model, const std::vector<float>& init, const Data& data, int d_size,
                          int m_size) {
   const std::vector<pmap::AxisSpec> axes{{"data", d_size}, {"model", m_size}};
-  const pe::ShardingPlan plan(model, megatron(), axes);
+  const pe::ShardingPlan plan(model, pe::reference_cnn_layout(), axes);
   const pe::LocalModel local = pe::local_model(model, plan);
   const pmap::Mesh mesh(pmap::local_devices(pmap::DeviceKind::cpu, d_size * m_size), axes);
   const auto& be = pmap::kernels::backend_for(pmap::DeviceKind::cpu);
