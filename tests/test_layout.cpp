@@ -229,6 +229,17 @@ TEST_CASE("layout: layouts the layers cannot run are refused, naming the weight,
         "(3) dimensions of a kernel can be split, not dimension 0");
   CHECK(error({{"Dense_0/kernel", "data,model"}}).find("splits both its input and its output features") !=
         std::string::npos);
+  // A plan of another model (same names, other shapes), and a split that does not fit the runner's model.
+  const auto small = pmap::ensemble::flax_mnist_cnn({12, 12, 1}, 10);
+  const ShardingPlan other(*small, megatron(), {{"model", 2}});
+  CHECK(error_of([&] { (void)pmap::ensemble::local_model(*model, other); }) ==
+        "local_model: the plan was made for another model");
+  const auto& be = pmap::kernels::backend_for(pmap::DeviceKind::cpu);
+  CHECK(error_of([&] {
+          pmap::ensemble::ModelRunner(*model, be, pmap::Device{}, 1, 4, 0,
+                                      pmap::ensemble::RunnerSplit{{pmap::ensemble::LayerSplit{}}, {"model"}});
+        }) == "ModelRunner: the split has 1 layers, the model 10");
+  CHECK(error_of([] { (void)pmap::ensemble::relu()->with_features(3); }) == "relu: has no output features to split");
 }
 
 namespace {
