@@ -5,6 +5,7 @@
 #include <cctype>
 #include <regex>
 
+#include <pmap/array.h>
 #include <pmap/error.h>
 
 namespace pmap::ensemble {
@@ -20,12 +21,6 @@ bool is_axis_name(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
   });
-}
-
-std::string dims_text(const Dims& d) {
-  std::string s = "(";
-  for (std::size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
-  return s + (d.size() == 1 ? ",)" : ")");
 }
 
 }  // namespace
@@ -102,7 +97,7 @@ ShardingPlan::ShardingPlan(const Sequential& model, const LayoutMap& layouts, st
   for (const TensorSlot& slot : model.tensors()) {
     std::optional<std::size_t> from;
     ShardedTensor t{slot.name, slot.shape, layouts.layout_of(slot.name, &from), {}, slot.shape, 0, 0};
-    const std::string where = "layout of " + slot.name + " (shape " + dims_text(slot.shape) + "): " + t.spec.str() +
+    const std::string where = "layout of " + slot.name + " (shape " + shape_str(slot.shape) + "): " + t.spec.str() +
                               (from ? " (from pattern '" + layouts.entries()[*from].pattern + "')" : "") + ": ";
     if (t.spec.dims.size() > slot.shape.size())
       throw ValueError(where + "has " + std::to_string(t.spec.dims.size()) + " entries for a " +
@@ -200,7 +195,7 @@ namespace {
 
 // "layout of Dense_1/kernel (shape (256, 10)): ('model', None): " for the errors about one weight.
 std::string about(const ShardedTensor& t) {
-  return "layout of " + t.name + " (shape " + dims_text(t.shape) + "): " + t.spec.str() + ": ";
+  return "layout of " + t.name + " (shape " + shape_str(t.shape) + "): " + t.spec.str() + ": ";
 }
 
 std::string axis_name(const ShardingPlan& plan, int axis) {
