@@ -23,18 +23,48 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// The mesh's axes: the mode's axis ("ensemble" or "data") by "model" when --mesh was given or weights are
+// split (2-D), else the mode's axis over every device (1-D, as before model parallelism).
+std::vector<AxisSpec> mesh_axes(const TrainConfig& c, int devices) {
+  const std::string first = c.mode == Mode::ensemble ? "ensemble" : "data";
+  const std::string given = std::to_string(c.mesh_axis) + "x" + std::to_string(c.mesh_model);
+  if (c.mesh_axis > 0 && c.mesh_axis * c.mesh_model != devices)
+    throw ValueError("--mesh " + given + " needs " + std::to_string(c.mesh_axis * c.mesh_model) +
+                     " devices, the run has " + std::to_string(devices) +
+                     " (--devices, per process under mpirun)");
+  if (c.mode == Mode::data_parallel && c.mesh_model > 1)
+    throw ValueError("--mesh " + given + ": --mode data-parallel keeps the whole model on every device (--mesh " +
+                     std::to_string(devices) + "x1); --mode model-parallel splits its weights over 'model'");
+  if (c.mesh_axis > 0 || c.mode == Mode::model_parallel) {
+    const int model = c.mesh_axis > 0 ? c.mesh_model : devices;
+    return {{first, devices / model}, {"model", model}};
+  }
+  return {{first, devices}};
+}
+
 Mesh build_mesh(const TrainConfig& c) {
   if (c.cuda_kernels_on_host && c.backend != DeviceKind::cpu)
     throw ValueError("cuda_kernels_on_host runs the CUDA kernels on the host, for CPU devices: use --backend cpu");
-  // Under mpirun/srun (distributed::initialize() called), the mesh spans every process's devices.
-  const int local_n = c.devices > 0 ? c.devices : -1;
-  auto devices = distributed::process_count() > 1 ? distributed::global_devices(c.backend, local_n)
-                                                  : local_devices(c.backend, local_n);
+  // Under mpirun/srun (distributed::initialize() called), the mesh spans every process's devices; a --mesh
+  // without --devices spreads its devices evenly over the processes.
+  const int processes = distributed::process_count();
+  int local_n = c.devices > 0 ? c.devices : -1;
+  if (c.devices == 0 && c.mesh_axis > 0) {
+    const int want = c.mesh_axis * c.mesh_model;
+    if (want % processes != 0)
+      throw ValueError("--mesh " + std::to_string(c.mesh_axis) + "x" + std::to_string(c.mesh_model) + ": its " +
+                       std::to_string(want) + " devices do not split evenly over the " + std::to_string(processes) +
+                       " processes (give --devices per process)");
+    local_n = want / processes;
+  }
+  auto devices = processes > 1 ? distributed::global_devices(c.backend, local_n) : local_devices(c.backend, local_n);
   MeshOptions options;
   options.pin_threads = c.pin_threads;
-  return Mesh(std::move(devices), c.mode == Mode::ensemble ? "ensemble" : "data", options);
+  auto axes = mesh_axes(c, static_cast<int>(devices.size()));
+  return Mesh(std::move(devices), std::move(axes), options);
 }
 
+// `devices`: along the mode's axis (the mesh's first), which the members or the batch are split over.
 void check_config(const TrainConfig& c, int devices, const Dataset& train, const Dataset& test) {
   auto bad = [](const std::string& m) { throw ValueError(m); };
   if (c.epochs < 0) bad("--epochs must be >= 0, got " + std::to_string(c.epochs));
@@ -44,15 +74,17 @@ void check_config(const TrainConfig& c, int devices, const Dataset& train, const
   if (!(c.momentum >= 0 && c.momentum < 1)) bad("--momentum must be in [0, 1), got " + std::to_string(c.momentum));
   if (c.eval_batch < 1) bad("eval batch must be >= 1");
   if (c.report_every < 0) bad("report_every must be >= 0 (0: automatic), got " + std::to_string(c.report_every));
+  const std::string over = c.mesh_model > 1 || c.mode == Mode::model_parallel
+                               ? "the " + std::to_string(devices) + " devices of --mesh's first axis"
+                               : "--devices " + std::to_string(devices);
   if (c.mode == Mode::ensemble && c.members % devices != 0)
-    bad("--members " + std::to_string(c.members) + " is not a multiple of --devices " + std::to_string(devices) +
+    bad("--members " + std::to_string(c.members) + " is not a multiple of " + over +
         ": every device runs the same number of members");
-  if (c.mode == Mode::data_parallel && c.members != 1)
-    bad("--mode data-parallel trains one model replicated over the devices: --members must be 1, got " +
+  if (c.mode != Mode::ensemble && c.members != 1)
+    bad("--mode " + std::string(to_string(c.mode)) + " trains one model over the devices: --members must be 1, got " +
         std::to_string(c.members));
-  if (c.mode == Mode::data_parallel && c.batch_size % devices != 0)
-    bad("--batch-size " + std::to_string(c.batch_size) + " does not split evenly over --devices " +
-        std::to_string(devices));
+  if (c.mode != Mode::ensemble && c.batch_size % devices != 0)
+    bad("--batch-size " + std::to_string(c.batch_size) + " does not split evenly over " + over);
   if (c.epochs > 0 && train.count < c.batch_size)
     bad("--batch-size " + std::to_string(c.batch_size) + " is larger than the " + std::to_string(train.count) +
         " training examples (see --train-limit)");
@@ -66,6 +98,7 @@ void check_config(const TrainConfig& c, int devices, const Dataset& train, const
 // The members' parameters, momentum and gradients must fit in this machine's memory (CPU devices; a GPU's
 // own limit shows as a CUDA allocation error naming the size): a clear error instead of std::bad_alloc or
 // the system's out-of-memory killer.
+// `devices`: along the mode's axis; params_per_member: the floats a device holds per member.
 void check_memory(const TrainConfig& c, int devices, std::int64_t params_per_member) {
   if (c.backend != DeviceKind::cpu) return;
   const double per_device = c.mode == Mode::ensemble ? static_cast<double>(c.members) / devices : 1.0;
@@ -98,12 +131,14 @@ std::uint64_t fingerprint(const io::Json& config, const Dataset& train, const Da
 
 int Trainer::member_group() const { return work_.empty() ? 0 : work_.front()->runner.group(); }
 
-std::string_view to_string(Mode m) { return m == Mode::ensemble ? "ensemble" : "data-parallel"; }
+std::string_view to_string(Mode m) {
+  return m == Mode::ensemble ? "ensemble" : m == Mode::data_parallel ? "data-parallel" : "model-parallel";
+}
 
 Mode parse_mode(std::string_view text) {
-  if (text == "ensemble") return Mode::ensemble;
-  if (text == "data-parallel") return Mode::data_parallel;
-  throw ValueError("--mode must be ensemble or data-parallel, got '" + std::string(text) + "'");
+  for (Mode m : {Mode::ensemble, Mode::data_parallel, Mode::model_parallel})
+    if (text == to_string(m)) return m;
+  throw ValueError("--mode must be ensemble, data-parallel or model-parallel, got '" + std::string(text) + "'");
 }
 
 namespace {
@@ -125,6 +160,12 @@ io::Json TrainConfig::to_json() const {
   j["devices"] = devices;
   j["members"] = members;
   j["mode"] = ensemble::to_string(mode);
+  j["mesh"] = std::to_string(mesh_axis) + "x" + std::to_string(mesh_model);
+  if (splits_weights()) {
+    io::Json entries = io::Json::array();
+    for (const LayoutMap::Entry& e : layout.entries()) entries.push_back({{"pattern", e.pattern}, {"spec", e.spec.str()}});
+    j["layout"] = std::move(entries);
+  }
   j["epochs"] = epochs;
   j["batch_size"] = batch_size;
   j["lr"] = as_given(learning_rate);
@@ -146,18 +187,21 @@ io::Json TrainConfig::to_json() const {
 Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
     : config_(config), train_(train), test_(test),
       model_(flax_mnist_cnn({train.rows, train.cols, 1}, train.num_classes)), mesh_(build_mesh(config)) {
-  const int devices = mesh_.size();
+  const int devices = mesh_.size(), along = mesh_.axes()[0].size;  // along the mode's axis
   config_.devices = devices;
+  config_.mesh_axis = along;
+  config_.mesh_model = devices / along;
   config_.processes = 1;
   for (const Device& d : mesh_.devices()) config_.processes = std::max(config_.processes, d.process + 1);
   for (const Device& d : mesh_.local_devices())
     mesh_index_.push_back(static_cast<int>(std::find(mesh_.devices().begin(), mesh_.devices().end(), d) -
                                            mesh_.devices().begin()));
-  if (config_.members == 0) config_.members = config_.mode == Mode::ensemble ? devices : 1;
-  check_config(config_, devices, train, test);
-  check_memory(config_, devices, model_->params_per_member());
+  if (config_.members == 0) config_.members = config_.mode == Mode::ensemble ? along : 1;
+  check_config(config_, along, train, test);
+  if (config_.splits_weights()) make_plan();
+  check_memory(config_, along, plan_ ? plan_->local_params() : model_->params_per_member());
   total_members_ = config_.members;
-  members_per_device_ = config_.mode == Mode::ensemble ? config_.members / devices : 1;
+  members_per_device_ = config_.mode == Mode::ensemble ? config_.members / along : 1;
   if (config_.member_group < 0 || config_.member_group > members_per_device_)
     throw ValueError("member group " + std::to_string(config_.member_group) + " is outside 0.." +
                      std::to_string(members_per_device_) + " (the members per device; 0: default)");
@@ -165,7 +209,7 @@ Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
   init_key_ = keys[0];
   data_key_ = keys[1];
   options_.sgd = kernels::SgdParams{config_.learning_rate, config_.momentum, false};
-  options_.data_parallel = config_.mode == Mode::data_parallel;
+  options_.data_parallel = config_.mode != Mode::ensemble;  // model parallel: data parallel over "data" too
   options_.axis = mesh_.axes()[0].name;
   options_.total_members = total_members_;
   if (config_.report_every == 0) config_.report_every = config_.backend == DeviceKind::cpu ? 1 : 16;
@@ -174,26 +218,40 @@ Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
   init_members();
 }
 
+void Trainer::make_plan() {
+  plan_ = std::make_unique<ShardingPlan>(*model_, config_.layout, mesh_.axes());
+  // The first axis holds other members or other examples: a weight split over it would mix them.
+  for (const ShardedTensor& t : plan_->tensors())
+    if (std::find(t.axis_of_dim.begin(), t.axis_of_dim.end(), 0) != t.axis_of_dim.end())
+      throw ValueError("layout of " + t.name + " (shape " + shape_str(t.shape) + "): " + t.spec.str() + ": splits it over '" +
+                       mesh_.axes()[0].name + "', which holds " +
+                       (config_.mode == Mode::ensemble ? "other members" : "other examples") +
+                       ": weights may be split over 'model' only (--layout)");
+  local_ = local_model(*model_, *plan_);
+}
+
 void Trainer::make_device_work() {
   const kernels::Backend& backend =
       config_.cuda_kernels_on_host ? kernels::cuda_backend_on_host() : kernels::backend_for(config_.backend);
   const Dataset& train = train_;
   // Activations for one training step's rows per device; evaluation runs its batches through them in pieces.
-  const int rows = options_.data_parallel ? config_.batch_size / mesh_.size() : config_.batch_size;
+  const int rows = options_.data_parallel ? config_.batch_size / mesh_.axes()[0].size : config_.batch_size;
   const int eval_batch = std::min<int>(config_.eval_batch, static_cast<int>(test_.count));
   std::vector<DeviceWork*> ptrs;
   std::vector<TrainState> states;
+  RunnerSplit split;  // split weights: each layer's collectives over the mesh's axes
+  if (plan_) split = RunnerSplit{local_.splits, {mesh_.axes()[0].name, mesh_.axes()[1].name}};
   for (const Device& d : mesh_.local_devices()) {
-    work_.push_back(std::make_unique<DeviceWork>(*model_, backend, d, members_per_device_, rows, eval_batch,
-                                                 config_.member_group, log_rows(), config_.graphs));
+    work_.push_back(std::make_unique<DeviceWork>(device_model(), backend, d, members_per_device_, rows, eval_batch,
+                                                 config_.member_group, log_rows(), config_.graphs, split));
     ptrs.push_back(work_.back().get());
-    const Shape s{members_per_device_ * model_->params_per_member()};
+    const Shape s{members_per_device_ * device_model().params_per_member()};
     states.push_back(TrainState{Array(s, DType::f32, d), Array(s, DType::f32, d), 0});
   }
   work_ptrs_ = Sharded<DeviceWork*>(std::move(ptrs));
   states_ = Sharded<TrainState>(std::move(states));
   // The batches reach the devices through the runtime's feeds: replicated (ensemble) or sharded over the
-  // axis (data parallel), double-buffered so that the next batch's copy overlaps the step.
+  // first axis (data and model parallel; replicated over "model"), double-buffered so that the next batch's copy overlaps the step.
   auto prototype = [&](int n) {
     return Batch{Array(Shape{n, train.rows, train.cols, 1}, DType::f32), Array(Shape{n}, DType::i32)};
   };
@@ -228,7 +286,8 @@ int Trainer::log_rows() const { return std::max(1, std::min(config_.report_every
 int Trainer::steps_per_epoch() const { return static_cast<int>(ensemble::steps_per_epoch(train_.count, config_.batch_size)); }
 
 void Trainer::init_members() {
-  // Data parallel: one model (member 0's key) on every replica.
+  // Data and model parallel: one model (member 0's key) on every replica. Split weights: each device takes
+  // its blocks of the whole initial weights, so the start does not depend on the mesh.
   const auto keys = split(init_key_, total_members_);
   std::vector<float> all(static_cast<std::size_t>(total_members_ * model_->params_per_member()));
   model_->init(keys, all);
@@ -238,14 +297,20 @@ void Trainer::init_members() {
 void Trainer::fill_batch(Feed<Batch>& feed, const std::vector<std::uint32_t>& order, std::int64_t begin, int size,
                          const Dataset& data, bool own_rows_only) {
   // A data-parallel training step over several processes: each process fills only its devices' rows of
-  // the batch (device r's block is rows [r * rows, (r + 1) * rows); the other rows are never read here).
-  // Evaluation reads every row on every device.
+  // the batch (the device at r along the first axis gets rows [r * rows, (r + 1) * rows); the other rows
+  // are never read here). Evaluation reads every row on every device.
   std::int64_t first = 0, count = size;
-  if (own_rows_only && options_.data_parallel && config_.processes > 1 && size % mesh_.size() == 0) {
-    const std::int64_t rows = size / mesh_.size();
-    const auto [lo, hi] = std::minmax_element(mesh_index_.begin(), mesh_index_.end());
-    first = *lo * rows;
-    count = (*hi + 1) * rows - first;
+  const int parts = mesh_.axes()[0].size;
+  if (own_rows_only && options_.data_parallel && config_.processes > 1 && size % parts == 0) {
+    const std::int64_t rows = size / parts;
+    int lo = parts, hi = -1;
+    for (int i : mesh_index_) {
+      const int r = mesh_.coords(i)[0];
+      lo = std::min(lo, r);
+      hi = std::max(hi, r);
+    }
+    first = lo * rows;
+    count = (hi + 1) * rows - first;
   }
   Batch& host = feed.next();
   std::span<const std::uint32_t> idx(order.data() + begin + first, static_cast<std::size_t>(count));
@@ -257,7 +322,7 @@ void Trainer::fill_batch(Feed<Batch>& feed, const std::vector<std::uint32_t>& or
 
 namespace {
 
-// The per-step log of every device of the mesh, stacked (devices, rows, members), on the host.
+// The per-step log of every device along the mesh's first axis, stacked (devices, rows, members), on the host.
 struct LogOnHost {
   std::vector<float> loss;
   std::vector<std::int32_t> correct;
@@ -326,9 +391,11 @@ EpochMetrics Trainer::run_epoch(const StepCallback& on_step) {
     w->log_fill = 0;
     return current_device() == first_local ? to_host(all) : LogOnHost{};
   }, mesh_);
-  EpochSums sums{static_cast<std::size_t>(mesh_.size()), static_cast<std::size_t>(members_per_device_),
+  // The log is gathered over the first axis (devices along "model" log the same).
+  const int along = mesh_.axes()[0].size;
+  EpochSums sums{static_cast<std::size_t>(along), static_cast<std::size_t>(members_per_device_),
                  static_cast<std::size_t>(log_rows()),
-                 static_cast<double>(options_.data_parallel ? mesh_.size() : total_members_)};
+                 static_cast<double>(options_.data_parallel ? along : total_members_)};
   const auto t0 = Clock::now();
   auto report_step = [&](int step, double loss, double running_loss) {
     if (!on_step) return;
@@ -363,7 +430,7 @@ namespace {
 
 constexpr std::size_t kSlots = kernels::kCalibrationSlots;
 
-// One eval batch's results of every device of the mesh, on the host: (devices, members), (devices),
+// One eval batch's results of every device along the mesh's first axis, on the host: (devices, members), (devices),
 // (devices, members + 1, slots); with a report, the size curve's sums and the per-image results.
 struct EvalOnHost {
   std::vector<float> loss;
@@ -411,7 +478,7 @@ void add_predictions(const EvalOnHost& r, int rows, std::int64_t first, const Da
   }
 }
 
-// The sums of an evaluation over its batches, in batch order: per device of the mesh each member's loss
+// The sums of an evaluation over its batches, in batch order: per device along the first axis each member's loss
 // sum (loss x batch size), correct count and calibration sums; the ensemble's (device 0's: every device
 // holds the same, from a psum); the size curve's.
 struct EvalSums {
@@ -494,7 +561,7 @@ void Trainer::evaluate_into(EpochMetrics& m, EnsembleReport* report) {
   }, mesh_);
   std::vector<std::uint32_t> order(static_cast<std::size_t>(test_.count));
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::uint32_t>(i);
-  EvalSums sums(static_cast<std::size_t>(mesh_.size()), static_cast<std::size_t>(members_per_device_),
+  EvalSums sums(static_cast<std::size_t>(mesh_.axes()[0].size), static_cast<std::size_t>(members_per_device_),
                 with_report ? total_members_ : 0);
   auto size_at = [&](std::int64_t begin) {
     return static_cast<int>(std::min<std::int64_t>(config_.eval_batch, test_.count - begin));
@@ -524,17 +591,48 @@ std::vector<float> Trainer::momentum() const { return stacked(&TrainState::momen
 std::vector<float> Trainer::stacked(Array TrainState::*field) const {
   std::vector<std::vector<float>> mine;
   for (const TrainState& s : states_) mine.push_back((s.*field).to_vector<float>());
+  const std::vector<float> all = distributed::process_allgather(mesh_, mine);  // every device's, in mesh order
   // Data parallel: every device holds the one model; the first device's copy is it.
-  return stack_members(*model_, distributed::process_allgather(mesh_, mine), options_.data_parallel ? 1 : mesh_.size(),
-                       members_per_device_, total_members_);
+  if (!plan_) return stack_members(*model_, all, options_.data_parallel ? 1 : mesh_.size(), members_per_device_,
+                                   total_members_);
+  // Split weights: member j of the devices at r along the first axis is put back together from the blocks
+  // of the devices (r, 0..M-1) along "model" (data and model parallel: r = 0 holds the one model).
+  const auto per = static_cast<std::int64_t>(members_per_device_), local = plan_->local_params();
+  const auto full = static_cast<std::size_t>(plan_->full_params());
+  const int rows = options_.data_parallel ? 1 : mesh_.axes()[0].size;
+  std::vector<float> members(static_cast<std::size_t>(rows * per) * full);  // member by member, whole
+  for (int i = 0; i < mesh_.size(); ++i) {
+    const std::vector<int> c = mesh_.coords(i);
+    if (c[0] >= rows) continue;
+    const std::vector<float> device(all.begin() + static_cast<std::ptrdiff_t>(i * per * local),
+                                    all.begin() + static_cast<std::ptrdiff_t>((i + 1) * per * local));
+    for (std::int64_t j = 0; j < per; ++j) {
+      const std::vector<float> block = member_block(device_model(), device, per, j, 1);
+      const auto g = static_cast<std::size_t>(c[0] * per + j);
+      plan_->unshard(block, c, std::span<float>(members.data() + g * full, full));
+    }
+  }
+  return stack_members(*model_, members, static_cast<int>(rows * per), 1, total_members_);
 }
 
 void Trainer::restore(const std::vector<float>& params, const std::vector<float>& momentum, std::int64_t step) {
+  const auto per = static_cast<std::int64_t>(members_per_device_);
   for (std::size_t i = 0; i < mesh_index_.size(); ++i) {
     TrainState& s = states_[i];
-    const std::int64_t first = options_.data_parallel ? 0 : std::int64_t{mesh_index_[i]} * members_per_device_;
+    const std::vector<int> c = mesh_.coords(mesh_index_[i]);
+    const std::int64_t first = options_.data_parallel ? 0 : std::int64_t{c[0]} * per;
     for (auto [src, dst] : {std::pair{&params, &s.params}, std::pair{&momentum, &s.momentum}}) {
-      const std::vector<float> block = member_block(*model_, *src, total_members_, first, members_per_device_);
+      std::vector<float> block;
+      if (plan_) {  // this device's blocks of each of its members, stacked as the local model's tensors
+        const auto local = static_cast<std::size_t>(plan_->local_params());
+        std::vector<float> mine(static_cast<std::size_t>(per) * local);
+        for (std::int64_t j = 0; j < per; ++j)
+          plan_->shard(member_block(*model_, *src, total_members_, first + j, 1), c,
+                       std::span<float>(mine.data() + static_cast<std::size_t>(j) * local, local));
+        block = stack_members(device_model(), mine, static_cast<int>(per), 1, per);
+      } else {
+        block = member_block(*model_, *src, total_members_, first, per);
+      }
       dst->copy_from_host(block.data(), block.size() * sizeof(float));
     }
     s.step = step;

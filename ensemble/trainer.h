@@ -22,6 +22,7 @@
 #include <pmap/random.h>
 
 #include <pmapcc/ensemble/data.h>
+#include <pmapcc/ensemble/layout.h>
 #include <pmapcc/ensemble/metrics.h>
 #include <pmapcc/ensemble/model.h>
 #include <pmapcc/ensemble/step.h>
@@ -29,7 +30,10 @@
 
 namespace pmap::ensemble {
 
-enum class Mode { ensemble, data_parallel };
+// ensemble: members spread over the "ensemble" axis, each seeing the whole batch. data_parallel: one model
+// replicated over the "data" axis, the batch split over it. model_parallel: one model on a ("data",
+// "model") mesh, its weights split over "model" by a LayoutMap, the batch split over "data".
+enum class Mode { ensemble, data_parallel, model_parallel };
 
 // What a checkpoint holds, for setting up its evaluation: its members, epochs and recorded configuration.
 struct CheckpointSummary {
@@ -45,14 +49,22 @@ struct EnsembleReport {
   Predictions predictions;
 };
 std::string_view to_string(Mode m);
-Mode parse_mode(std::string_view text);  // "ensemble" | "data-parallel"; ValueError otherwise
+Mode parse_mode(std::string_view text);  // "ensemble" | "data-parallel" | "model-parallel"; ValueError otherwise
 
 struct TrainConfig {
   DeviceKind backend = DeviceKind::cpu;
   int devices = 0;   // 0: the default device count (PMAPCC_CPU_DEVICES or cores; all GPUs); per process.
                      // Trainer::config().devices is the mesh's total over every process.
-  int members = 0;   // 0: one per device (ensemble), 1 (data parallel)
+  int members = 0;   // 0: one per device along the "ensemble" axis (ensemble), 1 (data or model parallel)
   Mode mode = Mode::ensemble;
+  // --mesh AxM: a 2-D mesh of A devices along the mode's axis ("ensemble"; "data" in both parallel modes)
+  // by M along "model", each member's weights split over the M devices of its row by `layout`. 0, 0 (not
+  // given): A = every device and M = 1; model-parallel mode: A = 1 and M = every device. A x M must be the
+  // mesh's device count; the Trainer fills both in.
+  int mesh_axis = 0, mesh_model = 0;
+  // Which weights are split over "model", and how (layout.h): used in model-parallel mode and whenever
+  // mesh_model > 1. The program puts its --layout entries before these defaults.
+  LayoutMap layout = reference_cnn_layout();
   int epochs = 10;
   int batch_size = 128;
   float learning_rate = 0.1f;
@@ -75,7 +87,10 @@ struct TrainConfig {
   int processes = 1;         // set by the Trainer: processes the mesh spans
   std::string dataset = "mnist";  // the data's name, for the outputs: mnist | fashion-mnist
 
-  // Every field, for metrics and checkpoints. lr and momentum as given: the shortest decimal that reads
+  // Whether the members' weights are split over a "model" axis (model-parallel mode, or mesh_model > 1).
+  bool splits_weights() const { return mode == Mode::model_parallel || mesh_model > 1; }
+
+  // Every field, for metrics and checkpoints ("layout" only when splits_weights()). lr and momentum as given: the shortest decimal that reads
   // back to the same float (0.1, not 0.10000000149011612).
   io::Json to_json() const;
 };
@@ -99,6 +114,8 @@ class Trainer {
 
   const TrainConfig& config() const { return config_; }
   const Sequential& model() const { return *model_; }
+  // Where each weight lives when splits_weights() (nullptr otherwise).
+  const ShardingPlan* plan() const { return plan_.get(); }
   const Mesh& mesh() const { return mesh_; }
   int members_per_device() const { return members_per_device_; }
   int member_group() const;  // the members a device runs at once
@@ -142,14 +159,18 @@ class Trainer {
  private:
   // The devices' step buffers, the feeds and the backend's handles (allocated once, here).
   void make_device_work();
+  void make_plan();  // plan_ and local_ from config.layout; ValueError for a weight split over the first axis
   void init_members();
   void evaluate_into(EpochMetrics& m, EnsembleReport* report);
   void check_processes_agree() const;  // ValueError unless every process has the same config and data
-  // The members' `field` (params or momentum) stacked, gathered from every device; and the reverse: each
-  // device's members from stacked params and momentum, at `step`.
+  // The members' `field` (params or momentum) stacked, gathered from every device (weights split over
+  // "model" put back together); and the reverse: each device's members (its blocks of their weights) from
+  // stacked params and momentum, at `step`.
   std::vector<float> stacked(Array TrainState::*field) const;
   void restore(const std::vector<float>& params, const std::vector<float>& momentum, std::int64_t step);
   // Fills a feed's next host batch with examples order[begin, begin + size) of data.
+  // The model a device runs: the local model when weights are split, else the model.
+  const Sequential& device_model() const { return local_.model ? *local_.model : *model_; }
   void fill_batch(Feed<Batch>& feed, const std::vector<std::uint32_t>& order, std::int64_t begin, int size,
                   const Dataset& data, bool own_rows_only);
 
@@ -158,6 +179,8 @@ class Trainer {
   const Dataset& test_;
   std::unique_ptr<Sequential> model_;
   Mesh mesh_;
+  std::unique_ptr<ShardingPlan> plan_;  // splits_weights(): each weight's blocks
+  LocalModel local_;                    // splits_weights(): the model a device runs, and its layers' splits
   std::vector<int> mesh_index_;  // mesh position of each local device
   int members_per_device_ = 1;
   int total_members_ = 1;

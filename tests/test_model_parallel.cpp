@@ -1,18 +1,27 @@
-// Model parallelism end to end at the step level: the real train_step (ensemble/step.h) on a ("data",
+// Model parallelism end to end. At the step level: the real train_step (ensemble/step.h) on a ("data",
 // "model") mesh of CPU devices, each device running its blocks of the weights, against the 1x1 mesh on the
-// same global batches; and the same mesh run twice.
+// same global batches; and the same mesh run twice. At the trainer level: Mode::model_parallel and
+// ("ensemble", "model") meshes against unsplit training, checkpoints of whole tensors that reshard onto
+// any mesh, and the configurations that are refused.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <memory>
 #include <vector>
+
+#include <unistd.h>
 
 #include <pmap/pmap.h>
 
 #include <pmapcc/ensemble/layout.h>
 #include <pmapcc/ensemble/step.h>
+#include <pmapcc/ensemble/trainer.h>
+#include <pmapcc/io/safetensors.h>
 #include <pmapcc/kernels/backend.h>
+
+#include "synthetic.h"
 
 namespace pe = pmap::ensemble;
 
@@ -112,4 +121,197 @@ TEST_CASE("model parallel: 20 steps on every mesh shape match the 1x1 mesh up to
     CHECK(diff <= 1e-6f * scale);  // measured: at most 1.5e-7 (max |w| 0.78)
     CHECK(train(*model, init, data, d, m) == got);  // bitwise, run after run
   }
+}
+
+namespace {
+
+const pmap::testing::TrainingData& data() { return pmap::testing::training_data(); }
+
+// 10 steps of 64 on the 12x12 training data; mesh A x M (0 x 0: no --mesh).
+pe::TrainConfig config(pe::Mode mode, int a, int m, int members = 1) {
+  pe::TrainConfig c;
+  c.mode = mode;
+  c.mesh_axis = a;
+  c.mesh_model = m;
+  c.members = members;
+  c.epochs = 2;
+  c.batch_size = 64;
+  c.eval_batch = 128;
+  return c;
+}
+
+// The largest |a - b| relative to the largest |a|.
+float relative_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  float scale = 0;
+  for (float v : a) scale = std::max(scale, std::abs(v));
+  return pmap::testing::max_abs_diff(a, b) / scale;
+}
+
+std::filesystem::path temp_path(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / ("pmapcc_model_parallel_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return dir / name;
+}
+
+}  // namespace
+
+TEST_CASE("the model-parallel trainer: a Dx1 mesh is data parallel bit for bit, and DxM matches one device") {
+  pe::Trainer dp(config(pe::Mode::data_parallel, 0, 0), data().train, data().test);
+  pe::Trainer dp2(config(pe::Mode::data_parallel, 2, 1), data().train, data().test);
+  pe::Trainer mp21(config(pe::Mode::model_parallel, 2, 1), data().train, data().test);
+  CHECK(mp21.mesh().str() == "Mesh(data=2, model=1; cpu:0..cpu:1)");
+  CHECK(mp21.plan() != nullptr);
+  CHECK(dp.plan() == nullptr);
+  const pe::EpochMetrics a = dp2.run_epoch(), b = mp21.run_epoch();
+  CHECK(mp21.params() == dp2.params());
+  CHECK(mp21.momentum() == dp2.momentum());
+  CHECK(a.train_loss == b.train_loss);
+  CHECK(a.member_test_accuracy == b.member_test_accuracy);
+  CHECK(a.ensemble_test_accuracy == b.ensemble_test_accuracy);
+  const pe::EpochMetrics ref = dp.run_epoch();
+  const std::pair<int, int> meshes[] = {{1, 2}, {2, 2}, {1, 4}};
+  for (const auto& [d, m] : meshes) {
+    CAPTURE(d);
+    CAPTURE(m);
+    pe::Trainer t(config(pe::Mode::model_parallel, d, m), data().train, data().test);
+    const pe::EpochMetrics e = t.run_epoch();
+    const float rel = relative_diff(dp.params(), t.params());
+    MESSAGE("trainer ", d, "x", m, " after 10 steps: max |w - w_1| / max |w| = ", rel);
+    CHECK(rel <= 1e-6f);  // measured: at most 7.6e-8
+    CHECK(relative_diff(dp.momentum(), t.momentum()) <= 1e-5f);
+    CHECK(e.train_loss == doctest::Approx(ref.train_loss).epsilon(1e-5));
+    CHECK(e.test_loss == doctest::Approx(ref.test_loss).epsilon(1e-5));
+    CHECK(e.member_test_accuracy.size() == 1);
+    pe::Trainer again(config(pe::Mode::model_parallel, d, m), data().train, data().test);
+    again.run_epoch();
+    CHECK(again.params() == t.params());  // bitwise, run after run
+  }
+}
+
+TEST_CASE("an ensemble on an ('ensemble', 'model') mesh: each member split over 'model' trains as unsplit") {
+  pe::TrainConfig whole = config(pe::Mode::ensemble, 0, 0, 4);
+  whole.devices = 2;
+  pe::Trainer ref(whole, data().train, data().test);
+  const pe::EpochMetrics r = ref.run_epoch();
+  const std::pair<int, int> meshes[] = {{2, 2}, {1, 2}, {4, 1}};
+  for (const auto& [e, m] : meshes) {
+    CAPTURE(e);
+    CAPTURE(m);
+    pe::Trainer t(config(pe::Mode::ensemble, e, m, 4), data().train, data().test);
+    CHECK(t.members_per_device() == 4 / e);
+    CHECK(t.mesh().axes()[0].name == "ensemble");
+    CHECK((t.plan() != nullptr) == (m > 1));
+    const pe::EpochMetrics got = t.run_epoch();
+    const float rel = relative_diff(ref.params(), t.params());
+    MESSAGE("ensemble mesh ", e, "x", m, " after 10 steps: max |w - w_unsplit| / max |w| = ", rel);
+    CHECK(rel <= 1e-6f);
+    REQUIRE(got.member_test_accuracy.size() == 4);
+    for (std::size_t g = 0; g < 4; ++g)
+      CHECK(got.member_calibration[g].nll == doctest::Approx(r.member_calibration[g].nll).epsilon(1e-4));
+    CHECK(got.ensemble_calibration.nll == doctest::Approx(r.ensemble_calibration.nll).epsilon(1e-4));
+  }
+}
+
+TEST_CASE("checkpoints of split weights hold whole tensors, resume exactly and reshard onto any mesh") {
+  const auto path = temp_path("mp.safetensors"), whole = temp_path("dp.safetensors");
+  pe::Trainer straight(config(pe::Mode::model_parallel, 2, 2), data().train, data().test);
+  straight.run_epoch();
+  straight.run_epoch();
+  {
+    pe::Trainer first(config(pe::Mode::model_parallel, 2, 2), data().train, data().test);
+    first.run_epoch();
+    first.save_checkpoint(path);
+    pe::Trainer dp(config(pe::Mode::data_parallel, 0, 0), data().train, data().test);
+    dp.save_checkpoint(whole);
+  }
+  // The same tensors, names and shapes as an unsplit model's checkpoint.
+  const auto split_file = pmap::io::load_safetensors(path), whole_file = pmap::io::load_safetensors(whole);
+  REQUIRE(split_file.tensors.size() == whole_file.tensors.size());
+  for (std::size_t i = 0; i < split_file.tensors.size(); ++i) {
+    CHECK(split_file.tensors[i].name == whole_file.tensors[i].name);
+    CHECK(split_file.tensors[i].shape == whole_file.tensors[i].shape);
+  }
+  pe::Trainer resumed(config(pe::Mode::model_parallel, 2, 2), data().train, data().test);
+  resumed.load_checkpoint(path);
+  const std::vector<float> saved = resumed.params(), saved_momentum = resumed.momentum();
+  resumed.run_epoch();
+  CHECK(resumed.params() == straight.params());
+  CHECK(resumed.momentum() == straight.momentum());
+  CHECK(resumed.history().back().member_test_accuracy == straight.history().back().member_test_accuracy);
+  // Onto other mesh shapes (another layout too): the same whole weights come back, bit for bit.
+  const std::pair<int, int> meshes[] = {{1, 4}, {1, 1}, {4, 1}, {1, 2}};
+  for (const auto& [d, m] : meshes) {
+    CAPTURE(d);
+    CAPTURE(m);
+    pe::Trainer t(config(pe::Mode::model_parallel, d, m), data().train, data().test);
+    t.load_checkpoint(path);
+    CHECK(t.params() == saved);
+    CHECK(t.momentum() == saved_momentum);
+    CHECK(t.epochs_done() == 1);
+  }
+  pe::TrainConfig conv = config(pe::Mode::model_parallel, 1, 2);
+  pe::LayoutMap layout;  // the convolutions column- then row-parallel too
+  layout.add("Conv_0/kernel", pe::PartitionSpec::parse("None,None,None,model"));
+  layout.add("Conv_0/bias", pe::PartitionSpec::parse("model"));
+  layout.add("Conv_1/kernel", pe::PartitionSpec::parse("None,None,model,None"));
+  for (const pe::LayoutMap::Entry& e : conv.layout.entries()) layout.add(e.pattern, e.spec);
+  conv.layout = layout;
+  pe::Trainer t(conv, data().train, data().test);
+  t.load_checkpoint(path);
+  CHECK(t.params() == saved);
+  // A checkpoint of one mode does not resume in another.
+  pe::Trainer dp(config(pe::Mode::data_parallel, 0, 0), data().train, data().test);
+  CHECK_THROWS_WITH_AS(dp.load_checkpoint(path), doctest::Contains("mode"), pmap::DataError);
+  std::filesystem::remove_all(path.parent_path());
+}
+
+TEST_CASE("model-parallel configurations that cannot run are refused, naming the flag or the weight") {
+  auto refused = [](pe::TrainConfig c, const char* text) {
+    CAPTURE(text);
+    CHECK_THROWS_WITH_AS(pe::Trainer(c, data().train, data().test), doctest::Contains(text), pmap::ValueError);
+  };
+  pe::TrainConfig c = config(pe::Mode::model_parallel, 2, 2);
+  c.devices = 2;
+  refused(c, "--mesh 2x2 needs 4 devices, the run has 2");
+  refused(config(pe::Mode::data_parallel, 1, 2), "--mode data-parallel keeps the whole model on every device");
+  refused(config(pe::Mode::ensemble, 2, 2, 3), "--members 3 is not a multiple of the 2 devices of --mesh's first axis");
+  refused(config(pe::Mode::model_parallel, 2, 2, 2), "--members must be 1");
+  c = config(pe::Mode::model_parallel, 3, 1);
+  refused(c, "--batch-size 64 does not split evenly over the 3 devices");
+  for (const auto& [pattern, spec, text] : {
+           std::tuple{"Dense_0/kernel", "data,None", "layout of Dense_0/kernel (shape (576, 256)): ('data', None): "
+                                                     "splits it over 'data', which holds other examples"},
+           std::tuple{"Dense_0/kernel", "None,expert", "'expert'"},
+           std::tuple{"Dense_1/kernel", "None,model", "Dense_1"},
+           std::tuple{"Dense_0/bias", "model", "Dense_0"}}) {
+    c = config(pe::Mode::model_parallel, 2, 2);
+    pe::LayoutMap layout;
+    layout.add(pattern, pe::PartitionSpec::parse(spec));
+    c.layout = layout;
+    refused(c, text);
+  }
+  c = config(pe::Mode::ensemble, 2, 2, 2);
+  pe::LayoutMap over_members;
+  over_members.add("Dense_0/kernel", pe::PartitionSpec::parse("None,ensemble"));
+  c.layout = over_members;
+  refused(c, "which holds other members");
+}
+
+TEST_CASE("the recorded configuration names the mesh and, when weights are split, the layout") {
+  pe::Trainer mp(config(pe::Mode::model_parallel, 1, 2), data().train, data().test);
+  const pmap::io::Json j = mp.config().to_json();
+  CHECK(j.at("mode") == "model-parallel");
+  CHECK(j.at("mesh") == "1x2");
+  REQUIRE(j.at("layout").size() == 3);
+  CHECK(j.at("layout")[0].at("pattern") == "Dense_0/kernel");
+  CHECK(j.at("layout")[0].at("spec") == "(None, 'model')");
+  pe::TrainConfig e = config(pe::Mode::ensemble, 0, 0, 2);
+  e.devices = 2;
+  pe::Trainer ens(e, data().train, data().test);
+  CHECK(ens.config().to_json().at("mesh") == "2x1");
+  CHECK(!ens.config().to_json().contains("layout"));
+  CHECK(pe::parse_mode("model-parallel") == pe::Mode::model_parallel);
+  CHECK(pe::to_string(pe::Mode::model_parallel) == "model-parallel");
+  CHECK_THROWS_WITH_AS(pe::parse_mode("pipeline"), doctest::Contains("model-parallel"), pmap::ValueError);
 }

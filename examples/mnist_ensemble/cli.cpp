@@ -75,6 +75,32 @@ std::string parse_members(const std::string& text, std::vector<int>& out) {
   return {};
 }
 
+// "AxM" (e.g. 2x4): two counts whose product is at most `max`. Returns what is wrong, or nothing.
+std::string parse_mesh(const std::string& text, int max, int& first, int& model) {
+  const std::size_t x = text.find('x');
+  const auto a = number<int>(text.substr(0, x)), m = x == std::string::npos ? std::nullopt : number<int>(text.substr(x + 1));
+  if (!a || !m) return "'" + text + "' is not AxM (e.g. 2x4: 2 devices along the mode's axis by 4 along 'model')";
+  if (*a < 1 || *m < 1 || static_cast<long long>(*a) * *m > max)
+    return "'" + text + "' is out of range (each at least 1, at most " + std::to_string(max) + " devices in all)";
+  first = *a;
+  model = *m;
+  return {};
+}
+
+// "NAME=SPEC": a weight-name pattern and its layout (ensemble/layout.h). Returns what is wrong, or nothing.
+std::string parse_layout(const std::string& text, LayoutMap* into) {
+  const std::size_t eq = text.find('=');
+  if (eq == std::string::npos || eq == 0)
+    return "'" + text + "' is not NAME=SPEC (e.g. Dense_0/kernel=None,model)";
+  try {
+    LayoutMap scratch;
+    (into != nullptr ? *into : scratch).add(text.substr(0, eq), PartitionSpec::parse(text.substr(eq + 1)));
+  } catch (const ValueError& e) {
+    return e.what();
+  }
+  return {};
+}
+
 const CLI::Validator kNonEmpty = check([](const std::string& text) -> std::string {
   return text.empty() ? "needs a non-empty value" : "";
 });
@@ -140,10 +166,32 @@ void device_flags(CLI::App& a, TrainConfig& t) {
        "native | cuda-on-host\n(cuda-on-host: the CUDA kernels run on the host, on CPU devices;\n"
        "a check of the CUDA code without a GPU; slow)")
       ->check(one_of({"native", "cuda-on-host"}))->default_str("native");
-  flag(a, "--members", t.members, "N", "Devices", "ensemble members, a multiple of all devices")
+  flag(a, "--members", t.members, "N", "Devices", "ensemble members, a multiple of the devices\n(of the A along 'ensemble' with --mesh AxM)")
       ->check(integer_in(1, kMaxCount))->default_str("one per device");
-  flag(a, "--mode", [&t](const std::string& v) { t.mode = parse_mode(v); }, "M", "Devices", "ensemble | data-parallel")
-      ->check(one_of({"ensemble", "data-parallel"}))->default_str("ensemble");
+  flag(a, "--mode", [&t](const std::string& v) { t.mode = parse_mode(v); }, "M", "Devices",
+       "ensemble | data-parallel | model-parallel\n(model-parallel: one model, its weights split over 'model' and\n"
+       "the batch over 'data')")
+      ->check(one_of({"ensemble", "data-parallel", "model-parallel"}))->default_str("ensemble");
+  flag(a, "--mesh", [&t](const std::string& v) { parse_mesh(v, kMaxDevices, t.mesh_axis, t.mesh_model); }, "AxM",
+       "Devices",
+       "a 2-D mesh: A devices along the mode's axis ('ensemble' or 'data')\nby M along 'model', each member's "
+       "weights split over M devices")
+      ->check(check([](const std::string& text) {
+        int first = 0, model = 0;
+        return parse_mesh(text, kMaxDevices, first, model);
+      }))->default_str("Nx1; model-parallel: 1xN");
+}
+
+// --layout entries, in the order given (they come before the default layout's entries).
+void layout_flags(CLI::App& a, std::vector<std::string>& layouts) {
+  a.add_option("--layout", layouts,
+               "NAME=SPEC: the weights whose names match the regular expression NAME\n"
+               "(all of it) are split by SPEC, e.g. Dense_0/kernel=None,model or\n"
+               "'Conv_0/.*=()' (replicated); repeatable, first match wins, before\n"
+               "the default: Dense_0 column-, Dense_1 row-parallel")
+      ->type_name("NAME=SPEC")->group("Devices")->check(kNonEmpty)
+      ->check(check([](const std::string& text) { return parse_layout(text, nullptr); }))
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->allow_extra_args(false);
 }
 
 // Floats are converted with from_chars, as their validators read them (CLI11 reads through long double,
@@ -211,6 +259,7 @@ std::unique_ptr<CLI::App> make_app(CliOptions& o) {
   app->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   data_flags(*app, o);
   device_flags(*app, o.train);
+  layout_flags(*app, o.layouts);
   training_flags(*app, o.train);
   output_flags(*app, o);
   checkpoint_flags(*app, o);
@@ -244,6 +293,14 @@ CliOptions parse_cli(const std::vector<std::string>& args) {
     throw UsageError("unexpected argument '" + word + "' (flags start with --)");
   }
   if (app->count("--data") == 0) o.data = "data/" + o.train.dataset;
+  if (!o.layouts.empty()) {
+    if (!o.train.splits_weights())
+      throw UsageError("--layout splits weights over 'model': it needs --mode model-parallel or --mesh AxM with M > 1");
+    LayoutMap layout;
+    for (const std::string& entry : o.layouts) parse_layout(entry, &layout);
+    for (const LayoutMap::Entry& e : o.train.layout.entries()) layout.add(e.pattern, e.spec);
+    o.train.layout = std::move(layout);
+  }
   if (!o.members_subset.empty() && o.evaluate.empty())
     throw UsageError("--members-subset picks members of the checkpoint given with --evaluate");
   if (!o.evaluate.empty() && (!o.save.empty() || !o.resume.empty()))

@@ -24,6 +24,7 @@ struct CliOptions {
   std::filesystem::path evaluate;  // a checkpoint to evaluate instead of training
   std::filesystem::path predict;   // per-image predictions CSV
   std::vector<int> members_subset;  // with --evaluate: the checkpoint's members to evaluate
+  std::vector<std::string> layouts;  // --layout NAME=SPEC, as given (train.layout holds them, then the defaults)
   std::string progress = "auto";
   bool help = false;
 };

@@ -42,6 +42,14 @@ void print_header(const Trainer& t, std::int64_t train_count, std::int64_t test_
                 static_cast<long long>(t.model().params_per_member()), c.epochs, c.batch_size,
                 static_cast<double>(c.learning_rate), static_cast<double>(c.momentum),
                 static_cast<unsigned long long>(c.seed));
+  if (const ShardingPlan* plan = t.plan()) {
+    std::string split;
+    for (const ShardedTensor& w : plan->tensors())
+      if (!w.spec.replicated()) split += (split.empty() ? "" : ", ") + w.name + " " + w.spec.str();
+    std::printf("weights split over 'model': %s; the rest replicated: %lld of %lld weights per device\n",
+                split.empty() ? "none" : split.c_str(), static_cast<long long>(plan->local_params()),
+                static_cast<long long>(plan->full_params()));
+  }
   if (c.cuda_kernels_on_host) std::printf("the CUDA kernels run on the host (--kernels cuda-on-host)\n");
   if (c.processes > 1)
     std::printf("%d processes, %d device(s) each; this process prints and writes the outputs\n", c.processes,
