@@ -163,7 +163,8 @@ io::Json TrainConfig::to_json() const {
   j["mesh"] = std::to_string(mesh_axis) + "x" + std::to_string(mesh_model);
   if (splits_weights()) {
     io::Json entries = io::Json::array();
-    for (const LayoutMap::Entry& e : layout.entries()) entries.push_back({{"pattern", e.pattern}, {"spec", e.spec.str()}});
+    for (const LayoutMap::Entry& e : layout.entries())
+      entries.push_back({{"pattern", e.pattern}, {"spec", e.spec.str()}});
     j["layout"] = std::move(entries);
   }
   j["epochs"] = epochs;
@@ -223,8 +224,8 @@ void Trainer::make_plan() {
   // The first axis holds other members or other examples: a weight split over it would mix them.
   for (const ShardedTensor& t : plan_->tensors())
     if (std::find(t.axis_of_dim.begin(), t.axis_of_dim.end(), 0) != t.axis_of_dim.end())
-      throw ValueError("layout of " + t.name + " (shape " + shape_str(t.shape) + "): " + t.spec.str() + ": splits it over '" +
-                       mesh_.axes()[0].name + "', which holds " +
+      throw ValueError("layout of " + t.name + " (shape " + shape_str(t.shape) + "): " + t.spec.str() +
+                       ": splits it over '" + mesh_.axes()[0].name + "', which holds " +
                        (config_.mode == Mode::ensemble ? "other members" : "other examples") +
                        ": weights may be split over 'model' only (--layout)");
   local_ = local_model(*model_, *plan_);
@@ -251,7 +252,8 @@ void Trainer::make_device_work() {
   work_ptrs_ = Sharded<DeviceWork*>(std::move(ptrs));
   states_ = Sharded<TrainState>(std::move(states));
   // The batches reach the devices through the runtime's feeds: replicated (ensemble) or sharded over the
-  // first axis (data and model parallel; replicated over "model"), double-buffered so that the next batch's copy overlaps the step.
+  // first axis (data and model parallel; replicated over "model"), double-buffered so that the next
+  // batch's copy overlaps the step.
   auto prototype = [&](int n) {
     return Batch{Array(Shape{n, train.rows, train.cols, 1}, DType::f32), Array(Shape{n}, DType::i32)};
   };

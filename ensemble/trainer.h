@@ -90,8 +90,8 @@ struct TrainConfig {
   // Whether the members' weights are split over a "model" axis (model-parallel mode, or mesh_model > 1).
   bool splits_weights() const { return mode == Mode::model_parallel || mesh_model > 1; }
 
-  // Every field, for metrics and checkpoints ("layout" only when splits_weights()). lr and momentum as given: the shortest decimal that reads
-  // back to the same float (0.1, not 0.10000000149011612).
+  // Every field, for metrics and checkpoints ("layout" only when splits_weights()). lr and momentum as
+  // given: the shortest decimal that reads back to the same float (0.1, not 0.10000000149011612).
   io::Json to_json() const;
 };
 

@@ -45,7 +45,10 @@ TEST_CASE("the help lists every flag in its group, with its default") {
   CHECK(help.starts_with("usage: prog [flags]\nTrains an ensemble of MNIST CNNs"));
   std::size_t at = 0;
   for (const char* line : {"\nData:\n", "  --dataset D           mnist | fashion-mnist", "[mnist]\n",
-                           "\nDevices:\n", "  --backend cpu|cuda    device kind  [cpu]\n", "\nTraining:\n",
+                           "\nDevices:\n", "  --backend cpu|cuda    device kind  [cpu]\n",
+                           "  --mode M              ensemble | data-parallel | model-parallel  [ensemble]\n",
+                           "  --mesh AxM            A devices along the mode's axis by M along 'model'",
+                           "  --layout NAME=SPEC    split the weights", "\nTraining:\n",
                            "  --epochs E            epochs  [10]\n", "  --lr LR               SGD learning rate  [0.1]\n",
                            "\nOutput:\n", "\nCheckpoints:\n", "  -h,--help             this text\n",
                            "Several processes: mpirun"}) {
@@ -64,7 +67,7 @@ TEST_CASE("bad command lines raise UsageError naming the flag") {
   CHECK_THROWS_WITH_AS(parse_cli({"--batch-size"}), "--batch-size needs a value", UsageError);
   CHECK_THROWS_WITH_AS(parse_cli({"--bogus", "1"}), "unknown flag '--bogus'", UsageError);
   CHECK_THROWS_WITH_AS(parse_cli({"stray"}), doctest::Contains("unexpected argument 'stray'"), UsageError);
-  CHECK_THROWS_WITH_AS(parse_cli({"--mode", "fast"}), doctest::Contains("not ensemble or data-parallel"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--mode", "fast"}), doctest::Contains("not ensemble, data-parallel or model-parallel"), UsageError);
   CHECK_THROWS_WITH_AS(parse_cli({"--backend", "tpu"}), doctest::Contains("not cpu or cuda"), UsageError);
   CHECK_THROWS_WITH_AS(parse_cli({"--progress", "fancy"}), doctest::Contains("auto, bar, plain or none"), UsageError);
   CHECK_THROWS_WITH_AS(parse_cli({"--seed", "-3"}), doctest::Contains("not an integer"), UsageError);
@@ -73,4 +76,49 @@ TEST_CASE("bad command lines raise UsageError naming the flag") {
   CHECK_THROWS_WITH_AS(parse_cli({"--members-subset", "1,,2"}), doctest::Contains("empty entry"), UsageError);
   CHECK_THROWS_WITH_AS(parse_cli({"--bogus=3"}), "unknown flag '--bogus'", UsageError);
   CHECK_THROWS_AS(parse_cli({"--epochs", "99999999999"}), UsageError);
+}
+
+TEST_CASE("model parallelism's flags: --mode model-parallel, --mesh AxM and repeatable --layout before the default") {
+  using pmap::ensemble::Mode;
+  using pmap::ensemble::PartitionSpec;
+  auto o = parse_cli({"--mode", "model-parallel", "--mesh", "2x4"});
+  CHECK(o.train.mode == Mode::model_parallel);
+  CHECK(o.train.mesh_axis == 2);
+  CHECK(o.train.mesh_model == 4);
+  CHECK(o.train.layout.entries().size() == 3);  // the default: Dense_0 column-, Dense_1 row-parallel
+  CHECK(o.train.layout.layout_of("Dense_0/kernel") == PartitionSpec::parse("None,model"));
+  o = parse_cli({"--mesh=4x2", "--layout", "Dense_1/kernel=()", "--layout=Conv_0/.*=(None, None, None, 'model')"});
+  CHECK(o.train.mode == Mode::ensemble);  // an ensemble of members each split over 'model'
+  CHECK(o.train.splits_weights());
+  REQUIRE(o.train.layout.entries().size() == 5);
+  CHECK(o.train.layout.entries()[0].pattern == "Dense_1/kernel");  // in the order given, then the default's
+  CHECK(o.train.layout.entries()[1].pattern == "Conv_0/.*");
+  CHECK(o.train.layout.entries()[2].pattern == "Dense_0/kernel");
+  CHECK(o.train.layout.layout_of("Dense_1/kernel").replicated());  // given first: overrides the default
+  CHECK(o.train.layout.layout_of("Conv_0/bias") == PartitionSpec::parse("None,None,None,model"));
+  CHECK(o.layouts == std::vector<std::string>{"Dense_1/kernel=()", "Conv_0/.*=(None, None, None, 'model')"});
+  CHECK(parse_cli({"--mode", "model-parallel"}).train.mesh_axis == 0);  // the Trainer picks 1xN
+  CHECK(parse_cli({"--mesh", "2x4", "--mesh", "8x1"}).train.mesh_axis == 8);  // the last one counts
+}
+
+TEST_CASE("bad --mesh and --layout values raise UsageError naming the flag") {
+  CHECK_THROWS_WITH_AS(parse_cli({"--mesh", "2"}), doctest::Contains("--mesh: '2' is not AxM (e.g. 2x4"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--mesh", "2x"}), doctest::Contains("'2x' is not AxM"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--mesh", "x4"}), doctest::Contains("'x4' is not AxM"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--mesh", "0x4"}), doctest::Contains("--mesh: '0x4' is out of range"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--mesh", "4096x2"}), doctest::Contains("at most 4096 devices"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--mesh", "2x4x1"}), doctest::Contains("is not AxM"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--mode", "model-parallel", "--layout", "Dense_0/kernel"}),
+                       doctest::Contains("--layout: 'Dense_0/kernel' is not NAME=SPEC"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--mode", "model-parallel", "--layout", "=model"}),
+                       doctest::Contains("is not NAME=SPEC"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--mode", "model-parallel", "--layout", "Dense_0/kernel=None,,model"}),
+                       doctest::Contains("--layout:"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--mode", "model-parallel", "--layout", "Dense_[0/kernel=model"}),
+                       doctest::Contains("Dense_[0/kernel"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--layout", "Dense_0/kernel=None,model"}),
+                       "--layout splits weights over 'model': it needs --mode model-parallel or --mesh AxM with M > 1",
+                       UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--mesh", "4x1", "--layout", "Dense_0/kernel=None,model"}),
+                       doctest::Contains("needs --mode model-parallel"), UsageError);
 }

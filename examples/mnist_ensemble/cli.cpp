@@ -78,7 +78,8 @@ std::string parse_members(const std::string& text, std::vector<int>& out) {
 // "AxM" (e.g. 2x4): two counts whose product is at most `max`. Returns what is wrong, or nothing.
 std::string parse_mesh(const std::string& text, int max, int& first, int& model) {
   const std::size_t x = text.find('x');
-  const auto a = number<int>(text.substr(0, x)), m = x == std::string::npos ? std::nullopt : number<int>(text.substr(x + 1));
+  const auto a = number<int>(text.substr(0, x));
+  const auto m = x == std::string::npos ? std::nullopt : number<int>(text.substr(x + 1));
   if (!a || !m) return "'" + text + "' is not AxM (e.g. 2x4: 2 devices along the mode's axis by 4 along 'model')";
   if (*a < 1 || *m < 1 || static_cast<long long>(*a) * *m > max)
     return "'" + text + "' is out of range (each at least 1, at most " + std::to_string(max) + " devices in all)";
@@ -166,7 +167,8 @@ void device_flags(CLI::App& a, TrainConfig& t) {
        "native | cuda-on-host\n(cuda-on-host: the CUDA kernels run on the host, on CPU devices;\n"
        "a check of the CUDA code without a GPU; slow)")
       ->check(one_of({"native", "cuda-on-host"}))->default_str("native");
-  flag(a, "--members", t.members, "N", "Devices", "ensemble members, a multiple of the devices\n(of the A along 'ensemble' with --mesh AxM)")
+  flag(a, "--members", t.members, "N", "Devices",
+       "ensemble members, a multiple of the devices\n(of the A along 'ensemble' with --mesh AxM)")
       ->check(integer_in(1, kMaxCount))->default_str("one per device");
   flag(a, "--mode", [&t](const std::string& v) { t.mode = parse_mode(v); }, "M", "Devices",
        "ensemble | data-parallel | model-parallel\n(model-parallel: one model, its weights split over 'model' and\n"
@@ -174,8 +176,8 @@ void device_flags(CLI::App& a, TrainConfig& t) {
       ->check(one_of({"ensemble", "data-parallel", "model-parallel"}))->default_str("ensemble");
   flag(a, "--mesh", [&t](const std::string& v) { parse_mesh(v, kMaxDevices, t.mesh_axis, t.mesh_model); }, "AxM",
        "Devices",
-       "a 2-D mesh: A devices along the mode's axis ('ensemble' or 'data')\nby M along 'model', each member's "
-       "weights split over M devices")
+       "A devices along the mode's axis by M along 'model'\n(the mode's axis: 'ensemble', or 'data' in "
+       "the parallel modes;\neach member's weights split over the M devices of its row)")
       ->check(check([](const std::string& text) {
         int first = 0, model = 0;
         return parse_mesh(text, kMaxDevices, first, model);
@@ -185,10 +187,10 @@ void device_flags(CLI::App& a, TrainConfig& t) {
 // --layout entries, in the order given (they come before the default layout's entries).
 void layout_flags(CLI::App& a, std::vector<std::string>& layouts) {
   a.add_option("--layout", layouts,
-               "NAME=SPEC: the weights whose names match the regular expression NAME\n"
-               "(all of it) are split by SPEC, e.g. Dense_0/kernel=None,model or\n"
-               "'Conv_0/.*=()' (replicated); repeatable, first match wins, before\n"
-               "the default: Dense_0 column-, Dense_1 row-parallel")
+               "split the weights whose whole name matches the regular expression\n"
+               "NAME by SPEC, e.g. Dense_0/kernel=None,model or 'Conv_0/.*=()'\n"
+               "(replicated); repeatable, first match wins, tried before the\n"
+               "default: Dense_0 column-, Dense_1 row-parallel over 'model'")
       ->type_name("NAME=SPEC")->group("Devices")->check(kNonEmpty)
       ->check(check([](const std::string& text) { return parse_layout(text, nullptr); }))
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->allow_extra_args(false);
@@ -199,7 +201,7 @@ void layout_flags(CLI::App& a, std::vector<std::string>& layouts) {
 void training_flags(CLI::App& a, TrainConfig& t) {
   auto set_float = [](float& target) { return [&target](const std::string& v) { target = *number<float>(v); }; };
   flag(a, "--epochs", t.epochs, "E", "Training", "epochs")->check(integer_in(0, kMaxCount))->capture_default_str();
-  flag(a, "--batch-size", t.batch_size, "B", "Training", "examples per step (data-parallel: split over devices)")
+  flag(a, "--batch-size", t.batch_size, "B", "Training", "examples per step (data- and model-parallel: split over 'data')")
       ->check(integer_in(1, kMaxCount))->capture_default_str();
   flag(a, "--lr", set_float(t.learning_rate), "LR", "Training", "SGD learning rate")
       ->check(real([](float v, const std::string& text) {

@@ -124,6 +124,56 @@ expect "resume from epoch 0" 0 "resumed after epoch 0" -- "${run[@]}" --epochs 1
 same_tensors "$work/ck1.safetensors" "$work/ck0b.safetensors" && pass "resume from epoch 0 is exact" \
   || fail "resume from epoch 0 is exact"
 
+# Model parallelism: one model, its dense weights split over 'model' (the header and the metrics say how),
+# checkpoints of whole tensors that reshard onto another mesh shape bit for bit, an evaluation on the
+# training's split that gives its numbers, and the errors that name the flag or the weight.
+mp=("$bin" --data "$work/data" --mode model-parallel --batch-size 64 --progress plain)
+expect "model parallel 1x2" 0 "weights split over 'model': Dense_0/kernel \\(None, 'model'\\), Dense_0/bias \\('model',\\), Dense_1/kernel \\('model', None\\); the rest replicated: 421642 of 824458" \
+  -- "${mp[@]}" --mesh 1x2 --epochs 1 --save "$work/mp1.safetensors" --metrics-json "$work/mp.json"
+grep -q "Mesh(data=1, model=2" "$work/out" && pass "model parallel: the header names the mesh" \
+  || fail "model parallel: the header names the mesh"
+python3 - "$work/mp.json" <<'PY' && pass "model parallel: mesh and layout in the metrics" || fail "model parallel: mesh and layout in the metrics"
+import json, sys
+c = json.load(open(sys.argv[1]))["config"]
+assert c["mode"] == "model-parallel" and c["mesh"] == "1x2" and c["members"] == 1, c
+assert c["layout"][0] == {"pattern": "Dense_0/kernel", "spec": "(None, 'model')"}, c["layout"]
+PY
+expect "model parallel: reshard 1x2 onto 2x1" 0 "resumed after epoch 1" -- "${mp[@]}" --mesh 2x1 --epochs 1 \
+  --resume "$work/mp1.safetensors" --save "$work/mp1b.safetensors"
+same_tensors "$work/mp1.safetensors" "$work/mp1b.safetensors" && pass "model parallel: resharded tensors are equal" \
+  || fail "model parallel: resharded tensors are equal"
+expect "model parallel: --layout, resumed for epoch 2" 0 "weights split over 'model': Conv_0/kernel \\(None, None, None, 'model'\\), Conv_0/bias \\('model',\\), Conv_1/kernel \\(None, None, 'model', None\\), Dense_0/kernel" \
+  -- "${mp[@]}" --mesh 1x2 --epochs 2 --resume "$work/mp1.safetensors" --layout 'Conv_0/kernel=None,None,None,model' \
+  --layout Conv_0/bias=model --layout "Conv_1/kernel=(None, None, 'model', None)"
+expect "model parallel: evaluate on the training's split" 0 "evaluating" -- "${run[@]}" --devices 2 --mesh 1x2 \
+  --evaluate "$work/mp1.safetensors" --metrics-json "$work/mpe.json"
+python3 - "$work/mp.json" "$work/mpe.json" <<'PY' && pass "model parallel: the evaluation gives the run's numbers" || fail "model parallel: the evaluation gives the run's numbers"
+import json, sys
+t, e = json.load(open(sys.argv[1]))["final"], json.load(open(sys.argv[2]))["evaluation"]
+for k in ("member_test_accuracy", "test_loss", "ensemble_test_accuracy", "ensemble_test_nll"):
+    assert t[k] == e[k], (k, t[k], e[k])
+PY
+expect "model parallel: mesh and devices disagree" 1 "--mesh 2x2 needs 4 devices, the run has 2" -- "${mp[@]}" \
+  --devices 2 --mesh 2x2 --epochs 1
+expect "model parallel: a layout the layers cannot run" 1 "Dense_1/kernel" -- "${mp[@]}" --mesh 1x2 --epochs 1 \
+  --layout Dense_1/kernel=None,model
+expect "model parallel: a weight split over 'data'" 1 "splits it over 'data', which holds other examples" -- \
+  "${mp[@]}" --mesh 2x1 --epochs 1 --layout Dense_0/kernel=None,data
+expect "bad mesh" 2 "--mesh: '2x' is not AxM" -- "$bin" --mesh 2x
+expect "layout without a model axis" 2 "--layout splits weights over 'model'" -- "$bin" --layout Dense_0/kernel=model
+# An ensemble of 2 members, each split over 2 devices: the same members as unsplit, to float reassociation.
+expect "ensemble on a 1x2 (ensemble, model) mesh" 0 "Mesh\\(ensemble=1, model=2" -- "${run[@]}" --mesh 1x2 \
+  --epochs 1 --metrics-json "$work/em.json"
+expect "the same ensemble unsplit" 0 "ensemble" -- "${run[@]}" --epochs 1 --metrics-json "$work/eu.json"
+python3 - "$work/em.json" "$work/eu.json" <<'PY' && pass "ensemble x model trains as unsplit" || fail "ensemble x model trains as unsplit"
+import json, sys
+a, b = (json.load(open(p))["final"] for p in sys.argv[1:])
+assert abs(a["train_loss"] - b["train_loss"]) <= 1e-5 * abs(b["train_loss"]), (a["train_loss"], b["train_loss"])
+assert len(a["member_test_accuracy"]) == 2
+for x, y in zip(a["member_test_nll"], b["member_test_nll"]):
+    assert abs(x - y) <= 1e-4 * abs(y), (x, y)
+PY
+
 # The CUDA backend: it trains on a GPU; where no GPU is usable it says so (exit 1) and does not crash.
 # PMAPCC_REQUIRE_GPU=1 (scripts/gpu_checks.sh) demands the GPU run.
 "${run[@]}" --backend cuda --epochs 1 --metrics-json "$work/cuda.json" >"$work/out" 2>"$work/err"; rc=$?

@@ -3,7 +3,8 @@
 #   - the metrics (every epoch, timings aside) and the checkpoint's tensors are bitwise equal;
 #   - only the main process prints: one header, one final table;
 #   - a checkpoint written by the P-process run resumes exactly in one process, and the reverse.
-# usage: run_program_case.sh MPIEXEC NP ensemble|data-parallel MNIST_ENSEMBLE MAKE_IDX_PY
+# Model parallel: the 'model' axis of a 1xNP mesh spans the processes (each layer's psum crosses them).
+# usage: run_program_case.sh MPIEXEC NP ensemble|data-parallel|model-parallel MNIST_ENSEMBLE MAKE_IDX_PY
 set -uo pipefail
 mpiexec=$1 np=$2 mode=$3 bin=$4 make_idx=$5
 work=$(mktemp -d)
@@ -18,6 +19,8 @@ python3 "$make_idx" "$work/data" 384 150 0.25 || exit 1  # noisy labels: accurac
 # One device per process; the single process gets all of them. Ensemble: 2 members per device.
 if [ "$mode" = ensemble ]; then
   common=(--data "$work/data" --mode ensemble --members $((2 * np)) --batch-size 32 --progress plain)
+elif [ "$mode" = model-parallel ]; then
+  common=(--data "$work/data" --mode model-parallel --mesh "1x$np" --batch-size 32 --progress plain)
 else
   common=(--data "$work/data" --mode data-parallel --batch-size $((16 * np)) --progress plain)
 fi
