@@ -201,7 +201,8 @@ void layout_flags(CLI::App& a, std::vector<std::string>& layouts) {
 void training_flags(CLI::App& a, TrainConfig& t) {
   auto set_float = [](float& target) { return [&target](const std::string& v) { target = *number<float>(v); }; };
   flag(a, "--epochs", t.epochs, "E", "Training", "epochs")->check(integer_in(0, kMaxCount))->capture_default_str();
-  flag(a, "--batch-size", t.batch_size, "B", "Training", "examples per step (data- and model-parallel: split over 'data')")
+  flag(a, "--batch-size", t.batch_size, "B", "Training",
+       "examples per step (data- and model-parallel: split over 'data')")
       ->check(integer_in(1, kMaxCount))->capture_default_str();
   flag(a, "--lr", set_float(t.learning_rate), "LR", "Training", "SGD learning rate")
       ->check(real([](float v, const std::string& text) {
