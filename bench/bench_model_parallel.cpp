@@ -1,9 +1,9 @@
 // bench_model_parallel: model parallelism's memory and speed on CPU devices. For each mesh shape DxM
-// ("data" x "model"; Mx1 is plain data parallel) it trains the reference CNN (28x28, the Flax MNIST model)
-// with the Megatron layout (Dense_0 column-parallel, Dense_1 row-parallel: 97 % of the weights split over
-// "model") on a global batch, in a child process of its own, and prints side by side: the floats each
-// device holds for its weights (and so for gradients and momentum), the child's peak RSS, the median step
-// time and images per second. Usage: --help.
+// ("data" x "model"; Dx1 is data parallel, bit for bit) it trains the reference CNN (28x28, the Flax MNIST
+// model) with the Megatron layout (Dense_0 column-parallel, Dense_1 row-parallel: 97 % of the weights split
+// over "model") on a global batch through the model-parallel Trainer, in a child process of its own, and
+// prints side by side: the floats each device holds for its weights (and so for gradients and momentum),
+// the child's peak RSS, the median step time and images per second. Usage: --help.
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,9 +20,7 @@
 
 #include <pmap/pmap.h>
 
-#include <pmapcc/ensemble/layout.h>
-#include <pmapcc/ensemble/step.h>
-#include <pmapcc/kernels/backend.h>
+#include <pmapcc/ensemble/trainer.h>
 
 #include "machine.h"
 
@@ -42,7 +40,7 @@ struct Options {
                "  Trains the reference CNN with Dense_0 column- and Dense_1 row-parallel over 'model' and the batch\n"
                "  split over 'data', one mesh shape per child process; prints per shape the weight floats per\n"
                "  device, peak RSS, median step time and images/s. Defaults: 1x1,2x1,1x2,2x2,1x4,4x1, batch 128,\n"
-               "  10 timed steps (after 2 warm-up steps).\n");
+               "  10 timed steps (after 2 warm-up steps) of Trainer::run_epoch.\n");
   std::exit(status);
 }
 
@@ -73,52 +71,43 @@ std::vector<std::pair<int, int>> parse_meshes(const char* text) {
 }
 
 
-// One mesh shape, in this process: prints "local_floats median_seconds".
+// Noise images and labels: the step's cost does not depend on what it learns.
+pe::Dataset noise(std::int64_t count, std::uint64_t seed) {
+  pe::Dataset d;
+  d.count = count;
+  d.rows = d.cols = 28;
+  std::vector<std::uint32_t> bits(static_cast<std::size_t>(count * (d.image_size() + 1)));
+  pmap::random_bits(pmap::key(seed), bits);
+  const auto pixels = static_cast<std::size_t>(count * d.image_size());
+  for (std::size_t i = 0; i < pixels; ++i) d.images.push_back(static_cast<std::uint8_t>(bits[i]));
+  for (std::size_t i = pixels; i < bits.size(); ++i) d.labels.push_back(static_cast<std::uint8_t>(bits[i] % 10));
+  return d;
+}
+
+// One mesh shape, in this process: the model-parallel trainer (Trainer::run_epoch: feeds, steps and the
+// per-step log gathers) for steps + 2 steps; prints "local_floats median_seconds" of the last `steps`.
 int run_one(int d_size, int m_size, int batch, int steps) {
   if (batch % d_size != 0) {
     std::fprintf(stderr, "bench_model_parallel: batch %d does not split over %d data devices\n", batch, d_size);
     return 2;
   }
-  const auto model = pe::flax_mnist_cnn();
-  const std::vector<pmap::AxisSpec> axes{{"data", d_size}, {"model", m_size}};
-  const pe::ShardingPlan plan(*model, pe::reference_cnn_layout(), axes);
-  const pe::LocalModel local = pe::local_model(*model, plan);
-  const pmap::Mesh mesh(pmap::local_devices(pmap::DeviceKind::cpu, d_size * m_size), axes);
-  const auto& be = pmap::kernels::backend_for(pmap::DeviceKind::cpu);
-  const int rows = batch / d_size;
-  std::vector<float> init(static_cast<std::size_t>(model->params_per_member()));
-  const std::vector<pmap::Key> keys{pmap::key(0)};
-  model->init(keys, init);
-  std::vector<std::unique_ptr<pe::DeviceWork>> work;
-  std::vector<pe::TrainState> states;
-  std::vector<pe::Batch> batches;
-  for (int i = 0; i < mesh.size(); ++i) {
-    const pmap::Device dev = mesh.local_devices()[static_cast<std::size_t>(i)];
-    work.push_back(std::make_unique<pe::DeviceWork>(*local.model, be, dev, 1, rows, rows, 0, steps + 2, false,
-                                                    pe::RunnerSplit{local.splits, {"data", "model"}}));
-    std::vector<float> block(static_cast<std::size_t>(plan.local_params()));
-    plan.shard(init, mesh.coords(i), block);
-    states.push_back({pmap::Array::from_host(block, {plan.local_params()}, dev),
-                      pmap::Array({plan.local_params()}, pmap::DType::f32, dev), 0});
-    pmap::Array images({rows, 28, 28, 1}, pmap::DType::f32, dev), labels({rows}, pmap::DType::i32, dev);
-    pmap::uniform(pmap::key(static_cast<std::uint64_t>(1 + mesh.coords(i)[0])), images);
-    batches.push_back({std::move(images), std::move(labels)});  // labels: class 0
-  }
-  pe::StepOptions opt;
-  opt.data_parallel = true;
-  opt.axis = "data";
-  auto step = pmap::pmap([&] {
-    const auto i = static_cast<std::size_t>(pmap::axis_index({"data", "model"}));
-    pe::train_step(states[i], *work[i], batches[i], opt);
-  }, mesh);
+  const pe::Dataset train = noise(static_cast<std::int64_t>(batch) * (steps + 2), 1), test = noise(16, 2);
+  pe::TrainConfig c;
+  c.mode = pe::Mode::model_parallel;
+  c.mesh_axis = d_size;
+  c.mesh_model = m_size;
+  c.batch_size = batch;
+  c.epochs = 1;
+  c.eval_batch = 16;
+  pe::Trainer trainer(c, train, test);
+  using Clock = std::chrono::steady_clock;
+  std::vector<Clock::time_point> at{Clock::now()};
+  trainer.run_epoch([&](const pe::StepReport&) { at.push_back(Clock::now()); });
   std::vector<double> seconds;
-  for (int s = 0; s < steps + 2; ++s) {
-    const auto t0 = std::chrono::steady_clock::now();
-    step();
-    if (s >= 2) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
+  for (std::size_t s = 3; s < at.size(); ++s)  // after 2 warm-up steps
+    seconds.push_back(std::chrono::duration<double>(at[s] - at[s - 1]).count());
   std::sort(seconds.begin(), seconds.end());
-  std::printf("%lld %.9f\n", static_cast<long long>(plan.local_params()), seconds[seconds.size() / 2]);
+  std::printf("%lld %.9f\n", static_cast<long long>(trainer.plan()->local_params()), seconds[seconds.size() / 2]);
   return 0;
 }
 
@@ -196,16 +185,18 @@ int main(int argc, char** argv) {
               bench::command_line(argc, argv).c_str());
   std::printf("reference CNN (824,458 weights), Megatron layout, global batch %d, median of %d steps\n\n", o.batch,
               o.steps);
-  std::printf("%-6s %8s %16s %14s %14s %12s %12s\n", "mesh", "devices", "weights/device", "of one model",
-              "peak RSS MB", "step ms", "images/s");
+  // w+g+m: the bytes of a device's weights, gradients and momentum (f32 each).
+  std::printf("%-6s %8s %16s %14s %12s %14s %12s %12s\n", "mesh", "devices", "weights/device", "of one model",
+              "w+g+m MB", "peak RSS MB", "step ms", "images/s");
   for (const auto& [d, m] : o.meshes) {
     Row row{d, m};
     if (!run_child(argv[0], o, row)) {
       std::fprintf(stderr, "bench_model_parallel: the %dx%d run failed\n", d, m);
       return 1;
     }
-    std::printf("%dx%-4d %8d %16lld %13.1f%% %14.1f %12.2f %12.0f\n", d, m, d * m, row.local_floats,
-                100.0 * static_cast<double>(row.local_floats) / 824458.0, row.peak_rss_mb, row.median * 1e3,
+    std::printf("%dx%-4d %8d %16lld %13.1f%% %12.2f %14.1f %12.2f %12.0f\n", d, m, d * m, row.local_floats,
+                100.0 * static_cast<double>(row.local_floats) / 824458.0,
+                12.0 * static_cast<double>(row.local_floats) / 1e6, row.peak_rss_mb, row.median * 1e3,
                 o.batch / row.median);
   }
   std::printf("\nload after: %s\n", bench::first_line("/proc/loadavg").c_str());

@@ -324,7 +324,8 @@ void Trainer::fill_batch(Feed<Batch>& feed, const std::vector<std::uint32_t>& or
 
 namespace {
 
-// The per-step log of every device along the mesh's first axis, stacked (devices, rows, members), on the host.
+// The per-step log of every device along the mesh's first axis, stacked (devices, rows, members), on the
+// host.
 struct LogOnHost {
   std::vector<float> loss;
   std::vector<std::int32_t> correct;
@@ -432,8 +433,8 @@ namespace {
 
 constexpr std::size_t kSlots = kernels::kCalibrationSlots;
 
-// One eval batch's results of every device along the mesh's first axis, on the host: (devices, members), (devices),
-// (devices, members + 1, slots); with a report, the size curve's sums and the per-image results.
+// One eval batch's results of every device along the mesh's first axis, on the host: (devices, members),
+// (devices), (devices, members + 1, slots); with a report, the size curve's sums and the per-image results.
 struct EvalOnHost {
   std::vector<float> loss;
   std::vector<std::int32_t> correct, ensemble_correct;
@@ -480,9 +481,9 @@ void add_predictions(const EvalOnHost& r, int rows, std::int64_t first, const Da
   }
 }
 
-// The sums of an evaluation over its batches, in batch order: per device along the first axis each member's loss
-// sum (loss x batch size), correct count and calibration sums; the ensemble's (device 0's: every device
-// holds the same, from a psum); the size curve's.
+// The sums of an evaluation over its batches, in batch order: per device along the first axis each
+// member's loss sum (loss x batch size), correct count and calibration sums; the ensemble's (device 0's:
+// every device holds the same, from a psum); the size curve's.
 struct EvalSums {
   EvalSums(std::size_t mesh_devices, std::size_t per_device, int curve_points)
       : devices(mesh_devices), per(per_device), loss(mesh_devices * per_device, 0.0), right(loss.size(), 0.0),

@@ -67,8 +67,8 @@ TEST_CASE("bad command lines raise UsageError naming the flag") {
   CHECK_THROWS_WITH_AS(parse_cli({"--batch-size"}), "--batch-size needs a value", UsageError);
   CHECK_THROWS_WITH_AS(parse_cli({"--bogus", "1"}), "unknown flag '--bogus'", UsageError);
   CHECK_THROWS_WITH_AS(parse_cli({"stray"}), doctest::Contains("unexpected argument 'stray'"), UsageError);
-  CHECK_THROWS_WITH_AS(parse_cli({"--mode", "fast"}), doctest::Contains("not ensemble, data-parallel or model-parallel"),
-                       UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--mode", "fast"}),
+                       doctest::Contains("not ensemble, data-parallel or model-parallel"), UsageError);
   CHECK_THROWS_WITH_AS(parse_cli({"--backend", "tpu"}), doctest::Contains("not cpu or cuda"), UsageError);
   CHECK_THROWS_WITH_AS(parse_cli({"--progress", "fancy"}), doctest::Contains("auto, bar, plain or none"), UsageError);
   CHECK_THROWS_WITH_AS(parse_cli({"--seed", "-3"}), doctest::Contains("not an integer"), UsageError);
