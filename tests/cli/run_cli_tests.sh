@@ -201,6 +201,17 @@ hl, cl = h["final"]["train_loss"], c["final"]["train_loss"]
 assert abs(hl - cl) <= 1e-5 * abs(cl), (hl, cl)
 assert abs(h["final"]["test_loss"] - c["final"]["test_loss"]) <= 1e-4 * abs(c["final"]["test_loss"])
 PY
+# The same with the weights split over 'model' (the layers' collectives around the CUDA kernels).
+expect "model parallel: cuda kernels on the host" 0 "CUDA kernels run on the host" -- "${mp[@]}" --mesh 1x2 "${few[@]}" \
+  --kernels cuda-on-host --metrics-json "$work/mp_host.json"
+expect "model parallel: cpu kernels" 0 "ensemble" -- "${mp[@]}" --mesh 1x2 "${few[@]}" --metrics-json "$work/mp_cpu.json"
+python3 - "$work/mp_host.json" "$work/mp_cpu.json" <<'PY' && pass "model parallel: cuda-on-host trains like the CPU ops" \
+  || fail "model parallel: cuda-on-host trains like the CPU ops"
+import json, sys
+h, c = (json.load(open(p))["final"] for p in sys.argv[1:])
+assert abs(h["train_loss"] - c["train_loss"]) <= 1e-5 * abs(c["train_loss"]), (h["train_loss"], c["train_loss"])
+assert abs(h["test_loss"] - c["test_loss"]) <= 1e-4 * abs(c["test_loss"])
+PY
 expect "cuda-on-host needs CPU devices" 1 "for CPU devices" -- "${run[@]}" "${few[@]}" --kernels cuda-on-host --backend cuda
 expect "bad kernels" 2 "--kernels: 'gpu' is not native or cuda-on-host" -- "$bin" --kernels gpu
 expect "bad report interval" 2 "--report-every: 0 is out of range" -- "$bin" --report-every 0
