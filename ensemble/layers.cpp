@@ -3,6 +3,8 @@
 
 #include <pmap/error.h>
 
+#include <utility>
+
 namespace pmap::ensemble {
 
 std::int64_t product(const Dims& d) {
@@ -200,6 +202,49 @@ class Flatten final : public Layer {
   }
 };
 
+class GatherFeatures final : public Layer {
+ public:
+  explicit GatherFeatures(int parts) : parts_(parts) {}
+  std::string name() const override { return "gather_features"; }
+  std::unique_ptr<Layer> clone() const override { return std::make_unique<GatherFeatures>(parts_); }
+  Dims output_shape(const Dims& in) const override {
+    Dims out = in;
+    out.back() *= parts_;
+    return out;
+  }
+  std::vector<ParamSpec> params(const Dims&) const override { return {}; }
+  bool in_place() const override { return false; }
+  std::size_t workspace_bytes(const kernels::Backend&, const LayerCall&) const override { return 0; }
+  void forward(const kernels::Backend& be, const LayerCall& c, const float* const*, const float* x, float* y,
+               void*) const override {
+    const auto [rows, block] = shape(c);
+    be.fill_zero(y, rows * block * static_cast<std::size_t>(parts_) * sizeof(float));
+    for (std::size_t r = 0; r < rows; ++r)
+      be.copy(y + (r * static_cast<std::size_t>(parts_) + static_cast<std::size_t>(c.block)) * block, x + r * block,
+              block * sizeof(float));
+  }
+  void backward(const kernels::Backend& be, const LayerCall& c, const float* const*, const float*, const float*,
+                const float* dy, float* dx, float* const*, void*) const override {
+    if (dx == nullptr) return;
+    const auto [rows, block] = shape(c);
+    for (std::size_t r = 0; r < rows; ++r)
+      be.copy(dx + r * block, dy + (r * static_cast<std::size_t>(parts_) + static_cast<std::size_t>(c.block)) * block,
+              block * sizeof(float));
+  }
+
+ private:
+  // The rows (members x examples x the positions before the last dimension) and the block's features.
+  std::pair<std::size_t, std::size_t> shape(const LayerCall& c) const {
+    if (c.block < 0 || c.block >= parts_)
+      throw ShapeError("gather_features: block " + std::to_string(c.block) + " of " + std::to_string(parts_));
+    const auto block = static_cast<std::size_t>(c.input.back());
+    return {static_cast<std::size_t>(c.members) * static_cast<std::size_t>(c.batch) *
+                static_cast<std::size_t>(product(c.input)) / block,
+            block};
+  }
+  int parts_;
+};
+
 }  // namespace
 
 std::unique_ptr<Layer> conv2d(std::string name, int features, int kernel) {
@@ -209,5 +254,9 @@ std::unique_ptr<Layer> dense(std::string name, int features) { return std::make_
 std::unique_ptr<Layer> relu() { return std::make_unique<ReLU>(); }
 std::unique_ptr<Layer> avg_pool(int window) { return std::make_unique<AvgPool>(window); }
 std::unique_ptr<Layer> flatten() { return std::make_unique<Flatten>(); }
+std::unique_ptr<Layer> gather_features(int parts) {
+  if (parts < 1) throw ValueError("gather_features: parts must be >= 1, got " + std::to_string(parts));
+  return std::make_unique<GatherFeatures>(parts);
+}
 
 }  // namespace pmap::ensemble

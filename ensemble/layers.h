@@ -1,5 +1,6 @@
-// Layers with explicit forward and backward (no tape): Conv2D, Dense, ReLU, AvgPool, Flatten. A layer
-// holds only its configuration; parameters live in the model's one contiguous buffer and are passed in.
+// Layers with explicit forward and backward (no tape): Conv2D, Dense, ReLU, AvgPool, Flatten, and for
+// model parallelism GatherFeatures. A layer holds only its configuration; parameters live in the model's
+// one contiguous buffer and are passed in.
 // Every call runs `members` ensemble members at once on member-major tensors (see kernels/ops.h).
 #pragma once
 
@@ -30,6 +31,7 @@ struct LayerCall {
   Dims input;
   bool shared_input = false;  // the input is one (N, ...) tensor read by every member
   bool relu = false;          // forward: apply the following ReLU to the output (fuses_relu_forward())
+  int block = 0;              // gather_features: this device's block of the features (its model axis index)
 };
 
 class Layer {
@@ -72,6 +74,11 @@ std::unique_ptr<Layer> dense(std::string name, int features);
 std::unique_ptr<Layer> relu();
 std::unique_ptr<Layer> avg_pool(int window = 2);  // window = stride, VALID
 std::unique_ptr<Layer> flatten();
+// Model parallelism (ensemble/layout.h): the whole features from `parts` devices' contiguous blocks of the
+// last dimension, (..., F) -> (..., parts x F). Its forward writes the input into block LayerCall::block of
+// a zeroed output, which a psum over the devices completes (ModelRunner issues it); its backward takes
+// that block of the output gradient. The copies run row by row (Backend::copy): slow for many rows.
+std::unique_ptr<Layer> gather_features(int parts);
 
 std::int64_t product(const Dims& d);
 

@@ -93,7 +93,7 @@ LayoutMap reference_cnn_layout() {
 }
 
 ShardingPlan::ShardingPlan(const Sequential& model, const LayoutMap& layouts, std::vector<AxisSpec> mesh_axes)
-    : axes_(std::move(mesh_axes)) {
+    : axes_(std::move(mesh_axes)), layouts_(layouts) {
   for (const TensorSlot& slot : model.tensors()) {
     std::optional<std::size_t> from;
     ShardedTensor t{slot.name, slot.shape, layouts.layout_of(slot.name, &from), {}, slot.shape, 0, 0};
@@ -191,6 +191,13 @@ void ShardingPlan::copy(std::span<const float> from, std::span<const int> coords
   }
 }
 
+std::optional<std::pair<PartitionSpec, std::string>> ShardingPlan::output_layout(const std::string& layer) const {
+  std::optional<std::size_t> from;
+  PartitionSpec spec = layouts_.layout_of(layer + "/output", &from);
+  if (!from) return std::nullopt;
+  return std::pair{std::move(spec), layouts_.entries()[*from].pattern};
+}
+
 namespace {
 
 // "layout of Dense_1/kernel (shape (256, 10)): ('model', None): " for the errors about one weight.
@@ -204,19 +211,57 @@ std::string axis_name(const ShardingPlan& plan, int axis) {
 
 }  // namespace
 
+namespace {
+
+// Where a layer's output features go, from its output layout (plan.output_layout): -1 whole, else the
+// index of the axis they stay split over; `none` when the map gives no output layout.
+constexpr int kNoOutputLayout = -2;
+int output_features_axis(const ShardingPlan& plan, const std::string& layer, const Dims& out_shape) {
+  const auto given = plan.output_layout(layer);
+  if (!given) return kNoOutputLayout;
+  const PartitionSpec& spec = given->first;
+  std::string shape = "(batch";
+  for (std::int64_t d : out_shape) shape += ", " + std::to_string(d);
+  const std::string about = "layout of " + layer + "/output (shape " + shape + ")): " + spec.str() +
+                            " (from pattern '" + given->second + "'): ";
+  const std::size_t rank = out_shape.size() + 1;  // with the batch dimension
+  if (spec.dims.size() > rank)
+    throw ValueError(about + "has " + std::to_string(spec.dims.size()) + " entries for a " + std::to_string(rank) +
+                     "-dimensional output");
+  if (!spec.dims.empty() && spec.dims[0] && *spec.dims[0] != "data")
+    throw ValueError(about + "the batch dimension is split over 'data' or not at all, not over '" + *spec.dims[0] +
+                     "'");
+  for (std::size_t d = 1; d + 1 < spec.dims.size(); ++d)
+    if (spec.dims[d]) throw ValueError(about + "only the last (feature) dimension of an output can be split");
+  if (spec.dims.size() < rank || !spec.dims.back()) return -1;
+  for (std::size_t a = 0; a < plan.mesh_axes().size(); ++a)
+    if (plan.mesh_axes()[a].name == *spec.dims.back()) return static_cast<int>(a);
+  throw ValueError(about + "the mesh has no axis '" + *spec.dims.back() + "'");
+}
+
+}  // namespace
+
 LocalModel local_model(const Sequential& model, const ShardingPlan& plan) {
   LocalModel out;
   std::vector<std::unique_ptr<Layer>> layers;
   int split_axis = -1;             // the axis the current activation's features are split over, or -1
   std::string split_by;            // the weight that split them
+  bool keep_split = false;         // an output layout keeps them split: gathering them is an error
+  // The features made whole where `what` needs them (a gather_features layer: one psum over the axis).
+  auto gather = [&](const std::string& what) {
+    if (keep_split)
+      throw ValueError("layout of " + split_by.substr(0, split_by.find('/')) + "/output keeps its features split " +
+                       "over " + axis_name(plan, split_axis) + ", but " + what + " needs them whole");
+    layers.push_back(gather_features(plan.mesh_axes()[static_cast<std::size_t>(split_axis)].size));
+    out.splits.push_back({LayerSplit::Kind::gather, split_axis});
+    split_axis = -1;
+  };
   for (std::size_t i = 0; i < model.layers().size(); ++i) {
     const Layer& layer = *model.layers()[i];
     const Dims& in = model.shapes()[i];
     if (layer.params(in).empty()) {
       if (split_axis >= 0 && !layer.keeps_feature_blocks(in))
-        throw ValueError("layer " + std::to_string(i) + " (" + layer.name() + ") mixes the features that " + split_by +
-                         " leaves split over " + axis_name(plan, split_axis) +
-                         ": the next layer must be row-parallel right after ReLU or AvgPool layers only");
+        gather("layer " + std::to_string(i) + " (" + layer.name() + ")");
       layers.push_back(layer.clone());
       out.splits.push_back({});
       continue;
@@ -232,6 +277,7 @@ LocalModel local_model(const Sequential& model, const ShardingPlan& plan) {
     const int in_axis = kernel.axis_of_dim[in_dim], out_axis = kernel.axis_of_dim[out_dim];
     if (in_axis >= 0 && out_axis >= 0)
       throw ValueError(about(kernel) + "splits both its input and its output features; one of them at most");
+    if (in_axis < 0 && split_axis >= 0) gather(kernel.name + " (shape " + shape_str(kernel.shape) + "), whole input");
     if (in_axis != split_axis) {
       if (split_axis >= 0)
         throw ValueError(about(kernel) + "its input arrives split over " + axis_name(plan, split_axis) + " by " +
@@ -245,21 +291,25 @@ LocalModel local_model(const Sequential& model, const ShardingPlan& plan) {
       throw ValueError(about(bias) + "a bias follows its kernel's output features: it must be " +
                        (out_axis >= 0 ? bias_wanted.str() : std::string("whole, ()")) + " as " + kernel.name +
                        " is " + kernel.spec.str());
+    const int output = output_features_axis(plan, layer.name(), model.shapes()[i + 1]);
+    if (output >= 0 && output != out_axis)
+      throw ValueError("layout of " + layer.name() + "/output: splits the features over " + axis_name(plan, output) +
+                       ", but " + kernel.name + " is " + kernel.spec.str() + ": its outputs come out " +
+                       (out_axis >= 0 ? "split over " + axis_name(plan, out_axis) : std::string("whole")));
+    keep_split = output >= 0;
     if (out_axis >= 0) {
       layers.push_back(layer.with_features(static_cast<int>(kernel.local_shape[out_dim])));
       out.splits.push_back({LayerSplit::Kind::column, out_axis});
       split_axis = out_axis;
       split_by = kernel.name;
+      if (output == -1) gather("its output layout");
     } else {
       layers.push_back(layer.clone());
       out.splits.push_back(in_axis >= 0 ? LayerSplit{LayerSplit::Kind::row, in_axis} : LayerSplit{});
       split_axis = -1;
     }
   }
-  if (split_axis >= 0)
-    throw ValueError("the logits leave " + split_by + " split over " + axis_name(plan, split_axis) +
-                     ", but the loss needs them whole: make the last Dense row-parallel after it, or keep " +
-                     split_by + " whole");
+  if (split_axis >= 0) gather("the loss (the logits)");
   out.model = std::make_unique<Sequential>(model.input_shape(), std::move(layers));
   const auto& local = out.model->tensors();  // the checks above guarantee this for the plan's own model
   bool same = local.size() == plan.tensors().size();

@@ -41,8 +41,10 @@ struct PartitionSpec {
 
 // Weight-name patterns to layouts. A pattern is an ECMAScript regular expression that must match the
 // whole name; patterns are tried in the order they were added and the first match wins; a weight that
-// no pattern matches is replicated (Keras's LayoutMap, with full matches). Lookups compile the patterns
-// again (plans are made once, for a handful of weights), which keeps <regex> out of this header.
+// no pattern matches is replicated (Keras's LayoutMap, with full matches). A layer's output is named
+// "<layer>/output" ("Dense_0/output", as Keras's "d2/output"): its layout says where split features are
+// gathered (local_model). Lookups compile the patterns again (plans are made once, for a handful of
+// weights), which keeps <regex> out of this header.
 class LayoutMap {
  public:
   struct Entry {
@@ -92,6 +94,9 @@ class ShardingPlan {
   std::int64_t local_params() const { return local_params_; }  // floats one device holds per member
   // The tensor called `name`; ValueError listing the model's weights when there is none.
   const ShardedTensor& tensor(std::string_view name) const;
+  // The layout the map gives the output of layer `layer` ("Dense_0": the name "Dense_0/output", as Keras),
+  // and the pattern that gave it; nullopt when no pattern matches (the layers decide, local_model).
+  std::optional<std::pair<PartitionSpec, std::string>> output_layout(const std::string& layer) const;
 
   // The block of the device at mesh coordinates `coords` (Mesh::coords, one per mesh axis): copies its
   // part of `full` (one member, the model's layout: Sequential::tensors() offsets) into `local`.
@@ -105,6 +110,7 @@ class ShardingPlan {
   void copy(std::span<const float> from, std::span<const int> coords, std::span<float> to) const;
 
   std::vector<AxisSpec> axes_;
+  LayoutMap layouts_;
   std::vector<ShardedTensor> tensors_;
   std::vector<std::int64_t> full_offsets_;
   std::int64_t full_params_ = 0;
@@ -112,11 +118,12 @@ class ShardingPlan {
 };
 
 // How one layer runs under a plan: whole (its weights not split over any axis), column-parallel (its
-// output features split over `axis`: each device computes a block of the outputs from the whole input), or
+// output features split over `axis`: each device computes a block of the outputs from the whole input),
 // row-parallel (its input features split over `axis`, as the column-parallel layer before it left them:
-// each device computes a partial sum of the outputs, which a psum over `axis` completes).
+// each device computes a partial sum of the outputs, which a psum over `axis` completes), or gather (a
+// gather_features layer: the whole features from the devices' blocks, through a psum over `axis`).
 struct LayerSplit {
-  enum class Kind { whole, column, row };
+  enum class Kind { whole, column, row, gather };
   Kind kind = Kind::whole;
   int axis = -1;  // index into ShardingPlan::mesh_axes(), or -1
 };
@@ -131,9 +138,13 @@ struct LocalModel {
 // Checks that the layers can run the plan's layouts (Megatron's pattern) and builds the local model. A
 // Conv2D or Dense may split its output features (the last kernel dimension, with the bias split alike) or,
 // when its input arrives split, its input features (the kernel's next-to-last dimension, over the same axis,
-// bias whole); a split input may pass only through layers that keep feature blocks (ReLU, AvgPool) on the
-// way; the logits must come out whole. Throws ValueError naming the weight, its shape, its layout and
-// what the layer cannot do.
+// bias whole). Split features pass through layers that keep feature blocks (ReLU, AvgPool) as they are; they
+// are gathered whole (a gather_features layer, one psum) where a layer needs them whole (a whole or column-
+// parallel layer, Flatten of an image) and for the logits, or right after their layer when its output
+// layout ("Dense_0/output" in the map) has the features whole: (None, None), ('data', None). An output
+// layout with the features split, (None, 'model'), keeps them split and makes a layer that would gather
+// them an error. Throws ValueError naming the weight or output, its shape, its layout and what the layer
+// cannot do.
 LocalModel local_model(const Sequential& model, const ShardingPlan& plan);
 
 }  // namespace pmap::ensemble

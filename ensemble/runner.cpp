@@ -129,11 +129,16 @@ const float* ModelRunner::forward(const float* x, int batch, const float* params
     LayerCall c = call(i, batch, count_);
     c.relu = relu_forward_[i];
     const LayerSplit& s = split_.layers[i];
-    const bool row = s.kind == LayerSplit::Kind::row;
+    const bool row = s.kind == LayerSplit::Kind::row, gather = s.kind == LayerSplit::Kind::gather;
     // The psum adds every device's partial outputs: the bias (the layer's last tensor) must count once.
     if (row && axis_index(axis_of(i)) != 0) p[layer_tensors_[i].size() - 1] = zero_bias_.data<float>();
+    Array& out = storage_[static_cast<std::size_t>(act_store_[i + 1])];
+    if (gather) {  // this device's block among zeros; all of the buffer, which the psum adds whole
+      c.block = axis_index(axis_of(i));
+      backend_.fill_zero(out.raw_data(), out.nbytes());
+    }
     model_.layers()[i]->forward(backend_, c, p.data(), act_[i], act_[i + 1], workspace_.raw_data());
-    if (row) psum_inplace(storage_[static_cast<std::size_t>(act_store_[i + 1])], axis_of(i));
+    if (row || gather) psum_inplace(out, axis_of(i));
   }
   return act_.back();
 }
@@ -153,8 +158,9 @@ void ModelRunner::backward(const float* x, const float* params, const float* dlo
     }
     const auto p = tensors_of(i, params);
     const auto g = tensors_of(i, grads);
-    model_.layers()[i]->backward(backend_, call(i, batch_, count_), p.data(), act_[i], act_[i + 1], dy, dx, g.data(),
-                                 workspace_.raw_data());
+    LayerCall c = call(i, batch_, count_);
+    if (split_.layers[i].kind == LayerSplit::Kind::gather) c.block = axis_index(axis_of(i));  // its block of dy
+    model_.layers()[i]->backward(backend_, c, p.data(), act_[i], act_[i + 1], dy, dx, g.data(), workspace_.raw_data());
     // A column-parallel layer's input gradient sums over its output blocks, one per device.
     if (dx != nullptr && split_.layers[i].kind == LayerSplit::Kind::column)
       psum_inplace(storage_[static_cast<std::size_t>(grad_store_[i])], axis_of(i));

@@ -206,9 +206,10 @@ TEST_CASE("layout: layouts the layers cannot run are refused, naming the weight,
   CHECK(error({{"Dense_1/kernel", "model,None"}}) ==
         "layout of Dense_1/kernel (shape (256, 10)): ('model', None): splits its input features over 'model', but "
         "its input arrives whole: a row-parallel layer must follow a column-parallel one");
-  CHECK(error({{"Dense_0/kernel", "None,model"}, {"Dense_0/bias", "model"}}) ==
-        "layout of Dense_1/kernel (shape (256, 10)): (None, None): its input arrives split over 'model' by "
-        "Dense_0/kernel, so dimension 0 must be split over 'model' too (row-parallel)");
+  // Split features that an output layout keeps split, where a layer or the loss needs them whole.
+  CHECK(error({{"Dense_0/kernel", "None,model"}, {"Dense_0/bias", "model"}, {"Dense_0/output", "data,model"}}) ==
+        "layout of Dense_0/output keeps its features split over 'model', but Dense_1/kernel (shape (256, 10)), whole "
+        "input needs them whole");
   CHECK(error({{"Dense_0/kernel", "None,model"}, {"Dense_1/kernel", "model,None"}}) ==
         "layout of Dense_0/bias (shape (256,)): (None,): a bias follows its kernel's output features: it must be "
         "('model',) as Dense_0/kernel is (None, 'model')");
@@ -216,12 +217,23 @@ TEST_CASE("layout: layouts the layers cannot run are refused, naming the weight,
                {"Dense_1/bias", "model"}}) ==
         "layout of Dense_1/bias (shape (10,)): ('model',): a bias follows its kernel's output features: it must be "
         "whole, () as Dense_1/kernel is ('model', None)");
-  CHECK(error({{"Dense_1/kernel", "None,model"}, {"Dense_1/bias", "model"}}) ==
-        "the logits leave Dense_1/kernel split over 'model', but the loss needs them whole: make the last Dense "
-        "row-parallel after it, or keep Dense_1/kernel whole");
-  CHECK(error({{"Conv_1/kernel", "None,None,None,model"}, {"Conv_1/bias", "model"}}) ==
-        "layer 6 (flatten) mixes the features that Conv_1/kernel leaves split over 'model': the next layer must be "
-        "row-parallel right after ReLU or AvgPool layers only");
+  CHECK(error({{"Dense_1/kernel", "None,model"}, {"Dense_1/bias", "model"}, {"Dense_1/output", "None,model"}}) ==
+        "layout of Dense_1/output keeps its features split over 'model', but the loss (the logits) needs them whole");
+  CHECK(error({{"Conv_1/kernel", "None,None,None,model"}, {"Conv_1/bias", "model"},
+               {"Conv_1/output", "None,None,None,model"}}) ==
+        "layout of Conv_1/output keeps its features split over 'model', but layer 6 (flatten) needs them whole");
+  // Output layouts the layers cannot give.
+  CHECK(error({{"Dense_0/output", "None,model"}}) ==
+        "layout of Dense_0/output: splits the features over 'model', but Dense_0/kernel is (None, None): its outputs "
+        "come out whole");
+  CHECK(error({{"Dense_0/kernel", "None,model"}, {"Dense_0/bias", "model"}, {"Dense_0/output", "model,None"}}) ==
+        "layout of Dense_0/output (shape (batch, 256)): ('model', None) (from pattern 'Dense_0/output'): the batch "
+        "dimension is split over 'data' or not at all, not over 'model'");
+  CHECK(error({{"Dense_0/output", "None,None,None"}}).find("has 3 entries for a 2-dimensional output") !=
+        std::string::npos);
+  CHECK(error({{"Conv_0/output", "None,model,None,None"}}).find("only the last (feature) dimension of an output") !=
+        std::string::npos);
+  CHECK(error({{"Dense_0/output", "None,expert"}}).find("the mesh has no axis 'expert'") != std::string::npos);
   LayoutMap spatial;
   spatial.add("Conv_0/kernel", PartitionSpec::parse("model,None,None,None"));  // (3, 3, 1, 32) over 3 devices
   CHECK(error_of([&] { (void)pmap::ensemble::local_model(*model, ShardingPlan(*model, spatial, {{"model", 3}})); }) ==
@@ -335,9 +347,21 @@ TEST_CASE("layout: column- then row-parallel layers over 2 and 4 devices compute
   conv.add("Conv_0/bias", PartitionSpec::parse("model"));
   conv.add("Conv_1/kernel", PartitionSpec::parse("None,None,model,None"));
   const LayoutMap dense = megatron(), none;
+  // Gathered features: Dense_0 column-parallel with Dense_1 whole (gathered after the ReLU, where Dense_1
+  // needs them, or right after Dense_0 by its output layout); Conv_1 column-parallel, gathered for Flatten.
+  LayoutMap gather_late, gather_early, gather_conv;
+  for (LayoutMap* m : {&gather_late, &gather_early}) {
+    m->add("Dense_0/kernel", PartitionSpec::parse("None,model"));
+    m->add("Dense_0/bias", PartitionSpec::parse("model"));
+  }
+  gather_early.add("Dense_0/output", PartitionSpec::parse("('data', None)"));
+  gather_conv.add("Conv_1/kernel", PartitionSpec::parse("None,None,None,model"));
+  gather_conv.add("Conv_1/bias", PartitionSpec::parse("model"));
   // The collectives each layout needs, and no more: dense, a psum after Dense_1's forward and one after
-  // Dense_0's backward; conv adds Conv_1's forward psum (Conv_0, the first layer, has no input gradient).
-  const std::pair<const LayoutMap*, std::uint64_t> cases[] = {{&dense, 2}, {&conv, 3}, {&none, 0}};
+  // Dense_0's backward; conv adds Conv_1's forward psum (Conv_0, the first layer, has no input gradient);
+  // a gather is one psum in the forward, and the column-parallel layer's backward one more.
+  const std::pair<const LayoutMap*, std::uint64_t> cases[] = {
+      {&dense, 2}, {&conv, 3}, {&none, 0}, {&gather_late, 2}, {&gather_early, 2}, {&gather_conv, 2}};
   for (const auto& [layouts, collectives] : cases)
     for (int devices : {2, 4}) {
       CAPTURE(devices);

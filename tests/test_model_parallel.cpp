@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include <unistd.h>
@@ -170,11 +171,20 @@ TEST_CASE("the model-parallel trainer: a Dx1 mesh is data parallel bit for bit, 
   CHECK(a.member_test_accuracy == b.member_test_accuracy);
   CHECK(a.ensemble_test_accuracy == b.ensemble_test_accuracy);
   const pe::EpochMetrics ref = dp.run_epoch();
-  const std::pair<int, int> meshes[] = {{1, 2}, {2, 2}, {1, 4}};
-  for (const auto& [d, m] : meshes) {
+  // The last mesh with Dense_0's outputs gathered whole (its output layout) and Dense_1 whole.
+  pe::LayoutMap gathered;
+  gathered.add("Dense_0/kernel", pe::PartitionSpec::parse("None,model"));
+  gathered.add("Dense_0/bias", pe::PartitionSpec::parse("model"));
+  gathered.add("Dense_0/output", pe::PartitionSpec::parse("data,None"));
+  const std::tuple<int, int, const pe::LayoutMap*> meshes[] = {{1, 2, nullptr}, {2, 2, nullptr}, {1, 4, nullptr},
+                                                              {2, 2, &gathered}};
+  for (const auto& [d, m, layout] : meshes) {
     CAPTURE(d);
     CAPTURE(m);
-    pe::Trainer t(config(pe::Mode::model_parallel, d, m), data().train, data().test);
+    CAPTURE(layout != nullptr);
+    pe::TrainConfig c = config(pe::Mode::model_parallel, d, m);
+    if (layout != nullptr) c.layout = *layout;
+    pe::Trainer t(c, data().train, data().test);
     const pe::EpochMetrics e = t.run_epoch();
     const float rel = relative_diff(dp.params(), t.params());
     MESSAGE("trainer ", d, "x", m, " after 10 steps: max |w - w_1| / max |w| = ", rel);
@@ -183,7 +193,7 @@ TEST_CASE("the model-parallel trainer: a Dx1 mesh is data parallel bit for bit, 
     CHECK(e.train_loss == doctest::Approx(ref.train_loss).epsilon(1e-5));
     CHECK(e.test_loss == doctest::Approx(ref.test_loss).epsilon(1e-5));
     CHECK(e.member_test_accuracy.size() == 1);
-    pe::Trainer again(config(pe::Mode::model_parallel, d, m), data().train, data().test);
+    pe::Trainer again(c, data().train, data().test);
     again.run_epoch();
     CHECK(again.params() == t.params());  // bitwise, run after run
   }

@@ -159,6 +159,12 @@ expect "model parallel: mesh and devices disagree" 1 "--mesh 2x2 needs 4 devices
   --devices 2 --mesh 2x2 --epochs 1
 expect "model parallel: a layout the layers cannot run" 1 "Dense_1/kernel" -- "${mp[@]}" --mesh 1x2 --epochs 1 \
   --layout Dense_1/kernel=None,model
+# Dense_1 whole: Dense_0's split outputs are gathered for it (one psum); an output layout that keeps them
+# split cannot run.
+expect "model parallel: gathered for a whole Dense_1" 0 "weights split over 'model': Dense_0/kernel \\(None, 'model'\\), Dense_0/bias \\('model',\\); the rest" \
+  -- "${mp[@]}" --mesh 1x2 --epochs 1 --train-limit 128 --test-limit 100 --layout 'Dense_1/kernel=()'
+expect "model parallel: an output layout that cannot be kept" 1 "Dense_0/output keeps its features split over 'model', but Dense_1/kernel" \
+  -- "${mp[@]}" --mesh 1x2 --epochs 1 --layout 'Dense_1/kernel=()' --layout "Dense_0/output=('data', 'model')"
 expect "model parallel: a weight split over 'data'" 1 "splits it over 'data', which holds other examples" -- \
   "${mp[@]}" --mesh 2x1 --epochs 1 --layout Dense_0/kernel=None,data
 expect "bad mesh" 2 "--mesh: '2x' is not AxM" -- "$bin" --mesh 2x
