@@ -17,7 +17,8 @@
 #              captured train steps included) and a short mnist_ensemble --backend cuda run
 #   train      mnist_ensemble --backend cuda, 1, 4 and 8 members on one GPU, against --backend cpu:
 #              initial parameters bitwise equal, a 20-step loss trajectory within 1e-4, and the same GPU
-#              run twice bitwise equal (losses and checkpoint tensors)
+#              run twice bitwise equal (losses and checkpoint tensors); and --mode model-parallel --mesh 1x2
+#              against the CPU (20-step losses within 1e-4)
 #   bench      bench_cuda_train beside ../shared/anchors' torch_cnn_ensemble.py --device cuda and
 #              jax_cnn_ensemble.py (ANCHORS=DIR to point elsewhere), 1, 4 and 8 members
 #   summary    one JSON file, bench/results/gpu-checks-<device>-<date>.json: the device, versions, every
@@ -190,6 +191,21 @@ PY
       echo "FAIL $m member(s): two GPU runs end with different parameters"; rc=1
     fi
   done
+  # Model parallelism: one model's dense weights split over 2 devices (virtual devices sharing the GPU when
+  # there is one GPU), the split layers' psums and gathers between the CUDA kernels, against the same mesh
+  # of CPU devices: 20 steps' losses within 1e-4.
+  local mp=("$program" --data "$d" --mode model-parallel --mesh 1x2 --devices 2 --test-limit 1000 --progress none
+            --train-limit 128 --batch-size 128 --epochs 20)
+  "${mp[@]}" --backend cpu --metrics-json "$w/mp-cpu.json" >/dev/null || return 1
+  "${mp[@]}" --backend cuda --metrics-json "$w/mp-gpu.json" >/dev/null || return 1
+  python3 - "$w/mp-cpu.json" "$w/mp-gpu.json" <<'PY' || rc=1
+import json, sys
+cpu, gpu = ([e["train_loss"] for e in json.load(open(p))["epochs"]] for p in sys.argv[1:3])
+worst = max(abs(a - b) / abs(b) for a, b in zip(gpu, cpu))
+print(f"{'ok  ' if worst <= 1e-4 else 'FAIL'} model parallel 1x2: 20-step loss trajectory GPU vs CPU, worst relative "
+      f"difference {worst:.2e}")
+sys.exit(0 if worst <= 1e-4 else 1)
+PY
   [[ $rc -eq 0 ]] && echo "train: all checks passed"
   return $rc
 }
