@@ -209,12 +209,8 @@ std::string axis_name(const ShardingPlan& plan, int axis) {
   return "'" + plan.mesh_axes()[static_cast<std::size_t>(axis)].name + "'";
 }
 
-}  // namespace
-
-namespace {
-
 // Where a layer's output features go, from its output layout (plan.output_layout): -1 whole, else the
-// index of the axis they stay split over; `none` when the map gives no output layout.
+// index of the axis they stay split over; kNoOutputLayout when the map gives the output no layout.
 constexpr int kNoOutputLayout = -2;
 int output_features_axis(const ShardingPlan& plan, const std::string& layer, const Dims& out_shape) {
   const auto given = plan.output_layout(layer);

@@ -355,13 +355,15 @@ TEST_CASE("layout: column- then row-parallel layers over 2 and 4 devices compute
     m->add("Dense_0/bias", PartitionSpec::parse("model"));
   }
   gather_early.add("Dense_0/output", PartitionSpec::parse("('data', None)"));
+  LayoutMap keras = megatron();  // the Keras example's d2/output: whole already (Dense_1 row-parallel)
+  keras.add("Dense_1/output", PartitionSpec::parse("data,None"));
   gather_conv.add("Conv_1/kernel", PartitionSpec::parse("None,None,None,model"));
   gather_conv.add("Conv_1/bias", PartitionSpec::parse("model"));
   // The collectives each layout needs, and no more: dense, a psum after Dense_1's forward and one after
   // Dense_0's backward; conv adds Conv_1's forward psum (Conv_0, the first layer, has no input gradient);
   // a gather is one psum in the forward, and the column-parallel layer's backward one more.
   const std::pair<const LayoutMap*, std::uint64_t> cases[] = {
-      {&dense, 2}, {&conv, 3}, {&none, 0}, {&gather_late, 2}, {&gather_early, 2}, {&gather_conv, 2}};
+      {&dense, 2}, {&conv, 3}, {&none, 0}, {&keras, 2}, {&gather_late, 2}, {&gather_early, 2}, {&gather_conv, 2}};
   for (const auto& [layouts, collectives] : cases)
     for (int devices : {2, 4}) {
       CAPTURE(devices);

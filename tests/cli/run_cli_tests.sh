@@ -130,9 +130,12 @@ same_tensors "$work/ck1.safetensors" "$work/ck0b.safetensors" && pass "resume fr
 mp=("$bin" --data "$work/data" --mode model-parallel --batch-size 64 --progress plain)
 dense_split="Dense_0/kernel \\(None, 'model'\\), Dense_0/bias \\('model',\\), Dense_1/kernel \\('model', None\\)"
 expect "model parallel 1x2" 0 "weights split over 'model': $dense_split; the rest replicated: 421642 of 824458" -- \
-  "${mp[@]}" --mesh 1x2 --epochs 1 --save "$work/mp1.safetensors" --metrics-json "$work/mp.json"
+  "${mp[@]}" --mesh 1x2 --epochs 1 --save "$work/mp1.safetensors" --metrics-json "$work/mp.json" \
+  --plot "$work/mp.svg" --predict "$work/mp.csv"
 grep -q "Mesh(data=1, model=2" "$work/out" && pass "model parallel: the header names the mesh" \
   || fail "model parallel: the header names the mesh"
+grep -q "</svg>" "$work/mp.svg" && [ "$(wc -l <"$work/mp.csv")" = 201 ] && pass "model parallel: plot and predictions" \
+  || fail "model parallel: plot and predictions"
 python3 - "$work/mp.json" <<'PY' && pass "model parallel: mesh and layout in the metrics" || fail "model parallel: mesh and layout in the metrics"
 import json, sys
 c = json.load(open(sys.argv[1]))["config"]
