@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <random>
@@ -66,6 +67,31 @@ inline int thread_count() {
     closedir(dir);
   }
   return n;
+}
+
+// A joined thread can stay listed in /proc/self/task for a moment (the kernel wakes the joiner before it
+// removes the task), so a count is read until it reaches `expected` or `patience` runs out; a leaked thread
+// keeps the count above `expected` for good.
+inline int settled_thread_count(int expected, std::chrono::milliseconds patience = std::chrono::seconds(5)) {
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  int n = thread_count();
+  while (n != expected && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    n = thread_count();
+  }
+  return n;
+}
+
+// The process's own threads (main and any runtime helpers) without threads that are still exiting: the
+// fewest seen over `window`.
+inline int baseline_thread_count(std::chrono::milliseconds window = std::chrono::milliseconds(200)) {
+  const auto deadline = std::chrono::steady_clock::now() + window;
+  int fewest = thread_count();
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    fewest = std::min(fewest, thread_count());
+  }
+  return fewest;
 }
 
 // A uniform integer in [0, n).

@@ -41,7 +41,7 @@ TEST_CASE("randomized collective faults never hang, reach every device, name the
   MESSAGE("fault stress: seed " << seed << " (PMAPCC_STRESS_SEED=" << seed << " reproduces it), " << budget << " s");
   std::mt19937 rng(static_cast<unsigned>(seed));
   { pmap::Mesh warm(pmap::local_devices(pmap::DeviceKind::cpu, 2), "w"); }  // runtimes' helper threads start
-  const int threads_before = thread_count();
+  const int threads_before = baseline_thread_count();
   const auto start = Clock::now();
   int calls = 0, faulted = 0, meshes = 0;
   std::vector<int> by_fault(kFaultKinds, 0);
@@ -119,7 +119,7 @@ TEST_CASE("randomized collective faults never hang, reach every device, name the
       CHECK(std::count(ok.begin(), ok.end(), n) == n);
     }
   }
-  CHECK(thread_count() == threads_before);  // every mesh's threads are gone
+  CHECK(settled_thread_count(threads_before) == threads_before);  // every mesh's threads are gone
   MESSAGE("fault stress: " << calls << " calls on " << meshes << " meshes, " << faulted << " with a fault (exception "
                            << by_fault[1] << ", early return " << by_fault[2] << ", op " << by_fault[3] << ", shape "
                            << by_fault[4] << ", dtype " << by_fault[5] << ", sleep " << by_fault[6] << ")");
