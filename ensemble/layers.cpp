@@ -218,7 +218,6 @@ class GatherFeatures final : public Layer {
   void forward(const kernels::Backend& be, const LayerCall& c, const float* const*, const float* x, float* y,
                void*) const override {
     const auto [rows, block] = shape(c);
-    be.fill_zero(y, rows * block * static_cast<std::size_t>(parts_) * sizeof(float));
     for (std::size_t r = 0; r < rows; ++r)
       be.copy(y + (r * static_cast<std::size_t>(parts_) + static_cast<std::size_t>(c.block)) * block, x + r * block,
               block * sizeof(float));

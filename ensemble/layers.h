@@ -76,8 +76,9 @@ std::unique_ptr<Layer> avg_pool(int window = 2);  // window = stride, VALID
 std::unique_ptr<Layer> flatten();
 // Model parallelism (ensemble/layout.h): the whole features from `parts` devices' contiguous blocks of the
 // last dimension, (..., F) -> (..., parts x F). Its forward writes the input into block LayerCall::block of
-// a zeroed output, which a psum over the devices completes (ModelRunner issues it); its backward takes
-// that block of the output gradient. The copies run row by row (Backend::copy): slow for many rows.
+// the output and leaves the other blocks as they are: the caller zeroes the output first, and a psum over
+// the devices completes it (ModelRunner does both); its backward takes that block of the output gradient.
+// The copies run row by row (Backend::copy): slow for many rows.
 std::unique_ptr<Layer> gather_features(int parts);
 
 std::int64_t product(const Dims& d);

@@ -23,11 +23,14 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// --mesh as given: "AxM" ("0x0" when not given).
+std::string mesh_text(const TrainConfig& c) { return std::to_string(c.mesh_axis) + "x" + std::to_string(c.mesh_model); }
+
 // The mesh's axes: the mode's axis ("ensemble" or "data") by "model" when --mesh was given or weights are
 // split (2-D), else the mode's axis over every device (1-D, as before model parallelism).
 std::vector<AxisSpec> mesh_axes(const TrainConfig& c, int devices) {
   const std::string first = c.mode == Mode::ensemble ? "ensemble" : "data";
-  const std::string given = std::to_string(c.mesh_axis) + "x" + std::to_string(c.mesh_model);
+  const std::string given = mesh_text(c);
   if (c.mesh_axis > 0 && c.mesh_axis * c.mesh_model != devices)
     throw ValueError("--mesh " + given + " needs " + std::to_string(c.mesh_axis * c.mesh_model) +
                      " devices, the run has " + std::to_string(devices) +
@@ -52,8 +55,8 @@ Mesh build_mesh(const TrainConfig& c) {
   if (c.devices == 0 && c.mesh_axis > 0) {
     const int want = c.mesh_axis * c.mesh_model;
     if (want % processes != 0)
-      throw ValueError("--mesh " + std::to_string(c.mesh_axis) + "x" + std::to_string(c.mesh_model) + ": its " +
-                       std::to_string(want) + " devices do not split evenly over the " + std::to_string(processes) +
+      throw ValueError("--mesh " + mesh_text(c) + ": its " + std::to_string(want) +
+                       " devices do not split evenly over the " + std::to_string(processes) +
                        " processes (give --devices per process)");
     local_n = want / processes;
   }
@@ -74,7 +77,7 @@ void check_config(const TrainConfig& c, int devices, const Dataset& train, const
   if (!(c.momentum >= 0 && c.momentum < 1)) bad("--momentum must be in [0, 1), got " + std::to_string(c.momentum));
   if (c.eval_batch < 1) bad("eval batch must be >= 1");
   if (c.report_every < 0) bad("report_every must be >= 0 (0: automatic), got " + std::to_string(c.report_every));
-  const std::string over = c.mesh_model > 1 || c.mode == Mode::model_parallel
+  const std::string over = c.splits_weights()
                                ? "the " + std::to_string(devices) + " devices of --mesh's first axis"
                                : "--devices " + std::to_string(devices);
   if (c.mode == Mode::ensemble && c.members % devices != 0)
@@ -160,7 +163,7 @@ io::Json TrainConfig::to_json() const {
   j["devices"] = devices;
   j["members"] = members;
   j["mode"] = ensemble::to_string(mode);
-  j["mesh"] = std::to_string(mesh_axis) + "x" + std::to_string(mesh_model);
+  j["mesh"] = mesh_text(*this);
   if (splits_weights()) {
     io::Json entries = io::Json::array();
     for (const LayoutMap::Entry& e : layout.entries())

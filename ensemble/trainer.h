@@ -168,9 +168,9 @@ class Trainer {
   // stacked params and momentum, at `step`.
   std::vector<float> stacked(Array TrainState::*field) const;
   void restore(const std::vector<float>& params, const std::vector<float>& momentum, std::int64_t step);
-  // Fills a feed's next host batch with examples order[begin, begin + size) of data.
   // The model a device runs: the local model when weights are split, else the model.
   const Sequential& device_model() const { return local_.model ? *local_.model : *model_; }
+  // Fills a feed's next host batch with examples order[begin, begin + size) of data.
   void fill_batch(Feed<Batch>& feed, const std::vector<std::uint32_t>& order, std::int64_t begin, int size,
                   const Dataset& data, bool own_rows_only);
 

@@ -2,10 +2,14 @@
 // square whose position encodes the label.
 #pragma once
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include <pmap/random.h>
@@ -53,6 +57,13 @@ inline float max_abs_diff(const std::vector<float>& a, const std::vector<float>&
   float m = 0;
   for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
   return m;
+}
+
+// A directory of this process's own for a test's files, created: <temp>/<prefix>_<pid>.
+inline std::filesystem::path scratch_dir(const std::string& prefix) {
+  auto dir = std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return dir;
 }
 
 }  // namespace pmap::testing

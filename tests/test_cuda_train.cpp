@@ -6,7 +6,6 @@
 
 #include <cmath>
 #include <filesystem>
-#include <unistd.h>
 
 #include <pmapcc/ensemble/trainer.h>
 #include "synthetic.h"
@@ -74,8 +73,7 @@ TEST_CASE("cuda training: virtual devices on one GPU and data parallel match the
 
 TEST_CASE("cuda training: a checkpoint written on the GPU resumes on the CPU and back") {
   PMAPCC_REQUIRE_GPU();
-  const auto dir = std::filesystem::temp_directory_path() / ("pmapcc_cuda_train_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const auto dir = pmap::testing::scratch_dir("pmapcc_cuda_train");
   Trainer gpu(config(pmap::DeviceKind::cuda, 1, 2), data().train, data().test);
   gpu.run_epoch();
   gpu.save_checkpoint(dir / "gpu.safetensors");

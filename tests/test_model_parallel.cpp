@@ -12,8 +12,6 @@
 #include <tuple>
 #include <vector>
 
-#include <unistd.h>
-
 #include <pmap/pmap.h>
 
 #include <pmapcc/ensemble/layout.h>
@@ -150,9 +148,7 @@ float relative_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 std::filesystem::path temp_path(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("pmapcc_model_parallel_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  return dir / name;
+  return pmap::testing::scratch_dir("pmapcc_model_parallel") / name;
 }
 
 }  // namespace

@@ -32,9 +32,7 @@ TrainConfig small(int devices, int members, int epochs = 1) {
 using pmap::testing::max_abs_diff;
 
 std::filesystem::path temp_path(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("pmapcc_trainer_test_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  return dir / name;
+  return pmap::testing::scratch_dir("pmapcc_trainer_test") / name;
 }
 
 }  // namespace
