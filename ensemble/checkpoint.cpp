@@ -1,5 +1,7 @@
-// Trainer checkpoints: every member's parameters and momentum as (members, ...) safetensors tensors,
-// with the step, epoch, keys, configuration and history in __metadata__. Written atomically.
+// Trainer checkpoints: every member's parameters ("params/<tensor>") and optimizer state
+// ("opt/<slot>/<tensor>") as (members, ...) safetensors tensors, with the step, epoch, keys, configuration
+// (the optimizer's included) and history in __metadata__. Written atomically. Version 1 files (SGD only,
+// the momentum as "momentum/<tensor>", no optimizer fields) still load.
 #include <algorithm>
 #include <cmath>
 
@@ -26,7 +28,8 @@ using io::TensorEntry;
 
 namespace {
 
-constexpr const char* kFormat = "pmapcc.ensemble.v1";
+constexpr const char* kFormat = "pmapcc.ensemble.v2";
+constexpr const char* kFormatV1 = "pmapcc.ensemble.v1";
 
 std::vector<std::int64_t> stacked_shape(std::int64_t members, const Dims& per_member) {
   std::vector<std::int64_t> s{members};
@@ -40,23 +43,44 @@ std::string shape_text(const std::vector<std::int64_t>& s) {
   return out + ")";
 }
 
-// Two recorded values of a field agree. lr and momentum are floats: compared as such (checkpoints before
-// the configuration was recorded as given hold the float's exact double, 0.10000000149011612).
+// A float recorded in a configuration, or a per-member list of them.
+bool same_floats(const Json& a, const Json& b) {
+  if (a.is_number() && b.is_number()) return static_cast<float>(a.get<double>()) == static_cast<float>(b.get<double>());
+  if (!a.is_array() || !b.is_array() || a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!same_floats(a[i], b[i])) return false;
+  return true;
+}
+
+// Two recorded values of a field agree. Floats are compared as such (checkpoints before the configuration
+// was recorded as given hold the float's exact double, 0.10000000149011612).
 bool same_setting(std::string_view field, const Json& a, const Json& b) {
-  if ((field == "lr" || field == "momentum") && a.is_number() && b.is_number())
-    return static_cast<float>(a.get<double>()) == static_cast<float>(b.get<double>());
+  for (const char* f : {"lr", "momentum", "weight_decay", "clip_norm", "epsilon"})
+    if (field == f) return same_floats(a, b);
   return a == b;
 }
 
-// The fields a resumed run must share with the run that wrote the checkpoint to continue exactly. A
-// checkpoint without "dataset" was written on MNIST (the only data there was).
+// What a checkpoint written before a field was recorded ran with: MNIST (the only data there was), and
+// before optimizers were parts, SGD with momentum, constant rate, no decay or clipping.
+const Json* legacy_value(std::string_view field) {
+  static const Json values{{"dataset", "mnist"},     {"optimizer", "sgd"},    {"nesterov", false},
+                           {"weight_decay", 0.0},    {"clip_norm", 0.0},      {"lr_schedule", "constant"},
+                           {"warmup_steps", 0}};
+  const std::string key(field);
+  return values.contains(key) ? &values[key] : nullptr;
+}
+
+// The fields a resumed run must share with the run that wrote the checkpoint to continue exactly: the
+// recipe, and every optimizer field this run records.
 void check_same(const SafetensorsFile& f, const Json& saved, const Json& now) {
   const JsonView s(saved, f.path.string(), "__metadata__.config");
-  const Json mnist("mnist");
-  for (const char* field : {"mode", "members", "seed", "batch_size", "lr", "momentum", "train_limit", "dataset"}) {
-    const Json* a = saved.contains(field) ? &saved[field] : nullptr;
+  std::vector<std::string> fields{"mode", "members", "seed", "batch_size", "train_limit", "dataset", "optimizer"};
+  for (const char* o : {"lr", "momentum", "nesterov", "beta_1", "beta_2", "epsilon", "weight_decay", "clip_norm",
+                        "lr_schedule", "warmup_steps", "decay_steps"})
+    if (now.contains(o)) fields.emplace_back(o);
+  for (const std::string& field : fields) {
+    const Json* a = saved.contains(field) ? &saved[field] : legacy_value(field);
     const Json& b = now.at(field);
-    if (a == nullptr && std::string_view(field) == "dataset") a = &mnist;
     if (a == nullptr) s.fail(std::string("missing field '") + field + "'");
     if (!same_setting(field, *a, b))
       throw DataError(f.path.string() + ": the checkpoint was written with " + field + " = " + dump_json(*a) +
@@ -88,9 +112,10 @@ std::vector<float> read_stacked(const SafetensorsFile& f, const std::string& pre
 void Trainer::save_checkpoint(const std::filesystem::path& path) const {
   std::vector<TensorEntry> tensors;
   const std::int64_t m = total_members_;
-  for (auto [prefix, field] :
-       {std::pair{"params/", &TrainState::params}, std::pair{"momentum/", &TrainState::momentum}}) {
-    const std::vector<float> all = stacked(field);
+  std::vector<std::pair<std::string, std::string>> variables{{"params/", "params"}};
+  for (const std::string& slot : optimizer_->slots()) variables.emplace_back("opt/" + slot + "/", slot);
+  for (const auto& [prefix, name] : variables) {
+    const std::vector<float> all = stacked(name);
     for (const auto& t : model_->tensors()) {
       std::span<const float> block(all.data() + t.offset * m, static_cast<std::size_t>(t.size * m));
       tensors.push_back(make_tensor<float>(prefix + t.name, stacked_shape(m, t.shape), block));
@@ -121,7 +146,8 @@ SafetensorsFile load_checkpoint_file(const std::filesystem::path& path) {
   SafetensorsFile f = load_safetensors(path);
   auto it = f.metadata.find("format");
   if (it == f.metadata.end()) throw DataError(path.string() + ": __metadata__ has no 'format': not a pmapcc checkpoint");
-  if (it->second != kFormat) throw DataError(path.string() + ": format '" + it->second + "' is not " + kFormat);
+  if (it->second != kFormat && it->second != kFormatV1)
+    throw DataError(path.string() + ": format '" + it->second + "' is not " + kFormat + " (or " + kFormatV1 + ")");
   return f;
 }
 
@@ -174,7 +200,7 @@ void Trainer::load_members(const std::filesystem::path& path, const std::vector<
   }
   const auto n = static_cast<std::int64_t>(pick.size());
   const std::vector<float> params = stack_members(*model_, blocks, static_cast<int>(n), 1, n);
-  restore(params, std::vector<float>(params.size(), 0.0f), 0);
+  restore(params, zero_optimizer_state(), 0);
   epochs_done_ = s.epochs_done;
   history_.clear();
 }
@@ -195,11 +221,16 @@ void Trainer::load_checkpoint(const std::filesystem::path& path) {
   std::vector<EpochMetrics> restored;
   for (std::size_t i = 0; i < hv.size(); ++i) restored.push_back(epoch_metrics_from_json(hv[i]));
   const auto params = read_stacked(f, "params/", *model_, total_members_);
-  const auto momentum = read_stacked(f, "momentum/", *model_, total_members_);
-  if (f.tensors.size() != 2 * model_->tensors().size())
-    throw DataError(path.string() + ": holds " + std::to_string(f.tensors.size()) + " tensors, this model has " +
-                    std::to_string(2 * model_->tensors().size()));
-  restore(params, momentum, step);
+  // Version 1: SGD's momentum as "momentum/<tensor>" (check_same has made sure the optimizer is SGD).
+  const bool v1 = f.metadata.at("format") == kFormatV1;
+  std::map<std::string, std::vector<float>> opt;
+  for (const std::string& slot : optimizer_->slots())
+    opt[slot] = read_stacked(f, v1 ? slot + "/" : "opt/" + slot + "/", *model_, total_members_);
+  const std::size_t tensors = (1 + optimizer_->slots().size()) * model_->tensors().size();
+  if (f.tensors.size() != tensors)
+    throw DataError(path.string() + ": holds " + std::to_string(f.tensors.size()) + " tensors, this model and " +
+                    optimizer_->name() + " have " + std::to_string(tensors));
+  restore(params, opt, step);
   epochs_done_ = static_cast<int>(epochs);
   history_ = std::move(restored);
 }

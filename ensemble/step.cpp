@@ -1,4 +1,4 @@
-// train_step and eval_step: forward, loss, backward, [pmean of gradients], SGD; the ensemble's
+// train_step and eval_step: forward, loss, backward, [pmean of gradients], the optimizer's update; the ensemble's
 // probability averaging across the mesh axis; the per-member metrics, all on the device.
 #include <pmapcc/ensemble/step.h>
 
@@ -35,10 +35,9 @@ int rows_of(const Batch& b, const DeviceWork& work, const char* step) {
   return static_cast<int>(rows);
 }
 
-void sgd_update(TrainState& state, DeviceWork& work, const StepOptions& opt) {
-  work.backend.sgd_momentum_update(opt.sgd, static_cast<std::size_t>(state.params.size()),
-                                   state.params.data<float>(), state.momentum.data<float>(),
-                                   work.grads.data<float>());
+void update(TrainState& state, DeviceWork& work, const StepOptions& opt) {
+  optimizer_step(*opt.optimizer, opt.update, work.backend.optimizer(), work.runner.model(), work.optimizer, state,
+                 work.grads.data<float>());
 }
 
 }  // namespace
@@ -55,10 +54,12 @@ bool splits_any(const RunnerSplit& split) {
 }  // namespace
 
 DeviceWork::DeviceWork(const Sequential& model, const kernels::Backend& be, Device device, int members, int max_rows,
-                       int max_eval_batch, int member_group, int log_rows, bool graphs, RunnerSplit split)
+                       int max_eval_batch, int member_group, int log_rows, OptimizerWork opt, bool graphs,
+                       RunnerSplit split)
     : backend(be),
       runner(model, be, device, members, max_rows,
              member_group == 0 ? default_member_group(device, members) : member_group, split),
+      optimizer(std::move(opt)),
       grads(Shape{members * model.params_per_member()}, DType::f32, device),
       dlogits(Shape{runner.group(), max_rows, classes_of(model)}, DType::f32, device),
       xent_ws(Shape{static_cast<std::int64_t>(xent_workspace_bytes(be, runner.group(), max_rows, classes_of(model)))},
@@ -79,6 +80,10 @@ DeviceWork::DeviceWork(const Sequential& model, const kernels::Backend& be, Devi
       update_graph(be, graphs),
       graphs_(graphs && !splits_any(split)) {
   if (log_rows < 1) throw ValueError("DeviceWork: log_rows must be >= 1, got " + std::to_string(log_rows));
+  if (optimizer.base_lr.size() != members || optimizer.base_lr.device() != device)
+    throw ValueError("DeviceWork: the optimizer's scalars are for " + std::to_string(optimizer.base_lr.size()) +
+                     " members on " + optimizer.base_lr.device().str() + ", not " + std::to_string(members) + " on " +
+                     device.str());
 }
 
 kernels::StepGraph& DeviceWork::step_graph(const void* images, int rows) {
@@ -90,6 +95,7 @@ kernels::StepGraph& DeviceWork::step_graph(const void* images, int rows) {
 void train_step(TrainState& state, DeviceWork& work, const Batch& batch, const StepOptions& opt) {
   const kernels::Backend& be = work.backend;
   const int rows = rows_of(batch, work, "train_step");
+  if (opt.optimizer == nullptr) throw ValueError("train_step: StepOptions::optimizer is not set");
   if (work.log_fill >= work.log.loss.shape()[0])
     throw Error("train_step: " + std::to_string(work.log_fill) + " steps since the last report fill the log");
   const int members = work.runner.members(), group = work.runner.group();
@@ -108,13 +114,12 @@ void train_step(TrainState& state, DeviceWork& work, const Batch& batch, const S
                                work.log.bad_labels.data<std::int32_t>(), work.xent_ws.raw_data());
       work.runner.backward(images, params, work.dlogits.data<float>(), work.grads.data<float>());
     }
-    if (!opt.data_parallel) sgd_update(state, work, opt);
+    if (!opt.data_parallel) update(state, work, opt);
   });
   if (opt.data_parallel) {  // the collective meets the other devices on the host: outside the graphs
     pmean_inplace(work.grads, opt.axis);
-    work.update_graph.run([&] { sgd_update(state, work, opt); });
+    work.update_graph.run([&] { update(state, work, opt); });
   }
-  ++state.step;
   const auto row = static_cast<std::size_t>(work.log_fill++) * static_cast<std::size_t>(members);
   be.copy(work.log.loss.data<float>() + row, work.step_loss.raw_data(), work.step_loss.nbytes());
   be.copy(work.log.correct.data<std::int32_t>() + row, work.step_correct.raw_data(), work.step_correct.nbytes());

@@ -18,6 +18,7 @@
 #include <pmap/array.h>
 #include <pmap/tree.h>
 
+#include <pmapcc/ensemble/optimizer.h>
 #include <pmapcc/ensemble/runner.h>
 #include <pmapcc/ensemble/train_state.h>
 #include <pmapcc/kernels/graph.h>
@@ -66,7 +67,8 @@ struct ReportResult {
 PMAPCC_TREE(ReportResult, curve, predicted, probability, entropy, votes)
 
 struct StepOptions {
-  kernels::SgdParams sgd;
+  const Optimizer* optimizer = nullptr;  // train_step's update (required there)
+  UpdateOptions update;
   bool data_parallel = false;
   std::string axis = "ensemble";  // the mesh axis the members (or replicas) are spread over
   int total_members = 1;          // members over all devices (ensemble mode)
@@ -76,16 +78,19 @@ struct StepOptions {
 // of members at a time; eval_step runs a larger eval batch through them in pieces of max_rows. The steps
 // run the members group by group; the group size changes no result, only speed and memory.
 // member_group 0 picks default_member_group(device, members). log_rows: train steps between reports.
+// optimizer: the per-member scalars of this device's members' updates.
 // graphs: capture the train step where the backend can (false: run it eagerly every time).
 // split: model parallelism, `model` being a local model (layout.h) whose layers issue collectives; such a
 // step runs eagerly (its collectives meet on the host), and is run with StepOptions::data_parallel over
 // the data axis (the batch sharded over it, the gradients pmean-ed over it).
 struct DeviceWork {
   DeviceWork(const Sequential& model, const kernels::Backend& backend, Device device, int members, int max_rows,
-             int max_eval_batch, int member_group, int log_rows, bool graphs = true, RunnerSplit split = {});
+             int max_eval_batch, int member_group, int log_rows, OptimizerWork optimizer, bool graphs = true,
+             RunnerSplit split = {});
 
   const kernels::Backend& backend;
   ModelRunner runner;
+  OptimizerWork optimizer;
   Array grads;       // (members * P)
   Array dlogits;     // (group, max_rows, K); eval: one piece's probabilities for a group
   Array xent_ws;     // the loss's workspace (u8)
@@ -114,7 +119,7 @@ struct DeviceWork {
 // for all of them).
 int default_member_group(const Device& device, int members);
 
-// One SGD step for this device's members on `batch` (data parallel: this device's block of the global
+// One optimizer step for this device's members on `batch` (data parallel: this device's block of the global
 // batch); its losses and correct counts go to the next row of work.log.
 void train_step(TrainState& state, DeviceWork& work, const Batch& batch, const StepOptions& opt);
 

@@ -1,8 +1,11 @@
-// TrainState: what one device holds for its members between steps (a pmapcc tree, so replicate,
-// psum, checkpointing treat it as one value). params and momentum use Sequential's layout.
+// TrainState: what one device holds for its members between steps, a pmapcc tree of named tensors (so
+// replicate, collectives and checkpoints treat it as one value): the parameters, the optimizer's state
+// slots, each in the parameters' layout (Sequential's: tensor by tensor, members stacked in each), and the
+// step counter, which lives on the device so that learning-rate schedules read it there.
 #pragma once
 
-#include <cstdint>
+#include <map>
+#include <string>
 
 #include <pmap/array.h>
 #include <pmap/tree.h>
@@ -10,10 +13,10 @@
 namespace pmap::ensemble {
 
 struct TrainState {
-  Array params;      // (members * P) f32
-  Array momentum;    // (members * P) f32, optax's SGD trace
-  std::int64_t step = 0;
+  Array params;                      // (members * P) f32
+  std::map<std::string, Array> opt;  // the optimizer's slots by name (Optimizer::slots()), each (members * P) f32
+  Array step;                        // (1) i64: the updates made so far
 };
-PMAPCC_TREE(TrainState, params, momentum, step)
+PMAPCC_TREE(TrainState, params, opt, step)
 
 }  // namespace pmap::ensemble

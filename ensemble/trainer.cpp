@@ -23,14 +23,12 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// --mesh as given: "AxM" ("0x0" when not given).
-std::string mesh_text(const TrainConfig& c) { return std::to_string(c.mesh_axis) + "x" + std::to_string(c.mesh_model); }
 
 // The mesh's axes: the mode's axis ("ensemble" or "data") by "model" when --mesh was given or weights are
 // split (2-D), else the mode's axis over every device (1-D, as before model parallelism).
 std::vector<AxisSpec> mesh_axes(const TrainConfig& c, int devices) {
   const std::string first = c.mode == Mode::ensemble ? "ensemble" : "data";
-  const std::string given = mesh_text(c);
+  const std::string given = c.mesh_text();
   if (c.mesh_axis > 0 && c.mesh_axis * c.mesh_model != devices)
     throw ValueError("--mesh " + given + " needs " + std::to_string(c.mesh_axis * c.mesh_model) +
                      " devices, the run has " + std::to_string(devices) +
@@ -55,7 +53,7 @@ Mesh build_mesh(const TrainConfig& c) {
   if (c.devices == 0 && c.mesh_axis > 0) {
     const int want = c.mesh_axis * c.mesh_model;
     if (want % processes != 0)
-      throw ValueError("--mesh " + mesh_text(c) + ": its " + std::to_string(want) +
+      throw ValueError("--mesh " + c.mesh_text() + ": its " + std::to_string(want) +
                        " devices do not split evenly over the " + std::to_string(processes) +
                        " processes (give --devices per process)");
     local_n = want / processes;
@@ -67,52 +65,23 @@ Mesh build_mesh(const TrainConfig& c) {
   return Mesh(std::move(devices), std::move(axes), options);
 }
 
-// `devices`: along the mode's axis (the mesh's first), which the members or the batch are split over.
-void check_config(const TrainConfig& c, int devices, const Dataset& train, const Dataset& test) {
-  auto bad = [](const std::string& m) { throw ValueError(m); };
-  if (c.epochs < 0) bad("--epochs must be >= 0, got " + std::to_string(c.epochs));
-  if (c.batch_size < 1) bad("--batch-size must be >= 1, got " + std::to_string(c.batch_size));
-  if (!(c.learning_rate > 0) || !std::isfinite(c.learning_rate))
-    bad("--lr must be a positive number, got " + std::to_string(c.learning_rate));
-  if (!(c.momentum >= 0 && c.momentum < 1)) bad("--momentum must be in [0, 1), got " + std::to_string(c.momentum));
-  if (c.eval_batch < 1) bad("eval batch must be >= 1");
-  if (c.report_every < 0) bad("report_every must be >= 0 (0: automatic), got " + std::to_string(c.report_every));
-  const std::string over = c.splits_weights()
-                               ? "the " + std::to_string(devices) + " devices of --mesh's first axis"
-                               : "--devices " + std::to_string(devices);
-  if (c.mode == Mode::ensemble && c.members % devices != 0)
-    bad("--members " + std::to_string(c.members) + " is not a multiple of " + over +
-        ": every device runs the same number of members");
-  if (c.mode != Mode::ensemble && c.members != 1)
-    bad("--mode " + std::string(to_string(c.mode)) + " trains one model over the devices: --members must be 1, got " +
-        std::to_string(c.members));
-  if (c.mode != Mode::ensemble && c.batch_size % devices != 0)
-    bad("--batch-size " + std::to_string(c.batch_size) + " does not split evenly over " + over);
-  if (c.epochs > 0 && train.count < c.batch_size)
-    bad("--batch-size " + std::to_string(c.batch_size) + " is larger than the " + std::to_string(train.count) +
-        " training examples (see --train-limit)");
-  if (test.count < 1) bad("the test set is empty");
-  if (train.rows != test.rows || train.cols != test.cols)
-    bad("the training images are " + std::to_string(train.rows) + "x" + std::to_string(train.cols) +
-        ", the test images " + std::to_string(test.rows) + "x" + std::to_string(test.cols) +
-        ": --data must hold the two splits of one dataset");
-}
 
-// The members' parameters, momentum and gradients must fit in this machine's memory (CPU devices; a GPU's
+// The members' parameters, optimizer state and gradients must fit in this machine's memory (CPU devices; a GPU's
 // own limit shows as a CUDA allocation error naming the size): a clear error instead of std::bad_alloc or
 // the system's out-of-memory killer.
-// `devices`: along the mode's axis; params_per_member: the floats a device holds per member.
-void check_memory(const TrainConfig& c, int devices, std::int64_t params_per_member) {
+// `devices`: along the mode's axis; params_per_member: the floats a device holds per member; `copies`: of
+// them per member (parameters, gradients and the optimizer's slots).
+void check_memory(const TrainConfig& c, int devices, std::int64_t params_per_member, int copies) {
   if (c.backend != DeviceKind::cpu) return;
   const double per_device = c.mode == Mode::ensemble ? static_cast<double>(c.members) / devices : 1.0;
   const double local_devices = c.devices > 0 ? c.devices : devices;
-  const double need = 3.0 * 4.0 * static_cast<double>(params_per_member) * per_device * local_devices;
+  const double need = copies * 4.0 * static_cast<double>(params_per_member) * per_device * local_devices;
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
   if (pages <= 0 || page <= 0) return;
   const double have = static_cast<double>(pages) * static_cast<double>(page);
   if (need <= have) return;
   throw ValueError(std::to_string(c.members) + " members (--members; one per device by default): their parameters, "
-                   "momentum and gradients alone need " +
+                   "gradients and optimizer state alone need " +
                    std::to_string(static_cast<long long>(need / 1e9)) + " GB; this machine has " +
                    std::to_string(static_cast<long long>(have / 1e9)) + " GB of memory");
 }
@@ -134,59 +103,8 @@ std::uint64_t fingerprint(const io::Json& config, const Dataset& train, const Da
 
 int Trainer::member_group() const { return work_.empty() ? 0 : work_.front()->runner.group(); }
 
-std::string_view to_string(Mode m) {
-  return m == Mode::ensemble ? "ensemble" : m == Mode::data_parallel ? "data-parallel" : "model-parallel";
-}
 
-Mode parse_mode(std::string_view text) {
-  for (Mode m : {Mode::ensemble, Mode::data_parallel, Mode::model_parallel})
-    if (text == to_string(m)) return m;
-  throw ValueError("--mode must be ensemble, data-parallel or model-parallel, got '" + std::string(text) + "'");
-}
 
-namespace {
-
-// The float as the decimal it was most likely written as: the shortest one that reads back to it.
-double as_given(float v) {
-  char buf[32];
-  const auto r = std::to_chars(buf, buf + sizeof buf, v);
-  double d = 0;
-  std::from_chars(buf, r.ptr, d);
-  return d;
-}
-
-}  // namespace
-
-io::Json TrainConfig::to_json() const {
-  io::Json j = io::Json::object();
-  j["backend"] = pmap::to_string(backend);
-  j["devices"] = devices;
-  j["members"] = members;
-  j["mode"] = ensemble::to_string(mode);
-  j["mesh"] = mesh_text(*this);
-  if (splits_weights()) {
-    io::Json entries = io::Json::array();
-    for (const LayoutMap::Entry& e : layout.entries())
-      entries.push_back({{"pattern", e.pattern}, {"spec", e.spec.str()}});
-    j["layout"] = std::move(entries);
-  }
-  j["epochs"] = epochs;
-  j["batch_size"] = batch_size;
-  j["lr"] = as_given(learning_rate);
-  j["momentum"] = as_given(momentum);
-  j["seed"] = static_cast<std::int64_t>(seed);
-  j["train_limit"] = train_limit;
-  j["test_limit"] = test_limit;
-  j["eval_batch"] = eval_batch;
-  j["pin_threads"] = pin_threads;
-  j["member_group"] = member_group;
-  j["report_every"] = report_every;
-  j["kernels"] = cuda_kernels_on_host ? "cuda-on-host" : "native";
-  j["graphs"] = graphs;
-  j["processes"] = processes;
-  j["dataset"] = dataset;
-  return j;
-}
 
 Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
     : config_(config), train_(train), test_(test),
@@ -201,9 +119,11 @@ Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
     mesh_index_.push_back(static_cast<int>(std::find(mesh_.devices().begin(), mesh_.devices().end(), d) -
                                            mesh_.devices().begin()));
   if (config_.members == 0) config_.members = config_.mode == Mode::ensemble ? along : 1;
-  check_config(config_, along, train, test);
+  config_.check(along, train, test);
+  optimizer_ = make_optimizer(config_.optimizer);
   if (config_.splits_weights()) make_plan();
-  check_memory(config_, along, plan_ ? plan_->local_params() : model_->params_per_member());
+  check_memory(config_, along, plan_ ? plan_->local_params() : model_->params_per_member(),
+               2 + static_cast<int>(optimizer_->slots().size()));
   total_members_ = config_.members;
   members_per_device_ = config_.mode == Mode::ensemble ? config_.members / along : 1;
   if (config_.member_group < 0 || config_.member_group > members_per_device_)
@@ -212,7 +132,8 @@ Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
   auto keys = split(key(config_.seed), 2);
   init_key_ = keys[0];
   data_key_ = keys[1];
-  options_.sgd = kernels::SgdParams{config_.learning_rate, config_.momentum, false};
+  options_.optimizer = optimizer_.get();
+  options_.update = UpdateOptions{schedule_params(), config_.optimizer.clip_norm};
   options_.data_parallel = config_.mode != Mode::ensemble;  // model parallel: data parallel over "data" too
   options_.axis = mesh_.axes()[0].name;
   options_.total_members = total_members_;
@@ -246,11 +167,15 @@ void Trainer::make_device_work() {
   RunnerSplit split;  // split weights: each layer's collectives over the mesh's axes
   if (plan_) split = RunnerSplit{local_.splits, {mesh_.axes()[0].name, mesh_.axes()[1].name}};
   for (const Device& d : mesh_.local_devices()) {
+    // This device's first member: the first along the mode's axis (data and model parallel: the one model).
+    const int first = options_.data_parallel ? 0 : mesh_.coords(mesh_index_[ptrs.size()])[0] * members_per_device_;
     work_.push_back(std::make_unique<DeviceWork>(device_model(), backend, d, members_per_device_, rows, eval_batch,
-                                                 config_.member_group, log_rows(), config_.graphs, split));
+                                                 config_.member_group, log_rows(),
+                                                 OptimizerWork(config_.optimizer, members_per_device_, first, d),
+                                                 config_.graphs, split));
     ptrs.push_back(work_.back().get());
     const Shape s{members_per_device_ * device_model().params_per_member()};
-    states.push_back(TrainState{Array(s, DType::f32, d), Array(s, DType::f32, d), 0});
+    states.push_back(make_train_state(*optimizer_, Array(s, DType::f32, d)));
   }
   work_ptrs_ = Sharded<DeviceWork*>(std::move(ptrs));
   states_ = Sharded<TrainState>(std::move(states));
@@ -290,13 +215,34 @@ int Trainer::log_rows() const { return std::max(1, std::min(config_.report_every
 
 int Trainer::steps_per_epoch() const { return static_cast<int>(ensemble::steps_per_epoch(train_.count, config_.batch_size)); }
 
+kernels::ScheduleParams Trainer::schedule_params() {
+  Schedule& s = config_.optimizer.schedule;
+  if (s.kind == kernels::ScheduleKind::cosine && s.decay_steps == 0) {
+    const std::int64_t run = static_cast<std::int64_t>(config_.epochs) * steps_per_epoch();
+    if (config_.epochs > 0 && run - s.warmup_steps < 1)
+      throw ValueError("--lr-schedule " + s.str() + ": --warmup-steps " + std::to_string(s.warmup_steps) +
+                       " leaves none of the run's " + std::to_string(run) + " steps (--epochs " +
+                       std::to_string(config_.epochs) + " x " + std::to_string(steps_per_epoch()) +
+                       ") for the decay");
+    s.decay_steps = std::max<std::int64_t>(1, run - s.warmup_steps);
+  }
+  return s.params();
+}
+
 void Trainer::init_members() {
   // Data and model parallel: one model (member 0's key) on every replica. Split weights: each device takes
   // its blocks of the whole initial weights, so the start does not depend on the mesh.
   const auto keys = split(init_key_, total_members_);
   std::vector<float> all(static_cast<std::size_t>(total_members_ * model_->params_per_member()));
   model_->init(keys, all);
-  restore(all, std::vector<float>(all.size(), 0.0f), 0);
+  restore(all, zero_optimizer_state(), 0);
+}
+
+std::map<std::string, std::vector<float>> Trainer::zero_optimizer_state() const {
+  std::map<std::string, std::vector<float>> zeros;
+  for (const std::string& slot : optimizer_->slots())
+    zeros[slot].assign(static_cast<std::size_t>(total_members_ * model_->params_per_member()), 0.0f);
+  return zeros;
 }
 
 void Trainer::fill_batch(Feed<Batch>& feed, const std::vector<std::uint32_t>& order, std::int64_t begin, int size,
@@ -586,17 +532,25 @@ void Trainer::evaluate_into(EpochMetrics& m, EnsembleReport* report) {
               with_report ? &report->size_curve : nullptr);
 }
 
-std::int64_t Trainer::step() const { return states_[0].step; }
+std::int64_t Trainer::step() const { return states_[0].step.to_vector<std::int64_t>()[0]; }
 
 bool Trainer::is_main_process() const { return mesh_.devices()[0].process == distributed::process_index(); }
 
-std::vector<float> Trainer::params() const { return stacked(&TrainState::params); }
+std::vector<float> Trainer::params() const { return stacked("params"); }
 
-std::vector<float> Trainer::momentum() const { return stacked(&TrainState::momentum); }
+std::vector<float> Trainer::optimizer_state(const std::string& slot) const {
+  const auto& slots = optimizer_->slots();
+  if (slot == "params" || std::find(slots.begin(), slots.end(), slot) == slots.end()) {
+    std::string names;
+    for (const auto& s : slots) names += (names.empty() ? "" : ", ") + s;
+    throw ValueError("optimizer_state: " + optimizer_->name() + " has no slot '" + slot + "' (its slots: " + names + ")");
+  }
+  return stacked(slot);
+}
 
-std::vector<float> Trainer::stacked(Array TrainState::*field) const {
+std::vector<float> Trainer::stacked(const std::string& name) const {
   std::vector<std::vector<float>> mine;
-  for (const TrainState& s : states_) mine.push_back((s.*field).to_vector<float>());
+  for (const TrainState& s : states_) mine.push_back((name == "params" ? s.params : s.opt.at(name)).to_vector<float>());
   const std::vector<float> all = distributed::process_allgather(mesh_, mine);  // every device's, in mesh order
   // Data parallel: every device holds the one model; the first device's copy is it.
   if (!plan_) return stack_members(*model_, all, options_.data_parallel ? 1 : mesh_.size(), members_per_device_,
@@ -621,13 +575,16 @@ std::vector<float> Trainer::stacked(Array TrainState::*field) const {
   return stack_members(*model_, members, static_cast<int>(rows * per), 1, total_members_);
 }
 
-void Trainer::restore(const std::vector<float>& params, const std::vector<float>& momentum, std::int64_t step) {
+void Trainer::restore(const std::vector<float>& params, const std::map<std::string, std::vector<float>>& opt,
+                      std::int64_t step) {
   const auto per = static_cast<std::int64_t>(members_per_device_);
   for (std::size_t i = 0; i < mesh_index_.size(); ++i) {
     TrainState& s = states_[i];
     const std::vector<int> c = mesh_.coords(mesh_index_[i]);
     const std::int64_t first = options_.data_parallel ? 0 : std::int64_t{c[0]} * per;
-    for (auto [src, dst] : {std::pair{&params, &s.params}, std::pair{&momentum, &s.momentum}}) {
+    std::vector<std::pair<const std::vector<float>*, Array*>> variables{{&params, &s.params}};
+    for (auto& [slot, array] : s.opt) variables.emplace_back(&opt.at(slot), &array);
+    for (auto [src, dst] : variables) {
       std::vector<float> block;
       if (plan_) {  // this device's blocks of each of its members, stacked as the local model's tensors
         const auto local = static_cast<std::size_t>(plan_->local_params());
@@ -641,7 +598,7 @@ void Trainer::restore(const std::vector<float>& params, const std::vector<float>
       }
       dst->copy_from_host(block.data(), block.size() * sizeof(float));
     }
-    s.step = step;
+    s.step.copy_from_host(&step, sizeof step);
   }
 }
 

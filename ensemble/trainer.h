@@ -7,12 +7,13 @@
 // devices (config.devices of them per process), each process trains the members on its own devices,
 // and per-step and per-member results are all-gathered over the mesh, so every process holds the same
 // metrics, equal bit for bit to one process with as many devices. Every process must make the same
-// calls (run_epoch, evaluate, params, momentum, save_checkpoint, load_checkpoint) in the same order.
+// calls (run_epoch, evaluate, params, optimizer_state, save_checkpoint, load_checkpoint) in the same order.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@
 #include <pmap/pmap.h>
 #include <pmap/random.h>
 
+#include <pmapcc/ensemble/config.h>
 #include <pmapcc/ensemble/data.h>
 #include <pmapcc/ensemble/layout.h>
 #include <pmapcc/ensemble/metrics.h>
@@ -30,10 +32,6 @@
 
 namespace pmap::ensemble {
 
-// ensemble: members spread over the "ensemble" axis, each seeing the whole batch. data_parallel: one model
-// replicated over the "data" axis, the batch split over it. model_parallel: one model on a ("data",
-// "model") mesh, its weights split over "model" by a LayoutMap, the batch split over "data".
-enum class Mode { ensemble, data_parallel, model_parallel };
 
 // What a checkpoint holds, for setting up its evaluation: its members, epochs and recorded configuration.
 struct CheckpointSummary {
@@ -48,53 +46,6 @@ struct EnsembleReport {
   std::vector<SizePoint> size_curve;
   Predictions predictions;
 };
-std::string_view to_string(Mode m);
-Mode parse_mode(std::string_view text);  // "ensemble" | "data-parallel" | "model-parallel"; ValueError otherwise
-
-struct TrainConfig {
-  DeviceKind backend = DeviceKind::cpu;
-  int devices = 0;   // 0: the default device count (PMAPCC_CPU_DEVICES or cores; all GPUs); per process.
-                     // Trainer::config().devices is the mesh's total over every process.
-  int members = 0;   // 0: one per device along the "ensemble" axis (ensemble), 1 (data or model parallel)
-  Mode mode = Mode::ensemble;
-  // --mesh AxM: a 2-D mesh of A devices along the mode's axis ("ensemble"; "data" in both parallel modes)
-  // by M along "model", each member's weights split over the M devices of its row by `layout`. 0, 0 (not
-  // given): A = every device and M = 1; model-parallel mode: A = 1 and M = every device. A x M must be the
-  // mesh's device count; the Trainer fills both in.
-  int mesh_axis = 0, mesh_model = 0;
-  // Which weights are split over "model", and how (layout.h): used in model-parallel mode and whenever
-  // mesh_model > 1. The program puts its --layout entries before these defaults.
-  LayoutMap layout = reference_cnn_layout();
-  int epochs = 10;
-  int batch_size = 128;
-  float learning_rate = 0.1f;
-  float momentum = 0.9f;
-  std::uint64_t seed = 0;
-  std::int64_t train_limit = -1;  // first N training examples (-1: all)
-  std::int64_t test_limit = -1;
-  int eval_batch = 1000;
-  bool pin_threads = false;  // pin device worker i to core i (MeshOptions::pin_threads; CPU devices)
-  int member_group = 0;      // members a device runs at once (0: default_member_group); speed and memory only
-  // Train steps between gathers of the per-step losses (0: 1 on CPU devices, which keeps the processes of
-  // a multi-process mesh in step; 16 on GPUs, where each gather waits for the GPU). Changes no result.
-  int report_every = 0;
-  // Run the CUDA backend's kernels on the host (CPU devices only): the check of the CUDA code where there
-  // is no GPU (kernels::cuda_backend_on_host). Slow; results agree with the CPU ops to ~1e-6.
-  bool cuda_kernels_on_host = false;
-  // Capture each device's train step in a graph and replay it (backends that capture: CUDA); false runs
-  // every step's kernels one by one (for comparison). Changes no result.
-  bool graphs = true;
-  int processes = 1;         // set by the Trainer: processes the mesh spans
-  std::string dataset = "mnist";  // the data's name, for the outputs: mnist | fashion-mnist
-
-  // Whether the members' weights are split over a "model" axis (model-parallel mode, or mesh_model > 1).
-  bool splits_weights() const { return mode == Mode::model_parallel || mesh_model > 1; }
-
-  // Every field, for metrics and checkpoints ("layout" only when splits_weights()). lr and momentum as
-  // given: the shortest decimal that reads back to the same float (0.1, not 0.10000000149011612).
-  io::Json to_json() const;
-};
-
 // What run_epoch reports after each training step.
 struct StepReport {
   int step = 0;                    // 1-based, within the epoch
@@ -114,6 +65,7 @@ class Trainer {
 
   const TrainConfig& config() const { return config_; }
   const Sequential& model() const { return *model_; }
+  const Optimizer& optimizer() const { return *optimizer_; }
   // Where each weight lives when splits_weights() (nullptr otherwise).
   const ShardingPlan* plan() const { return plan_.get(); }
   const Mesh& mesh() const { return mesh_; }
@@ -138,11 +90,12 @@ class Trainer {
   // process when the mesh does not span processes).
   bool is_main_process() const;
 
-  // Every member's parameters (momentum), in host memory, stacked as a checkpoint holds them
-  // (ensemble/member_layout.h, M = total_members()). On every process (collective).
+  // Every member's parameters (the optimizer's state slot `slot`, one of optimizer().slots()), in host
+  // memory, stacked as a checkpoint holds them (ensemble/member_layout.h, M = total_members()). On every
+  // process (collective). ValueError for a slot the optimizer does not have.
   std::vector<float> params() const;
-  std::vector<float> momentum() const;
-  std::int64_t step() const;
+  std::vector<float> optimizer_state(const std::string& slot) const;
+  std::int64_t step() const;  // the updates made (read from the first local device)
 
   // Checkpoints (safetensors): everything needed to continue exactly. load_checkpoint checks that the
   // file was written for the same model, members, seed, batch size and optimizer settings. Across
@@ -152,7 +105,7 @@ class Trainer {
   void load_checkpoint(const std::filesystem::path& path);
   // Evaluation of a saved ensemble: this trainer's members (config().members of them) become the
   // checkpoint's members `subset` (indices into its members, in that order; empty: all of them, which must
-  // then be as many), momentum zero. Checks the model's tensors, not the recipe. DataError for a file
+  // then be as many), the optimizer's state zero. Checks the model's tensors, not the recipe. DataError for a file
   // that does not fit, ValueError for a subset that does not.
   void load_members(const std::filesystem::path& path, const std::vector<int>& subset);
 
@@ -161,13 +114,19 @@ class Trainer {
   void make_device_work();
   void make_plan();  // plan_ and local_ from config.layout; ValueError for a weight split over the first axis
   void init_members();
+  // The schedule's kernel parameters, a cosine decay over the run's steps after warmup filled in
+  // (config_.optimizer.schedule.decay_steps); ValueError when nothing is left to decay over.
+  kernels::ScheduleParams schedule_params();
   void evaluate_into(EpochMetrics& m, EnsembleReport* report);
   void check_processes_agree() const;  // ValueError unless every process has the same config and data
-  // The members' `field` (params or momentum) stacked, gathered from every device (weights split over
-  // "model" put back together); and the reverse: each device's members (its blocks of their weights) from
-  // stacked params and momentum, at `step`.
-  std::vector<float> stacked(Array TrainState::*field) const;
-  void restore(const std::vector<float>& params, const std::vector<float>& momentum, std::int64_t step);
+  // The members' variable `name` ("params" or an optimizer slot) stacked, gathered from every device
+  // (weights split over "model" put back together); and the reverse: each device's members (its blocks of
+  // their weights) from stacked params and optimizer slots (every slot, by name), at `step`.
+  std::vector<float> stacked(const std::string& name) const;
+  void restore(const std::vector<float>& params, const std::map<std::string, std::vector<float>>& opt,
+               std::int64_t step);
+  // Zeros for every optimizer slot, as restore takes them.
+  std::map<std::string, std::vector<float>> zero_optimizer_state() const;
   // The model a device runs: the local model when weights are split, else the model.
   const Sequential& device_model() const { return local_.model ? *local_.model : *model_; }
   // Fills a feed's next host batch with examples order[begin, begin + size) of data.
@@ -178,6 +137,7 @@ class Trainer {
   const Dataset& train_;
   const Dataset& test_;
   std::unique_ptr<Sequential> model_;
+  std::unique_ptr<Optimizer> optimizer_;
   Mesh mesh_;
   std::unique_ptr<ShardingPlan> plan_;  // splits_weights(): each weight's blocks
   LocalModel local_;                    // splits_weights(): the model a device runs, and its layers' splits

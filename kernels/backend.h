@@ -27,6 +27,7 @@
 
 #include <pmapcc/kernels/graph.h>
 #include <pmapcc/kernels/ops.h>
+#include <pmapcc/kernels/optimizer_ops.h>
 
 namespace pmap::kernels {
 
@@ -120,12 +121,10 @@ class Backend {
                                      float* loss, float* dlogits, float* probs, std::int32_t* correct,
                                      std::int32_t* bad_labels, void* workspace) const = 0;
 
-  // ---- optimizer ----------------------------------------------------------------------------------------
+  // ---- op families ----------------------------------------------------------------------------------------
 
-  // One SGD-momentum step over n elements, in place on params and momentum (flat buffers, any members
-  // layout). grads is read only. See SgdParams for the update.
-  virtual void sgd_momentum_update(SgdParams p, std::size_t n, float* params, float* momentum,
-                                   const float* grads) const = 0;
+  // The optimizer updates, schedules and clipping on this backend's device (kernels/optimizer_ops.h).
+  virtual const OptimizerOps& optimizer() const = 0;
 
   // ---- reductions ---------------------------------------------------------------------------------------
 

@@ -98,14 +98,6 @@ struct MatmulParams {
   bool accumulate = false;  // c += a @ b instead of c = a @ b
 };
 
-// SGD with momentum, optax.sgd semantics: m <- momentum * m + g; p <- p - learning_rate * m.
-// nesterov (optax nesterov=True): p <- p - learning_rate * (g + momentum * m_new).
-struct SgdParams {
-  float learning_rate = 0.1f;
-  float momentum = 0.9f;
-  bool nesterov = false;
-};
-
 // Calibration statistics of predicted probabilities (calibration_sums): for each of `predictors` sets of
 // `rows` probability rows over `classes` classes, sums over the rows, in row order, in double, of
 //   slot 0: the negative log-likelihood -log(p[label]) (p floored at kMinProbability)

@@ -13,8 +13,9 @@ TEST_CASE("defaults follow the Flax recipe") {
   auto o = parse_cli({});
   CHECK(o.train.epochs == 10);
   CHECK(o.train.batch_size == 128);
-  CHECK(o.train.learning_rate == 0.1f);
-  CHECK(o.train.momentum == 0.9f);
+  CHECK(o.train.optimizer.name == "sgd");
+  CHECK(o.train.optimizer.learning_rate == std::vector<float>{0.1f});
+  CHECK(o.train.optimizer.momentum == 0.9f);
   CHECK(o.train.seed == 0);
   CHECK(o.train.members == 0);  // resolved to the device count by the trainer
   CHECK(o.data == "data/mnist");
@@ -27,7 +28,7 @@ TEST_CASE("flags take '--flag value' and '--flag=value'") {
   CHECK(o.train.members == 8);
   CHECK(o.train.devices == 2);
   CHECK(o.train.mode == pmap::ensemble::Mode::data_parallel);
-  CHECK(o.train.learning_rate == 0.05f);
+  CHECK(o.train.optimizer.learning_rate == std::vector<float>{0.05f});
   CHECK(o.train.seed == 42);
   CHECK(o.train.train_limit == 1000);
   CHECK(o.progress == "none");
@@ -49,7 +50,10 @@ TEST_CASE("the help lists every flag in its group, with its default") {
                            "  --mode M              ensemble | data-parallel | model-parallel  [ensemble]\n",
                            "  --mesh AxM            A devices along the mode's axis by M along 'model'",
                            "  --layout NAME=SPEC    split the weights", "\nTraining:\n",
-                           "  --epochs E            epochs  [10]\n", "  --lr LR               SGD learning rate  [0.1]\n",
+                           "  --epochs E            epochs  [10]\n", "\nOptimizer:\n",
+                           "  --optimizer O         sgd | adam | adamw", "[sgd]\n",
+                           "  --lr LR[,..]          learning rate; a list gives each member its own  [0.1; adam, adamw: 0.001]\n",
+                           "  --lr-schedule S       constant | cosine[:ALPHA] | exponential:RATE:STEPS |  [constant]\n",
                            "\nOutput:\n", "\nCheckpoints:\n", "  -h,--help             this text\n",
                            "Several processes: mpirun"}) {
     const std::size_t found = help.find(line, at);
@@ -77,6 +81,36 @@ TEST_CASE("bad command lines raise UsageError naming the flag") {
   CHECK_THROWS_WITH_AS(parse_cli({"--members-subset", "1,,2"}), doctest::Contains("empty entry"), UsageError);
   CHECK_THROWS_WITH_AS(parse_cli({"--bogus=3"}), "unknown flag '--bogus'", UsageError);
   CHECK_THROWS_AS(parse_cli({"--epochs", "99999999999"}), UsageError);
+}
+
+TEST_CASE("the optimizer's flags: --optimizer, per-member --lr and --weight-decay, schedules, warmup, clipping") {
+  auto o = parse_cli({"--optimizer", "adam"});
+  CHECK(o.train.optimizer.name == "adam");
+  CHECK(o.train.optimizer.learning_rate == std::vector<float>{0.001f});  // Keras's default for Adam
+  o = parse_cli({"--optimizer", "adamw", "--lr", "0.01,0.02", "--weight-decay=0,0.1", "--clip-norm", "1.5",
+                 "--lr-schedule", "cosine:0.1", "--warmup-steps", "100"});
+  CHECK(o.train.optimizer.learning_rate == std::vector<float>{0.01f, 0.02f});
+  CHECK(o.train.optimizer.weight_decay == std::vector<float>{0.0f, 0.1f});
+  CHECK(o.train.optimizer.clip_norm == 1.5f);
+  CHECK(o.train.optimizer.schedule.str() == "cosine:0.1");
+  CHECK(o.train.optimizer.schedule.warmup_steps == 100);
+  o = parse_cli({"--warmup-steps", "5", "--lr-schedule", "exponential:0.5:10", "--nesterov"});  // either order
+  CHECK(o.train.optimizer.schedule.warmup_steps == 5);
+  CHECK(o.train.optimizer.schedule.decay_steps == 10);
+  CHECK(o.train.optimizer.nesterov);
+  CHECK_THROWS_WITH_AS(parse_cli({"--optimizer", "lion"}), doctest::Contains("'lion' is not sgd, adam or adamw"),
+                       UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--lr", "0.1,-2"}), "--lr: must be positive, got -2", UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--lr", "0.1,"}), doctest::Contains("empty entry"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--weight-decay", "x"}), "--weight-decay: 'x' is not a number", UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--clip-norm", "-1"}), doctest::Contains("must be >= 0"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--lr-schedule", "linear"}), "--lr-schedule: unknown schedule 'linear' "
+                       "(constant | cosine[:ALPHA] | exponential:RATE:STEPS | piecewise:STEP=FACTOR,...)", UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--lr-schedule", "exponential:0.9:0"}), doctest::Contains("the steps must be >= 1"),
+                       UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--warmup-steps", "-1"}), doctest::Contains("out of range"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--optimizer", "adam", "--momentum", "0.5"}),
+                       "--momentum is an option of --optimizer sgd, not of adam", UsageError);
 }
 
 TEST_CASE("model parallelism's flags: --mode model-parallel, --mesh AxM and repeatable --layout before the default") {

@@ -81,7 +81,9 @@ std::vector<float> elementwise_outputs() {
   cpu_ops().avg_pool_relu_backward(q, relu.data(), dy.data(), masked.data());
   append(y), append(dx), append(relu), append(masked);
   std::vector<float> params = kc::random_floats(77, 11), momentum = kc::random_floats(77, 12);
-  cpu_ops().sgd_momentum_update(SgdParams{0.1f, 0.9f, true}, 77, params.data(), momentum.data(), x.data());
+  const std::vector<float> lr{0.1f};
+  cpu_ops().optimizer().sgd_update(pmap::kernels::SgdParams{0.9f, true}, 1, 77, pmap::kernels::UpdateScalars{lr.data()},
+                                   params.data(), momentum.data(), x.data());
   append(params), append(momentum);
   return out;
 }

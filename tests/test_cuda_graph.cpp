@@ -16,14 +16,17 @@ namespace {
 using namespace cuda_testing;
 namespace k = pmap::kernels;
 
-// A small training step on fixed buffers of one device: conv (+ReLU) -> dense -> loss -> backward -> SGD.
+// A small training step on fixed buffers of one device: conv (+ReLU) -> dense -> loss -> backward -> SGD
+// at a learning rate that a cosine schedule with warmup computes from the step counter on the device, so
+// every replay of a captured step must use another rate.
 struct TinyStep {
   static constexpr int kMembers = 2, kBatch = 8, kSide = 6, kChannels = 4, kClasses = 3;
   const k::Backend& be;
   k::Conv2dParams conv{};
   k::DenseParams dense{};
   pmap::Array x, labels, w_conv, w_dense, m_conv, m_dense, act, logits, dlogits, dact, g_conv, g_dense, loss,
-      correct, ws, xent_ws;
+      correct, ws, xent_ws, step, base_lr, lr;
+  k::ScheduleParams schedule{};
 
   TinyStep(const k::Backend& backend, const pmap::Device& d) : be(backend) {
     conv.members = kMembers, conv.batch = kBatch, conv.height = conv.width = kSide, conv.in_channels = 1;
@@ -42,6 +45,10 @@ struct TinyStep {
     correct = zeros(d, kMembers, pmap::DType::i32);
     ws = zeros(d, be.conv2d_workspace_bytes(conv), pmap::DType::u8);
     xent_ws = zeros(d, be.softmax_cross_entropy_workspace_bytes({kMembers, kBatch, kClasses, true}), pmap::DType::u8);
+    step = zeros(d, 1, pmap::DType::i64);
+    base_lr = on(d, std::vector<float>{0.1f, 0.05f});
+    lr = zeros(d, kMembers);
+    schedule.kind = k::ScheduleKind::cosine, schedule.warmup_steps = 2, schedule.decay_steps = 4;
   }
 
   void operator()() {
@@ -56,11 +63,15 @@ struct TinyStep {
     be.relu_backward(act_n, act.data<float>(), dact.data<float>(), dact.data<float>());
     be.conv2d_backward(conv, x.data<float>(), w_conv.data<float>(), dact.data<float>(), nullptr, g_conv.data<float>(),
                        nullptr, ws.raw_data());
-    const k::SgdParams sgd{0.1f, 0.9f, false};
-    be.sgd_momentum_update(sgd, static_cast<std::size_t>(w_conv.size()), w_conv.data<float>(), m_conv.data<float>(),
-                           g_conv.data<float>());
-    be.sgd_momentum_update(sgd, static_cast<std::size_t>(w_dense.size()), w_dense.data<float>(),
-                           m_dense.data<float>(), g_dense.data<float>());
+    const k::OptimizerOps& ops = be.optimizer();
+    ops.schedule_lr(schedule, kMembers, step.data<std::int64_t>(), base_lr.data<float>(), lr.data<float>());
+    const k::SgdParams sgd{0.9f, false};
+    const k::UpdateScalars s{lr.data<float>(), nullptr, nullptr};
+    ops.sgd_update(sgd, kMembers, static_cast<std::size_t>(w_conv.size() / kMembers), s, w_conv.data<float>(),
+                   m_conv.data<float>(), g_conv.data<float>());
+    ops.sgd_update(sgd, kMembers, static_cast<std::size_t>(w_dense.size() / kMembers), s, w_dense.data<float>(),
+                   m_dense.data<float>(), g_dense.data<float>());
+    ops.increment(step.data<std::int64_t>());
   }
 };
 
@@ -88,6 +99,9 @@ TEST_CASE("cuda graphs: warm-up, capture and replays give bitwise the results of
       CHECK(graphed.w_dense.to_vector<float>() == direct.w_dense.to_vector<float>());
       CHECK(graphed.loss.to_vector<float>() == direct.loss.to_vector<float>());
       CHECK(graphed.correct.to_vector<std::int32_t>() == direct.correct.to_vector<std::int32_t>());
+      // The replays counted their steps and took the schedule's rate of step 4 (cosine 2 steps into 4).
+      CHECK(graphed.step.to_vector<std::int64_t>() == std::vector<std::int64_t>{5});
+      CHECK(graphed.lr.to_vector<float>() == std::vector<float>{static_cast<float>(0.1f * 0.5), static_cast<float>(0.05f * 0.5)});
       CHECK(graphed.w_conv.to_vector<float>() != TinyStep(*t.backend, t.device).w_conv.to_vector<float>());  // it trained
       // A StepGraph that does not capture runs the body every call.
       int calls = 0;

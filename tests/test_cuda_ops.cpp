@@ -176,7 +176,7 @@ TEST_CASE("cuda avg_pool is bitwise the CPU op: tiled windows with odd edges, ov
   }
 }
 
-TEST_CASE("cuda relu and SGD-momentum are bitwise the CPU ops") {
+TEST_CASE("cuda relu is bitwise the CPU op (the optimizer ops: test_optimizer.cpp)") {
   for (const Target& t : targets()) {
     CAPTURE(t.name);
     const k::Backend& be = *t.backend;
@@ -192,20 +192,6 @@ TEST_CASE("cuda relu and SGD-momentum are bitwise the CPU ops") {
     be.relu_backward(n, gy.data<float>(), gdy.data<float>(), gdx.data<float>());
     CHECK(bitwise_equal(gy.to_vector<float>(), y));
     CHECK(bitwise_equal(gdx.to_vector<float>(), dx));
-
-    for (bool nesterov : {false, true}) {
-      CAPTURE(nesterov);
-      const k::SgdParams sgd{0.1f, 0.9f, nesterov};
-      auto params = random_floats(n, 13), momentum = random_floats(n, 14);
-      const auto grads = random_floats(n, 15);
-      auto gp = on(t.device, params), gm = on(t.device, momentum), gg = on(t.device, grads);
-      for (int step = 0; step < 3; ++step) {
-        cpu().sgd_momentum_update(sgd, n, params.data(), momentum.data(), grads.data());
-        be.sgd_momentum_update(sgd, n, gp.data<float>(), gm.data<float>(), gg.data<float>());
-      }
-      CHECK(bitwise_equal(gp.to_vector<float>(), params));
-      CHECK(bitwise_equal(gm.to_vector<float>(), momentum));
-    }
   }
 }
 

@@ -1,4 +1,4 @@
-// Tests of the CPU dense, relu, softmax cross-entropy, SGD-momentum and reduction ops: forward against
+// Tests of the CPU dense, relu, softmax cross-entropy and reduction ops: forward against
 // naive loops, backward against central finite differences, batched members against single calls.
 #include <doctest/doctest.h>
 #include <pmap/error.h>
@@ -16,7 +16,6 @@ namespace {
 const pmap::kernels::CpuBackend& cpu_ops() { return pmap::kernels::cpu_backend(); }
 }  // namespace
 using pmap::kernels::DenseParams;
-using pmap::kernels::SgdParams;
 using pmap::kernels::SoftmaxXentParams;
 
 namespace {
@@ -251,32 +250,7 @@ TEST_CASE("softmax cross-entropy with M members equals M single-member calls bit
   }
 }
 
-// ---- optimizer and reductions ---------------------------------------------------------------------------
-
-TEST_CASE("sgd momentum follows optax: m = mu m + g, p -= lr m (and the nesterov variant)") {
-  for (bool nesterov : {false, true}) {
-    CAPTURE(nesterov);
-    const SgdParams opt{0.1f, 0.9f, nesterov};
-    std::vector<float> params = kc::random_floats(33, 51), momentum(33, 0.0f);
-    std::vector<float> expect_p = params, expect_m = momentum;
-    for (int step = 0; step < 4; ++step) {
-      const auto g = kc::random_floats(33, 52 + step);
-      cpu_ops().sgd_momentum_update(opt, params.size(), params.data(), momentum.data(), g.data());
-      for (std::size_t i = 0; i < params.size(); ++i) {  // the same float operations, written out
-        expect_m[i] = 0.9f * expect_m[i] + g[i];
-        expect_p[i] -= 0.1f * (nesterov ? g[i] + 0.9f * expect_m[i] : expect_m[i]);
-      }
-    }
-    CHECK(kc::same_bits(momentum.data(), expect_m.data(), 33));
-    CHECK(kc::same_bits(params.data(), expect_p.data(), 33));
-  }
-  // A constant gradient g: m_t = g (1 - mu^t) / (1 - mu), a closed form to within rounding.
-  std::vector<float> p(1, 0.0f), m(1, 0.0f), g(1, 2.0f);
-  for (int t = 0; t < 3; ++t)
-    cpu_ops().sgd_momentum_update(SgdParams{0.1f, 0.5f, false}, 1, p.data(), m.data(), g.data());
-  CHECK(m[0] == doctest::Approx(2.0 * (1 - 0.125) / 0.5));
-  CHECK(p[0] == doctest::Approx(-0.1 * (2.0 + 3.0 + 3.5)));
-}
+// ---- reductions (the optimizer ops: test_optimizer.cpp) ---------------------------------------------------------------------------
 
 TEST_CASE("reduce_sum and reduce_mean per member") {
   const std::size_t n = 1000;

@@ -56,16 +56,19 @@ std::vector<float> train(const pe::Sequential& model, const std::vector<float>& 
   const int rows = kBatch / d_size;
   std::vector<std::unique_ptr<pe::DeviceWork>> work;
   std::vector<pe::TrainState> states;
+  const pe::OptimizerConfig sgd;  // SGD 0.1, momentum 0.9
+  const auto optimizer = pe::make_optimizer(sgd);
   for (int i = 0; i < mesh.size(); ++i) {
     const pmap::Device dev = mesh.local_devices()[static_cast<std::size_t>(i)];
-    work.push_back(std::make_unique<pe::DeviceWork>(*local.model, be, dev, 1, rows, rows, 0, kSteps, false,
+    work.push_back(std::make_unique<pe::DeviceWork>(*local.model, be, dev, 1, rows, rows, 0, kSteps,
+                                                    pe::OptimizerWork(sgd, 1, 0, dev), false,
                                                     pe::RunnerSplit{local.splits, {"data", "model"}}));
     std::vector<float> block(static_cast<std::size_t>(plan.local_params()));
     plan.shard(init, mesh.coords(i), block);
-    states.push_back({pmap::Array::from_host(block, {plan.local_params()}, dev),
-                      pmap::Array({plan.local_params()}, pmap::DType::f32, dev), 0});
+    states.push_back(pe::make_train_state(*optimizer, pmap::Array::from_host(block, {plan.local_params()}, dev)));
   }
   pe::StepOptions opt;
+  opt.optimizer = optimizer.get();
   opt.data_parallel = true;
   opt.axis = "data";
   for (int step = 0; step < kSteps; ++step)
@@ -162,7 +165,7 @@ TEST_CASE("the model-parallel trainer: a Dx1 mesh is data parallel bit for bit, 
   CHECK(dp.plan() == nullptr);
   const pe::EpochMetrics a = dp2.run_epoch(), b = mp21.run_epoch();
   CHECK(mp21.params() == dp2.params());
-  CHECK(mp21.momentum() == dp2.momentum());
+  CHECK(mp21.optimizer_state("momentum") == dp2.optimizer_state("momentum"));
   CHECK(a.train_loss == b.train_loss);
   CHECK(a.member_test_accuracy == b.member_test_accuracy);
   CHECK(a.ensemble_test_accuracy == b.ensemble_test_accuracy);
@@ -185,7 +188,7 @@ TEST_CASE("the model-parallel trainer: a Dx1 mesh is data parallel bit for bit, 
     const float rel = relative_diff(dp.params(), t.params());
     MESSAGE("trainer ", d, "x", m, " after 10 steps: max |w - w_1| / max |w| = ", rel);
     CHECK(rel <= 1e-6f);  // measured: at most 7.6e-8
-    CHECK(relative_diff(dp.momentum(), t.momentum()) <= 1e-5f);
+    CHECK(relative_diff(dp.optimizer_state("momentum"), t.optimizer_state("momentum")) <= 1e-5f);
     CHECK(e.train_loss == doctest::Approx(ref.train_loss).epsilon(1e-5));
     CHECK(e.test_loss == doctest::Approx(ref.test_loss).epsilon(1e-5));
     CHECK(e.member_test_accuracy.size() == 1);
@@ -240,10 +243,10 @@ TEST_CASE("checkpoints of split weights hold whole tensors, resume exactly and r
   }
   pe::Trainer resumed(config(pe::Mode::model_parallel, 2, 2), data().train, data().test);
   resumed.load_checkpoint(path);
-  const std::vector<float> saved = resumed.params(), saved_momentum = resumed.momentum();
+  const std::vector<float> saved = resumed.params(), saved_momentum = resumed.optimizer_state("momentum");
   resumed.run_epoch();
   CHECK(resumed.params() == straight.params());
-  CHECK(resumed.momentum() == straight.momentum());
+  CHECK(resumed.optimizer_state("momentum") == straight.optimizer_state("momentum"));
   CHECK(resumed.history().back().member_test_accuracy == straight.history().back().member_test_accuracy);
   // Onto other mesh shapes (another layout too): the same whole weights come back, bit for bit.
   const std::pair<int, int> meshes[] = {{1, 4}, {1, 1}, {4, 1}, {1, 2}};
@@ -253,7 +256,7 @@ TEST_CASE("checkpoints of split weights hold whole tensors, resume exactly and r
     pe::Trainer t(config(pe::Mode::model_parallel, d, m), data().train, data().test);
     t.load_checkpoint(path);
     CHECK(t.params() == saved);
-    CHECK(t.momentum() == saved_momentum);
+    CHECK(t.optimizer_state("momentum") == saved_momentum);
     CHECK(t.epochs_done() == 1);
   }
   pe::TrainConfig conv = config(pe::Mode::model_parallel, 1, 2);

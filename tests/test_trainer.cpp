@@ -54,7 +54,7 @@ TEST_CASE("same seed and device count: bitwise identical results, run after run"
   Trainer a(small(2, 2), data().train, data().test), b(small(2, 2), data().train, data().test);
   auto ma = a.run_epoch(), mb = b.run_epoch();
   CHECK(a.params() == b.params());
-  CHECK(a.momentum() == b.momentum());
+  CHECK(a.optimizer_state("momentum") == b.optimizer_state("momentum"));
   CHECK(ma.train_loss == mb.train_loss);
   CHECK(ma.member_test_accuracy == mb.member_test_accuracy);
   CHECK(ma.ensemble_test_accuracy == mb.ensemble_test_accuracy);
@@ -183,7 +183,7 @@ TEST_CASE("the member group changes no result: members run 1, 3 or 4 at a time t
     CHECK(t.member_group() == (group == 0 ? 1 : group));
     metrics.push_back(t.run_epoch());
     params.push_back(t.params());
-    momentum.push_back(t.momentum());
+    momentum.push_back(t.optimizer_state("momentum"));
   }
   for (std::size_t i = 1; i < params.size(); ++i) {
     CAPTURE(i);
@@ -241,7 +241,7 @@ TEST_CASE("resume continues exactly: 2 epochs = 1 epoch, save, resume, 1 more") 
   auto m = resumed.run_epoch();
   CHECK(m.epoch == 2);
   CHECK(resumed.params() == straight.params());
-  CHECK(resumed.momentum() == straight.momentum());
+  CHECK(resumed.optimizer_state("momentum") == straight.optimizer_state("momentum"));
   CHECK(resumed.step() == straight.step());
   CHECK(m.member_test_accuracy == straight.history().back().member_test_accuracy);
   // A checkpoint of 2 members written on 2 devices resumes on 1 device too.
@@ -249,7 +249,7 @@ TEST_CASE("resume continues exactly: 2 epochs = 1 epoch, save, resume, 1 more") 
   one_device.load_checkpoint(path);
   two_devices.load_checkpoint(path);
   CHECK(one_device.params() == two_devices.params());
-  CHECK(one_device.momentum() == two_devices.momentum());
+  CHECK(one_device.optimizer_state("momentum") == two_devices.optimizer_state("momentum"));
 }
 
 TEST_CASE("mismatched and corrupt checkpoints are rejected with a clear error") {
@@ -328,7 +328,7 @@ TEST_CASE("the CUDA backend run on the host trains like the CPU backend, and its
     CHECK(host.params() == cpu.params());  // the same initial members
     const EpochMetrics mc = cpu.run_epoch(), mh = host.run_epoch(), me = host_eager.run_epoch();
     CHECK(host.params() == host_eager.params());
-    CHECK(host.momentum() == host_eager.momentum());
+    CHECK(host.optimizer_state("momentum") == host_eager.optimizer_state("momentum"));
     CHECK(mh.train_loss == me.train_loss);
     CHECK(mh.member_test_accuracy == me.member_test_accuracy);
     CHECK(mh.ensemble_test_accuracy == me.ensemble_test_accuracy);
@@ -464,7 +464,7 @@ TEST_CASE("a saved ensemble evaluates alone, as a whole or a subset of its membe
 
 TEST_CASE("the configuration is recorded as given: lr 0.1, not 0.10000000149011612") {
   TrainConfig c = small(1, 1);
-  c.momentum = 0.95f;
+  c.optimizer.momentum = 0.95f;
   Trainer t(c, data().train, data().test);
   const std::string text = t.config().to_json().dump();
   CHECK(text.find("\"lr\":0.1,") != std::string::npos);

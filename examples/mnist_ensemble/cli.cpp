@@ -102,6 +102,40 @@ std::string parse_layout(const std::string& text, LayoutMap* into) {
   return {};
 }
 
+// "0.1" or "0.1,0.05,...": one value for every member, or one per member, each checked by `ok` (the
+// complaint about a bad value, or nothing), into `out`. Returns what is wrong, or nothing.
+std::string parse_floats(const std::string& text, std::vector<float>& out,
+                         const std::function<std::string(float, const std::string&)>& ok) {
+  out.clear();
+  for (std::size_t start = 0; start <= text.size();) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    if (item.empty()) return "'" + text + "' has an empty entry (expected e.g. 0.1 or 0.1,0.05)";
+    const auto v = number<float>(item);
+    if (!v) return "'" + item + "' is not a number";
+    if (!std::isfinite(*v)) return "'" + item + "' is not a finite number";
+    if (std::string why = ok(*v, item); !why.empty()) return why;
+    out.push_back(*v);
+    start = comma + 1;
+  }
+  return {};
+}
+
+std::string positive(float v, const std::string& text) {
+  return v > 0 ? std::string() : "must be positive, got " + text;
+}
+std::string non_negative(float v, const std::string& text) {
+  return v >= 0 ? std::string() : "must be >= 0, got " + text;
+}
+
+// A validator of parse_floats's lists.
+CLI::Validator floats(std::string (*ok)(float, const std::string&)) {
+  return check([ok](const std::string& text) {
+    std::vector<float> values;
+    return parse_floats(text, values, ok);
+  });
+}
+
 const CLI::Validator kNonEmpty = check([](const std::string& text) -> std::string {
   return text.empty() ? "needs a non-empty value" : "";
 });
@@ -199,25 +233,56 @@ void layout_flags(CLI::App& a, std::vector<std::string>& layouts) {
 // Floats are converted with from_chars, as their validators read them (CLI11 reads through long double,
 // which can round differently).
 void training_flags(CLI::App& a, TrainConfig& t) {
-  auto set_float = [](float& target) { return [&target](const std::string& v) { target = *number<float>(v); }; };
   flag(a, "--epochs", t.epochs, "E", "Training", "epochs")->check(integer_in(0, kMaxCount))->capture_default_str();
   flag(a, "--batch-size", t.batch_size, "B", "Training",
        "examples per step (data- and model-parallel: split over 'data')")
       ->check(integer_in(1, kMaxCount))->capture_default_str();
-  flag(a, "--lr", set_float(t.learning_rate), "LR", "Training", "SGD learning rate")
-      ->check(real([](float v, const std::string& text) {
-        return v > 0 ? std::string() : "the learning rate must be positive, got " + text;
-      }))->default_str("0.1");
-  flag(a, "--momentum", set_float(t.momentum), "MU", "Training", "SGD momentum")
-      ->check(real([](float v, const std::string& text) {
-        return v >= 0 && v < 1 ? std::string() : "must be in [0, 1), got " + text;
-      }))->default_str("0.9");
   flag(a, "--seed", t.seed, "S", "Training", "key(S) -> member keys and data order")
       ->check(check([](const std::string& text) {
         return number<std::uint64_t>(text) ? std::string() : "'" + text + "' is not an integer";
       }))->capture_default_str();
   flag(a, "--report-every", t.report_every, "N", "Training", "gather the step losses every N steps")
       ->check(integer_in(1, kMaxCount))->default_str("1 on CPU, 16 on GPUs");
+}
+
+// The optimizer (ensemble/optimizer.h). --lr and --weight-decay take one value for every member or one per
+// member (a hyper-parameter ensemble).
+void optimizer_flags(CLI::App& a, OptimizerConfig& t) {
+  auto set_float = [](float& target) { return [&target](const std::string& v) { target = *number<float>(v); }; };
+  flag(a, "--optimizer", t.name, "O", "Optimizer", "sgd | adam | adamw (Keras's Adam: beta 0.9, 0.999, epsilon 1e-7)")
+      ->check(one_of(optimizer_names()))->default_str("sgd");
+  flag(a, "--lr", [&t](const std::string& v) { parse_floats(v, t.learning_rate, positive); }, "LR[,..]",
+       "Optimizer", "learning rate; a list gives each member its own")
+      ->check(floats(positive))->default_str("0.1; adam, adamw: 0.001");
+  flag(a, "--momentum", set_float(t.momentum), "MU", "Optimizer", "sgd's momentum")
+      ->check(real([](float v, const std::string& text) {
+        return v >= 0 && v < 1 ? std::string() : "must be in [0, 1), got " + text;
+      }))->default_str("0.9");
+  a.add_flag("--nesterov", t.nesterov, "sgd: Nesterov momentum")->group("Optimizer");
+  flag(a, "--weight-decay", [&t](const std::string& v) { parse_floats(v, t.weight_decay, non_negative); },
+       "WD[,..]", "Optimizer", "decoupled weight decay, as Keras's: p -= lr WD p;\na list gives each member its own")
+      ->check(floats(non_negative))->default_str("0; adamw: 0.004");
+  flag(a, "--clip-norm", set_float(t.clip_norm), "C", "Optimizer", "clip each member's gradients to global norm C")
+      ->check(real(non_negative))->default_str("off");
+  flag(a, "--lr-schedule",
+       [&t](const std::string& v) {
+         const std::int64_t warmup = t.schedule.warmup_steps;
+         t.schedule = parse_schedule(v);
+         t.schedule.warmup_steps = warmup;
+       },
+       "S", "Optimizer",
+       "constant | cosine[:ALPHA] | exponential:RATE:STEPS |\npiecewise:STEP=FACTOR,... (cosine: to ALPHA x LR at the run's end)")
+      ->check(check([](const std::string& text) {
+        try {
+          parse_schedule(text);
+        } catch (const ValueError& e) {
+          const std::string m = e.what();
+          return m.substr(m.find(": ") + 2);  // without the flag, which CLI11 puts first
+        }
+        return std::string();
+      }))->default_str("constant");
+  flag(a, "--warmup-steps", t.schedule.warmup_steps, "N", "Optimizer", "linear warmup from 0 over the first N steps")
+      ->check(integer_in(0, kMaxCount))->capture_default_str();
 }
 
 void output_flags(CLI::App& a, CliOptions& o) {
@@ -264,6 +329,7 @@ std::unique_ptr<CLI::App> make_app(CliOptions& o) {
   device_flags(*app, o.train);
   layout_flags(*app, o.layouts);
   training_flags(*app, o.train);
+  optimizer_flags(*app, o.train.optimizer);
   output_flags(*app, o);
   checkpoint_flags(*app, o);
   return app;
@@ -296,6 +362,11 @@ CliOptions parse_cli(const std::vector<std::string>& args) {
     throw UsageError("unexpected argument '" + word + "' (flags start with --)");
   }
   if (app->count("--data") == 0) o.data = "data/" + o.train.dataset;
+  OptimizerConfig& opt = o.train.optimizer;
+  if (opt.name != "sgd" && app->count("--lr") == 0) opt.learning_rate = {0.001f};  // Keras's Adam default
+  for (const char* sgd_only : {"--momentum", "--nesterov"})
+    if (opt.name != "sgd" && app->count(sgd_only) > 0)
+      throw UsageError(std::string(sgd_only) + " is an option of --optimizer sgd, not of " + opt.name);
   if (!o.layouts.empty()) {
     if (!o.train.splits_weights())
       throw UsageError("--layout splits weights over 'model': it needs --mode model-parallel or --mesh AxM with M > 1");

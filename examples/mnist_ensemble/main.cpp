@@ -38,10 +38,9 @@ void print_header(const Trainer& t, std::int64_t train_count, std::int64_t test_
               t.total_members(), t.mesh().str().c_str(), t.members_per_device(), std::string(to_string(c.mode)).c_str(),
               dataset_title(c.dataset).c_str(), images.c_str());
   if (train_count > 0)
-    std::printf("%lld parameters per member; epochs %d, batch %d, lr %g, momentum %g, seed %llu\n",
+    std::printf("%lld parameters per member; epochs %d, batch %d, %s, seed %llu\n",
                 static_cast<long long>(t.model().params_per_member()), c.epochs, c.batch_size,
-                static_cast<double>(c.learning_rate), static_cast<double>(c.momentum),
-                static_cast<unsigned long long>(c.seed));
+                c.optimizer.str().c_str(), static_cast<unsigned long long>(c.seed));
   if (const ShardingPlan* plan = t.plan()) {
     std::string split;
     for (const ShardedTensor& w : plan->tensors())

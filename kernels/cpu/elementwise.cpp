@@ -1,4 +1,4 @@
-// CPU element-wise ops and reductions: relu forward/backward, the SGD-momentum update, per-member sums.
+// CPU element-wise ops and reductions: relu forward/backward, per-member sums.
 #include <pmap/error.h>
 
 #include <cmath>
@@ -22,27 +22,6 @@ void Ops::relu_backward(std::size_t n, const float* y, const float* dy, float* d
   for (std::size_t i = 0; i < n; ++i) {
     const float g = dy[i];  // loaded unconditionally, so the select compiles to a vector mask, not a branch
     dx[i] = y[i] > 0.0f ? g : 0.0f;
-  }
-}
-
-void Ops::sgd_momentum_update(SgdParams p, std::size_t n, float* params, float* momentum, const float* grads) const {
-  detail::require(params, "sgd_momentum_update", "params");
-  detail::require(momentum, "sgd_momentum_update", "momentum");
-  detail::require(grads, "sgd_momentum_update", "grads");
-  if (!std::isfinite(p.learning_rate) || !std::isfinite(p.momentum)) {
-    throw ValueError("sgd_momentum_update: learning_rate and momentum must be finite");
-  }
-  const float lr = p.learning_rate, mu = p.momentum;
-  if (p.nesterov) {
-    for (std::size_t i = 0; i < n; ++i) {
-      momentum[i] = mu * momentum[i] + grads[i];
-      params[i] -= lr * (grads[i] + mu * momentum[i]);
-    }
-  } else {
-    for (std::size_t i = 0; i < n; ++i) {
-      momentum[i] = mu * momentum[i] + grads[i];
-      params[i] -= lr * momentum[i];
-    }
   }
 }
 

@@ -18,6 +18,22 @@
 
 namespace PMAPCC_CPU_NS {
 
+// optimizer.cpp
+class OptimizerOpsImpl final : public OptimizerOps {
+ public:
+  void schedule_lr(ScheduleParams p, int members, const std::int64_t* step, const float* base_lr,
+                   float* lr) const override;
+  void adam_step_size(AdamParams p, int members, const std::int64_t* step, const float* lr,
+                      float* alpha) const override;
+  void sum_squares(int members, std::size_t n, const float* x, double* sumsq, bool accumulate) const override;
+  void clip_factor(int members, const double* sumsq, float max_norm, float* factor) const override;
+  void sgd_update(SgdParams p, int members, std::size_t n, UpdateScalars s, float* params, float* momentum,
+                  const float* grads) const override;
+  void adam_update(AdamParams p, int members, std::size_t n, UpdateScalars s, const float* alpha, float* params,
+                   float* m, float* v, const float* grads) const override;
+  void increment(std::int64_t* step) const override;
+};
+
 class Ops final : public CpuBackend {
  public:
   std::string isa() const override;                                        // backend.cpp
@@ -36,8 +52,6 @@ class Ops final : public CpuBackend {
                       float* db, void* workspace) const override;
   void relu_forward(std::size_t n, const float* x, float* y) const override;  // elementwise.cpp
   void relu_backward(std::size_t n, const float* y, const float* dy, float* dx) const override;
-  void sgd_momentum_update(SgdParams p, std::size_t n, float* params, float* momentum,
-                           const float* grads) const override;
   void reduce_sum(int members, std::size_t n, const float* x, float* out) const override;
   void reduce_mean(int members, std::size_t n, const float* x, float* out) const override;
   // loss.cpp; bad_labels and workspace are unused: a bad label raises ValueError.
@@ -46,6 +60,10 @@ class Ops final : public CpuBackend {
                              void* workspace) const override;
   std::size_t matmul_workspace_bytes(MatmulParams p) const override;  // matmul.cpp
   void matmul(MatmulParams p, const float* a, const float* b, float* c, void* workspace) const override;
+  const OptimizerOps& optimizer() const override { return optimizer_; }
+
+ private:
+  OptimizerOpsImpl optimizer_;
 };
 
 }  // namespace PMAPCC_CPU_NS

@@ -19,9 +19,29 @@
 
 namespace pmap::kernels::gpu {
 
+// optimizer.cu: one item per element (per member for the per-member scalars).
+class CudaOptimizerOps final : public OptimizerOps {
+ public:
+  explicit CudaOptimizerOps(Exec ex) : ex_(ex) {}
+  void schedule_lr(ScheduleParams p, int members, const std::int64_t* step, const float* base_lr,
+                   float* lr) const override;
+  void adam_step_size(AdamParams p, int members, const std::int64_t* step, const float* lr,
+                      float* alpha) const override;
+  void sum_squares(int members, std::size_t n, const float* x, double* sumsq, bool accumulate) const override;
+  void clip_factor(int members, const double* sumsq, float max_norm, float* factor) const override;
+  void sgd_update(SgdParams p, int members, std::size_t n, UpdateScalars s, float* params, float* momentum,
+                  const float* grads) const override;
+  void adam_update(AdamParams p, int members, std::size_t n, UpdateScalars s, const float* alpha, float* params,
+                   float* m, float* v, const float* grads) const override;
+  void increment(std::int64_t* step) const override;
+
+ private:
+  Exec ex_;
+};
+
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(Exec ex) : ex_(ex) {}
+  explicit CudaBackend(Exec ex) : ex_(ex), optimizer_(ex) {}
   std::string name() const override { return ex_.on_host() ? "cuda-on-host" : "cuda"; }
   DeviceKind kind() const override { return ex_.on_host() ? DeviceKind::cpu : DeviceKind::cuda; }
 
@@ -46,8 +66,6 @@ class CudaBackend final : public Backend {
   // elementwise.cu
   void relu_forward(std::size_t n, const float* x, float* y) const override;
   void relu_backward(std::size_t n, const float* y, const float* dy, float* dx) const override;
-  void sgd_momentum_update(SgdParams p, std::size_t n, float* params, float* momentum,
-                           const float* grads) const override;
   void reduce_sum(int members, std::size_t n, const float* x, float* out) const override;
   void reduce_mean(int members, std::size_t n, const float* x, float* out) const override;
   // loss.cu: a bad label skips its row and counts into *bad_labels (see Backend).
@@ -74,9 +92,11 @@ class CudaBackend final : public Backend {
   void prepare() const override { ex_.prepare(); }
   bool captures() const override { return true; }
   std::unique_ptr<Graph> capture(const std::function<void()>& body) const override { return ex_.capture(body); }
+  const OptimizerOps& optimizer() const override { return optimizer_; }
 
  private:
   Exec ex_;
+  CudaOptimizerOps optimizer_;
 };
 
 }  // namespace pmap::kernels::gpu

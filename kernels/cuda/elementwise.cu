@@ -1,4 +1,4 @@
-// CUDA element-wise ops (relu forward/backward, the SGD-momentum update) and the per-member sums, one item
+// CUDA element-wise ops (relu forward/backward) and the per-member sums, one item
 // per element (per member for the sums). No FMA contraction (-fmad=false): bitwise the CPU ops' results.
 #include <pmap/error.h>
 
@@ -24,19 +24,6 @@ struct ReluBackward {
   const float* dy;
   float* dx;
   PMAPCC_HD void operator()(std::size_t i) const { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; }
-};
-
-struct SgdMomentum {
-  SgdParams p;
-  float* params;
-  float* momentum;
-  const float* grads;
-  PMAPCC_HD void operator()(std::size_t i) const {
-    const float g = grads[i];
-    const float m = p.momentum * momentum[i] + g;
-    momentum[i] = m;
-    params[i] -= p.nesterov ? p.learning_rate * (g + p.momentum * m) : p.learning_rate * m;
-  }
 };
 
 // Per member: its n values summed in double in index order (the CPU's order), divided, rounded once.
@@ -75,17 +62,6 @@ void CudaBackend::relu_backward(std::size_t n, const float* y, const float* dy, 
   require(dy, "relu_backward", "dy");
   require(dx, "relu_backward", "dx");
   ex.launch(ReluBackward{y, dy, dx}, n);
-}
-
-void CudaBackend::sgd_momentum_update(SgdParams p, std::size_t n, float* params, float* momentum,
-                                      const float* grads) const {
-  const Exec& ex = ex_;
-  require(params, "sgd_momentum_update", "params");
-  require(momentum, "sgd_momentum_update", "momentum");
-  require(grads, "sgd_momentum_update", "grads");
-  if (!std::isfinite(p.learning_rate) || !std::isfinite(p.momentum))
-    throw ValueError("sgd_momentum_update: learning_rate and momentum must be finite");
-  ex.launch(SgdMomentum{p, params, momentum, grads}, n);
 }
 
 void CudaBackend::reduce_sum(int members, std::size_t n, const float* x, float* out) const {

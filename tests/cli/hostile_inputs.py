@@ -91,6 +91,14 @@ def main():
                           ("100000", E, "100000 members .* need [0-9]+ GB")],
             "--report-every": [("0", R, "out of range"), ("-1", R, "out of range"), ("x", R, "is not an integer")],
             "--members-subset": [("a", R, "is not an integer"), ("0,,1", R, "empty entry"), ("1,1", R, "named twice")],
+            "--optimizer": [("rmsprop", R, "'rmsprop' is not sgd, adam or adamw"), ("", R, "needs a non-empty value")],
+            "--weight-decay": [("-0.1", R, "must be >= 0"), ("nan", R, "not a finite number"), ("0.1,", R, "empty entry"),
+                               ("0.1,0.2", E, "--weight-decay gives 2 values for 1 member")],
+            "--clip-norm": [("-1", R, "must be >= 0"), ("inf", R, "not a finite number"), ("x", R, "is not a number")],
+            "--lr-schedule": [("linear", R, "unknown schedule 'linear'"), ("cosine:1.5", R, "final factor must be in"),
+                              ("exponential:0.5:0", R, "the steps must be >= 1"), ("piecewise:5=1,2=1", R, "increasing"),
+                              ("exponential:0.5:-2", R, "the steps must be >= 1")],
+            "--warmup-steps": [("-1", R, "out of range"), ("x", R, "is not an integer")],
         }.items():
             for value, code, pattern in cases:
                 extra = ["--evaluate", ck] if flag == "--members-subset" else []
@@ -103,6 +111,14 @@ def main():
              base + ["--members", "2", "--epochs", "2", "--resume", other]),
             ("a checkpoint of another recipe (lr)", E, "ck.st: the checkpoint was written with lr = 0.1, this run has 0.05",
              base + ["--members", "2", "--epochs", "2", "--lr", "0.05", "--resume", ck]),
+            ("a checkpoint of another optimizer", E, 'ck.st: the checkpoint was written with optimizer = "sgd", this run has "adam"',
+             base + ["--members", "2", "--epochs", "2", "--optimizer", "adam", "--resume", ck]),
+            ("a checkpoint of another schedule", E, 'ck.st: the checkpoint was written with lr_schedule = "constant", this run has "cosine"',
+             base + ["--members", "2", "--epochs", "2", "--lr-schedule", "cosine", "--resume", ck]),
+            ("--lr with more values than members", E, "--lr gives 3 values for 2 member\\(s\\)",
+             base + ["--members", "2", "--epochs", "1", "--lr", "0.1,0.2,0.3"]),
+            ("a warmup as long as the run", E, "--warmup-steps 4 leaves none of the run's 4 steps",
+             base + ["--epochs", "1", "--lr-schedule", "cosine", "--warmup-steps", "4"]),
             ("a checkpoint of another member count", E, "ck.st: the checkpoint was written with members = 2, this run has 4",
              base + ["--members", "4", "--epochs", "2", "--resume", ck]),
             ("a tampered tensor shape", E, "shape.st", base + ["--members", "2", "--epochs", "2", "--resume", tampered("shape", shape)]),
@@ -120,6 +136,9 @@ def main():
             ("--test-limit past the data", base + ["--epochs", "1", "--test-limit", "1000000"]),
             ("--report-every past the epoch", base + ["--epochs", "1", "--report-every", "1000000000"]),
             ("--lr 10 (diverges, reported as null)", base + ["--epochs", "1", "--lr", "10"]),
+            ("adamw with a cosine after warmup, clipping and a rate per member",
+             base + ["--epochs", "1", "--members", "2", "--optimizer", "adamw", "--lr", "0.001,0.003", "--lr-schedule",
+                     "cosine", "--warmup-steps", "2", "--clip-norm", "1"]),
         ]
         import re
         failures = 0

@@ -55,6 +55,7 @@ assert [p["members"] for p in curve] == [1, 2]
 assert curve[0]["test_accuracy"] == e["member_test_accuracy"][0]
 assert m["config"]["members"] == 2 and m["config"]["devices"] == 2
 assert m["config"]["lr"] == 0.1 and m["config"]["momentum"] == 0.9 and m["config"]["dataset"] == "mnist"
+assert m["config"]["optimizer"] == "sgd" and m["config"]["lr_schedule"] == "constant" and m["config"]["weight_decay"] == 0
 PY
 grep -q '"lr": 0.1,' "$work/m.json" && pass "the config is recorded as given (lr 0.1)" || fail "the config is recorded as given"
 # The ensemble saved after epoch 2, evaluated alone on the same devices: the run's final evaluation, bitwise;

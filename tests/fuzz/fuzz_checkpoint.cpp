@@ -105,7 +105,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   if (epochs < 0) violated("load_checkpoint accepted a file inspect_checkpoint refuses");
   if (f.trainer->epochs_done() != epochs) violated("the trainer's epoch count is not the file's");
-  for (const std::vector<float>& held : {f.trainer->params(), f.trainer->momentum()})
+  for (const std::vector<float>& held : {f.trainer->params(), f.trainer->optimizer_state("momentum")})
     for (float v : held)
       if (v != 0.0f) violated("the trainer does not hold the file's parameters");
   return 0;

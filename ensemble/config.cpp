@@ -1,0 +1,129 @@
+// TrainConfig's checks and JSON, and the modes' names.
+#include <pmapcc/ensemble/config.h>
+
+#include <charconv>
+#include <cmath>
+
+#include <pmap/error.h>
+
+namespace pmap::ensemble {
+
+std::string TrainConfig::mesh_text() const { return std::to_string(mesh_axis) + "x" + std::to_string(mesh_model); }
+
+std::string_view to_string(Mode m) {
+  return m == Mode::ensemble ? "ensemble" : m == Mode::data_parallel ? "data-parallel" : "model-parallel";
+}
+
+Mode parse_mode(std::string_view text) {
+  for (Mode m : {Mode::ensemble, Mode::data_parallel, Mode::model_parallel})
+    if (text == to_string(m)) return m;
+  throw ValueError("--mode must be ensemble, data-parallel or model-parallel, got '" + std::string(text) + "'");
+}
+
+namespace {
+
+// The float as the decimal it was most likely written as: the shortest one that reads back to it.
+double as_given(float v) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  double d = 0;
+  std::from_chars(buf, r.ptr, d);
+  return d;
+}
+
+// One value for every member as a number, a per-member list as an array.
+io::Json as_given(const std::vector<float>& v) {
+  if (v.size() == 1) return as_given(v[0]);
+  io::Json a = io::Json::array();
+  for (float x : v) a.push_back(as_given(x));
+  return a;
+}
+
+// The optimizer's fields, those it uses only: the flags' names with '_' for '-'.
+void optimizer_json(const OptimizerConfig& o, int members, io::Json& j) {
+  j["optimizer"] = o.name;
+  j["lr"] = as_given(o.learning_rate);
+  if (o.name == "sgd") {
+    j["momentum"] = as_given(o.momentum);
+    j["nesterov"] = o.nesterov;
+  } else {
+    j["beta_1"] = o.beta_1;
+    j["beta_2"] = o.beta_2;
+    j["epsilon"] = as_given(o.epsilon);
+  }
+  std::vector<float> decay;
+  for (int m = 0; m < (o.weight_decay.size() > 1 ? members : 1); ++m) decay.push_back(o.weight_decay_of(m));
+  j["weight_decay"] = as_given(decay);
+  j["clip_norm"] = as_given(o.clip_norm);
+  j["lr_schedule"] = o.schedule.str();
+  j["warmup_steps"] = o.schedule.warmup_steps;
+  if (o.schedule.kind == kernels::ScheduleKind::cosine) j["decay_steps"] = o.schedule.decay_steps;
+}
+
+}  // namespace
+
+io::Json TrainConfig::to_json() const {
+  io::Json j = io::Json::object();
+  j["backend"] = pmap::to_string(backend);
+  j["devices"] = devices;
+  j["members"] = members;
+  j["mode"] = ensemble::to_string(mode);
+  j["mesh"] = mesh_text();
+  if (splits_weights()) {
+    io::Json entries = io::Json::array();
+    for (const LayoutMap::Entry& e : layout.entries())
+      entries.push_back({{"pattern", e.pattern}, {"spec", e.spec.str()}});
+    j["layout"] = std::move(entries);
+  }
+  j["epochs"] = epochs;
+  j["batch_size"] = batch_size;
+  optimizer_json(optimizer, members, j);
+  j["seed"] = static_cast<std::int64_t>(seed);
+  j["train_limit"] = train_limit;
+  j["test_limit"] = test_limit;
+  j["eval_batch"] = eval_batch;
+  j["pin_threads"] = pin_threads;
+  j["member_group"] = member_group;
+  j["report_every"] = report_every;
+  j["kernels"] = cuda_kernels_on_host ? "cuda-on-host" : "native";
+  j["graphs"] = graphs;
+  j["processes"] = processes;
+  j["dataset"] = dataset;
+  return j;
+}
+
+// `devices`: along the mode's axis (the mesh's first), which the members or the batch are split over.
+void TrainConfig::check(int along, const Dataset& train, const Dataset& test) const {
+  const TrainConfig& c = *this;
+  auto bad = [](const std::string& m) { throw ValueError(m); };
+  if (c.epochs < 0) bad("--epochs must be >= 0, got " + std::to_string(c.epochs));
+  if (c.batch_size < 1) bad("--batch-size must be >= 1, got " + std::to_string(c.batch_size));
+  c.optimizer.check(c.members);
+  if (c.optimizer.clip_norm > 0 && c.splits_weights())
+    bad("--clip-norm with weights split over 'model' is not supported yet (the global norm would need the "
+        "split tensors' sums over 'model'): train without --clip-norm, or with --mesh " + std::to_string(along) +
+        "x1");
+  if (c.eval_batch < 1) bad("eval batch must be >= 1");
+  if (c.report_every < 0) bad("report_every must be >= 0 (0: automatic), got " + std::to_string(c.report_every));
+  const std::string over = c.splits_weights()
+                               ? "the " + std::to_string(along) + " devices of --mesh's first axis"
+                               : "--devices " + std::to_string(along);
+  if (c.mode == Mode::ensemble && c.members % along != 0)
+    bad("--members " + std::to_string(c.members) + " is not a multiple of " + over +
+        ": every device runs the same number of members");
+  if (c.mode != Mode::ensemble && c.members != 1)
+    bad("--mode " + std::string(to_string(c.mode)) + " trains one model over the devices: --members must be 1, got " +
+        std::to_string(c.members));
+  if (c.mode != Mode::ensemble && c.batch_size % along != 0)
+    bad("--batch-size " + std::to_string(c.batch_size) + " does not split evenly over " + over);
+  if (c.epochs > 0 && train.count < c.batch_size)
+    bad("--batch-size " + std::to_string(c.batch_size) + " is larger than the " + std::to_string(train.count) +
+        " training examples (see --train-limit)");
+  if (test.count < 1) bad("the test set is empty");
+  if (train.rows != test.rows || train.cols != test.cols)
+    bad("the training images are " + std::to_string(train.rows) + "x" + std::to_string(train.cols) +
+        ", the test images " + std::to_string(test.rows) + "x" + std::to_string(test.cols) +
+        ": --data must hold the two splits of one dataset");
+}
+
+}  // namespace pmap::ensemble

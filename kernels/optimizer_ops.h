@@ -1,0 +1,145 @@
+// OptimizerOps: the op family of optimizer updates (SGD, Adam), learning-rate schedules, gradient clipping
+// by global norm and the step counter, with one CPU implementation (kernels/cpu/optimizer.cpp) and one
+// CUDA one (kernels/cuda/optimizer.cu). Every hyper-parameter that changes between steps or between members
+// (the learning rate, Adam's step size, weight decay, the clipping factor) is read from device memory, never
+// passed by value, so a captured CUDA graph computes the right values at every replay.
+//
+// Update ops work on one parameter tensor of M members at a time: (M, n) blocks, member-major, and read
+// per-member scalars from (M) device arrays. All arithmetic is element-wise in float, in a fixed order and
+// without FMA contraction: the CPU and CUDA ops give the same bits (the CPU ops are the oracle).
+#pragma once
+
+#include <math.h>  // cos, pow, floor: glibc on the host, CUDA's on the device
+
+#include <cstddef>
+#include <cstdint>
+
+#include <pmap/detail/launch.h>
+
+namespace pmap::kernels {
+
+// A learning-rate schedule as a factor of the base rate at step t (the number of updates already made).
+// For t < warmup_steps, a linear warmup from 0 (optax's linear_schedule to the peak): t / warmup_steps.
+// After it, with s = t - warmup_steps:
+//   constant:    1
+//   piecewise:   values[i] for the last boundaries[i] <= s (1 before the first boundary)
+//   exponential: decay_rate ^ (s / decay_steps)   (floor(s / decay_steps) with staircase)
+//   cosine:      alpha + (1 - alpha) * 0.5 * (1 + cos(pi * min(s, decay_steps) / decay_steps))
+// The factor is computed in double and multiplied into the float base rate once; constant without warmup
+// gives the base rate bit for bit.
+enum class ScheduleKind : std::int32_t { constant, piecewise, exponential, cosine };
+inline constexpr int kMaxScheduleBoundaries = 8;
+struct ScheduleParams {
+  ScheduleKind kind = ScheduleKind::constant;
+  std::int64_t warmup_steps = 0;
+  std::int64_t decay_steps = 1;  // exponential: the transition steps; cosine: the decay's length
+  double decay_rate = 1.0;       // exponential
+  bool staircase = false;        // exponential
+  double alpha = 0.0;            // cosine: the final factor
+  int boundaries_count = 0;      // piecewise
+  std::int64_t boundaries[kMaxScheduleBoundaries] = {};
+  double values[kMaxScheduleBoundaries] = {};
+};
+
+// The schedule's factor at step t, in double: the one formula the CPU op and the CUDA kernel use (on a
+// GPU, CUDA's cos and pow may differ from glibc's in the last bit).
+PMAPCC_HD inline double schedule_factor(const ScheduleParams& p, std::int64_t t) {
+  if (t < p.warmup_steps) return static_cast<double>(t) / static_cast<double>(p.warmup_steps);
+  const std::int64_t s = t - p.warmup_steps;
+  switch (p.kind) {
+    case ScheduleKind::constant: return 1.0;
+    case ScheduleKind::piecewise: {
+      double f = 1.0;
+      for (int i = 0; i < p.boundaries_count; ++i)
+        if (s >= p.boundaries[i]) f = p.values[i];
+      return f;
+    }
+    case ScheduleKind::exponential: {
+      double e = static_cast<double>(s) / static_cast<double>(p.decay_steps);
+      if (p.staircase) e = floor(e);
+      return pow(p.decay_rate, e);
+    }
+    case ScheduleKind::cosine: {
+      const double done = static_cast<double>(s < p.decay_steps ? s : p.decay_steps) / static_cast<double>(p.decay_steps);
+      return p.alpha + (1.0 - p.alpha) * 0.5 * (1.0 + cos(3.14159265358979323846 * done));
+    }
+  }
+  return 1.0;
+}
+
+
+// SGD with momentum, optax.sgd semantics: m <- momentum * m + g; p <- p - lr * m. nesterov (optax
+// nesterov=True): p <- p - lr * (g + momentum * m_new).
+struct SgdParams {
+  float momentum = 0.9f;
+  bool nesterov = false;
+};
+
+// Adam as Keras computes it (keras.optimizers.Adam; epsilon is added to sqrt(v) before the bias
+// correction, the paper's "epsilon hat"): with t = step + 1,
+//   m <- m + (g - m) * (1 - beta_1);  v <- v + (g^2 - v) * (1 - beta_2)
+//   p <- p - alpha * m / (sqrt(v) + epsilon),  alpha = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t)
+// The betas are doubles, as Keras's Python floats: 1 - beta and beta^t are computed in double.
+struct AdamParams {
+  double beta_1 = 0.9;
+  double beta_2 = 0.999;
+  float epsilon = 1e-7f;
+};
+
+// Adam's bias-corrected step size for a learning rate at step t (t updates made before this one).
+PMAPCC_HD inline float adam_alpha(const AdamParams& p, float lr, std::int64_t t) {
+  const double n = static_cast<double>(t + 1);
+  const double c = sqrt(1.0 - pow(p.beta_2, n)) / (1.0 - pow(p.beta_1, n));
+  return static_cast<float>(static_cast<double>(lr) * c);
+}
+
+// The per-member scalars an update reads, each an (M) f32 array in device memory:
+//   lr: the learning rate of this step (schedule_lr's output);
+//   weight_decay (nullable: none): decoupled weight decay as Keras applies it, p <- p - p * wd * lr before
+//     the update (AdamW's rule; for SGD, Keras's weight_decay);
+//   grad_scale (nullable: 1): a factor on the gradient (clip_factor's output).
+struct UpdateScalars {
+  const float* lr = nullptr;
+  const float* weight_decay = nullptr;
+  const float* grad_scale = nullptr;
+};
+
+class OptimizerOps {
+ public:
+  virtual ~OptimizerOps() = default;
+
+  // lr (M) = base_lr[m] * schedule_factor(p, *step), rounded to float once; step: (1) i64.
+  virtual void schedule_lr(ScheduleParams p, int members, const std::int64_t* step, const float* base_lr,
+                           float* lr) const = 0;
+
+  // Adam's step size alpha (M) = lr[m] * sqrt(1 - beta_2^t) / (1 - beta_1^t), t = *step + 1, in double.
+  virtual void adam_step_size(AdamParams p, int members, const std::int64_t* step, const float* lr,
+                              float* alpha) const = 0;
+
+  // sumsq (M) f64 = (or += with accumulate) the sum of x^2 over each member's n values of x (M, n), in
+  // double, in index order: one tensor's share of the global norm.
+  virtual void sum_squares(int members, std::size_t n, const float* x, double* sumsq, bool accumulate) const = 0;
+
+  // factor (M) f32 = 1 where sqrt(sumsq[m]) <= max_norm, else max_norm / sqrt(sumsq[m]) (optax's
+  // clip_by_global_norm). max_norm > 0.
+  virtual void clip_factor(int members, const double* sumsq, float max_norm, float* factor) const = 0;
+
+  // SGD-momentum on params and momentum (M, n) in place, from grads (M, n) (read only); see SgdParams
+  // and UpdateScalars.
+  virtual void sgd_update(SgdParams p, int members, std::size_t n, UpdateScalars s, float* params,
+                          float* momentum, const float* grads) const = 0;
+
+  // Adam on params, m and v (M, n) in place, from grads (M, n); alpha: adam_step_size's (M) output.
+  virtual void adam_update(AdamParams p, int members, std::size_t n, UpdateScalars s, const float* alpha,
+                           float* params, float* m, float* v, const float* grads) const = 0;
+
+  // *step += 1 ((1) i64 in device memory).
+  virtual void increment(std::int64_t* step) const = 0;
+};
+
+// Validation (backend-neutral); each throws pmap::ValueError naming the bad field.
+void validate(const ScheduleParams& p);
+void validate(const SgdParams& p);
+void validate(const AdamParams& p);
+
+}  // namespace pmap::kernels

@@ -1,0 +1,292 @@
+// Tests of the optimizers as parts: the optimizer ops (SGD, Adam, schedules, clipping, the step counter)
+// against their formulas computed independently, the CUDA kernels (run on the host; on a GPU too) against
+// the CPU ops bit for bit, schedules as text, the configuration's checks, and optimizer_step over a
+// model's tensors with per-member hyper-parameters.
+#include "cuda_testing.h"
+
+#include <cmath>
+#include <cstring>
+
+#include <pmapcc/ensemble/optimizer.h>
+#include <pmapcc/kernels/cpu_backend.h>
+
+namespace {
+
+using namespace cuda_testing;
+namespace k = pmap::kernels;
+namespace pe = pmap::ensemble;
+
+const k::OptimizerOps& cpu_optimizer() { return k::cpu_backend().optimizer(); }
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Keras's Adam in double, one element: the reference the float op must follow to rounding.
+struct AdamRef {
+  double p, m = 0, v = 0;
+  void step(double g, double lr, int t, double b1 = 0.9, double b2 = 0.999, double eps = 1e-7, double wd = 0) {
+    p -= p * wd * lr;
+    m += (g - m) * (1 - b1);
+    v += (g * g - v) * (1 - b2);
+    const double alpha = lr * std::sqrt(1 - std::pow(b2, t)) / (1 - std::pow(b1, t));
+    p -= m * alpha / (std::sqrt(v) + eps);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("optimizer ops: sgd_update follows optax per member, with decoupled weight decay and a gradient scale") {
+  const int members = 2;
+  const std::size_t n = 33;
+  const std::vector<float> lr{0.1f, 0.05f}, wd{0.01f, 0.0f}, scale{0.5f, 1.0f};
+  for (bool nesterov : {false, true})
+    for (bool extras : {false, true}) {
+      CAPTURE(nesterov);
+      CAPTURE(extras);
+      std::vector<float> params = random_floats(members * n, 51), momentum(members * n, 0.0f);
+      std::vector<float> expect_p = params, expect_m = momentum;
+      const k::UpdateScalars s{lr.data(), extras ? wd.data() : nullptr, extras ? scale.data() : nullptr};
+      for (int step = 0; step < 4; ++step) {
+        const auto g = random_floats(members * n, 52 + static_cast<std::uint32_t>(step));
+        cpu_optimizer().sgd_update(k::SgdParams{0.9f, nesterov}, members, n, s, params.data(), momentum.data(), g.data());
+        for (std::size_t i = 0; i < params.size(); ++i) {  // the same float operations, written out
+          const std::size_t m = i / n;
+          const float gi = extras ? g[i] * scale[m] : g[i];
+          if (extras) expect_p[i] -= expect_p[i] * wd[m] * lr[m];
+          expect_m[i] = 0.9f * expect_m[i] + gi;
+          expect_p[i] -= lr[m] * (nesterov ? gi + 0.9f * expect_m[i] : expect_m[i]);
+        }
+      }
+      CHECK(same_bits(momentum, expect_m));
+      CHECK(same_bits(params, expect_p));
+    }
+  // A constant gradient g: m_t = g (1 - mu^t) / (1 - mu), a closed form to within rounding.
+  std::vector<float> p(1, 0.0f), m(1, 0.0f), g(1, 2.0f), one_lr(1, 0.1f);
+  for (int t = 0; t < 3; ++t)
+    cpu_optimizer().sgd_update(k::SgdParams{0.5f, false}, 1, 1, k::UpdateScalars{one_lr.data()}, p.data(), m.data(),
+                               g.data());
+  CHECK(m[0] == doctest::Approx(2.0 * (1 - 0.125) / 0.5));
+  CHECK(p[0] == doctest::Approx(-0.1 * (2.0 + 3.0 + 3.5)));
+}
+
+TEST_CASE("optimizer ops: adam_update is Keras's Adam (epsilon before the bias correction), AdamW's decay first") {
+  const int members = 2;
+  const std::size_t n = 41;
+  const std::vector<float> lr{1e-3f, 3e-3f}, wd{0.004f, 0.1f};
+  for (bool decay : {false, true}) {
+    CAPTURE(decay);
+    std::vector<float> params = random_floats(members * n, 61), m(members * n, 0.0f), v(members * n, 0.0f);
+    std::vector<AdamRef> ref;
+    for (float x : params) ref.push_back(AdamRef{x});
+    std::vector<float> alpha(members);
+    std::int64_t step = 0;
+    const k::AdamParams adam;
+    for (int t = 1; t <= 6; ++t) {
+      const auto g = random_floats(members * n, 62 + static_cast<std::uint32_t>(t));
+      cpu_optimizer().adam_step_size(adam, members, &step, lr.data(), alpha.data());
+      cpu_optimizer().adam_update(adam, members, n, k::UpdateScalars{lr.data(), decay ? wd.data() : nullptr, nullptr},
+                                  alpha.data(), params.data(), m.data(), v.data(), g.data());
+      cpu_optimizer().increment(&step);
+      for (std::size_t i = 0; i < params.size(); ++i) ref[i].step(g[i], lr[i / n], t, 0.9, 0.999, 1e-7, decay ? wd[i / n] : 0);
+    }
+    CHECK(step == 6);
+    double worst = 0;
+    for (std::size_t i = 0; i < params.size(); ++i)
+      worst = std::max(worst, std::abs(params[i] - ref[i].p) / std::max(1e-3, std::abs(ref[i].p)));
+    CHECK(worst < 2e-6);
+  }
+  // Step 1 of Adam moves every weight by about lr against its gradient's sign (the bias correction).
+  std::vector<float> p{0.5f, 0.5f}, m(2, 0.0f), v(2, 0.0f), g{3.0f, -0.02f}, one_lr{0.01f}, alpha(1);
+  const std::int64_t zero = 0;
+  cpu_optimizer().adam_step_size(k::AdamParams{}, 1, &zero, one_lr.data(), alpha.data());
+  cpu_optimizer().adam_update(k::AdamParams{}, 1, 2, k::UpdateScalars{one_lr.data()}, alpha.data(), p.data(), m.data(),
+                              v.data(), g.data());
+  CHECK(p[0] == doctest::Approx(0.49).epsilon(1e-5));
+  CHECK(p[1] == doctest::Approx(0.51).epsilon(1e-5));
+}
+
+TEST_CASE("optimizer ops: schedules give their formulas' factors, on the device from the step counter") {
+  k::ScheduleParams p;
+  p.warmup_steps = 4;
+  CHECK(k::schedule_factor(p, 0) == 0.0);
+  CHECK(k::schedule_factor(p, 1) == 0.25);
+  CHECK(k::schedule_factor(p, 4) == 1.0);
+  CHECK(k::schedule_factor(p, 1000) == 1.0);
+  p.kind = k::ScheduleKind::cosine, p.decay_steps = 10, p.alpha = 0.1;
+  CHECK(k::schedule_factor(p, 4) == doctest::Approx(1.0));
+  CHECK(k::schedule_factor(p, 9) == doctest::Approx(0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * 0.5))));
+  CHECK(k::schedule_factor(p, 14) == doctest::Approx(0.1));
+  CHECK(k::schedule_factor(p, 100) == doctest::Approx(0.1));  // after the decay: its final factor
+  p = k::ScheduleParams{};
+  p.kind = k::ScheduleKind::exponential, p.decay_steps = 10, p.decay_rate = 0.5;
+  CHECK(k::schedule_factor(p, 5) == doctest::Approx(std::sqrt(0.5)));
+  p.staircase = true;
+  CHECK(k::schedule_factor(p, 5) == 1.0);
+  CHECK(k::schedule_factor(p, 25) == 0.25);
+  p = k::ScheduleParams{};
+  p.kind = k::ScheduleKind::piecewise, p.boundaries_count = 2;
+  p.boundaries[0] = 3, p.values[0] = 0.1, p.boundaries[1] = 6, p.values[1] = 0.01;
+  CHECK(k::schedule_factor(p, 2) == 1.0);
+  CHECK(k::schedule_factor(p, 3) == 0.1);
+  CHECK(k::schedule_factor(p, 7) == 0.01);
+  // The op: the base rate times the factor at *step; a constant schedule leaves it bit for bit.
+  const std::vector<float> base{0.1f, 0.3f};
+  std::vector<float> lr(2);
+  const std::int64_t step = 4;
+  cpu_optimizer().schedule_lr(p, 2, &step, base.data(), lr.data());
+  CHECK(lr == std::vector<float>{static_cast<float>(0.1f * 0.1), static_cast<float>(0.3f * 0.1)});
+  cpu_optimizer().schedule_lr(k::ScheduleParams{}, 2, &step, base.data(), lr.data());
+  CHECK(lr == base);
+  p.boundaries[1] = 2;  // not increasing
+  CHECK_THROWS_WITH_AS(cpu_optimizer().schedule_lr(p, 2, &step, base.data(), lr.data()),
+                       doctest::Contains("increasing"), pmap::ValueError);
+}
+
+TEST_CASE("optimizer ops: clipping by global norm over a member's tensors, as optax") {
+  // Member 0: tensors (3) and (4): norm 5, clipped to 1 -> factor 0.2. Member 1: (0.3), (0.4): norm 0.5, kept.
+  const std::vector<float> a{3.0f, 0.3f}, b{4.0f, 0.4f};
+  std::vector<double> sumsq(2, 99.0);
+  cpu_optimizer().sum_squares(2, 1, a.data(), sumsq.data(), false);
+  cpu_optimizer().sum_squares(2, 1, b.data(), sumsq.data(), true);
+  CHECK(sumsq[0] == 25.0);
+  CHECK(sumsq[1] == doctest::Approx(0.25));
+  std::vector<float> factor(2);
+  cpu_optimizer().clip_factor(2, sumsq.data(), 1.0f, factor.data());
+  CHECK(factor[0] == 0.2f);
+  CHECK(factor[1] == 1.0f);
+  CHECK_THROWS_WITH_AS(cpu_optimizer().clip_factor(2, sumsq.data(), 0.0f, factor.data()),
+                       doctest::Contains("max_norm"), pmap::ValueError);
+}
+
+TEST_CASE("cuda optimizer ops are bitwise the CPU ops") {
+  const int members = 3;
+  const std::size_t n = 1001;
+  const auto params = random_floats(members * n, 71), grads = random_floats(members * n, 72);
+  const std::vector<float> base{0.1f, 0.01f, 0.5f}, wd{0.004f, 0.0f, 0.1f};
+  k::ScheduleParams sched;
+  sched.kind = k::ScheduleKind::cosine, sched.warmup_steps = 1, sched.decay_steps = 5;
+  // Three steps of: lr from the schedule, Adam's step size, clipping to norm 3, SGD and Adam updates.
+  auto run = [&](const k::OptimizerOps& ops, auto&& buffer, auto&& read) {
+    auto step = buffer(std::vector<std::int64_t>{0});
+    auto b = buffer(base), w = buffer(wd), lr = buffer(std::vector<float>(members)), alpha = buffer(std::vector<float>(members));
+    auto sumsq = buffer(std::vector<double>(members)), clip = buffer(std::vector<float>(members));
+    auto g = buffer(grads), sp = buffer(params), sm = buffer(std::vector<float>(members * n));
+    auto ap = buffer(params), am = buffer(std::vector<float>(members * n)), av = buffer(std::vector<float>(members * n));
+    for (int iteration = 0; iteration < 3; ++iteration) {
+      ops.schedule_lr(sched, members, step.template data<std::int64_t>(), b.template data<float>(), lr.template data<float>());
+      ops.adam_step_size(k::AdamParams{}, members, step.template data<std::int64_t>(), lr.template data<float>(),
+                         alpha.template data<float>());
+      ops.sum_squares(members, n, g.template data<float>(), sumsq.template data<double>(), false);
+      ops.clip_factor(members, sumsq.template data<double>(), 3.0f, clip.template data<float>());
+      const k::UpdateScalars s{lr.template data<float>(), w.template data<float>(), clip.template data<float>()};
+      ops.sgd_update(k::SgdParams{0.9f, true}, members, n, s, sp.template data<float>(), sm.template data<float>(),
+                     g.template data<float>());
+      ops.adam_update(k::AdamParams{}, members, n, s, alpha.template data<float>(), ap.template data<float>(),
+                      am.template data<float>(), av.template data<float>(), g.template data<float>());
+      ops.increment(step.template data<std::int64_t>());
+    }
+    return std::vector<std::vector<float>>{read(lr), read(alpha), read(clip), read(sp), read(sm), read(ap), read(am),
+                                           read(av)};
+  };
+  const pmap::Device host{pmap::DeviceKind::cpu, 0, 0};
+  auto host_buffer = [&](auto v) { return on(host, v); };
+  auto read = [](const pmap::Array& a) { return a.to_vector<float>(); };
+  const auto expect = run(cpu_optimizer(), host_buffer, read);
+  CHECK(expect[2][0] < 1.0f);  // the clipping did something
+  for (const Target& t : targets()) {
+    CAPTURE(t.name);
+    auto buffer = [&](auto v) { return on(t.device, v); };
+    const auto got = run(t.backend->optimizer(), buffer, read);
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      CAPTURE(i);
+      if (t.device.is_cpu()) CHECK(same_bits(got[i], expect[i]));
+      else CHECK(relative_error(got[i], expect[i]) <= kForwardTolerance);  // CUDA's cos/pow may differ in the last bit
+    }
+  }
+}
+
+TEST_CASE("schedules as text: every kind parses back from its str(), and bad text names --lr-schedule") {
+  for (const char* text : {"constant", "cosine", "cosine:0.1", "exponential:0.5:100", "piecewise:10=0.1,20=0.01"})
+    CHECK(pe::parse_schedule(text).str() == text);
+  const pe::Schedule s = pe::parse_schedule("piecewise:10=0.1,20=0.01");
+  const k::ScheduleParams p = s.params();
+  CHECK(p.boundaries_count == 2);
+  CHECK(p.boundaries[1] == 20);
+  CHECK(p.values[1] == 0.01);
+  for (auto [text, why] : std::vector<std::pair<const char*, const char*>>{
+           {"linear", "unknown schedule 'linear'"},
+           {"cosine:2", "final factor must be in [0, 1]"},
+           {"exponential:0.5", "a rate and a number of steps"},
+           {"exponential:0.5:0", "the steps must be >= 1"},
+           {"exponential:0.5:-3", "the steps must be >= 1"},
+           {"exponential:x:10", "'x' is not a number"},
+           {"piecewise:10=0.1,5=0.2", "increasing"},
+           {"piecewise:10", "is not STEP=FACTOR"},
+           {"constant:1", "takes no arguments"}}) {
+    CAPTURE(text);
+    CHECK_THROWS_WITH_AS(pe::parse_schedule(text), doctest::Contains(why), pmap::ValueError);
+    CHECK_THROWS_WITH_AS(pe::parse_schedule(text), doctest::Contains("--lr-schedule"), pmap::ValueError);
+  }
+  pe::Schedule warm;
+  warm.warmup_steps = -1;
+  CHECK_THROWS_WITH_AS(warm.params(), doctest::Contains("--warmup-steps"), pmap::ValueError);
+}
+
+TEST_CASE("the optimizer configuration's checks name the flag") {
+  pe::OptimizerConfig c;
+  c.check(4);
+  c.name = "lamb";
+  CHECK_THROWS_WITH_AS(c.check(4), doctest::Contains("--optimizer must be one of sgd, adam, adamw, got 'lamb'"),
+                       pmap::ValueError);
+  CHECK_THROWS_WITH_AS(pe::make_optimizer(c), doctest::Contains("--optimizer"), pmap::ValueError);
+  c = pe::OptimizerConfig{};
+  c.learning_rate = {0.1f, 0.2f, 0.3f};
+  CHECK_THROWS_WITH_AS(c.check(4), doctest::Contains("--lr gives 3 values for 4 member(s)"), pmap::ValueError);
+  c.check(3);
+  CHECK(c.learning_rate_of(2) == 0.3f);
+  c.weight_decay = {-1.0f};
+  CHECK_THROWS_WITH_AS(c.check(3), doctest::Contains("--weight-decay must be a number >= 0"), pmap::ValueError);
+  c.weight_decay = {};
+  CHECK(c.weight_decay_of(1) == 0.0f);
+  c.name = "adamw";
+  CHECK(c.weight_decay_of(1) == 0.004f);  // Keras's AdamW default
+  c.clip_norm = -1;
+  CHECK_THROWS_WITH_AS(c.check(3), doctest::Contains("--clip-norm"), pmap::ValueError);
+  CHECK(pe::optimizer_names() == std::vector<std::string>{"sgd", "adam", "adamw"});
+}
+
+TEST_CASE("optimizer_step updates every tensor of a model, each member with its own rate, and counts the step") {
+  const auto model = pe::flax_mnist_cnn({8, 8, 1}, 3);
+  const int members = 2;
+  const auto p_total = static_cast<std::size_t>(members * model->params_per_member());
+  std::vector<float> init(p_total);
+  const std::vector<pmap::Key> keys{pmap::key(1), pmap::key(2)};
+  model->init(keys, init);
+  const auto grads = random_floats(p_total, 81);
+  const pmap::Device host{pmap::DeviceKind::cpu, 0, 0};
+  for (const char* name : {"sgd", "adam"}) {
+    CAPTURE(name);
+    pe::OptimizerConfig c;
+    c.name = name;
+    c.learning_rate = {0.1f, 0.01f};
+    const auto opt = pe::make_optimizer(c);
+    pe::TrainState state = pe::make_train_state(*opt, pmap::Array::from_host(std::span<const float>(init),
+                                                                            {static_cast<std::int64_t>(p_total)}, host));
+    CHECK(state.opt.size() == opt->slots().size());
+    pe::OptimizerWork work(c, members, 0, host);
+    pe::optimizer_step(*opt, pe::UpdateOptions{}, cpu_optimizer(), *model, work, state, grads.data());
+    CHECK(state.step.to_vector<std::int64_t>() == std::vector<std::int64_t>{1});
+    // Every element moved against its gradient by its member's rate: SGD's first step is exactly lr * g,
+    // Adam's about lr (times the gradient's sign).
+    const auto after = state.params.to_vector<float>();
+    for (const pe::TensorSlot& t : model->tensors())
+      for (int m = 0; m < members; ++m) {
+        const std::size_t at = static_cast<std::size_t>(t.offset * members + m * t.size);
+        const float lr = c.learning_rate[static_cast<std::size_t>(m)];
+        const float expect = std::string(name) == "sgd" ? init[at] - lr * grads[at]
+                                                        : init[at] - lr * (grads[at] > 0 ? 1.0f : -1.0f);
+        CHECK(after[at] == doctest::Approx(expect).epsilon(1e-4));
+      }
+  }
+}
