@@ -60,25 +60,45 @@ bool same_setting(std::string_view field, const Json& a, const Json& b) {
   return a == b;
 }
 
-// What a checkpoint written before a field was recorded ran with: MNIST (the only data there was), and
-// before optimizers were parts, SGD with momentum, constant rate, no decay or clipping.
+// What a checkpoint written before a field was recorded ran with: MNIST and the Flax CNN (the only data and
+// model there were), and before optimizers were parts, SGD with momentum, constant rate, no decay or
+// clipping.
 const Json* legacy_value(std::string_view field) {
   static const Json values{{"dataset", "mnist"},     {"optimizer", "sgd"},    {"nesterov", false},
+                           {"model", "flax-cnn"},
                            {"weight_decay", 0.0},    {"clip_norm", 0.0},      {"lr_schedule", "constant"},
                            {"warmup_steps", 0}};
   const std::string key(field);
   return values.contains(key) ? &values[key] : nullptr;
 }
 
+// The checkpoint's model computes what this run's does: the same input shape and layers, named as here.
+void check_architecture(const SafetensorsFile& f, const JsonView& saved, const Json& now) {
+  const std::size_t n = std::max(saved.size(), now.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::string mine = i < now.size() ? now[i].get<std::string>() : "nothing";
+    const std::string theirs = i < saved.size() ? saved[i].as_string() : "nothing";
+    if (mine == theirs) continue;
+    const std::string what = i == 0 ? "input " : "layer " + std::to_string(i - 1) + " ";
+    throw DataError(f.path.string() + ": the checkpoint's model has " + what + theirs + " where this run's has " +
+                    mine + " (resume with the same model)");
+  }
+}
+
 // The fields a resumed run must share with the run that wrote the checkpoint to continue exactly: the
 // recipe, and every optimizer field this run records.
 void check_same(const SafetensorsFile& f, const Json& saved, const Json& now) {
   const JsonView s(saved, f.path.string(), "__metadata__.config");
-  std::vector<std::string> fields{"mode", "members", "seed", "batch_size", "train_limit", "dataset", "optimizer"};
+  std::vector<std::string> fields{"model", "mode", "members", "seed", "batch_size", "train_limit", "dataset", "optimizer"};
+  if (saved.contains("architecture")) fields.emplace_back("architecture");  // before it was recorded: the flax CNN
   for (const char* o : {"lr", "momentum", "nesterov", "beta_1", "beta_2", "epsilon", "weight_decay", "clip_norm",
                         "lr_schedule", "warmup_steps", "decay_steps"})
     if (now.contains(o)) fields.emplace_back(o);
   for (const std::string& field : fields) {
+    if (field == "architecture") {
+      check_architecture(f, s["architecture"], now.at("architecture"));
+      continue;
+    }
     const Json* a = saved.contains(field) ? &saved[field] : legacy_value(field);
     const Json& b = now.at(field);
     if (a == nullptr) s.fail(std::string("missing field '") + field + "'");
@@ -178,6 +198,9 @@ CheckpointSummary inspect_checkpoint(const std::filesystem::path& path) { return
 void Trainer::load_members(const std::filesystem::path& path, const std::vector<int>& subset) {
   const SafetensorsFile f = load_checkpoint_file(path);
   const CheckpointSummary s = summary_of(f);
+  if (s.config.contains("architecture"))  // before it was recorded: the flax CNN, whose tensors are checked below
+    check_architecture(f, JsonView(s.config, path.string(), "__metadata__.config")["architecture"],
+                       config_.to_json().at("architecture"));
   std::vector<int> pick = subset;
   if (pick.empty())
     for (int m = 0; m < s.members; ++m) pick.push_back(m);

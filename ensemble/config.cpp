@@ -68,6 +68,8 @@ io::Json TrainConfig::to_json() const {
   j["devices"] = devices;
   j["members"] = members;
   j["mode"] = ensemble::to_string(mode);
+  j["model"] = model;
+  if (!architecture.empty()) j["architecture"] = architecture;
   j["mesh"] = mesh_text();
   if (splits_weights()) {
     io::Json entries = io::Json::array();

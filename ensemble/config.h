@@ -37,6 +37,9 @@ struct TrainConfig {
   // Which weights are split over "model", and how (layout.h): used in model-parallel mode and whenever
   // mesh_model > 1. The program puts its --layout entries before these defaults.
   LayoutMap layout = reference_cnn_layout();
+  // The model: a name of make_model's registry (--model), or the name of the model a Trainer was given.
+  std::string model = "flax-cnn";
+  std::vector<std::string> architecture;  // set by the Trainer: its model's Sequential::architecture()
   int epochs = 10;
   int batch_size = 128;
   // The optimizer, its learning rates (one per member for a hyper-parameter ensemble), schedule, weight

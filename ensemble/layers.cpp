@@ -2,6 +2,7 @@
 #include <pmapcc/ensemble/layers.h>
 
 #include <pmap/error.h>
+#include <pmap/array.h>
 
 #include <utility>
 
@@ -28,15 +29,33 @@ int as_int(std::int64_t v) { return static_cast<int>(v); }
 
 class Conv2D final : public Layer {
  public:
-  Conv2D(std::string name, int features, int kernel) : name_(std::move(name)), features_(features), k_(kernel) {}
+  Conv2D(std::string name, int features, Conv2dOptions o) : name_(std::move(name)), features_(features), o_(o) {
+    if (features < 1 || o.kernel < 1 || o.stride < 1 || o.padding == kernels::Padding::explicit_pads)
+      throw ValueError(name_ + ": Conv2D needs features, kernel and stride >= 1 and same or valid padding");
+  }
   std::string name() const override { return name_; }
+  std::string kind() const override { return "Conv2D"; }
+  std::string describe() const override {
+    const std::string k = std::to_string(o_.kernel);
+    return "Conv2D(" + std::to_string(features_) + ", " + k + "x" + k +
+           (o_.stride == 1 ? "" : ", stride " + std::to_string(o_.stride)) +
+           (o_.padding == kernels::Padding::valid ? ", valid" : "") + (o_.use_bias ? "" : ", no bias") + ")";
+  }
   Dims output_shape(const Dims& in) const override {
     check(in);
-    return {in[0], in[1], features_};
+    kernels::Conv2dParams p = kparams(LayerCall{1, 1, in});
+    try {
+      const kernels::ConvGeometry g = kernels::conv2d_geometry(p);
+      return {g.out_height, g.out_width, features_};
+    } catch (const ValueError& e) {
+      throw ShapeError(name_ + ": " + describe() + " on " + shape_str(in) + " inputs: " + e.what());
+    }
   }
   std::vector<ParamSpec> params(const Dims& in) const override {
     check(in);
-    return {{"kernel", {k_, k_, in[2], features_}, k_ * k_ * in[2], false}, {"bias", {features_}, 0, true}};
+    std::vector<ParamSpec> p{{"kernel", {o_.kernel, o_.kernel, in[2], features_}, o_.kernel * o_.kernel * in[2], false}};
+    if (o_.use_bias) p.push_back({"bias", {features_}, 0, true});
+    return p;
   }
   bool in_place() const override { return false; }
   bool fuses_relu_forward() const override { return true; }
@@ -45,11 +64,11 @@ class Conv2D final : public Layer {
   }
   void forward(const kernels::Backend& be, const LayerCall& c, const float* const* p, const float* x, float* y,
                void* ws) const override {
-    be.conv2d_forward(kparams(c), x, p[0], p[1], y, ws);
+    be.conv2d_forward(kparams(c), x, p[0], o_.use_bias ? p[1] : nullptr, y, ws);
   }
   void backward(const kernels::Backend& be, const LayerCall& c, const float* const* p, const float* x, const float*,
                 const float* dy, float* dx, float* const* dp, void* ws) const override {
-    be.conv2d_backward(kparams(c), x, p[0], dy, dx, dp[0], dp[1], ws);
+    be.conv2d_backward(kparams(c), x, p[0], dy, dx, dp[0], o_.use_bias ? dp[1] : nullptr, ws);
   }
 
  private:
@@ -59,24 +78,29 @@ class Conv2D final : public Layer {
   kernels::Conv2dParams kparams(const LayerCall& c) const {
     kernels::Conv2dParams p;
     p.members = c.members, p.batch = c.batch, p.height = as_int(c.input[0]), p.width = as_int(c.input[1]);
-    p.in_channels = as_int(c.input[2]), p.out_channels = features_, p.kernel_h = k_, p.kernel_w = k_;
-    p.padding = kernels::Padding::same, p.shared_input = c.shared_input, p.relu = c.relu;
+    p.in_channels = as_int(c.input[2]), p.out_channels = features_, p.kernel_h = p.kernel_w = o_.kernel;
+    p.stride_h = p.stride_w = o_.stride, p.padding = o_.padding, p.shared_input = c.shared_input, p.relu = c.relu;
     return p;
   }
   std::string name_;
-  int features_, k_;
+  int features_;
+  Conv2dOptions o_;
 
  public:
   std::unique_ptr<Layer> clone() const override { return std::make_unique<Conv2D>(*this); }
   std::unique_ptr<Layer> with_features(int features) const override {
-    return std::make_unique<Conv2D>(name_, features, k_);
+    return std::make_unique<Conv2D>(name_, features, o_);
   }
 };
 
 class Dense final : public Layer {
  public:
-  Dense(std::string name, int features) : name_(std::move(name)), features_(features) {}
+  Dense(std::string name, int features) : name_(std::move(name)), features_(features) {
+    if (features < 1) throw ValueError(name_ + ": Dense needs features >= 1, got " + std::to_string(features));
+  }
   std::string name() const override { return name_; }
+  std::string kind() const override { return "Dense"; }
+  std::string describe() const override { return "Dense(" + std::to_string(features_) + ")"; }
   Dims output_shape(const Dims& in) const override {
     check(in);
     return {features_};
@@ -121,6 +145,7 @@ class Dense final : public Layer {
 class ReLU final : public Layer {
  public:
   std::string name() const override { return "relu"; }
+  std::string kind() const override { return "ReLU"; }
   std::unique_ptr<Layer> clone() const override { return std::make_unique<ReLU>(); }
   bool keeps_feature_blocks(const Dims&) const override { return true; }
   Dims output_shape(const Dims& in) const override { return in; }
@@ -147,6 +172,8 @@ class AvgPool final : public Layer {
  public:
   explicit AvgPool(int window) : window_(window) {}
   std::string name() const override { return "avg_pool"; }
+  std::string kind() const override { return "AveragePooling2D"; }
+  std::string describe() const override { return "AveragePooling2D(" + std::to_string(window_) + ")"; }
   std::unique_ptr<Layer> clone() const override { return std::make_unique<AvgPool>(window_); }
   bool keeps_feature_blocks(const Dims&) const override { return true; }  // per channel
   Dims output_shape(const Dims& in) const override {
@@ -185,6 +212,7 @@ class AvgPool final : public Layer {
 class Flatten final : public Layer {
  public:
   std::string name() const override { return "flatten"; }
+  std::string kind() const override { return "Flatten"; }
   std::unique_ptr<Layer> clone() const override { return std::make_unique<Flatten>(); }
   // (H, W, C) flattens channel blocks into strided, not contiguous, blocks of H*W*C.
   bool keeps_feature_blocks(const Dims& in) const override { return in.size() == 1; }
@@ -206,6 +234,8 @@ class GatherFeatures final : public Layer {
  public:
   explicit GatherFeatures(int parts) : parts_(parts) {}
   std::string name() const override { return "gather_features"; }
+  std::string kind() const override { return "GatherFeatures"; }
+  std::string describe() const override { return "GatherFeatures(" + std::to_string(parts_) + ")"; }
   std::unique_ptr<Layer> clone() const override { return std::make_unique<GatherFeatures>(parts_); }
   Dims output_shape(const Dims& in) const override {
     Dims out = in;
@@ -247,7 +277,10 @@ class GatherFeatures final : public Layer {
 }  // namespace
 
 std::unique_ptr<Layer> conv2d(std::string name, int features, int kernel) {
-  return std::make_unique<Conv2D>(std::move(name), features, kernel);
+  return std::make_unique<Conv2D>(std::move(name), features, Conv2dOptions{kernel});
+}
+std::unique_ptr<Layer> conv2d(std::string name, int features, Conv2dOptions options) {
+  return std::make_unique<Conv2D>(std::move(name), features, options);
 }
 std::unique_ptr<Layer> dense(std::string name, int features) { return std::make_unique<Dense>(std::move(name), features); }
 std::unique_ptr<Layer> relu() { return std::make_unique<ReLU>(); }

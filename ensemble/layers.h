@@ -1,5 +1,5 @@
-// Layers with explicit forward and backward (no tape): Conv2D, Dense, ReLU, AvgPool, Flatten, and for
-// model parallelism GatherFeatures. A layer holds only its configuration; parameters live in the model's
+// Layers with explicit forward and backward (no tape): Conv2D, Dense, ReLU, AvgPool, GlobalAveragePooling2D,
+// Flatten, and for model parallelism GatherFeatures. A layer holds only its configuration; parameters live in the model's
 // one contiguous buffer and are passed in.
 // Every call runs `members` ensemble members at once on member-major tensors (see kernels/ops.h).
 #pragma once
@@ -38,6 +38,10 @@ class Layer {
  public:
   virtual ~Layer() = default;
   virtual std::string name() const = 0;              // "Conv_0", "Dense_1", ...: the checkpoint names
+  virtual std::string kind() const = 0;              // Keras's class name: "Conv2D", "Dense", "ReLU", ...
+  // The kind and the settings that change what it computes, e.g. "Conv2D(32, 3x3, stride 2, valid, no bias)":
+  // what Sequential::summary() and architecture() print. The default: kind().
+  virtual std::string describe() const { return kind(); }
   virtual Dims output_shape(const Dims& input) const = 0;
   virtual std::vector<ParamSpec> params(const Dims& input) const = 0;
   virtual bool in_place() const = 0;                 // the output may be written over the input
@@ -69,11 +73,23 @@ class Layer {
   virtual bool keeps_feature_blocks(const Dims& /*input*/) const { return false; }
 };
 
+// Conv2D's settings, as Keras's Conv2D: a square kernel, a stride in both directions, padding (same:
+// out = ceil(in / stride), the odd padding pixel after, as TensorFlow/Keras and XLA; valid: none) and
+// whether it has a bias.
+struct Conv2dOptions {
+  int kernel = 3;
+  int stride = 1;
+  kernels::Padding padding = kernels::Padding::same;
+  bool use_bias = true;
+};
 std::unique_ptr<Layer> conv2d(std::string name, int features, int kernel = 3);  // SAME padding, stride 1
+std::unique_ptr<Layer> conv2d(std::string name, int features, Conv2dOptions options);
 std::unique_ptr<Layer> dense(std::string name, int features);
 std::unique_ptr<Layer> relu();
 std::unique_ptr<Layer> avg_pool(int window = 2);  // window = stride, VALID
 std::unique_ptr<Layer> flatten();
+// Keras's GlobalAveragePooling2D: (H, W, C) -> (C), each channel's mean (global_pool.cpp).
+std::unique_ptr<Layer> global_avg_pool();
 // Model parallelism (ensemble/layout.h): the whole features from `parts` devices' contiguous blocks of the
 // last dimension, (..., F) -> (..., parts x F). Its forward writes the input into block LayerCall::block of
 // the output and leaves the other blocks as they are: the caller zeroes the output first, and a psum over

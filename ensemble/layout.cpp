@@ -263,7 +263,8 @@ LocalModel local_model(const Sequential& model, const ShardingPlan& plan) {
       continue;
     }
     const ShardedTensor& kernel = plan.tensor(layer.name() + "/kernel");
-    const ShardedTensor& bias = plan.tensor(layer.name() + "/bias");
+    const bool has_bias = layer.params(in).size() > 1;  // Conv2D(use_bias = false) has its kernel only
+    const ShardedTensor* bias = has_bias ? &plan.tensor(layer.name() + "/bias") : nullptr;
     const std::size_t rank = kernel.shape.size(), in_dim = rank - 2, out_dim = rank - 1;
     for (std::size_t d = 0; d < in_dim; ++d)
       if (kernel.axis_of_dim[d] >= 0)
@@ -283,8 +284,8 @@ LocalModel local_model(const Sequential& model, const ShardingPlan& plan) {
                        ", but its input arrives whole: a row-parallel layer must follow a column-parallel one");
     }
     const PartitionSpec bias_wanted = out_axis >= 0 ? PartitionSpec{{kernel.spec.dims[out_dim]}} : PartitionSpec{{}};
-    if (bias.spec != bias_wanted && !(out_axis < 0 && bias.spec.replicated()))
-      throw ValueError(about(bias) + "a bias follows its kernel's output features: it must be " +
+    if (bias != nullptr && bias->spec != bias_wanted && !(out_axis < 0 && bias->spec.replicated()))
+      throw ValueError(about(*bias) + "a bias follows its kernel's output features: it must be " +
                        (out_axis >= 0 ? bias_wanted.str() : std::string("whole, ()")) + " as " + kernel.name +
                        " is " + kernel.spec.str());
     const int output = output_features_axis(plan, layer.name(), model.shapes()[i + 1]);

@@ -1,9 +1,12 @@
 // Sequential's parameter layout and initialization, and the reference CNN.
 #include <pmapcc/ensemble/model.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
-#include <sstream>
+#include <cstdio>
 
+#include <pmap/array.h>
 #include <pmap/error.h>
 
 namespace pmap::ensemble {
@@ -13,8 +16,8 @@ namespace {
 constexpr double kTruncatedStd = 0.87962566103423978;
 }  // namespace
 
-Sequential::Sequential(Dims input, std::vector<std::unique_ptr<Layer>> layers)
-    : input_(std::move(input)), layers_(std::move(layers)) {
+Sequential::Sequential(Dims input, std::vector<std::unique_ptr<Layer>> layers, std::string name)
+    : name_(std::move(name)), input_(std::move(input)), layers_(std::move(layers)) {
   if (layers_.empty()) throw ValueError("Sequential: no layers");
   shapes_.push_back(input_);
   for (std::size_t i = 0; i < layers_.size(); ++i) {
@@ -52,20 +55,72 @@ void Sequential::init(std::span<const Key> keys, std::span<float> params) const 
   }
 }
 
+namespace {
+
+std::string dims_text(const Dims& d) { return shape_str(d); }
+
+// 824458 as "824,458".
+std::string grouped(std::int64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+// "(3.15 MB)": n float32 values.
+std::string bytes_text(std::int64_t n) {
+  char buf[32];
+  const double b = 4.0 * static_cast<double>(n);
+  if (b >= 1e6) std::snprintf(buf, sizeof buf, "(%.2f MB)", b / (1024.0 * 1024.0));
+  else if (b >= 1e3) std::snprintf(buf, sizeof buf, "(%.2f KB)", b / 1024.0);
+  else std::snprintf(buf, sizeof buf, "(%.2f B)", b);
+  return buf;
+}
+
+}  // namespace
+
 std::string Sequential::summary() const {
-  std::ostringstream os;
-  auto dims = [](const Dims& d) {
-    std::string s = "(";
-    for (std::size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
-    return s + ")";
-  };
+  std::vector<std::array<std::string, 3>> rows;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     std::int64_t n = 0;
     for (const auto& spec : layers_[i]->params(shapes_[i])) n += product(spec.shape);
-    os << layers_[i]->name() << " " << dims(shapes_[i]) << " -> " << dims(shapes_[i + 1]) << "  params " << n << "\n";
+    Dims out{-1};
+    out.insert(out.end(), shapes_[i + 1].begin(), shapes_[i + 1].end());
+    std::string shape = dims_text(out);
+    shape.replace(1, 2, "None");
+    rows.push_back({layers_[i]->name() + " (" + layers_[i]->describe() + ")", shape, grouped(n)});
   }
-  os << "total params per member: " << params_per_member_ << "\n";
-  return os.str();
+  std::array<std::size_t, 3> width{12, 12, 7};  // "Layer (type)", "Output Shape", "Param #"
+  for (const auto& r : rows)
+    for (std::size_t c = 0; c < 3; ++c) width[c] = std::max(width[c], r[c].size());
+  auto line = [&] {
+    std::string s = "+";
+    for (std::size_t w : width) s += std::string(w + 2, '-') + "+";
+    return s + "\n";
+  };
+  auto row = [&](const std::array<std::string, 3>& r) {
+    std::string s = "|";
+    for (std::size_t c = 0; c < 3; ++c) {
+      const std::string pad(width[c] - r[c].size(), ' ');
+      s += " " + (c == 2 ? pad + r[c] : r[c] + pad) + " |";
+    }
+    return s + "\n";
+  };
+  std::string out = "Model: \"" + name_ + "\"\n" + line() + row({"Layer (type)", "Output Shape", "Param #"}) + line();
+  for (const auto& r : rows) out += row(r);
+  out += line();
+  out += " Total params: " + grouped(params_per_member_) + " " + bytes_text(params_per_member_) + "\n";
+  out += " Trainable params: " + grouped(params_per_member_) + " " + bytes_text(params_per_member_) + "\n";
+  out += " Non-trainable params: 0 " + bytes_text(0) + "\n";
+  return out;
+}
+
+std::vector<std::string> Sequential::architecture() const {
+  std::vector<std::string> out{dims_text(input_)};
+  for (const auto& l : layers_) out.push_back(l->name() + "=" + l->describe());
+  return out;
 }
 
 std::unique_ptr<Sequential> flax_mnist_cnn(Dims input, int classes) {
@@ -80,7 +135,34 @@ std::unique_ptr<Sequential> flax_mnist_cnn(Dims input, int classes) {
   l.push_back(dense("Dense_0", 256));
   l.push_back(relu());
   l.push_back(dense("Dense_1", classes));
-  return std::make_unique<Sequential>(std::move(input), std::move(l));
+  return std::make_unique<Sequential>(std::move(input), std::move(l), "flax-cnn");
+}
+
+namespace {
+
+using ModelFactory = std::unique_ptr<Sequential> (*)(Dims, int);
+
+// The registry: one line per model.
+const std::vector<std::pair<std::string, ModelFactory>>& models() {
+  static const std::vector<std::pair<std::string, ModelFactory>> r{{"flax-cnn", flax_mnist_cnn}};
+  return r;
+}
+
+}  // namespace
+
+std::vector<std::string> model_names() {
+  std::vector<std::string> out;
+  for (const auto& [n, f] : models()) out.push_back(n);
+  return out;
+}
+
+std::unique_ptr<Sequential> make_model(const std::string& name, Dims input, int classes) {
+  std::string names;
+  for (const auto& [n, f] : models()) {
+    if (n == name) return f(std::move(input), classes);
+    names += (names.empty() ? "" : ", ") + n;
+  }
+  throw ValueError("--model must be one of " + names + ", got '" + name + "'");
 }
 
 }  // namespace pmap::ensemble

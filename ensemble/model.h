@@ -30,8 +30,12 @@ struct TensorSlot {
 
 class Sequential {
  public:
-  Sequential(Dims input, std::vector<std::unique_ptr<Layer>> layers);
+  // The layers in order on inputs of shape `input` (per example, (H, W, C) or (F)); `name` is what the
+  // summary, metrics and checkpoints call the model. ShapeError naming the layer when one does not fit
+  // its input; ValueError when the first layer has no parameters (it reads the batch every member shares).
+  Sequential(Dims input, std::vector<std::unique_ptr<Layer>> layers, std::string name = "sequential");
 
+  const std::string& name() const { return name_; }
   const Dims& input_shape() const { return input_; }
   const Dims& output_shape() const { return shapes_.back(); }
   // shapes()[i] is layer i's input shape; shapes()[layers] the output.
@@ -39,7 +43,13 @@ class Sequential {
   const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
   const std::vector<TensorSlot>& tensors() const { return tensors_; }
   std::int64_t params_per_member() const { return params_per_member_; }
-  std::string summary() const;  // one line per layer with shapes and parameter counts
+  // Keras's model.summary() table: each layer's name (description), output shape (None, ...) and
+  // parameters per member, then the total, trainable and non-trainable counts.
+  std::string summary() const;
+  // What identifies what the model computes: the input shape, then every layer's name and description,
+  // e.g. {"(28, 28, 1)", "Conv_0=Conv2D(32, 3x3)", "relu=ReLU", ...}. Checkpoints record it, and a resumed
+  // run must have the same.
+  std::vector<std::string> architecture() const;
 
   // Initial parameters of keys.size() members into `params` (host, keys.size() * params_per_member()):
   // kernels LeCun-normal (truncated normal in [-2, 2], stddev sqrt(1/fan_in) / 0.8796256610342398, as
@@ -48,6 +58,7 @@ class Sequential {
   void init(std::span<const Key> keys, std::span<float> params) const;
 
  private:
+  std::string name_;
   Dims input_;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<Dims> shapes_;
@@ -56,7 +67,14 @@ class Sequential {
 };
 
 // The Flax MNIST CNN: Conv(32,3x3,SAME) ReLU AvgPool(2) Conv(64,3x3,SAME) ReLU AvgPool(2) Flatten
-// Dense(256) ReLU Dense(10), on (28, 28, 1) inputs: 824,458 parameters.
+// Dense(256) ReLU Dense(10), on (28, 28, 1) inputs: 824,458 parameters. Its name is "flax-cnn".
 std::unique_ptr<Sequential> flax_mnist_cnn(Dims input = {28, 28, 1}, int classes = 10);
+
+// The models the program can build by name (--model): "flax-cnn". A new one is a factory and a line in the
+// registry of model.cpp.
+std::vector<std::string> model_names();
+// The model `name` for images of shape `input` and `classes` classes; ValueError naming --model for an
+// unknown name.
+std::unique_ptr<Sequential> make_model(const std::string& name, Dims input, int classes);
 
 }  // namespace pmap::ensemble

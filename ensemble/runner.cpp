@@ -131,7 +131,8 @@ const float* ModelRunner::forward(const float* x, int batch, const float* params
     const LayerSplit& s = split_.layers[i];
     const bool row = s.kind == LayerSplit::Kind::row, gather = s.kind == LayerSplit::Kind::gather;
     // The psum adds every device's partial outputs: the bias (the layer's last tensor) must count once.
-    if (row && axis_index(axis_of(i)) != 0) p[layer_tensors_[i].size() - 1] = zero_bias_.data<float>();
+    if (row && layer_tensors_[i].back()->is_bias && axis_index(axis_of(i)) != 0)
+      p[layer_tensors_[i].size() - 1] = zero_bias_.data<float>();
     Array& out = storage_[static_cast<std::size_t>(act_store_[i + 1])];
     if (gather) {  // this device's block among zeros; all of the buffer, which the psum adds whole
       c.block = axis_index(axis_of(i));

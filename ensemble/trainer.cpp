@@ -43,6 +43,19 @@ std::vector<AxisSpec> mesh_axes(const TrainConfig& c, int devices) {
   return {{first, devices}};
 }
 
+// The model, checked against the data: it takes the images whole and gives one output per class.
+std::unique_ptr<Sequential> checked_model(std::unique_ptr<Sequential> model, const Dataset& data) {
+  if (model == nullptr) throw ValueError("Trainer: no model");
+  const Dims images{data.rows, data.cols, 1};
+  if (model->input_shape() != images)
+    throw ValueError("--model " + model->name() + " takes " + shape_str(model->input_shape()) +
+                     " inputs; the data's images are " + shape_str(images));
+  if (product(model->output_shape()) != data.num_classes)
+    throw ValueError("--model " + model->name() + " gives " + std::to_string(product(model->output_shape())) +
+                     " outputs; the data has " + std::to_string(data.num_classes) + " classes");
+  return model;
+}
+
 Mesh build_mesh(const TrainConfig& c) {
   if (c.cuda_kernels_on_host && c.backend != DeviceKind::cpu)
     throw ValueError("cuda_kernels_on_host runs the CUDA kernels on the host, for CPU devices: use --backend cpu");
@@ -107,8 +120,13 @@ int Trainer::member_group() const { return work_.empty() ? 0 : work_.front()->ru
 
 
 Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
-    : config_(config), train_(train), test_(test),
-      model_(flax_mnist_cnn({train.rows, train.cols, 1}, train.num_classes)), mesh_(build_mesh(config)) {
+    : Trainer(config, make_model(config.model, {train.rows, train.cols, 1}, train.num_classes), train, test) {}
+
+Trainer::Trainer(TrainConfig config, std::unique_ptr<Sequential> model, const Dataset& train, const Dataset& test)
+    : config_(std::move(config)), train_(train), test_(test), model_(checked_model(std::move(model), train)),
+      mesh_(build_mesh(config_)) {
+  config_.model = model_->name();
+  config_.architecture = model_->architecture();
   const int devices = mesh_.size(), along = mesh_.axes()[0].size;  // along the mode's axis
   config_.devices = devices;
   config_.mesh_axis = along;

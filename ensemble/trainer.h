@@ -59,8 +59,11 @@ using StepCallback = std::function<void(const StepReport&)>;
 class Trainer {
  public:
   // Validates the config against the data (raises ValueError naming the flag), builds the mesh and
-  // initializes every member.
+  // initializes every member of the model config.model names (make_model).
   Trainer(TrainConfig config, const Dataset& train, const Dataset& test);
+  // The same for a model of the caller's (config.model becomes its name). ValueError when its input shape
+  // is not the data's images (H, W, 1) or its outputs are not the data's classes.
+  Trainer(TrainConfig config, std::unique_ptr<Sequential> model, const Dataset& train, const Dataset& test);
   ~Trainer();
 
   const TrainConfig& config() const { return config_; }

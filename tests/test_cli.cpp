@@ -83,6 +83,15 @@ TEST_CASE("bad command lines raise UsageError naming the flag") {
   CHECK_THROWS_AS(parse_cli({"--epochs", "99999999999"}), UsageError);
 }
 
+TEST_CASE("--model names a registered model, --summary asks for its table") {
+  CHECK(parse_cli({}).train.model == "flax-cnn");
+  CHECK_FALSE(parse_cli({}).summary);
+  CHECK(parse_cli({"--summary"}).summary);
+  CHECK(parse_cli({"--model", "flax-cnn"}).train.model == "flax-cnn");
+  CHECK_THROWS_WITH_AS(parse_cli({"--model", "resnet"}), "--model: 'resnet' is not flax-cnn", UsageError);
+  CHECK(pmap::ensemble::cli_help("p").find("  --model NAME          the model: flax-cnn") != std::string::npos);
+}
+
 TEST_CASE("the optimizer's flags: --optimizer, per-member --lr and --weight-decay, schedules, warmup, clipping") {
   auto o = parse_cli({"--optimizer", "adam"});
   CHECK(o.train.optimizer.name == "adam");

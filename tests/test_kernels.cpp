@@ -160,6 +160,18 @@ TEST_CASE("conv2d forward matches the definition and backward matches finite dif
     p.stride_h = p.stride_w = 2;
     check_conv(p);
   }
+  SUBCASE("direct: 1 channel 3x3 VALID stride 2, 8 outputs, shared input") {
+    auto p = conv_params(2, 3, 12, 12, 1, 8);
+    p.stride_h = p.stride_w = 2;
+    p.padding = Padding::valid;
+    p.shared_input = true;
+    check_conv(p);
+  }
+  SUBCASE("2x2 SAME (the extra padding after), no bias") {
+    auto p = conv_params(2, 2, 5, 5, 8, 12);
+    p.kernel_h = p.kernel_w = 2;
+    check_conv(p);
+  }
   SUBCASE("direct: 4x4 explicit padding, 1 channel, 8 outputs") {
     auto p = conv_params(1, 2, 5, 6, 1, 8);
     p.kernel_h = p.kernel_w = 4;

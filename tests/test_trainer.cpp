@@ -457,9 +457,11 @@ TEST_CASE("a saved ensemble evaluates alone, as a whole or a subset of its membe
   CHECK_THROWS_WITH_AS(pair.load_members(path, {1, 1}), doctest::Contains("named twice"), pmap::ValueError);
   CHECK_THROWS_WITH_AS(pair.load_members(path, {}), doctest::Contains("needs a trainer of 4 members"), pmap::ValueError);
   // A checkpoint of another model (other image size) does not fit.
-  const Dataset big_test = pmap::testing::synthetic_dataset(50, 16, 3);  // Dense_0 takes 4x4x64, not 3x3x64
+  const Dataset big_test = pmap::testing::synthetic_dataset(50, 16, 3);  // 16x16 images, not 12x12
   Trainer other(two, big_test, big_test);
-  CHECK_THROWS_WITH_AS(other.load_members(path, {0, 1}), doctest::Contains("Dense_0/kernel"), pmap::DataError);
+  CHECK_THROWS_WITH_AS(other.load_members(path, {0, 1}),
+                       doctest::Contains("the checkpoint's model has input (12, 12, 1) where this run's has (16, 16, 1)"),
+                       pmap::DataError);
 }
 
 TEST_CASE("the configuration is recorded as given: lr 0.1, not 0.10000000149011612") {

@@ -233,6 +233,8 @@ void layout_flags(CLI::App& a, std::vector<std::string>& layouts) {
 // Floats are converted with from_chars, as their validators read them (CLI11 reads through long double,
 // which can round differently).
 void training_flags(CLI::App& a, TrainConfig& t) {
+  flag(a, "--model", t.model, "NAME", "Training", "the model: flax-cnn (the Flax example's CNN)")
+      ->check(one_of(model_names()))->capture_default_str();
   flag(a, "--epochs", t.epochs, "E", "Training", "epochs")->check(integer_in(0, kMaxCount))->capture_default_str();
   flag(a, "--batch-size", t.batch_size, "B", "Training",
        "examples per step (data- and model-parallel: split over 'data')")
@@ -286,6 +288,8 @@ void optimizer_flags(CLI::App& a, OptimizerConfig& t) {
 }
 
 void output_flags(CLI::App& a, CliOptions& o) {
+  a.add_flag("--summary", o.summary, "print the model's layers, output shapes and parameters (Keras's table)")
+      ->group("Output");
   flag(a, "--progress", o.progress, "P", "Output", "auto | bar | plain | none")
       ->check(one_of({"auto", "bar", "plain", "none"}))->default_str("auto: bar on a terminal");
   flag(a, "--metrics-json", o.metrics_json, "PATH", "Output", "per-epoch metrics as JSON");

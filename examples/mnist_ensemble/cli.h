@@ -26,6 +26,7 @@ struct CliOptions {
   std::vector<int> members_subset;  // with --evaluate: the checkpoint's members to evaluate
   std::vector<std::string> layouts;  // --layout NAME=SPEC, as given (train.layout holds them, then the defaults)
   std::string progress = "auto";
+  bool summary = false;  // --summary: print the model's table before training
   bool help = false;
 };
 

@@ -2,6 +2,7 @@
 // parallel over the devices) and reports each member's and the ensemble's test accuracy and calibration,
 // and at the end the ensemble-size curve; or (--evaluate) evaluates a saved ensemble. Under mpirun or srun
 // the mesh spans the processes (--devices per process); only the main process prints and writes.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -38,7 +39,7 @@ void print_header(const Trainer& t, std::int64_t train_count, std::int64_t test_
               t.total_members(), t.mesh().str().c_str(), t.members_per_device(), std::string(to_string(c.mode)).c_str(),
               dataset_title(c.dataset).c_str(), images.c_str());
   if (train_count > 0)
-    std::printf("%lld parameters per member; epochs %d, batch %d, %s, seed %llu\n",
+    std::printf("%s, %lld parameters per member; epochs %d, batch %d, %s, seed %llu\n", c.model.c_str(),
                 static_cast<long long>(t.model().params_per_member()), c.epochs, c.batch_size,
                 c.optimizer.str().c_str(), static_cast<unsigned long long>(c.seed));
   if (const ShardingPlan* plan = t.plan()) {
@@ -73,6 +74,7 @@ int run_training(const CliOptions& o) {
   if (main_process)
     print_header(trainer, train.count, test.count,
                  o.resume.empty() ? "training" : "resumed after epoch " + std::to_string(trainer.epochs_done()));
+  if (main_process && o.summary) std::printf("\n%s\n", trainer.model().summary().c_str());
   ProgressBar bar(stdout, main_process ? parse_progress_mode(o.progress) : ProgressMode::none, std::max(1, c.epochs));
   while (trainer.epochs_done() < c.epochs) {
     bar.begin_epoch(trainer.epochs_done() + 1, trainer.steps_per_epoch());
@@ -101,11 +103,20 @@ int run_evaluation(const CliOptions& o) {
   c.members = o.members_subset.empty() ? saved.members : static_cast<int>(o.members_subset.size());
   c.mode = Mode::ensemble;
   c.epochs = 0;
+  // The checkpoint's model (before models were recorded: the Flax CNN, the only one), if the program knows it.
+  if (const auto model = saved.config.find("model"); model != saved.config.end() && model->is_string()) {
+    const auto names = model_names();
+    if (std::find(names.begin(), names.end(), model->get<std::string>()) == names.end())
+      throw pmap::DataError(o.evaluate.string() + ": its model '" + model->get<std::string>() +
+                      "' is not one this program builds (--model)");
+    c.model = model->get<std::string>();
+  }
   // Evaluated in the pieces the run was trained with, so a CPU evaluation gives that run's own numbers.
   if (const auto batch = saved.config.find("batch_size"); batch != saved.config.end() && batch->is_number_integer())
     c.batch_size = batch->get<int>();
   Trainer trainer(c, test, test);  // trains nothing: the test set stands in for the training set
   trainer.load_members(o.evaluate, o.members_subset);
+  if (o.summary && trainer.is_main_process()) std::printf("%s\n", trainer.model().summary().c_str());
   EpochMetrics m;
   m.epoch = saved.epochs_done;
   const EnsembleReport report = trainer.evaluate_report(m);

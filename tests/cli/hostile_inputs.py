@@ -66,6 +66,11 @@ def main():
             a, b = h["params/Dense_1/bias"]["data_offsets"]
             h["params/Dense_1/bias"]["data_offsets"] = [a + 4, b + 4]
 
+        def mystery_model(h):
+            config = json.loads(h["__metadata__"]["config"])
+            config["model"] = "mystery"
+            h["__metadata__"]["config"] = json.dumps(config)
+
         def members(h):
             h["__metadata__"]["config"] = h["__metadata__"]["config"].replace('"members":2', '"members":3')
 
@@ -91,6 +96,7 @@ def main():
                           ("100000", E, "100000 members .* need [0-9]+ GB")],
             "--report-every": [("0", R, "out of range"), ("-1", R, "out of range"), ("x", R, "is not an integer")],
             "--members-subset": [("a", R, "is not an integer"), ("0,,1", R, "empty entry"), ("1,1", R, "named twice")],
+            "--model": [("resnet", R, "'resnet' is not flax-cnn"), ("", R, "needs a non-empty value")],
             "--optimizer": [("rmsprop", R, "'rmsprop' is not sgd, adam or adamw"), ("", R, "needs a non-empty value")],
             "--weight-decay": [("-0.1", R, "must be >= 0"), ("nan", R, "not a finite number"), ("0.1,", R, "empty entry"),
                                ("0.1,0.2", E, "--weight-decay gives 2 values for 1 member")],
@@ -107,7 +113,7 @@ def main():
         files = [
             ("train and test images of different sizes", E, "the training images are 28x28, the test images 16x16",
              [binary, "--data", mixed, "--devices", "1", "--epochs", "1"]),
-            ("a checkpoint of another model (16x16)", E, "other.st: tensor 'params/Dense_0/kernel' is F32\\(2, 1024, 256\\), this model needs F32\\(2, 3136, 256\\)",
+            ("a checkpoint of another model (16x16)", E, "other.st: the checkpoint's model has input \\(16, 16, 1\\) where this run's has \\(28, 28, 1\\)",
              base + ["--members", "2", "--epochs", "2", "--resume", other]),
             ("a checkpoint of another recipe (lr)", E, "ck.st: the checkpoint was written with lr = 0.1, this run has 0.05",
              base + ["--members", "2", "--epochs", "2", "--lr", "0.05", "--resume", ck]),
@@ -127,7 +133,9 @@ def main():
              base + ["--members", "2", "--epochs", "2", "--resume", tampered("offsets", offsets)]),
             ("a tampered member count", E, "members.st",
              base + ["--members", "2", "--epochs", "2", "--resume", tampered("members", members)]),
-            ("evaluating a checkpoint of another model", E, "Dense_0/kernel",
+            ("evaluating a checkpoint of a model the program does not build", E,
+             "mystery.st: its model 'mystery' is not one this program builds", base + ["--evaluate", tampered("mystery", mystery_model)]),
+            ("evaluating a checkpoint of another model", E, "other.st: the checkpoint's model has input \\(16, 16, 1\\)",
              base + ["--evaluate", other]),
         ]
         valid = [
