@@ -168,16 +168,21 @@ class ReLU final : public Layer {
   }
 };
 
+// Average pooling over window x window blocks (window = stride, VALID), or with window 0 over the whole
+// image: Keras's GlobalAveragePooling2D, (H, W, C) -> (C), as (M, N, 1, 1, C) is (M, N, C) in memory.
 class AvgPool final : public Layer {
  public:
   explicit AvgPool(int window) : window_(window) {}
-  std::string name() const override { return "avg_pool"; }
-  std::string kind() const override { return "AveragePooling2D"; }
-  std::string describe() const override { return "AveragePooling2D(" + std::to_string(window_) + ")"; }
+  std::string name() const override { return window_ == 0 ? "global_avg_pool" : "avg_pool"; }
+  std::string kind() const override { return window_ == 0 ? "GlobalAveragePooling2D" : "AveragePooling2D"; }
+  std::string describe() const override {
+    return window_ == 0 ? kind() : "AveragePooling2D(" + std::to_string(window_) + ")";
+  }
   std::unique_ptr<Layer> clone() const override { return std::make_unique<AvgPool>(window_); }
   bool keeps_feature_blocks(const Dims&) const override { return true; }  // per channel
   Dims output_shape(const Dims& in) const override {
-    if (in.size() != 3) throw ShapeError("avg_pool: expects (H, W, C) inputs");
+    if (in.size() != 3) throw ShapeError(name() + ": expects (H, W, C) inputs, got " + shape_str(in));
+    if (window_ == 0) return {in[2]};
     return {in[0] / window_, in[1] / window_, in[2]};
   }
   std::vector<ParamSpec> params(const Dims&) const override { return {}; }
@@ -199,10 +204,12 @@ class AvgPool final : public Layer {
 
  private:
   kernels::AvgPoolParams kparams(const LayerCall& c) const {
-    if (c.shared_input) throw ShapeError("avg_pool: a shared input is only supported for the first conv/dense layer");
+    if (c.shared_input) throw ShapeError(name() + ": a shared input is only supported for the first conv/dense layer");
     kernels::AvgPoolParams p;
     p.members = c.members, p.batch = c.batch, p.height = as_int(c.input[0]), p.width = as_int(c.input[1]);
-    p.channels = as_int(c.input[2]), p.window_h = p.window_w = p.stride_h = p.stride_w = window_;
+    p.channels = as_int(c.input[2]);
+    p.window_h = p.stride_h = window_ == 0 ? p.height : window_;
+    p.window_w = p.stride_w = window_ == 0 ? p.width : window_;
     return p;
   }
   int window_;
@@ -284,7 +291,11 @@ std::unique_ptr<Layer> conv2d(std::string name, int features, Conv2dOptions opti
 }
 std::unique_ptr<Layer> dense(std::string name, int features) { return std::make_unique<Dense>(std::move(name), features); }
 std::unique_ptr<Layer> relu() { return std::make_unique<ReLU>(); }
-std::unique_ptr<Layer> avg_pool(int window) { return std::make_unique<AvgPool>(window); }
+std::unique_ptr<Layer> avg_pool(int window) {
+  if (window < 1) throw ValueError("avg_pool: window must be >= 1, got " + std::to_string(window));
+  return std::make_unique<AvgPool>(window);
+}
+std::unique_ptr<Layer> global_avg_pool() { return std::make_unique<AvgPool>(0); }
 std::unique_ptr<Layer> flatten() { return std::make_unique<Flatten>(); }
 std::unique_ptr<Layer> gather_features(int parts) {
   if (parts < 1) throw ValueError("gather_features: parts must be >= 1, got " + std::to_string(parts));

@@ -88,7 +88,7 @@ std::unique_ptr<Layer> dense(std::string name, int features);
 std::unique_ptr<Layer> relu();
 std::unique_ptr<Layer> avg_pool(int window = 2);  // window = stride, VALID
 std::unique_ptr<Layer> flatten();
-// Keras's GlobalAveragePooling2D: (H, W, C) -> (C), each channel's mean (global_pool.cpp).
+// Keras's GlobalAveragePooling2D: (H, W, C) -> (C), each channel's mean.
 std::unique_ptr<Layer> global_avg_pool();
 // Model parallelism (ensemble/layout.h): the whole features from `parts` devices' contiguous blocks of the
 // last dimension, (..., F) -> (..., parts x F). Its forward writes the input into block LayerCall::block of

@@ -15,7 +15,8 @@ using Factory = std::unique_ptr<Optimizer> (*)(const OptimizerConfig&);
 
 // The registry: one line per optimizer.
 const std::vector<std::pair<std::string, Factory>>& registry() {
-  static const std::vector<std::pair<std::string, Factory>> r{{"sgd", make_sgd}, {"adam", make_adam}, {"adamw", make_adam}};
+  static const std::vector<std::pair<std::string, Factory>> r{
+      {"sgd", make_sgd}, {"adam", make_adam}, {"adamw", make_adam}};
   return r;
 }
 
@@ -24,7 +25,8 @@ const std::vector<std::pair<std::string, Factory>>& registry() {
                    " (constant | cosine[:ALPHA] | exponential:RATE:STEPS | piecewise:STEP=FACTOR,...)");
 }
 
-template <class T> T number(std::string_view text, std::string_view part, const char* what) {
+template <class T>
+T number(std::string_view text, std::string_view part, const char* what) {
   T v{};
   const auto r = std::from_chars(part.data(), part.data() + part.size(), v);
   if (part.empty() || r.ec != std::errc() || r.ptr != part.data() + part.size())
@@ -45,7 +47,8 @@ std::vector<std::string_view> split_on(std::string_view s, char sep) {
 }
 
 // The shortest decimal that reads back to v (0.1, not 0.10000000149011612).
-template <class T> std::string shortest(T v) {
+template <class T>
+std::string shortest(T v) {
   char buf[32];
   const auto r = std::to_chars(buf, buf + sizeof buf, v);
   return std::string(buf, r.ptr);
@@ -94,8 +97,10 @@ Schedule parse_schedule(std::string_view text) {
 
 std::string Schedule::str() const {
   switch (kind) {
-    case kernels::ScheduleKind::constant: return "constant";
-    case kernels::ScheduleKind::cosine: return alpha == 0 ? "cosine" : "cosine:" + shortest(alpha);
+    case kernels::ScheduleKind::constant:
+      return "constant";
+    case kernels::ScheduleKind::cosine:
+      return alpha == 0 ? "cosine" : "cosine:" + shortest(alpha);
     case kernels::ScheduleKind::exponential:
       return "exponential:" + shortest(decay_rate) + ":" + std::to_string(decay_steps);
     case kernels::ScheduleKind::piecewise: {
@@ -140,8 +145,8 @@ std::string OptimizerConfig::str() const {
     out += ", weight decay " + (weight_decay.empty() ? shortest(weight_decay_of(0)) : list(weight_decay));
   if (clip_norm > 0) out += ", clip norm " + shortest(clip_norm);
   if (schedule.kind != kernels::ScheduleKind::constant || schedule.warmup_steps > 0)
-    out += ", " + schedule.str() + (schedule.warmup_steps > 0 ? " after " + std::to_string(schedule.warmup_steps) +
-                                                                    " warmup steps" : "");
+    out += ", " + schedule.str() +
+           (schedule.warmup_steps > 0 ? " after " + std::to_string(schedule.warmup_steps) + " warmup steps" : "");
   return out;
 }
 
@@ -198,9 +203,12 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& c) {
 }
 
 OptimizerWork::OptimizerWork(const OptimizerConfig& c, int members, int first, Device device)
-    : base_lr(Shape{members}, DType::f32, device), weight_decay(Shape{members}, DType::f32, device),
-      lr(Shape{members}, DType::f32, device), aux(Shape{members}, DType::f32, device),
-      sumsq(Shape{members}, DType::f64, device), clip(Shape{members}, DType::f32, device) {
+    : base_lr(Shape{members}, DType::f32, device),
+      weight_decay(Shape{members}, DType::f32, device),
+      lr(Shape{members}, DType::f32, device),
+      aux(Shape{members}, DType::f32, device),
+      sumsq(Shape{members}, DType::f64, device),
+      clip(Shape{members}, DType::f32, device) {
   std::vector<float> lrs, wds;
   for (int m = first; m < first + members; ++m) {
     lrs.push_back(c.learning_rate_of(m));
@@ -229,8 +237,8 @@ void optimizer_step(const Optimizer& opt, UpdateOptions u, const kernels::Optimi
   if (u.clip_norm > 0) {
     bool first = true;
     for (const TensorSlot& t : model.tensors()) {
-      ops.sum_squares(members, static_cast<std::size_t>(t.size), grads + t.offset * members,
-                      work.sumsq.data<double>(), !first);
+      ops.sum_squares(members, static_cast<std::size_t>(t.size), grads + t.offset * members, work.sumsq.data<double>(),
+                      !first);
       first = false;
     }
     ops.clip_factor(members, work.sumsq.data<double>(), u.clip_norm, work.clip.data<float>());

@@ -33,12 +33,12 @@ namespace pmap::ensemble {
 struct Schedule {
   kernels::ScheduleKind kind = kernels::ScheduleKind::constant;
   std::int64_t warmup_steps = 0;
-  std::int64_t decay_steps = 0;  // cosine: 0 means the rest of the run (the Trainer fills it in)
-  double decay_rate = 1.0;       // exponential
-  double alpha = 0.0;            // cosine
+  std::int64_t decay_steps = 0;                         // cosine: 0 means the rest of the run (the Trainer fills it in)
+  double decay_rate = 1.0;                              // exponential
+  double alpha = 0.0;                                   // cosine
   std::vector<std::pair<std::int64_t, double>> pieces;  // piecewise: (from step, factor)
 
-  std::string str() const;  // the --lr-schedule text that parses back to this (without warmup)
+  std::string str() const;                 // the --lr-schedule text that parses back to this (without warmup)
   kernels::ScheduleParams params() const;  // ValueError naming --lr-schedule when it cannot be run
 };
 // ValueError naming --lr-schedule and what is wrong (an unknown kind, a bad number, zero or negative steps).
@@ -47,14 +47,14 @@ Schedule parse_schedule(std::string_view text);
 // Everything an optimizer is built from. Keras's defaults: adam/adamw beta_1 0.9, beta_2 0.999, epsilon 1e-7;
 // adamw's weight decay 0.004.
 struct OptimizerConfig {
-  std::string name = "sgd";                 // sgd | adam | adamw (optimizer_names())
-  std::vector<float> learning_rate{0.1f};   // one for every member, or one per member (a hyper-parameter ensemble)
-  float momentum = 0.9f;                    // sgd
-  bool nesterov = false;                    // sgd
-  double beta_1 = 0.9, beta_2 = 0.999;      // adam, adamw
-  float epsilon = 1e-7f;                    // adam, adamw
-  std::vector<float> weight_decay;          // empty: the optimizer's default; else one, or one per member
-  float clip_norm = 0.0f;                   // > 0: clip each member's gradients to this global norm
+  std::string name = "sgd";                // sgd | adam | adamw (optimizer_names())
+  std::vector<float> learning_rate{0.1f};  // one for every member, or one per member (a hyper-parameter ensemble)
+  float momentum = 0.9f;                   // sgd
+  bool nesterov = false;                   // sgd
+  double beta_1 = 0.9, beta_2 = 0.999;     // adam, adamw
+  float epsilon = 1e-7f;                   // adam, adamw
+  std::vector<float> weight_decay;         // empty: the optimizer's default; else one, or one per member
+  float clip_norm = 0.0f;                  // > 0: clip each member's gradients to this global norm
   Schedule schedule;
 
   // "sgd lr 0.1, momentum 0.9", "adamw lr 0.001, weight decay 0.004, clip norm 1, cosine after 100 warmup
@@ -100,13 +100,13 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& c);
 struct OptimizerWork {
   // For `members` members on `device`, global members first .. first + members - 1 of c.
   OptimizerWork(const OptimizerConfig& c, int members, int first, Device device);
-  Array base_lr;       // (M) f32
-  Array weight_decay;  // (M) f32
-  Array lr;            // (M) f32
-  Array aux;           // (M) f32
-  Array sumsq;         // (M) f64
-  Array clip;          // (M) f32
-  bool decays = false; // any weight decay
+  Array base_lr;        // (M) f32
+  Array weight_decay;   // (M) f32
+  Array lr;             // (M) f32
+  Array aux;            // (M) f32
+  Array sumsq;          // (M) f64
+  Array clip;           // (M) f32
+  bool decays = false;  // any weight decay
 };
 
 // What optimizer_step needs besides the optimizer: the schedule (Schedule::params(), its decay steps

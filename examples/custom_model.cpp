@@ -14,7 +14,8 @@ namespace pe = pmap::ensemble;
 // 28x28x1 -> (13, 13, 16) -> (7, 7, 32) -> (32) -> (10): 5,098 parameters per member.
 std::unique_ptr<pe::Sequential> small_convnet() {
   std::vector<std::unique_ptr<pe::Layer>> layers;
-  layers.push_back(pe::conv2d("Conv_0", 16, pe::Conv2dOptions{.kernel = 3, .stride = 2, .padding = pmap::kernels::Padding::valid}));
+  layers.push_back(
+      pe::conv2d("Conv_0", 16, pe::Conv2dOptions{.kernel = 3, .stride = 2, .padding = pmap::kernels::Padding::valid}));
   layers.push_back(pe::relu());
   layers.push_back(pe::conv2d("Conv_1", 32, pe::Conv2dOptions{.kernel = 3, .stride = 2, .use_bias = false}));
   layers.push_back(pe::relu());

@@ -26,8 +26,12 @@ struct SgdMember {
 };
 
 PMAPCC_HD inline SgdMember sgd_member(const SgdParams& p, const UpdateScalars& s, int m) {
-  return SgdMember{s.lr[m], p.momentum, s.weight_decay ? s.weight_decay[m] : 0.0f,
-                   s.grad_scale ? s.grad_scale[m] : 1.0f, p.nesterov, s.weight_decay != nullptr,
+  return SgdMember{s.lr[m],
+                   p.momentum,
+                   s.weight_decay ? s.weight_decay[m] : 0.0f,
+                   s.grad_scale ? s.grad_scale[m] : 1.0f,
+                   p.nesterov,
+                   s.weight_decay != nullptr,
                    s.grad_scale != nullptr};
 }
 
@@ -48,9 +52,15 @@ struct AdamMember {
 };
 
 PMAPCC_HD inline AdamMember adam_member(const AdamParams& p, const UpdateScalars& s, const float* alpha, int m) {
-  return AdamMember{s.lr[m], alpha[m], static_cast<float>(1.0 - p.beta_1), static_cast<float>(1.0 - p.beta_2),
-                    p.epsilon, s.weight_decay ? s.weight_decay[m] : 0.0f, s.grad_scale ? s.grad_scale[m] : 1.0f,
-                    s.weight_decay != nullptr, s.grad_scale != nullptr};
+  return AdamMember{s.lr[m],
+                    alpha[m],
+                    static_cast<float>(1.0 - p.beta_1),
+                    static_cast<float>(1.0 - p.beta_2),
+                    p.epsilon,
+                    s.weight_decay ? s.weight_decay[m] : 0.0f,
+                    s.grad_scale ? s.grad_scale[m] : 1.0f,
+                    s.weight_decay != nullptr,
+                    s.grad_scale != nullptr};
 }
 
 // Keras's order: m += (g - m)(1 - b1); v += (g^2 - v)(1 - b2); p -= (m alpha) / (sqrt(v) + epsilon).

@@ -47,7 +47,8 @@ PMAPCC_HD inline double schedule_factor(const ScheduleParams& p, std::int64_t t)
   if (t < p.warmup_steps) return static_cast<double>(t) / static_cast<double>(p.warmup_steps);
   const std::int64_t s = t - p.warmup_steps;
   switch (p.kind) {
-    case ScheduleKind::constant: return 1.0;
+    case ScheduleKind::constant:
+      return 1.0;
     case ScheduleKind::piecewise: {
       double f = 1.0;
       for (int i = 0; i < p.boundaries_count; ++i)
@@ -60,13 +61,13 @@ PMAPCC_HD inline double schedule_factor(const ScheduleParams& p, std::int64_t t)
       return pow(p.decay_rate, e);
     }
     case ScheduleKind::cosine: {
-      const double done = static_cast<double>(s < p.decay_steps ? s : p.decay_steps) / static_cast<double>(p.decay_steps);
+      const double done =
+          static_cast<double>(s < p.decay_steps ? s : p.decay_steps) / static_cast<double>(p.decay_steps);
       return p.alpha + (1.0 - p.alpha) * 0.5 * (1.0 + cos(3.14159265358979323846 * done));
     }
   }
   return 1.0;
 }
-
 
 // SGD with momentum, optax.sgd semantics: m <- momentum * m + g; p <- p - lr * m. nesterov (optax
 // nesterov=True): p <- p - lr * (g + momentum * m_new).
@@ -126,12 +127,12 @@ class OptimizerOps {
 
   // SGD-momentum on params and momentum (M, n) in place, from grads (M, n) (read only); see SgdParams
   // and UpdateScalars.
-  virtual void sgd_update(SgdParams p, int members, std::size_t n, UpdateScalars s, float* params,
-                          float* momentum, const float* grads) const = 0;
+  virtual void sgd_update(SgdParams p, int members, std::size_t n, UpdateScalars s, float* params, float* momentum,
+                          const float* grads) const = 0;
 
   // Adam on params, m and v (M, n) in place, from grads (M, n); alpha: adam_step_size's (M) output.
-  virtual void adam_update(AdamParams p, int members, std::size_t n, UpdateScalars s, const float* alpha,
-                           float* params, float* m, float* v, const float* grads) const = 0;
+  virtual void adam_update(AdamParams p, int members, std::size_t n, UpdateScalars s, const float* alpha, float* params,
+                           float* m, float* v, const float* grads) const = 0;
 
   // *step += 1 ((1) i64 in device memory).
   virtual void increment(std::int64_t* step) const = 0;

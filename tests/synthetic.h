@@ -14,6 +14,7 @@
 
 #include <pmap/random.h>
 
+#include <pmapcc/ensemble/config.h>
 #include <pmapcc/ensemble/data.h>
 
 namespace pmap::testing {
@@ -49,6 +50,18 @@ struct TrainingData {
 inline const TrainingData& training_data() {
   static const TrainingData d;
   return d;
+}
+
+// The training tests' run on training_data(): `devices` CPU devices, `members` members, `epochs` epochs of
+// 10 steps (batches of 64), eval batches of 128.
+inline ensemble::TrainConfig small_config(int devices, int members, int epochs = 1) {
+  ensemble::TrainConfig c;
+  c.devices = devices;
+  c.members = members;
+  c.epochs = epochs;
+  c.batch_size = 64;
+  c.eval_batch = 128;
+  return c;
 }
 
 // The largest |a[i] - b[i]|; infinity when the sizes differ.

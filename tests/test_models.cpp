@@ -17,29 +17,22 @@ namespace kc = kernel_checks;
 
 namespace {
 
+using pmap::testing::small_config;
+
 const pmap::testing::TrainingData& data() { return pmap::testing::training_data(); }
 
 // Every new piece at once on 12x12 images: a strided valid conv, an even-kernel SAME conv without bias
 // (its padding asymmetric: the extra row and column after), global average pooling, a dense head.
 std::unique_ptr<pe::Sequential> keras_like(int classes = 10) {
   std::vector<std::unique_ptr<pe::Layer>> l;
-  l.push_back(pe::conv2d("Conv_0", 8, pe::Conv2dOptions{.kernel = 3, .stride = 2, .padding = pmap::kernels::Padding::valid}));
+  l.push_back(
+      pe::conv2d("Conv_0", 8, pe::Conv2dOptions{.kernel = 3, .stride = 2, .padding = pmap::kernels::Padding::valid}));
   l.push_back(pe::relu());
   l.push_back(pe::conv2d("Conv_1", 12, pe::Conv2dOptions{.kernel = 2, .use_bias = false}));
   l.push_back(pe::relu());
   l.push_back(pe::global_avg_pool());
   l.push_back(pe::dense("Dense_0", classes));
   return std::make_unique<pe::Sequential>(pe::Dims{12, 12, 1}, std::move(l), "keras-like");
-}
-
-pe::TrainConfig small(int devices, int members) {
-  pe::TrainConfig c;
-  c.devices = devices;
-  c.members = members;
-  c.epochs = 1;
-  c.batch_size = 64;
-  c.eval_batch = 128;
-  return c;
 }
 
 }  // namespace
@@ -52,8 +45,9 @@ TEST_CASE("Conv2D's options give Keras's shapes and parameters, and name themsel
   CHECK(shape({.kernel = 3, .stride = 2, .padding = pmap::kernels::Padding::valid}) == pe::Dims{13, 13, 4});
   CHECK(shape({.kernel = 5, .padding = pmap::kernels::Padding::valid}) == pe::Dims{24, 24, 4});
   CHECK(pe::conv2d("c", 4, pe::Conv2dOptions{.kernel = 6, .use_bias = false})->params(in).size() == 1);
-  CHECK(pe::conv2d("c", 4, pe::Conv2dOptions{.kernel = 6, .stride = 2, .padding = pmap::kernels::Padding::valid,
-                                             .use_bias = false})
+  CHECK(pe::conv2d(
+            "c", 4,
+            pe::Conv2dOptions{.kernel = 6, .stride = 2, .padding = pmap::kernels::Padding::valid, .use_bias = false})
             ->describe() == "Conv2D(4, 6x6, stride 2, valid, no bias)");
   CHECK_THROWS_WITH_AS(pe::conv2d("c", 4, pe::Conv2dOptions{.kernel = 5, .padding = pmap::kernels::Padding::valid})
                            ->output_shape({3, 3, 1}),
@@ -70,7 +64,8 @@ TEST_CASE("GlobalAveragePooling2D gives each channel's mean, and spreads its gra
   std::vector<float> x(2 * 4 * 3), y(2 * 3), dx(x.size());
   for (int m = 0; m < 2; ++m)
     for (int p = 0; p < 4; ++p)
-      for (int c = 0; c < 3; ++c) x[static_cast<std::size_t>((m * 4 + p) * 3 + c)] = static_cast<float>(m * 100 + c * 10 + p);
+      for (int c = 0; c < 3; ++c)
+        x[static_cast<std::size_t>((m * 4 + p) * 3 + c)] = static_cast<float>(m * 100 + c * 10 + p);
   const pe::LayerCall call{2, 1, {2, 2, 3}};
   gap->forward(be, call, nullptr, x.data(), y.data(), nullptr);
   CHECK(y == std::vector<float>{1.5f, 11.5f, 21.5f, 101.5f, 111.5f, 121.5f});
@@ -94,9 +89,18 @@ TEST_CASE("the new layers' gradients (strided, valid, bias-less Conv2D; global p
     bool shared;
   };
   std::vector<Case> cases;
-  cases.push_back({"Conv2D 3x3 stride 2 valid, shared input", pe::conv2d("c", 5, {.kernel = 3, .stride = 2, .padding = Padding::valid}), {9, 8, 1}, true});
-  cases.push_back({"Conv2D 2x2 same (padding after), no bias", pe::conv2d("c", 4, {.kernel = 2, .use_bias = false}), {5, 6, 3}, false});
-  cases.push_back({"Conv2D 6x6 stride 2 same, no bias", pe::conv2d("c", 3, {.kernel = 6, .stride = 2, .use_bias = false}), {9, 9, 2}, false});
+  cases.push_back({"Conv2D 3x3 stride 2 valid, shared input",
+                   pe::conv2d("c", 5, {.kernel = 3, .stride = 2, .padding = Padding::valid}),
+                   {9, 8, 1},
+                   true});
+  cases.push_back({"Conv2D 2x2 same (padding after), no bias",
+                   pe::conv2d("c", 4, {.kernel = 2, .use_bias = false}),
+                   {5, 6, 3},
+                   false});
+  cases.push_back({"Conv2D 6x6 stride 2 same, no bias",
+                   pe::conv2d("c", 3, {.kernel = 6, .stride = 2, .use_bias = false}),
+                   {9, 9, 2},
+                   false});
   cases.push_back({"GlobalAveragePooling2D", pe::global_avg_pool(), {3, 5, 4}, false});
   for (Case& c : cases) {
     CAPTURE(c.what);
@@ -122,18 +126,19 @@ TEST_CASE("the new layers' gradients (strided, valid, bias-less Conv2D; global p
     objective();
     c.layer->backward(be, call, pp.data(), x.data(), y.data(), r.data(), dx.data(), dpp.data(), ws.data());
     kc::check_grad("dx", dx, kc::numeric_grad(x, objective, 0.05f));
-    for (std::size_t k = 0; k < p.size(); ++k) kc::check_grad("dparams", dp[k], kc::numeric_grad(p[k], objective, 0.05f));
+    for (std::size_t k = 0; k < p.size(); ++k)
+      kc::check_grad("dparams", dp[k], kc::numeric_grad(p[k], objective, 0.05f));
   }
 }
 
 TEST_CASE("summary() prints Keras's table, and the registry builds models by name") {
   const auto cnn = pe::make_model("flax-cnn", {28, 28, 1}, 10);
   const std::string s = cnn->summary();
-  for (const char* line : {"Model: \"flax-cnn\"\n", "| Layer (type)", "Output Shape", "Param # |\n",
-                           "| Conv_1 (Conv2D(64, 3x3))       | (None, 14, 14, 64) |  18,496 |\n",
-                           "| flatten (Flatten)              | (None, 3136)       |       0 |\n",
-                           " Total params: 824,458 (3.15 MB)\n", " Trainable params: 824,458 (3.15 MB)\n",
-                           " Non-trainable params: 0 (0.00 B)\n"}) {
+  for (const char* line :
+       {"Model: \"flax-cnn\"\n", "| Layer (type)", "Output Shape", "Param # |\n",
+        "| Conv_1 (Conv2D(64, 3x3))       | (None, 14, 14, 64) |  18,496 |\n",
+        "| flatten (Flatten)              | (None, 3136)       |       0 |\n", " Total params: 824,458 (3.15 MB)\n",
+        " Trainable params: 824,458 (3.15 MB)\n", " Non-trainable params: 0 (0.00 B)\n"}) {
     CAPTURE(line);
     CHECK(s.find(line) != std::string::npos);
   }
@@ -146,8 +151,8 @@ TEST_CASE("summary() prints Keras's table, and the registry builds models by nam
 }
 
 TEST_CASE("the Trainer trains a model of the caller's as an ensemble, bit for bit run after run") {
-  pe::Trainer a(small(2, 2), keras_like(), data().train, data().test);
-  pe::Trainer b(small(2, 2), keras_like(), data().train, data().test);
+  pe::Trainer a(small_config(2, 2), keras_like(), data().train, data().test);
+  pe::Trainer b(small_config(2, 2), keras_like(), data().train, data().test);
   const pe::EpochMetrics ma = a.run_epoch(), mb = b.run_epoch();
   CHECK(a.params() == b.params());
   CHECK(ma.member_test_accuracy == mb.member_test_accuracy);
@@ -155,7 +160,7 @@ TEST_CASE("the Trainer trains a model of the caller's as an ensemble, bit for bi
   CHECK(a.config().model == "keras-like");
   CHECK(a.config().to_json()["architecture"] == pmap::io::Json(a.model().architecture()));
   // Data parallel on 2 devices is one device up to float reassociation.
-  pe::TrainConfig dp = small(2, 1), one = small(1, 1);
+  pe::TrainConfig dp = small_config(2, 1), one = small_config(1, 1);
   dp.mode = pe::Mode::data_parallel;
   pe::Trainer two(dp, keras_like(), data().train, data().test), single(one, keras_like(), data().train, data().test);
   two.run_epoch(), single.run_epoch();
@@ -163,38 +168,43 @@ TEST_CASE("the Trainer trains a model of the caller's as an ensemble, bit for bi
 }
 
 TEST_CASE("a model that does not fit the data, or a checkpoint of another architecture, is refused") {
-  CHECK_THROWS_WITH_AS(pe::Trainer(small(1, 1), pe::flax_mnist_cnn({28, 28, 1}, 10), data().train, data().test),
-                       doctest::Contains("--model flax-cnn takes (28, 28, 1) inputs; the data's images are (12, 12, 1)"),
-                       pmap::ValueError);
-  CHECK_THROWS_WITH_AS(pe::Trainer(small(1, 1), keras_like(4), data().train, data().test),
+  CHECK_THROWS_WITH_AS(
+      pe::Trainer(small_config(1, 1), pe::flax_mnist_cnn({28, 28, 1}, 10), data().train, data().test),
+      doctest::Contains("--model flax-cnn takes (28, 28, 1) inputs; the data's images are (12, 12, 1)"),
+      pmap::ValueError);
+  CHECK_THROWS_WITH_AS(pe::Trainer(small_config(1, 1), keras_like(4), data().train, data().test),
                        doctest::Contains("gives 4 outputs; the data has 10 classes"), pmap::ValueError);
-  CHECK_THROWS_WITH_AS(pe::Trainer(small(1, 1), nullptr, data().train, data().test), doctest::Contains("no model"),
-                       pmap::ValueError);
+  CHECK_THROWS_WITH_AS(pe::Trainer(small_config(1, 1), nullptr, data().train, data().test),
+                       doctest::Contains("no model"), pmap::ValueError);
   const auto path = pmap::testing::scratch_dir("pmapcc_models_test") / "keras_like.safetensors";
   {
-    pe::Trainer t(small(1, 1), keras_like(), data().train, data().test);
+    pe::Trainer t(small_config(1, 1), keras_like(), data().train, data().test);
     t.run_epoch();
     t.save_checkpoint(path);
   }
   // Same name and tensors, but the first conv's stride differs: its tensors have the same shapes.
   std::vector<std::unique_ptr<pe::Layer>> l;
-  l.push_back(pe::conv2d("Conv_0", 8, pe::Conv2dOptions{.kernel = 3, .stride = 1, .padding = pmap::kernels::Padding::valid}));
+  l.push_back(
+      pe::conv2d("Conv_0", 8, pe::Conv2dOptions{.kernel = 3, .stride = 1, .padding = pmap::kernels::Padding::valid}));
   l.push_back(pe::relu());
   l.push_back(pe::conv2d("Conv_1", 12, pe::Conv2dOptions{.kernel = 2, .use_bias = false}));
   l.push_back(pe::relu());
   l.push_back(pe::global_avg_pool());
   l.push_back(pe::dense("Dense_0", 10));
-  pe::Trainer other(small(1, 1), std::make_unique<pe::Sequential>(pe::Dims{12, 12, 1}, std::move(l), "keras-like"),
-                    data().train, data().test);
-  CHECK_THROWS_WITH_AS(other.load_checkpoint(path), doctest::Contains("the checkpoint's model has layer 0 Conv_0=Conv2D(8, 3x3, stride 2, valid) where this run's has Conv_0=Conv2D(8, 3x3, valid)"),
+  pe::Trainer other(small_config(1, 1),
+                    std::make_unique<pe::Sequential>(pe::Dims{12, 12, 1}, std::move(l), "keras-like"), data().train,
+                    data().test);
+  CHECK_THROWS_WITH_AS(other.load_checkpoint(path),
+                       doctest::Contains("the checkpoint's model has layer 0 Conv_0=Conv2D(8, 3x3, stride 2, valid) "
+                                         "where this run's has Conv_0=Conv2D(8, 3x3, valid)"),
                        pmap::DataError);
-  pe::Trainer same(small(1, 1), keras_like(), data().train, data().test);
+  pe::Trainer same(small_config(1, 1), keras_like(), data().train, data().test);
   same.load_checkpoint(path);
   CHECK(same.epochs_done() == 1);
 }
 
 TEST_CASE("model parallelism of a model with a bias-less convolution matches one device") {
-  pe::TrainConfig split = small(2, 1), one = small(1, 1);
+  pe::TrainConfig split = small_config(2, 1), one = small_config(1, 1);
   split.mode = pe::Mode::model_parallel;
   split.layout = pe::LayoutMap{};
   split.layout.add("Conv_1/kernel", pe::PartitionSpec::parse("None,None,None,model"));  // column-parallel, no bias

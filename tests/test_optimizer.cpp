@@ -49,7 +49,8 @@ TEST_CASE("optimizer ops: sgd_update follows optax per member, with decoupled we
       const k::UpdateScalars s{lr.data(), extras ? wd.data() : nullptr, extras ? scale.data() : nullptr};
       for (int step = 0; step < 4; ++step) {
         const auto g = random_floats(members * n, 52 + static_cast<std::uint32_t>(step));
-        cpu_optimizer().sgd_update(k::SgdParams{0.9f, nesterov}, members, n, s, params.data(), momentum.data(), g.data());
+        cpu_optimizer().sgd_update(k::SgdParams{0.9f, nesterov}, members, n, s, params.data(), momentum.data(),
+                                   g.data());
         for (std::size_t i = 0; i < params.size(); ++i) {  // the same float operations, written out
           const std::size_t m = i / n;
           const float gi = extras ? g[i] * scale[m] : g[i];
@@ -88,7 +89,8 @@ TEST_CASE("optimizer ops: adam_update is Keras's Adam (epsilon before the bias c
       cpu_optimizer().adam_update(adam, members, n, k::UpdateScalars{lr.data(), decay ? wd.data() : nullptr, nullptr},
                                   alpha.data(), params.data(), m.data(), v.data(), g.data());
       cpu_optimizer().increment(&step);
-      for (std::size_t i = 0; i < params.size(); ++i) ref[i].step(g[i], lr[i / n], t, 0.9, 0.999, 1e-7, decay ? wd[i / n] : 0);
+      for (std::size_t i = 0; i < params.size(); ++i)
+        ref[i].step(g[i], lr[i / n], t, 0.9, 0.999, 1e-7, decay ? wd[i / n] : 0);
     }
     CHECK(step == 6);
     double worst = 0;
@@ -155,8 +157,8 @@ TEST_CASE("optimizer ops: clipping by global norm over a member's tensors, as op
   cpu_optimizer().clip_factor(2, sumsq.data(), 1.0f, factor.data());
   CHECK(factor[0] == 0.2f);
   CHECK(factor[1] == 1.0f);
-  CHECK_THROWS_WITH_AS(cpu_optimizer().clip_factor(2, sumsq.data(), 0.0f, factor.data()),
-                       doctest::Contains("max_norm"), pmap::ValueError);
+  CHECK_THROWS_WITH_AS(cpu_optimizer().clip_factor(2, sumsq.data(), 0.0f, factor.data()), doctest::Contains("max_norm"),
+                       pmap::ValueError);
 }
 
 TEST_CASE("cuda optimizer ops are bitwise the CPU ops") {
@@ -169,12 +171,15 @@ TEST_CASE("cuda optimizer ops are bitwise the CPU ops") {
   // Three steps of: lr from the schedule, Adam's step size, clipping to norm 3, SGD and Adam updates.
   auto run = [&](const k::OptimizerOps& ops, auto&& buffer, auto&& read) {
     auto step = buffer(std::vector<std::int64_t>{0});
-    auto b = buffer(base), w = buffer(wd), lr = buffer(std::vector<float>(members)), alpha = buffer(std::vector<float>(members));
+    auto b = buffer(base), w = buffer(wd), lr = buffer(std::vector<float>(members)),
+         alpha = buffer(std::vector<float>(members));
     auto sumsq = buffer(std::vector<double>(members)), clip = buffer(std::vector<float>(members));
     auto g = buffer(grads), sp = buffer(params), sm = buffer(std::vector<float>(members * n));
-    auto ap = buffer(params), am = buffer(std::vector<float>(members * n)), av = buffer(std::vector<float>(members * n));
+    auto ap = buffer(params), am = buffer(std::vector<float>(members * n)),
+         av = buffer(std::vector<float>(members * n));
     for (int iteration = 0; iteration < 3; ++iteration) {
-      ops.schedule_lr(sched, members, step.template data<std::int64_t>(), b.template data<float>(), lr.template data<float>());
+      ops.schedule_lr(sched, members, step.template data<std::int64_t>(), b.template data<float>(),
+                      lr.template data<float>());
       ops.adam_step_size(k::AdamParams{}, members, step.template data<std::int64_t>(), lr.template data<float>(),
                          alpha.template data<float>());
       ops.sum_squares(members, n, g.template data<float>(), sumsq.template data<double>(), false);
@@ -186,8 +191,8 @@ TEST_CASE("cuda optimizer ops are bitwise the CPU ops") {
                       am.template data<float>(), av.template data<float>(), g.template data<float>());
       ops.increment(step.template data<std::int64_t>());
     }
-    return std::vector<std::vector<float>>{read(lr), read(alpha), read(clip), read(sp), read(sm), read(ap), read(am),
-                                           read(av)};
+    return std::vector<std::vector<float>>{read(lr), read(alpha), read(clip), read(sp),
+                                           read(sm), read(ap),    read(am),   read(av)};
   };
   const pmap::Device host{pmap::DeviceKind::cpu, 0, 0};
   auto host_buffer = [&](auto v) { return on(host, v); };
@@ -200,8 +205,10 @@ TEST_CASE("cuda optimizer ops are bitwise the CPU ops") {
     const auto got = run(t.backend->optimizer(), buffer, read);
     for (std::size_t i = 0; i < got.size(); ++i) {
       CAPTURE(i);
-      if (t.device.is_cpu()) CHECK(same_bits(got[i], expect[i]));
-      else CHECK(relative_error(got[i], expect[i]) <= kForwardTolerance);  // CUDA's cos/pow may differ in the last bit
+      if (t.device.is_cpu())
+        CHECK(same_bits(got[i], expect[i]));
+      else
+        CHECK(relative_error(got[i], expect[i]) <= kForwardTolerance);  // CUDA's cos/pow may differ in the last bit
     }
   }
 }
@@ -214,16 +221,16 @@ TEST_CASE("schedules as text: every kind parses back from its str(), and bad tex
   CHECK(p.boundaries_count == 2);
   CHECK(p.boundaries[1] == 20);
   CHECK(p.values[1] == 0.01);
-  for (auto [text, why] : std::vector<std::pair<const char*, const char*>>{
-           {"linear", "unknown schedule 'linear'"},
-           {"cosine:2", "final factor must be in [0, 1]"},
-           {"exponential:0.5", "a rate and a number of steps"},
-           {"exponential:0.5:0", "the steps must be >= 1"},
-           {"exponential:0.5:-3", "the steps must be >= 1"},
-           {"exponential:x:10", "'x' is not a number"},
-           {"piecewise:10=0.1,5=0.2", "increasing"},
-           {"piecewise:10", "is not STEP=FACTOR"},
-           {"constant:1", "takes no arguments"}}) {
+  for (auto [text, why] :
+       std::vector<std::pair<const char*, const char*>>{{"linear", "unknown schedule 'linear'"},
+                                                        {"cosine:2", "final factor must be in [0, 1]"},
+                                                        {"exponential:0.5", "a rate and a number of steps"},
+                                                        {"exponential:0.5:0", "the steps must be >= 1"},
+                                                        {"exponential:0.5:-3", "the steps must be >= 1"},
+                                                        {"exponential:x:10", "'x' is not a number"},
+                                                        {"piecewise:10=0.1,5=0.2", "increasing"},
+                                                        {"piecewise:10", "is not STEP=FACTOR"},
+                                                        {"constant:1", "takes no arguments"}}) {
     CAPTURE(text);
     CHECK_THROWS_WITH_AS(pe::parse_schedule(text), doctest::Contains(why), pmap::ValueError);
     CHECK_THROWS_WITH_AS(pe::parse_schedule(text), doctest::Contains("--lr-schedule"), pmap::ValueError);
@@ -271,8 +278,8 @@ TEST_CASE("optimizer_step updates every tensor of a model, each member with its 
     c.name = name;
     c.learning_rate = {0.1f, 0.01f};
     const auto opt = pe::make_optimizer(c);
-    pe::TrainState state = pe::make_train_state(*opt, pmap::Array::from_host(std::span<const float>(init),
-                                                                            {static_cast<std::int64_t>(p_total)}, host));
+    pe::TrainState state = pe::make_train_state(
+        *opt, pmap::Array::from_host(std::span<const float>(init), {static_cast<std::int64_t>(p_total)}, host));
     CHECK(state.opt.size() == opt->slots().size());
     pe::OptimizerWork work(c, members, 0, host);
     pe::optimizer_step(*opt, pe::UpdateOptions{}, cpu_optimizer(), *model, work, state, grads.data());
@@ -284,8 +291,8 @@ TEST_CASE("optimizer_step updates every tensor of a model, each member with its 
       for (int m = 0; m < members; ++m) {
         const std::size_t at = static_cast<std::size_t>(t.offset * members + m * t.size);
         const float lr = c.learning_rate[static_cast<std::size_t>(m)];
-        const float expect = std::string(name) == "sgd" ? init[at] - lr * grads[at]
-                                                        : init[at] - lr * (grads[at] > 0 ? 1.0f : -1.0f);
+        const float expect =
+            std::string(name) == "sgd" ? init[at] - lr * grads[at] : init[at] - lr * (grads[at] > 0 ? 1.0f : -1.0f);
         CHECK(after[at] == doctest::Approx(expect).epsilon(1e-4));
       }
   }

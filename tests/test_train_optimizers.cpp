@@ -17,21 +17,13 @@ using namespace pmap::ensemble;
 
 namespace {
 
-const pmap::testing::TrainingData& data() { return pmap::testing::training_data(); }
+using pmap::testing::small_config;
 
-TrainConfig small(int devices, int members, int epochs = 1) {
-  TrainConfig c;
-  c.devices = devices;
-  c.members = members;
-  c.epochs = epochs;
-  c.batch_size = 64;
-  c.eval_batch = 128;
-  return c;
-}
+const pmap::testing::TrainingData& data() { return pmap::testing::training_data(); }
 
 // AdamW 3e-3 with decay, warmup, a cosine over the run and clipping: every part of the optimizer at once.
 TrainConfig adamw(int devices, int members, int epochs) {
-  TrainConfig c = small(devices, members, epochs);
+  TrainConfig c = small_config(devices, members, epochs);
   c.optimizer.name = "adamw";
   c.optimizer.learning_rate = {3e-3f};
   c.optimizer.schedule = parse_schedule("cosine:0.1");
@@ -90,20 +82,20 @@ TEST_CASE("adamw with warmup, cosine decay and clipping trains, and resumes bit 
 TEST_CASE("a checkpoint of another optimizer, schedule or rate is refused, naming the setting") {
   const auto path = temp_path("sgd.safetensors");
   {
-    Trainer sgd(small(1, 1), data().train, data().test);
+    Trainer sgd(small_config(1, 1), data().train, data().test);
     sgd.run_epoch();
     sgd.save_checkpoint(path);
   }
-  TrainConfig adam = small(1, 1);
+  TrainConfig adam = small_config(1, 1);
   adam.optimizer.name = "adam";
   Trainer a(adam, data().train, data().test);
   CHECK_THROWS_WITH_AS(a.load_checkpoint(path), doctest::Contains("optimizer = \"sgd\", this run has \"adam\""),
                        pmap::DataError);
-  TrainConfig cosine = small(1, 1);
+  TrainConfig cosine = small_config(1, 1);
   cosine.optimizer.schedule = parse_schedule("cosine");
   Trainer c(cosine, data().train, data().test);
   CHECK_THROWS_WITH_AS(c.load_checkpoint(path), doctest::Contains("lr_schedule"), pmap::DataError);
-  TrainConfig rates = small(1, 1);
+  TrainConfig rates = small_config(1, 1);
   rates.optimizer.weight_decay = {0.01f};
   Trainer r(rates, data().train, data().test);
   CHECK_THROWS_WITH_AS(r.load_checkpoint(path), doctest::Contains("weight_decay"), pmap::DataError);
@@ -113,23 +105,24 @@ TEST_CASE("a checkpoint of another optimizer, schedule or rate is refused, namin
 }
 
 TEST_CASE("per-member learning rates and weight decays: each member trains as it would with its values for all") {
-  TrainConfig mixed = small(2, 2);
+  TrainConfig mixed = small_config(2, 2);
   mixed.optimizer.learning_rate = {0.1f, 0.03f};
   mixed.optimizer.weight_decay = {0.0f, 0.05f};
-  TrainConfig first = small(2, 2), second = small(2, 2);
+  TrainConfig first = small_config(2, 2), second = small_config(2, 2);
   first.optimizer.learning_rate = {0.1f};
   second.optimizer.learning_rate = {0.03f};
   second.optimizer.weight_decay = {0.05f};
-  Trainer m(mixed, data().train, data().test), a(first, data().train, data().test), b(second, data().train, data().test);
+  Trainer m(mixed, data().train, data().test), a(first, data().train, data().test),
+      b(second, data().train, data().test);
   m.run_epoch(), a.run_epoch(), b.run_epoch();
   CHECK(member(m, 0) == member(a, 0));
   CHECK(member(m, 1) == member(b, 1));
   CHECK(member(m, 1) != member(a, 1));
   CHECK(m.config().to_json()["lr"] == pmap::io::Json::array({0.1, 0.03}));
   // 4 members on 2 devices: the device holding members 2 and 3 takes their values.
-  TrainConfig four = small(2, 4);
+  TrainConfig four = small_config(2, 4);
   four.optimizer.learning_rate = {0.1f, 0.1f, 0.1f, 0.03f};
-  TrainConfig four_b = small(2, 4);
+  TrainConfig four_b = small_config(2, 4);
   four_b.optimizer.learning_rate = {0.03f};
   Trainer f(four, data().train, data().test), fb(four_b, data().train, data().test);
   f.run_epoch(), fb.run_epoch();
@@ -153,7 +146,7 @@ TEST_CASE("a captured step (the CUDA kernels run on the host) follows the schedu
 TEST_CASE("version 1 checkpoints (momentum/<tensor>, no optimizer fields) resume as SGD, bit for bit") {
   const auto v2 = temp_path("v2.safetensors"), v1 = temp_path("v1.safetensors");
   {
-    Trainer t(small(1, 2, 2), data().train, data().test);
+    Trainer t(small_config(1, 2, 2), data().train, data().test);
     t.run_epoch();
     t.save_checkpoint(v2);
   }
@@ -167,14 +160,15 @@ TEST_CASE("version 1 checkpoints (momentum/<tensor>, no optimizer fields) resume
   f.metadata["config"] = pmap::io::dump_json(config);
   f.metadata["format"] = "pmapcc.ensemble.v1";
   pmap::io::save_safetensors(v1, f.tensors, f.metadata);
-  Trainer from_v1(small(1, 2, 2), data().train, data().test), from_v2(small(1, 2, 2), data().train, data().test);
+  Trainer from_v1(small_config(1, 2, 2), data().train, data().test),
+      from_v2(small_config(1, 2, 2), data().train, data().test);
   from_v1.load_checkpoint(v1);
   from_v2.load_checkpoint(v2);
   from_v1.run_epoch(), from_v2.run_epoch();
   CHECK(from_v1.params() == from_v2.params());
   CHECK(from_v1.optimizer_state("momentum") == from_v2.optimizer_state("momentum"));
   // ... and only as SGD.
-  TrainConfig adam = small(1, 2, 2);
+  TrainConfig adam = small_config(1, 2, 2);
   adam.optimizer.name = "adam";
   Trainer a(adam, data().train, data().test);
   CHECK_THROWS_WITH_AS(a.load_checkpoint(v1), doctest::Contains("optimizer = \"sgd\""), pmap::DataError);
@@ -185,21 +179,21 @@ TEST_CASE("optimizer settings that cannot run are refused naming the flag") {
     CAPTURE(why);
     CHECK_THROWS_WITH_AS(Trainer(c, data().train, data().test), doctest::Contains(why), pmap::ValueError);
   };
-  TrainConfig c = small(2, 2);
+  TrainConfig c = small_config(2, 2);
   c.optimizer.name = "rmsprop";
   refused(c, "--optimizer must be one of sgd, adam, adamw, got 'rmsprop'");
-  c = small(2, 2);
+  c = small_config(2, 2);
   c.optimizer.learning_rate = {0.1f, 0.2f, 0.3f};
   refused(c, "--lr gives 3 values for 2 member(s)");
-  c = small(2, 1);
+  c = small_config(2, 1);
   c.mode = Mode::data_parallel;
   c.optimizer.learning_rate = {0.1f, 0.2f};
   refused(c, "--lr gives 2 values for 1 member(s)");
-  c = small(1, 1);
+  c = small_config(1, 1);
   c.optimizer.schedule = parse_schedule("cosine");
   c.optimizer.schedule.warmup_steps = 10;  // the whole 10-step run
   refused(c, "--warmup-steps 10 leaves none of the run's 10 steps");
-  c = small(2, 1);
+  c = small_config(2, 1);
   c.mode = Mode::model_parallel;
   c.optimizer.clip_norm = 1.0f;
   refused(c, "--clip-norm with weights split over 'model' is not supported yet");

@@ -17,17 +17,9 @@ using namespace pmap::ensemble;
 
 namespace {
 
-const pmap::testing::TrainingData& data() { return pmap::testing::training_data(); }
+using pmap::testing::small_config;
 
-TrainConfig small(int devices, int members, int epochs = 1) {
-  TrainConfig c;
-  c.devices = devices;
-  c.members = members;
-  c.epochs = epochs;
-  c.batch_size = 64;
-  c.eval_batch = 128;
-  return c;
-}
+const pmap::testing::TrainingData& data() { return pmap::testing::training_data(); }
 
 using pmap::testing::max_abs_diff;
 
@@ -38,7 +30,7 @@ std::filesystem::path temp_path(const std::string& name) {
 }  // namespace
 
 TEST_CASE("a 10-step loss trajectory is pinned and learning happens") {
-  Trainer t(small(1, 1), data().train, data().test);
+  Trainer t(small_config(1, 1), data().train, data().test);
   std::vector<double> losses;
   t.run_epoch([&](const pmap::ensemble::StepReport& r) { losses.push_back(r.loss); });
   REQUIRE(losses.size() == 10);  // 640 / 64
@@ -51,21 +43,21 @@ TEST_CASE("a 10-step loss trajectory is pinned and learning happens") {
 }
 
 TEST_CASE("same seed and device count: bitwise identical results, run after run") {
-  Trainer a(small(2, 2), data().train, data().test), b(small(2, 2), data().train, data().test);
+  Trainer a(small_config(2, 2), data().train, data().test), b(small_config(2, 2), data().train, data().test);
   auto ma = a.run_epoch(), mb = b.run_epoch();
   CHECK(a.params() == b.params());
   CHECK(a.optimizer_state("momentum") == b.optimizer_state("momentum"));
   CHECK(ma.train_loss == mb.train_loss);
   CHECK(ma.member_test_accuracy == mb.member_test_accuracy);
   CHECK(ma.ensemble_test_accuracy == mb.ensemble_test_accuracy);
-  TrainConfig other = small(2, 2);
+  TrainConfig other = small_config(2, 2);
   other.seed = 1;
   Trainer c(other, data().train, data().test);
   CHECK(c.params() != a.params());
 }
 
 TEST_CASE("4 members on 4 devices and 4 members on 1 device start from the same keys") {
-  Trainer spread(small(4, 4), data().train, data().test), packed(small(1, 4), data().train, data().test);
+  Trainer spread(small_config(4, 4), data().train, data().test), packed(small_config(1, 4), data().train, data().test);
   CHECK(spread.params() == packed.params());  // member g's init depends only on its key
   spread.run_epoch();
   packed.run_epoch();
@@ -177,7 +169,7 @@ TEST_CASE("the member group changes no result: members run 1, 3 or 4 at a time t
   std::vector<std::vector<float>> params, momentum;
   std::vector<EpochMetrics> metrics;
   for (int group : {0, 1, 3, 4}) {
-    TrainConfig c = small(1, 4);
+    TrainConfig c = small_config(1, 4);
     c.member_group = group;
     Trainer t(c, data().train, data().test);
     CHECK(t.member_group() == (group == 0 ? 1 : group));
@@ -197,7 +189,7 @@ TEST_CASE("the member group changes no result: members run 1, 3 or 4 at a time t
   }
   // The members differ from each other (so equal results above are not all one member's).
   CHECK(metrics[0].member_test_accuracy.size() == 4);
-  TrainConfig bad = small(1, 4);
+  TrainConfig bad = small_config(1, 4);
   bad.member_group = 5;
   CHECK_THROWS_WITH_AS(Trainer(bad, data().train, data().test), doctest::Contains("member group 5 is outside 0..4"),
                        pmap::ValueError);
@@ -206,7 +198,7 @@ TEST_CASE("the member group changes no result: members run 1, 3 or 4 at a time t
 }
 
 TEST_CASE("data parallel over 2 devices matches 1 device with the same batch, and the replicas stay identical") {
-  TrainConfig one = small(1, 1), two = small(2, 1);
+  TrainConfig one = small_config(1, 1), two = small_config(2, 1);
   one.mode = two.mode = Mode::data_parallel;
   Trainer a(one, data().train, data().test), b(two, data().train, data().test);
   CHECK(a.params() == b.params());
@@ -226,15 +218,15 @@ TEST_CASE("data parallel over 2 devices matches 1 device with the same batch, an
 
 TEST_CASE("resume continues exactly: 2 epochs = 1 epoch, save, resume, 1 more") {
   const auto path = temp_path("resume.safetensors");
-  Trainer straight(small(2, 2, 2), data().train, data().test);
+  Trainer straight(small_config(2, 2, 2), data().train, data().test);
   straight.run_epoch();
   straight.run_epoch();
   {
-    Trainer first(small(2, 2, 2), data().train, data().test);
+    Trainer first(small_config(2, 2, 2), data().train, data().test);
     first.run_epoch();
     first.save_checkpoint(path);
   }
-  Trainer resumed(small(2, 2, 2), data().train, data().test);
+  Trainer resumed(small_config(2, 2, 2), data().train, data().test);
   resumed.load_checkpoint(path);
   CHECK(resumed.epochs_done() == 1);
   CHECK(resumed.history().size() == 1);
@@ -245,7 +237,7 @@ TEST_CASE("resume continues exactly: 2 epochs = 1 epoch, save, resume, 1 more") 
   CHECK(resumed.step() == straight.step());
   CHECK(m.member_test_accuracy == straight.history().back().member_test_accuracy);
   // A checkpoint of 2 members written on 2 devices resumes on 1 device too.
-  Trainer one_device(small(1, 2, 2), data().train, data().test), two_devices(small(2, 2, 2), data().train, data().test);
+  Trainer one_device(small_config(1, 2, 2), data().train, data().test), two_devices(small_config(2, 2, 2), data().train, data().test);
   one_device.load_checkpoint(path);
   two_devices.load_checkpoint(path);
   CHECK(one_device.params() == two_devices.params());
@@ -254,14 +246,14 @@ TEST_CASE("resume continues exactly: 2 epochs = 1 epoch, save, resume, 1 more") 
 
 TEST_CASE("mismatched and corrupt checkpoints are rejected with a clear error") {
   const auto path = temp_path("ckpt.safetensors");
-  Trainer t(small(1, 1), data().train, data().test);
+  Trainer t(small_config(1, 1), data().train, data().test);
   t.run_epoch();
   t.save_checkpoint(path);
-  TrainConfig other_seed = small(1, 1);
+  TrainConfig other_seed = small_config(1, 1);
   other_seed.seed = 7;
   Trainer u(other_seed, data().train, data().test);
   CHECK_THROWS_WITH_AS(u.load_checkpoint(path), doctest::Contains("seed"), pmap::DataError);
-  Trainer two(small(1, 2), data().train, data().test);
+  Trainer two(small_config(1, 2), data().train, data().test);
   CHECK_THROWS_WITH_AS(two.load_checkpoint(path), doctest::Contains("members"), pmap::DataError);
   CHECK_THROWS_AS(t.load_checkpoint(temp_path("missing.safetensors")), pmap::Error);
 
@@ -273,7 +265,7 @@ TEST_CASE("mismatched and corrupt checkpoints are rejected with a clear error") 
   for (int i = 7; i >= 0; --i) header = header << 8 | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
   // Every prefix through the header and a sample through the data: never loads, never crashes.
   // load_checkpoint validates everything before it changes the trainer, so one trainer serves all tries.
-  Trainer fresh(small(1, 1), data().train, data().test);
+  Trainer fresh(small_config(1, 1), data().train, data().test);
   for (std::size_t len = 0; len < bytes.size(); len += (len < header + 64 ? 1 : 4099)) {
     write(bytes.substr(0, len));
     CHECK_THROWS_AS(fresh.load_checkpoint(bad), pmap::DataError);
@@ -299,13 +291,13 @@ TEST_CASE("mismatched and corrupt checkpoints are rejected with a clear error") 
 }
 
 TEST_CASE("bad training configurations are rejected naming the flag") {
-  CHECK_THROWS_WITH_AS(Trainer(small(2, 3), data().train, data().test), doctest::Contains("--members 3"),
+  CHECK_THROWS_WITH_AS(Trainer(small_config(2, 3), data().train, data().test), doctest::Contains("--members 3"),
                        pmap::ValueError);
-  TrainConfig dp = small(2, 2);
+  TrainConfig dp = small_config(2, 2);
   dp.mode = Mode::data_parallel;
   CHECK_THROWS_WITH_AS(Trainer(dp, data().train, data().test), doctest::Contains("--members must be 1"),
                        pmap::ValueError);
-  TrainConfig big = small(1, 1);
+  TrainConfig big = small_config(1, 1);
   big.batch_size = 1000;
   CHECK_THROWS_WITH_AS(Trainer(big, data().train, data().test), doctest::Contains("--batch-size 1000"),
                        pmap::ValueError);
@@ -318,7 +310,7 @@ TEST_CASE("the CUDA backend run on the host trains like the CPU backend, and its
   const Dataset train = pmap::testing::synthetic_dataset(320, 12, 1);
   for (Mode mode : {Mode::ensemble, Mode::data_parallel}) {
     CAPTURE(to_string(mode));
-    TrainConfig cpu_config = mode == Mode::ensemble ? small(1, 2) : small(2, 1);
+    TrainConfig cpu_config = mode == Mode::ensemble ? small_config(1, 2) : small_config(2, 1);
     cpu_config.mode = mode;
     TrainConfig graphs = cpu_config;
     graphs.cuda_kernels_on_host = true;
@@ -342,7 +334,7 @@ TEST_CASE("the CUDA backend run on the host trains like the CPU backend, and its
     for (std::size_t g = 0; g < mc.member_test_accuracy.size(); ++g)
       CHECK(std::abs(mh.member_test_accuracy[g] - mc.member_test_accuracy[g]) <= 2.0 / 200);
   }
-  TrainConfig wrong = small(1, 1);
+  TrainConfig wrong = small_config(1, 1);
   wrong.cuda_kernels_on_host = true;
   wrong.backend = pmap::DeviceKind::cuda;
   CHECK_THROWS_WITH_AS(Trainer(wrong, data().train, data().test), doctest::Contains("for CPU devices"),
@@ -351,7 +343,7 @@ TEST_CASE("the CUDA backend run on the host trains like the CPU backend, and its
 
 TEST_CASE("reporting every few steps changes no result, and every step is still reported in order") {
   std::vector<std::pair<int, double>> every, sparse;
-  TrainConfig one = small(2, 2), three = small(2, 2);
+  TrainConfig one = small_config(2, 2), three = small_config(2, 2);
   three.report_every = 3;  // 10 steps: reports after steps 3, 6, 9 and 10
   Trainer a(one, data().train, data().test), b(three, data().train, data().test);
   CHECK(a.config().report_every == 1);  // the CPU default
@@ -362,14 +354,14 @@ TEST_CASE("reporting every few steps changes no result, and every step is still 
   CHECK(a.params() == b.params());
   CHECK(ma.train_loss == mb.train_loss);
   CHECK(ma.train_accuracy == mb.train_accuracy);
-  TrainConfig bad = small(1, 1);
+  TrainConfig bad = small_config(1, 1);
   bad.report_every = -1;
   CHECK_THROWS_WITH_AS(Trainer(bad, data().train, data().test), doctest::Contains("report_every"), pmap::ValueError);
 }
 
 TEST_CASE("training on CUDA devices where no GPU is usable says so") {
   if (pmap::cuda_device_count() > 0) return;  // a GPU machine trains (tests/test_cuda_train.cpp)
-  TrainConfig c = small(1, 1);
+  TrainConfig c = small_config(1, 1);
   c.backend = pmap::DeviceKind::cuda;
   if (pmap::cuda_status().problem.empty()) {
     CHECK_THROWS_WITH_AS(Trainer(c, data().train, data().test), doctest::Contains("no GPU is usable here"),
@@ -381,7 +373,7 @@ TEST_CASE("training on CUDA devices where no GPU is usable says so") {
 }
 
 TEST_CASE("calibration and the ensemble-size curve come from the same probabilities as accuracy") {
-  TrainConfig c = small(1, 3);
+  TrainConfig c = small_config(1, 3);
   Trainer t(c, data().train, data().test);
   t.run_epoch();
   const EpochMetrics& epoch = t.history().back();
@@ -427,14 +419,14 @@ TEST_CASE("calibration and the ensemble-size curve come from the same probabilit
 
 TEST_CASE("a saved ensemble evaluates alone, as a whole or a subset of its members, on any device count") {
   const auto path = temp_path("evaluate.safetensors");
-  Trainer t(small(2, 4), data().train, data().test);
+  Trainer t(small_config(2, 4), data().train, data().test);
   t.run_epoch();
   t.save_checkpoint(path);
   const EpochMetrics& trained = t.history().back();
   CHECK(inspect_checkpoint(path).members == 4);
   CHECK(inspect_checkpoint(path).epochs_done == 1);
   // All members on the same devices: the training run's own evaluation, bit for bit.
-  TrainConfig all = small(2, 4);
+  TrainConfig all = small_config(2, 4);
   all.epochs = 0;
   Trainer whole(all, data().test, data().test);
   whole.load_members(path, {});
@@ -445,7 +437,7 @@ TEST_CASE("a saved ensemble evaluates alone, as a whole or a subset of its membe
   CHECK(m.ensemble_calibration.nll == trained.ensemble_calibration.nll);
   CHECK(m.test_loss == trained.test_loss);
   // Members 3 and 1 on one device: their own accuracies.
-  TrainConfig two = small(1, 2);
+  TrainConfig two = small_config(1, 2);
   two.epochs = 0;
   Trainer pair(two, data().test, data().test);
   pair.load_members(path, {3, 1});
@@ -465,7 +457,7 @@ TEST_CASE("a saved ensemble evaluates alone, as a whole or a subset of its membe
 }
 
 TEST_CASE("the configuration is recorded as given: lr 0.1, not 0.10000000149011612") {
-  TrainConfig c = small(1, 1);
+  TrainConfig c = small_config(1, 1);
   c.optimizer.momentum = 0.95f;
   Trainer t(c, data().train, data().test);
   const std::string text = t.config().to_json().dump();
