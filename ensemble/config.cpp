@@ -2,7 +2,6 @@
 #include <pmapcc/ensemble/config.h>
 
 #include <charconv>
-#include <cmath>
 
 #include <pmap/error.h>
 

@@ -1,4 +1,4 @@
-// The member layout of checkpoints and of Trainer::params() / momentum(): every member's tensors stacked
+// The member layout of checkpoints and of Trainer::params() / optimizer_state(): every member's tensors stacked
 // tensor by tensor, so tensor t of member g of M sits at [t.offset * M + g * t.size, ... + t.size). A
 // device's buffer holds its `local` members the same way, with M = local: these functions convert between
 // the two (host memory; the Trainer moves the blocks to and from its devices).

@@ -2,9 +2,7 @@
 #include <pmapcc/ensemble/trainer.h>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
-#include <cmath>
 #include <functional>
 #include <span>
 
@@ -22,7 +20,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
 
 // The mesh's axes: the mode's axis ("ensemble" or "data") by "model" when --mesh was given or weights are
 // split (2-D), else the mode's axis over every device (1-D, as before model parallelism).
@@ -78,7 +75,6 @@ Mesh build_mesh(const TrainConfig& c) {
   return Mesh(std::move(devices), std::move(axes), options);
 }
 
-
 // The members' parameters, optimizer state and gradients must fit in this machine's memory (CPU devices; a GPU's
 // own limit shows as a CUDA allocation error naming the size): a clear error instead of std::bad_alloc or
 // the system's out-of-memory killer.
@@ -115,9 +111,6 @@ std::uint64_t fingerprint(const io::Json& config, const Dataset& train, const Da
 }  // namespace
 
 int Trainer::member_group() const { return work_.empty() ? 0 : work_.front()->runner.group(); }
-
-
-
 
 Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
     : Trainer(config, make_model(config.model, {train.rows, train.cols, 1}, train.num_classes), train, test) {}

@@ -34,7 +34,7 @@ struct Fixture {
   se::Dataset train = pmap::testing::synthetic_dataset(8, 4, 1);
   se::Dataset test = pmap::testing::synthetic_dataset(4, 4, 2);
   std::unique_ptr<se::Trainer> trainer;
-  std::size_t tensor_bytes = 0;  // params and momentum of every member, as f32
+  std::size_t tensor_bytes = 0;  // params and SGD momentum of every member, as f32
 
   Fixture() {
     se::TrainConfig c;
