@@ -104,7 +104,10 @@ void check_same(const SafetensorsFile& f, const Json& saved, const Json& now) {
     if (a == nullptr) s.fail(std::string("missing field '") + field + "'");
     if (!same_setting(field, *a, b))
       throw DataError(f.path.string() + ": the checkpoint was written with " + field + " = " + dump_json(*a) +
-                      ", this run has " + dump_json(b) + " (resume with the same setting)");
+                      ", this run has " + dump_json(b) +
+                      (field == "decay_steps" ? " (a cosine schedule decays over the run's steps after warmup: resume "
+                                                "with the same --epochs and --warmup-steps)"
+                                              : " (resume with the same setting)"));
   }
 }
 

@@ -41,7 +41,7 @@ io::Json as_given(const std::vector<float>& v) {
 // The optimizer's fields, those it uses only: the flags' names with '_' for '-'.
 void optimizer_json(const OptimizerConfig& o, int members, io::Json& j) {
   j["optimizer"] = o.name;
-  j["lr"] = as_given(o.learning_rate);
+  j["lr"] = as_given(o.learning_rates(members));
   if (o.name == "sgd") {
     j["momentum"] = as_given(o.momentum);
     j["nesterov"] = o.nesterov;
@@ -50,9 +50,7 @@ void optimizer_json(const OptimizerConfig& o, int members, io::Json& j) {
     j["beta_2"] = o.beta_2;
     j["epsilon"] = as_given(o.epsilon);
   }
-  std::vector<float> decay;
-  for (int m = 0; m < (o.weight_decay.size() > 1 ? members : 1); ++m) decay.push_back(o.weight_decay_of(m));
-  j["weight_decay"] = as_given(decay);
+  j["weight_decay"] = as_given(o.weight_decays(members));
   j["clip_norm"] = as_given(o.clip_norm);
   j["lr_schedule"] = o.schedule.str();
   j["warmup_steps"] = o.schedule.warmup_steps;

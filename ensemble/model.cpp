@@ -73,8 +73,8 @@ std::string grouped(std::int64_t n) {
 std::string bytes_text(std::int64_t n) {
   char buf[32];
   const double b = 4.0 * static_cast<double>(n);
-  if (b >= 1e6) std::snprintf(buf, sizeof buf, "(%.2f MB)", b / (1024.0 * 1024.0));
-  else if (b >= 1e3) std::snprintf(buf, sizeof buf, "(%.2f KB)", b / 1024.0);
+  if (b >= 1024.0 * 1024.0) std::snprintf(buf, sizeof buf, "(%.2f MB)", b / (1024.0 * 1024.0));
+  else if (b >= 1024.0) std::snprintf(buf, sizeof buf, "(%.2f KB)", b / 1024.0);
   else std::snprintf(buf, sizeof buf, "(%.2f B)", b);
   return buf;
 }

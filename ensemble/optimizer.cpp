@@ -5,6 +5,7 @@
 #include <array>
 #include <charconv>
 #include <cmath>
+#include <functional>
 
 #include <pmap/error.h>
 
@@ -139,10 +140,10 @@ std::string OptimizerConfig::str() const {
     for (float x : v) out += (out.empty() ? "" : ",") + shortest(x);
     return out;
   };
-  std::string out = name + " lr " + list(learning_rate);
+  std::string out = name + " lr " + list(learning_rates(static_cast<int>(learning_rate.size())));
   if (name == "sgd") out += ", momentum " + shortest(momentum) + (nesterov ? " (Nesterov)" : "");
   if (weight_decay_of(0) != 0 || weight_decay.size() > 1)
-    out += ", weight decay " + (weight_decay.empty() ? shortest(weight_decay_of(0)) : list(weight_decay));
+    out += ", weight decay " + list(weight_decays(static_cast<int>(weight_decay.size())));
   if (clip_norm > 0) out += ", clip norm " + shortest(clip_norm);
   if (schedule.kind != kernels::ScheduleKind::constant || schedule.warmup_steps > 0)
     out += ", " + schedule.str() +
@@ -150,13 +151,40 @@ std::string OptimizerConfig::str() const {
   return out;
 }
 
+namespace {
+
+// Member m's value of a flag's list: the default when empty, the one value, or the member's own.
+float value_of(const std::vector<float>& v, float fallback, int member, const char* flag) {
+  if (v.empty()) return fallback;
+  if (v.size() == 1) return v[0];
+  if (member < 0 || static_cast<std::size_t>(member) >= v.size())
+    throw ValueError(std::string(flag) + " gives " + std::to_string(v.size()) + " values: none for member " +
+                     std::to_string(member) + " (give one value, or one per member)");
+  return v[static_cast<std::size_t>(member)];
+}
+
+std::vector<float> values(const std::vector<float>& v, int members, const std::function<float(int)>& of) {
+  std::vector<float> out;
+  for (int m = 0; m < (v.size() > 1 ? members : 1); ++m) out.push_back(of(m));
+  return out;
+}
+
+}  // namespace
+
 float OptimizerConfig::learning_rate_of(int member) const {
-  return learning_rate.size() == 1 ? learning_rate[0] : learning_rate.at(static_cast<std::size_t>(member));
+  return value_of(learning_rate, name == "sgd" ? 0.1f : 0.001f, member, "--lr");
 }
 
 float OptimizerConfig::weight_decay_of(int member) const {
-  if (weight_decay.empty()) return name == "adamw" ? 0.004f : 0.0f;
-  return weight_decay.size() == 1 ? weight_decay[0] : weight_decay.at(static_cast<std::size_t>(member));
+  return value_of(weight_decay, name == "adamw" ? 0.004f : 0.0f, member, "--weight-decay");
+}
+
+std::vector<float> OptimizerConfig::learning_rates(int members) const {
+  return values(learning_rate, members, [this](int m) { return learning_rate_of(m); });
+}
+
+std::vector<float> OptimizerConfig::weight_decays(int members) const {
+  return values(weight_decay, members, [this](int m) { return weight_decay_of(m); });
 }
 
 void OptimizerConfig::check(int members) const {
@@ -173,7 +201,6 @@ void OptimizerConfig::check(int members) const {
       bad(std::string(flag) + " gives " + std::to_string(v.size()) + " values for " + std::to_string(members) +
           " member(s): give one value, or one per member");
   };
-  if (learning_rate.empty()) bad("--lr needs a value");
   per_member("--lr", learning_rate);
   per_member("--weight-decay", weight_decay);
   for (float lr : learning_rate)

@@ -48,7 +48,8 @@ Schedule parse_schedule(std::string_view text);
 // adamw's weight decay 0.004.
 struct OptimizerConfig {
   std::string name = "sgd";                // sgd | adam | adamw (optimizer_names())
-  std::vector<float> learning_rate{0.1f};  // one for every member, or one per member (a hyper-parameter ensemble)
+  std::vector<float> learning_rate;        // empty: the optimizer's default (sgd 0.1; adam, adamw 0.001); else
+                                           // one for every member, or one per member (a hyper-parameter ensemble)
   float momentum = 0.9f;                   // sgd
   bool nesterov = false;                   // sgd
   double beta_1 = 0.9, beta_2 = 0.999;     // adam, adamw
@@ -60,9 +61,13 @@ struct OptimizerConfig {
   // "sgd lr 0.1, momentum 0.9", "adamw lr 0.001, weight decay 0.004, clip norm 1, cosine after 100 warmup
   // steps": what the program's header prints.
   std::string str() const;
-  // The weight decay of global member g (learning_rate likewise): one value for all, or the member's own.
+  // The weight decay of global member g (learning_rate likewise): the default, one value for all, or the
+  // member's own (ValueError naming the flag when the list has no value for it).
   float weight_decay_of(int member) const;
   float learning_rate_of(int member) const;
+  // Every member's learning rate (weight decay): one value when all share it, else one per member.
+  std::vector<float> learning_rates(int members) const;
+  std::vector<float> weight_decays(int members) const;
   // ValueError naming the flag (--optimizer, --lr, --momentum, --weight-decay, --clip-norm, --lr-schedule,
   // --warmup-steps) for a value out of range, or per-member lists that are not `members` long.
   void check(int members) const;

@@ -33,6 +33,10 @@ int main(int argc, char** argv) try {
   const pe::Dataset test = pe::load_mnist(argv[1], pe::Split::test);
   pe::TrainConfig config;  // one member per device; CPU devices unless config.backend = cuda
   config.epochs = argc > 2 ? std::stoi(argv[2]) : 3;
+  if (config.epochs < 1) {
+    std::fprintf(stderr, "custom_model: EPOCHS must be >= 1\n");
+    return 2;
+  }
   config.batch_size = 64;
   config.optimizer.name = "adamw";
   config.optimizer.learning_rate = {3e-3f};

@@ -13,7 +13,8 @@
 
 namespace pmap::kernels {
 
-// optax clip_by_global_norm's factor: 1 when the norm is within max_norm, else max_norm / norm.
+// optax clip_by_global_norm's factor: 1 when the norm is within max_norm, else max_norm / norm, computed in
+// double and applied as g * factor (optax computes (g / norm) * max_norm in float: the same up to rounding).
 PMAPCC_HD inline float clip_scale(double sumsq, float max_norm) {
   const double norm = sqrt(sumsq);
   return norm <= static_cast<double>(max_norm) ? 1.0f : static_cast<float>(static_cast<double>(max_norm) / norm);

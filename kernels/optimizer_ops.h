@@ -5,8 +5,11 @@
 // passed by value, so a captured CUDA graph computes the right values at every replay.
 //
 // Update ops work on one parameter tensor of M members at a time: (M, n) blocks, member-major, and read
-// per-member scalars from (M) device arrays. All arithmetic is element-wise in float, in a fixed order and
-// without FMA contraction: the CPU and CUDA ops give the same bits (the CPU ops are the oracle).
+// per-member scalars from (M) device arrays. The per-element arithmetic is float, in a fixed order and
+// without FMA contraction, and the per-member scalars (schedule factors, Adam's step size, norms) double:
+// the CPU ops and the CUDA kernels run on the host give the same bits (the CPU ops are the oracle); on a
+// GPU, CUDA's cos, pow and sqrt in double may differ from glibc's in the last bit. sum_squares runs one
+// GPU thread per member over the tensor: right, but slow on a GPU for large tensors (--clip-norm).
 #pragma once
 
 #include <math.h>  // cos, pow, floor: glibc on the host, CUDA's on the device
@@ -80,7 +83,8 @@ struct SgdParams {
 // correction, the paper's "epsilon hat"): with t = step + 1,
 //   m <- m + (g - m) * (1 - beta_1);  v <- v + (g^2 - v) * (1 - beta_2)
 //   p <- p - alpha * m / (sqrt(v) + epsilon),  alpha = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t)
-// The betas are doubles, as Keras's Python floats: 1 - beta and beta^t are computed in double.
+// The betas are doubles: 1 - beta and beta^t are computed in double (Keras 3 rounds them to float32 first,
+// so the step size can differ from Keras's in its last bits).
 struct AdamParams {
   double beta_1 = 0.9;
   double beta_2 = 0.999;

@@ -14,7 +14,7 @@ TEST_CASE("defaults follow the Flax recipe") {
   CHECK(o.train.epochs == 10);
   CHECK(o.train.batch_size == 128);
   CHECK(o.train.optimizer.name == "sgd");
-  CHECK(o.train.optimizer.learning_rate == std::vector<float>{0.1f});
+  CHECK(o.train.optimizer.learning_rate_of(0) == 0.1f);
   CHECK(o.train.optimizer.momentum == 0.9f);
   CHECK(o.train.seed == 0);
   CHECK(o.train.members == 0);  // resolved to the device count by the trainer
@@ -95,7 +95,7 @@ TEST_CASE("--model names a registered model, --summary asks for its table") {
 TEST_CASE("the optimizer's flags: --optimizer, per-member --lr and --weight-decay, schedules, warmup, clipping") {
   auto o = parse_cli({"--optimizer", "adam"});
   CHECK(o.train.optimizer.name == "adam");
-  CHECK(o.train.optimizer.learning_rate == std::vector<float>{0.001f});  // Keras's default for Adam
+  CHECK(o.train.optimizer.learning_rate_of(0) == 0.001f);  // Keras's default for Adam
   o = parse_cli({"--optimizer", "adamw", "--lr", "0.01,0.02", "--weight-decay=0,0.1", "--clip-norm", "1.5",
                  "--lr-schedule", "cosine:0.1", "--warmup-steps", "100"});
   CHECK(o.train.optimizer.learning_rate == std::vector<float>{0.01f, 0.02f});

@@ -258,6 +258,14 @@ TEST_CASE("the optimizer configuration's checks name the flag") {
   CHECK(c.weight_decay_of(1) == 0.0f);
   c.name = "adamw";
   CHECK(c.weight_decay_of(1) == 0.004f);  // Keras's AdamW default
+  c.learning_rate = {};
+  CHECK(c.learning_rate_of(0) == 0.001f);  // Keras's Adam default; SGD's is 0.1
+  c.learning_rate = {0.1f, 0.2f};
+  CHECK_THROWS_WITH_AS(c.learning_rate_of(2), doctest::Contains("--lr gives 2 values: none for member 2"),
+                       pmap::ValueError);
+  CHECK(c.learning_rates(2) == std::vector<float>{0.1f, 0.2f});
+  CHECK(c.weight_decays(2) == std::vector<float>{0.004f});
+  c.learning_rate = {};
   c.clip_norm = -1;
   CHECK_THROWS_WITH_AS(c.check(3), doctest::Contains("--clip-norm"), pmap::ValueError);
   CHECK(pe::optimizer_names() == std::vector<std::string>{"sgd", "adam", "adamw"});

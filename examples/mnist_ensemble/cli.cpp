@@ -367,7 +367,6 @@ CliOptions parse_cli(const std::vector<std::string>& args) {
   }
   if (app->count("--data") == 0) o.data = "data/" + o.train.dataset;
   OptimizerConfig& opt = o.train.optimizer;
-  if (opt.name != "sgd" && app->count("--lr") == 0) opt.learning_rate = {0.001f};  // Keras's Adam default
   for (const char* sgd_only : {"--momentum", "--nesterov"})
     if (opt.name != "sgd" && app->count(sgd_only) > 0)
       throw UsageError(std::string(sgd_only) + " is an option of --optimizer sgd, not of " + opt.name);
