@@ -43,6 +43,9 @@ std::string shape_text(const std::vector<std::int64_t>& s) {
   return out + ")";
 }
 
+// Where an optimizer slot's tensors are named: "opt/<slot>/<tensor>"; version 1 (SGD only) "<slot>/<tensor>".
+std::string slot_prefix(const std::string& slot, bool v1) { return (v1 ? "" : "opt/") + slot + "/"; }
+
 // A float recorded in a configuration, or a per-member list of them.
 bool same_floats(const Json& a, const Json& b) {
   if (a.is_number() && b.is_number()) return static_cast<float>(a.get<double>()) == static_cast<float>(b.get<double>());
@@ -136,7 +139,7 @@ void Trainer::save_checkpoint(const std::filesystem::path& path) const {
   std::vector<TensorEntry> tensors;
   const std::int64_t m = total_members_;
   std::vector<std::pair<std::string, std::string>> variables{{"params/", "params"}};
-  for (const std::string& slot : optimizer_->slots()) variables.emplace_back("opt/" + slot + "/", slot);
+  for (const std::string& slot : optimizer_->slots()) variables.emplace_back(slot_prefix(slot, false), slot);
   for (const auto& [prefix, name] : variables) {
     const std::vector<float> all = stacked(name);
     for (const auto& t : model_->tensors()) {
@@ -251,7 +254,7 @@ void Trainer::load_checkpoint(const std::filesystem::path& path) {
   const bool v1 = f.metadata.at("format") == kFormatV1;
   std::map<std::string, std::vector<float>> opt;
   for (const std::string& slot : optimizer_->slots())
-    opt[slot] = read_stacked(f, v1 ? slot + "/" : "opt/" + slot + "/", *model_, total_members_);
+    opt[slot] = read_stacked(f, slot_prefix(slot, v1), *model_, total_members_);
   const std::size_t tensors = (1 + optimizer_->slots().size()) * model_->tensors().size();
   if (f.tensors.size() != tensors)
     throw DataError(path.string() + ": holds " + std::to_string(f.tensors.size()) + " tensors, this model and " +

@@ -225,8 +225,8 @@ std::vector<std::string> optimizer_names() {
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& c) {
   for (const auto& [n, f] : registry())
     if (n == c.name) return f(c);
-  c.check(1);  // names the flag and the choices
-  throw ValueError("unknown optimizer '" + c.name + "'");
+  c.check(1);  // an unknown name: throws, naming --optimizer and the choices
+  throw ValueError("--optimizer: unknown optimizer '" + c.name + "'");
 }
 
 OptimizerWork::OptimizerWork(const OptimizerConfig& c, int members, int first, Device device)
