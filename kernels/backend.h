@@ -27,6 +27,7 @@
 
 #include <pmapcc/kernels/graph.h>
 #include <pmapcc/kernels/ops.h>
+#include <pmapcc/kernels/layer_ops.h>
 #include <pmapcc/kernels/optimizer_ops.h>
 
 namespace pmap::kernels {
@@ -125,6 +126,8 @@ class Backend {
 
   // The optimizer updates, schedules and clipping on this backend's device (kernels/optimizer_ops.h).
   virtual const OptimizerOps& optimizer() const = 0;
+  // BatchNormalization, Dropout and Rescaling on this backend's device (kernels/layer_ops.h).
+  virtual const LayerOps& layers() const = 0;
 
   // ---- reductions ---------------------------------------------------------------------------------------
 

@@ -34,6 +34,23 @@ class OptimizerOpsImpl final : public OptimizerOps {
   void increment(std::int64_t* step) const override;
 };
 
+// layers.cpp
+class LayerOpsImpl final : public LayerOps {
+ public:
+  void batch_norm_sums(BatchNormParams p, const float* x, double* sums) const override;
+  void batch_norm_statistics(BatchNormParams p, const double* sums, double count, float* moving_mean,
+                             float* moving_variance, float* stats) const override;
+  void batch_norm_apply(BatchNormParams p, const float* x, const float* stats, const float* gamma, const float* beta,
+                        float* y) const override;
+  void batch_norm_backward_sums(BatchNormParams p, const float* x, const float* dy, const float* stats, double* sums,
+                                float* dgamma, float* dbeta) const override;
+  void batch_norm_backward(BatchNormParams p, const float* x, const float* dy, const float* stats,
+                           const double* sums, double count, const float* gamma, float* dx) const override;
+  void dropout(DropoutParams p, const std::uint32_t* keys, const std::int64_t* step, const float* x,
+               float* y) const override;
+  void scale_shift(std::size_t n, const float* x, float scale, float offset, float* y) const override;
+};
+
 class Ops final : public CpuBackend {
  public:
   std::string isa() const override;                                        // backend.cpp
@@ -61,9 +78,11 @@ class Ops final : public CpuBackend {
   std::size_t matmul_workspace_bytes(MatmulParams p) const override;  // matmul.cpp
   void matmul(MatmulParams p, const float* a, const float* b, float* c, void* workspace) const override;
   const OptimizerOps& optimizer() const override { return optimizer_; }
+  const LayerOps& layers() const override { return layers_; }
 
  private:
   OptimizerOpsImpl optimizer_;
+  LayerOpsImpl layers_;
 };
 
 }  // namespace PMAPCC_CPU_NS

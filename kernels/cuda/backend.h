@@ -39,9 +39,30 @@ class CudaOptimizerOps final : public OptimizerOps {
   Exec ex_;
 };
 
+// layers.cu: one item per element, per (member, channel) for the sums and statistics.
+class CudaLayerOps final : public LayerOps {
+ public:
+  explicit CudaLayerOps(Exec ex) : ex_(ex) {}
+  void batch_norm_sums(BatchNormParams p, const float* x, double* sums) const override;
+  void batch_norm_statistics(BatchNormParams p, const double* sums, double count, float* moving_mean,
+                             float* moving_variance, float* stats) const override;
+  void batch_norm_apply(BatchNormParams p, const float* x, const float* stats, const float* gamma, const float* beta,
+                        float* y) const override;
+  void batch_norm_backward_sums(BatchNormParams p, const float* x, const float* dy, const float* stats, double* sums,
+                                float* dgamma, float* dbeta) const override;
+  void batch_norm_backward(BatchNormParams p, const float* x, const float* dy, const float* stats,
+                           const double* sums, double count, const float* gamma, float* dx) const override;
+  void dropout(DropoutParams p, const std::uint32_t* keys, const std::int64_t* step, const float* x,
+               float* y) const override;
+  void scale_shift(std::size_t n, const float* x, float scale, float offset, float* y) const override;
+
+ private:
+  Exec ex_;
+};
+
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(Exec ex) : ex_(ex), optimizer_(ex) {}
+  explicit CudaBackend(Exec ex) : ex_(ex), optimizer_(ex), layers_(ex) {}
   std::string name() const override { return ex_.on_host() ? "cuda-on-host" : "cuda"; }
   DeviceKind kind() const override { return ex_.on_host() ? DeviceKind::cpu : DeviceKind::cuda; }
 
@@ -93,10 +114,12 @@ class CudaBackend final : public Backend {
   bool captures() const override { return true; }
   std::unique_ptr<Graph> capture(const std::function<void()>& body) const override { return ex_.capture(body); }
   const OptimizerOps& optimizer() const override { return optimizer_; }
+  const LayerOps& layers() const override { return layers_; }
 
  private:
   Exec ex_;
   CudaOptimizerOps optimizer_;
+  CudaLayerOps layers_;
 };
 
 }  // namespace pmap::kernels::gpu
