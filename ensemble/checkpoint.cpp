@@ -1,9 +1,10 @@
-// Trainer checkpoints: every member's parameters ("params/<tensor>") and optimizer state
-// ("opt/<slot>/<tensor>") as (members, ...) safetensors tensors, with the step, epoch, keys, configuration
+// Trainer checkpoints: every member's parameters ("params/<tensor>"), model state ("state/<tensor>", e.g.
+// "state/BatchNorm_0/moving_mean") and optimizer state ("opt/<slot>/<tensor>") as (members, ...) safetensors tensors, with the step, epoch, keys, configuration
 // (the optimizer's included) and history in __metadata__. Written atomically. Version 1 files (SGD only,
 // the momentum as "momentum/<tensor>", no optimizer fields) still load.
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include <pmap/error.h>
 
@@ -114,10 +115,10 @@ void check_same(const SafetensorsFile& f, const Json& saved, const Json& now) {
   }
 }
 
-std::vector<float> read_stacked(const SafetensorsFile& f, const std::string& prefix, const Sequential& model,
+std::vector<float> read_stacked(const SafetensorsFile& f, const std::string& prefix, const TensorLayout& layout,
                                 std::int64_t members) {
-  std::vector<float> out(static_cast<std::size_t>(members * model.params_per_member()));
-  for (const auto& t : model.tensors()) {
+  std::vector<float> out(static_cast<std::size_t>(members * layout.per_member));
+  for (const auto& t : layout.tensors) {
     const std::string name = prefix + t.name;
     const TensorEntry* e = f.find(name);
     if (e == nullptr) throw DataError(f.path.string() + ": tensor '" + name + "' is missing");
@@ -138,11 +139,14 @@ std::vector<float> read_stacked(const SafetensorsFile& f, const std::string& pre
 void Trainer::save_checkpoint(const std::filesystem::path& path) const {
   std::vector<TensorEntry> tensors;
   const std::int64_t m = total_members_;
-  std::vector<std::pair<std::string, std::string>> variables{{"params/", "params"}};
-  for (const std::string& slot : optimizer_->slots()) variables.emplace_back(slot_prefix(slot, false), slot);
-  for (const auto& [prefix, name] : variables) {
+  std::vector<std::tuple<std::string, std::string, const TensorLayout*>> variables{
+      {"params/", "params", &model_->params_layout()}, {"state/", "state", &model_->state_layout()}};
+  for (const std::string& slot : optimizer_->slots())
+    variables.emplace_back(slot_prefix(slot, false), slot, &model_->params_layout());
+  for (const auto& [prefix, name, layout] : variables) {
+    if (layout->tensors.empty()) continue;
     const std::vector<float> all = stacked(name);
-    for (const auto& t : model_->tensors()) {
+    for (const auto& t : layout->tensors) {
       std::span<const float> block(all.data() + t.offset * m, static_cast<std::size_t>(t.size * m));
       tensors.push_back(make_tensor<float>(prefix + t.name, stacked_shape(m, t.shape), block));
     }
@@ -221,15 +225,19 @@ void Trainer::load_members(const std::filesystem::path& path, const std::vector<
   if (static_cast<int>(pick.size()) != total_members_)
     throw ValueError("evaluating " + std::to_string(pick.size()) + " member(s) of " + path.string() + " needs a trainer of " +
                      std::to_string(pick.size()) + " members, this one has " + std::to_string(total_members_));
-  const std::vector<float> all = read_stacked(f, "params/", *model_, s.members);
-  std::vector<float> blocks;  // the picked members one after another, then stacked (member_layout.h)
-  for (int g : pick) {
-    const std::vector<float> one = member_block(*model_, all, s.members, g, 1);
-    blocks.insert(blocks.end(), one.begin(), one.end());
-  }
+  // The picked members one after another, then stacked (member_layout.h), for the parameters and the state.
   const auto n = static_cast<std::int64_t>(pick.size());
-  const std::vector<float> params = stack_members(*model_, blocks, static_cast<int>(n), 1, n);
-  restore(params, zero_optimizer_state(), 0);
+  auto picked = [&](const std::string& prefix, const TensorLayout& layout) {
+    const std::vector<float> all = read_stacked(f, prefix, layout, s.members);
+    std::vector<float> blocks;
+    for (int g : pick) {
+      const std::vector<float> one = member_block(layout, all, s.members, g, 1);
+      blocks.insert(blocks.end(), one.begin(), one.end());
+    }
+    return stack_members(layout, blocks, static_cast<int>(n), 1, n);
+  };
+  restore(picked("params/", model_->params_layout()), picked("state/", model_->state_layout()), zero_optimizer_state(),
+          0);
   epochs_done_ = s.epochs_done;
   history_.clear();
 }
@@ -249,17 +257,19 @@ void Trainer::load_checkpoint(const std::filesystem::path& path) {
   const JsonView hv(history, path.string(), "__metadata__.history");
   std::vector<EpochMetrics> restored;
   for (std::size_t i = 0; i < hv.size(); ++i) restored.push_back(epoch_metrics_from_json(hv[i]));
-  const auto params = read_stacked(f, "params/", *model_, total_members_);
+  const auto params = read_stacked(f, "params/", model_->params_layout(), total_members_);
+  const auto state = read_stacked(f, "state/", model_->state_layout(), total_members_);
   // Version 1: SGD's momentum as "momentum/<tensor>" (check_same has made sure the optimizer is SGD).
   const bool v1 = f.metadata.at("format") == kFormatV1;
   std::map<std::string, std::vector<float>> opt;
   for (const std::string& slot : optimizer_->slots())
-    opt[slot] = read_stacked(f, slot_prefix(slot, v1), *model_, total_members_);
-  const std::size_t tensors = (1 + optimizer_->slots().size()) * model_->tensors().size();
+    opt[slot] = read_stacked(f, slot_prefix(slot, v1), model_->params_layout(), total_members_);
+  const std::size_t tensors =
+      (1 + optimizer_->slots().size()) * model_->tensors().size() + model_->state_layout().tensors.size();
   if (f.tensors.size() != tensors)
     throw DataError(path.string() + ": holds " + std::to_string(f.tensors.size()) + " tensors, this model and " +
                     optimizer_->name() + " have " + std::to_string(tensors));
-  restore(params, opt, step);
+  restore(params, state, opt, step);
   epochs_done_ = static_cast<int>(epochs);
   history_ = std::move(restored);
 }

@@ -53,7 +53,9 @@ class Conv2D final : public Layer {
   }
   std::vector<ParamSpec> params(const Dims& in) const override {
     check(in);
-    std::vector<ParamSpec> p{{"kernel", {o_.kernel, o_.kernel, in[2], features_}, o_.kernel * o_.kernel * in[2], false}};
+    const std::int64_t area = std::int64_t{o_.kernel} * o_.kernel;
+    std::vector<ParamSpec> p{
+        {"kernel", {o_.kernel, o_.kernel, in[2], features_}, area * in[2], false, area * features_, o_.kernel_init}};
     if (o_.use_bias) p.push_back({"bias", {features_}, 0, true});
     return p;
   }
@@ -95,7 +97,7 @@ class Conv2D final : public Layer {
 
 class Dense final : public Layer {
  public:
-  Dense(std::string name, int features) : name_(std::move(name)), features_(features) {
+  Dense(std::string name, int features, Init init) : name_(std::move(name)), features_(features), init_(init) {
     if (features < 1) throw ValueError(name_ + ": Dense needs features >= 1, got " + std::to_string(features));
   }
   std::string name() const override { return name_; }
@@ -107,7 +109,7 @@ class Dense final : public Layer {
   }
   std::vector<ParamSpec> params(const Dims& in) const override {
     check(in);
-    return {{"kernel", {in[0], features_}, in[0], false}, {"bias", {features_}, 0, true}};
+    return {{"kernel", {in[0], features_}, in[0], false, features_, init_}, {"bias", {features_}, 0, true}};
   }
   bool in_place() const override { return false; }
   bool fuses_relu_forward() const override { return true; }
@@ -135,10 +137,13 @@ class Dense final : public Layer {
   }
   std::string name_;
   int features_;
+  Init init_;
 
  public:
   std::unique_ptr<Layer> clone() const override { return std::make_unique<Dense>(*this); }
-  std::unique_ptr<Layer> with_features(int features) const override { return std::make_unique<Dense>(name_, features); }
+  std::unique_ptr<Layer> with_features(int features) const override {
+    return std::make_unique<Dense>(name_, features, init_);
+  }
 };
 
 // Elementwise layers on (M, N, ...) tensors; in place.
@@ -289,7 +294,9 @@ std::unique_ptr<Layer> conv2d(std::string name, int features, int kernel) {
 std::unique_ptr<Layer> conv2d(std::string name, int features, Conv2dOptions options) {
   return std::make_unique<Conv2D>(std::move(name), features, options);
 }
-std::unique_ptr<Layer> dense(std::string name, int features) { return std::make_unique<Dense>(std::move(name), features); }
+std::unique_ptr<Layer> dense(std::string name, int features, Init kernel_init) {
+  return std::make_unique<Dense>(std::move(name), features, kernel_init);
+}
 std::unique_ptr<Layer> relu() { return std::make_unique<ReLU>(); }
 std::unique_ptr<Layer> avg_pool(int window) {
   if (window < 1) throw ValueError("avg_pool: window must be >= 1, got " + std::to_string(window));

@@ -1,14 +1,18 @@
 // Layers with explicit forward and backward (no tape): Conv2D, Dense, ReLU, AvgPool, GlobalAveragePooling2D,
-// Flatten, and for model parallelism GatherFeatures. A layer holds only its configuration; parameters live in the model's
-// one contiguous buffer and are passed in.
+// Flatten, BatchNormalization, Dropout, Rescaling, and for model parallelism GatherFeatures. A layer holds only
+// its configuration; its variables (parameters, and model state such as BatchNorm's moving statistics) live
+// in the model's buffers (model.h's TensorLayout) and are passed in.
 // Every call runs `members` ensemble members at once on member-major tensors (see kernels/ops.h).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <pmap/array.h>
 
 #include <pmapcc/kernels/backend.h>
 
@@ -16,12 +20,29 @@ namespace pmap::ensemble {
 
 using Dims = std::vector<std::int64_t>;  // per-example shape: (H, W, C) or (F)
 
-// One parameter tensor of a layer, per member.
+// How a variable starts (Sequential::init). automatic: zeros for a bias, else LeCun normal (Flax's default).
+//   lecun_normal:   truncated normal in [-2, 2], stddev sqrt(1 / fan_in) / 0.8796256610342398 (Flax)
+//   glorot_uniform: uniform in [-l, l], l = sqrt(6 / (fan_in + fan_out)) (Keras's default)
+enum class Init { automatic, lecun_normal, glorot_uniform, zeros, ones };
+
+// One variable tensor of a layer, per member: a parameter (params()) or model state (state()).
 struct ParamSpec {
-  std::string name;       // "kernel" or "bias", as in Flax
-  Dims shape;             // per member, e.g. (3, 3, 1, 32)
-  std::int64_t fan_in;    // for LeCun-normal init
-  bool is_bias;           // biases start at zero
+  std::string name;          // "kernel", "bias", "gamma", "moving_mean", ...: as in Flax and Keras
+  Dims shape;                // per member, e.g. (3, 3, 1, 32)
+  std::int64_t fan_in;       // for the initializers
+  bool is_bias;              // a bias: starts at zero, and a row-parallel layer adds it on one device only
+  std::int64_t fan_out = 0;  // glorot_uniform
+  Init init = Init::automatic;
+};
+
+// What a call of a layer needs beyond shapes and variables, the same for every layer of one forward.
+struct LayerContext {
+  bool training = false;                  // batch statistics and dropout masks (else moving statistics, no dropout)
+  const std::uint32_t* keys = nullptr;    // (members, 2) u32, device: the call's members' random keys (Dropout)
+  const std::int64_t* step = nullptr;     // (1) i64, device: the step counter (Dropout)
+  std::int64_t example_offset = 0;        // the global index of this device's first example in the step's batch
+  int batch_devices = 1;                  // the devices the global batch is spread over, equal shares
+  std::function<void(Array&)> batch_sum;  // sums an array over those devices (a psum); empty: one device
 };
 
 // The sizes of one call: M members, N examples each, per-example input shape.
@@ -32,6 +53,16 @@ struct LayerCall {
   bool shared_input = false;  // the input is one (N, ...) tensor read by every member
   bool relu = false;          // forward: apply the following ReLU to the output (fuses_relu_forward())
   int block = 0;              // gather_features: this device's block of the features (its model axis index)
+  float* const* state = nullptr;          // state[i]: the i-th state() tensor's (M, *shape) block
+  Array* buffers = nullptr;               // the layer's buffers() (ModelRunner keeps them between forward and backward)
+  const LayerContext* context = nullptr;  // null: inference on one device
+  std::uint32_t stream = 0;               // random(): which random layer of the model this is (0, 1, ...)
+};
+
+// A buffer a layer keeps from its forward to its backward: `count` values of `dtype` for a call's members.
+struct BufferSpec {
+  std::int64_t count;
+  DType dtype;
 };
 
 class Layer {
@@ -44,6 +75,18 @@ class Layer {
   virtual std::string describe() const { return kind(); }
   virtual Dims output_shape(const Dims& input) const = 0;
   virtual std::vector<ParamSpec> params(const Dims& input) const = 0;
+  // Model state: variables the forward updates in training and reads in inference, not trained by the
+  // optimizer (BatchNorm's moving mean and variance). Default: none.
+  virtual std::vector<ParamSpec> state(const Dims& /*input*/) const { return {}; }
+  // Buffers kept from forward to backward for a call of c.members members and c.batch examples. Default: none.
+  virtual std::vector<BufferSpec> buffers(const LayerCall& /*c*/) const { return {}; }
+  // Whether a training call sums over the batch's devices (LayerContext::batch_sum; BatchNorm): a collective.
+  virtual bool syncs_batch() const { return false; }
+  // Whether the layer draws random numbers (Dropout): the runner numbers such layers (LayerCall::stream).
+  virtual bool random() const { return false; }
+  // Whether, given one input shared by every member, it gives one shared output (Rescaling): the layers
+  // before a model's first parameterized layer must.
+  virtual bool keeps_shared() const { return false; }
   virtual bool in_place() const = 0;                 // the output may be written over the input
   virtual std::size_t workspace_bytes(const kernels::Backend& be, const LayerCall& c) const = 0;
   // y (M, N, *out) from x; params[i] points at the i-th ParamSpec's (M, *shape) block.
@@ -81,10 +124,31 @@ struct Conv2dOptions {
   int stride = 1;
   kernels::Padding padding = kernels::Padding::same;
   bool use_bias = true;
+  Init kernel_init = Init::automatic;  // LeCun normal (Flax); Init::glorot_uniform is Keras's
 };
 std::unique_ptr<Layer> conv2d(std::string name, int features, int kernel = 3);  // SAME padding, stride 1
 std::unique_ptr<Layer> conv2d(std::string name, int features, Conv2dOptions options);
-std::unique_ptr<Layer> dense(std::string name, int features);
+std::unique_ptr<Layer> dense(std::string name, int features, Init kernel_init = Init::automatic);
+
+// Keras's BatchNormalization over the last dimension (channels): in training it normalizes with the
+// batch's mean and biased variance (of the global batch in data- and model-parallel runs: a psum over the
+// batch's devices) and moves the moving statistics, moving = moving * momentum + batch * (1 - momentum); in
+// inference it normalizes with the moving statistics. Variables: gamma (scale, ones) and beta (center,
+// zeros); state moving_mean (zeros) and moving_variance (ones).
+struct BatchNormOptions {
+  float momentum = 0.99f;
+  float epsilon = 1e-3f;
+  bool center = true;  // beta
+  bool scale = true;   // gamma
+};
+std::unique_ptr<Layer> batch_norm(std::string name, BatchNormOptions options = {});
+// Keras's Dropout(rate): in training each value is zeroed with probability `rate` and the others scaled by
+// 1 / (1 - rate); in inference the identity. The mask of example i at step s of member m depends only on the
+// member's key, s, i (its index in the global batch), the value's index and which dropout layer this is
+// (kernels/layer_ops.h), so it is the same on any device count and split.
+std::unique_ptr<Layer> dropout(std::string name, float rate);
+// Keras's Rescaling: x * scale + offset.
+std::unique_ptr<Layer> rescaling(float scale, float offset = 0.0f);
 std::unique_ptr<Layer> relu();
 std::unique_ptr<Layer> avg_pool(int window = 2);  // window = stride, VALID
 std::unique_ptr<Layer> flatten();

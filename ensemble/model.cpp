@@ -16,43 +16,82 @@ namespace {
 constexpr double kTruncatedStd = 0.87962566103423978;
 }  // namespace
 
+namespace {
+
+void add_tensors(TensorLayout& layout, const Layer& layer, int index, const std::vector<ParamSpec>& specs) {
+  int k = 0;
+  for (const auto& spec : specs) {
+    layout.tensors.push_back(TensorSlot{layer.name() + "/" + spec.name, spec.shape, layout.per_member,
+                                        product(spec.shape), spec.fan_in, spec.is_bias, index, k++, spec.fan_out,
+                                        spec.init});
+    layout.per_member += product(spec.shape);
+  }
+}
+
+Init resolved(const TensorSlot& s) {
+  if (s.init != Init::automatic) return s.init;
+  return s.is_bias ? Init::zeros : Init::lecun_normal;
+}
+
+}  // namespace
+
 Sequential::Sequential(Dims input, std::vector<std::unique_ptr<Layer>> layers, std::string name)
     : name_(std::move(name)), input_(std::move(input)), layers_(std::move(layers)) {
   if (layers_.empty()) throw ValueError("Sequential: no layers");
   shapes_.push_back(input_);
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     const Layer& layer = *layers_[i];
-    int k = 0;
-    for (const auto& spec : layer.params(shapes_.back())) {
-      tensors_.push_back(TensorSlot{layer.name() + "/" + spec.name, spec.shape, params_per_member_, product(spec.shape),
-                                    spec.fan_in, spec.is_bias, static_cast<int>(i), k++});
-      params_per_member_ += product(spec.shape);
-    }
+    add_tensors(params_, layer, static_cast<int>(i), layer.params(shapes_.back()));
+    add_tensors(state_, layer, static_cast<int>(i), layer.state(shapes_.back()));
     shapes_.push_back(layer.output_shape(shapes_.back()));
   }
-  if (layers_.front()->params(input_).empty())
-    throw ValueError("Sequential: the first layer must be a Conv2D or Dense layer (it reads the shared batch)");
+  // Every member reads the one input batch: the layers up to the first with parameters must keep it one.
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    if (!layers_[i]->params(shapes_[i]).empty()) return;
+    if (!layers_[i]->keeps_shared())
+      throw ValueError("Sequential: " + layers_[i]->name() + " (" + layers_[i]->describe() +
+                       ") comes before the first layer with parameters: the layers before it must keep the batch "
+                       "that every member shares (a Rescaling may; put a Conv2D or Dense first)");
+  }
+  throw ValueError("Sequential: no layer has parameters");
 }
 
 void Sequential::init(std::span<const Key> keys, std::span<float> params) const {
   const std::int64_t m = static_cast<std::int64_t>(keys.size());
-  if (static_cast<std::int64_t>(params.size()) != m * params_per_member_)
+  if (static_cast<std::int64_t>(params.size()) != m * params_.per_member)
     throw ShapeError("Sequential::init: buffer holds " + std::to_string(params.size()) + " floats, " +
-                     std::to_string(m) + " members need " + std::to_string(m * params_per_member_));
-  for (std::size_t t = 0; t < tensors_.size(); ++t) {
-    const TensorSlot& s = tensors_[t];
+                     std::to_string(m) + " members need " + std::to_string(m * params_.per_member));
+  for (std::size_t t = 0; t < params_.tensors.size(); ++t) {
+    const TensorSlot& s = params_.tensors[t];
     for (std::int64_t j = 0; j < m; ++j) {
       std::span<float> out = params.subspan(static_cast<std::size_t>(s.offset * m + j * s.size),
                                             static_cast<std::size_t>(s.size));
-      if (s.is_bias) {
-        std::fill(out.begin(), out.end(), 0.0f);
-        continue;
+      const Key k = fold_in(keys[static_cast<std::size_t>(j)], static_cast<std::uint32_t>(t));
+      switch (resolved(s)) {
+        case Init::zeros:
+        case Init::ones:
+          std::fill(out.begin(), out.end(), resolved(s) == Init::ones ? 1.0f : 0.0f);
+          break;
+        case Init::glorot_uniform: {
+          const double limit = std::sqrt(6.0 / static_cast<double>(s.fan_in + s.fan_out));
+          uniform(k, out, static_cast<float>(-limit), static_cast<float>(limit));
+          break;
+        }
+        default: {
+          truncated_normal(k, out, -2.0f, 2.0f);
+          const float scale = static_cast<float>(std::sqrt(1.0 / static_cast<double>(s.fan_in)) / kTruncatedStd);
+          for (float& v : out) v *= scale;
+        }
       }
-      truncated_normal(fold_in(keys[static_cast<std::size_t>(j)], static_cast<std::uint32_t>(t)), out, -2.0f, 2.0f);
-      const float scale = static_cast<float>(std::sqrt(1.0 / static_cast<double>(s.fan_in)) / kTruncatedStd);
-      for (float& v : out) v *= scale;
     }
   }
+}
+
+std::vector<float> Sequential::init_state(std::int64_t members) const {
+  std::vector<float> out(static_cast<std::size_t>(members * state_.per_member));
+  for (const TensorSlot& s : state_.tensors)
+    std::fill_n(out.begin() + s.offset * members, s.size * members, resolved(s) == Init::ones ? 1.0f : 0.0f);
+  return out;
 }
 
 namespace {
@@ -86,6 +125,7 @@ std::string Sequential::summary() const {
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     std::int64_t n = 0;
     for (const auto& spec : layers_[i]->params(shapes_[i])) n += product(spec.shape);
+    for (const auto& spec : layers_[i]->state(shapes_[i])) n += product(spec.shape);
     Dims out{-1};
     out.insert(out.end(), shapes_[i + 1].begin(), shapes_[i + 1].end());
     std::string shape = dims_text(out);
@@ -111,9 +151,10 @@ std::string Sequential::summary() const {
   std::string out = "Model: \"" + name_ + "\"\n" + line() + row({"Layer (type)", "Output Shape", "Param #"}) + line();
   for (const auto& r : rows) out += row(r);
   out += line();
-  out += " Total params: " + grouped(params_per_member_) + " " + bytes_text(params_per_member_) + "\n";
-  out += " Trainable params: " + grouped(params_per_member_) + " " + bytes_text(params_per_member_) + "\n";
-  out += " Non-trainable params: 0 " + bytes_text(0) + "\n";
+  const std::int64_t trainable = params_.per_member, fixed = state_.per_member;
+  out += " Total params: " + grouped(trainable + fixed) + " " + bytes_text(trainable + fixed) + "\n";
+  out += " Trainable params: " + grouped(trainable) + " " + bytes_text(trainable) + "\n";
+  out += " Non-trainable params: " + grouped(fixed) + " " + bytes_text(fixed) + "\n";
   return out;
 }
 
@@ -138,13 +179,35 @@ std::unique_ptr<Sequential> flax_mnist_cnn(Dims input, int classes) {
   return std::make_unique<Sequential>(std::move(input), std::move(l), "flax-cnn");
 }
 
+std::unique_ptr<Sequential> keras_convnet(Dims input, int classes) {
+  const BatchNormOptions center_only{0.99f, 1e-3f, true, false};
+  const Init glorot = Init::glorot_uniform;
+  std::vector<std::unique_ptr<Layer>> l;
+  l.push_back(conv2d("Conv_0", 12, Conv2dOptions{3, 1, kernels::Padding::same, false, glorot}));
+  l.push_back(batch_norm("BatchNorm_0", center_only));
+  l.push_back(relu());
+  l.push_back(conv2d("Conv_1", 24, Conv2dOptions{6, 2, kernels::Padding::valid, false, glorot}));
+  l.push_back(batch_norm("BatchNorm_1", center_only));
+  l.push_back(relu());
+  l.push_back(conv2d("large_k", 32, Conv2dOptions{6, 2, kernels::Padding::same, true, glorot}));
+  l.push_back(batch_norm("BatchNorm_2", center_only));
+  l.push_back(relu());
+  l.push_back(global_avg_pool());
+  l.push_back(dense("Dense_0", 256, glorot));
+  l.push_back(relu());
+  l.push_back(dropout("dropout", 0.5f));
+  l.push_back(dense("Dense_1", classes, glorot));
+  return std::make_unique<Sequential>(std::move(input), std::move(l), "keras-convnet");
+}
+
 namespace {
 
 using ModelFactory = std::unique_ptr<Sequential> (*)(Dims, int);
 
 // The registry: one line per model.
 const std::vector<std::pair<std::string, ModelFactory>>& models() {
-  static const std::vector<std::pair<std::string, ModelFactory>> r{{"flax-cnn", flax_mnist_cnn}};
+  static const std::vector<std::pair<std::string, ModelFactory>> r{{"flax-cnn", flax_mnist_cnn},
+                                                                          {"keras-convnet", keras_convnet}};
   return r;
 }
 

@@ -246,8 +246,9 @@ OptimizerWork::OptimizerWork(const OptimizerConfig& c, int members, int first, D
   weight_decay.copy_from_host(wds.data(), wds.size() * sizeof(float));
 }
 
-TrainState make_train_state(const Optimizer& opt, Array params) {
+TrainState make_train_state(const Optimizer& opt, Array params, std::int64_t state_floats) {
   TrainState s;
+  s.state = Array(Shape{state_floats}, DType::f32, params.device());
   for (const std::string& slot : opt.slots()) s.opt.emplace(slot, Array(params.shape(), DType::f32, params.device()));
   s.step = Array(Shape{1}, DType::i64, params.device());  // zero-filled, as every new Array
   s.params = std::move(params);

@@ -127,7 +127,8 @@ struct UpdateOptions {
 void optimizer_step(const Optimizer& opt, UpdateOptions u, const kernels::OptimizerOps& ops, const Sequential& model,
                     OptimizerWork& work, TrainState& state, const float* grads);
 
-// A train state for `params` ((members * P) f32 on its device): opt's slots zero, step 0, on the same device.
-TrainState make_train_state(const Optimizer& opt, Array params);
+// A train state for `params` ((members * P) f32 on its device): opt's slots zero, step 0, and state_floats
+// (members * S) of model state, zero, on the same device.
+TrainState make_train_state(const Optimizer& opt, Array params, std::int64_t state_floats = 0);
 
 }  // namespace pmap::ensemble

@@ -27,7 +27,15 @@ ModelRunner::ModelRunner(const Sequential& model, const kernels::Backend& backen
     throw ValueError("ModelRunner: the split has " + std::to_string(split_.layers.size()) + " layers, the model " +
                      std::to_string(n_layers));
   split_.layers.resize(n_layers);
-  auto elems = [&](std::size_t i) { return group_ * static_cast<std::int64_t>(max_batch_) * product(shapes[i]); };
+  // The input batch is one for every member, and so is the output of the layers that keep it (Sequential
+  // allows such layers only before its first parameterized one).
+  shared_.assign(n_layers + 1, false);
+  shared_[0] = true;
+  for (std::size_t i = 0; i < n_layers; ++i)
+    shared_[i + 1] = shared_[i] && model.layers()[i]->keeps_shared() && model.layers()[i]->params(shapes[i]).empty();
+  auto elems = [&](std::size_t i) {
+    return (shared_[i] ? 1 : group_) * static_cast<std::int64_t>(max_batch_) * product(shapes[i]);
+  };
   act_.assign(n_layers + 1, nullptr);
   act_store_.assign(n_layers + 1, -1);
   for (std::size_t i = 0; i < n_layers; ++i) {
@@ -54,13 +62,26 @@ ModelRunner::ModelRunner(const Sequential& model, const kernels::Backend& backen
   for (std::size_t i = 2; i < n_layers; ++i)
     relu_backward_[i] = layers[i]->fuses_relu_backward() && layers[i - 1]->is_relu() && layers[i - 1]->in_place();
   layer_tensors_.resize(n_layers);
-  for (const auto& t : model.tensors()) {
-    auto& list = layer_tensors_[static_cast<std::size_t>(t.layer)];
-    list.push_back(&t);
-    if (list.size() > kMaxLayerTensors)
-      throw ValueError("ModelRunner: layer " + layers[static_cast<std::size_t>(t.layer)]->name() + " has more than " +
-                       std::to_string(kMaxLayerTensors) + " parameter tensors");
+  layer_state_.resize(n_layers);
+  for (auto [layout, lists] : {std::pair{&model.params_layout(), &layer_tensors_}, {&model.state_layout(), &layer_state_}})
+    for (const auto& t : layout->tensors) {
+      auto& list = (*lists)[static_cast<std::size_t>(t.layer)];
+      list.push_back(&t);
+      if (list.size() > kMaxLayerTensors)
+        throw ValueError("ModelRunner: layer " + layers[static_cast<std::size_t>(t.layer)]->name() + " has more than " +
+                         std::to_string(kMaxLayerTensors) + " tensors of one kind");
+    }
+  std::uint32_t streams = 0;
+  stream_.assign(n_layers, 0);
+  layer_buffers_.resize(n_layers);
+  for (std::size_t i = 0; i < n_layers; ++i) {
+    if (layers[i]->random()) stream_[i] = streams++, random_ = true;
+    trains_differently_ = trains_differently_ || layers[i]->random() || !layer_state_[i].empty();
+    for (const BufferSpec& b : layers[i]->buffers(call(i, max_batch_, group_)))
+      layer_buffers_[i].emplace_back(Shape{b.count}, b.dtype, device_);
   }
+  if (!split_.batch_axis.empty())
+    context_.batch_sum = [axis = split_.batch_axis](Array& a) { psum_inplace(a, axis); };
   // Gradient buffers: the input gradients of non-in-place layers alternate between two buffers, each sized
   // for the largest gradient it holds (grad_[L] only anchors the alternation: the caller's dlogits is read
   // directly; grad_[0] is never computed); an in-place layer's input gradient shares its output gradient's;
@@ -101,19 +122,30 @@ const std::string& ModelRunner::axis_of(std::size_t layer) const {
   return split_.axes.at(static_cast<std::size_t>(split_.layers[layer].axis));
 }
 
-LayerCall ModelRunner::call(std::size_t layer, int batch, int members) const {
-  return LayerCall{members, batch, model_.shapes()[layer], layer == 0};
+LayerCall ModelRunner::call(std::size_t layer, int batch, int members) {
+  LayerCall c{members, batch, model_.shapes()[layer], shared_[layer]};
+  c.buffers = layer_buffers_.size() > layer ? layer_buffers_[layer].data() : nullptr;
+  c.context = &context_;
+  c.stream = stream_.size() > layer ? stream_[layer] : 0;
+  return c;
 }
 
 template <class P>
-auto ModelRunner::tensors_of(std::size_t layer, P* base) const -> std::array<P*, kMaxLayerTensors> {
+auto ModelRunner::tensors_of(const std::vector<const TensorSlot*>& list, P* base) const
+    -> std::array<P*, kMaxLayerTensors> {
   std::array<P*, kMaxLayerTensors> out{};
   std::size_t k = 0;
-  for (const TensorSlot* t : layer_tensors_[layer]) out[k++] = base + t->offset * members_ + first_ * t->size;
+  for (const TensorSlot* t : list) out[k++] = base + t->offset * members_ + first_ * t->size;
   return out;
 }
 
-const float* ModelRunner::forward(const float* x, int batch, const float* params, int first, int count) {
+std::array<float*, ModelRunner::kMaxLayerTensors> ModelRunner::state_of(std::size_t layer) {
+  if (layer_state_[layer].empty()) return {};
+  return tensors_of(layer_state_[layer], run_.state);
+}
+
+const float* ModelRunner::forward(const float* x, int batch, const float* params, int first, int count,
+                                  const RunArgs& run) {
   if (batch < 1 || batch > max_batch_)
     throw ShapeError("ModelRunner::forward: batch " + std::to_string(batch) + " is outside 1.." +
                      std::to_string(max_batch_));
@@ -121,13 +153,24 @@ const float* ModelRunner::forward(const float* x, int batch, const float* params
     throw ShapeError("ModelRunner::forward: members [" + std::to_string(first) + ", " + std::to_string(first + count) +
                      ") are not a group of at most " + std::to_string(group_) + " of the " +
                      std::to_string(members_) + " members");
-  batch_ = batch, first_ = first, count_ = count, params_ = params;
+  if (model_.state_per_member() > 0 && run.state == nullptr)
+    throw ValueError("ModelRunner::forward: model " + model_.name() + " has state (RunArgs::state is null)");
+  if (run.training && random_ && (run.keys == nullptr || run.step == nullptr))
+    throw ValueError("ModelRunner::forward: training model " + model_.name() + " needs RunArgs::keys and step");
+  batch_ = batch, first_ = first, count_ = count, params_ = params, run_ = run;
+  context_.training = run.training;
+  context_.keys = run.keys == nullptr ? nullptr : run.keys + 2 * static_cast<std::ptrdiff_t>(first);
+  context_.step = run.step;
+  context_.example_offset = run.example_offset;
+  context_.batch_devices = split_.batch_axis.empty() ? 1 : axis_size(split_.batch_axis);
   act_[0] = const_cast<float*>(x);  // read only: layer 0 never runs in place
   for (std::size_t i = 0; i < model_.layers().size(); ++i) {
     if (i > 0 && relu_forward_[i - 1]) continue;  // applied by layer i - 1
-    auto p = tensors_of(i, params);
+    auto p = tensors_of(layer_tensors_[i], params);
+    const auto st = state_of(i);
     LayerCall c = call(i, batch, count_);
     c.relu = relu_forward_[i];
+    c.state = st.data();
     const LayerSplit& s = split_.layers[i];
     const bool row = s.kind == LayerSplit::Kind::row, gather = s.kind == LayerSplit::Kind::gather;
     // The psum adds every device's partial outputs: the bias (the layer's last tensor) must count once.
@@ -147,19 +190,24 @@ const float* ModelRunner::forward(const float* x, int batch, const float* params
 void ModelRunner::backward(const float* x, const float* params, const float* dlogits, float* grads) {
   if (batch_ == 0 || act_[0] != x || params_ != params)
     throw Error("ModelRunner::backward: needs the forward of the same batch and parameters first");
+  if (trains_differently_ && !run_.training)
+    throw Error("ModelRunner::backward: model " + model_.name() + " needs a training forward first");
   const std::size_t n_layers = model_.layers().size();
   const float* dy = dlogits;
   for (std::size_t i = n_layers; i-- > 0;) {
     if (i + 1 < n_layers && relu_backward_[i + 1]) continue;  // the ReLU that layer i + 1 ran through
-    float* dx = i == 0 ? nullptr : grad_[i];
+    if (shared_[i + 1]) break;  // this layer and those before it keep the shared batch: nothing to train
+    float* dx = shared_[i] ? nullptr : grad_[i];
     if (relu_backward_[i]) {
       model_.layers()[i]->backward_through_relu(backend_, call(i, batch_, count_), act_[i], dy, dx);
       dy = dx;
       continue;
     }
-    const auto p = tensors_of(i, params);
-    const auto g = tensors_of(i, grads);
+    const auto p = tensors_of(layer_tensors_[i], params);
+    const auto g = tensors_of(layer_tensors_[i], grads);
+    const auto st = state_of(i);
     LayerCall c = call(i, batch_, count_);
+    c.state = st.data();
     if (split_.layers[i].kind == LayerSplit::Kind::gather) c.block = axis_index(axis_of(i));  // its block of dy
     model_.layers()[i]->backward(backend_, c, p.data(), act_[i], act_[i + 1], dy, dx, g.data(), workspace_.raw_data());
     // A column-parallel layer's input gradient sums over its output blocks, one per device.

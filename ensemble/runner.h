@@ -29,10 +29,25 @@
 namespace pmap::ensemble {
 
 // How the layers of a local model are split (LocalModel::splits), and the names of the mesh axes that
-// LayerSplit::axis indexes. Empty: nothing is split.
+// LayerSplit::axis indexes. Empty: nothing is split. batch_axis: the mesh axis the global batch is spread
+// over (data- and model-parallel runs), over which BatchNorm sums its batch statistics; empty: this
+// device has the whole batch.
 struct RunnerSplit {
   std::vector<LayerSplit> layers;
   std::vector<std::string> axes;
+  std::string batch_axis;
+};
+
+// What a forward needs beyond its input and parameters: the model state of all the runner's members
+// (members * S, the model's state layout, on the device; required when the model has state, which a
+// training forward updates), and for training the members' random keys ((members, 2) u32), the step
+// counter and the global index of this device's first example (layers.h's LayerContext).
+struct RunArgs {
+  float* state = nullptr;
+  bool training = false;
+  const std::uint32_t* keys = nullptr;
+  const std::int64_t* step = nullptr;
+  std::int64_t example_offset = 0;
 };
 
 class ModelRunner {
@@ -53,22 +68,25 @@ class ModelRunner {
   // Runs the layers for members [first, first + count) (count <= group()) on x (batch, *input) (device
   // memory), with params (members * P, the model's layout) on the device. Returns their logits
   // (count, batch, classes), valid until the next forward.
-  const float* forward(const float* x, int batch, const float* params, int first, int count);
+  const float* forward(const float* x, int batch, const float* params, int first, int count,
+                       const RunArgs& run = {});
   // All members at once; needs group() == members().
-  const float* forward(const float* x, int batch, const float* params) {
-    return forward(x, batch, params, 0, members_);
+  const float* forward(const float* x, int batch, const float* params, const RunArgs& run = {}) {
+    return forward(x, batch, params, 0, members_, run);
   }
   // Gradients of the loss w.r.t. the params of the last forward's members, written to their blocks of
   // grads (members * P; the other members' blocks are untouched), given their dlogits (count, batch,
-  // classes) for the last forward (same x, batch and params).
+  // classes) for the last forward (same x, batch and params), which was a training one where the model has
+  // layers that behave differently in training (BatchNorm, Dropout).
   void backward(const float* x, const float* params, const float* dlogits, float* grads);
 
  private:
   static constexpr std::size_t kMaxLayerTensors = 8;
-  LayerCall call(std::size_t layer, int batch, int members) const;
+  LayerCall call(std::size_t layer, int batch, int members);
   const std::string& axis_of(std::size_t layer) const;  // the mesh axis layer `layer` is split over
   // Layer i's tensors for the members of the last forward, from a buffer of all members' tensors.
-  template <class P> auto tensors_of(std::size_t layer, P* base) const -> std::array<P*, kMaxLayerTensors>;
+  template <class P>
+  auto tensors_of(const std::vector<const TensorSlot*>& list, P* base) const -> std::array<P*, kMaxLayerTensors>;
 
   const Sequential& model_;
   const kernels::Backend& backend_;
@@ -87,6 +105,15 @@ class ModelRunner {
   std::vector<bool> relu_backward_;  // layer i's backward runs through the ReLU i - 1 (then skipped), writing
                                      // its input gradient over act_[i]
   std::vector<std::vector<const TensorSlot*>> layer_tensors_;  // per layer, its parameter tensors
+  std::vector<std::vector<const TensorSlot*>> layer_state_;    // per layer, its state tensors
+  std::vector<std::vector<Array>> layer_buffers_;              // per layer, its buffers() for a group
+  std::vector<bool> shared_;                   // shared_[i]: act_[i] is one batch every member reads
+  std::vector<std::uint32_t> stream_;          // per layer, its number among the random() layers
+  bool trains_differently_ = false;            // some layer has state or randomness
+  bool random_ = false;                        // some layer has randomness
+  RunArgs run_;                                // the last forward's
+  LayerContext context_;
+  std::array<float*, kMaxLayerTensors> state_of(std::size_t layer);
   Array workspace_;
   RunnerSplit split_;
   std::vector<int> act_store_;   // act_store_[i]: the storage_ index of act_[i]'s buffer, or -1

@@ -46,6 +46,13 @@ int default_member_group(const Device& device, int members) { return device.is_c
 
 namespace {
 
+// Whether a training forward sums over the batch's devices (BatchNorm): a collective that meets the other
+// devices on the host, so such a step is not captured.
+bool syncs_batch(const Sequential& model) {
+  return std::any_of(model.layers().begin(), model.layers().end(),
+                     [](const auto& l) { return l->syncs_batch(); });
+}
+
 bool splits_any(const RunnerSplit& split) {
   return std::any_of(split.layers.begin(), split.layers.end(),
                      [](const LayerSplit& s) { return s.kind != LayerSplit::Kind::whole; });
@@ -61,6 +68,7 @@ DeviceWork::DeviceWork(const Sequential& model, const kernels::Backend& be, Devi
              member_group == 0 ? default_member_group(device, members) : member_group, split),
       optimizer(std::move(opt)),
       grads(Shape{members * model.params_per_member()}, DType::f32, device),
+      keys(Shape{members, 2}, DType::u32, device),
       dlogits(Shape{runner.group(), max_rows, classes_of(model)}, DType::f32, device),
       xent_ws(Shape{static_cast<std::int64_t>(xent_workspace_bytes(be, runner.group(), max_rows, classes_of(model)))},
               DType::u8, device),
@@ -78,7 +86,7 @@ DeviceWork::DeviceWork(const Sequential& model, const kernels::Backend& be, Devi
       eval{Array(Shape{members}, DType::f32, device), Array(Shape{members}, DType::i32, device),
            Array(Shape{1}, DType::i32, device), Array(Shape{members + 1, kSlots}, DType::f64, device)},
       update_graph(be, graphs),
-      graphs_(graphs && !splits_any(split)) {
+      graphs_(graphs && !splits_any(split) && !(syncs_batch(model) && !split.batch_axis.empty())) {
   if (log_rows < 1) throw ValueError("DeviceWork: log_rows must be >= 1, got " + std::to_string(log_rows));
   if (optimizer.base_lr.size() != members || optimizer.base_lr.device() != device)
     throw ValueError("DeviceWork: the optimizer's scalars are for " + std::to_string(optimizer.base_lr.size()) +
@@ -103,11 +111,14 @@ void train_step(TrainState& state, DeviceWork& work, const Batch& batch, const S
   const float* images = batch.images.data<float>();
   const std::int32_t* labels = batch.labels.data<std::int32_t>();
   const float* params = state.params.data<float>();
+  // Data parallel: this device's rows are the global batch's block at its index along the axis.
+  const RunArgs run{state.state.data<float>(), true, work.keys.data<std::uint32_t>(),
+                    state.step.data<std::int64_t>(), opt.data_parallel ? std::int64_t{axis_index(opt.axis)} * rows : 0};
   // Forward, loss and backward of each group of members, then (ensemble) the update: one graph.
   work.step_graph(images, rows).run([&] {
     for (int first = 0; first < members; first += group) {
       const int count = std::min(group, members - first);
-      const float* logits = work.runner.forward(images, rows, params, first, count);
+      const float* logits = work.runner.forward(images, rows, params, first, count, run);
       be.softmax_cross_entropy(kernels::SoftmaxXentParams{count, rows, classes, true}, logits, labels,
                                work.step_loss.data<float>() + first, work.dlogits.data<float>(), nullptr,
                                work.step_correct.data<std::int32_t>() + first,
@@ -136,6 +147,8 @@ void eval_step(const TrainState& state, DeviceWork& work, const Batch& batch, in
   const int k = classes_of(work.runner.model());
   const std::int64_t example = product(work.runner.model().input_shape());
   const float* params = state.params.data<float>();
+  // Inference: the model state is read, never written.
+  const RunArgs run{const_cast<float*>(state.state.data<float>())};
   float* mean = work.mean_probs.data<float>();
   be.fill_zero(work.eval_loss_sum.raw_data(), work.eval_loss_sum.nbytes());
   be.fill_zero(work.eval_hits.raw_data(), work.eval_hits.nbytes());
@@ -150,7 +163,8 @@ void eval_step(const TrainState& state, DeviceWork& work, const Batch& batch, in
     const std::int32_t* labels = batch.labels.data<std::int32_t>() + first;
     for (int m0 = 0; m0 < members; m0 += group) {
       const int count = std::min(group, members - m0);
-      const float* logits = work.runner.forward(batch.images.data<float>() + first * example, n, params, m0, count);
+      const float* logits =
+          work.runner.forward(batch.images.data<float>() + first * example, n, params, m0, count, run);
       float* piece = work.dlogits.data<float>();  // (count, n, K)
       float* piece_loss = work.step_loss.data<float>() + m0;
       std::int32_t* piece_correct = work.step_correct.data<std::int32_t>() + m0;

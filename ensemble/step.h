@@ -92,6 +92,7 @@ struct DeviceWork {
   ModelRunner runner;
   OptimizerWork optimizer;
   Array grads;       // (members * P)
+  Array keys;        // (members, 2) u32: the members' random keys (Dropout), zero until the owner sets them
   Array dlogits;     // (group, max_rows, K); eval: one piece's probabilities for a group
   Array xent_ws;     // the loss's workspace (u8)
   Array mean_probs;  // (max_eval_batch, K): the ensemble's probabilities

@@ -17,6 +17,11 @@
 namespace pmap::ensemble {
 namespace {
 
+// The members' keys from the initialization key (jax.random.split), and what a member's key is folded with
+// for its random stream (Dropout): "drop".
+std::vector<Key> split_keys(Key k, int n) { return split(k, n); }
+constexpr std::uint32_t kDropoutStream = 0x64726f70;
+
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -176,7 +181,10 @@ void Trainer::make_device_work() {
   std::vector<DeviceWork*> ptrs;
   std::vector<TrainState> states;
   RunnerSplit split;  // split weights: each layer's collectives over the mesh's axes
-  if (plan_) split = RunnerSplit{local_.splits, {mesh_.axes()[0].name, mesh_.axes()[1].name}};
+  if (plan_) split = RunnerSplit{local_.splits, {mesh_.axes()[0].name, mesh_.axes()[1].name}, ""};
+  // Data and model parallel: the global batch is spread over the first axis (BatchNorm's statistics).
+  if (options_.data_parallel) split.batch_axis = mesh_.axes()[0].name;
+  const auto member_keys = split_keys(init_key_, total_members_);
   for (const Device& d : mesh_.local_devices()) {
     // This device's first member: the first along the mode's axis (data and model parallel: the one model).
     const int first = options_.data_parallel ? 0 : mesh_.coords(mesh_index_[ptrs.size()])[0] * members_per_device_;
@@ -185,8 +193,16 @@ void Trainer::make_device_work() {
                                                  OptimizerWork(config_.optimizer, members_per_device_, first, d),
                                                  config_.graphs, split));
     ptrs.push_back(work_.back().get());
+    // Each member's random stream (Dropout): a key folded from its initialization key.
+    std::vector<std::uint32_t> keys;
+    for (int j = 0; j < members_per_device_; ++j) {
+      const Key k = fold_in(member_keys[static_cast<std::size_t>(first + j)], kDropoutStream);
+      keys.insert(keys.end(), {k.k0, k.k1});
+    }
+    work_.back()->keys.copy_from_host(keys.data(), keys.size() * sizeof(std::uint32_t));
     const Shape s{members_per_device_ * device_model().params_per_member()};
-    states.push_back(make_train_state(*optimizer_, Array(s, DType::f32, d)));
+    states.push_back(make_train_state(*optimizer_, Array(s, DType::f32, d),
+                                      members_per_device_ * model_->state_per_member()));
   }
   work_ptrs_ = Sharded<DeviceWork*>(std::move(ptrs));
   states_ = Sharded<TrainState>(std::move(states));
@@ -246,7 +262,7 @@ void Trainer::init_members() {
   const auto keys = split(init_key_, total_members_);
   std::vector<float> all(static_cast<std::size_t>(total_members_ * model_->params_per_member()));
   model_->init(keys, all);
-  restore(all, zero_optimizer_state(), 0);
+  restore(all, model_->init_state(total_members_), zero_optimizer_state(), 0);
 }
 
 std::map<std::string, std::vector<float>> Trainer::zero_optimizer_state() const {
@@ -549,9 +565,11 @@ bool Trainer::is_main_process() const { return mesh_.devices()[0].process == dis
 
 std::vector<float> Trainer::params() const { return stacked("params"); }
 
+std::vector<float> Trainer::model_state() const { return stacked("state"); }
+
 std::vector<float> Trainer::optimizer_state(const std::string& slot) const {
   const auto& slots = optimizer_->slots();
-  if (slot == "params" || std::find(slots.begin(), slots.end(), slot) == slots.end()) {
+  if (slot == "params" || slot == "state" || std::find(slots.begin(), slots.end(), slot) == slots.end()) {
     std::string names;
     for (const auto& s : slots) names += (names.empty() ? "" : ", ") + s;
     throw ValueError("optimizer_state: " + optimizer_->name() + " has no slot '" + slot + "' (its slots: " + names + ")");
@@ -561,8 +579,23 @@ std::vector<float> Trainer::optimizer_state(const std::string& slot) const {
 
 std::vector<float> Trainer::stacked(const std::string& name) const {
   std::vector<std::vector<float>> mine;
-  for (const TrainState& s : states_) mine.push_back((name == "params" ? s.params : s.opt.at(name)).to_vector<float>());
+  for (const TrainState& s : states_)
+    mine.push_back((name == "params" ? s.params : name == "state" ? s.state : s.opt.at(name)).to_vector<float>());
   const std::vector<float> all = distributed::process_allgather(mesh_, mine);  // every device's, in mesh order
+  if (name == "state") {  // whole on every device: the devices at (r, 0, ...) hold the members at r
+    if (!plan_)
+      return stack_members(model_->state_layout(), all, options_.data_parallel ? 1 : mesh_.size(),
+                           members_per_device_, total_members_);
+    const auto per = static_cast<std::int64_t>(members_per_device_) * model_->state_per_member();
+    const int rows = options_.data_parallel ? 1 : mesh_.axes()[0].size;
+    std::vector<float> blocks(static_cast<std::size_t>(rows * per));
+    for (int i = 0; i < mesh_.size(); ++i) {
+      const std::vector<int> c = mesh_.coords(i);
+      if (c[0] < rows && std::all_of(c.begin() + 1, c.end(), [](int v) { return v == 0; }))
+        std::copy_n(all.begin() + i * per, per, blocks.begin() + c[0] * per);
+    }
+    return stack_members(model_->state_layout(), blocks, rows, members_per_device_, total_members_);
+  }
   // Data parallel: every device holds the one model; the first device's copy is it.
   if (!plan_) return stack_members(*model_, all, options_.data_parallel ? 1 : mesh_.size(), members_per_device_,
                                    total_members_);
@@ -586,8 +619,8 @@ std::vector<float> Trainer::stacked(const std::string& name) const {
   return stack_members(*model_, members, static_cast<int>(rows * per), 1, total_members_);
 }
 
-void Trainer::restore(const std::vector<float>& params, const std::map<std::string, std::vector<float>>& opt,
-                      std::int64_t step) {
+void Trainer::restore(const std::vector<float>& params, const std::vector<float>& state,
+                      const std::map<std::string, std::vector<float>>& opt, std::int64_t step) {
   const auto per = static_cast<std::int64_t>(members_per_device_);
   for (std::size_t i = 0; i < mesh_index_.size(); ++i) {
     TrainState& s = states_[i];
@@ -609,6 +642,8 @@ void Trainer::restore(const std::vector<float>& params, const std::map<std::stri
       }
       dst->copy_from_host(block.data(), block.size() * sizeof(float));
     }
+    const std::vector<float> st = member_block(model_->state_layout(), state, total_members_, first, per);
+    if (!st.empty()) s.state.copy_from_host(st.data(), st.size() * sizeof(float));
     s.step.copy_from_host(&step, sizeof step);
   }
 }

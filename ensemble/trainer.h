@@ -98,6 +98,9 @@ class Trainer {
   // process (collective). ValueError for a slot the optimizer does not have.
   std::vector<float> params() const;
   std::vector<float> optimizer_state(const std::string& slot) const;
+  // The model state (BatchNorm's moving statistics), stacked the same way in the model's state layout
+  // (Sequential::state_layout()); empty for a model without state.
+  std::vector<float> model_state() const;
   std::int64_t step() const;  // the updates made (read from the first local device)
 
   // Checkpoints (safetensors): everything needed to continue exactly. load_checkpoint checks that the
@@ -122,12 +125,13 @@ class Trainer {
   kernels::ScheduleParams schedule_params();
   void evaluate_into(EpochMetrics& m, EnsembleReport* report);
   void check_processes_agree() const;  // ValueError unless every process has the same config and data
-  // The members' variable `name` ("params" or an optimizer slot) stacked, gathered from every device
-  // (weights split over "model" put back together); and the reverse: each device's members (its blocks of
-  // their weights) from stacked params and optimizer slots (every slot, by name), at `step`.
+  // The members' variable `name` ("params", "state" or an optimizer slot) stacked, gathered from every
+  // device (weights split over "model" put back together; the state is whole on every device); and the
+  // reverse: each device's members (its blocks of their weights) from stacked params, model state and
+  // optimizer slots (every slot, by name), at `step`.
   std::vector<float> stacked(const std::string& name) const;
-  void restore(const std::vector<float>& params, const std::map<std::string, std::vector<float>>& opt,
-               std::int64_t step);
+  void restore(const std::vector<float>& params, const std::vector<float>& state,
+               const std::map<std::string, std::vector<float>>& opt, std::int64_t step);
   // Zeros for every optimizer slot, as restore takes them.
   std::map<std::string, std::vector<float>> zero_optimizer_state() const;
   // The model a device runs: the local model when weights are split, else the model.

@@ -88,7 +88,7 @@ TEST_CASE("--model names a registered model, --summary asks for its table") {
   CHECK_FALSE(parse_cli({}).summary);
   CHECK(parse_cli({"--summary"}).summary);
   CHECK(parse_cli({"--model", "flax-cnn"}).train.model == "flax-cnn");
-  CHECK_THROWS_WITH_AS(parse_cli({"--model", "resnet"}), "--model: 'resnet' is not flax-cnn", UsageError);
+  CHECK_THROWS_WITH_AS(parse_cli({"--model", "resnet"}), "--model: 'resnet' is not flax-cnn or keras-convnet", UsageError);
   CHECK(pmap::ensemble::cli_help("p").find("  --model NAME          the model: flax-cnn") != std::string::npos);
 }
 

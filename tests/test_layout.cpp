@@ -249,7 +249,7 @@ TEST_CASE("layout: layouts the layers cannot run are refused, naming the weight,
   const auto& be = pmap::kernels::backend_for(pmap::DeviceKind::cpu);
   CHECK(error_of([&] {
           pmap::ensemble::ModelRunner(*model, be, pmap::Device{}, 1, 4, 0,
-                                      pmap::ensemble::RunnerSplit{{pmap::ensemble::LayerSplit{}}, {"model"}});
+                                      pmap::ensemble::RunnerSplit{{pmap::ensemble::LayerSplit{}}, {"model"}, ""});
         }) == "ModelRunner: the split has 1 layers, the model 10");
   CHECK(error_of([] { (void)pmap::ensemble::relu()->with_features(3); }) == "relu: has no output features to split");
 }
@@ -288,7 +288,7 @@ std::vector<Pass> split_run(const pmap::ensemble::Sequential& model, const Layou
     grads[static_cast<std::size_t>(d)].resize(block[0].size());
     const int coords[1] = {d};
     plan.shard(params, coords, block[static_cast<std::size_t>(d)]);
-    pmap::ensemble::RunnerSplit split{local.splits, {"model"}};
+    pmap::ensemble::RunnerSplit split{local.splits, {"model"}, ""};
     runners.push_back(std::make_unique<pmap::ensemble::ModelRunner>(*local.model, be, mesh.local_devices()[d], 1,
                                                                      batch, 0, std::move(split)));
   }

@@ -62,7 +62,7 @@ std::vector<float> train(const pe::Sequential& model, const std::vector<float>& 
     const pmap::Device dev = mesh.local_devices()[static_cast<std::size_t>(i)];
     work.push_back(std::make_unique<pe::DeviceWork>(*local.model, be, dev, 1, rows, rows, 0, kSteps,
                                                     pe::OptimizerWork(sgd, 1, 0, dev), false,
-                                                    pe::RunnerSplit{local.splits, {"data", "model"}}));
+                                                    pe::RunnerSplit{local.splits, {"data", "model"}, "data"}));
     std::vector<float> block(static_cast<std::size_t>(plan.local_params()));
     plan.shard(init, mesh.coords(i), block);
     states.push_back(pe::make_train_state(*optimizer, pmap::Array::from_host(block, {plan.local_params()}, dev)));

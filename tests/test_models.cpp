@@ -145,9 +145,9 @@ TEST_CASE("summary() prints Keras's table, and the registry builds models by nam
   CHECK(cnn->architecture()[0] == "(28, 28, 1)");
   CHECK(cnn->architecture()[1] == "Conv_0=Conv2D(32, 3x3)");
   CHECK(cnn->architecture()[3] == "avg_pool=AveragePooling2D(2)");
-  CHECK(pe::model_names() == std::vector<std::string>{"flax-cnn"});
+  CHECK(pe::model_names() == std::vector<std::string>{"flax-cnn", "keras-convnet"});
   CHECK_THROWS_WITH_AS(pe::make_model("resnet", {28, 28, 1}, 10),
-                       doctest::Contains("--model must be one of flax-cnn, got 'resnet'"), pmap::ValueError);
+                       doctest::Contains("--model must be one of flax-cnn, keras-convnet, got 'resnet'"), pmap::ValueError);
 }
 
 TEST_CASE("the Trainer trains a model of the caller's as an ensemble, bit for bit run after run") {
