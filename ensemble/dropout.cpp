@@ -26,6 +26,9 @@ class Dropout final : public Layer {
   Dims output_shape(const Dims& in) const override { return in; }
   std::vector<ParamSpec> params(const Dims&) const override { return {}; }
   bool random() const override { return true; }
+  // Flat features split in blocks over devices: each device masks its block with the whole layer's feature
+  // indices (LayerCall::block), so a model-parallel run draws the same masks.
+  bool keeps_feature_blocks(const Dims& in) const override { return in.size() == 1; }
   bool in_place() const override { return true; }
   std::size_t workspace_bytes(const kernels::Backend&, const LayerCall&) const override { return 0; }
   void forward(const kernels::Backend& be, const LayerCall& c, const float* const*, const float* x, float* y,
@@ -54,6 +57,7 @@ class Dropout final : public Layer {
     kernels::DropoutParams k;
     k.members = c.members, k.rows = c.batch, k.features = product(c.input), k.rate = rate_;
     k.example_offset = c.context->example_offset, k.stream = c.stream;
+    k.feature_offset = std::int64_t{c.block} * k.features;
     return k;
   }
   std::string name_;

@@ -228,6 +228,7 @@ class Flatten final : public Layer {
   std::unique_ptr<Layer> clone() const override { return std::make_unique<Flatten>(); }
   // (H, W, C) flattens channel blocks into strided, not contiguous, blocks of H*W*C.
   bool keeps_feature_blocks(const Dims& in) const override { return in.size() == 1; }
+  bool keeps_shared() const override { return true; }  // a view of the same memory
   Dims output_shape(const Dims& in) const override { return {product(in)}; }
   std::vector<ParamSpec> params(const Dims&) const override { return {}; }
   bool in_place() const override { return true; }

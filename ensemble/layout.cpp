@@ -259,6 +259,17 @@ LocalModel local_model(const Sequential& model, const ShardingPlan& plan) {
       if (split_axis >= 0 && !layer.keeps_feature_blocks(in))
         gather("layer " + std::to_string(i) + " (" + layer.name() + ")");
       layers.push_back(layer.clone());
+      out.splits.push_back(split_axis >= 0 ? LayerSplit{LayerSplit::Kind::blocks, split_axis} : LayerSplit{});
+      continue;
+    }
+    if (layer.params(in).front().name != "kernel") {  // BatchNormalization: its weights whole, on whole features
+      for (const ParamSpec& spec : layer.params(in)) {
+        const ShardedTensor& t = plan.tensor(layer.name() + "/" + spec.name);
+        if (!t.spec.replicated())
+          throw ValueError(about(t) + layer.kind() + "'s weights cannot be split: it must be replicated, ()");
+      }
+      if (split_axis >= 0) gather("layer " + std::to_string(i) + " (" + layer.name() + ")");
+      layers.push_back(layer.clone());
       out.splits.push_back({});
       continue;
     }

@@ -122,8 +122,10 @@ class ShardingPlan {
 // row-parallel (its input features split over `axis`, as the column-parallel layer before it left them:
 // each device computes a partial sum of the outputs, which a psum over `axis` completes), or gather (a
 // gather_features layer: the whole features from the devices' blocks, through a psum over `axis`).
+// A layer without weights between a column- and a row-parallel layer runs on this device's block of the
+// features as they are (blocks: ReLU, Dropout; LayerCall::block tells it which block).
 struct LayerSplit {
-  enum class Kind { whole, column, row, gather };
+  enum class Kind { whole, column, row, gather, blocks };
   Kind kind = Kind::whole;
   int axis = -1;  // index into ShardingPlan::mesh_axes(), or -1
 };

@@ -202,30 +202,40 @@ std::unique_ptr<Sequential> keras_convnet(Dims input, int classes) {
 
 namespace {
 
-using ModelFactory = std::unique_ptr<Sequential> (*)(Dims, int);
+struct Registered {
+  std::string name;
+  std::unique_ptr<Sequential> (*make)(Dims, int);
+  ModelRecipe recipe;
+};
 
 // The registry: one line per model.
-const std::vector<std::pair<std::string, ModelFactory>>& models() {
-  static const std::vector<std::pair<std::string, ModelFactory>> r{{"flax-cnn", flax_mnist_cnn},
-                                                                          {"keras-convnet", keras_convnet}};
+const std::vector<Registered>& models() {
+  static const std::vector<Registered> r{{"flax-cnn", flax_mnist_cnn, {"sgd", 128}},
+                                         {"keras-convnet", keras_convnet, {"adam", 64}}};
   return r;
+}
+
+const Registered& registered(const std::string& name) {
+  std::string names;
+  for (const Registered& m : models()) {
+    if (m.name == name) return m;
+    names += (names.empty() ? "" : ", ") + m.name;
+  }
+  throw ValueError("--model must be one of " + names + ", got '" + name + "'");
 }
 
 }  // namespace
 
 std::vector<std::string> model_names() {
   std::vector<std::string> out;
-  for (const auto& [n, f] : models()) out.push_back(n);
+  for (const Registered& m : models()) out.push_back(m.name);
   return out;
 }
 
+ModelRecipe model_recipe(const std::string& name) { return registered(name).recipe; }
+
 std::unique_ptr<Sequential> make_model(const std::string& name, Dims input, int classes) {
-  std::string names;
-  for (const auto& [n, f] : models()) {
-    if (n == name) return f(std::move(input), classes);
-    names += (names.empty() ? "" : ", ") + n;
-  }
-  throw ValueError("--model must be one of " + names + ", got '" + name + "'");
+  return registered(name).make(std::move(input), classes);
 }
 
 }  // namespace pmap::ensemble

@@ -96,6 +96,14 @@ std::unique_ptr<Sequential> keras_convnet(Dims input = {28, 28, 1}, int classes 
 // The models the program can build by name (--model): "flax-cnn", "keras-convnet". A new one is a factory and a line in the
 // registry of model.cpp.
 std::vector<std::string> model_names();
+// The training recipe a model comes with, which the program uses where its flags leave it open: flax-cnn
+// the Flax example's (SGD, momentum 0.9, lr 0.1, batch 128), keras-convnet the Keras guides' (Adam 1e-3,
+// batch 64). ValueError naming --model for an unknown name.
+struct ModelRecipe {
+  std::string optimizer;
+  int batch_size;
+};
+ModelRecipe model_recipe(const std::string& name);
 // The model `name` for images of shape `input` and `classes` classes; ValueError naming --model for an
 // unknown name.
 std::unique_ptr<Sequential> make_model(const std::string& name, Dims input, int classes);

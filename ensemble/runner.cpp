@@ -173,6 +173,7 @@ const float* ModelRunner::forward(const float* x, int batch, const float* params
     c.state = st.data();
     const LayerSplit& s = split_.layers[i];
     const bool row = s.kind == LayerSplit::Kind::row, gather = s.kind == LayerSplit::Kind::gather;
+    if (s.kind == LayerSplit::Kind::blocks) c.block = axis_index(axis_of(i));
     // The psum adds every device's partial outputs: the bias (the layer's last tensor) must count once.
     if (row && layer_tensors_[i].back()->is_bias && axis_index(axis_of(i)) != 0)
       p[layer_tensors_[i].size() - 1] = zero_bias_.data<float>();
@@ -208,7 +209,8 @@ void ModelRunner::backward(const float* x, const float* params, const float* dlo
     const auto st = state_of(i);
     LayerCall c = call(i, batch_, count_);
     c.state = st.data();
-    if (split_.layers[i].kind == LayerSplit::Kind::gather) c.block = axis_index(axis_of(i));  // its block of dy
+    const LayerSplit::Kind kind = split_.layers[i].kind;
+    if (kind == LayerSplit::Kind::gather || kind == LayerSplit::Kind::blocks) c.block = axis_index(axis_of(i));
     model_.layers()[i]->backward(backend_, c, p.data(), act_[i], act_[i + 1], dy, dx, g.data(), workspace_.raw_data());
     // A column-parallel layer's input gradient sums over its output blocks, one per device.
     if (dx != nullptr && split_.layers[i].kind == LayerSplit::Kind::column)

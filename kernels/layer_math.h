@@ -75,7 +75,7 @@ PMAPCC_HD inline float batch_norm_dx(const BatchNormParams& p, const float* stat
 PMAPCC_HD inline float dropout_element(const DropoutParams& p, std::uint32_t threshold, float scale,
                                        const std::uint32_t* keys, std::int64_t step, float x, std::size_t i) {
   const auto features = static_cast<std::size_t>(p.features);
-  const std::size_t row = i / features, f = i % features;
+  const std::size_t row = i / features, f = i % features + static_cast<std::size_t>(p.feature_offset);
   const std::size_t m = row / static_cast<std::size_t>(p.rows);
   const std::int64_t example = p.example_offset + static_cast<std::int64_t>(row % static_cast<std::size_t>(p.rows));
   const detail::Philox4 counter{{static_cast<std::uint32_t>(example), static_cast<std::uint32_t>(f / 4),

@@ -19,7 +19,7 @@ void validate(const DropoutParams& p) {
   auto bad = [](const std::string& m) { throw ValueError("DropoutParams: " + m); };
   if (p.members < 1 || p.rows < 1 || p.features < 1) bad("members, rows and features must be >= 1");
   if (!(p.rate >= 0 && p.rate < 1)) bad("rate must be in [0, 1), got " + std::to_string(p.rate));
-  if (p.example_offset < 0) bad("example_offset must be >= 0");
+  if (p.example_offset < 0 || p.feature_offset < 0) bad("example_offset and feature_offset must be >= 0");
 }
 
 std::uint32_t dropout_threshold(float rate) {

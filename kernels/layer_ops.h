@@ -32,15 +32,17 @@ struct BatchNormParams {
 
 // Dropout's mask: element (m, i, f) is kept when the word drawn for it is at least `threshold`
 // (round(rate * 2^32)), and then scaled by 1 / (1 - rate) (inverted dropout, as Keras). The word is word f % 4
-// of Philox4x32-10 (kernels/layer_math.h) of the counter (example_offset + i, f / 4, *step, stream) under
-// member m's key: a function of the member's key, the step, the example's index in the global batch, the
-// feature and the layer's stream only, never of the device count or the batch's split.
+// of Philox4x32-10 (kernels/layer_math.h) of the counter (example_offset + i, g / 4, *step, stream) under
+// member m's key, with g = feature_offset + f: a function of the member's key, the step, the example's index
+// in the global batch, the feature's index in the whole layer and the layer's stream only, never of the
+// device count or how the batch or the features are split.
 struct DropoutParams {
   int members = 1;
   std::int64_t rows = 1;          // examples per member
   std::int64_t features = 1;      // values per example
   float rate = 0.5f;              // in [0, 1)
   std::int64_t example_offset = 0;  // the global index of row 0
+  std::int64_t feature_offset = 0;  // the index of feature 0 among the layer's whole features (model parallel)
   std::uint32_t stream = 0;       // which dropout layer of the model
 };
 

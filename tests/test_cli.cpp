@@ -89,7 +89,19 @@ TEST_CASE("--model names a registered model, --summary asks for its table") {
   CHECK(parse_cli({"--summary"}).summary);
   CHECK(parse_cli({"--model", "flax-cnn"}).train.model == "flax-cnn");
   CHECK_THROWS_WITH_AS(parse_cli({"--model", "resnet"}), "--model: 'resnet' is not flax-cnn or keras-convnet", UsageError);
-  CHECK(pmap::ensemble::cli_help("p").find("  --model NAME          the model: flax-cnn") != std::string::npos);
+  CHECK(pmap::ensemble::cli_help("p").find("  --model NAME          flax-cnn (the Flax example's CNN") != std::string::npos);
+  // Each model brings its recipe's optimizer and batch size where the flags leave them open.
+  auto flax = parse_cli({});
+  CHECK(flax.train.optimizer.name == "sgd");
+  CHECK(flax.train.batch_size == 128);
+  auto keras = parse_cli({"--model", "keras-convnet"});
+  CHECK(keras.train.model == "keras-convnet");
+  CHECK(keras.train.optimizer.name == "adam");
+  CHECK(keras.train.optimizer.learning_rate_of(0) == 0.001f);
+  CHECK(keras.train.batch_size == 64);
+  keras = parse_cli({"--batch-size", "32", "--model", "keras-convnet", "--optimizer", "sgd"});
+  CHECK(keras.train.optimizer.name == "sgd");
+  CHECK(keras.train.batch_size == 32);
 }
 
 TEST_CASE("the optimizer's flags: --optimizer, per-member --lr and --weight-decay, schedules, warmup, clipping") {

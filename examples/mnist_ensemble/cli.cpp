@@ -233,12 +233,14 @@ void layout_flags(CLI::App& a, std::vector<std::string>& layouts) {
 // Floats are converted with from_chars, as their validators read them (CLI11 reads through long double,
 // which can round differently).
 void training_flags(CLI::App& a, TrainConfig& t) {
-  flag(a, "--model", t.model, "NAME", "Training", "the model: flax-cnn (the Flax example's CNN)")
+  flag(a, "--model", t.model, "NAME", "Training",
+       "flax-cnn (the Flax example's CNN; sgd, batch 128) |\nkeras-convnet (the Keras guides' BatchNorm + Dropout "
+       "convnet;\nadam 1e-3, batch 64): the model and its recipe's defaults")
       ->check(one_of(model_names()))->capture_default_str();
   flag(a, "--epochs", t.epochs, "E", "Training", "epochs")->check(integer_in(0, kMaxCount))->capture_default_str();
   flag(a, "--batch-size", t.batch_size, "B", "Training",
        "examples per step (data- and model-parallel: split over 'data')")
-      ->check(integer_in(1, kMaxCount))->capture_default_str();
+      ->check(integer_in(1, kMaxCount))->default_str("128; keras-convnet: 64");
   flag(a, "--seed", t.seed, "S", "Training", "key(S) -> member keys and data order")
       ->check(check([](const std::string& text) {
         return number<std::uint64_t>(text) ? std::string() : "'" + text + "' is not an integer";
@@ -252,7 +254,7 @@ void training_flags(CLI::App& a, TrainConfig& t) {
 void optimizer_flags(CLI::App& a, OptimizerConfig& t) {
   auto set_float = [](float& target) { return [&target](const std::string& v) { target = *number<float>(v); }; };
   flag(a, "--optimizer", t.name, "O", "Optimizer", "sgd | adam | adamw (Keras's Adam: beta 0.9, 0.999, epsilon 1e-7)")
-      ->check(one_of(optimizer_names()))->default_str("sgd");
+      ->check(one_of(optimizer_names()))->default_str("sgd; keras-convnet: adam");
   flag(a, "--lr", [&t](const std::string& v) { parse_floats(v, t.learning_rate, positive); }, "LR[,..]",
        "Optimizer", "learning rate; a list gives each member its own")
       ->check(floats(positive))->default_str("0.1; adam, adamw: 0.001");
@@ -367,6 +369,9 @@ CliOptions parse_cli(const std::vector<std::string>& args) {
   }
   if (app->count("--data") == 0) o.data = "data/" + o.train.dataset;
   OptimizerConfig& opt = o.train.optimizer;
+  const ModelRecipe recipe = model_recipe(o.train.model);  // what the flags leave open
+  if (app->count("--optimizer") == 0) opt.name = recipe.optimizer;
+  if (app->count("--batch-size") == 0) o.train.batch_size = recipe.batch_size;
   for (const char* sgd_only : {"--momentum", "--nesterov"})
     if (opt.name != "sgd" && app->count(sgd_only) > 0)
       throw UsageError(std::string(sgd_only) + " is an option of --optimizer sgd, not of " + opt.name);
