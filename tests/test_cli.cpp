@@ -51,7 +51,7 @@ TEST_CASE("the help lists every flag in its group, with its default") {
                            "  --mesh AxM            A devices along the mode's axis by M along 'model'",
                            "  --layout NAME=SPEC    split the weights", "\nTraining:\n",
                            "  --epochs E            epochs  [10]\n", "\nOptimizer:\n",
-                           "  --optimizer O         sgd | adam | adamw", "[sgd]\n",
+                           "  --optimizer O         sgd | adam | adamw", "[sgd; keras-convnet: adam]\n",
                            "  --lr LR[,..]          learning rate; a list gives each member its own  [0.1; adam, adamw: 0.001]\n",
                            "  --lr-schedule S       constant | cosine[:ALPHA] | exponential:RATE:STEPS |  [constant]\n",
                            "\nOutput:\n", "\nCheckpoints:\n", "  -h,--help             this text\n",

@@ -96,7 +96,7 @@ def main():
                           ("100000", E, "100000 members .* need [0-9]+ GB")],
             "--report-every": [("0", R, "out of range"), ("-1", R, "out of range"), ("x", R, "is not an integer")],
             "--members-subset": [("a", R, "is not an integer"), ("0,,1", R, "empty entry"), ("1,1", R, "named twice")],
-            "--model": [("resnet", R, "'resnet' is not flax-cnn"), ("", R, "needs a non-empty value")],
+            "--model": [("resnet", R, "'resnet' is not flax-cnn or keras-convnet"), ("", R, "needs a non-empty value")],
             "--optimizer": [("rmsprop", R, "'rmsprop' is not sgd, adam or adamw"), ("", R, "needs a non-empty value")],
             "--weight-decay": [("-0.1", R, "must be >= 0"), ("nan", R, "not a finite number"), ("0.1,", R, "empty entry"),
                                ("0.1,0.2", E, "--weight-decay gives 2 values for 1 member")],
@@ -137,6 +137,10 @@ def main():
              "mystery.st: its model 'mystery' is not one this program builds", base + ["--evaluate", tampered("mystery", mystery_model)]),
             ("evaluating a checkpoint of another model", E, "other.st: the checkpoint's model has input \\(16, 16, 1\\)",
              base + ["--evaluate", other]),
+            ("BatchNorm's weights split over 'model'", E,
+             "layout of BatchNorm_0/beta \\(shape \\(12,\\)\\): \\('model',\\): BatchNormalization's weights cannot be split",
+             base + ["--epochs", "1", "--model", "keras-convnet", "--mode", "model-parallel", "--devices", "2",
+                     "--layout", "BatchNorm_0/beta=model"]),
         ]
         valid = [
             ("--epochs 0", base + ["--epochs", "0"]),

@@ -76,6 +76,26 @@ assert len(rows) == 201
 assert sum(r[1] == r[2] for r in rows[1:]) == round(ev["ensemble_test_accuracy"] * 200)
 assert all(0 < float(r[3]) <= 1 and float(r[4]) >= 0 for r in rows[1:])
 PY
+# keras-convnet: its recipe's defaults (adam, batch 64), BatchNorm's moving statistics in the checkpoint, its
+# evaluation equal to the run's last epoch.
+kr=("$bin" --data "$work/data" --devices 2 --members 2 --progress plain --model keras-convnet)
+expect "keras-convnet trains" 0 "adam lr 0.001" -- "${kr[@]}" --epochs 1 --metrics-json "$work/k.json" \
+  --save "$work/k.safetensors" --summary
+grep -q "Non-trainable params: 136" "$work/out" && pass "keras-convnet summary" || fail "keras-convnet summary"
+expect "keras-convnet evaluates" 0 "ensemble" -- "${kr[@]}" --evaluate "$work/k.safetensors" --metrics-json "$work/ke.json"
+python3 - "$work/k.json" "$work/ke.json" "$work/k.safetensors" <<'PY' && pass "keras-convnet: recipe, state, evaluation" || fail "keras-convnet: recipe, state, evaluation"
+import json, struct, sys
+t, e = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert t["config"]["model"] == "keras-convnet" and t["config"]["optimizer"] == "adam", t["config"]
+assert t["config"]["batch_size"] == 64
+assert e["evaluation"]["member_test_accuracy"] == t["final"]["member_test_accuracy"]
+assert e["evaluation"]["ensemble_test_nll"] == t["final"]["ensemble_test_nll"]
+with open(sys.argv[3], "rb") as f:
+    n, = struct.unpack("<Q", f.read(8))
+    header = json.loads(f.read(n))
+assert header["state/BatchNorm_0/moving_variance"]["shape"] == [2, 12], header.get("state/BatchNorm_0/moving_variance")
+PY
+expect "resume keras-convnet as flax-cnn" 1 "architecture|model" -- "${run[@]}" --epochs 2 --resume "$work/k.safetensors"
 expect "evaluate a subset" 0 "ensemble" -- "${run[@]}" --devices 1 --evaluate "$work/ck2.safetensors" --members-subset 1
 expect "subset out of range" 1 "--members-subset: member 5 is not among the checkpoint's 2 members" -- \
   "${run[@]}" --devices 1 --evaluate "$work/ck2.safetensors" --members-subset 0,5
