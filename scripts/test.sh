@@ -8,7 +8,8 @@ usage() {
   cat <<'EOF'
 usage: bash scripts/test.sh [--quick] [--no-setup] [-h|--help]
   Stages, in order (each prints a summary line at the end; any failure makes the exit status non-zero):
-    setup     scripts/setup.sh --fuzz: the Debian packages the builds and tests need
+    setup     scripts/setup.sh --fuzz --bench: the Debian packages the builds and tests need (PyTorch for
+              the tests/reference cross-checks)
     data      scripts/get_data.sh: MNIST and Fashion-MNIST for the data tests (a failure only warns:
               those tests then skip themselves)
     default   cmake --preset default (CUDA, NCCL, MPI when found), build, ctest
@@ -86,7 +87,7 @@ preset_stages() {
 }
 
 if [[ $setup -eq 1 ]]; then
-  stage setup bash scripts/setup.sh --fuzz
+  stage setup bash scripts/setup.sh --fuzz --bench
 else
   skip setup "--no-setup"
 fi
