@@ -18,37 +18,18 @@ A wrong gradient, statistic, padding or mask fails it (--wrong-mask flips one me
 
 Exit 0: agreement; 1: a difference (printed); 77: PyTorch or NumPy is not installed (ctest: skipped).
 """
-import argparse, json, os, struct, subprocess, sys, tempfile
+import argparse, json, os, sys, tempfile
 
 try:
     import numpy as np
     import torch
     import torch.nn.functional as F
+    from reference_io import compare_accuracies, read_idx, read_safetensors, run
 except ImportError as e:
     print(f"torch_keras_trajectory: skipped: {e}")
     sys.exit(77)
 
 M32 = 0xFFFFFFFF
-
-
-def read_idx(path):
-    with open(path, "rb") as f:
-        magic, = struct.unpack(">I", f.read(4))
-        dims = struct.unpack(">" + "I" * (magic & 0xFF), f.read(4 * (magic & 0xFF)))
-        return np.frombuffer(f.read(), dtype=np.uint8).reshape(dims)
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n, = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-        blob = f.read()
-    meta = header.pop("__metadata__", {})
-    out = {}
-    for name, e in header.items():
-        b, end = e["data_offsets"]
-        out[name] = np.frombuffer(blob[b:end], dtype="<f4").reshape(e["shape"]).copy()
-    return out, meta
 
 
 def threefry2x32(k0, k1, x0, x1):
@@ -148,12 +129,6 @@ def forward(p, st, m, x, mask=None):
     return x @ t("Dense_1/kernel") + t("Dense_1/bias")
 
 
-def run(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"torch_keras_trajectory: {' '.join(cmd)} failed ({r.returncode}):\n{r.stderr}")
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("exe")
@@ -173,8 +148,8 @@ def main():
                   "--optimizer", "sgd", "--lr", str(a.lr), "--momentum", str(a.momentum), "--progress", "none"]
         init, final, metrics = (os.path.join(tmp, n) for n in ("init.safetensors", "final.safetensors", "m.json"))
         common += ["--seed", "0"]
-        run(common + ["--epochs", "0", "--save", init])
-        run(common + ["--epochs", str(a.epochs), "--save", final, "--metrics-json", metrics])
+        run("torch_keras_trajectory", common + ["--epochs", "0", "--save", init])
+        run("torch_keras_trajectory", common + ["--epochs", str(a.epochs), "--save", final, "--metrics-json", metrics])
         (ours, _), (start, meta) = read_safetensors(final), read_safetensors(init)
         with open(metrics) as f:
             epochs = json.load(f)["epochs"]
@@ -223,16 +198,7 @@ def main():
         probs = torch.stack([F.softmax(forward(p, st, m, xt), dim=1) for m in range(a.members)])
     member = [float((pm.argmax(1) == yt).double().mean()) for pm in probs]
     ensemble = float((probs.mean(0).argmax(1) == yt).double().mean())
-    last = epochs[-1]
-    print("member test accuracy:", [round(v, 4) for v in last["member_test_accuracy"]], "(pmapcc)",
-          [round(v, 4) for v in member], "(torch)")
-    print(f"ensemble test accuracy: {last['ensemble_test_accuracy']:.4f} (pmapcc) {ensemble:.4f} (torch)")
-    tol = 2.0 / a.test + 1e-12
-    for m, (mine, theirs) in enumerate(zip(last["member_test_accuracy"], member)):
-        if abs(mine - theirs) > tol:
-            failures.append(f"member {m}: test accuracy {mine:.4f} (pmapcc) vs {theirs:.4f} (torch)")
-    if abs(last["ensemble_test_accuracy"] - ensemble) > tol:
-        failures.append(f"ensemble test accuracy {last['ensemble_test_accuracy']:.4f} vs {ensemble:.4f}")
+    compare_accuracies(epochs[-1], member, ensemble, a.test, failures)
     for f in failures:
         print("torch_keras_trajectory: DIFFERENCE:", f)
     print("torch_keras_trajectory:", "FAILED" if failures else "pmapcc and PyTorch agree")

@@ -16,37 +16,16 @@ averaging) fails it.
 
 Exit 0: agreement; 1: a difference (printed); 77: PyTorch or NumPy is not installed (ctest: skipped).
 """
-import argparse, json, os, struct, subprocess, sys, tempfile
+import argparse, json, os, sys, tempfile
 
 try:
     import numpy as np
     import torch
     import torch.nn.functional as F
+    from reference_io import compare_accuracies, read_idx, read_safetensors, run
 except ImportError as e:  # torch comes with `scripts/setup.sh --bench` (Debian's python3-torch)
     print(f"torch_trajectory: skipped: {e}")
     sys.exit(77)
-
-
-def read_idx(path):
-    with open(path, "rb") as f:
-        magic, = struct.unpack(">I", f.read(4))
-        dims = struct.unpack(">" + "I" * (magic & 0xFF), f.read(4 * (magic & 0xFF)))
-        return np.frombuffer(f.read(), dtype=np.uint8).reshape(dims)
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n, = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-        blob = f.read()
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        assert e["dtype"] == "F32", f"{path}: {name} is {e['dtype']}"
-        b, end = e["data_offsets"]
-        out[name] = np.frombuffer(blob[b:end], dtype="<f4").reshape(e["shape"]).copy()
-    return out
 
 
 def forward(p, m, x):
@@ -58,12 +37,6 @@ def forward(p, m, x):
     x = x.permute(0, 2, 3, 1).reshape(x.shape[0], -1)  # (H, W, C) order, as Flax's reshape
     x = F.relu(x @ t("Dense_0/kernel") + t("Dense_0/bias"))
     return x @ t("Dense_1/kernel") + t("Dense_1/bias")
-
-
-def run(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"torch_trajectory: {' '.join(cmd)} failed ({r.returncode}):\n{r.stderr}")
 
 
 def main():
@@ -84,9 +57,9 @@ def main():
                   str(a.train), "--batch-size", str(a.train), "--test-limit", str(a.test), "--lr", str(a.lr),
                   "--momentum", str(a.momentum), "--progress", "none"]
         init, final, metrics = (os.path.join(tmp, n) for n in ("init.safetensors", "final.safetensors", "m.json"))
-        run(common + ["--epochs", "0", "--save", init])
-        run(common + ["--epochs", str(a.epochs), "--save", final, "--metrics-json", metrics])
-        ours, start = read_safetensors(final), read_safetensors(init)
+        run("torch_trajectory", common + ["--epochs", "0", "--save", init])
+        run("torch_trajectory", common + ["--epochs", str(a.epochs), "--save", final, "--metrics-json", metrics])
+        (ours, _), (start, _) = read_safetensors(final), read_safetensors(init)
         with open(metrics) as f:
             epochs = json.load(f)["epochs"]
     names = sorted(n[len("params/"):] for n in start if n.startswith("params/"))
@@ -123,16 +96,7 @@ def main():
         probs = torch.stack([F.softmax(forward(p, m, xt), dim=1) for m in range(a.members)])
     member = [float((pm.argmax(1) == yt).double().mean()) for pm in probs]
     ensemble = float((probs.mean(0).argmax(1) == yt).double().mean())
-    final_epoch = epochs[-1]
-    print("member test accuracy:", [round(v, 4) for v in final_epoch["member_test_accuracy"]], "(pmapcc)",
-          [round(v, 4) for v in member], "(torch)")
-    print(f"ensemble test accuracy: {final_epoch['ensemble_test_accuracy']:.4f} (pmapcc) {ensemble:.4f} (torch)")
-    tol = 2.0 / a.test + 1e-12  # an example or two on the decision boundary
-    for m, (mine, theirs) in enumerate(zip(final_epoch["member_test_accuracy"], member)):
-        if abs(mine - theirs) > tol:
-            failures.append(f"member {m}: test accuracy {mine:.4f} (pmapcc) vs {theirs:.4f} (torch)")
-    if abs(final_epoch["ensemble_test_accuracy"] - ensemble) > tol:
-        failures.append(f"ensemble test accuracy {final_epoch['ensemble_test_accuracy']:.4f} vs {ensemble:.4f}")
+    compare_accuracies(epochs[-1], member, ensemble, a.test, failures)
     first_kernel = next(n for n in names if n.endswith("kernel"))
     if len({start["params/" + first_kernel][m].tobytes() for m in range(a.members)}) != a.members:
         failures.append("the members start from the same parameters")
