@@ -205,6 +205,8 @@ TEST_CASE("cuda layer ops and every CPU ISA variant are bitwise the generic CPU 
     auto dg = buffer(std::vector<float>(mc)), db = buffer(std::vector<float>(mc)), dx = buffer(std::vector<float>(n));
     auto keys = buffer(std::vector<std::uint32_t>{9, 8, 7, 6, 5, 4}), step = buffer(std::vector<std::int64_t>{3});
     auto dropped = buffer(std::vector<float>(n)), scaled = buffer(std::vector<float>(n));
+    auto y_shift = buffer(std::vector<float>(n)), y_scale = buffer(std::vector<float>(n)),
+         y_bare = buffer(std::vector<float>(n)), dx_shift = buffer(std::vector<float>(n));
     ops.batch_norm_sums(p, bx.template data<float>(), sums.template data<double>());
     ops.batch_norm_statistics(p, sums.template data<double>(), 50.0, mm.template data<float>(),
                               mv.template data<float>(), stats.template data<float>());
@@ -215,11 +217,21 @@ TEST_CASE("cuda layer ops and every CPU ISA variant are bitwise the generic CPU 
                                  dg.template data<float>(), db.template data<float>());
     ops.batch_norm_backward(p, bx.template data<float>(), bdy.template data<float>(), stats.template data<float>(),
                             bsums.template data<double>(), 50.0, bg.template data<float>(), dx.template data<float>());
+    // scale=False, center=False and neither: the other paths of apply and backward.
+    ops.batch_norm_apply(p, bx.template data<float>(), stats.template data<float>(), nullptr,
+                         bb.template data<float>(), y_shift.template data<float>());
+    ops.batch_norm_apply(p, bx.template data<float>(), stats.template data<float>(), bg.template data<float>(),
+                         nullptr, y_scale.template data<float>());
+    ops.batch_norm_apply(p, bx.template data<float>(), stats.template data<float>(), nullptr, nullptr,
+                         y_bare.template data<float>());
+    ops.batch_norm_backward(p, bx.template data<float>(), bdy.template data<float>(), stats.template data<float>(),
+                            bsums.template data<double>(), 50.0, nullptr, dx_shift.template data<float>());
     ops.dropout(d, keys.template data<std::uint32_t>(), step.template data<std::int64_t>(),
                 bdy.template data<float>(), dropped.template data<float>());
     ops.scale_shift(n, bx.template data<float>(), 1.0f / 255.0f, -0.5f, scaled.template data<float>());
     std::vector<std::vector<float>> out;
-    for (const pmap::Array* a : {&mm, &mv, &stats, &y, &dg, &db, &dx, &dropped, &scaled})
+    for (const pmap::Array* a :
+         {&mm, &mv, &stats, &y, &dg, &db, &dx, &dropped, &scaled, &y_shift, &y_scale, &y_bare, &dx_shift})
       out.push_back(a->to_vector<float>());
     return out;
   };

@@ -1,7 +1,7 @@
-// CPU layer ops (kernels/layer_ops.h): loops over kernels/layer_math.h's per-element functions, the oracle of
-// the CUDA kernels. The sums run row by row with one double accumulator per channel, which adds each
-// channel's values in the same order as the CUDA kernels' per-channel loops. Compiled without FMA
-// contraction, so every ISA variant gives the same bits.
+// CPU layer ops (kernels/layer_ops.h), the oracle of the CUDA kernels: kernels/layer_math.h's arithmetic,
+// the same operations in the same order, run row by row over the channels (which vectorizes); the sums
+// with one double accumulator per channel, which adds each channel's values in the same order as the CUDA
+// kernels' per-channel loops. Compiled without FMA contraction, so every ISA variant gives the same bits.
 #include <pmap/error.h>
 
 #include <string>
@@ -13,10 +13,6 @@
 
 namespace PMAPCC_CPU_NS {
 namespace {
-
-std::size_t elements(const BatchNormParams& p) {
-  return static_cast<std::size_t>(p.members) * static_cast<std::size_t>(p.rows) * static_cast<std::size_t>(p.channels);
-}
 
 }  // namespace
 
@@ -51,14 +47,53 @@ void LayerOpsImpl::batch_norm_statistics(BatchNormParams p, const double* sums, 
     batch_norm_channel_stats(p, sums, count, moving_mean, moving_variance, stats, mc);
 }
 
+namespace {
+
+// batch_norm_element's arithmetic (kernels/layer_math.h) row by row, the channel's values hoisted, so the
+// compiler vectorizes over the channels; the same operations in the same order give the same bits.
+template <bool kGamma, bool kBeta, bool kRelu>
+void apply_rows(const BatchNormParams& p, const float* x, const float* stats, const float* gamma, const float* beta,
+                float* y) {
+  const auto c = static_cast<std::size_t>(p.channels);
+  for (int m = 0; m < p.members; ++m) {
+    const float* mean = stats + static_cast<std::size_t>(m) * 2 * c;
+    const float* inv = mean + c;
+    const float* g = kGamma ? gamma + static_cast<std::size_t>(m) * c : nullptr;
+    const float* b = kBeta ? beta + static_cast<std::size_t>(m) * c : nullptr;
+    const std::size_t base = static_cast<std::size_t>(m) * static_cast<std::size_t>(p.rows) * c;
+    for (std::int64_t r = 0; r < p.rows; ++r) {
+      const float* xr = x + base + static_cast<std::size_t>(r) * c;
+      float* yr = y + base + static_cast<std::size_t>(r) * c;
+      for (std::size_t k = 0; k < c; ++k) {
+        float v = (xr[k] - mean[k]) * inv[k];
+        if constexpr (kGamma) v = v * g[k];
+        if constexpr (kBeta) v = v + b[k];
+        if constexpr (kRelu) v = v < 0.0f ? 0.0f : v;
+        yr[k] = v;
+      }
+    }
+  }
+}
+
+template <bool kGamma, bool kBeta>
+void apply_rows(const BatchNormParams& p, const float* x, const float* stats, const float* gamma, const float* beta,
+                float* y) {
+  if (p.relu) apply_rows<kGamma, kBeta, true>(p, x, stats, gamma, beta, y);
+  else apply_rows<kGamma, kBeta, false>(p, x, stats, gamma, beta, y);
+}
+
+}  // namespace
+
 void LayerOpsImpl::batch_norm_apply(BatchNormParams p, const float* x, const float* stats, const float* gamma,
                                     const float* beta, float* y) const {
   validate(p);
   detail::require(x, "batch_norm_apply", "x");
   detail::require(stats, "batch_norm_apply", "stats");
   detail::require(y, "batch_norm_apply", "y");
-  const std::size_t n = elements(p);
-  for (std::size_t i = 0; i < n; ++i) y[i] = batch_norm_element(p, stats, gamma, beta, x[i], i);
+  if (gamma != nullptr && beta != nullptr) apply_rows<true, true>(p, x, stats, gamma, beta, y);
+  else if (gamma != nullptr) apply_rows<true, false>(p, x, stats, gamma, beta, y);
+  else if (beta != nullptr) apply_rows<false, true>(p, x, stats, gamma, beta, y);
+  else apply_rows<false, false>(p, x, stats, gamma, beta, y);
 }
 
 void LayerOpsImpl::batch_norm_backward_sums(BatchNormParams p, const float* x, const float* dy, const float* stats,
@@ -99,8 +134,27 @@ void LayerOpsImpl::batch_norm_backward(BatchNormParams p, const float* x, const 
   detail::require(sums, "batch_norm_backward", "sums");
   detail::require(dx, "batch_norm_backward", "dx");
   if (!(count >= 1)) throw ValueError("batch_norm_backward: count must be >= 1");
-  const std::size_t n = elements(p);
-  for (std::size_t i = 0; i < n; ++i) dx[i] = batch_norm_dx(p, stats, sums, count, gamma, x[i], dy[i], i);
+  // batch_norm_dx's arithmetic row by row, its per-channel values computed once as it computes them.
+  const auto c = static_cast<std::size_t>(p.channels);
+  std::vector<float> scale(c), mean_dy(c), mean_dy_xhat(c);
+  for (int m = 0; m < p.members; ++m) {
+    const std::size_t at = static_cast<std::size_t>(m) * 2 * c;
+    const float* mean = stats + at;
+    const float* inv = mean + c;
+    for (std::size_t k = 0; k < c; ++k) {
+      scale[k] = gamma != nullptr ? gamma[static_cast<std::size_t>(m) * c + k] * inv[k] : inv[k];
+      mean_dy[k] = static_cast<float>(sums[at + k] / count);
+      mean_dy_xhat[k] = static_cast<float>(sums[at + c + k] / count);
+    }
+    const std::size_t base = static_cast<std::size_t>(m) * static_cast<std::size_t>(p.rows) * c;
+    for (std::int64_t r = 0; r < p.rows; ++r) {
+      const std::size_t row = base + static_cast<std::size_t>(r) * c;
+      for (std::size_t k = 0; k < c; ++k) {
+        const float x_hat = (x[row + k] - mean[k]) * inv[k];
+        dx[row + k] = scale[k] * (dy[row + k] - mean_dy[k] - x_hat * mean_dy_xhat[k]);
+      }
+    }
+  }
 }
 
 void LayerOpsImpl::dropout(DropoutParams p, const std::uint32_t* keys, const std::int64_t* step, const float* x,
