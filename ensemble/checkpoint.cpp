@@ -71,7 +71,7 @@ const Json* legacy_value(std::string_view field) {
   static const Json values{{"dataset", "mnist"},     {"optimizer", "sgd"},    {"nesterov", false},
                            {"model", "flax-cnn"},
                            {"weight_decay", 0.0},    {"clip_norm", 0.0},      {"lr_schedule", "constant"},
-                           {"warmup_steps", 0}};
+                           {"warmup_steps", 0},      {"dropout", nullptr}};
   const std::string key(field);
   return values.contains(key) ? &values[key] : nullptr;
 }
@@ -96,7 +96,7 @@ void check_same(const SafetensorsFile& f, const Json& saved, const Json& now) {
   std::vector<std::string> fields{"model", "mode", "members", "seed", "batch_size", "train_limit", "dataset", "optimizer"};
   if (saved.contains("architecture")) fields.emplace_back("architecture");  // before it was recorded: the flax CNN
   for (const char* o : {"lr", "momentum", "nesterov", "beta_1", "beta_2", "epsilon", "weight_decay", "clip_norm",
-                        "lr_schedule", "warmup_steps", "decay_steps"})
+                        "lr_schedule", "warmup_steps", "decay_steps", "dropout"})
     if (now.contains(o)) fields.emplace_back(o);
   for (const std::string& field : fields) {
     if (field == "architecture") {

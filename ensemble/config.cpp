@@ -77,6 +77,7 @@ io::Json TrainConfig::to_json() const {
   j["epochs"] = epochs;
   j["batch_size"] = batch_size;
   optimizer_json(optimizer, members, j);
+  j["dropout"] = dropout.empty() ? io::Json(nullptr) : as_given(dropout);  // null: the model's own rates
   j["seed"] = static_cast<std::int64_t>(seed);
   j["train_limit"] = train_limit;
   j["test_limit"] = test_limit;
@@ -98,6 +99,11 @@ void TrainConfig::check(int along, const Dataset& train, const Dataset& test) co
   if (c.epochs < 0) bad("--epochs must be >= 0, got " + std::to_string(c.epochs));
   if (c.batch_size < 1) bad("--batch-size must be >= 1, got " + std::to_string(c.batch_size));
   c.optimizer.check(c.members);
+  if (c.dropout.size() > 1 && c.dropout.size() != static_cast<std::size_t>(c.members))
+    bad("--dropout gives " + std::to_string(c.dropout.size()) + " values for " + std::to_string(c.members) +
+        " member(s): give one value, or one per member");
+  for (float r : c.dropout)
+    if (!(r >= 0 && r < 1)) bad("--dropout must be in [0, 1), got " + io::dump_json(as_given(r)));
   if (c.optimizer.clip_norm > 0 && c.splits_weights())
     bad("--clip-norm with weights split over 'model' is not supported yet (the global norm would need the "
         "split tensors' sums over 'model'): train without --clip-norm, or with --mesh " + std::to_string(along) +

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <pmap/device.h>
 
@@ -46,6 +47,9 @@ struct TrainConfig {
   // decay and clipping (ensemble/optimizer.h). A cosine schedule's decay_steps 0 becomes the run's steps
   // after warmup (epochs x steps per epoch); the Trainer fills it in.
   OptimizerConfig optimizer;
+  // Dropout rates (--dropout): empty, the model's own; one value, every member's; one per member, each
+  // member's own (a hyper-parameter ensemble). Each replaces the rate of every Dropout layer of the model.
+  std::vector<float> dropout;
   std::uint64_t seed = 0;
   std::int64_t train_limit = -1;  // first N training examples (-1: all)
   std::int64_t test_limit = -1;

@@ -58,6 +58,7 @@ class Dropout final : public Layer {
     k.members = c.members, k.rows = c.batch, k.features = product(c.input), k.rate = rate_;
     k.example_offset = c.context->example_offset, k.stream = c.stream;
     k.feature_offset = std::int64_t{c.block} * k.features;
+    k.rates = c.context->dropout_rates;  // a hyper-parameter ensemble's rates, when it has them
     return k;
   }
   std::string name_;

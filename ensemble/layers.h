@@ -40,6 +40,7 @@ struct LayerContext {
   bool training = false;                  // batch statistics and dropout masks (else moving statistics, no dropout)
   const std::uint32_t* keys = nullptr;    // (members, 2) u32, device: the call's members' random keys (Dropout)
   const std::int64_t* step = nullptr;     // (1) i64, device: the step counter (Dropout)
+  const float* dropout_rates = nullptr;   // (members) f32, device, nullable: each member's rate for every Dropout
   std::int64_t example_offset = 0;        // the global index of this device's first example in the step's batch
   int batch_devices = 1;                  // the devices the global batch is spread over, equal shares
   std::function<void(Array&)> batch_sum;  // sums an array over those devices (a psum); empty: one device

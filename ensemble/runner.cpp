@@ -161,6 +161,7 @@ const float* ModelRunner::forward(const float* x, int batch, const float* params
   context_.training = run.training;
   context_.keys = run.keys == nullptr ? nullptr : run.keys + 2 * static_cast<std::ptrdiff_t>(first);
   context_.step = run.step;
+  context_.dropout_rates = run.dropout_rates == nullptr ? nullptr : run.dropout_rates + first;
   context_.example_offset = run.example_offset;
   context_.batch_devices = split_.batch_axis.empty() ? 1 : axis_size(split_.batch_axis);
   act_[0] = const_cast<float*>(x);  // read only: layer 0 never runs in place

@@ -41,13 +41,15 @@ struct RunnerSplit {
 // What a forward needs beyond its input and parameters: the model state of all the runner's members
 // (members * S, the model's state layout, on the device; required when the model has state, which a
 // training forward updates), and for training the members' random keys ((members, 2) u32), the step
-// counter and the global index of this device's first example (layers.h's LayerContext).
+// counter, the global index of this device's first example and, nullable, each member's dropout rate
+// ((members) f32, in place of the Dropout layers' own) (layers.h's LayerContext).
 struct RunArgs {
   float* state = nullptr;
   bool training = false;
   const std::uint32_t* keys = nullptr;
   const std::int64_t* step = nullptr;
   std::int64_t example_offset = 0;
+  const float* dropout_rates = nullptr;
 };
 
 class ModelRunner {

@@ -69,6 +69,7 @@ DeviceWork::DeviceWork(const Sequential& model, const kernels::Backend& be, Devi
       optimizer(std::move(opt)),
       grads(Shape{members * model.params_per_member()}, DType::f32, device),
       keys(Shape{members, 2}, DType::u32, device),
+      dropout_rates(Shape{members}, DType::f32, device),
       dlogits(Shape{runner.group(), max_rows, classes_of(model)}, DType::f32, device),
       xent_ws(Shape{static_cast<std::int64_t>(xent_workspace_bytes(be, runner.group(), max_rows, classes_of(model)))},
               DType::u8, device),
@@ -112,8 +113,12 @@ void train_step(TrainState& state, DeviceWork& work, const Batch& batch, const S
   const std::int32_t* labels = batch.labels.data<std::int32_t>();
   const float* params = state.params.data<float>();
   // Data parallel: this device's rows are the global batch's block at its index along the axis.
-  const RunArgs run{state.state.data<float>(), true, work.keys.data<std::uint32_t>(),
-                    state.step.data<std::int64_t>(), opt.data_parallel ? std::int64_t{axis_index(opt.axis)} * rows : 0};
+  const RunArgs run{state.state.data<float>(),
+                    true,
+                    work.keys.data<std::uint32_t>(),
+                    state.step.data<std::int64_t>(),
+                    opt.data_parallel ? std::int64_t{axis_index(opt.axis)} * rows : 0,
+                    opt.member_dropout ? work.dropout_rates.data<float>() : nullptr};
   // Forward, loss and backward of each group of members, then (ensemble) the update: one graph.
   work.step_graph(images, rows).run([&] {
     for (int first = 0; first < members; first += group) {

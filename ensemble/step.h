@@ -72,6 +72,7 @@ struct StepOptions {
   bool data_parallel = false;
   std::string axis = "ensemble";  // the mesh axis the members (or replicas) are spread over
   int total_members = 1;          // members over all devices (ensemble mode)
+  bool member_dropout = false;    // DeviceWork::dropout_rates replace the Dropout layers' rates
 };
 
 // Activations are held for at most max_rows examples (a training step's rows on this device) of a group
@@ -93,6 +94,7 @@ struct DeviceWork {
   OptimizerWork optimizer;
   Array grads;       // (members * P)
   Array keys;        // (members, 2) u32: the members' random keys (Dropout), zero until the owner sets them
+  Array dropout_rates;  // (members) f32: the members' dropout rates, when StepOptions::member_dropout (owner-set)
   Array dlogits;     // (group, max_rows, K); eval: one piece's probabilities for a group
   Array xent_ws;     // the loss's workspace (u8)
   Array mean_probs;  // (max_eval_batch, K): the ensemble's probabilities

@@ -136,6 +136,9 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<Sequential> model, const Da
                                            mesh_.devices().begin()));
   if (config_.members == 0) config_.members = config_.mode == Mode::ensemble ? along : 1;
   config_.check(along, train, test);
+  if (!config_.dropout.empty() &&
+      std::none_of(model_->layers().begin(), model_->layers().end(), [](const auto& l) { return l->random(); }))
+    throw ValueError("--dropout sets the rate of the model's Dropout layers, and " + model_->name() + " has none");
   optimizer_ = make_optimizer(config_.optimizer);
   if (config_.splits_weights()) make_plan();
   check_memory(config_, along, plan_ ? plan_->local_params() : model_->params_per_member(),
@@ -153,6 +156,7 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<Sequential> model, const Da
   options_.data_parallel = config_.mode != Mode::ensemble;  // model parallel: data parallel over "data" too
   options_.axis = mesh_.axes()[0].name;
   options_.total_members = total_members_;
+  options_.member_dropout = !config_.dropout.empty();
   if (config_.report_every == 0) config_.report_every = config_.backend == DeviceKind::cpu ? 1 : 16;
   make_device_work();
   if (config_.processes > 1) check_processes_agree();
@@ -200,6 +204,12 @@ void Trainer::make_device_work() {
       keys.insert(keys.end(), {k.k0, k.k1});
     }
     work_.back()->keys.copy_from_host(keys.data(), keys.size() * sizeof(std::uint32_t));
+    if (!config_.dropout.empty()) {  // each member's own rate, or the one rate
+      std::vector<float> rates;
+      for (int j = 0; j < members_per_device_; ++j)
+        rates.push_back(config_.dropout[config_.dropout.size() == 1 ? 0 : static_cast<std::size_t>(first + j)]);
+      work_.back()->dropout_rates.copy_from_host(rates.data(), rates.size() * sizeof(float));
+    }
     const Shape s{members_per_device_ * device_model().params_per_member()};
     states.push_back(make_train_state(*optimizer_, Array(s, DType::f32, d),
                                       members_per_device_ * model_->state_per_member()));

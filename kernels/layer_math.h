@@ -3,7 +3,7 @@
 // contraction on both sides.
 #pragma once
 
-#include <math.h>  // sqrt: glibc on the host, CUDA's on the device
+#include <math.h>  // sqrt, floor: glibc on the host, CUDA's on the device
 
 #include <cstddef>
 #include <cstdint>
@@ -71,17 +71,29 @@ PMAPCC_HD inline float batch_norm_dx(const BatchNormParams& p, const float* stat
   return scale * (dy - mean_dy - x_hat * mean_dy_xhat);
 }
 
+// Dropout's keep threshold and scale for `rate` (layer_ops.h), in exact double arithmetic and one float
+// division, so host and device agree.
+struct DropoutKeep {
+  std::uint32_t threshold;
+  float scale;
+};
+PMAPCC_HD inline DropoutKeep dropout_keep(float rate) {
+  const double t = floor(static_cast<double>(rate) * 4294967296.0 + 0.5);
+  return DropoutKeep{t >= 4294967295.0 ? 4294967295u : static_cast<std::uint32_t>(t), 1.0f / (1.0f - rate)};
+}
+
 // Dropout of element i of (M, N, F) (layer_ops.h's DropoutParams).
-PMAPCC_HD inline float dropout_element(const DropoutParams& p, std::uint32_t threshold, float scale,
-                                       const std::uint32_t* keys, std::int64_t step, float x, std::size_t i) {
+PMAPCC_HD inline float dropout_element(const DropoutParams& p, const std::uint32_t* keys, std::int64_t step, float x,
+                                       std::size_t i) {
   const auto features = static_cast<std::size_t>(p.features);
   const std::size_t row = i / features, f = i % features + static_cast<std::size_t>(p.feature_offset);
   const std::size_t m = row / static_cast<std::size_t>(p.rows);
+  const DropoutKeep keep = dropout_keep(p.rates != nullptr ? p.rates[m] : p.rate);
   const std::int64_t example = p.example_offset + static_cast<std::int64_t>(row % static_cast<std::size_t>(p.rows));
   const detail::Philox4 counter{{static_cast<std::uint32_t>(example), static_cast<std::uint32_t>(f / 4),
                                  static_cast<std::uint32_t>(step), p.stream}};
   const detail::Philox4 bits = detail::philox4x32_10(counter, keys[2 * m], keys[2 * m + 1]);
-  return bits.v[f % 4] >= threshold ? x * scale : 0.0f;
+  return bits.v[f % 4] >= keep.threshold ? x * keep.scale : 0.0f;
 }
 
 }  // namespace pmap::kernels

@@ -22,9 +22,4 @@ void validate(const DropoutParams& p) {
   if (p.example_offset < 0 || p.feature_offset < 0) bad("example_offset and feature_offset must be >= 0");
 }
 
-std::uint32_t dropout_threshold(float rate) {
-  const double t = std::nearbyint(std::ldexp(static_cast<double>(rate), 32));
-  return t >= 4294967295.0 ? 4294967295u : static_cast<std::uint32_t>(t);
-}
-
 }  // namespace pmap::kernels

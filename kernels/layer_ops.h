@@ -30,8 +30,9 @@ struct BatchNormParams {
   bool relu = false;       // batch_norm_apply: max(., 0) on the output (a following ReLU fused)
 };
 
-// Dropout's mask: element (m, i, f) is kept when the word drawn for it is at least `threshold`
-// (round(rate * 2^32)), and then scaled by 1 / (1 - rate) (inverted dropout, as Keras). The word is word f % 4
+// Dropout's mask: element (m, i, f) is kept when the word drawn for it is at least the threshold
+// floor(rate * 2^32 + 1/2) (at most 2^32 - 1), and then scaled by 1 / (1 - rate) (inverted dropout, as Keras),
+// with member m's rate (rates[m], or rate for every member). The word is word f % 4
 // of Philox4x32-10 (kernels/layer_math.h) of the counter (example_offset + i, g / 4, *step, stream) under
 // member m's key, with g = feature_offset + f: a function of the member's key, the step, the example's index
 // in the global batch, the feature's index in the whole layer and the layer's stream only, never of the
@@ -43,6 +44,7 @@ struct DropoutParams {
   float rate = 0.5f;              // in [0, 1)
   std::int64_t example_offset = 0;  // the global index of row 0
   std::int64_t feature_offset = 0;  // the index of feature 0 among the layer's whole features (model parallel)
+  const float* rates = nullptr;     // (M) f32, device, nullable: member m's rate in place of `rate` (each in [0, 1))
   std::uint32_t stream = 0;       // which dropout layer of the model
 };
 
@@ -83,7 +85,5 @@ class LayerOps {
 // Parameter checks shared by the implementations (ValueError naming the field).
 void validate(const BatchNormParams& p);
 void validate(const DropoutParams& p);
-// Dropout's keep threshold for `rate`: round(rate * 2^32), at most 2^32 - 1.
-std::uint32_t dropout_threshold(float rate);
 
 }  // namespace pmap::kernels

@@ -229,9 +229,14 @@ TEST_CASE("cuda layer ops and every CPU ISA variant are bitwise the generic CPU 
     ops.dropout(d, keys.template data<std::uint32_t>(), step.template data<std::int64_t>(),
                 bdy.template data<float>(), dropped.template data<float>());
     ops.scale_shift(n, bx.template data<float>(), 1.0f / 255.0f, -0.5f, scaled.template data<float>());
+    auto rates = buffer(std::vector<float>{0.1f, 0.0f, 0.7f}), dropped_each = buffer(std::vector<float>(n));
+    k::DropoutParams each = d;
+    each.rates = rates.template data<float>();
+    ops.dropout(each, keys.template data<std::uint32_t>(), step.template data<std::int64_t>(),
+                bdy.template data<float>(), dropped_each.template data<float>());
     std::vector<std::vector<float>> out;
     for (const pmap::Array* a :
-         {&mm, &mv, &stats, &y, &dg, &db, &dx, &dropped, &scaled, &y_shift, &y_scale, &y_bare, &dx_shift})
+         {&mm, &mv, &stats, &y, &dg, &db, &dx, &dropped, &scaled, &y_shift, &y_scale, &y_bare, &dx_shift, &dropped_each})
       out.push_back(a->to_vector<float>());
     return out;
   };

@@ -5,8 +5,10 @@
 // dropout masks); members independent of how they are placed; and the errors of bad models and layouts.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 
+#include <pmapcc/ensemble/member_layout.h>
 #include <pmapcc/ensemble/runner.h>
 #include <pmapcc/ensemble/trainer.h>
 #include <pmapcc/io/safetensors.h>
@@ -242,4 +244,53 @@ TEST_CASE("BatchNorm and Dropout on the CUDA kernels (run on the host): a captur
   cpu.run_epoch();
   CHECK(max_abs_diff(cpu.params(), g.params()) < 1e-4f);
   CHECK(max_abs_diff(cpu.model_state(), g.model_state()) < 1e-4f);
+}
+
+TEST_CASE("per-member dropout rates: each member trains as it would with its rate for all, and the rates are checked") {
+  // The kernel: member m's rate from the (M) array, in place of the layer's.
+  const auto& ops = pmap::kernels::cpu_backend().layers();
+  pmap::kernels::DropoutParams d;
+  d.members = 2, d.rows = 50, d.features = 8, d.rate = 0.5f;
+  const std::vector<float> x(800, 1.0f), rates{0.0f, 0.25f};
+  const std::vector<std::uint32_t> keys{1, 2, 3, 4};
+  const std::int64_t step = 2;
+  std::vector<float> y(800), y_one(800);
+  d.rates = rates.data();
+  ops.dropout(d, keys.data(), &step, x.data(), y.data());
+  CHECK(std::all_of(y.begin(), y.begin() + 400, [](float v) { return v == 1.0f; }));  // rate 0 keeps all
+  pmap::kernels::DropoutParams one = d;
+  one.rates = nullptr, one.rate = 0.25f;
+  ops.dropout(one, keys.data(), &step, x.data(), y_one.data());
+  CHECK(std::equal(y.begin() + 400, y.end(), y_one.begin() + 400));
+  // The Trainer: member 1 of a run with rates (0.1, 0.6) is member 1 of a run where both have 0.6.
+  auto config = [](std::vector<float> rates) {
+    pe::TrainConfig c = adam(small_config(2, 2));
+    c.dropout = std::move(rates);
+    return c;
+  };
+  pe::Trainer mixed(config({0.1f, 0.6f}), bn_model(), data().train, data().test);
+  pe::Trainer high(config({0.6f}), bn_model(), data().train, data().test);
+  pe::Trainer low(config({0.1f}), bn_model(), data().train, data().test);
+  mixed.run_epoch(), high.run_epoch(), low.run_epoch();
+  auto member = [](const pe::Trainer& t, int m) { return pe::member_block(t.model(), t.params(), 2, m, 1); };
+  CHECK(member(mixed, 1) == member(high, 1));
+  CHECK(member(mixed, 0) == member(low, 0));
+  CHECK(member(mixed, 1) != member(low, 1));
+  CHECK(mixed.config().to_json()["dropout"] == pmap::io::Json::array({0.1, 0.6}));
+  // Checked: a rate outside [0, 1), a list of another length, a model without Dropout, a checkpoint of
+  // other rates.
+  CHECK_THROWS_WITH_AS(pe::Trainer(config({1.0f}), bn_model(), data().train, data().test),
+                       doctest::Contains("--dropout must be in [0, 1), got 1"), pmap::ValueError);
+  CHECK_THROWS_WITH_AS(pe::Trainer(config({0.1f, 0.2f, 0.3f}), bn_model(), data().train, data().test),
+                       doctest::Contains("--dropout gives 3 values for 2 member(s)"), pmap::ValueError);
+  pe::TrainConfig flax = small_config(1, 1);
+  flax.dropout = {0.2f};
+  CHECK_THROWS_WITH_AS(pe::Trainer(flax, data().train, data().test),
+                       doctest::Contains("--dropout sets the rate of the model's Dropout layers, and flax-cnn has none"),
+                       pmap::ValueError);
+  const auto path = pmap::testing::scratch_dir("state_dropout") / "mixed.safetensors";
+  mixed.save_checkpoint(path);
+  pe::Trainer other(adam(small_config(2, 2)), bn_model(), data().train, data().test);
+  CHECK_THROWS_WITH_AS(other.load_checkpoint(path), doctest::Contains("written with dropout = [0.1,0.6], this run has null"),
+                       pmap::DataError);
 }

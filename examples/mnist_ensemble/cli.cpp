@@ -124,6 +124,9 @@ std::string parse_floats(const std::string& text, std::vector<float>& out,
 std::string positive(float v, const std::string& text) {
   return v > 0 ? std::string() : "must be positive, got " + text;
 }
+std::string unit_rate(float v, const std::string& text) {
+  return v >= 0 && v < 1 ? std::string() : "must be in [0, 1), got " + text;
+}
 std::string non_negative(float v, const std::string& text) {
   return v >= 0 ? std::string() : "must be >= 0, got " + text;
 }
@@ -237,6 +240,9 @@ void training_flags(CLI::App& a, TrainConfig& t) {
        "flax-cnn (the Flax example's CNN; sgd, batch 128) |\nkeras-convnet (the Keras guides' BatchNorm + Dropout "
        "convnet;\nadam 1e-3, batch 64): the model and its recipe's defaults")
       ->check(one_of(model_names()))->capture_default_str();
+  flag(a, "--dropout", [&t](const std::string& v) { parse_floats(v, t.dropout, unit_rate); }, "RATE[,..]",
+       "Training", "the rate of the model's Dropout layers (keras-convnet: 0.5);\na list gives each member its own")
+      ->check(floats(unit_rate))->default_str("the model's");
   flag(a, "--epochs", t.epochs, "E", "Training", "epochs")->check(integer_in(0, kMaxCount))->capture_default_str();
   flag(a, "--batch-size", t.batch_size, "B", "Training",
        "examples per step (data- and model-parallel: split over 'data')")

@@ -164,12 +164,10 @@ void LayerOpsImpl::dropout(DropoutParams p, const std::uint32_t* keys, const std
   detail::require(step, "dropout", "step");
   detail::require(x, "dropout", "x");
   detail::require(y, "dropout", "y");
-  const std::uint32_t threshold = dropout_threshold(p.rate);
-  const float scale = 1.0f / (1.0f - p.rate);
   const std::int64_t t = *step;
   const std::size_t n = static_cast<std::size_t>(p.members) * static_cast<std::size_t>(p.rows) *
                         static_cast<std::size_t>(p.features);
-  for (std::size_t i = 0; i < n; ++i) y[i] = dropout_element(p, threshold, scale, keys, t, x[i], i);
+  for (std::size_t i = 0; i < n; ++i) y[i] = dropout_element(p, keys, t, x[i], i);
 }
 
 void LayerOpsImpl::scale_shift(std::size_t n, const float* x, float scale, float offset, float* y) const {

@@ -95,15 +95,11 @@ struct BnBackward {
 
 struct Dropout {
   DropoutParams p;
-  std::uint32_t threshold;
-  float scale;
   const std::uint32_t* keys;
   const std::int64_t* step;
   const float* x;
   float* y;
-  PMAPCC_HD void operator()(std::size_t i) const {
-    y[i] = dropout_element(p, threshold, scale, keys, *step, x[i], i);
-  }
+  PMAPCC_HD void operator()(std::size_t i) const { y[i] = dropout_element(p, keys, *step, x[i], i); }
 };
 
 struct ScaleShift {
@@ -178,7 +174,7 @@ void CudaLayerOps::dropout(DropoutParams p, const std::uint32_t* keys, const std
   require(y, "dropout", "y");
   const std::size_t n = static_cast<std::size_t>(p.members) * static_cast<std::size_t>(p.rows) *
                         static_cast<std::size_t>(p.features);
-  ex_.launch(Dropout{p, dropout_threshold(p.rate), 1.0f / (1.0f - p.rate), keys, step, x, y}, n);
+  ex_.launch(Dropout{p, keys, step, x, y}, n);
 }
 
 void CudaLayerOps::scale_shift(std::size_t n, const float* x, float scale, float offset, float* y) const {
