@@ -13,7 +13,10 @@ and the same epochs:
      with 1 and 2 threads and as 2 single-thread processes at once; the ratio to PyTorch's best.
 Prints the machine, every command and a summary, and writes everything to bench/results/keras-<date>.json.
 
-  python3 bench/run_keras_bench.py --data data/mnist [--build build/cpu] [--epochs 2] [--quick]
+  python3 bench/run_keras_bench.py --data data/mnist [--build build/cpu] [--epochs 2] [--only speed] [--quick]
+
+Keep the machine otherwise idle while it runs (about 20 minutes on 2 cores): the speeds are only comparable
+when nothing else competes for the cores.
 
 Needs Debian's python3-torch under --torch-python (scripts/setup.sh --bench).
 """
@@ -31,6 +34,7 @@ def args():
     ap.add_argument("--speed-examples", type=int, default=19200, help="training examples of the throughput runs")
     ap.add_argument("--torch-python", default="/usr/bin/python3")
     ap.add_argument("--quick", action="store_true", help="smoke test: 1 epoch of 3,200 examples, seeds 0,1")
+    ap.add_argument("--only", default="", help="comma-separated sections to run: accuracy,ensemble,dp,speed")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     a.limit = None
@@ -110,62 +114,73 @@ def main():
     print(f"machine: {machine['cpu']}, {machine['cores']} cores; load {machine['load_before']}; commit {commit}")
     result = {"machine": machine, "commit": commit, "date": datetime.datetime.now().isoformat(timespec="seconds"),
               "epochs": a.epochs, "seeds": seeds}
+    wanted = lambda name: not a.only or name in a.only.split(",")
     with tempfile.TemporaryDirectory() as tmp:
-        print("1. accuracy, one member per seed")
-        ours_acc = [ours(a, tmp, f"seed{s}", "--devices", "1", "--members", "1", "--seed", str(s), "--epochs", e)
-                    ["member_test_accuracy"][0] for s in seeds]
-        torch_acc = [theirs(a, "--seed", str(s), "--epochs", e)["member_test_accuracy"][0] for s in seeds]
-        result["accuracy"] = {"pmapcc": ours_acc, "pytorch": torch_acc,
-                              "pmapcc_spread": spread(ours_acc), "pytorch_spread": spread(torch_acc)}
-        print("2. an ensemble of 4 on 2 devices")
-        ens = ours(a, tmp, "ensemble", "--devices", "2", "--members", "4", "--epochs", e)
-        result["ensemble"] = {k: ens[k] for k in ("member_test_accuracy", "ensemble_test_accuracy", "member_test_nll",
-                                                   "ensemble_test_nll", "member_test_ece", "ensemble_test_ece")}
-        print("3. data parallel: 2 devices against 1")
-        dp2 = ours(a, tmp, "dp2", "--mode", "data-parallel", "--devices", "2", "--epochs", e, save=True)
-        dp1 = ours(a, tmp, "dp1", "--mode", "data-parallel", "--devices", "1", "--epochs", e, save=True)
-        result["data_parallel"] = {
-            "accuracy_2_devices": dp2["member_test_accuracy"][0], "accuracy_1_device": dp1["member_test_accuracy"][0],
-            "max_param_difference": max_param_diff(os.path.join(tmp, "dp2.safetensors"),
-                                                   os.path.join(tmp, "dp1.safetensors"))}
-        print("4. throughput")
-        n = a.speed_examples
-        speed = {
-            "pmapcc 2 members, 2 devices": ours(a, tmp, "s2", "--devices", "2", "--members", "2", "--epochs", "1",
-                                                limit=n)["model_images_per_second"],
-            "pmapcc 1 member, 1 device": ours(a, tmp, "s1", "--devices", "1", "--members", "1", "--epochs", "1",
-                                              limit=n)["model_images_per_second"],
-            "pmapcc 1 model, data parallel on 2 devices": ours(a, tmp, "sdp", "--mode", "data-parallel", "--devices",
-                                                               "2", "--epochs", "1", limit=n)["model_images_per_second"],
-            "pytorch 1 thread": theirs(a, "--epochs", "1", "--threads", "1", limit=n)["model_images_per_s"],
-            "pytorch 2 threads": theirs(a, "--epochs", "1", "--threads", "2", limit=n)["model_images_per_s"],
-        }
-        procs = [start(torch_cmd(a, "--epochs", "1", "--threads", "1", "--seed", str(s), limit=n)) for s in (0, 1)]
-        both = [json.loads(p.communicate()[0].strip().splitlines()[-1])["model_images_per_s"] for p in procs]
-        speed["pytorch 2 processes x 1 thread (sum)"] = sum(both)
-        best_ours = max(v for k, v in speed.items() if k.startswith("pmapcc"))
-        best_torch = max(v for k, v in speed.items() if k.startswith("pytorch"))
-        result["throughput"] = {"model_images_per_s": speed, "ratio_best": best_ours / best_torch}
+        if wanted("accuracy"):
+            print("1. accuracy, one member per seed")
+            ours_acc = [ours(a, tmp, f"seed{s}", "--devices", "1", "--members", "1", "--seed", str(s), "--epochs", e)
+                        ["member_test_accuracy"][0] for s in seeds]
+            torch_acc = [theirs(a, "--seed", str(s), "--epochs", e)["member_test_accuracy"][0] for s in seeds]
+            result["accuracy"] = {"pmapcc": ours_acc, "pytorch": torch_acc,
+                                  "pmapcc_spread": spread(ours_acc), "pytorch_spread": spread(torch_acc)}
+        if wanted("ensemble"):
+            print("2. an ensemble of 4 on 2 devices")
+            ens = ours(a, tmp, "ensemble", "--devices", "2", "--members", "4", "--epochs", e)
+            result["ensemble"] = {k: ens[k] for k in ("member_test_accuracy", "ensemble_test_accuracy",
+                                                       "member_test_nll", "ensemble_test_nll", "member_test_ece",
+                                                       "ensemble_test_ece")}
+        if wanted("dp"):
+            print("3. data parallel: 2 devices against 1")
+            dp2 = ours(a, tmp, "dp2", "--mode", "data-parallel", "--devices", "2", "--epochs", e, save=True)
+            dp1 = ours(a, tmp, "dp1", "--mode", "data-parallel", "--devices", "1", "--epochs", e, save=True)
+            result["data_parallel"] = {
+                "accuracy_2_devices": dp2["member_test_accuracy"][0], "accuracy_1_device": dp1["member_test_accuracy"][0],
+                "max_param_difference": max_param_diff(os.path.join(tmp, "dp2.safetensors"),
+                                                       os.path.join(tmp, "dp1.safetensors"))}
+        if wanted("speed"):
+            print("4. throughput")
+            n = a.speed_examples
+            speed = {}
+            for name, flags in (("pmapcc 2 members, 2 devices", ["--devices", "2", "--members", "2"]),
+                                ("pmapcc 2 members, 2 devices, --report-every 16",
+                                 ["--devices", "2", "--members", "2", "--report-every", "16"]),
+                                ("pmapcc 1 member, 1 device", ["--devices", "1", "--members", "1"]),
+                                ("pmapcc 1 model, data parallel on 2 devices", ["--mode", "data-parallel", "--devices", "2"])):
+                speed[name] = ours(a, tmp, "speed", *flags, "--epochs", "1", limit=n)["model_images_per_second"]
+            for threads in (1, 2):
+                speed[f"pytorch 1 process, {threads} thread(s)"] = theirs(a, "--epochs", "1", "--threads", str(threads),
+                                                                         limit=n)["model_images_per_s"]
+            procs = [start(torch_cmd(a, "--epochs", "1", "--threads", "1", "--seed", str(s), limit=n)) for s in (0, 1)]
+            both = [json.loads(p.communicate()[0].strip().splitlines()[-1])["model_images_per_s"] for p in procs]
+            speed["pytorch 2 processes x 1 thread (sum)"] = sum(both)
+            best_ours = max(v for k, v in speed.items() if k.startswith("pmapcc"))
+            best_torch = max(v for k, v in speed.items() if k.startswith("pytorch"))
+            result["throughput"] = {"model_images_per_s": speed, "ratio_best": best_ours / best_torch}
     machine["load_after"] = os.getloadavg()
     result["commands"] = COMMANDS
     pct = lambda v: f"{100 * v:.2f} %"
     r = result
     print(f"\nkeras-convnet, {a.epochs} epoch(s), Adam 1e-3, batch 64; seeds {seeds}")
-    for side in ("pmapcc", "pytorch"):
-        s = r["accuracy"][side + "_spread"]
-        print(f"  {side:8s} member accuracy: " + ", ".join(pct(v) for v in r["accuracy"][side]) +
-              f"  (mean {pct(s['mean'])}, range {pct(s['min'])} .. {pct(s['max'])})")
-    en = r["ensemble"]
-    print("  ensemble of 4: members " + ", ".join(pct(v) for v in en["member_test_accuracy"]) +
-          f"; ensemble {pct(en['ensemble_test_accuracy'])}, NLL {en['ensemble_test_nll']:.4f} (members' mean "
-          f"{statistics.mean(en['member_test_nll']):.4f}), ECE {en['ensemble_test_ece']:.4f}")
-    dp = r["data_parallel"]
-    print(f"  data parallel: 2 devices {pct(dp['accuracy_2_devices'])}, 1 device {pct(dp['accuracy_1_device'])}, "
-          f"largest parameter difference {dp['max_param_difference']:.3g}")
-    for k, v in r["throughput"]["model_images_per_s"].items():
-        print(f"  {k:45s} {v:9.1f} model-images/s")
-    print(f"  best pmapcc / best PyTorch: {r['throughput']['ratio_best']:.2f}x")
-    out = a.out or os.path.join(REPO, "bench", "results", f"keras-{datetime.date.today()}.json")
+    if "accuracy" in r:
+        for side in ("pmapcc", "pytorch"):
+            s = r["accuracy"][side + "_spread"]
+            print(f"  {side:8s} member accuracy: " + ", ".join(pct(v) for v in r["accuracy"][side]) +
+                  f"  (mean {pct(s['mean'])}, range {pct(s['min'])} .. {pct(s['max'])})")
+    if "ensemble" in r:
+        en = r["ensemble"]
+        print("  ensemble of 4: members " + ", ".join(pct(v) for v in en["member_test_accuracy"]) +
+              f"; ensemble {pct(en['ensemble_test_accuracy'])}, NLL {en['ensemble_test_nll']:.4f} (members' mean "
+              f"{statistics.mean(en['member_test_nll']):.4f}), ECE {en['ensemble_test_ece']:.4f}")
+    if "data_parallel" in r:
+        dp = r["data_parallel"]
+        print(f"  data parallel: 2 devices {pct(dp['accuracy_2_devices'])}, 1 device {pct(dp['accuracy_1_device'])}, "
+              f"largest parameter difference {dp['max_param_difference']:.3g}")
+    if "throughput" in r:
+        for k, v in r["throughput"]["model_images_per_s"].items():
+            print(f"  {k:50s} {v:9.1f} model-images/s")
+        print(f"  best pmapcc / best PyTorch: {r['throughput']['ratio_best']:.2f}x")
+    out = a.out or os.path.join(REPO, "bench", "results",
+                                f"keras-{datetime.date.today()}{'-' + a.only.replace(',', '-') if a.only else ''}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
