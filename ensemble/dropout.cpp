@@ -13,7 +13,8 @@ namespace {
 class Dropout final : public Layer {
  public:
   Dropout(std::string name, float rate) : name_(std::move(name)), rate_(rate) {
-    if (!(rate >= 0 && rate < 1)) throw ValueError(name_ + ": Dropout's rate must be in [0, 1), got " + std::to_string(rate));
+    if (!(rate >= 0 && rate < 1))
+      throw ValueError(name_ + ": Dropout's rate must be in [0, 1), got " + std::to_string(rate));
   }
   std::string name() const override { return name_; }
   std::string kind() const override { return "Dropout"; }
@@ -67,6 +68,8 @@ class Dropout final : public Layer {
 
 }  // namespace
 
-std::unique_ptr<Layer> dropout(std::string name, float rate) { return std::make_unique<Dropout>(std::move(name), rate); }
+std::unique_ptr<Layer> dropout(std::string name, float rate) {
+  return std::make_unique<Dropout>(std::move(name), rate);
+}
 
 }  // namespace pmap::ensemble

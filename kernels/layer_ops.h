@@ -39,13 +39,13 @@ struct BatchNormParams {
 // device count or how the batch or the features are split.
 struct DropoutParams {
   int members = 1;
-  std::int64_t rows = 1;          // examples per member
-  std::int64_t features = 1;      // values per example
-  float rate = 0.5f;              // in [0, 1)
+  std::int64_t rows = 1;            // examples per member
+  std::int64_t features = 1;        // values per example
+  float rate = 0.5f;                // in [0, 1)
   std::int64_t example_offset = 0;  // the global index of row 0
   std::int64_t feature_offset = 0;  // the index of feature 0 among the layer's whole features (model parallel)
   const float* rates = nullptr;     // (M) f32, device, nullable: member m's rate in place of `rate` (each in [0, 1))
-  std::uint32_t stream = 0;       // which dropout layer of the model
+  std::uint32_t stream = 0;         // which dropout layer of the model
 };
 
 class LayerOps {

@@ -20,7 +20,9 @@ fi
 
 leaked=$(nm -C --defined-only -g "$program" | grep -E 'pmapcc_eigen_avx2|kernels::cpu::avx2' || true)
 [[ -z "$leaked" ]] || fail "$program exports avx2 symbols: $(echo "$leaked" | head -3)"
-nm --defined-only "$program" | grep -q ' T pmapcc_cpu_backend_avx2$' || fail "$program lacks pmapcc_cpu_backend_avx2"
+# grep reads all of nm's output (no -q): an early exit would kill nm with SIGPIPE, which pipefail reports as
+# a failure once the program's symbol table is large.
+nm --defined-only "$program" | grep ' T pmapcc_cpu_backend_avx2$' >/dev/null || fail "$program lacks pmapcc_cpu_backend_avx2"
 
 generic_eigen=$(nm -C "$program" | grep -c ' Eigen::' || true)
 avx2_eigen=$(nm -C "$program" | grep -c 'pmapcc_eigen_avx2::' || true)

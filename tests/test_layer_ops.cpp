@@ -17,7 +17,8 @@ namespace k = pmap::kernels;
 
 const k::LayerOps& cpu_layers() { return k::cpu_backend().layers(); }
 
-template <class T> bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
@@ -86,8 +87,7 @@ TEST_CASE("batch_norm: the gradients of x, gamma and beta agree with finite diff
   k::BatchNormParams p;
   p.members = 2, p.rows = 9, p.channels = 3;
   const std::size_t n = static_cast<std::size_t>(p.members) * p.rows * p.channels, mc = 6;
-  auto x = random_floats(n, 21, -1.0f, 2.0f), gamma = random_floats(mc, 22, 0.5f, 1.5f),
-       beta = random_floats(mc, 23);
+  auto x = random_floats(n, 21, -1.0f, 2.0f), gamma = random_floats(mc, 22, 0.5f, 1.5f), beta = random_floats(mc, 23);
   const auto w = random_floats(n, 24);  // the objective sum(w * y): dy = w
   auto objective = [&] { return kernel_checks::weighted_sum(bn_forward(cpu_layers(), p, x, &gamma, &beta).y, w); };
   const BnRun r = bn_forward(cpu_layers(), p, x, &gamma, &beta);
@@ -129,8 +129,7 @@ TEST_CASE("batch_norm: a batch split over devices, its sums added, gives the who
   std::vector<double> b0(8), b1(8);
   std::vector<float> dx_split(160);
   cpu_layers().batch_norm_backward_sums(half, x.data(), dy.data(), stats.data(), b0.data(), nullptr, nullptr);
-  cpu_layers().batch_norm_backward_sums(half, x.data() + 80, dy.data() + 80, stats.data(), b1.data(), nullptr,
-                                        nullptr);
+  cpu_layers().batch_norm_backward_sums(half, x.data() + 80, dy.data() + 80, stats.data(), b1.data(), nullptr, nullptr);
   for (std::size_t i = 0; i < 8; ++i) b0[i] += b1[i];
   cpu_layers().batch_norm_backward(half, x.data(), dy.data(), stats.data(), b0.data(), 40.0, nullptr, dx_split.data());
   cpu_layers().batch_norm_backward(half, x.data() + 80, dy.data() + 80, stats.data(), b0.data(), 40.0, nullptr,
@@ -212,22 +211,21 @@ TEST_CASE("cuda layer ops and every CPU ISA variant are bitwise the generic CPU 
                               mv.template data<float>(), stats.template data<float>());
     ops.batch_norm_apply(p, bx.template data<float>(), stats.template data<float>(), bg.template data<float>(),
                          bb.template data<float>(), y.template data<float>());
-    ops.batch_norm_backward_sums(p, bx.template data<float>(), bdy.template data<float>(),
-                                 stats.template data<float>(), bsums.template data<double>(),
-                                 dg.template data<float>(), db.template data<float>());
+    ops.batch_norm_backward_sums(p, bx.template data<float>(), bdy.template data<float>(), stats.template data<float>(),
+                                 bsums.template data<double>(), dg.template data<float>(), db.template data<float>());
     ops.batch_norm_backward(p, bx.template data<float>(), bdy.template data<float>(), stats.template data<float>(),
                             bsums.template data<double>(), 50.0, bg.template data<float>(), dx.template data<float>());
     // scale=False, center=False and neither: the other paths of apply and backward.
-    ops.batch_norm_apply(p, bx.template data<float>(), stats.template data<float>(), nullptr,
-                         bb.template data<float>(), y_shift.template data<float>());
-    ops.batch_norm_apply(p, bx.template data<float>(), stats.template data<float>(), bg.template data<float>(),
-                         nullptr, y_scale.template data<float>());
+    ops.batch_norm_apply(p, bx.template data<float>(), stats.template data<float>(), nullptr, bb.template data<float>(),
+                         y_shift.template data<float>());
+    ops.batch_norm_apply(p, bx.template data<float>(), stats.template data<float>(), bg.template data<float>(), nullptr,
+                         y_scale.template data<float>());
     ops.batch_norm_apply(p, bx.template data<float>(), stats.template data<float>(), nullptr, nullptr,
                          y_bare.template data<float>());
     ops.batch_norm_backward(p, bx.template data<float>(), bdy.template data<float>(), stats.template data<float>(),
                             bsums.template data<double>(), 50.0, nullptr, dx_shift.template data<float>());
-    ops.dropout(d, keys.template data<std::uint32_t>(), step.template data<std::int64_t>(),
-                bdy.template data<float>(), dropped.template data<float>());
+    ops.dropout(d, keys.template data<std::uint32_t>(), step.template data<std::int64_t>(), bdy.template data<float>(),
+                dropped.template data<float>());
     ops.scale_shift(n, bx.template data<float>(), 1.0f / 255.0f, -0.5f, scaled.template data<float>());
     auto rates = buffer(std::vector<float>{0.1f, 0.0f, 0.7f}), dropped_each = buffer(std::vector<float>(n));
     k::DropoutParams each = d;
@@ -235,8 +233,8 @@ TEST_CASE("cuda layer ops and every CPU ISA variant are bitwise the generic CPU 
     ops.dropout(each, keys.template data<std::uint32_t>(), step.template data<std::int64_t>(),
                 bdy.template data<float>(), dropped_each.template data<float>());
     std::vector<std::vector<float>> out;
-    for (const pmap::Array* a :
-         {&mm, &mv, &stats, &y, &dg, &db, &dx, &dropped, &scaled, &y_shift, &y_scale, &y_bare, &dx_shift, &dropped_each})
+    for (const pmap::Array* a : {&mm, &mv, &stats, &y, &dg, &db, &dx, &dropped, &scaled, &y_shift, &y_scale, &y_bare,
+                                 &dx_shift, &dropped_each})
       out.push_back(a->to_vector<float>());
     return out;
   };
@@ -278,8 +276,7 @@ TEST_CASE("layer ops refuse bad parameters and null pointers, naming them") {
   bad = p, bad.momentum = 1.5f;
   CHECK_THROWS_WITH_AS(cpu_layers().batch_norm_sums(bad, x.data(), sums.data()), doctest::Contains("momentum"),
                        pmap::ValueError);
-  CHECK_THROWS_WITH_AS(cpu_layers().batch_norm_sums(p, nullptr, sums.data()), doctest::Contains("x"),
-                       pmap::ValueError);
+  CHECK_THROWS_WITH_AS(cpu_layers().batch_norm_sums(p, nullptr, sums.data()), doctest::Contains("x"), pmap::ValueError);
   CHECK_THROWS_WITH_AS(cpu_layers().batch_norm_statistics(p, sums.data(), 0.0, mm.data(), mv.data(), stats.data()),
                        doctest::Contains("count"), pmap::ValueError);
   k::DropoutParams d;

@@ -251,11 +251,11 @@ TEST_CASE("per-member dropout rates: each member trains as it would with its rat
   const auto& ops = pmap::kernels::cpu_backend().layers();
   pmap::kernels::DropoutParams d;
   d.members = 2, d.rows = 50, d.features = 8, d.rate = 0.5f;
-  const std::vector<float> x(800, 1.0f), rates{0.0f, 0.25f};
+  const std::vector<float> x(800, 1.0f), member_rates{0.0f, 0.25f};
   const std::vector<std::uint32_t> keys{1, 2, 3, 4};
   const std::int64_t step = 2;
   std::vector<float> y(800), y_one(800);
-  d.rates = rates.data();
+  d.rates = member_rates.data();
   ops.dropout(d, keys.data(), &step, x.data(), y.data());
   CHECK(std::all_of(y.begin(), y.begin() + 400, [](float v) { return v == 1.0f; }));  // rate 0 keeps all
   pmap::kernels::DropoutParams one = d;
@@ -285,12 +285,13 @@ TEST_CASE("per-member dropout rates: each member trains as it would with its rat
                        doctest::Contains("--dropout gives 3 values for 2 member(s)"), pmap::ValueError);
   pe::TrainConfig flax = small_config(1, 1);
   flax.dropout = {0.2f};
-  CHECK_THROWS_WITH_AS(pe::Trainer(flax, data().train, data().test),
-                       doctest::Contains("--dropout sets the rate of the model's Dropout layers, and flax-cnn has none"),
-                       pmap::ValueError);
+  CHECK_THROWS_WITH_AS(
+      pe::Trainer(flax, data().train, data().test),
+      doctest::Contains("--dropout sets the rate of the model's Dropout layers, and flax-cnn has none"),
+      pmap::ValueError);
   const auto path = pmap::testing::scratch_dir("state_dropout") / "mixed.safetensors";
   mixed.save_checkpoint(path);
   pe::Trainer other(adam(small_config(2, 2)), bn_model(), data().train, data().test);
-  CHECK_THROWS_WITH_AS(other.load_checkpoint(path), doctest::Contains("written with dropout = [0.1,0.6], this run has null"),
-                       pmap::DataError);
+  CHECK_THROWS_WITH_AS(other.load_checkpoint(path),
+                       doctest::Contains("written with dropout = [0.1,0.6], this run has null"), pmap::DataError);
 }

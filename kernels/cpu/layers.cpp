@@ -12,9 +12,6 @@
 #include <pmapcc/kernels/layer_math.h>
 
 namespace PMAPCC_CPU_NS {
-namespace {
-
-}  // namespace
 
 void LayerOpsImpl::batch_norm_sums(BatchNormParams p, const float* x, double* sums) const {
   validate(p);
@@ -78,8 +75,10 @@ void apply_rows(const BatchNormParams& p, const float* x, const float* stats, co
 template <bool kGamma, bool kBeta>
 void apply_rows(const BatchNormParams& p, const float* x, const float* stats, const float* gamma, const float* beta,
                 float* y) {
-  if (p.relu) apply_rows<kGamma, kBeta, true>(p, x, stats, gamma, beta, y);
-  else apply_rows<kGamma, kBeta, false>(p, x, stats, gamma, beta, y);
+  if (p.relu)
+    apply_rows<kGamma, kBeta, true>(p, x, stats, gamma, beta, y);
+  else
+    apply_rows<kGamma, kBeta, false>(p, x, stats, gamma, beta, y);
 }
 
 }  // namespace
@@ -90,10 +89,14 @@ void LayerOpsImpl::batch_norm_apply(BatchNormParams p, const float* x, const flo
   detail::require(x, "batch_norm_apply", "x");
   detail::require(stats, "batch_norm_apply", "stats");
   detail::require(y, "batch_norm_apply", "y");
-  if (gamma != nullptr && beta != nullptr) apply_rows<true, true>(p, x, stats, gamma, beta, y);
-  else if (gamma != nullptr) apply_rows<true, false>(p, x, stats, gamma, beta, y);
-  else if (beta != nullptr) apply_rows<false, true>(p, x, stats, gamma, beta, y);
-  else apply_rows<false, false>(p, x, stats, gamma, beta, y);
+  if (gamma != nullptr && beta != nullptr)
+    apply_rows<true, true>(p, x, stats, gamma, beta, y);
+  else if (gamma != nullptr)
+    apply_rows<true, false>(p, x, stats, gamma, beta, y);
+  else if (beta != nullptr)
+    apply_rows<false, true>(p, x, stats, gamma, beta, y);
+  else
+    apply_rows<false, false>(p, x, stats, gamma, beta, y);
 }
 
 void LayerOpsImpl::batch_norm_backward_sums(BatchNormParams p, const float* x, const float* dy, const float* stats,
@@ -165,8 +168,8 @@ void LayerOpsImpl::dropout(DropoutParams p, const std::uint32_t* keys, const std
   detail::require(x, "dropout", "x");
   detail::require(y, "dropout", "y");
   const std::int64_t t = *step;
-  const std::size_t n = static_cast<std::size_t>(p.members) * static_cast<std::size_t>(p.rows) *
-                        static_cast<std::size_t>(p.features);
+  const std::size_t n =
+      static_cast<std::size_t>(p.members) * static_cast<std::size_t>(p.rows) * static_cast<std::size_t>(p.features);
   for (std::size_t i = 0; i < n; ++i) y[i] = dropout_element(p, keys, t, x[i], i);
 }
 

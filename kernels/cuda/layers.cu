@@ -90,7 +90,9 @@ struct BnBackward {
   double count;
   const float* gamma;
   float* dx;
-  PMAPCC_HD void operator()(std::size_t i) const { dx[i] = batch_norm_dx(p, stats, sums, count, gamma, x[i], dy[i], i); }
+  PMAPCC_HD void operator()(std::size_t i) const {
+    dx[i] = batch_norm_dx(p, stats, sums, count, gamma, x[i], dy[i], i);
+  }
 };
 
 struct Dropout {
@@ -172,8 +174,8 @@ void CudaLayerOps::dropout(DropoutParams p, const std::uint32_t* keys, const std
   require(step, "dropout", "step");
   require(x, "dropout", "x");
   require(y, "dropout", "y");
-  const std::size_t n = static_cast<std::size_t>(p.members) * static_cast<std::size_t>(p.rows) *
-                        static_cast<std::size_t>(p.features);
+  const std::size_t n =
+      static_cast<std::size_t>(p.members) * static_cast<std::size_t>(p.rows) * static_cast<std::size_t>(p.features);
   ex_.launch(Dropout{p, keys, step, x, y}, n);
 }
 
