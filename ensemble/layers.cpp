@@ -60,6 +60,7 @@ class Conv2D final : public Layer {
     return p;
   }
   bool in_place() const override { return false; }
+  bool reads_shared() const override { return true; }
   bool fuses_relu_forward() const override { return true; }
   std::size_t workspace_bytes(const kernels::Backend& be, const LayerCall& c) const override {
     return be.conv2d_workspace_bytes(kparams(c));
@@ -112,6 +113,7 @@ class Dense final : public Layer {
     return {{"kernel", {in[0], features_}, in[0], false, features_, init_}, {"bias", {features_}, 0, true}};
   }
   bool in_place() const override { return false; }
+  bool reads_shared() const override { return true; }
   bool fuses_relu_forward() const override { return true; }
   std::size_t workspace_bytes(const kernels::Backend& be, const LayerCall& c) const override {
     return be.dense_workspace_bytes(kparams(c));
@@ -209,7 +211,7 @@ class AvgPool final : public Layer {
 
  private:
   kernels::AvgPoolParams kparams(const LayerCall& c) const {
-    if (c.shared_input) throw ShapeError(name() + ": a shared input is only supported for the first conv/dense layer");
+    if (c.shared_input) throw ShapeError(name() + ": cannot read the batch every member shares (a Conv2D or Dense must)");
     kernels::AvgPoolParams p;
     p.members = c.members, p.batch = c.batch, p.height = as_int(c.input[0]), p.width = as_int(c.input[1]);
     p.channels = as_int(c.input[2]);
@@ -233,13 +235,19 @@ class Flatten final : public Layer {
   std::vector<ParamSpec> params(const Dims&) const override { return {}; }
   bool in_place() const override { return true; }
   std::size_t workspace_bytes(const kernels::Backend&, const LayerCall&) const override { return 0; }
-  void forward(const kernels::Backend&, const LayerCall&, const float* const*, const float* x, float* y,
+  // In place everywhere but as a model's first layer, whose input (the caller's batch) is never written.
+  void forward(const kernels::Backend& be, const LayerCall& c, const float* const*, const float* x, float* y,
                void*) const override {
-    if (x != y) throw ShapeError("flatten: must run in place");
+    if (x != y) be.copy(y, x, bytes(c));
   }
-  void backward(const kernels::Backend&, const LayerCall&, const float* const*, const float*, const float*,
+  void backward(const kernels::Backend& be, const LayerCall& c, const float* const*, const float*, const float*,
                 const float* dy, float* dx, float* const*, void*) const override {
-    if (dx != nullptr && dx != dy) throw ShapeError("flatten: must run in place");
+    if (dx != nullptr && dx != dy) be.copy(dx, dy, bytes(c));
+  }
+
+ private:
+  static std::size_t bytes(const LayerCall& c) {
+    return static_cast<std::size_t>((c.shared_input ? 1 : c.members) * c.batch * product(c.input)) * sizeof(float);
   }
 };
 

@@ -88,6 +88,9 @@ class Layer {
   // Whether, given one input shared by every member, it gives one shared output (Rescaling): the layers
   // before a model's first parameterized layer must.
   virtual bool keeps_shared() const { return false; }
+  // Whether it can read one input shared by every member (LayerCall::shared_input: Conv2D, Dense): a model's
+  // first parameterized layer must.
+  virtual bool reads_shared() const { return false; }
   virtual bool in_place() const = 0;                 // the output may be written over the input
   virtual std::size_t workspace_bytes(const kernels::Backend& be, const LayerCall& c) const = 0;
   // y (M, N, *out) from x; params[i] points at the i-th ParamSpec's (M, *shape) block.

@@ -47,7 +47,12 @@ Sequential::Sequential(Dims input, std::vector<std::unique_ptr<Layer>> layers, s
   }
   // Every member reads the one input batch: the layers up to the first with parameters must keep it one.
   for (std::size_t i = 0; i < layers_.size(); ++i) {
-    if (!layers_[i]->params(shapes_[i]).empty()) return;
+    if (!layers_[i]->params(shapes_[i]).empty()) {
+      if (layers_[i]->reads_shared()) return;
+      throw ValueError("Sequential: " + layers_[i]->name() + " (" + layers_[i]->describe() +
+                       ") is the first layer with parameters and cannot read the batch that every member shares: "
+                       "put a Conv2D or Dense before it");
+    }
     if (!layers_[i]->keeps_shared())
       throw ValueError("Sequential: " + layers_[i]->name() + " (" + layers_[i]->describe() +
                        ") comes before the first layer with parameters: the layers before it must keep the batch "

@@ -42,7 +42,10 @@ class Sequential {
  public:
   // The layers in order on inputs of shape `input` (per example, (H, W, C) or (F)); `name` is what the
   // summary, metrics and checkpoints call the model. ShapeError naming the layer when one does not fit
-  // its input; ValueError when the first layer has no parameters (it reads the batch every member shares).
+  // its input. Every member reads the one input batch: ValueError when a layer before the first one with
+  // parameters does not keep that batch one (Layer::keeps_shared: Rescaling and Flatten do), when the first
+  // layer with parameters cannot read it (Layer::reads_shared: Conv2D and Dense can), or when no layer has
+  // parameters.
   Sequential(Dims input, std::vector<std::unique_ptr<Layer>> layers, std::string name = "sequential");
 
   const std::string& name() const { return name_; }

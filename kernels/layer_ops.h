@@ -32,7 +32,7 @@ struct BatchNormParams {
 
 // Dropout's mask: element (m, i, f) is kept when the word drawn for it is at least the threshold
 // floor(rate * 2^32 + 1/2) (at most 2^32 - 1), and then scaled by 1 / (1 - rate) (inverted dropout, as Keras),
-// with member m's rate (rates[m], or rate for every member). The word is word f % 4
+// with member m's rate (rates[m], or rate for every member). The word is word g % 4
 // of Philox4x32-10 (kernels/layer_math.h) of the counter (example_offset + i, g / 4, *step, stream) under
 // member m's key, with g = feature_offset + f: a function of the member's key, the step, the example's index
 // in the global batch, the feature's index in the whole layer and the layer's stream only, never of the

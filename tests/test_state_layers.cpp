@@ -204,16 +204,32 @@ TEST_CASE("BatchNorm and Dropout: members do not depend on placement; data and m
 }
 
 TEST_CASE("bad models and layouts with the new layers are refused, naming what is wrong") {
-  auto first = [](std::unique_ptr<pe::Layer> layer) {
-    std::vector<std::unique_ptr<pe::Layer>> l;
-    l.push_back(std::move(layer));
-    l.push_back(pe::flatten());
-    l.push_back(pe::dense("Dense_0", 10));
-    return std::make_unique<pe::Sequential>(pe::Dims{4, 4, 1}, std::move(l));
+  // The layers before the first with parameters must keep the batch every member shares, and that layer
+  // must read it; Rescaling and Flatten first (Flatten then a copy) train.
+  auto model = [](std::vector<std::unique_ptr<pe::Layer>> head) {
+    head.push_back(pe::flatten());
+    head.push_back(pe::dense("Dense_0", 10));
+    return std::make_unique<pe::Sequential>(pe::Dims{12, 12, 1}, std::move(head));
   };
-  CHECK_THROWS_WITH_AS(first(pe::dropout("drop", 0.5f)), doctest::Contains("drop (Dropout(0.5)) comes before"),
+  auto one = [](std::unique_ptr<pe::Layer> a, std::unique_ptr<pe::Layer> b = nullptr) {
+    std::vector<std::unique_ptr<pe::Layer>> l;
+    l.push_back(std::move(a));
+    if (b) l.push_back(std::move(b));
+    return l;
+  };
+  CHECK_THROWS_WITH_AS(model(one(pe::dropout("drop", 0.5f))), doctest::Contains("drop (Dropout(0.5)) comes before"),
                        pmap::ValueError);
-  CHECK_NOTHROW(first(pe::rescaling(1.0f / 255.0f)));
+  CHECK_THROWS_WITH_AS(model(one(pe::rescaling(0.5f), pe::batch_norm("bn"))),
+                       doctest::Contains("bn (BatchNormalization(momentum 0.99, epsilon 0.001)) is the first layer "
+                                         "with parameters and cannot read the batch that every member shares"),
+                       pmap::ValueError);
+  // Rescaling(1, 0) is the identity: with it first, the model trains bit for bit as Flatten-first does.
+  pe::Trainer bare(small_config(1, 1), model({}), data().train, data().test);
+  pe::Trainer rescaled(small_config(1, 1), model(one(pe::rescaling(1.0f, 0.0f))), data().train, data().test);
+  const pe::EpochMetrics mb = bare.run_epoch(), mr = rescaled.run_epoch();
+  CHECK(mb.member_test_accuracy[0] > 0.2);  // it learns (10 classes)
+  CHECK(rescaled.params() == bare.params());
+  CHECK(mr.member_test_accuracy == mb.member_test_accuracy);
   CHECK_THROWS_WITH_AS(pe::dropout("d", 1.0f), doctest::Contains("d: Dropout's rate must be in [0, 1)"),
                        pmap::ValueError);
   CHECK_THROWS_WITH_AS(pe::batch_norm("bn", {.momentum = 1.5f}), doctest::Contains("bn: BatchNormalization needs"),
