@@ -56,7 +56,7 @@ class BatchNormalization final : public Layer {
     const kernels::LayerOps& ops = be.layers();
     Array& sums = c.buffers[0];
     float* stats = c.buffers[1].data<float>();
-    if (training(c)) {
+    if (c.training()) {
       ops.batch_norm_sums(k, x, sums.data<double>());
       if (c.context->batch_sum) c.context->batch_sum(sums);
       ops.batch_norm_statistics(k, sums.data<double>(), count(c), c.state[0], c.state[1], stats);
@@ -67,7 +67,7 @@ class BatchNormalization final : public Layer {
   }
   void backward(const kernels::Backend& be, const LayerCall& c, const float* const* p, const float* x, const float*,
                 const float* dy, float* dx, float* const* dp, void*) const override {
-    if (!training(c)) throw Error(name_ + ": backward needs a training forward");
+    if (!c.training()) throw Error(name_ + ": backward needs a training forward");
     const kernels::BatchNormParams k = kparams(c);
     const kernels::LayerOps& ops = be.layers();
     const float* stats = c.buffers[1].data<float>();
@@ -81,7 +81,6 @@ class BatchNormalization final : public Layer {
   }
 
  private:
-  static bool training(const LayerCall& c) { return c.context != nullptr && c.context->training; }
   const float* gamma(const float* const* p) const { return o_.scale ? p[0] : nullptr; }
   const float* beta(const float* const* p) const { return o_.center ? p[o_.scale ? 1 : 0] : nullptr; }
   // The rows of the global batch each channel's statistics are over.

@@ -34,7 +34,7 @@ class Dropout final : public Layer {
   std::size_t workspace_bytes(const kernels::Backend&, const LayerCall&) const override { return 0; }
   void forward(const kernels::Backend& be, const LayerCall& c, const float* const*, const float* x, float* y,
                void*) const override {
-    if (training(c)) {
+    if (c.training()) {
       be.layers().dropout(kparams(c), c.context->keys, c.context->step, x, y);
     } else if (x != y) {
       be.copy(y, x, count(c) * sizeof(float));
@@ -43,12 +43,11 @@ class Dropout final : public Layer {
   void backward(const kernels::Backend& be, const LayerCall& c, const float* const*, const float*, const float*,
                 const float* dy, float* dx, float* const*, void*) const override {
     if (dx == nullptr) return;
-    if (!training(c)) throw Error(name_ + ": backward needs a training forward");
+    if (!c.training()) throw Error(name_ + ": backward needs a training forward");
     be.layers().dropout(kparams(c), c.context->keys, c.context->step, dy, dx);
   }
 
  private:
-  static bool training(const LayerCall& c) { return c.context != nullptr && c.context->training; }
   static std::size_t count(const LayerCall& c) {
     return static_cast<std::size_t>(c.members) * static_cast<std::size_t>(c.batch) *
            static_cast<std::size_t>(product(c.input));

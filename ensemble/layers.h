@@ -58,6 +58,8 @@ struct LayerCall {
   Array* buffers = nullptr;               // the layer's buffers() (ModelRunner keeps them between forward and backward)
   const LayerContext* context = nullptr;  // null: inference on one device
   std::uint32_t stream = 0;               // random(): which random layer of the model this is (0, 1, ...)
+
+  bool training() const { return context != nullptr && context->training; }
 };
 
 // A buffer a layer keeps from its forward to its backward: `count` values of `dtype` for a call's members.

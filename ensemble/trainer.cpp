@@ -17,9 +17,7 @@
 namespace pmap::ensemble {
 namespace {
 
-// The members' keys from the initialization key (jax.random.split), and what a member's key is folded with
-// for its random stream (Dropout): "drop".
-std::vector<Key> split_keys(Key k, int n) { return split(k, n); }
+// What a member's key is folded with for its random stream (Dropout): "drop".
 constexpr std::uint32_t kDropoutStream = 0x64726f70;
 
 using Clock = std::chrono::steady_clock;
@@ -184,18 +182,18 @@ void Trainer::make_device_work() {
   const int eval_batch = std::min<int>(config_.eval_batch, static_cast<int>(test_.count));
   std::vector<DeviceWork*> ptrs;
   std::vector<TrainState> states;
-  RunnerSplit split;  // split weights: each layer's collectives over the mesh's axes
-  if (plan_) split = RunnerSplit{local_.splits, {mesh_.axes()[0].name, mesh_.axes()[1].name}, ""};
+  RunnerSplit runner_split;  // split weights: each layer's collectives over the mesh's axes
+  if (plan_) runner_split = RunnerSplit{local_.splits, {mesh_.axes()[0].name, mesh_.axes()[1].name}, ""};
   // Data and model parallel: the global batch is spread over the first axis (BatchNorm's statistics).
-  if (options_.data_parallel) split.batch_axis = mesh_.axes()[0].name;
-  const auto member_keys = split_keys(init_key_, total_members_);
+  if (options_.data_parallel) runner_split.batch_axis = mesh_.axes()[0].name;
+  const auto member_keys = split(init_key_, total_members_);
   for (const Device& d : mesh_.local_devices()) {
     // This device's first member: the first along the mode's axis (data and model parallel: the one model).
     const int first = options_.data_parallel ? 0 : mesh_.coords(mesh_index_[ptrs.size()])[0] * members_per_device_;
     work_.push_back(std::make_unique<DeviceWork>(device_model(), backend, d, members_per_device_, rows, eval_batch,
                                                  config_.member_group, log_rows(),
                                                  OptimizerWork(config_.optimizer, members_per_device_, first, d),
-                                                 config_.graphs, split));
+                                                 config_.graphs, runner_split));
     ptrs.push_back(work_.back().get());
     // Each member's random stream (Dropout): a key folded from its initialization key.
     std::vector<std::uint32_t> keys;

@@ -82,13 +82,17 @@ PMAPCC_HD inline DropoutKeep dropout_keep(float rate) {
   return DropoutKeep{t >= 4294967295.0 ? 4294967295u : static_cast<std::uint32_t>(t), 1.0f / (1.0f - rate)};
 }
 
-// Dropout of element i of (M, N, F) (layer_ops.h's DropoutParams).
-PMAPCC_HD inline float dropout_element(const DropoutParams& p, const std::uint32_t* keys, std::int64_t step, float x,
-                                       std::size_t i) {
+// Member m's rate.
+PMAPCC_HD inline float dropout_rate(const DropoutParams& p, std::size_t m) {
+  return p.rates != nullptr ? p.rates[m] : p.rate;
+}
+
+// Dropout of element i of (M, N, F) (layer_ops.h's DropoutParams), given its member's dropout_keep.
+PMAPCC_HD inline float dropout_element(const DropoutParams& p, DropoutKeep keep, const std::uint32_t* keys,
+                                       std::int64_t step, float x, std::size_t i) {
   const auto features = static_cast<std::size_t>(p.features);
   const std::size_t row = i / features, f = i % features + static_cast<std::size_t>(p.feature_offset);
   const std::size_t m = row / static_cast<std::size_t>(p.rows);
-  const DropoutKeep keep = dropout_keep(p.rates != nullptr ? p.rates[m] : p.rate);
   const std::int64_t example = p.example_offset + static_cast<std::int64_t>(row % static_cast<std::size_t>(p.rows));
   const detail::Philox4 counter{{static_cast<std::uint32_t>(example), static_cast<std::uint32_t>(f / 4),
                                  static_cast<std::uint32_t>(step), p.stream}};

@@ -168,9 +168,12 @@ void LayerOpsImpl::dropout(DropoutParams p, const std::uint32_t* keys, const std
   detail::require(x, "dropout", "x");
   detail::require(y, "dropout", "y");
   const std::int64_t t = *step;
-  const std::size_t n =
-      static_cast<std::size_t>(p.members) * static_cast<std::size_t>(p.rows) * static_cast<std::size_t>(p.features);
-  for (std::size_t i = 0; i < n; ++i) y[i] = dropout_element(p, keys, t, x[i], i);
+  const std::size_t per_member = static_cast<std::size_t>(p.rows) * static_cast<std::size_t>(p.features);
+  for (std::size_t m = 0; m < static_cast<std::size_t>(p.members); ++m) {
+    const DropoutKeep keep = dropout_keep(dropout_rate(p, m));  // once per member, not per element
+    for (std::size_t i = m * per_member; i < (m + 1) * per_member; ++i)
+      y[i] = dropout_element(p, keep, keys, t, x[i], i);
+  }
 }
 
 void LayerOpsImpl::scale_shift(std::size_t n, const float* x, float scale, float offset, float* y) const {

@@ -101,7 +101,10 @@ struct Dropout {
   const std::int64_t* step;
   const float* x;
   float* y;
-  PMAPCC_HD void operator()(std::size_t i) const { y[i] = dropout_element(p, keys, *step, x[i], i); }
+  PMAPCC_HD void operator()(std::size_t i) const {
+    const std::size_t m = i / (static_cast<std::size_t>(p.rows) * static_cast<std::size_t>(p.features));
+    y[i] = dropout_element(p, dropout_keep(dropout_rate(p, m)), keys, *step, x[i], i);
+  }
 };
 
 struct ScaleShift {

@@ -33,6 +33,14 @@ def run(program, cmd):
         sys.exit(f"{program}: {' '.join(cmd)} failed ({r.returncode}):\n{r.stderr}")
 
 
+def compare_loss(epoch, mine, theirs, failures):
+    """Prints one epoch's training loss beside the reference's; a failure past 1e-3 relative."""
+    rel = abs(mine - theirs) / abs(theirs)
+    print(f"{epoch:5d} {mine:12.6f} {theirs:12.6f} {rel:9.1e}")
+    if rel > 1e-3:
+        failures.append(f"epoch {epoch}: training loss {mine:.6f} (pmapcc) vs {theirs:.6f} (torch)")
+
+
 def compare_accuracies(last_epoch, member, ensemble, test_count, failures):
     """Prints pmapcc's final member and ensemble test accuracies beside the reference's and adds a failure for
     each that differs by more than an example or two on the decision boundary."""

@@ -22,7 +22,7 @@ try:
     import numpy as np
     import torch
     import torch.nn.functional as F
-    from reference_io import compare_accuracies, read_idx, read_safetensors, run
+    from reference_io import compare_accuracies, compare_loss, read_idx, read_safetensors, run
 except ImportError as e:  # torch comes with `scripts/setup.sh --bench` (Debian's python3-torch)
     print(f"torch_trajectory: skipped: {e}")
     sys.exit(77)
@@ -80,11 +80,7 @@ def main():
             for n, g in zip(names, grads):
                 mom[n].mul_(mu).add_(g)
                 p[n].sub_(a.lr * mom[n])
-        theirs, mine = float(loss), epochs[e]["train_loss"]
-        rel = abs(mine - theirs) / abs(theirs)
-        print(f"{e + 1:5d} {mine:12.6f} {theirs:12.6f} {rel:9.1e}")
-        if rel > 1e-3:
-            failures.append(f"epoch {e + 1}: training loss {mine:.6f} (pmapcc) vs {theirs:.6f} (torch)")
+        compare_loss(e + 1, epochs[e]["train_loss"], float(loss), failures)
     print(f"{'tensor':>16} {'max |diff|':>11} {'max |param|':>12}")
     for n in names:
         diff = float(np.abs(ours["params/" + n] - p[n].detach().numpy()).max())
