@@ -41,6 +41,10 @@ std::string failure();
 bool failed();
 // Caller holds lock(): takes in a failure notice from another process, if one has arrived.
 void poll_notices_locked();
+// Caller holds lock(): like poll_notices_locked, but gives MPI's progress engine several turns first. One
+// turn takes in only part of what has come (Open MPI's shared-memory transport, for one, may hand a notice
+// queued behind a collective's message to the next turn), so one poll can miss a notice already here.
+void drain_notices_locked();
 // Records `what` as the job's failure and, if it is the first one this process knows of, sends it to
 // every other process so that they raise instead of waiting (best effort, waits at most ~50 ms). Never
 // throws.

@@ -71,11 +71,12 @@ bool PeerRound::poll(std::vector<char>& state) {
 PeerRound::Result PeerRound::run(std::chrono::milliseconds timeout, const std::function<bool()>& cancelled) {
   // A notice that came before this round began means the job failed first: take no part. (A process late
   // past a peer's deadline would otherwise complete the round, the peer's message having come before it
-  // gave up.) A failure noticed once the round is complete is left to the next one: the messages of a
+  // gave up.) Every notice already here must be seen, not only what one turn of MPI's progress takes in
+  // (drain_notices_locked). A failure noticed once the round is complete is left to the next one: the messages of a
   // round every process completed may be followed by a notice of a later failure.
   {
     auto lk = lock();
-    poll_notices_locked();
+    drain_notices_locked();
   }
   if (abandoned_ || failed()) return Result::failed;
   try {
