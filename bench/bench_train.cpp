@@ -2,7 +2,8 @@
 // process (so peak RSS is that configuration's), and the measurements bench/run_train_bench.py sets beside
 // it: the fp32 GEMM rate of the same kernels and the model's FLOPs per image. Each mode prints one JSON line.
 //   bench_train train --data DIR --members M --devices D [--mode ensemble|data-parallel] [--steps S]
-//                     [--warmup W] [--batch B] [--isa generic|avx2] [--pin] [--member-group G]
+//                     [--warmup W] [--batch B] [--isa generic|avx2|avx512] [--pin] [--member-group G]
+//                     [--model flax-cnn|keras-convnet] (the model's recipe: optimizer, batch unless --batch)
 //   bench_train paired --data DIR [--members-a 1] [--members-b 8] [--group-a G] [--group-b G] [--rounds R]
 //                      [--steps-a S] [--steps-b S] [--batch B] [--isa ...]
 //   bench_train sgemm [--threads T] [--size N] [--reps R] [--isa ...]
@@ -133,7 +134,10 @@ Json run_train(const Args& a) {
   c.devices = a.get_int("devices", 1);
   c.members = a.get_int("members", 1);
   c.mode = parse_mode(a.get("mode", "ensemble"));
-  c.batch_size = a.get_int("batch", 128);
+  c.model = a.get("model", "flax-cnn");
+  const ModelRecipe recipe = model_recipe(c.model);  // the program's defaults for the model
+  c.optimizer.name = recipe.optimizer;
+  c.batch_size = a.get_int("batch", recipe.batch_size);
   c.eval_batch = 1000;
   c.epochs = 1;
   c.pin_threads = a.flags.count("pin") > 0;
@@ -162,6 +166,7 @@ Json run_train(const Args& a) {
   j["members"] = trainer.total_members();
   j["devices"] = trainer.mesh().size();
   j["mode"] = to_string(c.mode);
+  j["model"] = c.model;
   j["isa"] = kernels::cpu::isa();
   j["pin_threads"] = c.pin_threads;
   j["member_group"] = trainer.member_group();

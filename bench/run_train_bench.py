@@ -39,7 +39,7 @@ def parse_args():
     ap.add_argument("--members", default="1,2,4,8")
     ap.add_argument("--devices", default="1,2")
     ap.add_argument("--quick", action="store_true", help="smoke test: 1 run, 3 steps, 1 warm-up")
-    ap.add_argument("--isa", default="", help="force our CPU kernels' ISA variant (generic|avx2)")
+    ap.add_argument("--isa", default="", help="force our CPU kernels' ISA variant (generic|avx2|avx512)")
     ap.add_argument("--pin", action="store_true", help="pin our device threads to cores")
     ap.add_argument("--torch-python", default="/usr/bin/python3")
     ap.add_argument("--torch-script", default="/work/shared/anchors/torch_cnn_ensemble.py")

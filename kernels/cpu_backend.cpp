@@ -15,6 +15,7 @@
 // Each built variant defines its entry point (kernels/cpu/backend.cpp compiled as that variant).
 extern "C" const pmap::kernels::CpuBackend* pmapcc_cpu_backend_generic();
 extern "C" const pmap::kernels::CpuBackend* pmapcc_cpu_backend_avx2();
+extern "C" const pmap::kernels::CpuBackend* pmapcc_cpu_backend_avx512();
 
 namespace pmap::kernels {
 namespace cpu {
@@ -22,42 +23,73 @@ namespace {
 
 std::atomic<const CpuBackend*> g_active{nullptr};
 
-#if PMAPCC_HAVE_CPU_AVX2
-bool cpu_runs_avx2() {
+// The variants beyond generic, worst to best. `runs` asks the CPU (and, through libgcc's checks of XCR0,
+// the operating system: AVX-512 needs the kernel to save the ZMM and mask registers).
+struct Variant {
+  const char* name;
+  bool built;
+  const CpuBackend* (*entry)();
+  bool (*runs)();
+  const char* needs;   // for the error when the CPU lacks it
+  const char* option;  // the CMake option that builds it
+};
+
 #if defined(__x86_64__) || defined(__i386__)
+bool runs_avx2() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
 }
+bool runs_avx512() {
+  __builtin_cpu_init();
+  return runs_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+}
+#else
+bool runs_avx2() { return false; }
+bool runs_avx512() { return false; }
 #endif
 
-const CpuBackend* avx2_backend() {
 #if PMAPCC_HAVE_CPU_AVX2
-  return cpu_runs_avx2() ? pmapcc_cpu_backend_avx2() : nullptr;
+constexpr auto kAvx2Entry = &pmapcc_cpu_backend_avx2;
 #else
-  return nullptr;
+constexpr const CpuBackend* (*kAvx2Entry)() = nullptr;
 #endif
-}
+#if PMAPCC_HAVE_CPU_AVX512
+constexpr auto kAvx512Entry = &pmapcc_cpu_backend_avx512;
+#else
+constexpr const CpuBackend* (*kAvx512Entry)() = nullptr;
+#endif
+
+constexpr Variant kVariants[] = {
+    {"avx2", kAvx2Entry != nullptr, kAvx2Entry, runs_avx2, "AVX2 and FMA", "PMAPCC_CPU_AVX2"},
+    {"avx512", kAvx512Entry != nullptr, kAvx512Entry, runs_avx512, "AVX-512 F, BW, DQ and VL", "PMAPCC_CPU_AVX512"},
+};
+
+// The variant's backend when it is built and this CPU runs it, else nullptr.
+const CpuBackend* usable(const Variant& v) { return v.built && v.runs() ? v.entry() : nullptr; }
 
 // The backend of a variant name, or throws naming what is wrong; `source` says where the name came from.
 const CpuBackend* backend_for_isa(std::string_view name, const char* source) {
   if (name.empty() || name == "auto") {
-    const CpuBackend* best = avx2_backend();
-    return best != nullptr ? best : pmapcc_cpu_backend_generic();
+    const CpuBackend* best = pmapcc_cpu_backend_generic();
+    for (const Variant& v : kVariants)
+      if (const CpuBackend* b = usable(v)) best = b;
+    return best;
   }
   if (name == "generic") return pmapcc_cpu_backend_generic();
-  if (name == "avx2") {
-    if (const CpuBackend* t = avx2_backend()) return t;
-#if PMAPCC_HAVE_CPU_AVX2
-    throw NotAvailable(std::string(source) + ": the avx2 CPU kernels need a CPU with AVX2 and FMA; this one lacks them");
-#else
-    throw NotAvailable(std::string(source) + ": this build has no avx2 CPU kernels (PMAPCC_CPU_AVX2 was off)");
-#endif
+  std::string names = "generic";
+  for (const Variant& v : kVariants) {
+    names += std::string(", ") + v.name;
+    if (name != v.name) continue;
+    if (const CpuBackend* b = usable(v)) return b;
+    if (!v.built)
+      throw NotAvailable(std::string(source) + ": this build has no " + v.name + " CPU kernels (" + v.option +
+                         " was off or not possible)");
+    throw NotAvailable(std::string(source) + ": the " + v.name + " CPU kernels need a CPU with " + v.needs +
+                       "; this one lacks them");
   }
-  throw ValueError(std::string(source) + ": unknown CPU kernel variant '" + std::string(name) +
-                   "' (expected generic, avx2 or auto)");
+  throw ValueError(std::string(source) + ": unknown CPU kernel variant '" + std::string(name) + "' (expected " + names +
+                   " or auto)");
 }
 
 const CpuBackend& active_backend() {
@@ -73,7 +105,8 @@ const CpuBackend& active_backend() {
 
 std::vector<std::string> available_isas() {
   std::vector<std::string> out{"generic"};
-  if (avx2_backend() != nullptr) out.emplace_back("avx2");
+  for (const Variant& v : kVariants)
+    if (usable(v) != nullptr) out.emplace_back(v.name);
   return out;
 }
 
@@ -172,7 +205,6 @@ void CpuBackend::predictions(int rows, int classes, const float* probs, std::int
     if (entropy != nullptr) entropy[r] = static_cast<float>(row_entropy(row, classes));
   }
 }
-
 
 std::size_t CpuBackend::softmax_cross_entropy_workspace_bytes(SoftmaxXentParams p) const {
   validate(p);

@@ -50,20 +50,21 @@ class CpuBackend : public Backend {
 };
 
 // The active variant (backend_for(DeviceKind::cpu) returns it too), choosing it first if none is. Throws
-// pmap::ValueError when PMAPCC_CPU_ISA is not one of generic, avx2, auto (or empty), and
+// pmap::ValueError when PMAPCC_CPU_ISA is not one of generic, avx2, avx512, auto (or empty), and
 // pmap::NotAvailable when it names a variant that was not built or that this CPU cannot run (e.g. avx2
 // without AVX2 or FMA); every call throws the same until the variable is fixed.
 const CpuBackend& cpu_backend();
 
 namespace cpu {
 
-// The variants built into this binary that this CPU can run, worst first: {"generic"} or {"generic", "avx2"}.
+// The variants built into this binary that this CPU can run, worst first: "generic", then "avx2" and "avx512"
+// where built and supported.
 std::vector<std::string> available_isas();
 
 // cpu_backend().isa(): the active variant's name.
 std::string isa();
 
-// Makes `name` ("generic", "avx2" or "auto": the best) the active variant for the whole process, for
+// Makes `name` ("generic", "avx2", "avx512" or "auto": the best) the active variant for the whole process, for
 // tests and benchmarks. Not thread-safe against kernels running on other threads: call it between runs;
 // a Backend reference taken before keeps its variant. Throws as cpu_backend() does for a bad or
 // unavailable name.

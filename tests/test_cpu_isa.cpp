@@ -48,7 +48,10 @@ std::size_t conv_y(const Conv2dParams& p) { return std::size_t(p.members) * p.ba
 std::vector<float> step_outputs() {
   std::vector<float> out;
   const auto append = [&](const std::vector<float>& v) { out.insert(out.end(), v.begin(), v.end()); };
-  for (const Conv2dParams& p : {conv(2, 3, 28, 1, 32, true), conv(2, 3, 14, 32, 64, false)}) {
+  // 13 output channels of a 1-channel input (the direct path): full, half and quarter packets and a scalar
+  // channel, in whichever mix the variant's packet width gives.
+  for (const Conv2dParams& p :
+       {conv(2, 3, 28, 1, 32, true), conv(2, 3, 14, 32, 64, false), conv(2, 3, 9, 1, 13, true)}) {
     const auto x = kc::random_floats(conv_x(p), 1), w = kc::random_floats(conv_w(p), 2, 0.3f);
     const auto b = kc::random_floats(std::size_t(p.members) * p.out_channels, 3), dy = kc::random_floats(conv_y(p), 4);
     std::vector<float> y(conv_y(p)), dx(conv_x(p)), dw(conv_w(p)), db(b.size());
@@ -102,8 +105,14 @@ TEST_CASE("CPU kernel variants: one is active, generic always exists, names are 
   cpu::set_isa("auto");
   CHECK(cpu::isa() == isas.back());
   CHECK_THROWS_AS(cpu::set_isa("sse9"), pmap::ValueError);
-  if (std::find(isas.begin(), isas.end(), "avx2") == isas.end()) {
-    CHECK_THROWS_AS(cpu::set_isa("avx2"), pmap::NotAvailable);
+  for (const char* name : {"avx2", "avx512"}) {
+    CAPTURE(name);
+    if (std::find(isas.begin(), isas.end(), name) == isas.end()) {
+      CHECK_THROWS_AS(cpu::set_isa(name), pmap::NotAvailable);
+    } else {
+      cpu::set_isa(name);
+      CHECK(cpu::isa() == name);
+    }
   }
 }
 

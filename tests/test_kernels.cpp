@@ -155,6 +155,9 @@ TEST_CASE("conv2d forward matches the definition and backward matches finite dif
     p.shared_input = true;
     check_conv(p);
   }
+  SUBCASE("direct: 1 channel 3x3 SAME, 29 outputs (16 + 8 + 4 + 1 with AVX-512, 3 x 8 + 4 + 1 with AVX2)") {
+    check_conv(conv_params(2, 2, 5, 6, 1, 29));
+  }
   SUBCASE("direct: 1 channel 3x3 SAME stride 2, 40 outputs") {
     auto p = conv_params(2, 1, 7, 8, 1, 40);
     p.stride_h = p.stride_w = 2;

@@ -1,7 +1,9 @@
 // CPU conv2d, direct path for small patches (KH*KW*Cin <= kDirectMaxPatch, i.e. the first layer on 1-channel
 // images): each image is copied into a zero-padded buffer; the forward sums every output pixel's taps into a
-// block of output channels held in SIMD registers (Eigen's packets: 8 floats with AVX, 4 with SSE), and the
-// backward's dw accumulates a few taps at a time over the image's pixels, reading dy once per image.
+// block of output channels held in SIMD registers (Eigen's packets: 16 floats with AVX-512, 8 with AVX, 4 with
+// SSE), and the backward's dw accumulates a few taps at a time over the image's pixels, reading dy once per
+// image. Channels left over after the full packets take half and quarter packets (12 channels with AVX-512:
+// 8 + 4), and only what is left after those runs one float at a time.
 #include <pmapcc/kernels/cpu/conv_direct.h>
 
 #include <algorithm>
@@ -12,8 +14,17 @@ namespace PMAPCC_CPU_NS::detail {
 namespace {
 
 namespace ei = Eigen::internal;
+// Packet types are named through their lane counts (find_best_packet: the widest packet whose width divides
+// the count, the narrowest one where none does), not as template arguments of class templates, which would
+// drop the vector types' attributes (-Wignored-attributes).
 using Packet = ei::packet_traits<float>::type;
-constexpr int kLanes = sizeof(Packet) / sizeof(float);
+template <typename P>
+constexpr int lanes_of() {
+  return static_cast<int>(sizeof(P) / sizeof(float));
+}
+constexpr int kLanes = lanes_of<Packet>();
+using HalfPacket = ei::find_best_packet<float, kLanes / 2>::type;  // 4 lanes at least (SSE's Packet4f)
+using QuarterPacket = ei::find_best_packet<float, kLanes / 4>::type;
 constexpr int kWide = 32 / kLanes;  // packets in the forward's widest block of 32 output channels
 
 // padded (PH, PW, Cin) = the image x (H, W, Cin) at offset (pad_top, pad_left), zeros around it.
@@ -41,30 +52,31 @@ Index pixel_base(const ConvPlan& plan, Index oy, Index ox) {
   return (oy * plan.p.stride_h * plan.padded_w + ox * plan.p.stride_w) * plan.p.in_channels;
 }
 
-// Output channels [o0, o0 + NP * kLanes) of one image: y = b + taps . w, then max(., 0) with relu.
-template <int NP>
-void forward_packets(const ConvPlan& plan, const Index* offsets, const float* padded, const float* w,
-                     const float* b, float* y, Index o0) {
+// Output channels [o0, o0 + NP * lanes of P) of one image: y = b + taps . w.
+template <typename P, int NP>
+void forward_packets(const ConvPlan& plan, const Index* offsets, const float* padded, const float* w, const float* b,
+                     float* y, Index o0) {
   const Index cout = plan.p.out_channels;
   for (Index oy = 0; oy < plan.g.out_height; ++oy) {
     for (Index ox = 0; ox < plan.g.out_width; ++ox) {
-      Packet acc[NP];
-      for (int j = 0; j < NP; ++j) acc[j] = b == nullptr ? ei::pset1<Packet>(0.0f) : ei::ploadu<Packet>(b + o0 + j * kLanes);
+      P acc[NP];
+      for (int j = 0; j < NP; ++j)
+        acc[j] = b == nullptr ? ei::pset1<P>(0.0f) : ei::ploadu<P>(b + o0 + j * lanes_of<P>());
       const float* taps = padded + pixel_base(plan, oy, ox);
       for (Index t = 0; t < plan.patch; ++t) {
-        const Packet xv = ei::pset1<Packet>(taps[offsets[t]]);
+        const P xv = ei::pset1<P>(taps[offsets[t]]);
         const float* wt = w + t * cout + o0;
-        for (int j = 0; j < NP; ++j) acc[j] = ei::pmadd(xv, ei::ploadu<Packet>(wt + j * kLanes), acc[j]);
+        for (int j = 0; j < NP; ++j) acc[j] = ei::pmadd(xv, ei::ploadu<P>(wt + j * lanes_of<P>()), acc[j]);
       }
       float* out = y + (oy * plan.g.out_width + ox) * cout + o0;
-      for (int j = 0; j < NP; ++j) ei::pstoreu(out + j * kLanes, acc[j]);
+      for (int j = 0; j < NP; ++j) ei::pstoreu(out + j * lanes_of<P>(), acc[j]);
     }
   }
 }
 
 // The same for single output channels (a Cout that is not a multiple of the packet width).
-void forward_scalar(const ConvPlan& plan, const Index* offsets, const float* padded, const float* w,
-                    const float* b, float* y, Index o) {
+void forward_scalar(const ConvPlan& plan, const Index* offsets, const float* padded, const float* w, const float* b,
+                    float* y, Index o) {
   const Index cout = plan.p.out_channels;
   for (Index oy = 0; oy < plan.g.out_height; ++oy) {
     for (Index ox = 0; ox < plan.g.out_width; ++ox) {
@@ -76,35 +88,61 @@ void forward_scalar(const ConvPlan& plan, const Index* offsets, const float* pad
   }
 }
 
-// One image's dw for taps [t0, t0 + G) and the output channels of one packet at o0: the image's partial
+// One image's dw for taps [t0, t0 + G) and the output channels of one packet P at o0: the image's partial
 // sums stay in G registers over its pixels, then are added to dw.
-template <int G>
-void weights_taps(const ConvPlan& plan, const Index* offsets, const float* padded, const float* dy, float* dw,
-                  Index t0, Index o0) {
+template <typename P, int G>
+void weights_taps(const ConvPlan& plan, const Index* offsets, const float* padded, const float* dy, float* dw, Index t0,
+                  Index o0) {
   const Index cout = plan.p.out_channels;
-  Packet acc[G];
-  for (int g = 0; g < G; ++g) acc[g] = ei::pset1<Packet>(0.0f);
+  P acc[G];
+  for (int g = 0; g < G; ++g) acc[g] = ei::pset1<P>(0.0f);
   for (Index oy = 0; oy < plan.g.out_height; ++oy) {
     for (Index ox = 0; ox < plan.g.out_width; ++ox) {
-      const Packet d = ei::ploadu<Packet>(dy + (oy * plan.g.out_width + ox) * cout + o0);
+      const P d = ei::ploadu<P>(dy + (oy * plan.g.out_width + ox) * cout + o0);
       const float* taps = padded + pixel_base(plan, oy, ox);
-      for (int g = 0; g < G; ++g) acc[g] = ei::pmadd(ei::pset1<Packet>(taps[offsets[t0 + g]]), d, acc[g]);
+      for (int g = 0; g < G; ++g) acc[g] = ei::pmadd(ei::pset1<P>(taps[offsets[t0 + g]]), d, acc[g]);
     }
   }
   for (int g = 0; g < G; ++g) {
     float* out = dw + (t0 + g) * cout + o0;
-    ei::pstoreu(out, ei::padd(ei::ploadu<Packet>(out), acc[g]));
+    ei::pstoreu(out, ei::padd(ei::ploadu<P>(out), acc[g]));
   }
 }
 
-// weights_taps<G> for G = 1..kMaxGroup, indexed by G - 1: a group is as many taps as fit in registers.
+// weights_taps<P, G> for G = 1..kMaxGroup, indexed by G - 1: a group is as many taps as fit in registers.
 constexpr int kMaxGroup = 12;
 using WeightsFn = void (*)(const ConvPlan&, const Index*, const float*, const float*, float*, Index, Index);
-template <std::size_t... I>
+template <typename P, std::size_t... I>
 constexpr std::array<WeightsFn, sizeof...(I)> weights_table(std::index_sequence<I...>) {
-  return {&weights_taps<static_cast<int>(I) + 1>...};
+  return {&weights_taps<P, static_cast<int>(I) + 1>...};
 }
-constexpr auto kWeightsByGroup = weights_table(std::make_index_sequence<kMaxGroup>{});
+template <typename P>
+WeightsFn weights_fn(Index group) {
+  static constexpr auto table = weights_table<P>(std::make_index_sequence<kMaxGroup>{});
+  return table[static_cast<std::size_t>(group - 1)];
+}
+
+// The output channels [o0, o0 + lanes of P) of one image's dw, over every tap in groups.
+template <typename P>
+void weights_packet(const ConvPlan& plan, const Index* offsets, const float* padded, const float* dy, float* dw,
+                    Index o0) {
+  for (Index t0 = 0; t0 < plan.patch; t0 += kMaxGroup) {
+    const Index group = std::min<Index>(kMaxGroup, plan.patch - t0);
+    weights_fn<P>(group)(plan, offsets, padded, dy, dw, t0, o0);
+  }
+}
+
+// Half and quarter packets for the channels after the full ones, each only where it is narrower than the
+// packet before it; returns the first channel left for the scalar loop.
+template <typename Fn>
+Index narrower_packets(Index o0, Index cout, const Fn& run) {
+  if constexpr (lanes_of<HalfPacket>() < kLanes) {
+    for (; o0 + lanes_of<HalfPacket>() <= cout; o0 += lanes_of<HalfPacket>()) run(HalfPacket{}, o0);
+    if constexpr (lanes_of<QuarterPacket>() < lanes_of<HalfPacket>())
+      for (; o0 + lanes_of<QuarterPacket>() <= cout; o0 += lanes_of<QuarterPacket>()) run(QuarterPacket{}, o0);
+  }
+  return o0;
+}
 
 // Scalar channel: a Packet-wide load of one float would read past dy, so this column runs without packets.
 void weights_scalar(const ConvPlan& plan, const Index* offsets, const float* padded, const float* dy, float* dw,
@@ -114,7 +152,8 @@ void weights_scalar(const ConvPlan& plan, const Index* offsets, const float* pad
     float acc = 0.0f;
     for (Index oy = 0; oy < plan.g.out_height; ++oy)
       for (Index ox = 0; ox < plan.g.out_width; ++ox)
-        acc = ei::pmadd(padded[pixel_base(plan, oy, ox) + offsets[t]], dy[(oy * plan.g.out_width + ox) * cout + o], acc);
+        acc =
+            ei::pmadd(padded[pixel_base(plan, oy, ox) + offsets[t]], dy[(oy * plan.g.out_width + ox) * cout + o], acc);
     dw[t * cout + o] += acc;
   }
 }
@@ -128,8 +167,7 @@ void bias_sums(const ConvPlan& plan, const float* dy, double* db_sum) {
 
 }  // namespace
 
-void direct_forward(const ConvPlan& plan, const float* x, const float* w, const float* b, float* y,
-                    float* padded) {
+void direct_forward(const ConvPlan& plan, const float* x, const float* w, const float* b, float* y, float* padded) {
   const Conv2dParams& p = plan.p;
   const Index cout = p.out_channels;
   Index offsets[kDirectMaxPatch];
@@ -142,8 +180,12 @@ void direct_forward(const ConvPlan& plan, const float* x, const float* w, const 
       pad_image(plan, x + image * plan.in_image, padded);
       float* yn = y + (Index{m} * p.batch + n) * plan.out_image;
       Index o0 = 0;
-      for (; o0 + kWide * kLanes <= cout; o0 += kWide * kLanes) forward_packets<kWide>(plan, offsets, padded, wm, bm, yn, o0);
-      for (; o0 + kLanes <= cout; o0 += kLanes) forward_packets<1>(plan, offsets, padded, wm, bm, yn, o0);
+      for (; o0 + kWide * kLanes <= cout; o0 += kWide * kLanes)
+        forward_packets<Packet, kWide>(plan, offsets, padded, wm, bm, yn, o0);
+      for (; o0 + kLanes <= cout; o0 += kLanes) forward_packets<Packet, 1>(plan, offsets, padded, wm, bm, yn, o0);
+      o0 = narrower_packets(o0, cout, [&](auto packet, Index o) {
+        forward_packets<decltype(packet), 1>(plan, offsets, padded, wm, bm, yn, o);
+      });
       for (; o0 < cout; ++o0) forward_scalar(plan, offsets, padded, wm, bm, yn, o0);
       if (p.relu) relu_in_place(yn, plan.out_image);
     }
@@ -166,12 +208,10 @@ void direct_weights(const ConvPlan& plan, const float* x, const float* dy, float
       const float* dyn = dy + (Index{m} * p.batch + n) * plan.out_image;
       bias_sums(plan, dyn, db_sum);
       Index o0 = 0;
-      for (; o0 + kLanes <= cout; o0 += kLanes) {
-        for (Index t0 = 0; t0 < plan.patch; t0 += kMaxGroup) {
-          const Index group = std::min<Index>(kMaxGroup, plan.patch - t0);
-          kWeightsByGroup[static_cast<std::size_t>(group - 1)](plan, offsets, padded, dyn, dwm, t0, o0);
-        }
-      }
+      for (; o0 + kLanes <= cout; o0 += kLanes) weights_packet<Packet>(plan, offsets, padded, dyn, dwm, o0);
+      o0 = narrower_packets(o0, cout, [&](auto packet, Index o) {
+        weights_packet<decltype(packet)>(plan, offsets, padded, dyn, dwm, o);
+      });
       for (; o0 < cout; ++o0) weights_scalar(plan, offsets, padded, dyn, dwm, o0);
     }
     if (db != nullptr)

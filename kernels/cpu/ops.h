@@ -12,7 +12,7 @@
 #include <pmapcc/kernels/cpu_backend.h>
 
 #ifndef PMAPCC_CPU_VARIANT
-#error "kernels/cpu sources are built per ISA variant: compile them with -DPMAPCC_CPU_VARIANT=generic|avx2"
+#error "kernels/cpu sources are built per ISA variant: compile them with -DPMAPCC_CPU_VARIANT=generic|avx2|avx512"
 #endif
 #define PMAPCC_CPU_NS pmap::kernels::cpu::PMAPCC_CPU_VARIANT
 
