@@ -61,8 +61,8 @@ constexpr const CpuBackend* (*kAvx512Entry)() = nullptr;
 #endif
 
 constexpr Variant kVariants[] = {
-    {"avx2", kAvx2Entry != nullptr, kAvx2Entry, runs_avx2, "AVX2 and FMA", "PMAPCC_CPU_AVX2"},
-    {"avx512", kAvx512Entry != nullptr, kAvx512Entry, runs_avx512, "AVX-512 F, BW, DQ and VL", "PMAPCC_CPU_AVX512"},
+    {"avx2", PMAPCC_HAVE_CPU_AVX2 != 0, kAvx2Entry, runs_avx2, "AVX2 and FMA", "PMAPCC_CPU_AVX2"},
+    {"avx512", PMAPCC_HAVE_CPU_AVX512 != 0, kAvx512Entry, runs_avx512, "AVX-512 F, BW, DQ and VL", "PMAPCC_CPU_AVX512"},
 };
 
 // The variant's backend when it is built and this CPU runs it, else nullptr.
