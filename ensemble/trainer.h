@@ -24,6 +24,7 @@
 
 #include <pmapcc/ensemble/config.h>
 #include <pmapcc/ensemble/data.h>
+#include <pmapcc/ensemble/evaluation.h>
 #include <pmapcc/ensemble/layout.h>
 #include <pmapcc/ensemble/metrics.h>
 #include <pmapcc/ensemble/model.h>
@@ -41,11 +42,6 @@ struct CheckpointSummary {
 };
 CheckpointSummary inspect_checkpoint(const std::filesystem::path& path);
 
-// What a final evaluation adds: the ensemble of the first k members for k = 1..M, and per-image results.
-struct EnsembleReport {
-  std::vector<SizePoint> size_curve;
-  Predictions predictions;
-};
 // What run_epoch reports after each training step.
 struct StepReport {
   int step = 0;                    // 1-based, within the epoch
@@ -123,7 +119,6 @@ class Trainer {
   // The schedule's kernel parameters, a cosine decay over the run's steps after warmup filled in
   // (config_.optimizer.schedule.decay_steps); ValueError when nothing is left to decay over.
   kernels::ScheduleParams schedule_params();
-  void evaluate_into(EpochMetrics& m, EnsembleReport* report);
   void check_processes_agree() const;  // ValueError unless every process has the same config and data
   // The members' variable `name` ("params", "state" or an optimizer slot) stacked, gathered from every
   // device (weights split over "model" put back together; the state is whole on every device); and the
@@ -157,8 +152,7 @@ class Trainer {
   std::vector<std::unique_ptr<DeviceWork>> work_;
   Sharded<DeviceWork*> work_ptrs_;
   std::unique_ptr<Feed<Batch>> train_feed_;  // batches of config.batch_size (sharded in data parallel)
-  std::unique_ptr<Feed<Batch>> eval_feed_;   // batches of eval_batch, replicated
-  std::vector<std::unique_ptr<ReportWork>> report_work_;  // per local device, made by the first report
+  std::unique_ptr<Evaluator> evaluator_;     // the test set's feed and the report's buffers
   int epochs_done_ = 0;
   std::vector<EpochMetrics> history_;
 };
