@@ -138,7 +138,7 @@ std::vector<float> read_stacked(const SafetensorsFile& f, const std::string& pre
 
 void Trainer::save_checkpoint(const std::filesystem::path& path) const {
   std::vector<TensorEntry> tensors;
-  const std::int64_t m = total_members_;
+  const std::int64_t m = total_members();
   std::vector<std::tuple<std::string, std::string, const TensorLayout*>> variables{
       {"params/", "params", &model_->params_layout()}, {"state/", "state", &model_->state_layout()}};
   for (const std::string& slot : optimizer_->slots())
@@ -152,7 +152,7 @@ void Trainer::save_checkpoint(const std::filesystem::path& path) const {
     }
   }
   Json keys = Json::array();
-  for (const Key& k : split(init_key_, total_members_)) keys.push_back({k.k0, k.k1});
+  for (const Key& k : split(init_key_, total_members())) keys.push_back({k.k0, k.k1});
   Json history = Json::array();
   for (const auto& e : history_) history.push_back(epoch_json(e));
   std::map<std::string, std::string> meta{
@@ -222,9 +222,9 @@ void Trainer::load_members(const std::filesystem::path& path, const std::vector<
     if (std::find(pick.begin(), pick.begin() + static_cast<std::ptrdiff_t>(i), pick[i]) != pick.begin() + static_cast<std::ptrdiff_t>(i))
       throw ValueError("--members-subset: member " + std::to_string(pick[i]) + " is named twice");
   }
-  if (static_cast<int>(pick.size()) != total_members_)
+  if (static_cast<int>(pick.size()) != total_members())
     throw ValueError("evaluating " + std::to_string(pick.size()) + " member(s) of " + path.string() + " needs a trainer of " +
-                     std::to_string(pick.size()) + " members, this one has " + std::to_string(total_members_));
+                     std::to_string(pick.size()) + " members, this one has " + std::to_string(total_members()));
   // The picked members one after another, then stacked (member_layout.h), for the parameters and the state.
   const auto n = static_cast<std::int64_t>(pick.size());
   auto picked = [&](const std::string& prefix, const TensorLayout& layout) {
@@ -257,13 +257,13 @@ void Trainer::load_checkpoint(const std::filesystem::path& path) {
   const JsonView hv(history, path.string(), "__metadata__.history");
   std::vector<EpochMetrics> restored;
   for (std::size_t i = 0; i < hv.size(); ++i) restored.push_back(epoch_metrics_from_json(hv[i]));
-  const auto params = read_stacked(f, "params/", model_->params_layout(), total_members_);
-  const auto state = read_stacked(f, "state/", model_->state_layout(), total_members_);
+  const auto params = read_stacked(f, "params/", model_->params_layout(), total_members());
+  const auto state = read_stacked(f, "state/", model_->state_layout(), total_members());
   // Version 1: SGD's momentum as "momentum/<tensor>" (check_same has made sure the optimizer is SGD).
   const bool v1 = f.metadata.at("format") == kFormatV1;
   std::map<std::string, std::vector<float>> opt;
   for (const std::string& slot : optimizer_->slots())
-    opt[slot] = read_stacked(f, slot_prefix(slot, v1), model_->params_layout(), total_members_);
+    opt[slot] = read_stacked(f, slot_prefix(slot, v1), model_->params_layout(), total_members());
   const std::size_t tensors =
       (1 + optimizer_->slots().size()) * model_->tensors().size() + model_->state_layout().tensors.size();
   if (f.tensors.size() != tensors)

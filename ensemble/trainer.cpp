@@ -130,23 +130,18 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<Sequential> model, const Da
   config_.mesh_model = devices / along;
   config_.processes = 1;
   for (const Device& d : mesh_.devices()) config_.processes = std::max(config_.processes, d.process + 1);
-  for (const Device& d : mesh_.local_devices())
-    mesh_index_.push_back(static_cast<int>(std::find(mesh_.devices().begin(), mesh_.devices().end(), d) -
-                                           mesh_.devices().begin()));
   if (config_.members == 0) config_.members = config_.mode == Mode::ensemble ? along : 1;
   config_.check(along, train, test);
   if (!config_.dropout.empty() &&
       std::none_of(model_->layers().begin(), model_->layers().end(), [](const auto& l) { return l->random(); }))
     throw ValueError("--dropout sets the rate of the model's Dropout layers, and " + model_->name() + " has none");
   optimizer_ = make_optimizer(config_.optimizer);
-  if (config_.splits_weights()) make_plan();
-  check_memory(config_, along, plan_ ? plan_->local_params() : model_->params_per_member(),
+  placement_ = std::make_unique<Placement>(config_, *model_, mesh_);
+  check_memory(config_, along, plan() ? plan()->local_params() : model_->params_per_member(),
                2 + static_cast<int>(optimizer_->slots().size()));
-  total_members_ = config_.members;
-  members_per_device_ = config_.mode == Mode::ensemble ? config_.members / along : 1;
-  if (config_.member_group < 0 || config_.member_group > members_per_device_)
+  if (config_.member_group < 0 || config_.member_group > members_per_device())
     throw ValueError("member group " + std::to_string(config_.member_group) + " is outside 0.." +
-                     std::to_string(members_per_device_) + " (the members per device; 0: default)");
+                     std::to_string(members_per_device()) + " (the members per device; 0: default)");
   auto keys = split(key(config_.seed), 2);
   init_key_ = keys[0];
   data_key_ = keys[1];
@@ -154,24 +149,12 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<Sequential> model, const Da
   options_.update = UpdateOptions{schedule_params(), config_.optimizer.clip_norm};
   options_.data_parallel = config_.mode != Mode::ensemble;  // model parallel: data parallel over "data" too
   options_.axis = mesh_.axes()[0].name;
-  options_.total_members = total_members_;
+  options_.total_members = total_members();
   options_.member_dropout = !config_.dropout.empty();
   if (config_.report_every == 0) config_.report_every = config_.backend == DeviceKind::cpu ? 1 : 16;
   make_device_work();
   if (config_.processes > 1) check_processes_agree();
   init_members();
-}
-
-void Trainer::make_plan() {
-  plan_ = std::make_unique<ShardingPlan>(*model_, config_.layout, mesh_.axes());
-  // The first axis holds other members or other examples: a weight split over it would mix them.
-  for (const ShardedTensor& t : plan_->tensors())
-    if (std::find(t.axis_of_dim.begin(), t.axis_of_dim.end(), 0) != t.axis_of_dim.end())
-      throw ValueError("layout of " + t.name + " (shape " + shape_str(t.shape) + "): " + t.spec.str() +
-                       ": splits it over '" + mesh_.axes()[0].name + "', which holds " +
-                       (config_.mode == Mode::ensemble ? "other members" : "other examples") +
-                       ": weights may be split over 'model' only (--layout)");
-  local_ = local_model(*model_, *plan_);
 }
 
 void Trainer::make_device_work() {
@@ -184,34 +167,35 @@ void Trainer::make_device_work() {
   std::vector<DeviceWork*> ptrs;
   std::vector<TrainState> states;
   RunnerSplit runner_split;  // split weights: each layer's collectives over the mesh's axes
-  if (plan_) runner_split = RunnerSplit{local_.splits, {mesh_.axes()[0].name, mesh_.axes()[1].name}, ""};
+  if (plan())
+    runner_split = RunnerSplit{placement_->local().splits, {mesh_.axes()[0].name, mesh_.axes()[1].name}, ""};
   // Data and model parallel: the global batch is spread over the first axis (BatchNorm's statistics).
   if (options_.data_parallel) runner_split.batch_axis = mesh_.axes()[0].name;
-  const auto member_keys = split(init_key_, total_members_);
+  const auto member_keys = split(init_key_, total_members());
   for (const Device& d : mesh_.local_devices()) {
     // This device's first member: the first along the mode's axis (data and model parallel: the one model).
-    const int first = options_.data_parallel ? 0 : mesh_.coords(mesh_index_[ptrs.size()])[0] * members_per_device_;
-    work_.push_back(std::make_unique<DeviceWork>(device_model(), backend, d, members_per_device_, rows, eval_batch,
-                                                 config_.member_group, log_rows(),
-                                                 OptimizerWork(config_.optimizer, members_per_device_, first, d),
+    const int first = placement_->first_member(ptrs.size());
+    work_.push_back(std::make_unique<DeviceWork>(placement_->device_model(), backend, d, members_per_device(), rows,
+                                                 eval_batch, config_.member_group, log_rows(),
+                                                 OptimizerWork(config_.optimizer, members_per_device(), first, d),
                                                  config_.graphs, runner_split));
     ptrs.push_back(work_.back().get());
     // Each member's random stream (Dropout): a key folded from its initialization key.
     std::vector<std::uint32_t> keys;
-    for (int j = 0; j < members_per_device_; ++j) {
+    for (int j = 0; j < members_per_device(); ++j) {
       const Key k = fold_in(member_keys[static_cast<std::size_t>(first + j)], kDropoutStream);
       keys.insert(keys.end(), {k.k0, k.k1});
     }
     work_.back()->keys.copy_from_host(keys.data(), keys.size() * sizeof(std::uint32_t));
     if (!config_.dropout.empty()) {  // each member's own rate, or the one rate
       std::vector<float> rates;
-      for (int j = 0; j < members_per_device_; ++j)
+      for (int j = 0; j < members_per_device(); ++j)
         rates.push_back(config_.dropout[config_.dropout.size() == 1 ? 0 : static_cast<std::size_t>(first + j)]);
       work_.back()->dropout_rates.copy_from_host(rates.data(), rates.size() * sizeof(float));
     }
-    const Shape s{members_per_device_ * device_model().params_per_member()};
+    const Shape s{members_per_device() * placement_->device_model().params_per_member()};
     states.push_back(make_train_state(*optimizer_, Array(s, DType::f32, d),
-                                      members_per_device_ * model_->state_per_member()));
+                                      members_per_device() * model_->state_per_member()));
   }
   work_ptrs_ = Sharded<DeviceWork*>(std::move(ptrs));
   states_ = Sharded<TrainState>(std::move(states));
@@ -224,7 +208,7 @@ void Trainer::make_device_work() {
   train_feed_ = std::make_unique<Feed<Batch>>(
       mesh_, prototype(config_.batch_size),
       options_.data_parallel ? FeedLayout::sharded(options_.axis) : FeedLayout::replicated());
-  evaluator_ = std::make_unique<Evaluator>(mesh_, test_, eval_batch, members_per_device_, total_members_);
+  evaluator_ = std::make_unique<Evaluator>(mesh_, test_, eval_batch, members_per_device(), total_members());
   // Handles and workspaces the steps use are created now, on the devices' threads: steps allocate nothing.
   pmap::pmap([](DeviceWork* w) { w->backend.prepare(); }, mesh_)(work_ptrs_);
 }
@@ -268,37 +252,25 @@ kernels::ScheduleParams Trainer::schedule_params() {
 void Trainer::init_members() {
   // Data and model parallel: one model (member 0's key) on every replica. Split weights: each device takes
   // its blocks of the whole initial weights, so the start does not depend on the mesh.
-  const auto keys = split(init_key_, total_members_);
-  std::vector<float> all(static_cast<std::size_t>(total_members_ * model_->params_per_member()));
+  const auto keys = split(init_key_, total_members());
+  std::vector<float> all(static_cast<std::size_t>(total_members() * model_->params_per_member()));
   model_->init(keys, all);
-  restore(all, model_->init_state(total_members_), zero_optimizer_state(), 0);
+  restore(all, model_->init_state(total_members()), zero_optimizer_state(), 0);
 }
 
 std::map<std::string, std::vector<float>> Trainer::zero_optimizer_state() const {
   std::map<std::string, std::vector<float>> zeros;
   for (const std::string& slot : optimizer_->slots())
-    zeros[slot].assign(static_cast<std::size_t>(total_members_ * model_->params_per_member()), 0.0f);
+    zeros[slot].assign(static_cast<std::size_t>(total_members() * model_->params_per_member()), 0.0f);
   return zeros;
 }
 
-void Trainer::fill_batch(Feed<Batch>& feed, const std::vector<std::uint32_t>& order, std::int64_t begin, int size,
-                         const Dataset& data, bool own_rows_only) {
-  // A data-parallel training step over several processes: each process fills only its devices' rows of
-  // the batch (the device at r along the first axis gets rows [r * rows, (r + 1) * rows); the other rows
-  // are never read here). Evaluation reads every row on every device.
-  std::int64_t first = 0, count = size;
-  const int parts = mesh_.axes()[0].size;
-  if (own_rows_only && options_.data_parallel && config_.processes > 1 && size % parts == 0) {
-    const std::int64_t rows = size / parts;
-    int lo = parts, hi = -1;
-    for (int i : mesh_index_) {
-      const int r = mesh_.coords(i)[0];
-      lo = std::min(lo, r);
-      hi = std::max(hi, r);
-    }
-    first = lo * rows;
-    count = (hi + 1) * rows - first;
-  }
+void Trainer::fill_train_batch(const std::vector<std::uint32_t>& order, std::int64_t begin) {
+  // Data parallel over several processes: each process fills only its devices' rows of the batch (the other
+  // rows are never read here).
+  const auto [first, count] = placement_->own_rows(config_.batch_size);
+  Feed<Batch>& feed = *train_feed_;
+  const Dataset& data = train_;
   Batch& host = feed.next();
   std::span<const std::uint32_t> idx(order.data() + begin + first, static_cast<std::size_t>(count));
   const auto example = static_cast<std::size_t>(data.image_size());
@@ -375,20 +347,19 @@ EpochMetrics Trainer::run_epoch(const StepCallback& on_step) {
   }, mesh_);
   // The log is gathered over the first axis (devices along "model" log the same).
   const int along = mesh_.axes()[0].size;
-  EpochSums sums{static_cast<std::size_t>(along), static_cast<std::size_t>(members_per_device_),
+  EpochSums sums{static_cast<std::size_t>(along), static_cast<std::size_t>(members_per_device()),
                  static_cast<std::size_t>(log_rows()),
-                 static_cast<double>(options_.data_parallel ? along : total_members_)};
+                 static_cast<double>(options_.data_parallel ? along : total_members())};
   const auto t0 = Clock::now();
   auto report_step = [&](int step, double loss, double running_loss) {
     if (!on_step) return;
-    const double secs = seconds_since(t0), images = static_cast<double>(total_members_) * config_.batch_size * step;
+    const double secs = seconds_since(t0), images = static_cast<double>(total_members()) * config_.batch_size * step;
     on_step(StepReport{step, steps, loss, running_loss, secs > 0 ? images / secs : 0.0});
   };
-  if (steps > 0) fill_batch(*train_feed_, order, 0, config_.batch_size, train_, /*own_rows_only=*/true);
+  if (steps > 0) fill_train_batch(order, 0);
   for (int s = 0; s < steps; ++s) {
     if (s + 1 < steps)  // the next batch's copy overlaps this step
-      fill_batch(*train_feed_, order, static_cast<std::int64_t>(s + 1) * config_.batch_size, config_.batch_size,
-                 train_, /*own_rows_only=*/true);
+      fill_train_batch(order, static_cast<std::int64_t>(s + 1) * config_.batch_size);
     const bool report = (s + 1) % config_.report_every == 0 || s + 1 == steps;
     auto res = step_fn(states_, work_ptrs_, train_feed_->pop(), options_, report);
     if (!report) continue;
@@ -398,8 +369,8 @@ EpochMetrics Trainer::run_epoch(const StepCallback& on_step) {
   m.seconds = seconds_since(t0);
   const double seen = static_cast<double>(steps) * config_.batch_size;
   m.train_loss = steps > 0 ? sums.loss_sum / steps : 0.0;
-  m.train_accuracy = steps > 0 ? sums.correct / (seen * total_members_) : 0.0;
-  m.model_images_per_second = m.seconds > 0 ? total_members_ * seen / m.seconds : 0.0;
+  m.train_accuracy = steps > 0 ? sums.correct / (seen * total_members()) : 0.0;
+  m.model_images_per_second = m.seconds > 0 ? total_members() * seen / m.seconds : 0.0;
   ++epochs_done_;
   const auto t1 = Clock::now();
   evaluate(m);
@@ -432,77 +403,6 @@ std::vector<float> Trainer::optimizer_state(const std::string& slot) const {
     throw ValueError("optimizer_state: " + optimizer_->name() + " has no slot '" + slot + "' (its slots: " + names + ")");
   }
   return stacked(slot);
-}
-
-std::vector<float> Trainer::stacked(const std::string& name) const {
-  std::vector<std::vector<float>> mine;
-  for (const TrainState& s : states_)
-    mine.push_back((name == "params" ? s.params : name == "state" ? s.state : s.opt.at(name)).to_vector<float>());
-  const std::vector<float> all = distributed::process_allgather(mesh_, mine);  // every device's, in mesh order
-  if (name == "state") {  // whole on every device: the devices at (r, 0, ...) hold the members at r
-    if (!plan_)
-      return stack_members(model_->state_layout(), all, options_.data_parallel ? 1 : mesh_.size(),
-                           members_per_device_, total_members_);
-    const auto per = static_cast<std::int64_t>(members_per_device_) * model_->state_per_member();
-    const int rows = options_.data_parallel ? 1 : mesh_.axes()[0].size;
-    std::vector<float> blocks(static_cast<std::size_t>(rows * per));
-    for (int i = 0; i < mesh_.size(); ++i) {
-      const std::vector<int> c = mesh_.coords(i);
-      if (c[0] < rows && std::all_of(c.begin() + 1, c.end(), [](int v) { return v == 0; }))
-        std::copy_n(all.begin() + i * per, per, blocks.begin() + c[0] * per);
-    }
-    return stack_members(model_->state_layout(), blocks, rows, members_per_device_, total_members_);
-  }
-  // Data parallel: every device holds the one model; the first device's copy is it.
-  if (!plan_) return stack_members(*model_, all, options_.data_parallel ? 1 : mesh_.size(), members_per_device_,
-                                   total_members_);
-  // Split weights: member j of the devices at r along the first axis is put back together from the blocks
-  // of the devices (r, 0..M-1) along "model" (data and model parallel: r = 0 holds the one model).
-  const auto per = static_cast<std::int64_t>(members_per_device_), local = plan_->local_params();
-  const auto full = static_cast<std::size_t>(plan_->full_params());
-  const int rows = options_.data_parallel ? 1 : mesh_.axes()[0].size;
-  std::vector<float> members(static_cast<std::size_t>(rows * per) * full);  // member by member, whole
-  for (int i = 0; i < mesh_.size(); ++i) {
-    const std::vector<int> c = mesh_.coords(i);
-    if (c[0] >= rows) continue;
-    const std::vector<float> device(all.begin() + static_cast<std::ptrdiff_t>(i * per * local),
-                                    all.begin() + static_cast<std::ptrdiff_t>((i + 1) * per * local));
-    for (std::int64_t j = 0; j < per; ++j) {
-      const std::vector<float> block = member_block(device_model(), device, per, j, 1);
-      const auto g = static_cast<std::size_t>(c[0] * per + j);
-      plan_->unshard(block, c, std::span<float>(members.data() + g * full, full));
-    }
-  }
-  return stack_members(*model_, members, static_cast<int>(rows * per), 1, total_members_);
-}
-
-void Trainer::restore(const std::vector<float>& params, const std::vector<float>& state,
-                      const std::map<std::string, std::vector<float>>& opt, std::int64_t step) {
-  const auto per = static_cast<std::int64_t>(members_per_device_);
-  for (std::size_t i = 0; i < mesh_index_.size(); ++i) {
-    TrainState& s = states_[i];
-    const std::vector<int> c = mesh_.coords(mesh_index_[i]);
-    const std::int64_t first = options_.data_parallel ? 0 : std::int64_t{c[0]} * per;
-    std::vector<std::pair<const std::vector<float>*, Array*>> variables{{&params, &s.params}};
-    for (auto& [slot, array] : s.opt) variables.emplace_back(&opt.at(slot), &array);
-    for (auto [src, dst] : variables) {
-      std::vector<float> block;
-      if (plan_) {  // this device's blocks of each of its members, stacked as the local model's tensors
-        const auto local = static_cast<std::size_t>(plan_->local_params());
-        std::vector<float> mine(static_cast<std::size_t>(per) * local);
-        for (std::int64_t j = 0; j < per; ++j)
-          plan_->shard(member_block(*model_, *src, total_members_, first + j, 1), c,
-                       std::span<float>(mine.data() + static_cast<std::size_t>(j) * local, local));
-        block = stack_members(device_model(), mine, static_cast<int>(per), 1, per);
-      } else {
-        block = member_block(*model_, *src, total_members_, first, per);
-      }
-      dst->copy_from_host(block.data(), block.size() * sizeof(float));
-    }
-    const std::vector<float> st = member_block(model_->state_layout(), state, total_members_, first, per);
-    if (!st.empty()) s.state.copy_from_host(st.data(), st.size() * sizeof(float));
-    s.step.copy_from_host(&step, sizeof step);
-  }
 }
 
 }  // namespace pmap::ensemble

@@ -28,6 +28,7 @@
 #include <pmapcc/ensemble/layout.h>
 #include <pmapcc/ensemble/metrics.h>
 #include <pmapcc/ensemble/model.h>
+#include <pmapcc/ensemble/placement.h>
 #include <pmapcc/ensemble/step.h>
 #include <pmapcc/io/json.h>
 
@@ -66,11 +67,11 @@ class Trainer {
   const Sequential& model() const { return *model_; }
   const Optimizer& optimizer() const { return *optimizer_; }
   // Where each weight lives when splits_weights() (nullptr otherwise).
-  const ShardingPlan* plan() const { return plan_.get(); }
+  const ShardingPlan* plan() const { return placement_->plan(); }
   const Mesh& mesh() const { return mesh_; }
-  int members_per_device() const { return members_per_device_; }
+  int members_per_device() const { return placement_->members_per_device(); }
   int member_group() const;  // the members a device runs at once
-  int total_members() const { return total_members_; }
+  int total_members() const { return placement_->total_members(); }
   int epochs_done() const { return epochs_done_; }
   int steps_per_epoch() const;
   // Rows of each device's per-step log: report_every, at most an epoch's steps.
@@ -114,26 +115,22 @@ class Trainer {
  private:
   // The devices' step buffers, the feeds and the backend's handles (allocated once, here).
   void make_device_work();
-  void make_plan();  // plan_ and local_ from config.layout; ValueError for a weight split over the first axis
   void init_members();
   // The schedule's kernel parameters, a cosine decay over the run's steps after warmup filled in
   // (config_.optimizer.schedule.decay_steps); ValueError when nothing is left to decay over.
   kernels::ScheduleParams schedule_params();
   void check_processes_agree() const;  // ValueError unless every process has the same config and data
-  // The members' variable `name` ("params", "state" or an optimizer slot) stacked, gathered from every
-  // device (weights split over "model" put back together; the state is whole on every device); and the
-  // reverse: each device's members (its blocks of their weights) from stacked params, model state and
-  // optimizer slots (every slot, by name), at `step`.
-  std::vector<float> stacked(const std::string& name) const;
+  // The members' variable `name` stacked, and the reverse, at `step` (Placement::stacked, restore).
+  std::vector<float> stacked(const std::string& name) const { return placement_->stacked(states_, name); }
   void restore(const std::vector<float>& params, const std::vector<float>& state,
-               const std::map<std::string, std::vector<float>>& opt, std::int64_t step);
+               const std::map<std::string, std::vector<float>>& opt, std::int64_t step) {
+    placement_->restore(states_, params, state, opt, step);
+  }
   // Zeros for every optimizer slot, as restore takes them.
   std::map<std::string, std::vector<float>> zero_optimizer_state() const;
-  // The model a device runs: the local model when weights are split, else the model.
-  const Sequential& device_model() const { return local_.model ? *local_.model : *model_; }
-  // Fills a feed's next host batch with examples order[begin, begin + size) of data.
-  void fill_batch(Feed<Batch>& feed, const std::vector<std::uint32_t>& order, std::int64_t begin, int size,
-                  const Dataset& data, bool own_rows_only);
+  // Fills the training feed's next host batch with examples order[begin, begin + batch size) (the rows this
+  // process fills: Placement::own_rows).
+  void fill_train_batch(const std::vector<std::uint32_t>& order, std::int64_t begin);
 
   TrainConfig config_;
   const Dataset& train_;
@@ -141,11 +138,7 @@ class Trainer {
   std::unique_ptr<Sequential> model_;
   std::unique_ptr<Optimizer> optimizer_;
   Mesh mesh_;
-  std::unique_ptr<ShardingPlan> plan_;  // splits_weights(): each weight's blocks
-  LocalModel local_;                    // splits_weights(): the model a device runs, and its layers' splits
-  std::vector<int> mesh_index_;  // mesh position of each local device
-  int members_per_device_ = 1;
-  int total_members_ = 1;
+  std::unique_ptr<Placement> placement_;  // the members' places: which device, which blocks of the weights
   Key init_key_{}, data_key_{};
   StepOptions options_;
   Sharded<TrainState> states_;
