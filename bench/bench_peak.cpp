@@ -1,0 +1,184 @@
+// bench_peak: this machine's arithmetic peak per core, measured, beside what pmapcc's GEMM reaches with each
+// of its CPU kernel variants. The peak is chains of fused multiply-adds on registers, nothing from memory:
+// AVX2 (8 fp32 lanes), AVX-512 (16 lanes) and AVX512_BF16's vdpbf16ps (32 bf16 products summed into 16 fp32
+// lanes), each with enough independent accumulators to cover the instruction's latency (12 chains; 24 for
+// vdpbf16ps). One thread, pinned to nothing; medians over repetitions. A row this CPU cannot run prints
+// "n/a". Usage:
+//   bench_peak [--reps R] [--size N]      (defaults 7 repetitions; sgemm at N = 1024)
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <immintrin.h>
+
+#include <pmap/error.h>
+#include <pmapcc/kernels/cpu_backend.h>
+
+#include "machine.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr long kIterations = 20'000'000;  // per repetition: 0.03 to 0.2 s at the peak
+
+// 12 independent chains of `acc = x * y + acc` on 8 fp32 lanes; returns a lane sum so nothing is dropped.
+__attribute__((target("avx2,fma"))) float fma_avx2(long iterations) {
+  __m256 acc[12];
+  for (auto& a : acc) a = _mm256_set1_ps(0.0f);
+  const __m256 x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(1e-7f);
+  for (long i = 0; i < iterations; ++i) {
+#pragma GCC unroll 12
+    for (auto& a : acc) a = _mm256_fmadd_ps(x, a, y);
+  }
+  __m256 s = acc[0];
+  for (int k = 1; k < 12; ++k) s = _mm256_add_ps(s, acc[k]);
+  float out[8];
+  _mm256_storeu_ps(out, s);
+  return out[0];
+}
+
+// The first lane of the accumulators' sum (so that no chain is dropped).
+template <int N> __attribute__((target("avx512f"))) float lane0(const __m512 (&acc)[N]) {
+  float sum = 0.0f, lanes[16];
+  for (const __m512& a : acc) {
+    _mm512_storeu_ps(lanes, a);
+    sum += lanes[0];
+  }
+  return sum;
+}
+
+// The same on 16 lanes.
+__attribute__((target("avx512f"))) float fma_avx512(long iterations) {
+  __m512 acc[12];
+  for (auto& a : acc) a = _mm512_set1_ps(0.0f);
+  const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(1e-7f);
+  for (long i = 0; i < iterations; ++i) {
+#pragma GCC unroll 12
+    for (auto& a : acc) a = _mm512_fmadd_ps(x, a, y);
+  }
+  return lane0(acc);
+}
+
+// 24 chains of vdpbf16ps (its latency is longer than an FMA's): each lane adds two bf16 products to its
+// fp32 sum (64 flops per instruction).
+__attribute__((target("avx512f,avx512bf16"))) float dot_bf16(long iterations) {
+  __m512 acc[24];
+  for (auto& a : acc) a = _mm512_set1_ps(0.0f);
+  const __m512bh x = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(1e-3f));
+  const __m512bh y = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(1e-3f));
+  for (long i = 0; i < iterations; ++i) {
+#pragma GCC unroll 24
+    for (auto& a : acc) a = _mm512_dpbf16_ps(a, x, y);
+  }
+  return lane0(acc);
+}
+
+struct Row {
+  std::string what;
+  bool runs;
+  double flops_per_iteration;
+  float (*kernel)(long);
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// GFLOP/s of `row`, the median of `reps` repetitions after one warm-up.
+double measure(const Row& row, int reps) {
+  volatile float sink = row.kernel(kIterations / 10);
+  std::vector<double> rates;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    sink = sink + row.kernel(kIterations);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    rates.push_back(row.flops_per_iteration * static_cast<double>(kIterations) / s / 1e9);
+  }
+  return median(rates);
+}
+
+// pmapcc's one-thread sgemm (matmul, n x n x n) with the active CPU kernel variant: median GFLOP/s.
+double sgemm(int n, int reps) {
+  pmap::kernels::MatmulParams p;
+  p.rows = p.cols = p.depth = n;
+  const std::size_t elems = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
+  std::vector<float> a(elems, 0.5f), b(elems, 0.25f), c(elems, 0.0f);
+  std::vector<unsigned char> ws(pmap::kernels::cpu_backend().matmul_workspace_bytes(p));
+  pmap::kernels::cpu_backend().matmul(p, a.data(), b.data(), c.data(), ws.data());
+  std::vector<double> rates;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    pmap::kernels::cpu_backend().matmul(p, a.data(), b.data(), c.data(), ws.data());
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    rates.push_back(2.0 * n * n * static_cast<double>(n) / s / 1e9);
+  }
+  return median(rates);
+}
+
+int positive_flag(const char* name, const char* value) {
+  char* end = nullptr;
+  const long v = std::strtol(value, &end, 10);
+  if (end == value || *end != '\0' || v < 1 || v > 100000) {
+    std::fprintf(stderr, "bench_peak: %s: expected a positive integer, got '%s'\n", name, value);
+    std::exit(2);
+  }
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 7, size = 1024;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if ((flag == "--reps" || flag == "--size") && i + 1 < argc) {
+      (flag == "--reps" ? reps : size) = positive_flag(argv[i], argv[i + 1]);
+      ++i;
+    } else {
+      std::fprintf(stderr, "bench_peak: unknown argument '%s'\nusage: bench_peak [--reps R] [--size N]\n", argv[i]);
+      return 2;
+    }
+  }
+  __builtin_cpu_init();
+  std::printf("bench_peak: %s\ncpu: %s\nload before: %s\n", bench::command_line(argc, argv).c_str(),
+              bench::cpu_model().c_str(), bench::first_line("/proc/loadavg").c_str());
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16");
+  const Row rows[] = {
+      {"fp32 FMA, AVX2 (8 lanes x 2 flops)", avx2, 12 * 8 * 2.0, fma_avx2},
+      {"fp32 FMA, AVX-512 (16 lanes x 2 flops)", avx512, 12 * 16 * 2.0, fma_avx512},
+      {"bf16 dot product into fp32, vdpbf16ps (16 lanes x 4 flops)", bf16, 24 * 16 * 4.0, dot_bf16},
+  };
+  std::printf("\nPeak per core (register-resident chains, one thread, median of %d):\n", reps);
+  double best_fp32 = 0;
+  for (const Row& r : rows) {
+    if (!r.runs) {
+      std::printf("  %-62s n/a (this CPU lacks it)\n", r.what.c_str());
+      continue;
+    }
+    const double g = measure(r, reps);
+    if (r.kernel != dot_bf16) best_fp32 = std::max(best_fp32, g);
+    std::printf("  %-62s %8.1f GFLOP/s\n", r.what.c_str(), g);
+  }
+  std::printf("\npmapcc sgemm (matmul %dx%dx%d, one thread, median of %d), per CPU kernel variant:\n", size, size,
+              size, reps);
+  try {
+    for (const std::string& isa : pmap::kernels::cpu::available_isas()) {
+      pmap::kernels::cpu::set_isa(isa);
+      const double g = sgemm(size, reps);
+      std::printf("  %-10s %8.1f GFLOP/s  (%.0f %% of the best fp32 peak)\n", isa.c_str(), g,
+                  best_fp32 > 0 ? 100.0 * g / best_fp32 : 0.0);
+    }
+  } catch (const pmap::Error& e) {
+    std::fprintf(stderr, "bench_peak: error: %s\n", e.what());
+    return 1;
+  }
+  std::printf("\nload after: %s\n", bench::first_line("/proc/loadavg").c_str());
+  return 0;
+}
