@@ -55,7 +55,7 @@ _pmapcc_cpu_variant_option(AVX2 "AVX2+FMA")
 _pmapcc_cpu_variant_option(AVX512 "AVX-512 (F/BW/DQ/VL)+FMA")
 
 # pmapcc_cpu_variant(<name> <compile flags> <out var>): compiles kernel_cpu_sources as variant <name> and
-# sets <out var> to what pmapcc_kernels links in (the objects, or for avx2 the one localized object).
+# sets <out var> to what pmapcc_kernels links in (the objects, or for avx2 and avx512 the one localized object).
 function(pmapcc_cpu_variant name flags out_var)
   set(lib pmapcc_kernels_cpu_${name})
   add_library(${lib} OBJECT ${kernel_cpu_sources})
