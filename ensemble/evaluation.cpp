@@ -2,6 +2,7 @@
 #include <pmapcc/ensemble/evaluation.h>
 
 #include <algorithm>
+#include <numeric>
 #include <span>
 #include <string>
 
@@ -126,6 +127,8 @@ Evaluator::Evaluator(const Mesh& mesh, const Dataset& test, int eval_batch, int 
   const Batch prototype{Array(Shape{eval_batch_, test.rows, test.cols, 1}, DType::f32),
                         Array(Shape{eval_batch_}, DType::i32)};
   feed_ = std::make_unique<Feed<Batch>>(mesh_, prototype, FeedLayout::replicated());
+  order_.resize(static_cast<std::size_t>(test.count));
+  std::iota(order_.begin(), order_.end(), 0u);
 }
 
 Evaluator::~Evaluator() = default;
@@ -136,8 +139,7 @@ int Evaluator::size_at(std::int64_t begin) const {
 
 void Evaluator::fill(std::int64_t begin, int size) {
   Batch& host = feed_->next();
-  std::vector<std::uint32_t> idx(static_cast<std::size_t>(size));
-  for (int i = 0; i < size; ++i) idx[static_cast<std::size_t>(i)] = static_cast<std::uint32_t>(begin + i);
+  const std::span<const std::uint32_t> idx(order_.data() + begin, static_cast<std::size_t>(size));
   gather_batch(test_, idx, host.images.data<float>(), host.labels.data<std::int32_t>());
   feed_->push();
 }

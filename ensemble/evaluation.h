@@ -50,6 +50,7 @@ class Evaluator {
   const Mesh& mesh_;
   const Dataset& test_;
   int eval_batch_, members_per_device_, total_members_;
+  std::vector<std::uint32_t> order_;  // the test set in order: 0, 1, ..., count - 1
   std::unique_ptr<Feed<Batch>> feed_;
   std::vector<std::unique_ptr<ReportWork>> report_work_;  // per local device, made by the first report
 };
