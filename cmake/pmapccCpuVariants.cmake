@@ -65,6 +65,11 @@ function(pmapcc_cpu_variant name flags out_var)
   # No contraction of a * b + c into FMA outside Eigen's explicit kernels: element-wise ops (SGD, relu,
   # pooling) then round the same in every variant, as the optimizer's bitwise test expects.
   target_compile_options(${lib} PRIVATE ${flags} $<$<CXX_COMPILER_ID:GNU,Clang>:-ffp-contract=off>)
+  # GCC's -O2 vectorizes only loops that need no scalar epilogue or alias check (its "very cheap" cost
+  # model), which left the element-wise and per-channel loops here (batch norm, relu, col2im) scalar; the
+  # dynamic model vectorizes them as -O3 would. The bits stay the same: element-wise IEEE arithmetic gives
+  # the same result in a vector lane, and GCC reorders no float sum without -fassociative-math.
+  target_compile_options(${lib} PRIVATE $<$<CXX_COMPILER_ID:GNU>:-fvect-cost-model=dynamic>)
   pmapcc_warnings(${lib})
   # GCC 12's own AVX-512 headers pass `__m512 __Y = __Y` as the unused merge operand of their intrinsics, which
   # its -W(maybe-)uninitialized then reports where Eigen inlines them (GCC bug 105593, fixed in GCC 13).

@@ -166,6 +166,19 @@ TEST_CASE("dropout: the mask depends on the key, the step, the example's global 
     cpu_layers().dropout(b, keys.data() + 2 * m, step.data(), x.data(), y_split.data() + base + 100 * 70);
   }
   CHECK(same_bits(y_split, y));
+  // Features [0, 33) and [33, 70) run apart, the second with its offset (a model-parallel split that starts
+  // inside a block of 4 features): the same masks, example by example.
+  k::DropoutParams left = p, right = p;
+  left.features = 33, right.features = 37, right.feature_offset = 33;
+  std::vector<float> y_left(2 * 300 * 33), y_right(2 * 300 * 37);
+  cpu_layers().dropout(left, keys.data(), step.data(), x.data(), y_left.data());
+  cpu_layers().dropout(right, keys.data(), step.data(), x.data(), y_right.data());
+  std::vector<float> y_joined;
+  for (std::size_t row = 0; row < 2 * 300; ++row) {
+    y_joined.insert(y_joined.end(), y_left.begin() + row * 33, y_left.begin() + (row + 1) * 33);
+    y_joined.insert(y_joined.end(), y_right.begin() + row * 37, y_right.begin() + (row + 1) * 37);
+  }
+  CHECK(same_bits(y_joined, y));
   // Members differ (their keys), and so do steps and layers (streams).
   CHECK(!std::equal(y.begin(), y.begin() + 300 * 70, y.begin() + 300 * 70));
   std::vector<float> y_next(n), y_stream(n);
@@ -190,13 +203,16 @@ TEST_CASE("dropout: the mask depends on the key, the step, the example's global 
 
 TEST_CASE("cuda layer ops and every CPU ISA variant are bitwise the generic CPU ops") {
   k::BatchNormParams p;
-  p.members = 3, p.rows = 50, p.channels = 7, p.relu = true;
-  const std::size_t n = 3 * 50 * 7, mc = 21;
+  // 13 channels: the CPU sums take a block of 8, one of 4 and one single channel.
+  p.members = 3, p.rows = 50, p.channels = 13, p.relu = true;
+  const std::size_t n = 3 * 50 * 13, mc = 39;
   const auto x = random_floats(n, 51, -2.0f, 2.0f), dy = random_floats(n, 52), gamma = random_floats(mc, 53),
              beta = random_floats(mc, 54);
   k::DropoutParams d;
-  d.members = 3, d.rows = 10, d.features = 35, d.rate = 0.25f, d.example_offset = 7, d.stream = 2;
-  auto run = [&](const k::LayerOps& ops, auto&& buffer) {
+  d.members = 3, d.rows = 10, d.features = 65, d.rate = 0.25f, d.example_offset = 7, d.stream = 2;
+  // A model-parallel shard that starts inside a block of 4 features (the CPU draws one Philox block per 4).
+  k::DropoutParams shard = d;
+  shard.feature_offset = 5;  auto run = [&](const k::LayerOps& ops, auto&& buffer) {
     auto bx = buffer(x), bdy = buffer(dy), bg = buffer(gamma), bb = buffer(beta);
     auto sums = buffer(std::vector<double>(2 * mc)), bsums = buffer(std::vector<double>(2 * mc));
     auto mm = buffer(std::vector<float>(mc, 0.0f)), mv = buffer(std::vector<float>(mc, 1.0f));
@@ -232,9 +248,12 @@ TEST_CASE("cuda layer ops and every CPU ISA variant are bitwise the generic CPU 
     each.rates = rates.template data<float>();
     ops.dropout(each, keys.template data<std::uint32_t>(), step.template data<std::int64_t>(),
                 bdy.template data<float>(), dropped_each.template data<float>());
+    auto dropped_shard = buffer(std::vector<float>(n));
+    ops.dropout(shard, keys.template data<std::uint32_t>(), step.template data<std::int64_t>(),
+                bdy.template data<float>(), dropped_shard.template data<float>());
     std::vector<std::vector<float>> out;
     for (const pmap::Array* a : {&mm, &mv, &stats, &y, &dg, &db, &dx, &dropped, &scaled, &y_shift, &y_scale, &y_bare,
-                                 &dx_shift, &dropped_each})
+                                 &dx_shift, &dropped_each, &dropped_shard})
       out.push_back(a->to_vector<float>());
     return out;
   };

@@ -13,6 +13,51 @@
 
 namespace PMAPCC_CPU_NS {
 
+namespace {
+
+// Per-channel double sums over the rows of one member's (rows, c) block, W channels at a time from channel
+// k0: the accumulators stay in registers (the compiler keeps a fixed-width array there and vectorizes it),
+// and each channel still adds its values row by row, so the bits are those of one loop per channel.
+// Terms: kSquares adds x and x*x; otherwise dy and dy*x_hat (batch_norm_backward_sums).
+template <int W, bool kSquares>
+void channel_sums(std::int64_t rows, std::size_t c, std::size_t k0, const float* x, const float* dy,
+                  const float* mean, const float* inv, double* s, double* s2) {
+  double a[W] = {}, b[W] = {};
+  float mk[W] = {}, ik[W] = {};
+  if constexpr (!kSquares)
+    for (int j = 0; j < W; ++j) mk[j] = mean[k0 + j], ik[j] = inv[k0 + j];
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + static_cast<std::size_t>(r) * c + k0;
+    if constexpr (kSquares) {
+      for (int j = 0; j < W; ++j) {
+        const double v = xr[j];
+        a[j] += v;
+        b[j] += v * v;
+      }
+    } else {
+      const float* dr = dy + static_cast<std::size_t>(r) * c + k0;
+      for (int j = 0; j < W; ++j) {
+        const float x_hat = (xr[j] - mk[j]) * ik[j];
+        a[j] += static_cast<double>(dr[j]);
+        b[j] += static_cast<double>(dr[j] * x_hat);
+      }
+    }
+  }
+  for (int j = 0; j < W; ++j) s[k0 + j] = a[j], s2[k0 + j] = b[j];
+}
+
+// channel_sums over all c channels: blocks of 8, then 4, then single channels.
+template <bool kSquares>
+void all_channel_sums(std::int64_t rows, std::size_t c, const float* x, const float* dy, const float* mean,
+                      const float* inv, double* s, double* s2) {
+  std::size_t k = 0;
+  for (; k + 8 <= c; k += 8) channel_sums<8, kSquares>(rows, c, k, x, dy, mean, inv, s, s2);
+  for (; k + 4 <= c; k += 4) channel_sums<4, kSquares>(rows, c, k, x, dy, mean, inv, s, s2);
+  for (; k < c; ++k) channel_sums<1, kSquares>(rows, c, k, x, dy, mean, inv, s, s2);
+}
+
+}  // namespace
+
 void LayerOpsImpl::batch_norm_sums(BatchNormParams p, const float* x, double* sums) const {
   validate(p);
   detail::require(x, "batch_norm_sums", "x");
@@ -20,15 +65,8 @@ void LayerOpsImpl::batch_norm_sums(BatchNormParams p, const float* x, double* su
   const auto c = static_cast<std::size_t>(p.channels);
   for (int m = 0; m < p.members; ++m) {
     double* s = sums + static_cast<std::size_t>(m) * 2 * c;
-    double* s2 = s + c;
-    for (std::size_t k = 0; k < c; ++k) s[k] = s2[k] = 0.0;
     const float* xm = x + static_cast<std::size_t>(m) * static_cast<std::size_t>(p.rows) * c;
-    for (std::int64_t r = 0; r < p.rows; ++r, xm += c)
-      for (std::size_t k = 0; k < c; ++k) {
-        const double v = xm[k];
-        s[k] += v;
-        s2[k] += v * v;
-      }
+    all_channel_sums<true>(p.rows, c, xm, nullptr, nullptr, nullptr, s, s + c);
   }
 }
 
@@ -112,15 +150,8 @@ void LayerOpsImpl::batch_norm_backward_sums(BatchNormParams p, const float* x, c
     double* s2 = s + c;
     const float* mean = stats + static_cast<std::size_t>(m) * 2 * c;
     const float* inv = mean + c;
-    for (std::size_t k = 0; k < c; ++k) s[k] = s2[k] = 0.0;
     const std::size_t base = static_cast<std::size_t>(m) * static_cast<std::size_t>(p.rows) * c;
-    for (std::int64_t r = 0; r < p.rows; ++r)
-      for (std::size_t k = 0; k < c; ++k) {
-        const std::size_t i = base + static_cast<std::size_t>(r) * c + k;
-        const float x_hat = (x[i] - mean[k]) * inv[k];
-        s[k] += static_cast<double>(dy[i]);
-        s2[k] += static_cast<double>(dy[i] * x_hat);
-      }
+    all_channel_sums<false>(p.rows, c, x + base, dy + base, mean, inv, s, s2);
     for (std::size_t k = 0; k < c; ++k) {
       if (dbeta != nullptr) dbeta[static_cast<std::size_t>(m) * c + k] = static_cast<float>(s[k]);
       if (dgamma != nullptr) dgamma[static_cast<std::size_t>(m) * c + k] = static_cast<float>(s2[k]);
@@ -167,12 +198,28 @@ void LayerOpsImpl::dropout(DropoutParams p, const std::uint32_t* keys, const std
   detail::require(step, "dropout", "step");
   detail::require(x, "dropout", "x");
   detail::require(y, "dropout", "y");
+  // dropout_element's arithmetic, row by row: one Philox block gives the bits of 4 consecutive features
+  // (feature f takes word f % 4 of block f / 4), so each block is drawn once, not once per element.
   const std::int64_t t = *step;
-  const std::size_t per_member = static_cast<std::size_t>(p.rows) * static_cast<std::size_t>(p.features);
+  const auto features = static_cast<std::size_t>(p.features);
+  const auto offset = static_cast<std::size_t>(p.feature_offset);
   for (std::size_t m = 0; m < static_cast<std::size_t>(p.members); ++m) {
     const DropoutKeep keep = dropout_keep(dropout_rate(p, m));  // once per member, not per element
-    for (std::size_t i = m * per_member; i < (m + 1) * per_member; ++i)
-      y[i] = dropout_element(p, keep, keys, t, x[i], i);
+    const std::uint32_t k0 = keys[2 * m], k1 = keys[2 * m + 1];
+    for (std::int64_t r = 0; r < p.rows; ++r) {
+      const std::size_t row = (m * static_cast<std::size_t>(p.rows) + static_cast<std::size_t>(r)) * features;
+      const auto example = static_cast<std::uint32_t>(p.example_offset + r);
+      ::pmap::detail::Philox4 bits{};
+      for (std::size_t i = 0; i < features; ++i) {
+        const std::size_t f = i + offset;
+        if (i == 0 || f % 4 == 0) {
+          const ::pmap::detail::Philox4 counter{
+              {example, static_cast<std::uint32_t>(f / 4), static_cast<std::uint32_t>(t), p.stream}};
+          bits = ::pmap::detail::philox4x32_10(counter, k0, k1);
+        }
+        y[row + i] = bits.v[f % 4] >= keep.threshold ? x[row + i] * keep.scale : 0.0f;
+      }
+    }
   }
 }
 
