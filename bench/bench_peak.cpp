@@ -3,7 +3,8 @@
 // AVX2 (8 fp32 lanes), AVX-512 (16 lanes) and AVX512_BF16's vdpbf16ps (32 bf16 products summed into 16 fp32
 // lanes), each with enough independent accumulators to cover the instruction's latency (12 chains; 24 for
 // vdpbf16ps). One thread, pinned to nothing; medians over repetitions. A row this CPU cannot run prints
-// "n/a". Usage:
+// "n/a". The last line is the same figures as one JSON object (null where a row cannot run), which
+// bench/run_train_bench.py reads for its roofline. Usage:
 //   bench_peak [--reps R] [--size N]      (defaults 7 repetitions; sgemm at N = 1024)
 #include <algorithm>
 #include <chrono>
@@ -79,6 +80,7 @@ __attribute__((target("avx512f,avx512bf16"))) float dot_bf16(long iterations) {
 
 struct Row {
   std::string what;
+  const char* key;  // its name in the JSON line
   bool runs;
   double flops_per_iteration;
   float (*kernel)(long);
@@ -120,6 +122,12 @@ double sgemm(int n, int reps) {
   return median(rates);
 }
 
+std::string number(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f", v);
+  return text;
+}
+
 int positive_flag(const char* name, const char* value) {
   char* end = nullptr;
   const long v = std::strtol(value, &end, 10);
@@ -151,21 +159,26 @@ int main(int argc, char** argv) {
   const bool avx512 = __builtin_cpu_supports("avx512f");
   const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16");
   const Row rows[] = {
-      {"fp32 FMA, AVX2 (8 lanes x 2 flops)", avx2, 12 * 8 * 2.0, fma_avx2},
-      {"fp32 FMA, AVX-512 (16 lanes x 2 flops)", avx512, 12 * 16 * 2.0, fma_avx512},
-      {"bf16 dot product into fp32, vdpbf16ps (16 lanes x 4 flops)", bf16, 24 * 16 * 4.0, dot_bf16},
+      {"fp32 FMA, AVX2 (8 lanes x 2 flops)", "fma_avx2_gflops", avx2, 12 * 8 * 2.0, fma_avx2},
+      {"fp32 FMA, AVX-512 (16 lanes x 2 flops)", "fma_avx512_gflops", avx512, 12 * 16 * 2.0, fma_avx512},
+      {"bf16 dot product into fp32, vdpbf16ps (16 lanes x 4 flops)", "dot_bf16_gflops", bf16, 24 * 16 * 4.0, dot_bf16},
   };
   std::printf("\nPeak per core (register-resident chains, one thread, median of %d):\n", reps);
   double best_fp32 = 0;
+  std::string json = "{\"kind\":\"peak\",\"reps\":" + std::to_string(reps) + ",\"sgemm_size\":" + std::to_string(size);
   for (const Row& r : rows) {
+    json += ",\"" + std::string(r.key) + "\":";
     if (!r.runs) {
       std::printf("  %-62s n/a (this CPU lacks it)\n", r.what.c_str());
+      json += "null";
       continue;
     }
     const double g = measure(r, reps);
     if (r.kernel != dot_bf16) best_fp32 = std::max(best_fp32, g);
     std::printf("  %-62s %8.1f GFLOP/s\n", r.what.c_str(), g);
+    json += number(g);
   }
+  json += ",\"best_fp32_gflops\":" + number(best_fp32) + ",\"sgemm_gflops\":{";
   std::printf("\npmapcc sgemm (matmul %dx%dx%d, one thread, median of %d), per CPU kernel variant:\n", size, size,
               size, reps);
   try {
@@ -174,11 +187,12 @@ int main(int argc, char** argv) {
       const double g = sgemm(size, reps);
       std::printf("  %-10s %8.1f GFLOP/s  (%.0f %% of the best fp32 peak)\n", isa.c_str(), g,
                   best_fp32 > 0 ? 100.0 * g / best_fp32 : 0.0);
+      json += (json.back() == '{' ? "\"" : ",\"") + isa + "\":" + number(g);
     }
   } catch (const pmap::Error& e) {
     std::fprintf(stderr, "bench_peak: error: %s\n", e.what());
     return 1;
   }
-  std::printf("\nload after: %s\n", bench::first_line("/proc/loadavg").c_str());
+  std::printf("\nload after: %s\n%s}}\n", bench::first_line("/proc/loadavg").c_str(), json.c_str());
   return 0;
 }

@@ -6,10 +6,14 @@ configurations, interleaving our runs with PyTorch's (/work/shared/anchors/torch
 and vmap modes with 1 and 2 threads) and with the fp32 GEMM rate of our kernels (1 and 2 threads), round
 after round, so that load on a shared machine falls on all of them alike. Reports medians over the rounds:
 model-images/s, the ratio to PyTorch's best configuration for the same member count, a roofline column
-(FLOPs per image x images/s against the GEMM rate), and peak RSS against the memory budget. Prints a table
-and writes everything (machine, commit, date, commands, every run) to bench/results/*.json.
+(FLOPs per image x images/s against this machine's fp32 peak, which bench_peak measures at the start, and
+against our own sgemm), and peak RSS against the memory budget. With several --isa variants (e.g.
+--isa avx2,avx512) every configuration runs with each in every round, and a second table gives each
+variant's speed over the first's. Prints the tables and writes everything (machine, commit, date, commands,
+every run) to bench/results/*.json.
 
   python3 bench/run_train_bench.py --data data/mnist [--build build] [--runs 5] [--steps 20] [--quick]
+                                   [--isa avx2,avx512] [--no-torch]
 
 Only the Python standard library is needed; PyTorch runs under --torch-python (Debian's python3-torch).
 """
@@ -39,7 +43,8 @@ def parse_args():
     ap.add_argument("--members", default="1,2,4,8")
     ap.add_argument("--devices", default="1,2")
     ap.add_argument("--quick", action="store_true", help="smoke test: 1 run, 3 steps, 1 warm-up")
-    ap.add_argument("--isa", default="", help="force our CPU kernels' ISA variant (generic|avx2|avx512)")
+    ap.add_argument("--isa", default="",
+                    help="our CPU kernels' ISA variant(s), comma-separated (generic|avx2|avx512; default: auto)")
     ap.add_argument("--pin", action="store_true", help="pin our device threads to cores")
     ap.add_argument("--torch-python", default="/usr/bin/python3")
     ap.add_argument("--torch-script", default="/work/shared/anchors/torch_cnn_ensemble.py")
@@ -53,6 +58,10 @@ def parse_args():
     if a.quick:
         a.runs, a.steps, a.warmup = 1, 3, 1
         a.paired_rounds = min(a.paired_rounds, 3)
+    a.isas = [v for v in a.isa.split(",") if v] or ["auto"]
+    for v in a.isas:
+        if v not in ("auto", "generic", "avx2", "avx512"):
+            ap.error(f"--isa: unknown variant '{v}' (expected generic, avx2 or avx512)")
     return a
 
 
@@ -153,26 +162,41 @@ class Bench:
         self.runs.append(entry)
         return result
 
-    def ours(self, members, devices, rnd):
+    def ours(self, members, devices, isa, rnd):
         mode = "data-parallel" if members < devices else "ensemble"
         cmd = [self.exe, "train", "--data", self.a.data, "--members", str(members), "--devices", str(devices),
                "--mode", mode, "--steps", str(self.a.steps), "--warmup", str(self.a.warmup)]
-        if self.a.isa:
-            cmd += ["--isa", self.a.isa]
+        if isa != "auto":
+            cmd += ["--isa", isa]
         if self.a.pin:
             cmd += ["--pin"]
-        r = self.record("pmapcc", {"members": members, "devices": devices, "mode": mode}, cmd, "", rnd)
+        r = self.record("pmapcc", {"members": members, "devices": devices, "mode": mode, "isa": isa}, cmd, "", rnd)
         if r:
-            print(f"  pmapcc  m={members} d={devices} {mode:13s} {r['model_images_per_s']:8.1f} img/s  "
+            print(f"  pmapcc  m={members} d={devices} {mode:13s} {r['isa']:7s} {r['model_images_per_s']:8.1f} img/s  "
                   f"{r['gflops']:5.1f} GFLOP/s  RSS {r['peak_rss_mb']:.0f} MB", flush=True)
 
-    def sgemm(self, threads, rnd):
+    def sgemm(self, threads, isa, rnd):
         cmd = [self.exe, "sgemm", "--threads", str(threads)] + (["--reps", "3"] if self.a.quick else [])
-        if self.a.isa:
-            cmd += ["--isa", self.a.isa]
-        r = self.record("sgemm", {"threads": threads}, cmd, "", rnd)
+        if isa != "auto":
+            cmd += ["--isa", isa]
+        r = self.record("sgemm", {"threads": threads, "isa": isa}, cmd, "", rnd)
         if r:
-            print(f"  sgemm   t={threads} {r['gflops']:6.1f} GFLOP/s (best round {r['best_gflops']:.1f})", flush=True)
+            print(f"  sgemm   t={threads} {isa:7s} {r['gflops']:6.1f} GFLOP/s (best round {r['best_gflops']:.1f})",
+                  flush=True)
+
+    def peak(self):
+        """This machine's fp32 peak per core (bench_peak's register-resident FMA chains), or None where
+        bench_peak is not built (it is x86 only)."""
+        exe = os.path.join(self.a.build, "bench", "bench_peak")
+        if not os.path.exists(exe):
+            print("run_train_bench: no bench_peak in the build: the roofline uses our sgemm only", flush=True)
+            return None
+        cmd = [exe] + (["--reps", "1", "--size", "256"] if self.a.quick else ["--reps", "5"])
+        r = self.record("peak", {}, cmd, "", 0)
+        if r:
+            print(f"  peak    fp32 {r['best_fp32_gflops']:.1f} GFLOP/s per core (AVX2 {r['fma_avx2_gflops']}, "
+                  f"AVX-512 {r['fma_avx512_gflops']}); bf16 dot {r['dot_bf16_gflops']}", flush=True)
+        return r
 
     def torch(self, members, threads, mode, data, rnd):
         cmd = [self.a.torch_python, self.a.torch_script, "--data", data, "--members", str(members),
@@ -188,8 +212,8 @@ class Bench:
         steps_b = max(1, 16 // members_b)  # about as many model-images per epoch as 16 steps of 1 member
         cmd = [self.exe, "paired", "--data", self.a.data, "--members-a", "1", "--members-b", str(members_b),
                "--steps-a", "16", "--steps-b", str(steps_b), "--rounds", str(rounds)]
-        if self.a.isa:
-            cmd += ["--isa", self.a.isa]
+        if self.a.isas[-1] != "auto":
+            cmd += ["--isa", self.a.isas[-1]]
         r = self.record("paired", {"members_a": 1, "members_b": members_b}, cmd, "", 0)
         if r:
             print(f"  paired  1 vs {members_b} members on 1 device: {members_b} members at "
@@ -202,12 +226,14 @@ class Bench:
                 if r["what"] == what and r["config"] == config and "result" in r]
 
 
-def summarize(b, flops_info, members_list, devices_list, torch_variants):
+def summarize(b, flops_info, members_list, devices_list, torch_variants, isas, peak):
     def med(what, config, key):
         return median(b.values(what, config, key))
 
-    sgemm = {t: med("sgemm", {"threads": t}, "gflops") for t in sorted(set(devices_list))}
-    sgemm_cpu = med("sgemm", {"threads": 1}, "gflops_per_cpu_second")
+    sgemm = {(t, isa): med("sgemm", {"threads": t, "isa": isa}, "gflops") for isa in isas
+             for t in sorted(set(devices_list))}
+    sgemm_cpu = {isa: med("sgemm", {"threads": 1, "isa": isa}, "gflops_per_cpu_second") for isa in isas}
+    peak_core = peak["best_fp32_gflops"] if peak else None
     torch_best = {}
     for m in members_list:
         best = None
@@ -218,9 +244,9 @@ def summarize(b, flops_info, members_list, devices_list, torch_variants):
         torch_best[m] = best
     rows = []
     for m in members_list:
-        for d in devices_list:
+        for d, isa in ((d, isa) for d in devices_list for isa in isas):  # the first ISA's row comes first
             mode = "data-parallel" if m < d else "ensemble"
-            cfg = {"members": m, "devices": d, "mode": mode}
+            cfg = {"members": m, "devices": d, "mode": mode, "isa": isa}
             ips = med("pmapcc", cfg, "model_images_per_s")
             if ips is None:
                 continue
@@ -231,18 +257,23 @@ def summarize(b, flops_info, members_list, devices_list, torch_variants):
                                        r["result"]["cpu_seconds"] for r in b.runs
                                        if r["what"] == "pmapcc" and r["config"] == cfg and "result" in r])
             theirs = torch_best.get(m)
+            first = next((r for r in rows if (r["members"], r["devices"], r["isa"]) == (m, d, isas[0])), None)
+            images_per_cpu_gflop = images_per_cpu_s * flops_info["train_mflop_per_image"] / 1e3 \
+                if images_per_cpu_s else None
             rows.append({
-                "members": m, "devices": d, "mode": mode,
+                "members": m, "devices": d, "mode": mode, "isa": isa,
                 "pmapcc_images_per_s": ips,
+                "over_first_isa": ips / first["pmapcc_images_per_s"] if first and isa != isas[0] else None,
                 "torch_best_images_per_s": theirs[0] if theirs else None,
                 "torch_best_config": theirs[1] if theirs else None,
                 "ratio": ips / theirs[0] if theirs else None,
                 "gflops": gflops,
-                "sgemm_gflops": sgemm.get(d),
-                "roofline": gflops / sgemm[d] if sgemm.get(d) else None,
+                "sgemm_gflops": sgemm.get((d, isa)),
+                "of_sgemm": gflops / sgemm[(d, isa)] if sgemm.get((d, isa)) else None,
+                "peak_fp32_gflops": peak_core * d if peak_core else None,
+                "roofline": gflops / (peak_core * d) if peak_core else None,
                 "cores_used": cpu,
-                "roofline_cpu_time": (images_per_cpu_s * flops_info["train_mflop_per_image"] / 1e3 / sgemm_cpu)
-                                     if sgemm_cpu and images_per_cpu_s else None,
+                "roofline_cpu_time": images_per_cpu_gflop / peak_core if peak_core and images_per_cpu_gflop else None,
                 "peak_rss_mb": med("pmapcc", cfg, "peak_rss_mb"),
                 "budget_mb": med("pmapcc", cfg, "budget_mb"),
             })
@@ -253,20 +284,37 @@ def fmt(v, spec, none="-"):
     return none if v is None else format(v, spec)
 
 
-def table(rows, sgemm, sgemm_cpu):
-    head = ("| members | devices | mode | pmapcc img/s | PyTorch best img/s (config) | pmapcc / PyTorch | GFLOP/s |"
-            " roofline (wall) | roofline (CPU time) | peak RSS MB | budget MB |")
-    out = [head, "|" + "---|" * 11]
+def table(rows, sgemm, sgemm_cpu, isas, peak):
+    head = ("| members | devices | mode | ISA | pmapcc img/s | PyTorch best img/s (config) | pmapcc / PyTorch | GFLOP/s |"
+            " of fp32 peak (wall) | of fp32 peak (CPU time) | of our sgemm | peak RSS MB | budget MB |")
+    out = [head, "|" + "---|" * 13]
+    pct = lambda v: fmt(v and 100 * v, ".0f") + "%"
     for r in rows:
         torch = "-" if r["torch_best_images_per_s"] is None else \
             f"{r['torch_best_images_per_s']:.0f} ({r['torch_best_config']})"
-        out.append(f"| {r['members']} | {r['devices']} | {r['mode']} | {r['pmapcc_images_per_s']:.0f} | {torch} | "
-                   f"{fmt(r['ratio'], '.2f')}x | {r['gflops']:.1f} | {fmt(r['roofline'] and 100 * r['roofline'], '.0f')}% | "
-                   f"{fmt(r['roofline_cpu_time'] and 100 * r['roofline_cpu_time'], '.0f')}% | "
-                   f"{r['peak_rss_mb']:.0f} | {r['budget_mb']:.0f} |")
-    notes = [f"sgemm (our kernels, 1536^3, sustained, median): " +
-             ", ".join(f"{t} thread{'s' if t > 1 else ''} {fmt(v, '.1f')} GFLOP/s" for t, v in sgemm.items()) +
-             f"; per CPU-second {fmt(sgemm_cpu, '.1f')} GFLOP"]
+        out.append(f"| {r['members']} | {r['devices']} | {r['mode']} | {r['isa']} | {r['pmapcc_images_per_s']:.0f} | "
+                   f"{torch} | {fmt(r['ratio'], '.2f')}x | {r['gflops']:.1f} | {pct(r['roofline'])} | "
+                   f"{pct(r['roofline_cpu_time'])} | {pct(r['of_sgemm'])} | {r['peak_rss_mb']:.0f} | {r['budget_mb']:.0f} |")
+    notes = []
+    if peak:
+        notes.append(f"fp32 peak (bench_peak, register-resident FMA chains, one core, median of {peak['reps']}): "
+                     f"{peak['best_fp32_gflops']:.1f} GFLOP/s per core (AVX2 {peak['fma_avx2_gflops']}, AVX-512 "
+                     f"{peak['fma_avx512_gflops']}); a row's peak is that times its devices")
+    for isa in isas:
+        notes.append(f"sgemm ({isa}; our kernels, 1536^3, sustained, median): " +
+                     ", ".join(f"{t} thread{'s' if t > 1 else ''} {fmt(v, '.1f')} GFLOP/s"
+                               for (t, i), v in sgemm.items() if i == isa) +
+                     f"; per CPU-second {fmt(sgemm_cpu[isa], '.1f')} GFLOP")
+    if len(isas) > 1:
+        notes += ["", "| members | devices | " + " | ".join(f"{i} / {isas[0]}" for i in isas[1:]) + " |",
+                  "|" + "---|" * (1 + len(isas))]
+        for r in rows:
+            if r["isa"] != isas[0]:
+                continue
+            ratios = [next((o["over_first_isa"] for o in rows if (o["members"], o["devices"], o["isa"]) ==
+                            (r["members"], r["devices"], i)), None) for i in isas[1:]]
+            notes.append(f"| {r['members']} | {r['devices']} | " +
+                         " | ".join(fmt(v, ".2f") + "x" for v in ratios) + " |")
     return "\n".join(out + [""] + notes)
 
 
@@ -288,14 +336,17 @@ def main():
     load_before = loadavg()
     with tempfile.TemporaryDirectory() as tmp:
         torch_data = small_test_dir(a.data, tmp) if have_torch else None
+        peak = b.peak()
         for rnd in range(a.runs):
             print(f"round {rnd + 1}/{a.runs} (load average {loadavg()})", flush=True)
-            for t in sorted(set(devices_list)):
-                b.sgemm(t, rnd)
+            for isa in a.isas:
+                for t in sorted(set(devices_list)):
+                    b.sgemm(t, isa, rnd)
             for m in members_list:
                 for d in devices_list:
                     if m % d == 0 or m == 1:
-                        b.ours(m, d, rnd)
+                        for isa in a.isas:
+                            b.ours(m, d, isa, rnd)
                 if have_torch:
                     for threads, mode in torch_variants:
                         b.torch(m, threads, mode, torch_data, rnd)
@@ -304,8 +355,8 @@ def main():
             print(f"paired comparison ({a.paired_rounds} rounds, load average {loadavg()})", flush=True)
             paired = b.paired(max(members_list), a.paired_rounds)
     rows, sgemm, sgemm_cpu = summarize(b, flops_info, members_list, devices_list,
-                                       torch_variants if have_torch else [])
-    text = table(rows, sgemm, sgemm_cpu)
+                                       torch_variants if have_torch else [], a.isas, peak)
+    text = table(rows, sgemm, sgemm_cpu, a.isas, peak)
     if paired:
         mb = paired["b"]["members"]
         text += (f"\n{mb} members vs 1 member on one device, paired in one process (epochs alternating): "
@@ -320,10 +371,12 @@ def main():
         "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
         "machine": machine(), "load_average_before": load_before, "load_average_after": loadavg(),
         "settings": {"runs": a.runs, "steps": a.steps, "warmup": a.warmup, "batch": 128, "quick": a.quick,
-                     "isa": a.isa or "auto", "pin": a.pin, "data": os.path.abspath(a.data),
+                     "isa": a.isas, "pin": a.pin, "data": os.path.abspath(a.data),
                      "torch_test_examples": 1000, "paired_rounds": a.paired_rounds},
         "runner_command": shlex.join([sys.executable] + sys.argv),
-        "commands": b.commands, "flops": flops_info, "sgemm_gflops": sgemm, "sgemm_gflops_per_cpu_second": sgemm_cpu,
+        "commands": b.commands, "flops": flops_info, "peak": peak,
+        "sgemm_gflops": {f"{t} thread(s), {isa}": v for (t, isa), v in sgemm.items()},
+        "sgemm_gflops_per_cpu_second": sgemm_cpu,
         "rows": rows, "paired": paired, "table_markdown": text, "runs": b.runs,
     }
     out = a.out or os.path.join(REPO, "bench", "results", f"train-{started.strftime('%Y%m%d-%H%M%S')}.json")
