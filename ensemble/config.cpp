@@ -104,10 +104,6 @@ void TrainConfig::check(int along, const Dataset& train, const Dataset& test) co
         " member(s): give one value, or one per member");
   for (float r : c.dropout)
     if (!(r >= 0 && r < 1)) bad("--dropout must be in [0, 1), got " + io::dump_json(as_given(r)));
-  if (c.optimizer.clip_norm > 0 && c.splits_weights())
-    bad("--clip-norm with weights split over 'model' is not supported yet (the global norm would need the "
-        "split tensors' sums over 'model'): train without --clip-norm, or with --mesh " + std::to_string(along) +
-        "x1");
   if (c.eval_batch < 1) bad("eval batch must be >= 1");
   if (c.report_every < 0) bad("report_every must be >= 0 (0: automatic), got " + std::to_string(c.report_every));
   const std::string over = c.splits_weights()

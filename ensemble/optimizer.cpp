@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 
+#include <pmap/collectives.h>
 #include <pmap/error.h>
 
 namespace pmap::ensemble {
@@ -263,11 +264,18 @@ void optimizer_step(const Optimizer& opt, UpdateOptions u, const kernels::Optimi
   opt.prepare(ops, members, step, work.lr.data<float>(), work.aux.data<float>());
   kernels::UpdateScalars s{work.lr.data<float>(), work.decays ? work.weight_decay.data<float>() : nullptr, nullptr};
   if (u.clip_norm > 0) {
+    // The split tensors' blocks first, completed by a psum over their axes; then the whole tensors.
+    const std::vector<TensorSlot>& tensors = model.tensors();
+    auto split = [&](std::size_t k) { return k < u.split_tensors.size() && u.split_tensors[k]; };
     bool first = true;
-    for (const TensorSlot& t : model.tensors()) {
-      ops.sum_squares(members, static_cast<std::size_t>(t.size), grads + t.offset * members, work.sumsq.data<double>(),
-                      !first);
-      first = false;
+    for (int pass = 0; pass < 2; ++pass) {
+      for (std::size_t k = 0; k < tensors.size(); ++k) {
+        if (split(k) != (pass == 0)) continue;
+        ops.sum_squares(members, static_cast<std::size_t>(tensors[k].size), grads + tensors[k].offset * members,
+                        work.sumsq.data<double>(), !first);
+        first = false;
+      }
+      if (pass == 0 && !first) psum_inplace(work.sumsq, u.split_axes);
     }
     ops.clip_factor(members, work.sumsq.data<double>(), u.clip_norm, work.clip.data<float>());
     s.grad_scale = work.clip.data<float>();

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <pmap/array.h>
+#include <pmap/mesh.h>
 
 #include <pmapcc/ensemble/model.h>
 #include <pmapcc/ensemble/train_state.h>
@@ -115,10 +116,15 @@ struct OptimizerWork {
 };
 
 // What optimizer_step needs besides the optimizer: the schedule (Schedule::params(), its decay steps
-// resolved) and the clipping norm (0: off).
+// resolved) and the clipping norm (0: off). With the weights split (model parallelism) and clipping, the
+// global norm needs every device's blocks: split_tensors[k] says that the model's tensor k is a block of a
+// tensor split over split_axes, whose sums of squares a psum over those axes completes (inside the step's
+// pmap); the other tensors are whole on every device and count once. Empty: nothing is split.
 struct UpdateOptions {
   kernels::ScheduleParams schedule;
   float clip_norm = 0.0f;
+  std::vector<bool> split_tensors;
+  AxisNames split_axes;
 };
 
 // One optimizer step of a device's members on state (its params and opt slots, in `model`'s layout) from

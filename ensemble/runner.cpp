@@ -1,5 +1,5 @@
 // ModelRunner: buffer planning (in-place layers share buffers; gradients ping-pong between two
-// buffers), and the layer-by-layer forward and backward.
+// buffers), the compilation of the passes into steps, and forward and backward as loops over the steps.
 #include <pmapcc/ensemble/runner.h>
 
 #include <algorithm>
@@ -49,18 +49,19 @@ ModelRunner::ModelRunner(const Sequential& model, const kernels::Backend& backen
     act_store_[i + 1] = static_cast<int>(storage_.size()) - 1;
   }
   const auto& layers = model.layers();
-  relu_forward_.assign(n_layers, false);
-  relu_backward_.assign(n_layers, false);
+  // relu_forward[i]: layer i applies the ReLU i + 1 in its forward; relu_backward[i]: layer i's backward runs
+  // through the ReLU i - 1, writing its input gradient over act_[i].
+  std::vector<bool> relu_forward(n_layers, false), relu_backward(n_layers, false);
   std::int64_t zero_bias = 0;
   for (std::size_t i = 0; i + 1 < n_layers; ++i)  // a row-parallel layer's outputs are partial sums until the psum
-    relu_forward_[i] = layers[i]->fuses_relu_forward() && layers[i + 1]->is_relu() &&
-                       split_.layers[i].kind != LayerSplit::Kind::row;
+    relu_forward[i] = layers[i]->fuses_relu_forward() && layers[i + 1]->is_relu() &&
+                      split_.layers[i].kind != LayerSplit::Kind::row;
   for (std::size_t i = 0; i < n_layers; ++i)
     if (split_.layers[i].kind == LayerSplit::Kind::row)
       zero_bias = std::max(zero_bias, group_ * product(shapes[i + 1]));
   zero_bias_ = Array(Shape{zero_bias}, DType::f32, device_);  // zero-filled
   for (std::size_t i = 2; i < n_layers; ++i)
-    relu_backward_[i] = layers[i]->fuses_relu_backward() && layers[i - 1]->is_relu() && layers[i - 1]->in_place();
+    relu_backward[i] = layers[i]->fuses_relu_backward() && layers[i - 1]->is_relu() && layers[i - 1]->in_place();
   layer_tensors_.resize(n_layers);
   layer_state_.resize(n_layers);
   for (auto [layout, lists] : {std::pair{&model.params_layout(), &layer_tensors_}, {&model.state_layout(), &layer_state_}})
@@ -90,7 +91,7 @@ ModelRunner::ModelRunner(const Sequential& model, const kernels::Backend& backen
   std::vector<int> side(n_layers + 1, 0);
   std::int64_t size[2] = {1, 1};
   for (std::size_t i = n_layers; i-- > 1;) {
-    if (relu_backward_[i]) {
+    if (relu_backward[i]) {
       side[i] = kOverActivation;
     } else if (layers[i]->in_place()) {
       side[i] = side[i + 1];
@@ -116,10 +117,44 @@ ModelRunner::ModelRunner(const Sequential& model, const kernels::Backend& backen
   for (std::size_t i = 0; i < n_layers; ++i)
     ws = std::max(ws, model.layers()[i]->workspace_bytes(backend_, call(i, max_batch_, group_)));
   workspace_ = Array(Shape{static_cast<std::int64_t>(ws)}, DType::u8, device_);
+  compile(relu_forward, relu_backward);
 }
 
-const std::string& ModelRunner::axis_of(std::size_t layer) const {
-  return split_.axes.at(static_cast<std::size_t>(split_.layers[layer].axis));
+void ModelRunner::compile(const std::vector<bool>& relu_forward, const std::vector<bool>& relu_backward) {
+  using Kind = LayerSplit::Kind;
+  const std::size_t n_layers = model_.layers().size();
+  auto split_step = [&](std::size_t i) {
+    RunnerStep s;
+    s.layer = i;
+    if (split_.layers[i].kind != Kind::whole) s.axis = split_.layers[i].axis;
+    return s;
+  };
+  for (std::size_t i = 0; i < n_layers; ++i) {
+    if (i > 0 && relu_forward[i - 1]) continue;  // applied by layer i - 1
+    RunnerStep s = split_step(i);
+    const Kind kind = split_.layers[i].kind;
+    s.fused_relu = relu_forward[i];
+    s.block = kind == Kind::blocks || kind == Kind::gather;
+    s.bias_on_first = kind == Kind::row && !layer_tensors_[i].empty() && layer_tensors_[i].back()->is_bias;
+    s.zero_output = kind == Kind::gather;
+    if (kind == Kind::row || kind == Kind::gather) s.after = RunnerStep::Collective::psum_output;
+    forward_steps_.push_back(s);
+  }
+  for (std::size_t i = n_layers; i-- > 0;) {
+    if (i + 1 < n_layers && relu_backward[i + 1]) continue;  // the ReLU that layer i + 1 runs through
+    if (shared_[i + 1]) break;  // this layer and those before it keep the shared batch: nothing to train
+    RunnerStep s = split_step(i);
+    const Kind kind = split_.layers[i].kind;
+    s.input_grad = !shared_[i];
+    s.fused_relu = relu_backward[i];
+    s.block = !s.fused_relu && (kind == Kind::blocks || kind == Kind::gather);
+    if (!s.fused_relu && s.input_grad && kind == Kind::column) s.after = RunnerStep::Collective::psum_input_grad;
+    backward_steps_.push_back(s);
+  }
+}
+
+const std::string& ModelRunner::axis_of(const RunnerStep& step) const {
+  return split_.axes.at(static_cast<std::size_t>(step.axis));
 }
 
 LayerCall ModelRunner::call(std::size_t layer, int batch, int members) {
@@ -165,26 +200,20 @@ const float* ModelRunner::forward(const float* x, int batch, const float* params
   context_.example_offset = run.example_offset;
   context_.batch_devices = split_.batch_axis.empty() ? 1 : axis_size(split_.batch_axis);
   act_[0] = const_cast<float*>(x);  // read only: layer 0 never runs in place
-  for (std::size_t i = 0; i < model_.layers().size(); ++i) {
-    if (i > 0 && relu_forward_[i - 1]) continue;  // applied by layer i - 1
+  for (const RunnerStep& s : forward_steps_) {
+    const std::size_t i = s.layer;
     auto p = tensors_of(layer_tensors_[i], params);
     const auto st = state_of(i);
     LayerCall c = call(i, batch, count_);
-    c.relu = relu_forward_[i];
+    c.relu = s.fused_relu;
     c.state = st.data();
-    const LayerSplit& s = split_.layers[i];
-    const bool row = s.kind == LayerSplit::Kind::row, gather = s.kind == LayerSplit::Kind::gather;
-    if (s.kind == LayerSplit::Kind::blocks) c.block = axis_index(axis_of(i));
+    if (s.block) c.block = axis_index(axis_of(s));
     // The psum adds every device's partial outputs: the bias (the layer's last tensor) must count once.
-    if (row && layer_tensors_[i].back()->is_bias && axis_index(axis_of(i)) != 0)
-      p[layer_tensors_[i].size() - 1] = zero_bias_.data<float>();
+    if (s.bias_on_first && axis_index(axis_of(s)) != 0) p[layer_tensors_[i].size() - 1] = zero_bias_.data<float>();
     Array& out = storage_[static_cast<std::size_t>(act_store_[i + 1])];
-    if (gather) {  // this device's block among zeros; all of the buffer, which the psum adds whole
-      c.block = axis_index(axis_of(i));
-      backend_.fill_zero(out.raw_data(), out.nbytes());
-    }
+    if (s.zero_output) backend_.fill_zero(out.raw_data(), out.nbytes());  // all of it: the psum adds it whole
     model_.layers()[i]->forward(backend_, c, p.data(), act_[i], act_[i + 1], workspace_.raw_data());
-    if (row || gather) psum_inplace(out, axis_of(i));
+    if (s.after == RunnerStep::Collective::psum_output) psum_inplace(out, axis_of(s));
   }
   return act_.back();
 }
@@ -194,28 +223,24 @@ void ModelRunner::backward(const float* x, const float* params, const float* dlo
     throw Error("ModelRunner::backward: needs the forward of the same batch and parameters first");
   if (trains_differently_ && !run_.training)
     throw Error("ModelRunner::backward: model " + model_.name() + " needs a training forward first");
-  const std::size_t n_layers = model_.layers().size();
   const float* dy = dlogits;
-  for (std::size_t i = n_layers; i-- > 0;) {
-    if (i + 1 < n_layers && relu_backward_[i + 1]) continue;  // the ReLU that layer i + 1 ran through
-    if (shared_[i + 1]) break;  // this layer and those before it keep the shared batch: nothing to train
-    float* dx = shared_[i] ? nullptr : grad_[i];
-    if (relu_backward_[i]) {
-      model_.layers()[i]->backward_through_relu(backend_, call(i, batch_, count_), act_[i], dy, dx);
-      dy = dx;
-      continue;
-    }
-    const auto p = tensors_of(layer_tensors_[i], params);
-    const auto g = tensors_of(layer_tensors_[i], grads);
-    const auto st = state_of(i);
+  for (const RunnerStep& s : backward_steps_) {
+    const std::size_t i = s.layer;
+    float* dx = s.input_grad ? grad_[i] : nullptr;
     LayerCall c = call(i, batch_, count_);
-    c.state = st.data();
-    const LayerSplit::Kind kind = split_.layers[i].kind;
-    if (kind == LayerSplit::Kind::gather || kind == LayerSplit::Kind::blocks) c.block = axis_index(axis_of(i));
-    model_.layers()[i]->backward(backend_, c, p.data(), act_[i], act_[i + 1], dy, dx, g.data(), workspace_.raw_data());
-    // A column-parallel layer's input gradient sums over its output blocks, one per device.
-    if (dx != nullptr && split_.layers[i].kind == LayerSplit::Kind::column)
-      psum_inplace(storage_[static_cast<std::size_t>(grad_store_[i])], axis_of(i));
+    if (s.fused_relu) {
+      model_.layers()[i]->backward_through_relu(backend_, c, act_[i], dy, dx);
+    } else {
+      const auto p = tensors_of(layer_tensors_[i], params);
+      const auto g = tensors_of(layer_tensors_[i], grads);
+      const auto st = state_of(i);
+      c.state = st.data();
+      if (s.block) c.block = axis_index(axis_of(s));
+      model_.layers()[i]->backward(backend_, c, p.data(), act_[i], act_[i + 1], dy, dx, g.data(),
+                                   workspace_.raw_data());
+      if (s.after == RunnerStep::Collective::psum_input_grad)
+        psum_inplace(storage_[static_cast<std::size_t>(grad_store_[i])], axis_of(s));
+    }
     dy = dx;
   }
 }

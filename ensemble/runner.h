@@ -15,6 +15,11 @@
 // Megatron does: after a row-parallel layer's forward a psum of its partial outputs (the bias added on the
 // axis's first device only), and after a column-parallel layer's backward a psum of its input gradient.
 // Between a column- and a row-parallel layer the activations stay split: no collective.
+//
+// The constructor compiles the model once into two lists of RunnerSteps, one per pass: which layer runs,
+// the ReLU it fuses, whether it runs its block of a split axis, and the collective after it. forward and
+// backward are then straight loops over them, and a new split pattern or fusion is a change to the
+// compilation, not to the loops.
 #pragma once
 
 #include <array>
@@ -52,6 +57,24 @@ struct RunArgs {
   const float* dropout_rates = nullptr;
 };
 
+// One step of a compiled pass (ModelRunner::forward_steps(), backward_steps()).
+struct RunnerStep {
+  // The collective after the step, over `axis`: a psum of the layer's output (forward: a row-parallel
+  // layer's partial sums, or a gather's blocks among zeros) or of its input gradient (backward: a column-
+  // parallel layer's, summed over its output blocks).
+  enum class Collective { none, psum_output, psum_input_grad };
+  std::size_t layer = 0;
+  // forward: the layer also applies the ReLU that follows it (layer + 1, then no step of its own);
+  // backward: the layer runs backward_through_relu for the ReLU before it (layer - 1, likewise).
+  bool fused_relu = false;
+  bool block = false;          // LayerCall::block is this device's index along `axis` (gather, blocks)
+  bool bias_on_first = false;  // forward: the bias counts on the axis's first device only (others add zeros)
+  bool zero_output = false;    // forward: the output is zero-filled first (a gather writes only its block)
+  bool input_grad = true;      // backward: the input gradient is computed (not where the input is the batch)
+  Collective after = Collective::none;
+  int axis = -1;  // index into RunnerSplit::axes; -1: the layer is not split
+};
+
 class ModelRunner {
  public:
   // Buffers for up to max_batch examples of `group` of the `members` members at a time (0: all of them)
@@ -82,10 +105,16 @@ class ModelRunner {
   // layers that behave differently in training (BatchNorm, Dropout).
   void backward(const float* x, const float* params, const float* dlogits, float* grads);
 
+  // The compiled passes: forward's steps in order, and backward's (from the last layer down to the first
+  // that has something to train).
+  const std::vector<RunnerStep>& forward_steps() const { return forward_steps_; }
+  const std::vector<RunnerStep>& backward_steps() const { return backward_steps_; }
+
  private:
   static constexpr std::size_t kMaxLayerTensors = 8;
   LayerCall call(std::size_t layer, int batch, int members);
-  const std::string& axis_of(std::size_t layer) const;  // the mesh axis layer `layer` is split over
+  void compile(const std::vector<bool>& relu_forward, const std::vector<bool>& relu_backward);
+  const std::string& axis_of(const RunnerStep& step) const;  // the mesh axis of a split step
   // Layer i's tensors for the members of the last forward, from a buffer of all members' tensors.
   template <class P>
   auto tensors_of(const std::vector<const TensorSlot*>& list, P* base) const -> std::array<P*, kMaxLayerTensors>;
@@ -103,9 +132,8 @@ class ModelRunner {
   std::vector<Array> storage_;       // activation and gradient buffers
   std::vector<float*> act_;          // act_[i]: input of layer i (act_[0] is the caller's x); act_[L]: logits
   std::vector<float*> grad_;         // grad_[i]: dL/d act_[i] (grad_[0] unused)
-  std::vector<bool> relu_forward_;   // layer i applies the ReLU i + 1 in its forward (which is then skipped)
-  std::vector<bool> relu_backward_;  // layer i's backward runs through the ReLU i - 1 (then skipped), writing
-                                     // its input gradient over act_[i]
+  std::vector<RunnerStep> forward_steps_;
+  std::vector<RunnerStep> backward_steps_;
   std::vector<std::vector<const TensorSlot*>> layer_tensors_;  // per layer, its parameter tensors
   std::vector<std::vector<const TensorSlot*>> layer_state_;    // per layer, its state tensors
   std::vector<std::vector<Array>> layer_buffers_;              // per layer, its buffers() for a group

@@ -112,6 +112,25 @@ std::uint64_t fingerprint(const io::Json& config, const Dataset& train, const Da
   return h;
 }
 
+// Clipping with split weights: which of the local model's tensors are blocks, and the mesh axes a psum of
+// their sums of squares runs over. Weights split only over the mesh's model axis (the plan refuses the
+// others, which hold other examples or members), so every split tensor's axes are the same and one psum
+// completes them all.
+void set_norm_split(const ShardingPlan& plan, UpdateOptions& u) {
+  std::vector<std::string> axes;
+  for (const ShardedTensor& t : plan.tensors()) {
+    bool split = false;
+    for (int a : t.axis_of_dim) {
+      if (a < 0) continue;
+      split = true;
+      const std::string& name = plan.mesh_axes()[static_cast<std::size_t>(a)].name;
+      if (std::find(axes.begin(), axes.end(), name) == axes.end()) axes.push_back(name);
+    }
+    u.split_tensors.push_back(split);
+  }
+  u.split_axes = AxisNames(std::move(axes));
+}
+
 }  // namespace
 
 int Trainer::member_group() const { return work_.empty() ? 0 : work_.front()->runner.group(); }
@@ -146,7 +165,9 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<Sequential> model, const Da
   init_key_ = keys[0];
   data_key_ = keys[1];
   options_.optimizer = optimizer_.get();
-  options_.update = UpdateOptions{schedule_params(), config_.optimizer.clip_norm};
+  options_.update.schedule = schedule_params();
+  options_.update.clip_norm = config_.optimizer.clip_norm;
+  if (plan() != nullptr && config_.optimizer.clip_norm > 0) set_norm_split(*plan(), options_.update);
   options_.data_parallel = config_.mode != Mode::ensemble;  // model parallel: data parallel over "data" too
   options_.axis = mesh_.axes()[0].name;
   options_.total_members = total_members();

@@ -193,6 +193,71 @@ TEST_CASE("layout: the local model runs a device's blocks: Megatron's column- th
   CHECK(pmap::ensemble::local_model(*model, whole).model->params_per_member() == model->params_per_member());
 }
 
+TEST_CASE("runner: the model compiles into steps: fused ReLUs, split layers' blocks and their collectives") {
+  using Step = pmap::ensemble::RunnerStep;
+  using C = Step::Collective;
+  // A step's fields in one line, to compare lists: layer, then r (fused ReLU), b (runs its block), f (bias on
+  // the first device only), z (zeroed output), n (no input gradient), and the collective with its axis.
+  auto text = [](const std::vector<Step>& steps) {
+    std::string out;
+    for (const Step& s : steps) {
+      out += (out.empty() ? "" : " ") + std::to_string(s.layer);
+      if (s.fused_relu) out += "r";
+      if (s.block) out += "b";
+      if (s.bias_on_first) out += "f";
+      if (s.zero_output) out += "z";
+      if (!s.input_grad) out += "n";
+      if (s.after == C::psum_output) out += "+psum_out@" + std::to_string(s.axis);
+      if (s.after == C::psum_input_grad) out += "+psum_dx@" + std::to_string(s.axis);
+    }
+    return out;
+  };
+  const auto& be = pmap::kernels::backend_for(pmap::DeviceKind::cpu);
+  const pmap::Device cpu0 = pmap::local_devices(pmap::DeviceKind::cpu, 1)[0];
+  // Layers: 0 Conv_0, 1 relu, 2 pool, 3 Conv_1, 4 relu, 5 pool, 6 flatten, 7 Dense_0, 8 relu, 9 Dense_1.
+  // Forward: each conv/dense takes the ReLU after it. Backward: each pool runs through the ReLU before it;
+  // Dense_0 has no ReLU fused backward (its ReLU comes after it), and Conv_0's input is the batch.
+  const auto model = pmap::ensemble::flax_mnist_cnn();
+  const pmap::ensemble::ModelRunner whole(*model, be, cpu0, 2, 8);
+  CHECK(text(whole.forward_steps()) == "0r 2 3r 5 6 7r 9");
+  CHECK(text(whole.backward_steps()) == "9 8 7 6 5r 3 2r 0n");
+  // Megatron's pattern over "model" (axis 1 of data x model): Dense_0 column-parallel (its input gradient
+  // psum-ed), Dense_1 row-parallel (no ReLU fused into a partial sum; its output psum-ed, the bias on the
+  // first device only).
+  const ShardingPlan plan(*model, megatron(), {{"data", 2}, {"model", 2}});
+  const auto local = pmap::ensemble::local_model(*model, plan);
+  const pmap::ensemble::ModelRunner split(*local.model, be, cpu0, 1, 8, 0,
+                                          pmap::ensemble::RunnerSplit{local.splits, {"data", "model"}, "data"});
+  CHECK(text(split.forward_steps()) == "0r 2 3r 5 6 7r 9f+psum_out@1");
+  // The ReLU between them runs on its block of Dense_0's outputs.
+  CHECK(text(split.backward_steps()) == "9 8b 7+psum_dx@1 6 5r 3 2r 0n");
+  // Conv_0's outputs split and kept split through ReLU and pool into Conv_1 (row-parallel): Conv_1's ReLU
+  // is not fused, its output psum-ed.
+  LayoutMap conv;
+  conv.add("Conv_0/kernel", PartitionSpec::parse("None,None,None,model"));
+  conv.add("Conv_0/bias", PartitionSpec::parse("model"));
+  conv.add("Conv_1/kernel", PartitionSpec::parse("None,None,model,None"));
+  const ShardingPlan conv_plan(*model, conv, {{"model", 2}});
+  const auto conv_local = pmap::ensemble::local_model(*model, conv_plan);
+  const pmap::ensemble::ModelRunner conv_split(*conv_local.model, be, cpu0, 1, 8, 0,
+                                               pmap::ensemble::RunnerSplit{conv_local.splits, {"model"}, ""});
+  CHECK(text(conv_split.forward_steps()) == "0r 2b 3f+psum_out@0 4 5 6 7r 9");
+  CHECK(text(conv_split.backward_steps()) == "9 8 7 6 5r 3 2r 0n");
+  // Dense_0 column-parallel with its outputs gathered whole right after it (its output layout), Dense_1
+  // whole: a gather layer (8) after Dense_0, which no longer fuses its ReLU (9). The gather writes its block
+  // among zeros and is psum-ed; its backward takes its block, and Dense_0's input gradient is psum-ed.
+  LayoutMap gathered;
+  gathered.add("Dense_0/kernel", PartitionSpec::parse("None,model"));
+  gathered.add("Dense_0/bias", PartitionSpec::parse("model"));
+  gathered.add("Dense_0/output", PartitionSpec::parse("None,None"));
+  const ShardingPlan gather_plan(*model, gathered, {{"model", 2}});
+  const auto gather_local = pmap::ensemble::local_model(*model, gather_plan);
+  const pmap::ensemble::ModelRunner gather_split(*gather_local.model, be, cpu0, 1, 8, 0,
+                                                 pmap::ensemble::RunnerSplit{gather_local.splits, {"model"}, ""});
+  CHECK(text(gather_split.forward_steps()) == "0r 2 3r 5 6 7 8bz+psum_out@0 9 10");
+  CHECK(text(gather_split.backward_steps()) == "10 9 8b 7+psum_dx@0 6 5r 3 2r 0n");
+}
+
 TEST_CASE("layout: layouts the layers cannot run are refused, naming the weight, its shape and its layout") {
   const auto model = pmap::ensemble::flax_mnist_cnn();
   auto error = [&](std::vector<std::pair<const char*, const char*>> entries) {

@@ -198,6 +198,40 @@ TEST_CASE("the model-parallel trainer: a Dx1 mesh is data parallel bit for bit, 
   }
 }
 
+TEST_CASE("clipping by global norm with split weights: the norm adds every device's blocks, as on one device") {
+  // A norm small enough that every step clips: the run differs from the unclipped one.
+  pe::TrainConfig one = config(pe::Mode::data_parallel, 0, 0);
+  one.optimizer.clip_norm = 0.05f;
+  pe::Trainer ref(one, data().train, data().test);
+  ref.run_epoch();
+  pe::Trainer unclipped(config(pe::Mode::data_parallel, 0, 0), data().train, data().test);
+  unclipped.run_epoch();
+  CHECK(relative_diff(ref.params(), unclipped.params()) > 1e-3f);
+  const std::pair<int, int> meshes[] = {{1, 2}, {2, 2}, {1, 4}};
+  for (const auto& [d, m] : meshes) {
+    CAPTURE(d);
+    CAPTURE(m);
+    pe::TrainConfig c = config(pe::Mode::model_parallel, d, m);
+    c.optimizer.clip_norm = 0.05f;
+    pe::Trainer t(c, data().train, data().test);
+    t.run_epoch();
+    const float rel = relative_diff(ref.params(), t.params());
+    MESSAGE("clipped ", d, "x", m, " after 10 steps: max |w - w_1| / max |w| = ", rel);
+    CHECK(rel <= 1e-6f);
+  }
+  // Each member of an ensemble split over 'model' clips as it would unsplit.
+  pe::TrainConfig whole = config(pe::Mode::ensemble, 0, 0, 2);
+  whole.devices = 2;
+  whole.optimizer.clip_norm = 0.05f;
+  pe::Trainer ens_ref(whole, data().train, data().test);
+  ens_ref.run_epoch();
+  pe::TrainConfig split = config(pe::Mode::ensemble, 2, 2, 2);
+  split.optimizer.clip_norm = 0.05f;
+  pe::Trainer ens(split, data().train, data().test);
+  ens.run_epoch();
+  CHECK(relative_diff(ens_ref.params(), ens.params()) <= 1e-6f);
+}
+
 TEST_CASE("an ensemble on an ('ensemble', 'model') mesh: each member split over 'model' trains as unsplit") {
   pe::TrainConfig whole = config(pe::Mode::ensemble, 0, 0, 4);
   whole.devices = 2;

@@ -193,8 +193,4 @@ TEST_CASE("optimizer settings that cannot run are refused naming the flag") {
   c.optimizer.schedule = parse_schedule("cosine");
   c.optimizer.schedule.warmup_steps = 10;  // the whole 10-step run
   refused(c, "--warmup-steps 10 leaves none of the run's 10 steps");
-  c = small_config(2, 1);
-  c.mode = Mode::model_parallel;
-  c.optimizer.clip_norm = 1.0f;
-  refused(c, "--clip-norm with weights split over 'model' is not supported yet");
 }
