@@ -2,8 +2,8 @@
 """Side-by-side training benchmark: pmapcc's bench_train against the PyTorch reference, in one run.
 
 Trains the Flax MNIST CNN (batch 128) for a fixed number of steps on real MNIST for members x devices
-configurations, interleaving our runs with PyTorch's (/work/shared/anchors/torch_cnn_ensemble.py, its loop
-and vmap modes with 1 and 2 threads) and with the fp32 GEMM rate of our kernels (1 and 2 threads), round
+configurations, interleaving our runs with PyTorch's (bench/torch_flax_cnn.py, its loop and vmap modes with
+1 and 2 threads) and with the fp32 GEMM rate of our kernels (1 and 2 threads), round
 after round, so that load on a shared machine falls on all of them alike. Reports medians over the rounds:
 model-images/s, the ratio to PyTorch's best configuration for the same member count, a roofline column
 (FLOPs per image x images/s against this machine's fp32 peak, which bench_peak measures at the start, and
@@ -47,7 +47,7 @@ def parse_args():
                     help="our CPU kernels' ISA variant(s), comma-separated (generic|avx2|avx512; default: auto)")
     ap.add_argument("--pin", action="store_true", help="pin our device threads to cores")
     ap.add_argument("--torch-python", default="/usr/bin/python3")
-    ap.add_argument("--torch-script", default="/work/shared/anchors/torch_cnn_ensemble.py")
+    ap.add_argument("--torch-script", default=os.path.join(REPO, "bench", "torch_flax_cnn.py"))
     ap.add_argument("--torch-threads", default="1,2")
     ap.add_argument("--torch-modes", default="loop,vmap")
     ap.add_argument("--no-torch", action="store_true")
