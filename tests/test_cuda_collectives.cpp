@@ -111,18 +111,29 @@ TEST_CASE("cuda virtual devices reduce in device order: bitwise the CPU devices'
   }
 }
 
-TEST_CASE("cuda virtual devices on a 2-D mesh: collectives over either axis and both") {
-  PMAPCC_REQUIRE_GPU();
-  std::vector<pmap::Device> devices;
-  for (int i = 0; i < 4; ++i) devices.push_back(pmap::Device{pmap::DeviceKind::cuda, i, 0});
+namespace {
+
+// A 2x2 ("data", "model") mesh: device (d, m) holds 10 d + m + 1 (1, 2, 11, 12); psum over either axis
+// and over both. Run on CPU devices too, so that the expectations themselves are checked without a GPU.
+void check_2d_collectives(const std::vector<pmap::Device>& devices) {
   pmap::Mesh mesh(devices, {{"data", 2}, {"model", 2}});
   pmap::pmap([&]() {
     const int data = pmap::axis_index("data"), model = pmap::axis_index("model");
     auto x = filled_on(pmap::current_device(), 8, static_cast<float>(10 * data + model + 1));
     CHECK(pmap::psum(x, "model").to_vector<float>() == std::vector<float>(8, static_cast<float>(20 * data + 3)));
-    CHECK(pmap::psum(x, "data").to_vector<float>() == std::vector<float>(8, static_cast<float>(10 + 2 * model + 2)));
-    CHECK(pmap::psum(x, {"data", "model"}).to_vector<float>() == std::vector<float>(8, 24.0f));
+    CHECK(pmap::psum(x, "data").to_vector<float>() == std::vector<float>(8, static_cast<float>(12 + 2 * model)));
+    CHECK(pmap::psum(x, {"data", "model"}).to_vector<float>() == std::vector<float>(8, 26.0f));
   }, mesh)();
+}
+
+}  // namespace
+
+TEST_CASE("cuda virtual devices on a 2-D mesh: collectives over either axis and both") {
+  check_2d_collectives(pmap::local_devices(pmap::DeviceKind::cpu, 4));
+  PMAPCC_REQUIRE_GPU();
+  std::vector<pmap::Device> devices;
+  for (int i = 0; i < 4; ++i) devices.push_back(pmap::Device{pmap::DeviceKind::cuda, i, 0});
+  check_2d_collectives(devices);
 }
 
 TEST_CASE("cuda: an exception on one device releases the others waiting in a collective") {

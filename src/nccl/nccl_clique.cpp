@@ -11,9 +11,11 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -331,8 +333,10 @@ class Clique final : public NcclClique {
     // aborting one communicator (a failed or timed-out collective) would abort every communicator of the
     // device while only the one that failed knows it. Each communicator aborts alone.
     config.splitShare = 0;
-    ncclComm_t comm = nullptr;
-    PMAPCC_NCCL_ISSUE(ncclCommSplit(roots_.at(device), color, rank, &comm, &config));
+    // On the heap: NCCL's thread writes the handle when the split completes (see await_child).
+    auto handle = std::make_unique<ncclComm_t>(nullptr);
+    PMAPCC_NCCL_ISSUE(ncclCommSplit(roots_.at(device), color, rank, handle.get(), &config));
+    ncclComm_t comm = await_child(device, handle, group);
     auto out = std::make_unique<NcclCommunicator>(comm, hub_, group, device, rank, local_rank, timeout_);
     out->await_ready("ncclCommSplit");
     CollectiveOp barrier;  // the init barrier: this communicator can talk
@@ -349,6 +353,43 @@ class Clique final : public NcclClique {
   }
 
  private:
+  // A nonblocking ncclCommSplit leaves the child's handle NULL and runs the split on NCCL's own thread;
+  // NCCL writes the handle there once the split has completed, and reports progress and errors on the
+  // parent, not on the child (seen on an H100 with NCCL 2.28: polling the NULL child failed with "comm
+  // argument is NULL"; NVIDIA/nccl#1472). So: poll the parent until it leaves ncclInProgress, then wait
+  // for the handle to appear, both against the collective timeout. A parent that fails or stalls is
+  // aborted and given up (the Clique does not release it again). A split given up leaves the handle's
+  // slot allocated (8 bytes, on a path that fails the Mesh): NCCL's thread may still write it.
+  ncclComm_t await_child(int device, std::unique_ptr<ncclComm_t>& slot, const Group& group) {
+    ncclComm_t parent = roots_.at(device);
+    std::atomic_ref<ncclComm_t> handle(*slot);
+    const auto deadline = Clock::now() + timeout_;
+    auto give_up = [&](const std::string& why, bool timed_out) {
+      ncclCommAbort(parent);
+      roots_[device] = nullptr;
+      (void)slot.release();
+      const std::string what = "ncclCommSplit on " + group.axes + " (mesh device " + std::to_string(device) + "): " + why;
+      if (timed_out) throw Timeout(what);
+      throw NcclError(what);
+    };
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      PMAPCC_NCCL_CHECK(ncclCommGetAsyncError(parent, &state));
+      if (state != ncclSuccess && state != ncclInProgress)
+        give_up(std::string(ncclGetErrorString(state)) + last_error(parent), false);
+      if (state == ncclSuccess) {
+        if (ncclComm_t c = handle.load(std::memory_order_acquire); c != nullptr) return c;
+      }
+      if (std::string why = hub_.abort_reason(); !why.empty()) give_up("cancelled: " + why, false);
+      if (Clock::now() > deadline)
+        give_up(std::string(state == ncclSuccess ? "the new communicator's handle did not appear"
+                                                 : "the split did not complete") +
+                    " within " + std::to_string(timeout_.count()) + " ms",
+                true);
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
   std::map<int, ncclComm_t> roots_;  // mesh device -> its root communicator (this process's devices)
   ThreadHub& hub_;
   std::chrono::milliseconds timeout_;
