@@ -9,6 +9,7 @@
 // kernels/optimizer_ops.h) and one line in the registry of optimizer.cpp.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -125,6 +126,12 @@ struct UpdateOptions {
   float clip_norm = 0.0f;
   std::vector<bool> split_tensors;
   AxisNames split_axes;
+
+  // Whether optimizer_step calls a collective (the psum of clipping with split tensors), which meets the
+  // other devices on the host: such an update cannot be captured in a graph.
+  bool meets_devices() const {
+    return clip_norm > 0 && std::find(split_tensors.begin(), split_tensors.end(), true) != split_tensors.end();
+  }
 };
 
 // One optimizer step of a device's members on state (its params and opt slots, in `model`'s layout) from

@@ -134,7 +134,12 @@ void train_step(TrainState& state, DeviceWork& work, const Batch& batch, const S
   });
   if (opt.data_parallel) {  // the collective meets the other devices on the host: outside the graphs
     pmean_inplace(work.grads, opt.axis);
-    work.update_graph.run([&] { update(state, work, opt); });
+    // Clipping with split weights psums its sums of squares inside the update: then the update runs eagerly.
+    if (opt.update.meets_devices()) {
+      update(state, work, opt);
+    } else {
+      work.update_graph.run([&] { update(state, work, opt); });
+    }
   }
   const auto row = static_cast<std::size_t>(work.log_fill++) * static_cast<std::size_t>(members);
   be.copy(work.log.loss.data<float>() + row, work.step_loss.raw_data(), work.step_loss.nbytes());

@@ -212,7 +212,8 @@ TEST_CASE("cuda layer ops and every CPU ISA variant are bitwise the generic CPU 
   d.members = 3, d.rows = 10, d.features = 65, d.rate = 0.25f, d.example_offset = 7, d.stream = 2;
   // A model-parallel shard that starts inside a block of 4 features (the CPU draws one Philox block per 4).
   k::DropoutParams shard = d;
-  shard.feature_offset = 5;  auto run = [&](const k::LayerOps& ops, auto&& buffer) {
+  shard.feature_offset = 5;
+  auto run = [&](const k::LayerOps& ops, auto&& buffer) {
     auto bx = buffer(x), bdy = buffer(dy), bg = buffer(gamma), bb = buffer(beta);
     auto sums = buffer(std::vector<double>(2 * mc)), bsums = buffer(std::vector<double>(2 * mc));
     auto mm = buffer(std::vector<float>(mc, 0.0f)), mv = buffer(std::vector<float>(mc, 1.0f));

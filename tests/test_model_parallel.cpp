@@ -230,6 +230,18 @@ TEST_CASE("clipping by global norm with split weights: the norm adds every devic
   pe::Trainer ens(split, data().train, data().test);
   ens.run_epoch();
   CHECK(relative_diff(ens_ref.params(), ens.params()) <= 1e-6f);
+  // With a backend that captures the step (the CUDA kernels, run on the host), the update, whose psum
+  // meets on the host, runs eagerly: the run trains, and as one device does with those kernels.
+  pe::TrainConfig host_one = one;
+  host_one.cuda_kernels_on_host = true;
+  pe::Trainer host_ref(host_one, data().train, data().test);
+  host_ref.run_epoch();
+  pe::TrainConfig host_split = config(pe::Mode::model_parallel, 1, 2);
+  host_split.optimizer.clip_norm = 0.05f;
+  host_split.cuda_kernels_on_host = true;
+  pe::Trainer host(host_split, data().train, data().test);
+  host.run_epoch();
+  CHECK(relative_diff(host_ref.params(), host.params()) <= 1e-6f);
 }
 
 TEST_CASE("an ensemble on an ('ensemble', 'model') mesh: each member split over 'model' trains as unsplit") {
