@@ -1,4 +1,4 @@
-// The per-row arithmetic of the calibration statistics and predictions (kernels/ops.h: calibration_sums,
+// The per-row arithmetic of the calibration statistics and predictions (kernels/metric_ops.h: calibration_sums,
 // predictions), written once for the CPU ops and the CUDA kernels (PMAPCC_HD), so both produce the same
 // bits; what the ops add up is checked against hand-computed values in tests/test_calibration.cpp.
 #pragma once

@@ -33,18 +33,8 @@ class CpuBackend : public Backend {
 
   // The same in every variant (kernels/cpu_backend.cpp).
   std::size_t softmax_cross_entropy_workspace_bytes(SoftmaxXentParams p) const final;
-  void sum_members(int count, std::size_t n, const float* x, float* out, bool accumulate) const final;
-  void divide(std::size_t n, float* x, float divisor) const final;
-  void argmax_hits(int rows, int classes, const float* scores, const std::int32_t* labels,
-                   std::int32_t* hits) const final;
-  void accumulate_metrics(int count, const float* loss, const std::int32_t* correct, double rows, double* loss_sum,
-                          std::int32_t* hits) const final;
-  void mean_from_sums(int count, const double* sums, double divisor, float* out) const final;
-  std::size_t calibration_workspace_bytes(CalibrationParams p) const final;
-  void calibration_sums(CalibrationParams p, const float* probs, const std::int32_t* labels, double* sums,
-                        void* workspace) const final;
-  void predictions(int rows, int classes, const float* probs, std::int32_t* predicted, float* probability,
-                   float* entropy) const final;
+  // The evaluation's ops (kernels/cpu_metrics.cpp), one instance shared by every variant.
+  const MetricOps& metrics() const final;
   void copy(void* dst, const void* src, std::size_t bytes) const final;
   void fill_zero(void* dst, std::size_t bytes) const final;
 };

@@ -51,7 +51,7 @@ void check_close(const std::vector<double>& got, const std::vector<double>& want
 }  // namespace
 
 TEST_CASE("calibration sums of hand-made rows: NLL, Brier, entropy, hits and the 15 confidence bins") {
-  const auto& cpu = k::backend_for(pmap::DeviceKind::cpu);
+  const auto& cpu = k::backend_for(pmap::DeviceKind::cpu).metrics();
   std::vector<double> sums(k::kCalibrationSlots, 0.0);
   cpu.calibration_sums({1, 4, 3}, kProbs.data(), kLabels.data(), sums.data(), nullptr);
   check_close(sums, expected_slots());
@@ -87,7 +87,7 @@ TEST_CASE("calibration sums of hand-made rows: NLL, Brier, entropy, hits and the
 }
 
 TEST_CASE("calibration sums of several predictors, and a label out of range") {
-  const auto& cpu = k::backend_for(pmap::DeviceKind::cpu);
+  const auto& cpu = k::backend_for(pmap::DeviceKind::cpu).metrics();
   // Predictor 1 is perfectly confident and right on every row: NLL, Brier, entropy 0, ECE 0.
   std::vector<float> two = kProbs;
   for (int r = 0; r < 4; ++r)
@@ -108,7 +108,7 @@ TEST_CASE("calibration sums of several predictors, and a label out of range") {
 
 TEST_CASE("cuda calibration sums and predictions: the CPU op's bits, on the host run and a GPU") {
   using namespace cuda_testing;
-  const auto& cpu = k::backend_for(pmap::DeviceKind::cpu);
+  const auto& cpu = k::backend_for(pmap::DeviceKind::cpu).metrics();
   // 3 predictors x 37 rows x 10 classes of softmax-like rows (random, normalized), and random labels.
   const int predictors = 3, rows = 37, classes = 10;
   auto probs = random_floats(static_cast<std::size_t>(predictors * rows * classes), 31, 0.0f, 1.0f);
@@ -127,7 +127,7 @@ TEST_CASE("cuda calibration sums and predictions: the CPU op's bits, on the host
   CHECK(pred[0] == 5);  // the first of the tied classes
   for (const Target& t : targets()) {
     CAPTURE(t.name);
-    const k::Backend& be = *t.backend;
+    const k::MetricOps& be = t.backend->metrics();
     auto gp = on(t.device, probs), gl = on(t.device, labels);
     auto gs = on(t.device, std::vector<double>(want.size(), 0.5));
     auto ws = zeros(t.device, be.calibration_workspace_bytes({predictors, rows, classes}), pmap::DType::u8);

@@ -273,19 +273,19 @@ TEST_CASE("cuda softmax cross-entropy skips and counts labels outside 0..K-1, a 
 TEST_CASE("cuda ensemble reductions are bitwise the CPU ops: member sums, mean, argmax hits, metric sums") {
   for (const Target& t : targets()) {
     CAPTURE(t.name);
-    const k::Backend& be = *t.backend;
+    const k::MetricOps& be = t.backend->metrics();
     const int count_m = 3, rows = 11, classes = 10;
     const std::size_t n = static_cast<std::size_t>(rows) * classes;
     const auto x = random_floats(count_m * n, 19, 0.0f, 1.0f);
     std::vector<float> out = random_floats(n, 20);
     auto gx = on(t.device, x), gout = on(t.device, out);
-    cpu().sum_members(count_m, n, x.data(), out.data(), true);
+    cpu().metrics().sum_members(count_m, n, x.data(), out.data(), true);
     be.sum_members(count_m, n, gx.data<float>(), gout.data<float>(), true);
     CHECK(bitwise_equal(gout.to_vector<float>(), out));
-    cpu().sum_members(2, n, x.data(), out.data(), false);
+    cpu().metrics().sum_members(2, n, x.data(), out.data(), false);
     be.sum_members(2, n, gx.data<float>(), gout.data<float>(), false);
     CHECK(bitwise_equal(gout.to_vector<float>(), out));
-    cpu().divide(n, out.data(), 3.0f);
+    cpu().metrics().divide(n, out.data(), 3.0f);
     be.divide(n, gout.data<float>(), 3.0f);
     CHECK(bitwise_equal(gout.to_vector<float>(), out));
     // Ties go to the first index, as jnp.argmax: row 0 ties classes 2 and 5 with label 5 (a miss).
@@ -295,7 +295,7 @@ TEST_CASE("cuda ensemble reductions are bitwise the CPU ops: member sums, mean, 
     with_tie[0] = 5;
     auto gtie = on(t.device, out), glab = on(t.device, with_tie);
     std::int32_t hits = 3;
-    cpu().argmax_hits(rows, classes, out.data(), with_tie.data(), &hits);
+    cpu().metrics().argmax_hits(rows, classes, out.data(), with_tie.data(), &hits);
     auto ghits = on(t.device, std::vector<std::int32_t>{3});
     be.argmax_hits(rows, classes, gtie.data<float>(), glab.data<std::int32_t>(), ghits.data<std::int32_t>());
     CHECK(ghits.to_vector<std::int32_t>() == std::vector<std::int32_t>{hits});
@@ -311,7 +311,7 @@ TEST_CASE("cuda ensemble reductions are bitwise the CPU ops: member sums, mean, 
     std::vector<std::int32_t> hit_sums{1, 1, 1};
     auto gloss = on(t.device, loss), gcorrect = on(t.device, correct), gsums = on(t.device, sums);
     auto ghit_sums = on(t.device, hit_sums);
-    cpu().accumulate_metrics(3, loss.data(), correct.data(), 7.0, sums.data(), hit_sums.data());
+    cpu().metrics().accumulate_metrics(3, loss.data(), correct.data(), 7.0, sums.data(), hit_sums.data());
     be.accumulate_metrics(3, gloss.data<float>(), gcorrect.data<std::int32_t>(), 7.0, gsums.data<double>(),
                           ghit_sums.data<std::int32_t>());
     CHECK(gsums.to_vector<double>() == std::vector<double>{4.5, 10.75, 17.0});
@@ -319,7 +319,7 @@ TEST_CASE("cuda ensemble reductions are bitwise the CPU ops: member sums, mean, 
     CHECK(ghit_sums.to_vector<std::int32_t>() == std::vector<std::int32_t>{5, 6, 7});
     std::vector<float> means(3);
     auto gmeans = zeros(t.device, 3);
-    cpu().mean_from_sums(3, sums.data(), 3.0, means.data());
+    cpu().metrics().mean_from_sums(3, sums.data(), 3.0, means.data());
     be.mean_from_sums(3, gsums.data<double>(), 3.0, gmeans.data<float>());
     CHECK(bitwise_equal(gmeans.to_vector<float>(), means));
     CHECK(means[0] == 1.5f);
@@ -335,7 +335,7 @@ TEST_CASE("cuda ops reject null pointers and bad parameters before queueing work
     CHECK_THROWS_AS(be.dense_forward(bad, buf.data<float>(), buf.data<float>(), nullptr, buf.data<float>(), nullptr),
                     pmap::ValueError);
     CHECK_THROWS_AS(be.relu_forward(4, nullptr, buf.data<float>()), pmap::ValueError);
-    CHECK_THROWS_AS(be.sum_members(0, 4, buf.data<float>(), buf.data<float>(), false), pmap::ValueError);
+    CHECK_THROWS_AS(be.metrics().sum_members(0, 4, buf.data<float>(), buf.data<float>(), false), pmap::ValueError);
     CHECK_THROWS_AS(be.softmax_cross_entropy(k::SoftmaxXentParams{1, 2, 3, true}, buf.data<float>(), nullptr,
                                              buf.data<float>(), nullptr, nullptr, nullptr, nullptr, nullptr),
                     pmap::ValueError);

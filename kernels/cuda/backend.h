@@ -60,9 +60,31 @@ class CudaLayerOps final : public LayerOps {
   Exec ex_;
 };
 
+// metrics.cu: one item per element, row or member; the rows' calibration arithmetic is
+// kernels/calibration.h, summed in row order.
+class CudaMetricOps final : public MetricOps {
+ public:
+  explicit CudaMetricOps(Exec ex) : ex_(ex) {}
+  void sum_members(int count, std::size_t n, const float* x, float* out, bool accumulate) const override;
+  void divide(std::size_t n, float* x, float divisor) const override;
+  void argmax_hits(int rows, int classes, const float* scores, const std::int32_t* labels,
+                   std::int32_t* hits) const override;
+  void accumulate_metrics(int count, const float* loss, const std::int32_t* correct, double rows, double* loss_sum,
+                          std::int32_t* hits) const override;
+  void mean_from_sums(int count, const double* sums, double divisor, float* out) const override;
+  std::size_t calibration_workspace_bytes(CalibrationParams p) const override;
+  void calibration_sums(CalibrationParams p, const float* probs, const std::int32_t* labels, double* sums,
+                        void* workspace) const override;
+  void predictions(int rows, int classes, const float* probs, std::int32_t* predicted, float* probability,
+                   float* entropy) const override;
+
+ private:
+  Exec ex_;
+};
+
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(Exec ex) : ex_(ex), optimizer_(ex), layers_(ex) {}
+  explicit CudaBackend(Exec ex) : ex_(ex), optimizer_(ex), layers_(ex), metrics_(ex) {}
   std::string name() const override { return ex_.on_host() ? "cuda-on-host" : "cuda"; }
   DeviceKind kind() const override { return ex_.on_host() ? DeviceKind::cpu : DeviceKind::cuda; }
 
@@ -94,20 +116,6 @@ class CudaBackend final : public Backend {
   void softmax_cross_entropy(SoftmaxXentParams p, const float* logits, const std::int32_t* labels, float* loss,
                              float* dlogits, float* probs, std::int32_t* correct, std::int32_t* bad_labels,
                              void* workspace) const override;
-  // metrics.cu: the rows' calibration arithmetic is kernels/calibration.h, summed in row order.
-  void sum_members(int count, std::size_t n, const float* x, float* out, bool accumulate) const override;
-  void divide(std::size_t n, float* x, float divisor) const override;
-  void argmax_hits(int rows, int classes, const float* scores, const std::int32_t* labels,
-                   std::int32_t* hits) const override;
-  void accumulate_metrics(int count, const float* loss, const std::int32_t* correct, double rows, double* loss_sum,
-                          std::int32_t* hits) const override;
-  void mean_from_sums(int count, const double* sums, double divisor, float* out) const override;
-  std::size_t calibration_workspace_bytes(CalibrationParams p) const override;
-  void calibration_sums(CalibrationParams p, const float* probs, const std::int32_t* labels, double* sums,
-                        void* workspace) const override;
-  void predictions(int rows, int classes, const float* probs, std::int32_t* predicted, float* probability,
-                   float* entropy) const override;
-
   void copy(void* dst, const void* src, std::size_t bytes) const override { ex_.copy(dst, src, bytes); }
   void fill_zero(void* dst, std::size_t bytes) const override { ex_.fill_zero(dst, bytes); }
   void prepare() const override { ex_.prepare(); }
@@ -115,11 +123,13 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Graph> capture(const std::function<void()>& body) const override { return ex_.capture(body); }
   const OptimizerOps& optimizer() const override { return optimizer_; }
   const LayerOps& layers() const override { return layers_; }
+  const MetricOps& metrics() const override { return metrics_; }
 
  private:
   Exec ex_;
   CudaOptimizerOps optimizer_;
   CudaLayerOps layers_;
+  CudaMetricOps metrics_;
 };
 
 }  // namespace pmap::kernels::gpu

@@ -1,5 +1,5 @@
-// CUDA versions of the ensemble's reductions (kernels/ops.h, "reductions of the ensemble step"): the sum
-// of members' probabilities, the division to a mean, argmax hit counts and the per-member metric sums.
+// The CUDA evaluation ops (kernels/metric_ops.h): the sum of members' probabilities, the division to a
+// mean, argmax hit counts, the per-member metric sums, the calibration sums and the predictions.
 // One item per element, row or member, in the CPU ops' order, so host runs give the CPU's bits.
 #include <cstdint>
 
@@ -131,13 +131,13 @@ struct Predictions {
 
 }  // namespace
 
-std::size_t CudaBackend::calibration_workspace_bytes(CalibrationParams p) const {
+std::size_t CudaMetricOps::calibration_workspace_bytes(CalibrationParams p) const {
   validate(p);
   return static_cast<std::size_t>(p.predictors) * static_cast<std::size_t>(p.rows) * sizeof(RowCalibration) + 256;
 }
 
-void CudaBackend::calibration_sums(CalibrationParams p, const float* probs, const std::int32_t* labels, double* sums,
-                                   void* workspace) const {
+void CudaMetricOps::calibration_sums(CalibrationParams p, const float* probs, const std::int32_t* labels, double* sums,
+                                     void* workspace) const {
   const Exec& ex = ex_;
   require(probs, "calibration_sums", "probs");
   require(labels, "calibration_sums", "labels");
@@ -150,15 +150,15 @@ void CudaBackend::calibration_sums(CalibrationParams p, const float* probs, cons
   ex.launch(CalibrationSlotSums{p, rows, sums}, static_cast<std::size_t>(p.predictors) * (4 + kCalibrationBins));
 }
 
-void CudaBackend::predictions(int rows, int classes, const float* probs, std::int32_t* predicted, float* probability,
-                              float* entropy) const {
+void CudaMetricOps::predictions(int rows, int classes, const float* probs, std::int32_t* predicted, float* probability,
+                                float* entropy) const {
   const Exec& ex = ex_;
   require(probs, "predictions", "probs");
   validate_argmax_hits(rows, classes);
   ex.launch(Predictions{classes, probs, predicted, probability, entropy}, static_cast<std::size_t>(rows));
 }
 
-void CudaBackend::sum_members(int count, std::size_t n, const float* x, float* out, bool accumulate) const {
+void CudaMetricOps::sum_members(int count, std::size_t n, const float* x, float* out, bool accumulate) const {
   const Exec& ex = ex_;
   require(x, "sum_members", "x");
   require(out, "sum_members", "out");
@@ -166,14 +166,14 @@ void CudaBackend::sum_members(int count, std::size_t n, const float* x, float* o
   ex.launch(SumMembers{count, n, x, out, accumulate}, n);
 }
 
-void CudaBackend::divide(std::size_t n, float* x, float divisor) const {
+void CudaMetricOps::divide(std::size_t n, float* x, float divisor) const {
   const Exec& ex = ex_;
   require(x, "divide", "x");
   ex.launch(Divide{x, divisor}, n);
 }
 
-void CudaBackend::argmax_hits(int rows, int classes, const float* scores, const std::int32_t* labels,
-                              std::int32_t* hits) const {
+void CudaMetricOps::argmax_hits(int rows, int classes, const float* scores, const std::int32_t* labels,
+                                std::int32_t* hits) const {
   const Exec& ex = ex_;
   require(scores, "argmax_hits", "scores");
   require(labels, "argmax_hits", "labels");
@@ -182,8 +182,8 @@ void CudaBackend::argmax_hits(int rows, int classes, const float* scores, const 
   ex.launch(ArgmaxHits{classes, scores, labels, hits}, static_cast<std::size_t>(rows));
 }
 
-void CudaBackend::accumulate_metrics(int count, const float* loss, const std::int32_t* correct, double rows,
-                                     double* loss_sum, std::int32_t* hits) const {
+void CudaMetricOps::accumulate_metrics(int count, const float* loss, const std::int32_t* correct, double rows,
+                                       double* loss_sum, std::int32_t* hits) const {
   const Exec& ex = ex_;
   require(loss, "accumulate_metrics", "loss");
   require(correct, "accumulate_metrics", "correct");
@@ -192,7 +192,7 @@ void CudaBackend::accumulate_metrics(int count, const float* loss, const std::in
   ex.launch(AccumulateMetrics{loss, correct, rows, loss_sum, hits}, static_cast<std::size_t>(count < 0 ? 0 : count));
 }
 
-void CudaBackend::mean_from_sums(int count, const double* sums, double divisor, float* out) const {
+void CudaMetricOps::mean_from_sums(int count, const double* sums, double divisor, float* out) const {
   const Exec& ex = ex_;
   require(sums, "mean_from_sums", "sums");
   require(out, "mean_from_sums", "out");
