@@ -6,6 +6,7 @@
 #include <pmap/error.h>
 
 #include <algorithm>
+#include <bit>
 
 namespace pmap::ensemble {
 namespace {
@@ -86,8 +87,8 @@ DeviceWork::DeviceWork(const Sequential& model, const kernels::Backend& be, Devi
           Array(Shape{1}, DType::i32, device)},
       eval{Array(Shape{members}, DType::f32, device), Array(Shape{members}, DType::i32, device),
            Array(Shape{1}, DType::i32, device), Array(Shape{members + 1, kSlots}, DType::f64, device)},
-      update_graph(be, graphs),
-      graphs_(graphs && !splits_any(split) && !(syncs_batch(model) && !split.batch_axis.empty())) {
+      graphs_(graphs && !splits_any(split) && !(syncs_batch(model) && !split.batch_axis.empty())),
+      update_graphs_(graphs) {
   if (log_rows < 1) throw ValueError("DeviceWork: log_rows must be >= 1, got " + std::to_string(log_rows));
   if (optimizer.base_lr.size() != members || optimizer.base_lr.device() != device)
     throw ValueError("DeviceWork: the optimizer's scalars are for " + std::to_string(optimizer.base_lr.size()) +
@@ -95,11 +96,61 @@ DeviceWork::DeviceWork(const Sequential& model, const kernels::Backend& be, Devi
                      device.str());
 }
 
-kernels::StepGraph& DeviceWork::step_graph(const void* images, int rows) {
-  auto& g = step_graphs_[{images, rows}];
+kernels::StepGraph& DeviceWork::step_graph(const std::string& key) {
+  auto& g = step_graphs_[key];
   if (g == nullptr) g = std::make_unique<kernels::StepGraph>(backend, graphs_);
   return *g;
 }
+
+kernels::StepGraph& DeviceWork::update_graph(const std::string& key) {
+  auto& g = update_graph_map_[key];
+  if (g == nullptr) g = std::make_unique<kernels::StepGraph>(backend, update_graphs_);
+  return *g;
+}
+
+namespace {
+
+// train_step's graph key: what its captured work reads by pointer or by value besides `work`'s own buffers
+// (review F4). Doubles by their bits, pointers by address.
+std::string graph_key(const TrainState& state, const Batch& batch, int rows, const StepOptions& opt) {
+  std::string key;
+  auto word = [&](std::uint64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  auto pointer = [&](const void* p) { word(reinterpret_cast<std::uintptr_t>(p)); };
+  auto real = [&](double v) { word(std::bit_cast<std::uint64_t>(v)); };
+  pointer(batch.images.raw_data());
+  pointer(batch.labels.raw_data());
+  word(static_cast<std::uint64_t>(rows));
+  pointer(state.params.raw_data());
+  pointer(state.state.raw_data());
+  pointer(state.step.raw_data());
+  for (const auto& [name, slot] : state.opt) {
+    key += name;
+    pointer(slot.raw_data());
+  }
+  pointer(opt.optimizer);
+  word((opt.data_parallel ? 1u : 0u) | (opt.member_dropout ? 2u : 0u));
+  key += opt.axis;
+  key += '\0';
+  const kernels::ScheduleParams& sp = opt.update.schedule;
+  word(static_cast<std::uint64_t>(sp.kind));
+  word(static_cast<std::uint64_t>(sp.warmup_steps));
+  word(static_cast<std::uint64_t>(sp.decay_steps));
+  real(sp.decay_rate);
+  word(sp.staircase ? 1 : 0);
+  real(sp.alpha);
+  word(static_cast<std::uint64_t>(sp.boundaries_count));
+  for (int i = 0; i < sp.boundaries_count; ++i) {
+    word(static_cast<std::uint64_t>(sp.boundaries[i]));
+    real(sp.values[i]);
+  }
+  real(opt.update.clip_norm);
+  for (bool b : opt.update.split_tensors) key += b ? '1' : '0';
+  key += '\0';
+  key += opt.update.split_axes.str();
+  return key;
+}
+
+}  // namespace
 
 void train_step(TrainState& state, DeviceWork& work, const Batch& batch, const StepOptions& opt) {
   const kernels::Backend& be = work.backend;
@@ -120,7 +171,8 @@ void train_step(TrainState& state, DeviceWork& work, const Batch& batch, const S
                     opt.data_parallel ? std::int64_t{axis_index(opt.axis)} * rows : 0,
                     opt.member_dropout ? work.dropout_rates.data<float>() : nullptr};
   // Forward, loss and backward of each group of members, then (ensemble) the update: one graph.
-  work.step_graph(images, rows).run([&] {
+  const std::string key = graph_key(state, batch, rows, opt);
+  work.step_graph(key).run([&] {
     for (int first = 0; first < members; first += group) {
       const int count = std::min(group, members - first);
       const float* logits = work.runner.forward(images, rows, params, first, count, run);
@@ -138,7 +190,7 @@ void train_step(TrainState& state, DeviceWork& work, const Batch& batch, const S
     if (opt.update.meets_devices()) {
       update(state, work, opt);
     } else {
-      work.update_graph.run([&] { update(state, work, opt); });
+      work.update_graph(key).run([&] { update(state, work, opt); });
     }
   }
   const auto row = static_cast<std::size_t>(work.log_fill++) * static_cast<std::size_t>(members);

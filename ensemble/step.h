@@ -108,13 +108,18 @@ struct DeviceWork {
   EvalResult eval;
   int log_fill = 0;  // rows of `log` written since the last report
 
-  // The graph of the train step on this batch buffer and size, and of the update (data parallel).
-  kernels::StepGraph& step_graph(const void* images, int rows);
-  kernels::StepGraph update_graph;
+  // The graphs of the train step and of the data-parallel update, one per key: train_step's key names
+  // everything the captured work freezes besides this DeviceWork's own buffers (the batch's and the
+  // state's device pointers, the rows, the optimizer and its by-value options), so that a call changing
+  // any of them captures anew instead of replaying stale values.
+  kernels::StepGraph& step_graph(const std::string& key);
+  kernels::StepGraph& update_graph(const std::string& key);
 
  private:
-  bool graphs_;
-  std::map<std::pair<const void*, int>, std::unique_ptr<kernels::StepGraph>> step_graphs_;
+  bool graphs_;         // the whole step may be captured
+  bool update_graphs_;  // the data-parallel update may be captured
+  std::map<std::string, std::unique_ptr<kernels::StepGraph>> step_graphs_;
+  std::map<std::string, std::unique_ptr<kernels::StepGraph>> update_graph_map_;
 };
 
 // One member at a time on a CPU device (as fast as all at once, measured with `bench_train paired`, and

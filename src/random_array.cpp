@@ -1,6 +1,7 @@
 // The samplers of pmap/random.h into Arrays: host arrays through the span samplers, CUDA arrays through
 // the device kernel (src/cuda/random.cu), after the same argument checks.
 #include <pmap/array.h>
+#include <pmap/detail/capture.h>
 #include <pmap/error.h>
 #include <pmap/random.h>
 
@@ -12,7 +13,11 @@
 namespace pmap {
 namespace {
 
+// Every Array sampler's first check: the dtype, and no graph capture (a draw into an array is not recorded:
+// a replay would reuse the captured draw on the host run, and on a GPU the sampler synchronizes).
 void require_dtype(const char* function, const Array& out, DType want) {
+  if (detail::capturing() != nullptr)
+    detail::check_not_capturing(std::string(function) + " into " + out.str(), "draws random numbers");
   if (out.dtype() != want) {
     throw ShapeError(std::string(function) + ": needs a " + std::string(name(want)) + " array, got " + out.str());
   }

@@ -131,6 +131,9 @@ TEST_CASE("cuda graphs refuse what a captured step must not do, naming it, and l
                            doctest::Contains("synchronizes with the host"), pmap::CaptureError);
       CHECK_THROWS_WITH_AS(capture([&] { pmap::psum_inplace(buf, "i"); }),
                            doctest::Contains("psum over 'i' meets the other devices"), pmap::CaptureError);
+      // A random draw into an array would be replayed as the captured draw (review F3a).
+      CHECK_THROWS_WITH_AS(capture([&] { pmap::uniform(pmap::key(1), buf); }),
+                           doctest::Contains("uniform into"), pmap::CaptureError);
       // Scratch memory that would have to grow (an op without its workspace) is refused too.
       k::Conv2dParams p;
       p.members = 2, p.batch = 64, p.height = p.width = 20, p.in_channels = 3, p.out_channels = 8;
