@@ -50,6 +50,9 @@ void cuda_set_thread_stream(StreamHandle stream) noexcept;
 // Blocks until the calling thread's current stream has finished its work; raises CudaError for a
 // failure of that work.
 void cuda_sync_current_stream();
+// The same on a failure path: waits for the stream's work and swallows its error (the caller is already
+// raising), so that nothing still runs on arrays after pmap has returned (review L6).
+void cuda_drain_current_stream() noexcept;
 
 // Events (opaque cudaEvent_t, timing off) order work between streams without the host (Feed).
 using EventHandle = void*;

@@ -107,6 +107,8 @@ void MeshImpl::run(TaskRef fn) {
       f = {std::make_exception_ptr(err), clock++, false};
       report_failure(dev + " raised " + err.message());
     }
+    // A failed call still waits for the work it queued: the caller may free or read its arrays next.
+    if (f.error && stream != nullptr) cuda_drain_current_stream();
     hub_->finished(d, static_cast<bool>(f.error));
     cuda_set_thread_stream(nullptr);
     tls_context = DeviceContext{};

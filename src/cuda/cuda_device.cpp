@@ -219,6 +219,10 @@ void cuda_set_thread_stream(StreamHandle stream) noexcept {
 
 void cuda_sync_current_stream() { PMAPCC_CUDA_CHECK(cudaStreamSynchronize(current_stream())); }
 
+void cuda_drain_current_stream() noexcept {
+  if (cudaStreamSynchronize(current_stream()) != cudaSuccess) cudaGetLastError();
+}
+
 EventHandle cuda_event_create(int ordinal) {
   DeviceScope scope(ordinal);
   cudaEvent_t event = nullptr;

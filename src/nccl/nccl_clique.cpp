@@ -94,9 +94,10 @@ class NcclCommunicator final : public Communicator {
                    std::chrono::milliseconds timeout)
       : comm_(comm), hub_(hub), group_(group), device_(device), rank_(rank), local_rank_(local_rank),
         timeout_(timeout) {
-    // Up front (no allocation in collectives), and zeroed: the barrier all-reduces it (initcheck).
+    // Up front (no allocation in collectives), and zeroed on the stream the barrier runs on (the worker's,
+    // which does not wait for the legacy stream; review L1): the barrier all-reduces it (initcheck).
     PMAPCC_CUDA_CHECK(cudaMalloc(&barrier_word_, sizeof(float)));
-    PMAPCC_CUDA_CHECK(cudaMemset(barrier_word_, 0, sizeof(float)));
+    PMAPCC_CUDA_CHECK(cudaMemsetAsync(barrier_word_, 0, sizeof(float), current_stream()));
   }
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;

@@ -36,6 +36,7 @@ StreamHandle cuda_stream_create(int) { unavailable(); }
 void cuda_stream_destroy(int, StreamHandle) noexcept {}
 void cuda_set_thread_stream(StreamHandle) noexcept {}
 void cuda_sync_current_stream() {}
+void cuda_drain_current_stream() noexcept {}
 void cuda_divide(int, void*, std::size_t, DType, int) { unavailable(); }
 void cuda_sample(const SampleRequest&) { unavailable(); }
 void device_execute(const CollectiveOp&, const std::vector<const void*>&, const std::vector<void*>&, int) {
