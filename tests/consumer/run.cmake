@@ -27,6 +27,17 @@ endfunction()
 
 step("install ${BUILD_DIR} into ${prefix}" "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${prefix}")
 
+# The programs are installed with the package (when the build has them) and run from there.
+if(EXISTS "${BUILD_DIR}/examples/pmap_info")
+  foreach(program pmap_info mnist_ensemble)
+    if(NOT EXISTS "${prefix}/bin/${program}")
+      message(FATAL_ERROR "consumer check: ${program} was not installed into ${prefix}/bin")
+    endif()
+  endforeach()
+  step("run the installed pmap_info" "${prefix}/bin/pmap_info")
+  step("run the installed mnist_ensemble --help" "${prefix}/bin/mnist_ensemble" --help)
+endif()
+
 set(args "-DCMAKE_PREFIX_PATH=${prefix}")
 if(GENERATOR)
   list(APPEND args -G "${GENERATOR}")
