@@ -5,10 +5,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>  // access
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <optional>
+#include <utility>
 
 namespace pmap::ensemble {
 namespace {
@@ -322,6 +325,7 @@ void checkpoint_flags(CLI::App& a, CliOptions& o) {
         return parse_members(text, members);
       }))->default_str("all");
   a.add_flag("-h,--help", o.help, "this text")->group("Checkpoints");
+  a.add_flag("--version", o.version, "the program's version and its build's backends")->group("Checkpoints");
 }
 
 std::unique_ptr<CLI::App> make_app(CliOptions& o) {
@@ -395,7 +399,38 @@ CliOptions parse_cli(const std::vector<std::string>& args) {
     throw UsageError("--evaluate trains nothing: it takes neither --save nor --resume");
   if (!o.evaluate.empty() && !o.metrics_csv.empty())
     throw UsageError("--evaluate writes no per-epoch CSV: use --metrics-json (and --predict)");
+  // The checkpoint decides the model and its batch; nothing is trained: a training flag would be ignored.
+  if (!o.evaluate.empty())
+    for (const CLI::Option* given : app->get_options())
+      if (given->count() > 0 && (given->get_group() == "Training" || given->get_group() == "Optimizer" ||
+                                 given->check_lname("train-limit")))
+        throw UsageError("--evaluate trains nothing: " + given->get_name() +
+                         " is a training flag (the checkpoint records the model and its recipe)");
   return o;
+}
+
+void check_output_paths(const CliOptions& o) {
+  namespace fs = std::filesystem;
+  const std::pair<const char*, const fs::path*> outputs[] = {{"--save", &o.save},
+                                                             {"--metrics-json", &o.metrics_json},
+                                                             {"--metrics-csv", &o.metrics_csv},
+                                                             {"--plot", &o.plot},
+                                                             {"--predict", &o.predict}};
+  std::vector<std::pair<fs::path, const char*>> seen;
+  for (const auto& [flag, path] : outputs) {
+    if (path->empty()) continue;
+    const std::string what = std::string(flag) + " " + path->string();
+    std::error_code ec;
+    if (fs::is_directory(*path, ec)) throw UsageError(what + ": is a directory, not a file");
+    const fs::path dir = path->has_parent_path() ? path->parent_path() : fs::path(".");
+    if (!fs::is_directory(dir, ec)) throw UsageError(what + ": the directory '" + dir.string() + "' does not exist");
+    if (::access(dir.c_str(), W_OK) != 0)
+      throw UsageError(what + ": the directory '" + dir.string() + "' is not writable");
+    const fs::path canonical = fs::weakly_canonical(*path, ec);
+    for (const auto& [other, other_flag] : seen)
+      if (other == canonical) throw UsageError(what + ": the same file as " + other_flag + " (each output needs its own)");
+    seen.emplace_back(canonical, flag);
+  }
 }
 
 std::string cli_help(const std::string& program) {

@@ -28,6 +28,7 @@ struct CliOptions {
   std::string progress = "auto";
   bool summary = false;  // --summary: print the model's table before training
   bool help = false;
+  bool version = false;  // --version
 };
 
 // The display name of a --dataset value: "MNIST", "Fashion-MNIST".
@@ -37,5 +38,10 @@ std::string dataset_title(const std::string& dataset);
 CliOptions parse_cli(const std::vector<std::string>& args);
 // The grouped --help text, with defaults.
 std::string cli_help(const std::string& program);
+
+// Checks, before anything runs, that every output path asked for (--save, --metrics-json, --metrics-csv,
+// --plot, --predict) can be written: its directory exists and is writable, the path is not a directory,
+// and no two outputs share a path. Throws UsageError naming the flag and the path.
+void check_output_paths(const CliOptions& o);
 
 }  // namespace pmap::ensemble

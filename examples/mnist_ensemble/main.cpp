@@ -8,6 +8,7 @@
 #include <exception>
 #include <new>
 
+#include <pmap/backends.h>
 #include <pmap/distributed.h>
 
 #include "cli.h"
@@ -151,8 +152,24 @@ int main(int argc, char** argv) {
     std::fputs(cli_help("mnist_ensemble").c_str(), stdout);
     return 0;
   }
+  if (options.version) {
+    const pmap::BuildInfo b = pmap::build_info();
+    std::printf("mnist_ensemble (pmapcc %s): CUDA %s, NCCL %s, MPI %s\n", PMAPCC_VERSION, b.cuda ? "on" : "off",
+                b.nccl ? "on" : "off", b.mpi ? "on" : "off");
+    return 0;
+  }
   try {
     pmap::distributed::initialize();  // joins the other processes under mpirun/srun; nothing otherwise
+    // Only the main process writes the outputs: it checks their paths before anything is read or trained.
+    if (pmap::distributed::process_index() == 0) {
+      try {
+        check_output_paths(options);
+      } catch (const UsageError& e) {
+        if (pmap::distributed::process_count() > 1) throw;
+        std::fprintf(stderr, "mnist_ensemble: %s\n", e.what());
+        return 2;
+      }
+    }
     return options.evaluate.empty() ? run_training(options) : run_evaluation(options);
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "mnist_ensemble: error: out of memory: the run needs more memory than is available "

@@ -46,6 +46,7 @@ def main():
             write_idx(os.path.join(small, prefix + "-images-idx3-ubyte"), 0x803, (n, 16, 16), bytes(n * 256))
             write_idx(os.path.join(small, prefix + "-labels-idx1-ubyte"), 0x801, (n,), bytes(i % 10 for i in range(n)))
         base = [binary, "--data", data, "--devices", "1", "--batch-size", "64", "--progress", "none"]
+        evaluate = [binary, "--data", data, "--devices", "1", "--progress", "none"]  # the checkpoint has the recipe
         ck = os.path.join(work, "ck.st")
         other = os.path.join(work, "other.st")
         for path, args in ((ck, ["--members", "2"]), (other, ["--data", small, "--members", "2"])):
@@ -107,9 +108,9 @@ def main():
             "--warmup-steps": [("-1", R, "out of range"), ("x", R, "is not an integer")],
         }.items():
             for value, code, pattern in cases:
-                extra = ["--evaluate", ck] if flag == "--members-subset" else []
+                run = evaluate + ["--evaluate", ck] if flag == "--members-subset" else base + ["--epochs", "1"]
                 numeric.append((f"{flag} {value}", code, f"{flag}" if code == R else pattern, pattern,
-                                base + ["--epochs", "1"] + extra + [flag, value]))
+                                run + [flag, value]))
         files = [
             ("train and test images of different sizes", E, "the training images are 28x28, the test images 16x16",
              [binary, "--data", mixed, "--devices", "1", "--epochs", "1"]),
@@ -134,9 +135,9 @@ def main():
             ("a tampered member count", E, "members.st",
              base + ["--members", "2", "--epochs", "2", "--resume", tampered("members", members)]),
             ("evaluating a checkpoint of a model the program does not build", E,
-             "mystery.st: its model 'mystery' is not one this program builds", base + ["--evaluate", tampered("mystery", mystery_model)]),
+             "mystery.st: its model 'mystery' is not one this program builds", evaluate + ["--evaluate", tampered("mystery", mystery_model)]),
             ("evaluating a checkpoint of another model", E, "other.st: the checkpoint's model has input \\(16, 16, 1\\)",
-             base + ["--evaluate", other]),
+             evaluate + ["--evaluate", other]),
             ("BatchNorm's weights split over 'model'", E,
              "layout of BatchNorm_0/beta \\(shape \\(12,\\)\\): \\('model',\\): BatchNormalization's weights cannot be split",
              base + ["--epochs", "1", "--model", "keras-convnet", "--mode", "model-parallel", "--devices", "2",

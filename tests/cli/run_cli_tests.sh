@@ -24,8 +24,24 @@ expect() {
 
 python3 "$here/make_idx.py" "$work/data" 512 200
 run=("$bin" --data "$work/data" --devices 2 --members 2 --batch-size 64 --progress plain)
+ev=("$bin" --data "$work/data" --devices 2 --progress plain)  # --evaluate: the checkpoint has the recipe
 
 expect "help" 0 "usage: mnist_ensemble" -- "$bin" --help
+expect "version" 0 "^mnist_ensemble \\(pmapcc [0-9]+\\.[0-9]+\\.[0-9]+\\): CUDA (on|off), NCCL (on|off), MPI (on|off)$" -- \
+  "$bin" --version
+# Output paths are checked before anything is read or trained: a run that would lose its table at the end
+# stops at once instead (the data here is fine; no epoch runs).
+expect "output directory missing" 2 "--predict $work/none/p.csv: the directory '$work/none' does not exist" -- \
+  "${run[@]}" --epochs 1 --predict "$work/none/p.csv"
+! grep -q "epoch" "$work/out" && pass "output directory missing: nothing trained" || fail "output directory missing: nothing trained"
+expect "output is a directory" 2 "--metrics-json $work: is a directory, not a file" -- \
+  "${run[@]}" --epochs 1 --metrics-json "$work"
+expect "two outputs, one file" 2 "--plot $work/./a: the same file as --metrics-json" -- \
+  "${run[@]}" --epochs 1 --metrics-json "$work/a" --plot "$work/./a"
+expect "evaluate takes no training flag" 2 "--evaluate trains nothing: --epochs is a training flag" -- \
+  "$bin" --evaluate x --epochs 2
+expect "evaluate takes no optimizer flag" 2 "--evaluate trains nothing: --lr is a training flag" -- \
+  "$bin" --evaluate x --lr 0.1
 expect "bad number" 2 "--epochs: 'x' is not an integer" -- "$bin" --epochs x
 expect "unknown flag" 2 "unknown flag '--nope'" -- "$bin" --nope
 expect "missing value" 2 "--data needs a value" -- "$bin" --data
@@ -60,7 +76,7 @@ PY
 grep -q '"lr": 0.1,' "$work/m.json" && pass "the config is recorded as given (lr 0.1)" || fail "the config is recorded as given"
 # The ensemble saved after epoch 2, evaluated alone on the same devices: the run's final evaluation, bitwise;
 # --predict writes one line per test image with the members' votes.
-expect "evaluate a checkpoint" 0 "evaluating .*ck2.safetensors \\(epoch 2\\)" -- "${run[@]}" --evaluate "$work/ck2.safetensors" \
+expect "evaluate a checkpoint" 0 "evaluating .*ck2.safetensors \\(epoch 2\\)" -- "${ev[@]}" --evaluate "$work/ck2.safetensors" \
   --metrics-json "$work/e.json" --predict "$work/pred.csv" --plot "$work/e.svg"
 python3 - "$work/m.json" "$work/e.json" "$work/pred.csv" <<'PY' && pass "evaluate equals the run's last epoch; predictions" || fail "evaluate equals the run's last epoch; predictions"
 import csv, json, sys
@@ -82,7 +98,7 @@ kr=("$bin" --data "$work/data" --devices 2 --members 2 --progress plain --model 
 expect "keras-convnet trains" 0 "adam lr 0.001" -- "${kr[@]}" --epochs 1 --metrics-json "$work/k.json" \
   --save "$work/k.safetensors" --summary
 grep -q "Non-trainable params: 136" "$work/out" && pass "keras-convnet summary" || fail "keras-convnet summary"
-expect "keras-convnet evaluates" 0 "ensemble" -- "${kr[@]}" --evaluate "$work/k.safetensors" --metrics-json "$work/ke.json"
+expect "keras-convnet evaluates" 0 "ensemble" -- "${ev[@]}" --evaluate "$work/k.safetensors" --metrics-json "$work/ke.json"
 python3 - "$work/k.json" "$work/ke.json" "$work/k.safetensors" <<'PY' && pass "keras-convnet: recipe, state, evaluation" || fail "keras-convnet: recipe, state, evaluation"
 import json, struct, sys
 t, e = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
@@ -96,17 +112,17 @@ with open(sys.argv[3], "rb") as f:
 assert header["state/BatchNorm_0/moving_variance"]["shape"] == [2, 12], header.get("state/BatchNorm_0/moving_variance")
 PY
 expect "resume keras-convnet as flax-cnn" 1 "architecture|model" -- "${run[@]}" --epochs 2 --resume "$work/k.safetensors"
-expect "evaluate a subset" 0 "ensemble" -- "${run[@]}" --devices 1 --evaluate "$work/ck2.safetensors" --members-subset 1
+expect "evaluate a subset" 0 "ensemble" -- "${ev[@]}" --devices 1 --evaluate "$work/ck2.safetensors" --members-subset 1
 expect "subset out of range" 1 "--members-subset: member 5 is not among the checkpoint's 2 members" -- \
-  "${run[@]}" --devices 1 --evaluate "$work/ck2.safetensors" --members-subset 0,5
+  "${ev[@]}" --devices 1 --evaluate "$work/ck2.safetensors" --members-subset 0,5
 expect "subset not a multiple of the devices" 1 "--members 1 is not a multiple of --devices 2" -- \
-  "${run[@]}" --evaluate "$work/ck2.safetensors" --members-subset 1
+  "${ev[@]}" --evaluate "$work/ck2.safetensors" --members-subset 1
 expect "subset without evaluate" 2 "--members-subset picks members of the checkpoint given with --evaluate" -- \
   "$bin" --members-subset 0
 expect "subset twice" 2 "--members-subset: member 1 is named twice" -- "$bin" --evaluate x --members-subset 1,1
 expect "evaluate takes no save" 2 "--evaluate trains nothing" -- "$bin" --evaluate x --save y
-expect "evaluate a missing checkpoint" 1 "error: .*nope.safetensors" -- "${run[@]}" --evaluate "$work/nope.safetensors"
-expect "evaluate a non-checkpoint" 1 "error: .*m.json" -- "${run[@]}" --evaluate "$work/m.json"
+expect "evaluate a missing checkpoint" 1 "error: .*nope.safetensors" -- "${ev[@]}" --evaluate "$work/nope.safetensors"
+expect "evaluate a non-checkpoint" 1 "error: .*m.json" -- "${ev[@]}" --evaluate "$work/m.json"
 # --dataset names the data and picks its directory (data/fashion-mnist, relative to where it runs).
 (cd "$work" && "$bin" --dataset fashion-mnist --epochs 1 >"$work/out" 2>"$work/err"); rc=$?
 [ $rc -eq 1 ] && grep -q "data/fashion-mnist/train-images-idx3-ubyte" "$work/err" && pass "--dataset picks data/fashion-mnist" \
@@ -171,7 +187,7 @@ conv_split="Conv_0/kernel \\(None, None, None, 'model'\\), Conv_0/bias \\('model
 expect "model parallel: --layout, resumed for epoch 2" 0 "weights split over 'model': $conv_split, $dense_split" -- \
   "${mp[@]}" --mesh 1x2 --epochs 2 --resume "$work/mp1.safetensors" --layout 'Conv_0/kernel=None,None,None,model' \
   --layout Conv_0/bias=model --layout "Conv_1/kernel=(None, None, 'model', None)"
-expect "model parallel: evaluate on the training's split" 0 "evaluating" -- "${run[@]}" --devices 2 --mesh 1x2 \
+expect "model parallel: evaluate on the training's split" 0 "evaluating" -- "${ev[@]}" --mesh 1x2 \
   --evaluate "$work/mp1.safetensors" --metrics-json "$work/mpe.json"
 python3 - "$work/mp.json" "$work/mpe.json" <<'PY' && pass "model parallel: the evaluation gives the run's numbers" || fail "model parallel: the evaluation gives the run's numbers"
 import json, sys
