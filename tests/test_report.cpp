@@ -574,6 +574,10 @@ TEST_CASE("report: calibration columns in the CSV, the predictions CSV, the tabl
   CHECK(count(svg, "<polyline class=\"reliability-member\"") == 1);
   for (const char* c : {"size-accuracy", "size-nll", "size-ece"})
     CHECK(count(svg, std::string("<polyline class=\"") + c + "\"") == 1);
+  // Each non-empty bin of the ensemble shows its count: a bar and a label (bins 10 + b images, bin 3 empty).
+  CHECK(count(svg, "<rect class=\"reliability-count\"") == 14);
+  CHECK(svg.find(">24 images with confidence in [0.933, 1.000)</title>") != std::string::npos);
+  CHECK(svg.find(">13 images") == std::string::npos);  // the empty bin 3
   // The reliability line leaves out the empty bin: 14 points.
   const auto at = svg.find("<polyline class=\"reliability-ensemble\"");
   const auto pts = svg.find("points=\"", at) + 8;

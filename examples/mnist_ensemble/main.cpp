@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <new>
 
 #include <pmap/backends.h>
@@ -121,9 +122,11 @@ int run_evaluation(const CliOptions& o) {
   EpochMetrics m;
   m.epoch = saved.epochs_done;
   const EnsembleReport report = trainer.evaluate_report(m);
+  // Nothing was trained: no train loss or accuracy (null in the JSON, left out of the plot), not 0.
+  m.train_loss = m.train_accuracy = std::numeric_limits<double>::quiet_NaN();
   if (!trainer.is_main_process()) return 0;
   print_header(trainer, 0, test.count, "evaluating " + o.evaluate.string() + " (epoch " + std::to_string(m.epoch) + ")");
-  std::printf("\n%s", final_table(m, trainer.members_per_device()).c_str());
+  std::printf("\n%s", final_table(m, trainer.members_per_device(), o.members_subset).c_str());
   print_size_curve(report.size_curve);
   if (!o.metrics_json.empty()) {
     const pmap::io::Json doc = {{"config", trainer.config().to_json()},
@@ -134,7 +137,7 @@ int run_evaluation(const CliOptions& o) {
     write_text_file_atomic(o.metrics_json, pmap::io::dump_json(doc, 2) + "\n");
   }
   if (!o.plot.empty()) write_plot_svg(o.plot, {m}, PlotExtras{dataset_title(c.dataset), report.size_curve});
-  if (!o.predict.empty()) write_predictions_csv(o.predict, report.predictions);
+  if (!o.predict.empty()) write_predictions_csv(o.predict, report.predictions, o.members_subset);
   return 0;
 }
 

@@ -119,9 +119,18 @@ std::string metrics_csv(const std::vector<EpochMetrics>& epochs) {
   return out;
 }
 
-std::string predictions_csv(const Predictions& p) {
+namespace {
+
+// Member m's own index: ids[m], or m.
+std::string member_id(const std::vector<int>& ids, std::size_t m) {
+  return std::to_string(m < ids.size() ? static_cast<std::size_t>(ids[m]) : m);
+}
+
+}  // namespace
+
+std::string predictions_csv(const Predictions& p, const std::vector<int>& ids) {
   std::string out = "index,label,prediction,probability,entropy";
-  for (std::size_t m = 0; m < p.votes.size(); ++m) out += ",member_" + std::to_string(m);
+  for (std::size_t m = 0; m < p.votes.size(); ++m) out += ",member_" + member_id(ids, m);
   out += '\n';
   for (std::size_t i = 0; i < p.predicted.size(); ++i) {
     out += std::to_string(i) + ',' + std::to_string(p.label[i]) + ',' + std::to_string(p.predicted[i]) + ',' +
@@ -132,8 +141,8 @@ std::string predictions_csv(const Predictions& p) {
   return out;
 }
 
-void write_predictions_csv(const std::filesystem::path& path, const Predictions& p) {
-  write_text_file_atomic(path, predictions_csv(p));
+void write_predictions_csv(const std::filesystem::path& path, const Predictions& p, const std::vector<int>& ids) {
+  write_text_file_atomic(path, predictions_csv(p, ids));
 }
 
 void write_text_file_atomic(const std::filesystem::path& path, std::string_view contents) {
@@ -176,7 +185,7 @@ void write_plot_svg(const std::filesystem::path& path, const std::vector<EpochMe
   write_text_file_atomic(path, accuracy_plot_svg(epochs, extras));
 }
 
-std::string final_table(const EpochMetrics& last, int members_per_device) {
+std::string final_table(const EpochMetrics& last, int members_per_device, const std::vector<int>& ids) {
   const std::vector<double>& acc = last.member_test_accuracy;
   const bool devices = members_per_device > 0;
   const bool calibrated = !last.member_calibration.empty();
@@ -209,8 +218,8 @@ std::string final_table(const EpochMetrics& last, int members_per_device) {
   for (std::size_t i = 0; i < acc.size(); ++i) {
     const std::string device =
         devices ? std::to_string(i / static_cast<std::size_t>(members_per_device)) : "";
-    out += row(std::to_string(i), device, acc[i], i < last.member_calibration.size() ? &last.member_calibration[i] : nullptr,
-               "");
+    out += row(member_id(ids, i), device, acc[i],
+               i < last.member_calibration.size() ? &last.member_calibration[i] : nullptr, "");
   }
   if (acc.empty()) return out + row("ensemble", "", last.ensemble_test_accuracy, &last.ensemble_calibration, "");
   const auto best = std::max_element(acc.begin(), acc.end());
@@ -221,7 +230,8 @@ std::string final_table(const EpochMetrics& last, int members_per_device) {
     mean_calibration.nll += c.nll * w, mean_calibration.brier += c.brier * w;
     mean_calibration.ece += c.ece * w, mean_calibration.entropy += c.entropy * w;
   }
-  out += row("best", "", *best, nullptr, "(member " + std::to_string(best - acc.begin()) + ")");
+  const auto best_member = static_cast<std::size_t>(best - acc.begin());
+  out += row("best", "", *best, nullptr, "(member " + member_id(ids, best_member) + ")");
   out += row("mean", "", mean, &mean_calibration, "");
   const double gain = 100.0 * (last.ensemble_test_accuracy - *best);
   const std::string note = gain >= 0 ? "(+" + fixed(gain, 2) + " over the best member)"

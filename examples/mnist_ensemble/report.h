@@ -29,9 +29,10 @@ io::Json metrics_json(const io::Json& config, const std::vector<EpochMetrics>& e
 std::string metrics_csv(const std::vector<EpochMetrics>& epochs);
 
 // One line per test image: index,label,prediction,probability,entropy,member_0,...,member_<M-1> (the
-// members' predicted classes), with a header line.
-std::string predictions_csv(const Predictions& p);
-void write_predictions_csv(const std::filesystem::path& path, const Predictions& p);
+// members' predicted classes), with a header line. ids: the members' own indices for the headers (an
+// evaluated subset of a checkpoint's members: member_0,member_2,member_5); empty: 0..M-1.
+std::string predictions_csv(const Predictions& p, const std::vector<int>& ids = {});
+void write_predictions_csv(const std::filesystem::path& path, const Predictions& p, const std::vector<int>& ids = {});
 
 // Replaces `path` with `contents` atomically: the bytes go to a uniquely named temp file in the same
 // directory ("<path>.tmp-<pid>-<n>"), which is fsynced and renamed over `path`. On failure `path` keeps
@@ -72,7 +73,7 @@ void write_plot_svg(const std::filesystem::path& path, const std::vector<EpochMe
 // decimals, columns right-aligned; when the epoch has calibration metrics, also NLL, Brier, ECE and
 // predictive entropy (4 decimals; the mean row averages the members'). With members_per_device > 0 a
 // "device" column shows the index of the device holding each member (member / members_per_device); 0
-// leaves it out.
-std::string final_table(const EpochMetrics& last, int members_per_device = 0);
+// leaves it out. ids: the members' own indices (an evaluated subset), as predictions_csv's; empty: 0..M-1.
+std::string final_table(const EpochMetrics& last, int members_per_device = 0, const std::vector<int>& ids = {});
 
 }  // namespace pmap::ensemble

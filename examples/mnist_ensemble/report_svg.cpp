@@ -321,6 +321,24 @@ void reliability_panel(std::string& out, const EpochMetrics& last) {
   const Panel panel(Frame{kCalibrationTop, kReliabilityHeight, kReliabilityLeft, kReliabilityWidth, "confidence"},
                     Axis{0, 1, 0.2}, Axis{0, 1, 0.2});
   panel.axes(out, "(c) Reliability, epoch " + std::to_string(last.epoch), "accuracy");
+  // How many test images each of the ensemble's confidence bins holds: a grey bar per non-empty bin along
+  // the bottom (a fifth of the panel for the fullest bin), its count above it and on hover.
+  const std::vector<ReliabilityBin>& bins = last.ensemble_calibration.bins;
+  double most = 0;
+  for (const ReliabilityBin& b : bins) most = std::max(most, b.count);
+  for (std::size_t i = 0; i < bins.size() && most > 0; ++i) {
+    if (!(bins[i].count > 0)) continue;
+    const double lo = static_cast<double>(i) / static_cast<double>(bins.size());
+    const double hi = static_cast<double>(i + 1) / static_cast<double>(bins.size());
+    const double top = panel.py(0.2 * bins[i].count / most);
+    const std::string count = num(bins[i].count, 0);
+    out += "<rect class=\"reliability-count\" x=\"" + num(panel.px(lo) + 1) + "\" y=\"" + num(top) + "\" width=\"" +
+           num(panel.px(hi) - panel.px(lo) - 2) + "\" height=\"" + num(panel.py(0) - top) +
+           "\" fill=\"#dcdcdc\"><title>" + count + " images with confidence in [" + num(lo, 3) + ", " + num(hi, 3) +
+           ")</title></rect>\n";
+    out += "<text class=\"reliability-count\" x=\"" + num((panel.px(lo) + panel.px(hi)) / 2) + "\" y=\"" +
+           num(top - 3) + "\" text-anchor=\"middle\" font-size=\"9\" fill=\"#777777\">" + count + "</text>\n";
+  }
   panel.guide(out, 0, 0, 1, 1);
   const std::size_t best = best_member(last);
   struct Curve {

@@ -82,6 +82,7 @@ python3 - "$work/m.json" "$work/e.json" "$work/pred.csv" <<'PY' && pass "evaluat
 import csv, json, sys
 t, e = json.load(open(sys.argv[1]))["final"], json.load(open(sys.argv[2]))
 ev = e["evaluation"]
+assert ev["train_loss"] is None and ev["train_accuracy"] is None, ev  # nothing was trained
 for k, v in ev.items():
     if k not in ("train_loss", "train_accuracy", "seconds", "eval_seconds", "model_images_per_second"):
         assert t[k] == v, (k, t[k], v)
@@ -112,7 +113,14 @@ with open(sys.argv[3], "rb") as f:
 assert header["state/BatchNorm_0/moving_variance"]["shape"] == [2, 12], header.get("state/BatchNorm_0/moving_variance")
 PY
 expect "resume keras-convnet as flax-cnn" 1 "architecture|model" -- "${run[@]}" --epochs 2 --resume "$work/k.safetensors"
-expect "evaluate a subset" 0 "ensemble" -- "${ev[@]}" --devices 1 --evaluate "$work/ck2.safetensors" --members-subset 1
+expect "evaluate a subset" 0 "ensemble" -- "${ev[@]}" --devices 1 --evaluate "$work/ck2.safetensors" --members-subset 1 \
+  --predict "$work/sub.csv" --metrics-json "$work/sub.json"
+# The subset's member keeps its own index (1) in the table and the predictions, and its run's accuracy.
+grep -qE "^ +1 +0 +[0-9.]+ %" "$work/out" && grep -q "(member 1)" "$work/out" && \
+  head -n 1 "$work/sub.csv" | grep -qx "index,label,prediction,probability,entropy,member_1" && \
+  python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['final']; e=json.load(open(sys.argv[2])); \
+assert e['members_subset'] == [1] and e['evaluation']['member_test_accuracy'] == [t['member_test_accuracy'][1]]" \
+  "$work/m.json" "$work/sub.json" && pass "a subset keeps its members' indices" || fail "a subset keeps its members' indices"
 expect "subset out of range" 1 "--members-subset: member 5 is not among the checkpoint's 2 members" -- \
   "${ev[@]}" --devices 1 --evaluate "$work/ck2.safetensors" --members-subset 0,5
 expect "subset not a multiple of the devices" 1 "--members 1 is not a multiple of --devices 2" -- \
