@@ -330,8 +330,8 @@ struct EpochSums {
   int added = 0;           // steps added so far
 };
 
-// Adds the steps up to `through` (0-based) from `log`, calling on_step(step, its loss, the running mean)
-// for each.
+// Adds the steps up to `through` (0-based) from `log`, calling on_step(step, its loss, the running mean,
+// the examples classified right so far) for each.
 template <class OnStep> void add_steps(const LogOnHost& log, int through, EpochSums& e, const OnStep& on_step) {
   for (; e.added <= through; ++e.added) {
     const auto r = static_cast<std::size_t>(e.added) % e.log_rows;
@@ -342,13 +342,13 @@ template <class OnStep> void add_steps(const LogOnHost& log, int through, EpochS
         e.correct += log.correct[(d * e.log_rows + r) * e.per_device + j];
       }
     e.loss_sum += step_loss / e.divisor;
-    on_step(e.added + 1, step_loss / e.divisor, e.loss_sum / (e.added + 1));
+    on_step(e.added + 1, step_loss / e.divisor, e.loss_sum / (e.added + 1), e.correct);
   }
 }
 
 }  // namespace
 
-EpochMetrics Trainer::run_epoch(const StepCallback& on_step) {
+EpochMetrics Trainer::run_epoch(const StepCallback& on_step, const std::function<void()>& on_evaluate) {
   EpochMetrics m;
   m.epoch = epochs_done_ + 1;
   const auto order = permutation(fold_in(data_key_, static_cast<std::uint32_t>(epochs_done_)),
@@ -372,10 +372,10 @@ EpochMetrics Trainer::run_epoch(const StepCallback& on_step) {
                  static_cast<std::size_t>(log_rows()),
                  static_cast<double>(options_.data_parallel ? along : total_members())};
   const auto t0 = Clock::now();
-  auto report_step = [&](int step, double loss, double running_loss) {
+  auto report_step = [&](int step, double loss, double running_loss, double correct) {
     if (!on_step) return;
     const double secs = seconds_since(t0), images = static_cast<double>(total_members()) * config_.batch_size * step;
-    on_step(StepReport{step, steps, loss, running_loss, secs > 0 ? images / secs : 0.0});
+    on_step(StepReport{step, steps, loss, running_loss, correct / images, secs > 0 ? images / secs : 0.0});
   };
   if (steps > 0) fill_train_batch(order, 0);
   for (int s = 0; s < steps; ++s) {
@@ -393,6 +393,7 @@ EpochMetrics Trainer::run_epoch(const StepCallback& on_step) {
   m.train_accuracy = steps > 0 ? sums.correct / (seen * total_members()) : 0.0;
   m.model_images_per_second = m.seconds > 0 ? total_members() * seen / m.seconds : 0.0;
   ++epochs_done_;
+  if (on_evaluate) on_evaluate();
   const auto t1 = Clock::now();
   evaluate(m);
   m.eval_seconds = seconds_since(t1);

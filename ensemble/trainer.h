@@ -49,6 +49,8 @@ struct StepReport {
   int steps = 0;                   // the epoch's steps
   double loss = 0;                 // this step's loss: the mean over members (data parallel: over the replicas' blocks)
   double running_loss = 0;         // the mean of the epoch's step losses so far
+  double running_accuracy = 0;     // the fraction of the epoch's training examples so far classified right
+                                   // (over every member)
   double images_per_second = 0;    // model-images per second so far
 };
 using StepCallback = std::function<void(const StepReport&)>;
@@ -78,8 +80,10 @@ class Trainer {
   int log_rows() const;
   const std::vector<EpochMetrics>& history() const { return history_; }
 
-  // Trains the next epoch, evaluates, appends to history() and returns the epoch's metrics.
-  EpochMetrics run_epoch(const StepCallback& on_step = {});
+  // Trains the next epoch, evaluates, appends to history() and returns the epoch's metrics. on_step is
+  // called after each training step (in order, every step), on_evaluate once the steps are done and the
+  // evaluation starts.
+  EpochMetrics run_epoch(const StepCallback& on_step = {}, const std::function<void()>& on_evaluate = {});
   // Per-member test loss, accuracy and calibration and the ensemble's accuracy and calibration, into m
   // (epoch and timings untouched). Computed on the devices, from the probabilities accuracy comes from.
   void evaluate(EpochMetrics& m);

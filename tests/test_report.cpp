@@ -422,6 +422,30 @@ TEST_CASE("progress: bar mode redraws at most every 100 ms and always draws the 
   std::fclose(f);
 }
 
+TEST_CASE("progress: the bar shows the running accuracy, and that the evaluation runs until the epoch ends") {
+  std::FILE* f = std::tmpfile();
+  REQUIRE(f != nullptr);
+  double now = 0;
+  ProgressBar bar(f, ProgressMode::bar, 10, [&] { return now; });
+  bar.begin_epoch(1, 2);
+  now = 0.5;
+  bar.update(1, 1.0, 100.0, 0.25);
+  now = 1.0;
+  bar.update(2, 0.5, 100.0, 0.625);
+  bar.evaluating();
+  std::vector<std::string> draws = split(contents(f), '\r');
+  REQUIRE(draws.size() == 4);
+  CHECK(draws[1].find(" - loss: 1.0000 - accuracy: 0.2500") != std::string::npos);
+  const std::string done = "Epoch 1/10  2/2 [" + std::string(30, '=') + "] - 1.0 s - 500 ms/step - 100 img/s - loss: "
+                           "0.5000 - accuracy: 0.6250";
+  CHECK(draws[3] == done + " - evaluating the test set");
+  bar.end_epoch(summary_epoch());
+  draws = split(contents(f), '\r');
+  REQUIRE(draws.size() == 5);  // the final state again, the note blanked out, then the summary
+  CHECK(draws[4] == done + std::string(std::string(" - evaluating the test set").size(), ' ') + "\n" + kSummary + "\n");
+  std::fclose(f);
+}
+
 TEST_CASE("progress: bar ETA, an undrawn last update drawn at end_epoch, line closed on destruction") {
   std::FILE* f = std::tmpfile();
   REQUIRE(f != nullptr);

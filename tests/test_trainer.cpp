@@ -351,6 +351,20 @@ TEST_CASE("reporting every few steps changes no result, and every step is still 
   const EpochMetrics mb = b.run_epoch([&](const pmap::ensemble::StepReport& r) { sparse.emplace_back(r.step, r.running_loss); });
   CHECK(every == sparse);
   CHECK(every.size() == 10);
+  // The running accuracy at the last step is the epoch's; the evaluation is announced once, after the steps.
+  std::vector<double> accuracy;
+  int evaluations = 0;
+  Trainer c(one, data().train, data().test);
+  const EpochMetrics mc = c.run_epoch(
+      [&](const pmap::ensemble::StepReport& r) {
+        CHECK(evaluations == 0);
+        accuracy.push_back(r.running_accuracy);
+      },
+      [&] { ++evaluations; });
+  CHECK(evaluations == 1);
+  REQUIRE(accuracy.size() == 10);
+  CHECK(accuracy.back() == doctest::Approx(mc.train_accuracy).epsilon(1e-12));
+  for (double v : accuracy) CHECK((v >= 0 && v <= 1));
   CHECK(a.params() == b.params());
   CHECK(ma.train_loss == mb.train_loss);
   CHECK(ma.train_accuracy == mb.train_accuracy);

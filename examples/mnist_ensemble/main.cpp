@@ -81,7 +81,9 @@ int run_training(const CliOptions& o) {
   while (trainer.epochs_done() < c.epochs) {
     bar.begin_epoch(trainer.epochs_done() + 1, trainer.steps_per_epoch());
     EpochMetrics m =
-        trainer.run_epoch([&](const StepReport& r) { bar.update(r.step, r.running_loss, r.images_per_second); });
+        trainer.run_epoch(
+            [&](const StepReport& r) { bar.update(r.step, r.running_loss, r.images_per_second, r.running_accuracy); },
+            [&] { bar.evaluating(); });
     bar.end_epoch(m);
     if (trainer.epochs_done() < c.epochs) write_outputs(o, trainer, nullptr);
   }

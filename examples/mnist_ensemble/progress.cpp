@@ -102,24 +102,37 @@ void ProgressBar::begin_epoch(int epoch, int steps) {
   steps_ = steps;
   step_ = 0;
   loss_ = 0;
+  accuracy_ = std::numeric_limits<double>::quiet_NaN();
+  evaluating_ = false;
   images_per_second_ = 0;
   epoch_start_ = clock_();
   drawn_step_ = -1;
   bar_width_ = kBarWidth;
 }
 
-void ProgressBar::update(int step, double running_loss, double images_per_second_model) {
+void ProgressBar::update(int step, double running_loss, double images_per_second_model, double running_accuracy) {
   if (mode_ != ProgressMode::bar) return;
   step_ = std::clamp(step, 0, steps_);
   loss_ = running_loss;
+  accuracy_ = running_accuracy;
   images_per_second_ = images_per_second_model;
   const double now = clock_();
   if (drawn_step_ < 0 || step_ >= steps_ || now - last_draw_ >= redraw_interval) draw(now);
 }
 
+void ProgressBar::evaluating() {
+  if (mode_ != ProgressMode::bar || step_ < 1) return;
+  evaluating_ = true;
+  draw(clock_());
+}
+
 void ProgressBar::end_epoch(const EpochMetrics& m) {
   if (mode_ == ProgressMode::none) return;
-  if (mode_ == ProgressMode::bar && step_ > 0 && drawn_step_ != step_) draw(clock_());
+  // The final state, without the evaluation's note once it is over.
+  if (mode_ == ProgressMode::bar && step_ > 0 && (drawn_step_ != step_ || evaluating_)) {
+    evaluating_ = false;
+    draw(clock_());
+  }
   break_line();
   std::fprintf(out_, "%s\n", epoch_summary_line(m, epochs_).c_str());
   std::fflush(out_);
@@ -157,6 +170,8 @@ std::string ProgressBar::bar_line(double now) {
   tail += " - " + format("%.0f", per_step * 1000) + " ms/step";
   tail += " - " + format("%.0f", images_per_second_) + " img/s";
   tail += " - loss: " + format("%.4f", loss_);
+  if (!std::isnan(accuracy_)) tail += " - accuracy: " + format("%.4f", accuracy_);
+  if (evaluating_) tail += " - evaluating the test set";
   const int columns = terminal_columns(out_);
   if (columns > 0) {  // shrink the bar to fit, never grow it back within the epoch (no jitter)
     const int room = columns - 1 - static_cast<int>(head.size() + tail.size()) - 2;

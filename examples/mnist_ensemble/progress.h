@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <string>
 #include <string_view>
 
@@ -48,10 +49,15 @@ class ProgressBar {
 
   // Starts epoch `epoch` (1-based) of `steps` steps (> 0, else pmap::ValueError); restarts the timer.
   void begin_epoch(int epoch, int steps);
-  // Reports that `step` (1..steps) steps are done, with the running mean loss and the model throughput
-  // (members * images / s). Bar mode redraws if redraw_interval has passed since the last redraw, or on
-  // the first and the final step; other modes do nothing.
-  void update(int step, double running_loss, double images_per_second_model);
+  // Reports that `step` (1..steps) steps are done, with the running mean loss, the model throughput
+  // (members * images / s) and, when not NaN, the running training accuracy (a fraction). Bar mode redraws
+  // if redraw_interval has passed since the last redraw, or on the first and the final step; other modes
+  // do nothing.
+  void update(int step, double running_loss, double images_per_second_model,
+              double running_accuracy = std::numeric_limits<double>::quiet_NaN());
+  // The epoch's steps are done and its evaluation runs: bar mode shows it on the bar line until
+  // end_epoch; plain mode prints nothing (its one line per epoch follows at end_epoch).
+  void evaluating();
   // Ends the epoch: closes the bar line (drawing the final state if it was not drawn yet) and prints
   // epoch_summary_line(m) (bar and plain modes).
   void end_epoch(const EpochMetrics& m);
@@ -70,7 +76,9 @@ class ProgressBar {
   int steps_ = 0;
   int step_ = 0;
   double loss_ = 0;
+  double accuracy_ = std::numeric_limits<double>::quiet_NaN();
   double images_per_second_ = 0;
+  bool evaluating_ = false;     // the bar line says that the evaluation runs
   double epoch_start_ = 0;
   double last_draw_ = 0;
   int drawn_step_ = -1;         // the step shown by the last redraw, -1 when none this epoch
