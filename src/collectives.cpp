@@ -3,6 +3,7 @@
 // host for the host hub, host arrays (scalars) onto the device for NCCL and the device hub.
 #include <pmap/collectives.h>
 
+#include <cstring>
 #include <functional>
 #include <set>
 
@@ -164,6 +165,37 @@ Array all_gather(const Array& x, const AxisNames& axes, bool tiled) {
       make(CollectiveKind::all_gather, tiled ? "all_gather(tiled)" : "all_gather", x,
            static_cast<std::size_t>(x.size())),
       x, out);
+  return out;
+}
+
+Array all_gather(const Array& x, const AxisNames& axes, int axis, bool tiled) {
+  const int positions = x.ndim() + (tiled ? 0 : 1);  // where the gathered axis may go
+  const int a = axis < 0 ? axis + positions : axis;
+  if (a < 0 || a >= positions)
+    throw ShapeError("all_gather(axis=" + std::to_string(axis) + (tiled ? ", tiled" : "") + ") of " + describe(x) +
+                     ": the axis must be in [" + std::to_string(-positions) + ", " + std::to_string(positions) + ")");
+  if (a == 0) return all_gather(x, axes, tiled);
+  const Array stacked = all_gather(x, axes, false);  // (n, outer, inner): outer = x.shape[:a], inner = x.shape[a:]
+  const auto n = static_cast<std::size_t>(stacked.shape()[0]);
+  Shape shape = x.shape();
+  if (tiled) {
+    shape[static_cast<std::size_t>(a)] *= static_cast<std::int64_t>(n);
+  } else {
+    shape.insert(shape.begin() + a, static_cast<std::int64_t>(n));
+  }
+  std::size_t outer = 1;
+  for (int d = 0; d < a; ++d) outer *= static_cast<std::size_t>(x.shape()[static_cast<std::size_t>(d)]);
+  const std::size_t block = outer == 0 ? 0 : x.nbytes() / outer;  // bytes of one device's inner block
+  Array out(shape, x.dtype(), x.device());                        // (outer, n, inner)
+  if (x.device().is_cpu()) {
+    const auto* src = static_cast<const char*>(stacked.raw_data());
+    auto* dst = static_cast<char*>(out.raw_data());
+    for (std::size_t r = 0; r < n; ++r)
+      for (std::size_t o = 0; o < outer; ++o)
+        std::memcpy(dst + (o * n + r) * block, src + (r * outer + o) * block, block);
+  } else {
+    detail::cuda_copy_blocks(x.device().ordinal, out.raw_data(), stacked.raw_data(), n, outer, block);
+  }
   return out;
 }
 

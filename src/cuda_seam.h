@@ -90,6 +90,12 @@ class DeviceStream {
 // thread's stream there (the same rounding as the host's division). Asynchronous.
 void cuda_divide(int ordinal, void* x, std::size_t count, DType dtype, int n);
 
+// dst (outer, n, block) = src (n, outer, block), blocks of block_bytes each, in device memory of GPU
+// `ordinal` (not overlapping): an all_gather's stacked result laid out along an inner axis. On the calling
+// thread's stream there (one 2-D copy per source block row); asynchronous.
+void cuda_copy_blocks(int ordinal, void* dst, const void* src, std::size_t n, std::size_t outer,
+                      std::size_t block_bytes);
+
 // The samplers of pmap/random.h drawn by a kernel into device memory on the current stream; blocking.
 enum class SampleKind : std::uint8_t { bits, uniform, normal, truncated_normal, bernoulli };
 struct SampleRequest {

@@ -123,6 +123,19 @@ void check_2d_collectives(const std::vector<pmap::Device>& devices) {
     CHECK(pmap::psum(x, "model").to_vector<float>() == std::vector<float>(8, static_cast<float>(20 * data + 3)));
     CHECK(pmap::psum(x, "data").to_vector<float>() == std::vector<float>(8, static_cast<float>(12 + 2 * model)));
     CHECK(pmap::psum(x, {"data", "model"}).to_vector<float>() == std::vector<float>(8, 26.0f));
+    // all_gather along the last axis, tiled: row i holds the 'model' devices' rows i side by side (on a GPU,
+    // the stacked gather laid out by cuda_copy_blocks).
+    auto row = [&](int m, int i) {
+      const float v = static_cast<float>(10 * data + m + 1) * static_cast<float>(i + 1);
+      return std::vector<float>{v, v + 0.5f};
+    };
+    std::vector<float> mine = row(model, 0), expect;
+    for (float f : row(model, 1)) mine.push_back(f);
+    for (int i = 0; i < 2; ++i)
+      for (int m = 0; m < 2; ++m)
+        for (float f : row(m, i)) expect.push_back(f);
+    const auto y = pmap::Array::from_host(mine, {2, 2}, pmap::current_device());
+    CHECK(pmap::all_gather(y, "model", -1, true).to_vector<float>() == expect);
   }, mesh)();
 }
 

@@ -142,6 +142,49 @@ TEST_CASE("2-D meshes: collectives over either axis, both, and both in the other
   }
 }
 
+TEST_CASE("all_gather along an axis, stacked and tiled, as JAX's all_gather(x, axis=..., tiled=...)") {
+  // Device d holds x (2, 3) with x[i][j] = 100 d + 10 i + j; gathered over "model" of a 2x3 mesh.
+  pmap::Mesh mesh(pmap::local_devices(pmap::DeviceKind::cpu, 6), {{"data", 2}, {"model", 3}});
+  pmap::pmap([&] {
+    const int n = 3, me = pmap::axis_index("model");
+    auto value = [](int d, int i, int j) { return static_cast<float>(100 * d + 10 * i + j); };
+    std::vector<float> mine;
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 3; ++j) mine.push_back(value(me, i, j));
+    const auto x = pmap::Array::from_host(mine, {2, 3});
+    // Expected layouts, computed from the definition: the gathered index d at the named position.
+    std::vector<float> at1, at2;  // stacked at axis 1: (2, n, 3); at axis 2 (= -1): (2, 3, n)
+    for (int i = 0; i < 2; ++i)
+      for (int d = 0; d < n; ++d)
+        for (int j = 0; j < 3; ++j) at1.push_back(value(d, i, j));
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 3; ++j)
+        for (int d = 0; d < n; ++d) at2.push_back(value(d, i, j));
+    const auto s1 = pmap::all_gather(x, "model", 1);
+    CHECK(s1.shape() == pmap::Shape{2, 3, 3});
+    CHECK(s1.to_vector<float>() == at1);
+    const auto s2 = pmap::all_gather(x, "model", -1);
+    CHECK(s2.shape() == pmap::Shape{2, 3, 3});
+    CHECK(s2.to_vector<float>() == at2);
+    CHECK(pmap::all_gather(x, "model", 2).to_vector<float>() == at2);
+    // Tiled along the last axis: (2, 3 n), each row the devices' rows side by side (the same bytes as at1).
+    const auto t1 = pmap::all_gather(x, "model", -1, true);
+    CHECK(t1.shape() == pmap::Shape{2, 9});
+    CHECK(t1.to_vector<float>() == at1);
+    // Axis 0 is the leading-axis gather.
+    CHECK(pmap::all_gather(x, "model", 0).to_vector<float>() == pmap::all_gather(x, "model").to_vector<float>());
+    CHECK(pmap::all_gather(x, "model", 0, true).shape() == pmap::Shape{6, 3});
+    // Over a tuple of axes: all 6 devices, in mesh order.
+    CHECK(pmap::all_gather(x, {"data", "model"}, -1, true).shape() == pmap::Shape{2, 18});
+    // Out of range, named.
+    CHECK_THROWS_WITH_AS(pmap::all_gather(x, "model", 3), doctest::Contains("the axis must be in [-3, 3)"),
+                         pmap::ShapeError);
+    CHECK_THROWS_WITH_AS(pmap::all_gather(x, "model", 2, true), doctest::Contains("all_gather(axis=2, tiled)"),
+                         pmap::ShapeError);
+    CHECK_THROWS_AS(pmap::all_gather(x, "model", -4), pmap::ShapeError);
+  }, mesh)();
+}
+
 TEST_CASE("CPU reductions are bitwise identical on every device and from run to run") {
   auto mesh = cpu_mesh(5);
   auto run = [&] {

@@ -35,6 +35,10 @@ void pmax_inplace(Array& x, const AxisNames& axes);
 void pmin_inplace(Array& x, const AxisNames& axes);
 // Stacked: shape (n, *x.shape). Tiled: the leading axes concatenated, (n * x.shape[0], ...).
 Array all_gather(const Array& x, const AxisNames& axes, bool tiled = false);
+// Along `axis`, as JAX's all_gather(x, axis_name, axis=axis, tiled=tiled). Stacked: a new axis of size n at
+// position `axis` of the result (0..x.ndim()); tiled: the devices' blocks concatenated along x's axis
+// `axis` (0..x.ndim()-1). A negative axis counts from the end (-1: the last). ShapeError otherwise.
+Array all_gather(const Array& x, const AxisNames& axes, int axis, bool tiled = false);
 // Sums over the axes and keeps this device's block of the leading axis. Not tiled: x.shape[0] must be
 // n and the result has shape x.shape[1:]. Tiled: x.shape[0] divisible by n; result (x.shape[0]/n, ...).
 Array psum_scatter(const Array& x, const AxisNames& axes, bool tiled = false);

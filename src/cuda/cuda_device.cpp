@@ -249,6 +249,17 @@ void cuda_event_synchronize(EventHandle event) {
   PMAPCC_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
 }
 
+void cuda_copy_blocks(int ordinal, void* dst, const void* src, std::size_t n, std::size_t outer,
+                      std::size_t block_bytes) {
+  if (n == 0 || outer == 0 || block_bytes == 0) return;
+  DeviceScope scope(ordinal);
+  const cudaStream_t stream = stream_for_gpu(ordinal);
+  for (std::size_t r = 0; r < n; ++r)  // source block row r lands in column r of every destination row
+    PMAPCC_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(dst) + r * block_bytes, n * block_bytes,
+                                        static_cast<const char*>(src) + r * outer * block_bytes, block_bytes,
+                                        block_bytes, outer, cudaMemcpyDeviceToDevice, stream));
+}
+
 void cuda_copy_async(void* dst, const void* src, std::size_t bytes, StreamHandle stream, int ordinal) {
   if (bytes == 0) return;
   DeviceScope scope(ordinal);

@@ -38,6 +38,7 @@ void cuda_set_thread_stream(StreamHandle) noexcept {}
 void cuda_sync_current_stream() {}
 void cuda_drain_current_stream() noexcept {}
 void cuda_divide(int, void*, std::size_t, DType, int) { unavailable(); }
+void cuda_copy_blocks(int, void*, const void*, std::size_t, std::size_t, std::size_t) { unavailable(); }
 void cuda_sample(const SampleRequest&) { unavailable(); }
 void device_execute(const CollectiveOp&, const std::vector<const void*>&, const std::vector<void*>&, int) {
   unavailable();

@@ -101,10 +101,10 @@ rc=$?
   || fail "a failed write: exit $rc, $(head -c 300 "$work/err")"
 [ "$(fingerprint "$ck")" = "$before" ] || fail "a failed write changed the previous checkpoint"
 ls "$work"/ck.st.tmp-* >/dev/null 2>&1 && fail "a failed write left its temp file"
-# A directory that is not there.
+# A directory that is not there: refused before anything runs (the output paths are checked first).
 "${run[@]}" --epochs 1 --save "$work/no/such/dir/ck.st" >/dev/null 2>"$work/err"
 rc=$?
-[ $rc -eq 1 ] && grep -q "error: $work/no/such/dir/ck.st: cannot create temp file" "$work/err" \
+[ $rc -eq 2 ] && grep -q -- "--save $work/no/such/dir/ck.st: the directory '$work/no/such/dir' does not exist" "$work/err" \
   || fail "a missing directory: exit $rc, $(head -c 300 "$work/err")"
 # A directory that is not writable (root writes anywhere: then there is nothing to test).
 if [ "$(id -u)" != 0 ]; then
@@ -112,7 +112,7 @@ if [ "$(id -u)" != 0 ]; then
   "${run[@]}" --epochs $((epochs + 1)) --resume "$work/ro/ck.st" --save "$work/ro/ck.st" >/dev/null 2>"$work/err"
   rc=$?
   chmod 755 "$work/ro"
-  [ $rc -eq 1 ] && grep -q "Permission denied" "$work/err" || fail "a read-only directory: exit $rc, $(head -c 300 "$work/err")"
+  [ $rc -eq 2 ] && grep -q "is not writable" "$work/err" || fail "a read-only directory: exit $rc, $(head -c 300 "$work/err")"
   [ "$(fingerprint "$work/ro/ck.st")" = "$before" ] || fail "a read-only directory: the checkpoint changed"
 else
   echo "kill_checkpoints: running as root, which writes anywhere: the read-only directory case is skipped"
