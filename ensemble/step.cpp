@@ -19,8 +19,9 @@ std::size_t xent_workspace_bytes(const kernels::Backend& be, int group, int rows
 
 // Calibration sums of a piece's group of members, or of the ensemble over a whole eval batch.
 std::size_t calibration_workspace_bytes(const kernels::Backend& be, int group, int rows, int eval_rows, int classes) {
-  return std::max(be.metrics().calibration_workspace_bytes(kernels::CalibrationParams{group, rows, classes}),
-                  be.metrics().calibration_workspace_bytes(kernels::CalibrationParams{1, eval_rows, classes}));
+  const kernels::MetricOps& metrics = be.metrics();
+  return std::max(metrics.calibration_workspace_bytes(kernels::CalibrationParams{group, rows, classes}),
+                  metrics.calibration_workspace_bytes(kernels::CalibrationParams{1, eval_rows, classes}));
 }
 
 constexpr std::int64_t kSlots = kernels::kCalibrationSlots;
@@ -201,6 +202,7 @@ void train_step(TrainState& state, DeviceWork& work, const Batch& batch, const S
 void eval_step(const TrainState& state, DeviceWork& work, const Batch& batch, int rows, const StepOptions& opt,
                bool keep) {
   const kernels::Backend& be = work.backend;
+  const kernels::MetricOps& metrics = be.metrics();
   const int capacity = rows_of(batch, work, "eval_step");
   if (rows < 1 || rows > capacity || rows > work.mean_probs.shape()[0])
     throw ShapeError("eval_step: " + std::to_string(rows) + " rows of a batch of " + std::to_string(capacity) +
@@ -233,26 +235,28 @@ void eval_step(const TrainState& state, DeviceWork& work, const Batch& batch, in
       be.softmax_cross_entropy(kernels::SoftmaxXentParams{count, n, k, true}, logits, labels, piece_loss, nullptr,
                                piece, piece_correct, work.log.bad_labels.data<std::int32_t>(),
                                work.xent_ws.raw_data());
-      be.metrics().accumulate_metrics(count, piece_loss, piece_correct, n, work.eval_loss_sum.data<double>() + m0,
-                            work.eval_hits.data<std::int32_t>() + m0);
-      be.metrics().sum_members(count, static_cast<std::size_t>(n) * k, piece, mean + static_cast<std::size_t>(first) * k, m0 > 0);
-      be.metrics().calibration_sums(kernels::CalibrationParams{count, n, k}, piece, labels, calibration + m0 * kSlots,
-                          work.calibration_ws.raw_data());
+      metrics.accumulate_metrics(count, piece_loss, piece_correct, n, work.eval_loss_sum.data<double>() + m0,
+                                 work.eval_hits.data<std::int32_t>() + m0);
+      metrics.sum_members(count, static_cast<std::size_t>(n) * k, piece, mean + static_cast<std::size_t>(first) * k,
+                          m0 > 0);
+      metrics.calibration_sums(kernels::CalibrationParams{count, n, k}, piece, labels, calibration + m0 * kSlots,
+                               work.calibration_ws.raw_data());
       for (int j = 0; keep && j < count; ++j)  // member m0 + j's rows [first, first + n)
         be.copy(work.member_probs.data<float>() + (static_cast<std::size_t>(m0 + j) * eval_rows + first) * k,
                 piece + static_cast<std::size_t>(j) * n * k, static_cast<std::size_t>(n) * k * sizeof(float));
     }
   }
-  be.metrics().mean_from_sums(members, work.eval_loss_sum.data<double>(), rows, work.eval.loss.data<float>());
+  metrics.mean_from_sums(members, work.eval_loss_sum.data<double>(), rows, work.eval.loss.data<float>());
   be.copy(work.eval.correct.raw_data(), work.eval_hits.raw_data(), work.eval_hits.nbytes());
   if (!opt.data_parallel) {
     // The sum over this device's members, summed over the devices (device order), over all members.
     psum_inplace(work.mean_probs, opt.axis);  // whole buffer: its shape is fixed, rows past `rows` are ignored
-    be.metrics().divide(static_cast<std::size_t>(rows) * k, mean, static_cast<float>(opt.total_members));
+    metrics.divide(static_cast<std::size_t>(rows) * k, mean, static_cast<float>(opt.total_members));
   }
-  be.metrics().argmax_hits(rows, k, mean, batch.labels.data<std::int32_t>(), work.eval.ensemble_correct.data<std::int32_t>());
-  be.metrics().calibration_sums(kernels::CalibrationParams{1, rows, k}, mean, batch.labels.data<std::int32_t>(),
-                      calibration + members * kSlots, work.calibration_ws.raw_data());
+  metrics.argmax_hits(rows, k, mean, batch.labels.data<std::int32_t>(),
+                      work.eval.ensemble_correct.data<std::int32_t>());
+  metrics.calibration_sums(kernels::CalibrationParams{1, rows, k}, mean, batch.labels.data<std::int32_t>(),
+                           calibration + members * kSlots, work.calibration_ws.raw_data());
 }
 
 ReportWork::ReportWork(const DeviceWork& work, int members)
@@ -267,6 +271,7 @@ ReportWork::ReportWork(const DeviceWork& work, int members)
 
 void report_step(DeviceWork& work, ReportWork& report, const Batch& batch, int rows, const StepOptions& opt) {
   const kernels::Backend& be = work.backend;
+  const kernels::MetricOps& metrics = be.metrics();
   const auto eval_rows = static_cast<std::size_t>(work.mean_probs.shape()[0]);
   const int k = static_cast<int>(work.mean_probs.shape()[1]);
   const std::size_t n = static_cast<std::size_t>(rows) * k;
@@ -278,15 +283,15 @@ void report_step(DeviceWork& work, ReportWork& report, const Batch& batch, int r
   be.fill_zero(r.curve.raw_data(), r.curve.nbytes());
   for (int m = 0; m < report.total_members; ++m) {
     const float* probs = all.data<float>() + static_cast<std::size_t>(m) * eval_rows * k;
-    be.metrics().sum_members(1, n, probs, report.running.data<float>(), m > 0);
+    metrics.sum_members(1, n, probs, report.running.data<float>(), m > 0);
     be.copy(report.mean.raw_data(), report.running.raw_data(), n * sizeof(float));
-    be.metrics().divide(n, report.mean.data<float>(), static_cast<float>(m + 1));
-    be.metrics().calibration_sums(kernels::CalibrationParams{1, rows, k}, report.mean.data<float>(), labels,
-                        r.curve.data<double>() + m * kSlots, work.calibration_ws.raw_data());
-    be.metrics().predictions(rows, k, probs, r.votes.data<std::int32_t>() + m * eval_rows, nullptr, nullptr);
+    metrics.divide(n, report.mean.data<float>(), static_cast<float>(m + 1));
+    metrics.calibration_sums(kernels::CalibrationParams{1, rows, k}, report.mean.data<float>(), labels,
+                             r.curve.data<double>() + m * kSlots, work.calibration_ws.raw_data());
+    metrics.predictions(rows, k, probs, r.votes.data<std::int32_t>() + m * eval_rows, nullptr, nullptr);
   }
-  be.metrics().predictions(rows, k, work.mean_probs.data<float>(), r.predicted.data<std::int32_t>(),
-                 r.probability.data<float>(), r.entropy.data<float>());
+  metrics.predictions(rows, k, work.mean_probs.data<float>(), r.predicted.data<std::int32_t>(),
+                      r.probability.data<float>(), r.entropy.data<float>());
 }
 
 }  // namespace pmap::ensemble

@@ -428,7 +428,8 @@ void check_output_paths(const CliOptions& o) {
       throw UsageError(what + ": the directory '" + dir.string() + "' is not writable");
     const fs::path canonical = fs::weakly_canonical(*path, ec);
     for (const auto& [other, other_flag] : seen)
-      if (other == canonical) throw UsageError(what + ": the same file as " + other_flag + " (each output needs its own)");
+      if (other == canonical)
+        throw UsageError(what + ": the same file as " + other_flag + " (each output needs its own)");
     seen.emplace_back(canonical, flag);
   }
 }

@@ -369,7 +369,8 @@ class Clique final : public NcclClique {
       ncclCommAbort(parent);
       roots_[device] = nullptr;
       (void)slot.release();
-      const std::string what = "ncclCommSplit on " + group.axes + " (mesh device " + std::to_string(device) + "): " + why;
+      const std::string what =
+          "ncclCommSplit on " + group.axes + " (mesh device " + std::to_string(device) + "): " + why;
       if (timed_out) throw Timeout(what);
       throw NcclError(what);
     };
