@@ -111,6 +111,14 @@ void Array::allocate() {
 
 void Array::release() noexcept {
   if (data_ == nullptr) return;
+  // Freed inside a capture: a replay would use freed memory. The capture raises it when its body ends.
+  if (detail::capturing() != nullptr) {
+    try {
+      detail::note_capture_violation("Array " + str(), "is freed");
+    } catch (...) {  // str() out of memory
+      detail::note_capture_violation("an Array", "is freed");
+    }
+  }
   if (pinned_) {
     detail::cuda_host_free(data_);
   } else if (device_.is_cpu()) {

@@ -5,19 +5,44 @@
 namespace pmap::detail {
 namespace {
 thread_local const char* tls_capture = nullptr;
+thread_local CaptureScope* tls_scope = nullptr;
+
+std::string capture_message(const std::string& op, const char* does, const char* capture) {
+  return op + " " + does + " during " + capture +
+         ": a captured step is replayed without its host code, so it must not allocate, free, synchronize "
+         "with the host or call collectives (allocate buffers and run collectives outside the captured part)";
+}
 }  // namespace
 
-CaptureScope::CaptureScope(const char* what) : previous_(tls_capture) { tls_capture = what; }
-CaptureScope::~CaptureScope() { tls_capture = previous_; }
+CaptureScope::CaptureScope(const char* what) : what_(what), previous_(tls_capture), outer_(tls_scope) {
+  tls_capture = what;
+  tls_scope = this;
+}
+CaptureScope::~CaptureScope() {
+  tls_capture = previous_;
+  tls_scope = outer_;
+}
+
+void CaptureScope::check() const {
+  if (!violation_.empty()) throw CaptureError(violation_);
+}
 
 const char* capturing() noexcept { return tls_capture; }
 
 void check_not_capturing(const std::string& op, const char* does) {
   if (tls_capture == nullptr) return;
-  throw CaptureError(op + " " + does + " during " + tls_capture +
-                     ": a captured step is replayed without its host code, so it must not allocate, synchronize "
-                     "with the host or call collectives (allocate buffers and run collectives outside the "
-                     "captured part)");
+  throw CaptureError(capture_message(op, does, tls_capture));
+}
+
+void note_capture_violation(const std::string& op, const char* does) noexcept {
+  CaptureScope* scope = tls_scope;
+  if (scope == nullptr || !scope->violation_.empty()) return;
+  try {
+    scope->violation_ = capture_message(op, does, scope->what_);
+  } catch (...) {  // out of memory for the message: the capture still fails, without the details
+    scope->violation_.clear();
+    scope->violation_ += "during a capture";
+  }
 }
 
 }  // namespace pmap::detail

@@ -131,6 +131,13 @@ TEST_CASE("cuda graphs refuse what a captured step must not do, naming it, and l
                            doctest::Contains("synchronizes with the host"), pmap::CaptureError);
       CHECK_THROWS_WITH_AS(capture([&] { pmap::psum_inplace(buf, "i"); }),
                            doctest::Contains("psum over 'i' meets the other devices"), pmap::CaptureError);
+      // An array freed inside the capture: its memory may still be used at a replay (review F3b). Raised when
+      // the body ends (a destructor cannot throw).
+      {
+        pmap::Array doomed({4}, pmap::DType::f32, t.device);
+        CHECK_THROWS_WITH_AS(capture([&] { pmap::Array gone = std::move(doomed); }),
+                             doctest::Contains("is freed during the capture"), pmap::CaptureError);
+      }
       // A random draw into an array would be replayed as the captured draw (review F3a).
       CHECK_THROWS_WITH_AS(capture([&] { pmap::uniform(pmap::key(1), buf); }),
                            doctest::Contains("uniform into"), pmap::CaptureError);

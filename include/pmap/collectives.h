@@ -27,6 +27,9 @@ std::uint64_t collectives_entered();
 
 Array psum(const Array& x, const AxisNames& axes);
 Array pmean(const Array& x, const AxisNames& axes);  // floating dtypes only (ValueError otherwise)
+// pmax/pmin: a NaN on any device makes the element NaN on CPU devices and virtual devices (the hubs);
+// over NCCL (one device per GPU, 2 or more GPUs) NCCL's own max/min decide, which are fmaxf/fminf: a NaN
+// loses to any number there (not yet run on several GPUs; review F2).
 Array pmax(const Array& x, const AxisNames& axes);
 Array pmin(const Array& x, const AxisNames& axes);
 void psum_inplace(Array& x, const AxisNames& axes);

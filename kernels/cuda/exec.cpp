@@ -138,6 +138,7 @@ std::unique_ptr<Graph> Exec::capture(const std::function<void()>& body) const {
   tls_recording = graph.get();
   try {
     body();
+    scope.check();  // what the body could not raise where it happened (an Array freed)
   } catch (...) {
     tls_recording = nullptr;
     throw;

@@ -17,8 +17,16 @@ class CaptureScope {
   CaptureScope(const CaptureScope&) = delete;
   CaptureScope& operator=(const CaptureScope&) = delete;
 
+  // Throws the CaptureError of the first thing noted (note_capture_violation) during this scope, if any:
+  // what cannot raise where it happens (a destructor) is raised here, after the captured body.
+  void check() const;
+
  private:
+  friend void note_capture_violation(const std::string& op, const char* does) noexcept;
+  const char* what_;
   const char* previous_;
+  CaptureScope* outer_;
+  std::string violation_;
 };
 
 // The name of the capture the calling thread is inside, or nullptr. Never throws.
@@ -28,5 +36,9 @@ const char* capturing() noexcept;
 // `does` says what is not allowed, e.g. "allocates device memory", "synchronizes with the host". Hot
 // paths test capturing() first, so that they build the message only when it is needed.
 void check_not_capturing(const std::string& op, const char* does);
+
+// The same for code that cannot throw (an Array freed inside the capture, whose memory the graph may still
+// use at a replay): notes the error in the innermost CaptureScope, whose check() raises it. Never throws.
+void note_capture_violation(const std::string& op, const char* does) noexcept;
 
 }  // namespace pmap::detail

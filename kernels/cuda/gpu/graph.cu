@@ -46,6 +46,7 @@ std::unique_ptr<Graph> capture(const std::function<void()>& body) {
   try {
     pmap::detail::CaptureScope scope("the capture of a step into a CUDA graph");
     body();
+    scope.check();  // what the body could not raise where it happened (an Array freed): before EndCapture
   } catch (...) {
     cudaGraph_t partial = nullptr;
     if (cudaStreamEndCapture(stream, &partial) == cudaSuccess && partial != nullptr) cudaGraphDestroy(partial);
