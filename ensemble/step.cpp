@@ -172,7 +172,8 @@ void train_step(TrainState& state, DeviceWork& work, const Batch& batch, const S
                     opt.data_parallel ? std::int64_t{axis_index(opt.axis)} * rows : 0,
                     opt.member_dropout ? work.dropout_rates.data<float>() : nullptr};
   // Forward, loss and backward of each group of members, then (ensemble) the update: one graph.
-  const std::string key = graph_key(state, batch, rows, opt);
+  // Only a backend that records graphs needs the key (CPU backends run every step eagerly).
+  const std::string key = be.captures() ? graph_key(state, batch, rows, opt) : std::string();
   work.step_graph(key).run([&] {
     for (int first = 0; first < members; first += group) {
       const int count = std::min(group, members - first);

@@ -24,7 +24,8 @@ CaptureScope::~CaptureScope() {
 }
 
 void CaptureScope::check() const {
-  if (!violation_.empty()) throw CaptureError(violation_);
+  if (!violated_) return;
+  throw CaptureError(violation_.empty() ? std::string("an Array was freed during a capture") : violation_);
 }
 
 const char* capturing() noexcept { return tls_capture; }
@@ -36,12 +37,11 @@ void check_not_capturing(const std::string& op, const char* does) {
 
 void note_capture_violation(const std::string& op, const char* does) noexcept {
   CaptureScope* scope = tls_scope;
-  if (scope == nullptr || !scope->violation_.empty()) return;
+  if (scope == nullptr || scope->violated_) return;
+  scope->violated_ = true;
   try {
     scope->violation_ = capture_message(op, does, scope->what_);
-  } catch (...) {  // out of memory for the message: the capture still fails, without the details
-    scope->violation_.clear();
-    scope->violation_ += "during a capture";
+  } catch (...) {  // out of memory for the message: the capture still fails, with check()'s short one
   }
 }
 

@@ -1,4 +1,5 @@
-// Stub CUDA backend for builds without the CUDA toolkit: no CUDA devices exist.
+// Stub CUDA backend for builds without the CUDA toolkit: no CUDA devices exist. What needs a device or a
+// stream raises NotAvailable; what releases, waits for or drains one has nothing to do and returns.
 #include <pmap/device.h>
 #include <pmap/error.h>
 

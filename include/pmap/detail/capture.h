@@ -26,6 +26,7 @@ class CaptureScope {
   const char* what_;
   const char* previous_;
   CaptureScope* outer_;
+  bool violated_ = false;  // something was noted (its message, when it could be built, in violation_)
   std::string violation_;
 };
 
