@@ -63,15 +63,15 @@ class Conv2D final : public Layer {
   bool reads_shared() const override { return true; }
   bool fuses_relu_forward() const override { return true; }
   std::size_t workspace_bytes(const kernels::Backend& be, const LayerCall& c) const override {
-    return be.conv2d_workspace_bytes(kparams(c));
+    return be.conv().conv2d_workspace_bytes(kparams(c));
   }
   void forward(const kernels::Backend& be, const LayerCall& c, const float* const* p, const float* x, float* y,
                void* ws) const override {
-    be.conv2d_forward(kparams(c), x, p[0], o_.use_bias ? p[1] : nullptr, y, ws);
+    be.conv().conv2d_forward(kparams(c), x, p[0], o_.use_bias ? p[1] : nullptr, y, ws);
   }
   void backward(const kernels::Backend& be, const LayerCall& c, const float* const* p, const float* x, const float*,
                 const float* dy, float* dx, float* const* dp, void* ws) const override {
-    be.conv2d_backward(kparams(c), x, p[0], dy, dx, dp[0], o_.use_bias ? dp[1] : nullptr, ws);
+    be.conv().conv2d_backward(kparams(c), x, p[0], dy, dx, dp[0], o_.use_bias ? dp[1] : nullptr, ws);
   }
 
  private:
@@ -116,15 +116,15 @@ class Dense final : public Layer {
   bool reads_shared() const override { return true; }
   bool fuses_relu_forward() const override { return true; }
   std::size_t workspace_bytes(const kernels::Backend& be, const LayerCall& c) const override {
-    return be.dense_workspace_bytes(kparams(c));
+    return be.dense().dense_workspace_bytes(kparams(c));
   }
   void forward(const kernels::Backend& be, const LayerCall& c, const float* const* p, const float* x, float* y,
                void* ws) const override {
-    be.dense_forward(kparams(c), x, p[0], p[1], y, ws);
+    be.dense().dense_forward(kparams(c), x, p[0], p[1], y, ws);
   }
   void backward(const kernels::Backend& be, const LayerCall& c, const float* const* p, const float* x, const float*,
                 const float* dy, float* dx, float* const* dp, void* ws) const override {
-    be.dense_backward(kparams(c), x, p[0], dy, dx, dp[0], dp[1], ws);
+    be.dense().dense_backward(kparams(c), x, p[0], dy, dx, dp[0], dp[1], ws);
   }
 
  private:
@@ -162,11 +162,11 @@ class ReLU final : public Layer {
   std::size_t workspace_bytes(const kernels::Backend&, const LayerCall&) const override { return 0; }
   void forward(const kernels::Backend& be, const LayerCall& c, const float* const*, const float* x, float* y,
                void*) const override {
-    be.relu_forward(count(c), x, y);
+    be.layers().relu_forward(count(c), x, y);
   }
   void backward(const kernels::Backend& be, const LayerCall& c, const float* const*, const float*, const float* y,
                 const float* dy, float* dx, float* const*, void*) const override {
-    if (dx != nullptr) be.relu_backward(count(c), y, dy, dx);
+    if (dx != nullptr) be.layers().relu_backward(count(c), y, dy, dx);
   }
 
  private:
@@ -197,16 +197,16 @@ class AvgPool final : public Layer {
   std::size_t workspace_bytes(const kernels::Backend&, const LayerCall&) const override { return 0; }
   void forward(const kernels::Backend& be, const LayerCall& c, const float* const*, const float* x, float* y,
                void*) const override {
-    be.avg_pool_forward(kparams(c), x, y);
+    be.conv().avg_pool_forward(kparams(c), x, y);
   }
   void backward(const kernels::Backend& be, const LayerCall& c, const float* const*, const float*, const float*,
                 const float* dy, float* dx, float* const*, void*) const override {
-    if (dx != nullptr) be.avg_pool_backward(kparams(c), dy, dx);
+    if (dx != nullptr) be.conv().avg_pool_backward(kparams(c), dy, dx);
   }
   bool fuses_relu_backward() const override { return true; }
   void backward_through_relu(const kernels::Backend& be, const LayerCall& c, const float* r, const float* dy,
                              float* dx) const override {
-    be.avg_pool_relu_backward(kparams(c), r, dy, dx);
+    be.conv().avg_pool_relu_backward(kparams(c), r, dy, dx);
   }
 
  private:

@@ -14,7 +14,7 @@ namespace {
 int classes_of(const Sequential& m) { return static_cast<int>(product(m.output_shape())); }
 
 std::size_t xent_workspace_bytes(const kernels::Backend& be, int group, int rows, int classes) {
-  return be.softmax_cross_entropy_workspace_bytes(kernels::SoftmaxXentParams{group, rows, classes, true});
+  return be.loss().softmax_cross_entropy_workspace_bytes(kernels::SoftmaxXentParams{group, rows, classes, true});
 }
 
 // Calibration sums of a piece's group of members, or of the ensemble over a whole eval batch.
@@ -178,7 +178,7 @@ void train_step(TrainState& state, DeviceWork& work, const Batch& batch, const S
     for (int first = 0; first < members; first += group) {
       const int count = std::min(group, members - first);
       const float* logits = work.runner.forward(images, rows, params, first, count, run);
-      be.softmax_cross_entropy(kernels::SoftmaxXentParams{count, rows, classes, true}, logits, labels,
+      be.loss().softmax_cross_entropy(kernels::SoftmaxXentParams{count, rows, classes, true}, logits, labels,
                                work.step_loss.data<float>() + first, work.dlogits.data<float>(), nullptr,
                                work.step_correct.data<std::int32_t>() + first,
                                work.log.bad_labels.data<std::int32_t>(), work.xent_ws.raw_data());
@@ -233,9 +233,9 @@ void eval_step(const TrainState& state, DeviceWork& work, const Batch& batch, in
       float* piece = work.dlogits.data<float>();  // (count, n, K)
       float* piece_loss = work.step_loss.data<float>() + m0;
       std::int32_t* piece_correct = work.step_correct.data<std::int32_t>() + m0;
-      be.softmax_cross_entropy(kernels::SoftmaxXentParams{count, n, k, true}, logits, labels, piece_loss, nullptr,
-                               piece, piece_correct, work.log.bad_labels.data<std::int32_t>(),
-                               work.xent_ws.raw_data());
+      be.loss().softmax_cross_entropy(kernels::SoftmaxXentParams{count, n, k, true}, logits, labels, piece_loss,
+                                      nullptr, piece, piece_correct, work.log.bad_labels.data<std::int32_t>(),
+                                      work.xent_ws.raw_data());
       metrics.accumulate_metrics(count, piece_loss, piece_correct, n, work.eval_loss_sum.data<double>() + m0,
                                  work.eval_hits.data<std::int32_t>() + m0);
       metrics.sum_members(count, static_cast<std::size_t>(n) * k, piece, mean + static_cast<std::size_t>(first) * k,

@@ -1,6 +1,8 @@
-// Backend: the numeric ops of the MNIST CNN behind one interface, so the training layer runs the same step
-// on CPU devices and CUDA devices. There is one dispatch, this class's virtual call: each CPU ISA variant
-// is a Backend of its own (kernels/cpu_backend.h), and so is the CUDA code (kernels/cuda/backend.h).
+// Backend: a device kind's numeric ops, as op families (conv, dense, layers, loss, optimizer, metrics) behind
+// one aggregate, so the training layer runs the same step on CPU devices and CUDA devices. Backend itself
+// holds only what every family shares: the device kind, memory copies, and graph capture. There is one
+// dispatch, the families' virtual calls: each CPU ISA variant is a Backend of its own
+// (kernels/cpu_backend.h), and so is the CUDA code (kernels/cuda/backend.h).
 //
 // Every pointer is in the memory of the backend's device (host memory for the CPU backends and for the
 // CUDA backend run on the host). CPU: every call completes before it returns. CUDA on a GPU: every call is
@@ -25,9 +27,11 @@
 
 #include <pmap/device.h>
 
+#include <pmapcc/kernels/conv_ops.h>
+#include <pmapcc/kernels/dense_ops.h>
 #include <pmapcc/kernels/graph.h>
-#include <pmapcc/kernels/ops.h>
 #include <pmapcc/kernels/layer_ops.h>
+#include <pmapcc/kernels/loss_ops.h>
 #include <pmapcc/kernels/metric_ops.h>
 #include <pmapcc/kernels/optimizer_ops.h>
 
@@ -39,107 +43,23 @@ class Backend {
   virtual std::string name() const = 0;  // "cpu", "cuda", "cuda-on-host"
   virtual DeviceKind kind() const = 0;   // the kind of device whose memory the pointers are in
 
-  // ---- conv2d -------------------------------------------------------------------------------------------
-
-  // Bytes of scratch memory conv2d_forward and conv2d_backward need for these params (one buffer serves
-  // both; any alignment; contents need not be initialised and are garbage afterwards). CPU: a few MiB (a
-  // few images im2col'ed at a time, plus the GEMMs' packing space); CUDA: the patch matrices of the whole
-  // batch, twice for the backward, and the bias-gradient partial sums.
-  virtual std::size_t conv2d_workspace_bytes(Conv2dParams p) const = 0;
-
-  // y = conv(x, w) + b, cross-correlation as in Flax/XLA (and max(., 0) with p.relu).
-  //   x (M, N, H, W, Cin), or (N, H, W, Cin) with shared_input
-  //   w (M, KH, KW, Cin, Cout)   b (M, Cout), or nullptr for no bias
-  //   y (M, N, OH, OW, Cout), written
-  // workspace: conv2d_workspace_bytes(p) bytes, and then the op does not allocate; or nullptr, and the op
-  // allocates it for the call (CPU) or takes the thread's growing scratch (CUDA: not during a capture).
-  virtual void conv2d_forward(Conv2dParams p, const float* x, const float* w, const float* b, float* y,
-                              void* workspace) const = 0;
-
-  // Gradients of conv2d_forward given dy = dL/dy (M, N, OH, OW, Cout):
-  //   dx (M, N, H, W, Cin), or (N, H, W, Cin) summed over members with shared_input; nullptr: not computed
-  //   dw (M, KH, KW, Cin, Cout)   db (M, Cout), nullptr: not computed
-  // x and w as given to the forward. workspace as for conv2d_forward.
-  virtual void conv2d_backward(Conv2dParams p, const float* x, const float* w, const float* dy, float* dx,
-                               float* dw, float* db, void* workspace) const = 0;
-
-  // ---- avg_pool -----------------------------------------------------------------------------------------
-
-  // y (M, N, OH, OW, C) = window means of x (M, N, H, W, C). Not in place.
-  virtual void avg_pool_forward(AvgPoolParams p, const float* x, float* y) const = 0;
-
-  // dx (M, N, H, W, C) from dy (M, N, OH, OW, C): each dy spread evenly over its window; inputs outside
-  // every window (odd edges) get 0. dx is written whole. Not in place.
-  virtual void avg_pool_backward(AvgPoolParams p, const float* dy, float* dx) const = 0;
-
-  // The gradient through a ReLU and then avg_pool, in one pass: given r = relu(x) (M, N, H, W, C), the
-  // pool's input, and dy (M, N, OH, OW, C), dx = avg_pool_backward's dx where r > 0, else 0. In place
-  // allowed and intended (dx == r: the gradient replaces the activation); dx must not overlap dy.
-  virtual void avg_pool_relu_backward(AvgPoolParams p, const float* r, const float* dy, float* dx) const = 0;
-
-  // ---- dense --------------------------------------------------------------------------------------------
-
-  // Bytes of scratch memory dense_forward and dense_backward need (CPU: GEMM packing space; CUDA: the
-  // bias-gradient partial sums of tall batches, 0 for up to 256 rows).
-  virtual std::size_t dense_workspace_bytes(DenseParams p) const = 0;
-
-  // y = x @ w + b.  x (M, N, I), or (N, I) with shared_input;  w (M, I, O);  b (M, O) or nullptr;
-  // y (M, N, O), written. Not in place. workspace: dense_workspace_bytes(p) bytes or nullptr.
-  virtual void dense_forward(DenseParams p, const float* x, const float* w, const float* b, float* y,
-                             void* workspace) const = 0;
-
-  // Gradients of dense_forward given dy (M, N, O):
-  //   dx (M, N, I), or (N, I) summed over members with shared_input; nullptr: not computed
-  //   dw (M, I, O)   db (M, O), nullptr: not computed
-  virtual void dense_backward(DenseParams p, const float* x, const float* w, const float* dy, float* dx,
-                              float* dw, float* db, void* workspace) const = 0;
-
-  // ---- relu ---------------------------------------------------------------------------------------------
-
-  // y = max(x, 0) over n elements (any shape; members folded in). In place allowed (y == x). NaN stays NaN.
-  virtual void relu_forward(std::size_t n, const float* x, float* y) const = 0;
-
-  // dx = dy where y > 0, else 0, over n elements, from the forward's OUTPUT y (y > 0 exactly where x > 0;
-  // the gradient at 0 is 0, as in JAX). In place allowed (dx == dy).
-  virtual void relu_backward(std::size_t n, const float* y, const float* dy, float* dx) const = 0;
-
-  // ---- softmax cross-entropy ----------------------------------------------------------------------------
-
-  // Bytes of workspace softmax_cross_entropy needs (CPU: 0; CUDA: a loss term and a hit flag per row).
-  virtual std::size_t softmax_cross_entropy_workspace_bytes(SoftmaxXentParams p) const = 0;
-
-  // From logits (M, N, K) and labels (N) int32 in [0, K) ((M, N) without shared_labels), each output
-  // optional (nullptr: not computed), all in the device's memory:
-  //   loss (M): mean over the batch of -log softmax(logits)[label], computed with log-sum-exp (stable for
-  //             any finite logits), accumulated in double
-  //   dlogits (M, N, K): d(loss_m)/d(logits) = (softmax - onehot(label)) / N
-  //   probs (M, N, K): softmax(logits)
-  //   correct (M): how many rows have argmax(logits) == label (first index on ties, as jnp.argmax)
-  // labels may be nullptr when only probs is asked for. A label outside [0, K): the CPU backends raise
-  // ValueError; a kernel cannot raise, so the CUDA backend skips the row (its loss term 0, its dlogits row
-  // zero) and adds it to *bad_labels (device i32, optional; the caller zeroes it and checks it when it
-  // reads its results; with shared labels a bad label counts once). workspace: the bytes above, or null.
-  virtual void softmax_cross_entropy(SoftmaxXentParams p, const float* logits, const std::int32_t* labels,
-                                     float* loss, float* dlogits, float* probs, std::int32_t* correct,
-                                     std::int32_t* bad_labels, void* workspace) const = 0;
-
   // ---- op families ----------------------------------------------------------------------------------------
+  // Each family is a small interface of its own header with one CPU implementation per ISA variant (or one
+  // shared by all) and one CUDA implementation; a new layer, optimizer or metric adds to a family or makes
+  // a new one, never a method here.
 
+  // Convolution and average pooling (kernels/conv_ops.h).
+  virtual const ConvOps& conv() const = 0;
+  // Fully connected layers (kernels/dense_ops.h).
+  virtual const DenseOps& dense() const = 0;
+  // Softmax cross-entropy and per-member reductions (kernels/loss_ops.h).
+  virtual const LossOps& loss() const = 0;
   // The optimizer updates, schedules and clipping on this backend's device (kernels/optimizer_ops.h).
   virtual const OptimizerOps& optimizer() const = 0;
-  // BatchNormalization, Dropout and Rescaling on this backend's device (kernels/layer_ops.h).
+  // BatchNormalization, Dropout, ReLU and Rescaling on this backend's device (kernels/layer_ops.h).
   virtual const LayerOps& layers() const = 0;
   // The evaluation's sums, hits, calibration and predictions on this backend's device (kernels/metric_ops.h).
   virtual const MetricOps& metrics() const = 0;
-
-  // ---- reductions ---------------------------------------------------------------------------------------
-
-  // out[m] = sum of x[m * n .. m * n + n), for x (M, n); accumulated in double in index order, rounded
-  // once. out (M).
-  virtual void reduce_sum(int members, std::size_t n, const float* x, float* out) const = 0;
-
-  // out[m] = reduce_sum / n. out (M). n must be > 0.
-  virtual void reduce_mean(int members, std::size_t n, const float* x, float* out) const = 0;
 
   // ---- memory -------------------------------------------------------------------------------------------
 

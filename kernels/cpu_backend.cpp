@@ -116,11 +116,6 @@ void set_isa(std::string_view name) { g_active.store(backend_for_isa(name, "set_
 
 const CpuBackend& cpu_backend() { return cpu::active_backend(); }
 
-std::size_t CpuBackend::softmax_cross_entropy_workspace_bytes(SoftmaxXentParams p) const {
-  validate(p);
-  return 0;
-}
-
 void CpuBackend::copy(void* dst, const void* src, std::size_t bytes) const {
   if (bytes != 0 && dst != src) std::memmove(dst, src, bytes);
 }

@@ -2,12 +2,12 @@
 // worker thread), and safe to call from several threads at once on distinct outputs and workspaces.
 //
 // The ops are compiled once per ISA variant (kernels/cpu, cmake/pmapccCpuVariants.cmake): for the baseline
-// ISA ("generic") and, on x86-64 with GCC/Clang and GNU binutils, again with AVX2+FMA ("avx2"). Each
-// variant is a CpuBackend of its own, so one binary runs on any x86-64 CPU and uses AVX2+FMA where the CPU
-// (and OS) support it. Which variant is active is decided once, at the first cpu_backend() call:
-// PMAPCC_CPU_ISA=generic|avx2|auto if set, else the best variant available. The variants differ in
-// rounding (FMA) only; the ensemble step's reductions, softmax cross-entropy's bookkeeping and memory ops
-// are shared by all of them (CpuBackend's final members), so they give the same bits everywhere.
+// ISA ("generic") and, on x86-64 with GCC/Clang and GNU binutils, again with AVX2+FMA ("avx2") and with
+// AVX-512 F/BW/DQ/VL ("avx512"). Each variant is a CpuBackend of its own, so one binary runs on any x86-64
+// CPU and uses the widest vectors the CPU (and OS) support. Which variant is active is decided once, at
+// the first cpu_backend() call: PMAPCC_CPU_ISA=generic|avx2|avx512|auto if set, else the best available.
+// The variants differ in rounding (FMA, vector widths) only; the evaluation's metrics and memory ops are
+// shared by all of them (CpuBackend's final members), so they give the same bits everywhere.
 #pragma once
 
 #include <string>
@@ -22,7 +22,7 @@ class CpuBackend : public Backend {
  public:
   std::string name() const final { return "cpu"; }
   DeviceKind kind() const final { return DeviceKind::cpu; }
-  // "generic" or "avx2".
+  // "generic", "avx2" or "avx512".
   virtual std::string isa() const = 0;
 
   // c (M, rows, cols) = (or += with accumulate) a (M, rows, depth) @ b (M, depth, cols), member by member:
@@ -31,9 +31,8 @@ class CpuBackend : public Backend {
   virtual std::size_t matmul_workspace_bytes(MatmulParams p) const = 0;
   virtual void matmul(MatmulParams p, const float* a, const float* b, float* c, void* workspace) const = 0;
 
-  // The same in every variant (kernels/cpu_backend.cpp).
-  std::size_t softmax_cross_entropy_workspace_bytes(SoftmaxXentParams p) const final;
-  // The evaluation's ops (kernels/cpu_metrics.cpp), one instance shared by every variant.
+  // The same in every variant: the evaluation's ops (kernels/cpu_metrics.cpp, one instance shared by every
+  // variant) and memory (kernels/cpu_backend.cpp).
   const MetricOps& metrics() const final;
   void copy(void* dst, const void* src, std::size_t bytes) const final;
   void fill_zero(void* dst, std::size_t bytes) const final;

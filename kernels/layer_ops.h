@@ -1,6 +1,7 @@
 // LayerOps: the op family of the layers that carry model state or randomness, BatchNormalization and
-// Dropout, and of Rescaling, with one CPU implementation (kernels/cpu/layers.cpp) and one CUDA one
-// (kernels/cuda/layers.cu). The per-element and per-channel arithmetic is written once, in
+// Dropout, and of the element-wise layers, ReLU and Rescaling, with one CPU implementation
+// (kernels/cpu/layers.cpp, the ReLU's elementwise.cpp) and one CUDA one (kernels/cuda/layers.cu, the
+// ReLU's elementwise.cu). The per-element and per-channel arithmetic is written once, in
 // kernels/layer_math.h, so the CPU ops and the CUDA kernels run on the host give the same bits.
 //
 // Tensors are member-major: x (M, R, C) for BatchNorm, R rows of C channels per member (for images R is
@@ -80,6 +81,13 @@ class LayerOps {
 
   // y (n) = x * scale + offset (Keras's Rescaling); y may be x.
   virtual void scale_shift(std::size_t n, const float* x, float scale, float offset, float* y) const = 0;
+
+  // y = max(x, 0) over n elements (any shape; members folded in). In place allowed (y == x). NaN stays NaN.
+  virtual void relu_forward(std::size_t n, const float* x, float* y) const = 0;
+
+  // dx = dy where y > 0, else 0, over n elements, from the forward's OUTPUT y (y > 0 exactly where x > 0;
+  // the gradient at 0 is 0, as in JAX). In place allowed (dx == dy).
+  virtual void relu_backward(std::size_t n, const float* y, const float* dy, float* dx) const = 0;
 };
 
 // Parameter checks shared by the implementations (ValueError naming the field).

@@ -55,8 +55,8 @@ std::vector<float> step_outputs() {
     const auto x = kc::random_floats(conv_x(p), 1), w = kc::random_floats(conv_w(p), 2, 0.3f);
     const auto b = kc::random_floats(std::size_t(p.members) * p.out_channels, 3), dy = kc::random_floats(conv_y(p), 4);
     std::vector<float> y(conv_y(p)), dx(conv_x(p)), dw(conv_w(p)), db(b.size());
-    cpu_ops().conv2d_forward(p, x.data(), w.data(), b.data(), y.data(), nullptr);
-    cpu_ops().conv2d_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), nullptr);
+    cpu_ops().conv().conv2d_forward(p, x.data(), w.data(), b.data(), y.data(), nullptr);
+    cpu_ops().conv().conv2d_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), nullptr);
     append(y), append(dx), append(dw), append(db);
   }
   DenseParams d;
@@ -64,8 +64,8 @@ std::vector<float> step_outputs() {
   const auto x = kc::random_floats(2 * 5 * 300, 5), w = kc::random_floats(2 * 300 * 40, 6, 0.1f);
   const auto b = kc::random_floats(2 * 40, 7), dy = kc::random_floats(2 * 5 * 40, 8);
   std::vector<float> y(2 * 5 * 40), dx(x.size()), dw(w.size()), db(b.size());
-  cpu_ops().dense_forward(d, x.data(), w.data(), b.data(), y.data(), nullptr);
-  cpu_ops().dense_backward(d, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), nullptr);
+  cpu_ops().dense().dense_forward(d, x.data(), w.data(), b.data(), y.data(), nullptr);
+  cpu_ops().dense().dense_backward(d, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), nullptr);
   append(y), append(dx), append(dw), append(db);
   return out;
 }
@@ -78,10 +78,10 @@ std::vector<float> elementwise_outputs() {
   q.members = 2, q.batch = 2, q.height = 6, q.width = 7, q.channels = 12;
   const auto x = kc::random_floats(2 * 2 * 6 * 7 * 12, 9), dy = kc::random_floats(2 * 2 * 3 * 3 * 12, 10);
   std::vector<float> y(dy.size()), dx(x.size()), relu(x.size()), masked(x.size());
-  cpu_ops().avg_pool_forward(q, x.data(), y.data());
-  cpu_ops().avg_pool_backward(q, dy.data(), dx.data());
-  cpu_ops().relu_forward(x.size(), x.data(), relu.data());
-  cpu_ops().avg_pool_relu_backward(q, relu.data(), dy.data(), masked.data());
+  cpu_ops().conv().avg_pool_forward(q, x.data(), y.data());
+  cpu_ops().conv().avg_pool_backward(q, dy.data(), dx.data());
+  cpu_ops().layers().relu_forward(x.size(), x.data(), relu.data());
+  cpu_ops().conv().avg_pool_relu_backward(q, relu.data(), dy.data(), masked.data());
   append(y), append(dx), append(relu), append(masked);
   std::vector<float> params = kc::random_floats(77, 11), momentum = kc::random_floats(77, 12);
   const std::vector<float> lr{0.1f};
@@ -160,10 +160,10 @@ TEST_CASE("conv2d and dense with relu equal the op then relu_forward, bitwise (G
     const auto x = kc::random_floats(conv_x(p), 31), w = kc::random_floats(conv_w(p), 32);
     const auto b = kc::random_floats(std::size_t(p.members) * p.out_channels, 33);
     std::vector<float> plain(conv_y(p)), fused(conv_y(p));
-    cpu_ops().conv2d_forward(p, x.data(), w.data(), b.data(), plain.data(), nullptr);
-    cpu_ops().relu_forward(plain.size(), plain.data(), plain.data());
+    cpu_ops().conv().conv2d_forward(p, x.data(), w.data(), b.data(), plain.data(), nullptr);
+    cpu_ops().layers().relu_forward(plain.size(), plain.data(), plain.data());
     p.relu = true;
-    cpu_ops().conv2d_forward(p, x.data(), w.data(), b.data(), fused.data(), nullptr);
+    cpu_ops().conv().conv2d_forward(p, x.data(), w.data(), b.data(), fused.data(), nullptr);
     CHECK(kc::same_bits(plain.data(), fused.data(), plain.size()));
     CHECK(std::count(fused.begin(), fused.end(), 0.0f) > 0);
   }
@@ -171,10 +171,10 @@ TEST_CASE("conv2d and dense with relu equal the op then relu_forward, bitwise (G
   d.members = 2, d.batch = 4, d.in_features = 30, d.out_features = 9;
   const auto x = kc::random_floats(2 * 4 * 30, 34), w = kc::random_floats(2 * 30 * 9, 35), b = kc::random_floats(18, 36);
   std::vector<float> plain(2 * 4 * 9), fused(plain.size());
-  cpu_ops().dense_forward(d, x.data(), w.data(), b.data(), plain.data(), nullptr);
-  cpu_ops().relu_forward(plain.size(), plain.data(), plain.data());
+  cpu_ops().dense().dense_forward(d, x.data(), w.data(), b.data(), plain.data(), nullptr);
+  cpu_ops().layers().relu_forward(plain.size(), plain.data(), plain.data());
   d.relu = true;
-  cpu_ops().dense_forward(d, x.data(), w.data(), b.data(), fused.data(), nullptr);
+  cpu_ops().dense().dense_forward(d, x.data(), w.data(), b.data(), fused.data(), nullptr);
   CHECK(kc::same_bits(plain.data(), fused.data(), plain.size()));
 }
 
@@ -187,14 +187,14 @@ TEST_CASE("avg_pool_relu_backward equals avg_pool_backward then relu_backward, b
     const auto g = avg_pool_geometry(q);
     const std::size_t xs = 2 * 2 * 7 * 8 * 5, ys = std::size_t(2) * 2 * g.out_height * g.out_width * 5;
     std::vector<float> r = kc::random_floats(xs, 41);
-    cpu_ops().relu_forward(xs, r.data(), r.data());
+    cpu_ops().layers().relu_forward(xs, r.data(), r.data());
     const auto dy = kc::random_floats(ys, 42);
     std::vector<float> expect(xs), got(xs, 7.0f);
-    cpu_ops().avg_pool_backward(q, dy.data(), expect.data());
-    cpu_ops().relu_backward(xs, r.data(), expect.data(), expect.data());
-    cpu_ops().avg_pool_relu_backward(q, r.data(), dy.data(), got.data());
+    cpu_ops().conv().avg_pool_backward(q, dy.data(), expect.data());
+    cpu_ops().layers().relu_backward(xs, r.data(), expect.data(), expect.data());
+    cpu_ops().conv().avg_pool_relu_backward(q, r.data(), dy.data(), got.data());
     CHECK(kc::same_bits(expect.data(), got.data(), xs));
-    cpu_ops().avg_pool_relu_backward(q, r.data(), dy.data(), r.data());  // over the activation
+    cpu_ops().conv().avg_pool_relu_backward(q, r.data(), dy.data(), r.data());  // over the activation
     CHECK(kc::same_bits(expect.data(), r.data(), xs));
   }
 }
@@ -207,29 +207,29 @@ TEST_CASE("conv2d and dense workspaces sized for a batch serve every smaller bat
   };
   for (const Conv2dParams& big : {conv(1, 128, 28, 1, 32, true), conv(1, 128, 14, 32, 64, false)}) {
     CAPTURE(big.in_channels);
-    const std::size_t bytes = cpu_ops().conv2d_workspace_bytes(big);
+    const std::size_t bytes = cpu_ops().conv().conv2d_workspace_bytes(big);
     std::vector<unsigned char> ws(bytes + kGuard, 0xab);
     const auto x = kc::random_floats(conv_x(big), 51), w = kc::random_floats(conv_w(big), 52);
     std::vector<float> y(conv_y(big)), dx(conv_x(big)), dw(conv_w(big)), db(big.out_channels);
     for (int batch : {1, 2, 3, 5, 8, 13, 33, 64, 65, 100, 127}) {
       Conv2dParams p = big;
       p.batch = batch;
-      cpu_ops().conv2d_forward(p, x.data(), w.data(), nullptr, y.data(), ws.data());
-      cpu_ops().conv2d_backward(p, x.data(), w.data(), y.data(), dx.data(), dw.data(), db.data(), ws.data());
+      cpu_ops().conv().conv2d_forward(p, x.data(), w.data(), nullptr, y.data(), ws.data());
+      cpu_ops().conv().conv2d_backward(p, x.data(), w.data(), y.data(), dx.data(), dw.data(), db.data(), ws.data());
       CHECK(untouched(ws, bytes));
     }
   }
   DenseParams big;
   big.batch = 128, big.in_features = 3136, big.out_features = 256;
-  const std::size_t bytes = cpu_ops().dense_workspace_bytes(big);
+  const std::size_t bytes = cpu_ops().dense().dense_workspace_bytes(big);
   std::vector<unsigned char> ws(bytes + kGuard, 0xab);
   const auto x = kc::random_floats(128 * 3136, 53), w = kc::random_floats(3136 * 256, 54);
   std::vector<float> y(128 * 256), dx(x.size()), dw(w.size()), db(256);
   for (int batch : {1, 7, 31, 64, 100}) {
     DenseParams p = big;
     p.batch = batch;
-    cpu_ops().dense_forward(p, x.data(), w.data(), nullptr, y.data(), ws.data());
-    cpu_ops().dense_backward(p, x.data(), w.data(), y.data(), dx.data(), dw.data(), db.data(), ws.data());
+    cpu_ops().dense().dense_forward(p, x.data(), w.data(), nullptr, y.data(), ws.data());
+    cpu_ops().dense().dense_backward(p, x.data(), w.data(), y.data(), dx.data(), dw.data(), db.data(), ws.data());
     CHECK(untouched(ws, bytes));
   }
 }

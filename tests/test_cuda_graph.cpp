@@ -37,14 +37,17 @@ struct TinyStep {
     labels = on(d, random_labels(kBatch, kClasses, 2));
     w_conv = on(d, random_floats(static_cast<std::size_t>(kMembers * 9 * kChannels), 3));
     w_dense = on(d, random_floats(static_cast<std::size_t>(kMembers * dense.in_features * kClasses), 4, -0.1f, 0.1f));
-    m_conv = zeros(d, static_cast<std::size_t>(w_conv.size())), m_dense = zeros(d, static_cast<std::size_t>(w_dense.size()));
+    m_conv = zeros(d, static_cast<std::size_t>(w_conv.size()));
+    m_dense = zeros(d, static_cast<std::size_t>(w_dense.size()));
     act = zeros(d, act_n), dact = zeros(d, act_n);
     logits = zeros(d, kMembers * kBatch * kClasses), dlogits = zeros(d, kMembers * kBatch * kClasses);
-    g_conv = zeros(d, static_cast<std::size_t>(w_conv.size())), g_dense = zeros(d, static_cast<std::size_t>(w_dense.size()));
+    g_conv = zeros(d, static_cast<std::size_t>(w_conv.size()));
+    g_dense = zeros(d, static_cast<std::size_t>(w_dense.size()));
     loss = zeros(d, kMembers);
     correct = zeros(d, kMembers, pmap::DType::i32);
-    ws = zeros(d, be.conv2d_workspace_bytes(conv), pmap::DType::u8);
-    xent_ws = zeros(d, be.softmax_cross_entropy_workspace_bytes({kMembers, kBatch, kClasses, true}), pmap::DType::u8);
+    ws = zeros(d, be.conv().conv2d_workspace_bytes(conv), pmap::DType::u8);
+    xent_ws =
+        zeros(d, be.loss().softmax_cross_entropy_workspace_bytes({kMembers, kBatch, kClasses, true}), pmap::DType::u8);
     step = zeros(d, 1, pmap::DType::i64);
     base_lr = on(d, std::vector<float>{0.1f, 0.05f});
     lr = zeros(d, kMembers);
@@ -53,16 +56,16 @@ struct TinyStep {
 
   void operator()() {
     const std::size_t act_n = static_cast<std::size_t>(act.size());
-    be.conv2d_forward(conv, x.data<float>(), w_conv.data<float>(), nullptr, act.data<float>(), ws.raw_data());
-    be.dense_forward(dense, act.data<float>(), w_dense.data<float>(), nullptr, logits.data<float>(), nullptr);
-    be.softmax_cross_entropy({kMembers, kBatch, kClasses, true}, logits.data<float>(), labels.data<std::int32_t>(),
-                             loss.data<float>(), dlogits.data<float>(), nullptr, correct.data<std::int32_t>(), nullptr,
-                             xent_ws.raw_data());
-    be.dense_backward(dense, act.data<float>(), w_dense.data<float>(), dlogits.data<float>(), dact.data<float>(),
-                      g_dense.data<float>(), nullptr, nullptr);
-    be.relu_backward(act_n, act.data<float>(), dact.data<float>(), dact.data<float>());
-    be.conv2d_backward(conv, x.data<float>(), w_conv.data<float>(), dact.data<float>(), nullptr, g_conv.data<float>(),
-                       nullptr, ws.raw_data());
+    be.conv().conv2d_forward(conv, x.data<float>(), w_conv.data<float>(), nullptr, act.data<float>(), ws.raw_data());
+    be.dense().dense_forward(dense, act.data<float>(), w_dense.data<float>(), nullptr, logits.data<float>(), nullptr);
+    be.loss().softmax_cross_entropy({kMembers, kBatch, kClasses, true}, logits.data<float>(),
+                                    labels.data<std::int32_t>(), loss.data<float>(), dlogits.data<float>(), nullptr,
+                                    correct.data<std::int32_t>(), nullptr, xent_ws.raw_data());
+    be.dense().dense_backward(dense, act.data<float>(), w_dense.data<float>(), dlogits.data<float>(),
+                              dact.data<float>(), g_dense.data<float>(), nullptr, nullptr);
+    be.layers().relu_backward(act_n, act.data<float>(), dact.data<float>(), dact.data<float>());
+    be.conv().conv2d_backward(conv, x.data<float>(), w_conv.data<float>(), dact.data<float>(), nullptr,
+                              g_conv.data<float>(), nullptr, ws.raw_data());
     const k::OptimizerOps& ops = be.optimizer();
     ops.schedule_lr(schedule, kMembers, step.data<std::int64_t>(), base_lr.data<float>(), lr.data<float>());
     const k::SgdParams sgd{0.9f, false};
@@ -101,8 +104,10 @@ TEST_CASE("cuda graphs: warm-up, capture and replays give bitwise the results of
       CHECK(graphed.correct.to_vector<std::int32_t>() == direct.correct.to_vector<std::int32_t>());
       // The replays counted their steps and took the schedule's rate of step 4 (cosine 2 steps into 4).
       CHECK(graphed.step.to_vector<std::int64_t>() == std::vector<std::int64_t>{5});
-      CHECK(graphed.lr.to_vector<float>() == std::vector<float>{static_cast<float>(0.1f * 0.5), static_cast<float>(0.05f * 0.5)});
-      CHECK(graphed.w_conv.to_vector<float>() != TinyStep(*t.backend, t.device).w_conv.to_vector<float>());  // it trained
+      CHECK(graphed.lr.to_vector<float>() ==
+            std::vector<float>{static_cast<float>(0.1f * 0.5), static_cast<float>(0.05f * 0.5)});
+      CHECK(graphed.w_conv.to_vector<float>() !=
+            TinyStep(*t.backend, t.device).w_conv.to_vector<float>());  // it trained
       // A StepGraph that does not capture runs the body every call.
       int calls = 0;
       k::StepGraph eager(*t.backend, /*capture=*/false);
@@ -144,14 +149,16 @@ TEST_CASE("cuda graphs refuse what a captured step must not do, naming it, and l
       // Scratch memory that would have to grow (an op without its workspace) is refused too.
       k::Conv2dParams p;
       p.members = 2, p.batch = 64, p.height = p.width = 20, p.in_channels = 3, p.out_channels = 8;
-      auto x = zeros(t.device, 2 * 64 * 20 * 20 * 3), w = zeros(t.device, 2 * 9 * 3 * 8), y = zeros(t.device, 2 * 64 * 400 * 8);
+      auto x = zeros(t.device, 2 * 64 * 20 * 20 * 3), w = zeros(t.device, 2 * 9 * 3 * 8),
+           y = zeros(t.device, 2 * 64 * 400 * 8);
       CHECK_THROWS_WITH_AS(capture([&] {
-                             be.conv2d_forward(p, x.data<float>(), w.data<float>(), nullptr, y.data<float>(), nullptr);
+                             be.conv().conv2d_forward(p, x.data<float>(), w.data<float>(), nullptr, y.data<float>(),
+                                                      nullptr);
                            }),
                            doctest::Contains("scratch memory"), pmap::CaptureError);
       CHECK(pmap::detail::capturing() == nullptr);
       // The device still works normally afterwards.
-      be.relu_forward(64, buf.data<float>(), buf.data<float>());
+      be.layers().relu_forward(64, buf.data<float>(), buf.data<float>());
       CHECK(buf.to_vector<float>() == std::vector<float>(64, 0.0f));
     });
   }
@@ -162,17 +169,17 @@ TEST_CASE("cuda reduce_sum and reduce_mean match the CPU's per-member sums") {
   const std::size_t n = 100003;
   const auto x = random_floats(members * n, 21);
   std::vector<float> sum(members), mean(members);
-  k::cpu_backend().reduce_sum(members, n, x.data(), sum.data());
-  k::cpu_backend().reduce_mean(members, n, x.data(), mean.data());
+  k::cpu_backend().loss().reduce_sum(members, n, x.data(), sum.data());
+  k::cpu_backend().loss().reduce_mean(members, n, x.data(), mean.data());
   std::vector<float> hs(members), hm(members);  // the host run sums in the CPU's order: the same bits
-  k::cuda_backend_on_host().reduce_sum(members, n, x.data(), hs.data());
-  k::cuda_backend_on_host().reduce_mean(members, n, x.data(), hm.data());
+  k::cuda_backend_on_host().loss().reduce_sum(members, n, x.data(), hs.data());
+  k::cuda_backend_on_host().loss().reduce_mean(members, n, x.data(), hm.data());
   CHECK(hs == sum);
   CHECK(hm == mean);
   PMAPCC_REQUIRE_GPU();
   auto gx = on_gpu(x), gs = gpu_floats(members), gm = gpu_floats(members);
-  k::backend_for(pmap::DeviceKind::cuda).reduce_sum(members, n, gx.data<float>(), gs.data<float>());
-  k::backend_for(pmap::DeviceKind::cuda).reduce_mean(members, n, gx.data<float>(), gm.data<float>());
+  k::backend_for(pmap::DeviceKind::cuda).loss().reduce_sum(members, n, gx.data<float>(), gs.data<float>());
+  k::backend_for(pmap::DeviceKind::cuda).loss().reduce_mean(members, n, gx.data<float>(), gm.data<float>());
   CHECK(relative_error(gs.to_vector<float>(), sum) <= kForwardTolerance);
   CHECK(relative_error(gm.to_vector<float>(), mean) <= kForwardTolerance);
 }

@@ -40,26 +40,27 @@ void check_conv(const Target& t, const k::Conv2dParams& p) {
   const std::size_t w_n = count(p.members, p.kernel_h, p.kernel_w, p.in_channels, p.out_channels);
   const std::size_t b_n = count(p.members, p.out_channels);
   const std::size_t y_n = count(p.members, p.batch, g.out_height, g.out_width, p.out_channels);
-  const auto x = random_floats(x_n, 1), w = random_floats(w_n, 2), b = random_floats(b_n, 3), dy = random_floats(y_n, 4);
+  const auto x = random_floats(x_n, 1), w = random_floats(w_n, 2), b = random_floats(b_n, 3),
+             dy = random_floats(y_n, 4);
   std::vector<float> y(y_n), dx(x_n), dw(w_n), db(b_n);
-  std::vector<unsigned char> cpu_ws(cpu().conv2d_workspace_bytes(p));
-  cpu().conv2d_forward(p, x.data(), w.data(), b.data(), y.data(), cpu_ws.data());
-  cpu().conv2d_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), cpu_ws.data());
+  std::vector<unsigned char> cpu_ws(cpu().conv().conv2d_workspace_bytes(p));
+  cpu().conv().conv2d_forward(p, x.data(), w.data(), b.data(), y.data(), cpu_ws.data());
+  cpu().conv().conv2d_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), cpu_ws.data());
 
   const k::Backend& be = *t.backend;
   auto gx = on(t.device, x), gw = on(t.device, w), gb = on(t.device, b), gdy = on(t.device, dy);
   auto gy = zeros(t.device, y_n), gdx = zeros(t.device, x_n), gdw = zeros(t.device, w_n), gdb = zeros(t.device, b_n);
-  auto ws = workspace(t, be.conv2d_workspace_bytes(p));
-  be.conv2d_forward(p, gx.data<float>(), gw.data<float>(), gb.data<float>(), gy.data<float>(), ws.raw_data());
-  be.conv2d_backward(p, gx.data<float>(), gw.data<float>(), gdy.data<float>(), gdx.data<float>(), gdw.data<float>(),
-                     gdb.data<float>(), ws.raw_data());
+  auto ws = workspace(t, be.conv().conv2d_workspace_bytes(p));
+  be.conv().conv2d_forward(p, gx.data<float>(), gw.data<float>(), gb.data<float>(), gy.data<float>(), ws.raw_data());
+  be.conv().conv2d_backward(p, gx.data<float>(), gw.data<float>(), gdy.data<float>(), gdx.data<float>(),
+                            gdw.data<float>(), gdb.data<float>(), ws.raw_data());
   CHECK(relative_error(gy.to_vector<float>(), y) <= kForwardTolerance);
   CHECK(relative_error(gdx.to_vector<float>(), dx) <= kBackwardTolerance);
   CHECK(relative_error(gdw.to_vector<float>(), dw) <= kBackwardTolerance);
   CHECK(relative_error(gdb.to_vector<float>(), db) <= kBackwardTolerance);
   // Without bias: the epilogue is the ReLU alone (or nothing); without workspace: scratch memory.
-  cpu().conv2d_forward(p, x.data(), w.data(), nullptr, y.data(), nullptr);
-  be.conv2d_forward(p, gx.data<float>(), gw.data<float>(), nullptr, gy.data<float>(), nullptr);
+  cpu().conv().conv2d_forward(p, x.data(), w.data(), nullptr, y.data(), nullptr);
+  be.conv().conv2d_forward(p, gx.data<float>(), gw.data<float>(), nullptr, gy.data<float>(), nullptr);
   CHECK(relative_error(gy.to_vector<float>(), y) <= kForwardTolerance);
 }
 
@@ -120,15 +121,17 @@ TEST_CASE("cuda dense matches the CPU op (short batches, and tall ones that use 
             const auto x = random_floats(x_n, 5), w = random_floats(w_n, 6), b = random_floats(b_n, 7);
             const auto dy = random_floats(y_n, 8);
             std::vector<float> y(y_n), dx(x_n), dw(w_n), db(b_n);
-            std::vector<unsigned char> cpu_ws(cpu().dense_workspace_bytes(p));
-            cpu().dense_forward(p, x.data(), w.data(), b.data(), y.data(), cpu_ws.data());
-            cpu().dense_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), cpu_ws.data());
+            std::vector<unsigned char> cpu_ws(cpu().dense().dense_workspace_bytes(p));
+            cpu().dense().dense_forward(p, x.data(), w.data(), b.data(), y.data(), cpu_ws.data());
+            cpu().dense().dense_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(),
+                                         cpu_ws.data());
             auto gx = on(t.device, x), gw = on(t.device, w), gb = on(t.device, b), gdy = on(t.device, dy);
             auto gy = zeros(t.device, y_n), gdx = zeros(t.device, x_n), gdw = zeros(t.device, w_n);
             auto gdb = zeros(t.device, b_n);
-            auto ws = workspace(t, be.dense_workspace_bytes(p));
-            be.dense_forward(p, gx.data<float>(), gw.data<float>(), gb.data<float>(), gy.data<float>(), ws.raw_data());
-            be.dense_backward(p, gx.data<float>(), gw.data<float>(), gdy.data<float>(), gdx.data<float>(),
+            auto ws = workspace(t, be.dense().dense_workspace_bytes(p));
+            be.dense().dense_forward(p, gx.data<float>(), gw.data<float>(), gb.data<float>(), gy.data<float>(),
+                                     ws.raw_data());
+            be.dense().dense_backward(p, gx.data<float>(), gw.data<float>(), gdy.data<float>(), gdx.data<float>(),
                               gdw.data<float>(), gdb.data<float>(), ws.raw_data());
             CHECK(relative_error(gy.to_vector<float>(), y) <= kForwardTolerance);
             CHECK(relative_error(gdx.to_vector<float>(), dx) <= kBackwardTolerance);
@@ -136,7 +139,7 @@ TEST_CASE("cuda dense matches the CPU op (short batches, and tall ones that use 
             CHECK(relative_error(gdb.to_vector<float>(), db) <= kBackwardTolerance);
             // A null workspace is allowed too (the bias gradient is then summed in one pass).
             auto gdb_null = zeros(t.device, b_n);
-            be.dense_backward(p, gx.data<float>(), gw.data<float>(), gdy.data<float>(), nullptr, nullptr,
+            be.dense().dense_backward(p, gx.data<float>(), gw.data<float>(), gdy.data<float>(), nullptr, nullptr,
                               gdb_null.data<float>(), nullptr);
             CHECK(relative_error(gdb_null.to_vector<float>(), db) <= kBackwardTolerance);
           }
@@ -161,15 +164,15 @@ TEST_CASE("cuda avg_pool is bitwise the CPU op: tiled windows with odd edges, ov
         auto x = random_floats(x_n, 9), dy = random_floats(y_n, 10);
         dy[1] = -0.0f;  // a negative zero survives the tiled backward as on the CPU
         std::vector<float> y(y_n), dx(x_n), masked(x_n);
-        cpu().avg_pool_forward(p, x.data(), y.data());
-        cpu().avg_pool_backward(p, dy.data(), dx.data());
-        cpu().avg_pool_relu_backward(p, x.data(), dy.data(), masked.data());
+        cpu().conv().avg_pool_forward(p, x.data(), y.data());
+        cpu().conv().avg_pool_backward(p, dy.data(), dx.data());
+        cpu().conv().avg_pool_relu_backward(p, x.data(), dy.data(), masked.data());
         auto gx = on(t.device, x), gdy = on(t.device, dy), gy = zeros(t.device, y_n), gdx = zeros(t.device, x_n);
-        be.avg_pool_forward(p, gx.data<float>(), gy.data<float>());
-        be.avg_pool_backward(p, gdy.data<float>(), gdx.data<float>());
+        be.conv().avg_pool_forward(p, gx.data<float>(), gy.data<float>());
+        be.conv().avg_pool_backward(p, gdy.data<float>(), gdx.data<float>());
         CHECK(bitwise_equal(gy.to_vector<float>(), y));
         CHECK(bitwise_equal(gdx.to_vector<float>(), dx));
-        be.avg_pool_relu_backward(p, gx.data<float>(), gdy.data<float>(), gx.data<float>());  // in place over r
+        be.conv().avg_pool_relu_backward(p, gx.data<float>(), gdy.data<float>(), gx.data<float>());  // in place over r
         CHECK(bitwise_equal(gx.to_vector<float>(), masked));
       }
     }
@@ -185,11 +188,11 @@ TEST_CASE("cuda relu is bitwise the CPU op (the optimizer ops: test_optimizer.cp
     x[3] = 0.0f, x[4] = -0.0f, x[5] = std::nanf("");
     const auto dy = random_floats(n, 12);
     std::vector<float> y(n), dx(n);
-    cpu().relu_forward(n, x.data(), y.data());
-    cpu().relu_backward(n, y.data(), dy.data(), dx.data());
+    cpu().layers().relu_forward(n, x.data(), y.data());
+    cpu().layers().relu_backward(n, y.data(), dy.data(), dx.data());
     auto gx = on(t.device, x), gdy = on(t.device, dy), gy = zeros(t.device, n), gdx = zeros(t.device, n);
-    be.relu_forward(n, gx.data<float>(), gy.data<float>());
-    be.relu_backward(n, gy.data<float>(), gdy.data<float>(), gdx.data<float>());
+    be.layers().relu_forward(n, gx.data<float>(), gy.data<float>());
+    be.layers().relu_backward(n, gy.data<float>(), gdy.data<float>(), gdx.data<float>());
     CHECK(bitwise_equal(gy.to_vector<float>(), y));
     CHECK(bitwise_equal(gdx.to_vector<float>(), dx));
   }
@@ -209,15 +212,15 @@ TEST_CASE("cuda softmax cross-entropy matches the CPU op, with loss and counts o
         const auto labels = random_labels(count(shared_labels ? 1 : members, p.batch), p.classes, 17);
         std::vector<float> loss(static_cast<std::size_t>(members)), dlogits(z_n), probs(z_n);
         std::vector<std::int32_t> correct(static_cast<std::size_t>(members));
-        cpu().softmax_cross_entropy(p, logits.data(), labels.data(), loss.data(), dlogits.data(), probs.data(),
+        cpu().loss().softmax_cross_entropy(p, logits.data(), labels.data(), loss.data(), dlogits.data(), probs.data(),
                                     correct.data(), nullptr, nullptr);
         auto gz = on(t.device, logits), gl = on(t.device, labels), gd = zeros(t.device, z_n), gp = zeros(t.device, z_n);
         auto gloss = zeros(t.device, loss.size()), gcorrect = zeros(t.device, correct.size(), pmap::DType::i32);
         auto bad = zeros(t.device, 1, pmap::DType::i32);
-        auto ws = workspace(t, be.softmax_cross_entropy_workspace_bytes(p));
-        be.softmax_cross_entropy(p, gz.data<float>(), gl.data<std::int32_t>(), gloss.data<float>(), gd.data<float>(),
-                                 gp.data<float>(), gcorrect.data<std::int32_t>(), bad.data<std::int32_t>(),
-                                 ws.raw_data());
+        auto ws = workspace(t, be.loss().softmax_cross_entropy_workspace_bytes(p));
+        be.loss().softmax_cross_entropy(p, gz.data<float>(), gl.data<std::int32_t>(), gloss.data<float>(),
+                                        gd.data<float>(), gp.data<float>(), gcorrect.data<std::int32_t>(),
+                                        bad.data<std::int32_t>(), ws.raw_data());
         CHECK(relative_error(gloss.to_vector<float>(), loss) <= kForwardTolerance);
         CHECK(gcorrect.to_vector<std::int32_t>() == correct);
         CHECK(relative_error(gp.to_vector<float>(), probs) <= kForwardTolerance);
@@ -248,8 +251,9 @@ TEST_CASE("cuda softmax cross-entropy skips and counts labels outside 0..K-1, a 
       auto loss = zeros(t.device, members), correct = zeros(t.device, members, pmap::DType::i32);
       auto dz = zeros(t.device, z.size());
       auto bad = on(t.device, std::vector<std::int32_t>{5});  // added to, not overwritten
-      be.softmax_cross_entropy(p, gz.data<float>(), gl.data<std::int32_t>(), loss.data<float>(), dz.data<float>(),
-                               nullptr, correct.data<std::int32_t>(), bad.data<std::int32_t>(), nullptr);
+      be.loss().softmax_cross_entropy(p, gz.data<float>(), gl.data<std::int32_t>(), loss.data<float>(),
+                                      dz.data<float>(), nullptr, correct.data<std::int32_t>(), bad.data<std::int32_t>(),
+                                      nullptr);
       CHECK(bad.to_vector<std::int32_t>() == std::vector<std::int32_t>{5 + (shared ? 2 : 3)});
       // A skipped row adds nothing: the loss is that of the good rows over the whole batch.
       const auto dzh = dz.to_vector<float>();
@@ -259,15 +263,16 @@ TEST_CASE("cuda softmax cross-entropy skips and counts labels outside 0..K-1, a 
       std::vector<std::int32_t> one_correct(1);
       std::vector<float> rows{z.begin(), z.begin() + 10};
       rows.insert(rows.end(), z.begin() + 20, z.begin() + 30);
-      cpu().softmax_cross_entropy(k::SoftmaxXentParams{1, 2, 10, true}, rows.data(), good.data(), one_loss.data(),
-                                  nullptr, nullptr, one_correct.data(), nullptr, nullptr);
+      cpu().loss().softmax_cross_entropy(k::SoftmaxXentParams{1, 2, 10, true}, rows.data(), good.data(),
+                                         one_loss.data(), nullptr, nullptr, one_correct.data(), nullptr, nullptr);
       CHECK(loss.to_vector<float>()[0] == doctest::Approx(one_loss[0] * 2 / 4).epsilon(1e-6));
     }
   }
-  CHECK_THROWS_AS(cpu().softmax_cross_entropy(k::SoftmaxXentParams{1, 1, 10, true}, std::vector<float>(10).data(),
-                                              std::vector<std::int32_t>{12}.data(), std::vector<float>(1).data(),
-                                              nullptr, nullptr, nullptr, nullptr, nullptr),
-                  pmap::ValueError);
+  CHECK_THROWS_AS(
+      cpu().loss().softmax_cross_entropy(k::SoftmaxXentParams{1, 1, 10, true}, std::vector<float>(10).data(),
+                                         std::vector<std::int32_t>{12}.data(), std::vector<float>(1).data(), nullptr,
+                                         nullptr, nullptr, nullptr, nullptr),
+      pmap::ValueError);
 }
 
 TEST_CASE("cuda ensemble reductions are bitwise the CPU ops: member sums, mean, argmax hits, metric sums") {
@@ -332,11 +337,12 @@ TEST_CASE("cuda ops reject null pointers and bad parameters before queueing work
     const k::Backend& be = *t.backend;
     k::DenseParams bad{1, 0, 3, 4, false};
     auto buf = zeros(t.device, 16);
-    CHECK_THROWS_AS(be.dense_forward(bad, buf.data<float>(), buf.data<float>(), nullptr, buf.data<float>(), nullptr),
-                    pmap::ValueError);
-    CHECK_THROWS_AS(be.relu_forward(4, nullptr, buf.data<float>()), pmap::ValueError);
+    CHECK_THROWS_AS(
+        be.dense().dense_forward(bad, buf.data<float>(), buf.data<float>(), nullptr, buf.data<float>(), nullptr),
+        pmap::ValueError);
+    CHECK_THROWS_AS(be.layers().relu_forward(4, nullptr, buf.data<float>()), pmap::ValueError);
     CHECK_THROWS_AS(be.metrics().sum_members(0, 4, buf.data<float>(), buf.data<float>(), false), pmap::ValueError);
-    CHECK_THROWS_AS(be.softmax_cross_entropy(k::SoftmaxXentParams{1, 2, 3, true}, buf.data<float>(), nullptr,
+    CHECK_THROWS_AS(be.loss().softmax_cross_entropy(k::SoftmaxXentParams{1, 2, 3, true}, buf.data<float>(), nullptr,
                                              buf.data<float>(), nullptr, nullptr, nullptr, nullptr, nullptr),
                     pmap::ValueError);
   }

@@ -76,14 +76,14 @@ void check_conv(const Conv2dParams& p) {
   std::vector<float> x = kc::random_floats(size.x, 1), w = kc::random_floats(size.w, 2);
   std::vector<float> b = kc::random_floats(size.b, 3), r = kc::random_floats(size.y, 4);
   std::vector<float> y(size.y);
-  std::vector<unsigned char> ws(cpu_ops().conv2d_workspace_bytes(p));
-  cpu_ops().conv2d_forward(p, x.data(), w.data(), b.data(), y.data(), ws.data());
+  std::vector<unsigned char> ws(cpu_ops().conv().conv2d_workspace_bytes(p));
+  cpu_ops().conv().conv2d_forward(p, x.data(), w.data(), b.data(), y.data(), ws.data());
   CHECK(kc::max_rel_diff(y, conv_reference(p, x, w, b)) < 1e-6);
 
   std::vector<float> dx(size.x), dw(size.w), db(size.b);
-  cpu_ops().conv2d_backward(p, x.data(), w.data(), r.data(), dx.data(), dw.data(), db.data(), ws.data());
+  cpu_ops().conv().conv2d_backward(p, x.data(), w.data(), r.data(), dx.data(), dw.data(), db.data(), ws.data());
   const auto objective = [&] {
-    cpu_ops().conv2d_forward(p, x.data(), w.data(), b.data(), y.data(), ws.data());
+    cpu_ops().conv().conv2d_forward(p, x.data(), w.data(), b.data(), y.data(), ws.data());
     return kc::weighted_sum(y, r);
   };
   kc::check_grad("conv2d dx", dx, kc::numeric_grad(x, objective, 0.1f));
@@ -214,15 +214,15 @@ TEST_CASE("conv2d with M members equals M single-member calls bitwise") {
     const auto x = kc::random_floats(all.x, 5), w = kc::random_floats(all.w, 6, 0.3f);
     const auto b = kc::random_floats(all.b, 7), dy = kc::random_floats(all.y, 8);
     std::vector<float> y(all.y), dx(all.x), dw(all.w), db(all.b);
-    cpu_ops().conv2d_forward(p, x.data(), w.data(), b.data(), y.data(), nullptr);
-    cpu_ops().conv2d_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), nullptr);
+    cpu_ops().conv().conv2d_forward(p, x.data(), w.data(), b.data(), y.data(), nullptr);
+    cpu_ops().conv().conv2d_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), nullptr);
     std::vector<double> dx_sum(single.x, 0.0);
     for (int m = 0; m < p.members; ++m) {
       const float* xm = x.data() + (p.shared_input ? 0 : m * single.x);
       std::vector<float> y1(single.y), dx1(single.x), dw1(single.w), db1(single.b);
-      cpu_ops().conv2d_forward(one, xm, w.data() + m * single.w, b.data() + m * single.b, y1.data(), nullptr);
-      cpu_ops().conv2d_backward(one, xm, w.data() + m * single.w, dy.data() + m * single.y, dx1.data(), dw1.data(),
-                                db1.data(), nullptr);
+      cpu_ops().conv().conv2d_forward(one, xm, w.data() + m * single.w, b.data() + m * single.b, y1.data(), nullptr);
+      cpu_ops().conv().conv2d_backward(one, xm, w.data() + m * single.w, dy.data() + m * single.y, dx1.data(),
+                                       dw1.data(), db1.data(), nullptr);
       CHECK(kc::same_bits(y1.data(), y.data() + m * single.y, single.y));
       CHECK(kc::same_bits(dw1.data(), dw.data() + m * single.w, single.w));
       CHECK(kc::same_bits(db1.data(), db.data() + m * single.b, single.b));
@@ -240,19 +240,19 @@ TEST_CASE("conv2d workspace: any alignment, garbage contents, or none") {
   const auto x = kc::random_floats(size.x, 9), w = kc::random_floats(size.w, 10);
   const auto b = kc::random_floats(size.b, 11), dy = kc::random_floats(size.y, 12);
   std::vector<float> y_own(size.y), y(size.y), dx_own(size.x), dx(size.x), dw_own(size.w), dw(size.w);
-  cpu_ops().conv2d_forward(p, x.data(), w.data(), b.data(), y_own.data(), nullptr);
-  cpu_ops().conv2d_backward(p, x.data(), w.data(), dy.data(), dx_own.data(), dw_own.data(), nullptr, nullptr);
-  const std::size_t bytes = cpu_ops().conv2d_workspace_bytes(p);
+  cpu_ops().conv().conv2d_forward(p, x.data(), w.data(), b.data(), y_own.data(), nullptr);
+  cpu_ops().conv().conv2d_backward(p, x.data(), w.data(), dy.data(), dx_own.data(), dw_own.data(), nullptr, nullptr);
+  const std::size_t bytes = cpu_ops().conv().conv2d_workspace_bytes(p);
   std::vector<unsigned char> ws(bytes + 3, 0xff);  // 0xff bytes are NaNs as floats
   void* odd_start = ws.data() + 3;
-  cpu_ops().conv2d_forward(p, x.data(), w.data(), b.data(), y.data(), odd_start);
-  cpu_ops().conv2d_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), nullptr, odd_start);
+  cpu_ops().conv().conv2d_forward(p, x.data(), w.data(), b.data(), y.data(), odd_start);
+  cpu_ops().conv().conv2d_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), nullptr, odd_start);
   CHECK(kc::same_bits(y.data(), y_own.data(), size.y));
   CHECK(kc::same_bits(dx.data(), dx_own.data(), size.x));
   CHECK(kc::same_bits(dw.data(), dw_own.data(), size.w));
   // Skipping dx (as for a first layer) leaves dw unchanged.
   std::vector<float> dw_only(size.w);
-  cpu_ops().conv2d_backward(p, x.data(), w.data(), dy.data(), nullptr, dw_only.data(), nullptr, odd_start);
+  cpu_ops().conv().conv2d_backward(p, x.data(), w.data(), dy.data(), nullptr, dw_only.data(), nullptr, odd_start);
   CHECK(kc::same_bits(dw_only.data(), dw_own.data(), size.w));
 }
 
@@ -260,14 +260,14 @@ TEST_CASE("conv2d rejects bad parameters and missing buffers") {
   auto p = conv_params(1, 1, 4, 4, 1, 1);
   std::vector<float> x(16), w(9), y(16);
   p.batch = 0;
-  CHECK_THROWS_AS(cpu_ops().conv2d_forward(p, x.data(), w.data(), nullptr, y.data(), nullptr), pmap::ValueError);
+  CHECK_THROWS_AS(cpu_ops().conv().conv2d_forward(p, x.data(), w.data(), nullptr, y.data(), nullptr), pmap::ValueError);
   p.batch = 1;
   p.kernel_h = 5;
   p.padding = Padding::valid;
-  CHECK_THROWS_AS(cpu_ops().conv2d_workspace_bytes(p), pmap::ValueError);
+  CHECK_THROWS_AS(cpu_ops().conv().conv2d_workspace_bytes(p), pmap::ValueError);
   p.kernel_h = 3;
-  CHECK_THROWS_AS(cpu_ops().conv2d_forward(p, nullptr, w.data(), nullptr, y.data(), nullptr), pmap::ValueError);
-  CHECK_THROWS_AS(cpu_ops().conv2d_backward(p, nullptr, w.data(), y.data(), nullptr, w.data(), nullptr, nullptr),
+  CHECK_THROWS_AS(cpu_ops().conv().conv2d_forward(p, nullptr, w.data(), nullptr, y.data(), nullptr), pmap::ValueError);
+  CHECK_THROWS_AS(cpu_ops().conv().conv2d_backward(p, nullptr, w.data(), y.data(), nullptr, w.data(), nullptr, nullptr),
                   pmap::ValueError);
 }
 
@@ -317,11 +317,11 @@ TEST_CASE("avg_pool forward matches the definition and backward matches finite d
     const std::size_t ys = std::size_t(p.members) * p.batch * g.out_height * g.out_width * p.channels;
     std::vector<float> x = kc::random_floats(xs, 13), r = kc::random_floats(ys, 14), y(ys);
     std::vector<float> dx(xs, 123.0f);  // stale contents must be overwritten
-    cpu_ops().avg_pool_forward(p, x.data(), y.data());
+    cpu_ops().conv().avg_pool_forward(p, x.data(), y.data());
     CHECK(kc::max_rel_diff(y, pool_reference(p, x)) < 1e-6);
-    cpu_ops().avg_pool_backward(p, r.data(), dx.data());
+    cpu_ops().conv().avg_pool_backward(p, r.data(), dx.data());
     const auto objective = [&] {
-      cpu_ops().avg_pool_forward(p, x.data(), y.data());
+      cpu_ops().conv().avg_pool_forward(p, x.data(), y.data());
       return kc::weighted_sum(y, r);
     };
     kc::check_grad("avg_pool dx", dx, kc::numeric_grad(x, objective, 0.1f));
@@ -333,11 +333,11 @@ TEST_CASE("avg_pool with M members equals M single-member calls bitwise") {
   const std::size_t xs = 2 * 36 * 4, ys = 2 * 9 * 4;
   const auto x = kc::random_floats(3 * xs, 15), dy = kc::random_floats(3 * ys, 16);
   std::vector<float> y(3 * ys), dx(3 * xs), y1(ys), dx1(xs);
-  cpu_ops().avg_pool_forward(p, x.data(), y.data());
-  cpu_ops().avg_pool_backward(p, dy.data(), dx.data());
+  cpu_ops().conv().avg_pool_forward(p, x.data(), y.data());
+  cpu_ops().conv().avg_pool_backward(p, dy.data(), dx.data());
   for (int m = 0; m < 3; ++m) {
-    cpu_ops().avg_pool_forward(one, x.data() + m * xs, y1.data());
-    cpu_ops().avg_pool_backward(one, dy.data() + m * ys, dx1.data());
+    cpu_ops().conv().avg_pool_forward(one, x.data() + m * xs, y1.data());
+    cpu_ops().conv().avg_pool_backward(one, dy.data() + m * ys, dx1.data());
     CHECK(kc::same_bits(y1.data(), y.data() + m * ys, ys));
     CHECK(kc::same_bits(dx1.data(), dx.data() + m * xs, xs));
   }
@@ -345,5 +345,6 @@ TEST_CASE("avg_pool with M members equals M single-member calls bitwise") {
 
 TEST_CASE("avg_pool rejects a window larger than the input") {
   std::vector<float> x(9), y(9);
-  CHECK_THROWS_AS(cpu_ops().avg_pool_forward(pool_params(1, 1, 1, 3, 3, 2, 2), x.data(), y.data()), pmap::ValueError);
+  CHECK_THROWS_AS(cpu_ops().conv().avg_pool_forward(pool_params(1, 1, 1, 3, 3, 2, 2), x.data(), y.data()),
+                  pmap::ValueError);
 }

@@ -53,13 +53,13 @@ TEST_CASE("dense forward matches the definition and backward matches finite diff
     const DenseSizes size(p);
     std::vector<float> x = kc::random_floats(size.x, 21), w = kc::random_floats(size.w, 22);
     std::vector<float> b = kc::random_floats(size.b, 23), r = kc::random_floats(size.y, 24), y(size.y);
-    std::vector<unsigned char> ws(cpu_ops().dense_workspace_bytes(p));
-    cpu_ops().dense_forward(p, x.data(), w.data(), b.data(), y.data(), ws.data());
+    std::vector<unsigned char> ws(cpu_ops().dense().dense_workspace_bytes(p));
+    cpu_ops().dense().dense_forward(p, x.data(), w.data(), b.data(), y.data(), ws.data());
     CHECK(kc::max_rel_diff(y, dense_reference(p, x, w, b)) < 1e-6);
     std::vector<float> dx(size.x), dw(size.w), db(size.b);
-    cpu_ops().dense_backward(p, x.data(), w.data(), r.data(), dx.data(), dw.data(), db.data(), ws.data());
+    cpu_ops().dense().dense_backward(p, x.data(), w.data(), r.data(), dx.data(), dw.data(), db.data(), ws.data());
     const auto objective = [&] {
-      cpu_ops().dense_forward(p, x.data(), w.data(), b.data(), y.data(), ws.data());
+      cpu_ops().dense().dense_forward(p, x.data(), w.data(), b.data(), y.data(), ws.data());
       return kc::weighted_sum(y, r);
     };
     kc::check_grad("dense dx", dx, kc::numeric_grad(x, objective, 0.1f));
@@ -77,16 +77,16 @@ TEST_CASE("dense with M members equals M single-member calls bitwise") {
     const auto x = kc::random_floats(all.x, 25), w = kc::random_floats(all.w, 26, 0.05f);
     const auto b = kc::random_floats(all.b, 27), dy = kc::random_floats(all.y, 28);
     std::vector<float> y(all.y), dx(all.x), dw(all.w), db(all.b);
-    std::vector<unsigned char> ws(cpu_ops().dense_workspace_bytes(p));  // the single calls allocate their own
-    cpu_ops().dense_forward(p, x.data(), w.data(), b.data(), y.data(), ws.data());
-    cpu_ops().dense_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), ws.data());
+    std::vector<unsigned char> ws(cpu_ops().dense().dense_workspace_bytes(p));  // the single calls allocate their own
+    cpu_ops().dense().dense_forward(p, x.data(), w.data(), b.data(), y.data(), ws.data());
+    cpu_ops().dense().dense_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), ws.data());
     std::vector<double> dx_sum(single.x, 0.0);
     for (int m = 0; m < p.members; ++m) {
       const float* xm = x.data() + (shared ? 0 : m * single.x);
       std::vector<float> y1(single.y), dx1(single.x), dw1(single.w), db1(single.b);
-      cpu_ops().dense_forward(one, xm, w.data() + m * single.w, b.data() + m * single.b, y1.data(), nullptr);
-      cpu_ops().dense_backward(one, xm, w.data() + m * single.w, dy.data() + m * single.y, dx1.data(), dw1.data(),
-                               db1.data(), nullptr);
+      cpu_ops().dense().dense_forward(one, xm, w.data() + m * single.w, b.data() + m * single.b, y1.data(), nullptr);
+      cpu_ops().dense().dense_backward(one, xm, w.data() + m * single.w, dy.data() + m * single.y, dx1.data(),
+                                       dw1.data(), db1.data(), nullptr);
       CHECK(kc::same_bits(y1.data(), y.data() + m * single.y, single.y));
       CHECK(kc::same_bits(dw1.data(), dw.data() + m * single.w, single.w));
       CHECK(kc::same_bits(db1.data(), db.data() + m * single.b, single.b));
@@ -102,7 +102,7 @@ TEST_CASE("relu forward, in place, and backward from the output") {
   for (float& v : x) v += v < 0 ? -0.2f : 0.2f;  // keep away from the kink, where differences are exact
   x[3] = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> y(x.size());
-  cpu_ops().relu_forward(x.size(), x.data(), y.data());
+  cpu_ops().layers().relu_forward(x.size(), x.data(), y.data());
   for (std::size_t i = 0; i < x.size(); ++i) {
     if (i == 3) {
       CHECK(std::isnan(y[i]));
@@ -111,21 +111,21 @@ TEST_CASE("relu forward, in place, and backward from the output") {
     }
   }
   x[3] = 0.5f;
-  cpu_ops().relu_forward(x.size(), x.data(), y.data());
+  cpu_ops().layers().relu_forward(x.size(), x.data(), y.data());
   std::vector<float> in_place = x;
-  cpu_ops().relu_forward(in_place.size(), in_place.data(), in_place.data());
+  cpu_ops().layers().relu_forward(in_place.size(), in_place.data(), in_place.data());
   CHECK(kc::same_bits(in_place.data(), y.data(), y.size()));
 
   const std::vector<float> r = kc::random_floats(x.size(), 32);
   std::vector<float> dx(x.size());
-  cpu_ops().relu_backward(x.size(), y.data(), r.data(), dx.data());
+  cpu_ops().layers().relu_backward(x.size(), y.data(), r.data(), dx.data());
   const auto objective = [&] {
-    cpu_ops().relu_forward(x.size(), x.data(), y.data());
+    cpu_ops().layers().relu_forward(x.size(), x.data(), y.data());
     return kc::weighted_sum(y, r);
   };
   kc::check_grad("relu dx", dx, kc::numeric_grad(x, objective, 0.05f));
   std::vector<float> dx_in_place = r;
-  cpu_ops().relu_backward(x.size(), y.data(), dx_in_place.data(), dx_in_place.data());
+  cpu_ops().layers().relu_backward(x.size(), y.data(), dx_in_place.data(), dx_in_place.data());
   CHECK(kc::same_bits(dx_in_place.data(), dx.data(), dx.size()));
 }
 
@@ -180,8 +180,8 @@ TEST_CASE("softmax cross-entropy: loss, probabilities, hits and the logits gradi
     z[2 * p.classes + labels[2]] = 9.0f;  // row 2 of member 0 is a sure hit
     std::vector<float> loss(p.members), dz(count), probs(count);
     std::vector<std::int32_t> correct(p.members);
-    cpu_ops().softmax_cross_entropy(p, z.data(), labels.data(), loss.data(), dz.data(), probs.data(), correct.data(),
-                                    nullptr, nullptr);
+    cpu_ops().loss().softmax_cross_entropy(p, z.data(), labels.data(), loss.data(), dz.data(), probs.data(),
+                                           correct.data(), nullptr, nullptr);
     const XentReference ref = xent_reference(p, z, labels);
     CHECK(kc::max_rel_diff(loss, ref.loss) < 1e-6);
     CHECK(kc::max_rel_diff(probs, ref.probs) < 1e-6);
@@ -193,8 +193,8 @@ TEST_CASE("softmax cross-entropy: loss, probabilities, hits and the logits gradi
     std::vector<float> weighted = dz;
     for (std::size_t i = 0; i < count; ++i) weighted[i] *= c[i / (count / p.members)];
     const auto objective = [&] {
-      cpu_ops().softmax_cross_entropy(p, z.data(), labels.data(), loss.data(), nullptr, nullptr, nullptr, nullptr,
-                                      nullptr);
+      cpu_ops().loss().softmax_cross_entropy(p, z.data(), labels.data(), loss.data(), nullptr, nullptr, nullptr,
+                                             nullptr, nullptr);
       return kc::weighted_sum(loss, c);
     };
     kc::check_grad("softmax_cross_entropy dlogits", weighted, kc::numeric_grad(z, objective, 1e-2f), 1e-3);
@@ -207,8 +207,8 @@ TEST_CASE("softmax cross-entropy is stable for huge logits and breaks argmax tie
   const std::vector<std::int32_t> labels = {2, 0};
   std::vector<float> loss(1), dz(6), probs(6);
   std::vector<std::int32_t> correct(1);
-  cpu_ops().softmax_cross_entropy(p, z.data(), labels.data(), loss.data(), dz.data(), probs.data(), correct.data(),
-                                  nullptr, nullptr);
+  cpu_ops().loss().softmax_cross_entropy(p, z.data(), labels.data(), loss.data(), dz.data(), probs.data(),
+                                         correct.data(), nullptr, nullptr);
   // row 0: log 2 (two equal maxima), row 1: log 3 (uniform)
   CHECK(loss[0] == doctest::Approx((std::log(2.0) + std::log(3.0)) / 2).epsilon(1e-6));
   CHECK(probs[0] == doctest::Approx(0.5));
@@ -216,15 +216,16 @@ TEST_CASE("softmax cross-entropy is stable for huge logits and breaks argmax tie
   CHECK(correct[0] == 1);  // row 0's argmax is 0 (first of the tie), not its label 2; row 1's is 0 == label
   for (float v : dz) CHECK(std::isfinite(v));
   std::vector<float> only_probs(6);
-  cpu_ops().softmax_cross_entropy(p, z.data(), nullptr, nullptr, nullptr, only_probs.data(), nullptr, nullptr, nullptr);
+  cpu_ops().loss().softmax_cross_entropy(p, z.data(), nullptr, nullptr, nullptr, only_probs.data(), nullptr, nullptr,
+                                         nullptr);
   CHECK(kc::same_bits(only_probs.data(), probs.data(), 6));
   const std::vector<std::int32_t> bad = {0, 3};
-  CHECK_THROWS_AS(cpu_ops().softmax_cross_entropy(p, z.data(), bad.data(), loss.data(), nullptr, nullptr, nullptr,
-                                                  nullptr, nullptr),
+  CHECK_THROWS_AS(cpu_ops().loss().softmax_cross_entropy(p, z.data(), bad.data(), loss.data(), nullptr, nullptr,
+                                                         nullptr, nullptr, nullptr),
                   pmap::ValueError);
-  CHECK_THROWS_AS(
-      cpu_ops().softmax_cross_entropy(p, z.data(), nullptr, loss.data(), nullptr, nullptr, nullptr, nullptr, nullptr),
-      pmap::ValueError);
+  CHECK_THROWS_AS(cpu_ops().loss().softmax_cross_entropy(p, z.data(), nullptr, loss.data(), nullptr, nullptr, nullptr,
+                                                         nullptr, nullptr),
+                  pmap::ValueError);
 }
 
 TEST_CASE("softmax cross-entropy with M members equals M single-member calls bitwise") {
@@ -235,13 +236,13 @@ TEST_CASE("softmax cross-entropy with M members equals M single-member calls bit
   for (int i = 0; i < 128; ++i) labels[i] = (i * 7) % 10;
   std::vector<float> loss(3), dz(3 * per), probs(3 * per);
   std::vector<std::int32_t> correct(3);
-  cpu_ops().softmax_cross_entropy(p, z.data(), labels.data(), loss.data(), dz.data(), probs.data(), correct.data(),
-                                  nullptr, nullptr);
+  cpu_ops().loss().softmax_cross_entropy(p, z.data(), labels.data(), loss.data(), dz.data(), probs.data(),
+                                         correct.data(), nullptr, nullptr);
   for (int m = 0; m < 3; ++m) {
     float loss1 = 0;
     std::vector<float> dz1(per), probs1(per);
     std::int32_t correct1 = 0;
-    cpu_ops().softmax_cross_entropy(one, z.data() + m * per, labels.data(), &loss1, dz1.data(), probs1.data(),
+    cpu_ops().loss().softmax_cross_entropy(one, z.data() + m * per, labels.data(), &loss1, dz1.data(), probs1.data(),
                                     &correct1, nullptr, nullptr);
     CHECK(kc::same_bits(&loss1, &loss[m], 1));
     CHECK(kc::same_bits(dz1.data(), dz.data() + m * per, per));
@@ -250,7 +251,8 @@ TEST_CASE("softmax cross-entropy with M members equals M single-member calls bit
   }
 }
 
-// ---- reductions (the optimizer ops: test_optimizer.cpp) ---------------------------------------------------------------------------
+// ---- reductions (the optimizer ops: test_optimizer.cpp)
+// ---------------------------------------------------------------------------
 
 TEST_CASE("reduce_sum and reduce_mean per member") {
   const std::size_t n = 1000;
@@ -260,11 +262,11 @@ TEST_CASE("reduce_sum and reduce_mean per member") {
     x[n + i] = 0.1f;      // member 1: n * 0.1f, summed in double
   }
   std::vector<float> sum(2), mean(2);
-  cpu_ops().reduce_sum(2, n, x.data(), sum.data());
-  cpu_ops().reduce_mean(2, n, x.data(), mean.data());
+  cpu_ops().loss().reduce_sum(2, n, x.data(), sum.data());
+  cpu_ops().loss().reduce_mean(2, n, x.data(), mean.data());
   CHECK(sum[0] == float(n * (n + 1) / 2));
   CHECK(mean[0] == float((n + 1) / 2.0));
   CHECK(sum[1] == float(n * double(0.1f)));
-  CHECK_THROWS_AS(cpu_ops().reduce_mean(1, 0, x.data(), mean.data()), pmap::ValueError);
-  CHECK_THROWS_AS(cpu_ops().reduce_sum(0, n, x.data(), sum.data()), pmap::ValueError);
+  CHECK_THROWS_AS(cpu_ops().loss().reduce_mean(1, 0, x.data(), mean.data()), pmap::ValueError);
+  CHECK_THROWS_AS(cpu_ops().loss().reduce_sum(0, n, x.data(), sum.data()), pmap::ValueError);
 }

@@ -114,11 +114,11 @@ void backward(const ConvPlan& plan, const float* x, const float* w, const float*
 
 }  // namespace
 
-std::size_t Ops::conv2d_workspace_bytes(Conv2dParams p) const {
+std::size_t ConvOpsImpl::conv2d_workspace_bytes(Conv2dParams p) const {
   return detail::conv_workspace_bytes(detail::make_conv_plan(p));
 }
 
-void Ops::conv2d_forward(Conv2dParams p, const float* x, const float* w, const float* b, float* y,
+void ConvOpsImpl::conv2d_forward(Conv2dParams p, const float* x, const float* w, const float* b, float* y,
                          void* workspace) const {
   detail::require(x, "conv2d_forward", "x");
   detail::require(w, "conv2d_forward", "w");
@@ -133,7 +133,7 @@ void Ops::conv2d_forward(Conv2dParams p, const float* x, const float* w, const f
   }
 }
 
-void Ops::conv2d_backward(Conv2dParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
+void ConvOpsImpl::conv2d_backward(Conv2dParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
                           float* db, void* workspace) const {
   detail::require(dy, "conv2d_backward", "dy");
   if (dw != nullptr) detail::require(x, "conv2d_backward", "x (needed for dw)");

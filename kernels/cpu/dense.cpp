@@ -22,11 +22,11 @@ std::size_t pack_floats(const DenseParams& p) {
 
 }  // namespace
 
-std::size_t Ops::dense_workspace_bytes(DenseParams p) const {
+std::size_t DenseOpsImpl::dense_workspace_bytes(DenseParams p) const {
   return pack_floats(p) * sizeof(float) + detail::Scratch::kAlign;
 }
 
-void Ops::dense_forward(DenseParams p, const float* x, const float* w, const float* b, float* y,
+void DenseOpsImpl::dense_forward(DenseParams p, const float* x, const float* w, const float* b, float* y,
                         void* workspace) const {
   detail::require(x, "dense_forward", "x");
   detail::require(w, "dense_forward", "w");
@@ -44,7 +44,7 @@ void Ops::dense_forward(DenseParams p, const float* x, const float* w, const flo
   }
 }
 
-void Ops::dense_backward(DenseParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
+void DenseOpsImpl::dense_backward(DenseParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
                          float* db, void* workspace) const {
   detail::require(dy, "dense_backward", "dy");
   if (dw != nullptr) detail::require(x, "dense_backward", "x (needed for dw)");

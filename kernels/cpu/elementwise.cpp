@@ -9,13 +9,13 @@
 
 namespace PMAPCC_CPU_NS {
 
-void Ops::relu_forward(std::size_t n, const float* x, float* y) const {
+void LayerOpsImpl::relu_forward(std::size_t n, const float* x, float* y) const {
   detail::require(x, "relu_forward", "x");
   detail::require(y, "relu_forward", "y");
   for (std::size_t i = 0; i < n; ++i) y[i] = x[i] < 0.0f ? 0.0f : x[i];  // NaN is not < 0: it passes
 }
 
-void Ops::relu_backward(std::size_t n, const float* y, const float* dy, float* dx) const {
+void LayerOpsImpl::relu_backward(std::size_t n, const float* y, const float* dy, float* dx) const {
   detail::require(y, "relu_backward", "y");
   detail::require(dy, "relu_backward", "dy");
   detail::require(dx, "relu_backward", "dx");
@@ -45,11 +45,11 @@ void member_sums(const char* op, int members, std::size_t n, const float* x, con
 
 }  // namespace
 
-void Ops::reduce_sum(int members, std::size_t n, const float* x, float* out) const {
+void LossOpsImpl::reduce_sum(int members, std::size_t n, const float* x, float* out) const {
   member_sums("reduce_sum", members, n, x, out, [&](int m, double sum) { out[m] = static_cast<float>(sum); });
 }
 
-void Ops::reduce_mean(int members, std::size_t n, const float* x, float* out) const {
+void LossOpsImpl::reduce_mean(int members, std::size_t n, const float* x, float* out) const {
   if (n == 0) throw ValueError("reduce_mean: n must be > 0");
   member_sums("reduce_mean", members, n, x, out,
               [&](int m, double sum) { out[m] = static_cast<float>(sum / static_cast<double>(n)); });

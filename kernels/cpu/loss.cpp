@@ -44,8 +44,14 @@ RowStats row_stats(const float* z, int k) {
 
 }  // namespace
 
-void Ops::softmax_cross_entropy(SoftmaxXentParams p, const float* logits, const std::int32_t* labels, float* loss,
-                                float* dlogits, float* probs, std::int32_t* correct, std::int32_t*, void*) const {
+std::size_t LossOpsImpl::softmax_cross_entropy_workspace_bytes(SoftmaxXentParams p) const {
+  validate(p);
+  return 0;
+}
+
+void LossOpsImpl::softmax_cross_entropy(SoftmaxXentParams p, const float* logits, const std::int32_t* labels,
+                                        float* loss, float* dlogits, float* probs, std::int32_t* correct,
+                                        std::int32_t*, void*) const {
   const char* op = "softmax_cross_entropy";
   detail::require(logits, op, "logits");
   validate(p);

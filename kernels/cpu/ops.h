@@ -49,38 +49,60 @@ class LayerOpsImpl final : public LayerOps {
   void dropout(DropoutParams p, const std::uint32_t* keys, const std::int64_t* step, const float* x,
                float* y) const override;
   void scale_shift(std::size_t n, const float* x, float scale, float offset, float* y) const override;
+  void relu_forward(std::size_t n, const float* x, float* y) const override;  // elementwise.cpp
+  void relu_backward(std::size_t n, const float* y, const float* dy, float* dx) const override;
 };
 
-class Ops final : public CpuBackend {
+// conv.cpp, pool.cpp
+class ConvOpsImpl final : public ConvOps {
  public:
-  std::string isa() const override;                                        // backend.cpp
-  std::size_t conv2d_workspace_bytes(Conv2dParams p) const override;       // conv.cpp
+  std::size_t conv2d_workspace_bytes(Conv2dParams p) const override;
   void conv2d_forward(Conv2dParams p, const float* x, const float* w, const float* b, float* y,
                       void* workspace) const override;
   void conv2d_backward(Conv2dParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
                        float* db, void* workspace) const override;
-  void avg_pool_forward(AvgPoolParams p, const float* x, float* y) const override;  // pool.cpp
+  void avg_pool_forward(AvgPoolParams p, const float* x, float* y) const override;
   void avg_pool_backward(AvgPoolParams p, const float* dy, float* dx) const override;
   void avg_pool_relu_backward(AvgPoolParams p, const float* r, const float* dy, float* dx) const override;
-  std::size_t dense_workspace_bytes(DenseParams p) const override;  // dense.cpp
+};
+
+// dense.cpp
+class DenseOpsImpl final : public DenseOps {
+ public:
+  std::size_t dense_workspace_bytes(DenseParams p) const override;
   void dense_forward(DenseParams p, const float* x, const float* w, const float* b, float* y,
                      void* workspace) const override;
   void dense_backward(DenseParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
                       float* db, void* workspace) const override;
-  void relu_forward(std::size_t n, const float* x, float* y) const override;  // elementwise.cpp
-  void relu_backward(std::size_t n, const float* y, const float* dy, float* dx) const override;
-  void reduce_sum(int members, std::size_t n, const float* x, float* out) const override;
-  void reduce_mean(int members, std::size_t n, const float* x, float* out) const override;
-  // loss.cpp; bad_labels and workspace are unused: a bad label raises ValueError.
+};
+
+// loss.cpp; softmax_cross_entropy's bad_labels and workspace are unused: a bad label raises ValueError.
+// The reductions: elementwise.cpp.
+class LossOpsImpl final : public LossOps {
+ public:
+  std::size_t softmax_cross_entropy_workspace_bytes(SoftmaxXentParams p) const override;
   void softmax_cross_entropy(SoftmaxXentParams p, const float* logits, const std::int32_t* labels, float* loss,
                              float* dlogits, float* probs, std::int32_t* correct, std::int32_t* bad_labels,
                              void* workspace) const override;
+  void reduce_sum(int members, std::size_t n, const float* x, float* out) const override;
+  void reduce_mean(int members, std::size_t n, const float* x, float* out) const override;
+};
+
+class Ops final : public CpuBackend {
+ public:
+  std::string isa() const override;                                   // backend.cpp
   std::size_t matmul_workspace_bytes(MatmulParams p) const override;  // matmul.cpp
   void matmul(MatmulParams p, const float* a, const float* b, float* c, void* workspace) const override;
+  const ConvOps& conv() const override { return conv_; }
+  const DenseOps& dense() const override { return dense_; }
+  const LossOps& loss() const override { return loss_; }
   const OptimizerOps& optimizer() const override { return optimizer_; }
   const LayerOps& layers() const override { return layers_; }
 
  private:
+  ConvOpsImpl conv_;
+  DenseOpsImpl dense_;
+  LossOpsImpl loss_;
   OptimizerOpsImpl optimizer_;
   LayerOpsImpl layers_;
 };

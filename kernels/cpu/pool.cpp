@@ -9,7 +9,7 @@ namespace PMAPCC_CPU_NS {
 
 using detail::Index;
 
-void Ops::avg_pool_forward(AvgPoolParams p, const float* x, float* y) const {
+void ConvOpsImpl::avg_pool_forward(AvgPoolParams p, const float* x, float* y) const {
   detail::require(x, "avg_pool_forward", "x");
   detail::require(y, "avg_pool_forward", "y");
   const PoolGeometry g = avg_pool_geometry(p);
@@ -131,7 +131,7 @@ void gather_masked(const AvgPoolParams& p, const PoolGeometry& g, float scale, c
 
 }  // namespace
 
-void Ops::avg_pool_relu_backward(AvgPoolParams p, const float* r, const float* dy, float* dx) const {
+void ConvOpsImpl::avg_pool_relu_backward(AvgPoolParams p, const float* r, const float* dy, float* dx) const {
   detail::require(r, "avg_pool_relu_backward", "r");
   detail::require(dy, "avg_pool_relu_backward", "dy");
   detail::require(dx, "avg_pool_relu_backward", "dx");
@@ -139,7 +139,7 @@ void Ops::avg_pool_relu_backward(AvgPoolParams p, const float* r, const float* d
   gather_masked(p, g, 1.0f / static_cast<float>(p.window_h * p.window_w), r, dy, dx);
 }
 
-void Ops::avg_pool_backward(AvgPoolParams p, const float* dy, float* dx) const {
+void ConvOpsImpl::avg_pool_backward(AvgPoolParams p, const float* dy, float* dx) const {
   detail::require(dy, "avg_pool_backward", "dy");
   detail::require(dx, "avg_pool_backward", "dx");
   const PoolGeometry g = avg_pool_geometry(p);

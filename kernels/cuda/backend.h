@@ -55,6 +55,57 @@ class CudaLayerOps final : public LayerOps {
   void dropout(DropoutParams p, const std::uint32_t* keys, const std::int64_t* step, const float* x,
                float* y) const override;
   void scale_shift(std::size_t n, const float* x, float scale, float offset, float* y) const override;
+  void relu_forward(std::size_t n, const float* x, float* y) const override;  // elementwise.cu
+  void relu_backward(std::size_t n, const float* y, const float* dy, float* dx) const override;
+
+ private:
+  Exec ex_;
+};
+
+// conv.cu: im2col + one strided-batched GEMM over the members (a shared input im2col'ed once), bias and
+// fused ReLU in one epilogue pass; a shared input's dx summed over members in member order. A null
+// workspace takes Exec::scratch, which allocates when it grows. pool.cu: one item per output element.
+class CudaConvOps final : public ConvOps {
+ public:
+  explicit CudaConvOps(Exec ex) : ex_(ex) {}
+  std::size_t conv2d_workspace_bytes(Conv2dParams p) const override;
+  void conv2d_forward(Conv2dParams p, const float* x, const float* w, const float* b, float* y,
+                      void* workspace) const override;
+  void conv2d_backward(Conv2dParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
+                       float* db, void* workspace) const override;
+  void avg_pool_forward(AvgPoolParams p, const float* x, float* y) const override;
+  void avg_pool_backward(AvgPoolParams p, const float* dy, float* dx) const override;
+  void avg_pool_relu_backward(AvgPoolParams p, const float* r, const float* dy, float* dx) const override;
+
+ private:
+  Exec ex_;
+};
+
+// dense.cu: a null workspace is always allowed (db is then summed in one pass).
+class CudaDenseOps final : public DenseOps {
+ public:
+  explicit CudaDenseOps(Exec ex) : ex_(ex) {}
+  std::size_t dense_workspace_bytes(DenseParams p) const override;
+  void dense_forward(DenseParams p, const float* x, const float* w, const float* b, float* y,
+                     void* workspace) const override;
+  void dense_backward(DenseParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
+                      float* db, void* workspace) const override;
+
+ private:
+  Exec ex_;
+};
+
+// loss.cu: a bad label skips its row and counts into *bad_labels (see LossOps). The reductions:
+// elementwise.cu.
+class CudaLossOps final : public LossOps {
+ public:
+  explicit CudaLossOps(Exec ex) : ex_(ex) {}
+  std::size_t softmax_cross_entropy_workspace_bytes(SoftmaxXentParams p) const override;
+  void softmax_cross_entropy(SoftmaxXentParams p, const float* logits, const std::int32_t* labels, float* loss,
+                             float* dlogits, float* probs, std::int32_t* correct, std::int32_t* bad_labels,
+                             void* workspace) const override;
+  void reduce_sum(int members, std::size_t n, const float* x, float* out) const override;
+  void reduce_mean(int members, std::size_t n, const float* x, float* out) const override;
 
  private:
   Exec ex_;
@@ -84,49 +135,28 @@ class CudaMetricOps final : public MetricOps {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(Exec ex) : ex_(ex), optimizer_(ex), layers_(ex), metrics_(ex) {}
+  explicit CudaBackend(Exec ex)
+      : ex_(ex), conv_(ex), dense_(ex), loss_(ex), optimizer_(ex), layers_(ex), metrics_(ex) {}
   std::string name() const override { return ex_.on_host() ? "cuda-on-host" : "cuda"; }
   DeviceKind kind() const override { return ex_.on_host() ? DeviceKind::cpu : DeviceKind::cuda; }
 
-  // conv.cu: im2col + one strided-batched GEMM over the members (a shared input im2col'ed once), bias and
-  // fused ReLU in one epilogue pass; a shared input's dx summed over members in member order. A null
-  // workspace takes Exec::scratch, which allocates when it grows.
-  std::size_t conv2d_workspace_bytes(Conv2dParams p) const override;
-  void conv2d_forward(Conv2dParams p, const float* x, const float* w, const float* b, float* y,
-                      void* workspace) const override;
-  void conv2d_backward(Conv2dParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
-                       float* db, void* workspace) const override;
-  // pool.cu
-  void avg_pool_forward(AvgPoolParams p, const float* x, float* y) const override;
-  void avg_pool_backward(AvgPoolParams p, const float* dy, float* dx) const override;
-  void avg_pool_relu_backward(AvgPoolParams p, const float* r, const float* dy, float* dx) const override;
-  // dense.cu: a null workspace is always allowed (db is then summed in one pass).
-  std::size_t dense_workspace_bytes(DenseParams p) const override;
-  void dense_forward(DenseParams p, const float* x, const float* w, const float* b, float* y,
-                     void* workspace) const override;
-  void dense_backward(DenseParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
-                      float* db, void* workspace) const override;
-  // elementwise.cu
-  void relu_forward(std::size_t n, const float* x, float* y) const override;
-  void relu_backward(std::size_t n, const float* y, const float* dy, float* dx) const override;
-  void reduce_sum(int members, std::size_t n, const float* x, float* out) const override;
-  void reduce_mean(int members, std::size_t n, const float* x, float* out) const override;
-  // loss.cu: a bad label skips its row and counts into *bad_labels (see Backend).
-  std::size_t softmax_cross_entropy_workspace_bytes(SoftmaxXentParams p) const override;
-  void softmax_cross_entropy(SoftmaxXentParams p, const float* logits, const std::int32_t* labels, float* loss,
-                             float* dlogits, float* probs, std::int32_t* correct, std::int32_t* bad_labels,
-                             void* workspace) const override;
+  const ConvOps& conv() const override { return conv_; }
+  const DenseOps& dense() const override { return dense_; }
+  const LossOps& loss() const override { return loss_; }
+  const OptimizerOps& optimizer() const override { return optimizer_; }
+  const LayerOps& layers() const override { return layers_; }
+  const MetricOps& metrics() const override { return metrics_; }
   void copy(void* dst, const void* src, std::size_t bytes) const override { ex_.copy(dst, src, bytes); }
   void fill_zero(void* dst, std::size_t bytes) const override { ex_.fill_zero(dst, bytes); }
   void prepare() const override { ex_.prepare(); }
   bool captures() const override { return true; }
   std::unique_ptr<Graph> capture(const std::function<void()>& body) const override { return ex_.capture(body); }
-  const OptimizerOps& optimizer() const override { return optimizer_; }
-  const LayerOps& layers() const override { return layers_; }
-  const MetricOps& metrics() const override { return metrics_; }
 
  private:
   Exec ex_;
+  CudaConvOps conv_;
+  CudaDenseOps dense_;
+  CudaLossOps loss_;
   CudaOptimizerOps optimizer_;
   CudaLayerOps layers_;
   CudaMetricOps metrics_;

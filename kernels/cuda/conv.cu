@@ -158,9 +158,9 @@ void backward_dx(const Exec& ex, const ConvPlan& plan, const float* w, const flo
 
 }  // namespace
 
-std::size_t CudaBackend::conv2d_workspace_bytes(Conv2dParams p) const { return workspace_bytes(make_plan(p)); }
+std::size_t CudaConvOps::conv2d_workspace_bytes(Conv2dParams p) const { return workspace_bytes(make_plan(p)); }
 
-void CudaBackend::conv2d_forward(Conv2dParams p, const float* x, const float* w, const float* b, float* y,
+void CudaConvOps::conv2d_forward(Conv2dParams p, const float* x, const float* w, const float* b, float* y,
                                  void* workspace) const {
   const Exec& ex = ex_;
   require(x, "conv2d_forward", "x");
@@ -177,7 +177,7 @@ void CudaBackend::conv2d_forward(Conv2dParams p, const float* x, const float* w,
   bias_relu(ex, p.members, plan.pixels, p.out_channels, b, p.relu, y);
 }
 
-void CudaBackend::conv2d_backward(Conv2dParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
+void CudaConvOps::conv2d_backward(Conv2dParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
                                   float* db, void* workspace) const {
   const Exec& ex = ex_;
   require(dy, "conv2d_backward", "dy");

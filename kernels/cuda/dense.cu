@@ -17,12 +17,12 @@ DenseSizes sizes(const DenseParams& p) {
 
 }  // namespace
 
-std::size_t CudaBackend::dense_workspace_bytes(DenseParams p) const {
+std::size_t CudaDenseOps::dense_workspace_bytes(DenseParams p) const {
   validate(p);
   return column_sum_partials(p.members, static_cast<std::size_t>(p.batch), p.out_features) * sizeof(double);
 }
 
-void CudaBackend::dense_forward(DenseParams p, const float* x, const float* w, const float* b, float* y, void*) const {
+void CudaDenseOps::dense_forward(DenseParams p, const float* x, const float* w, const float* b, float* y, void*) const {
   const Exec& ex = ex_;
   require(x, "dense_forward", "x");
   require(w, "dense_forward", "w");
@@ -36,7 +36,7 @@ void CudaBackend::dense_forward(DenseParams p, const float* x, const float* w, c
   bias_relu(ex, p.members, static_cast<std::size_t>(p.batch), p.out_features, b, p.relu, y);
 }
 
-void CudaBackend::dense_backward(DenseParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
+void CudaDenseOps::dense_backward(DenseParams p, const float* x, const float* w, const float* dy, float* dx, float* dw,
                                  float* db, void* workspace) const {
   const Exec& ex = ex_;
   require(dy, "dense_backward", "dy");

@@ -49,14 +49,14 @@ void member_sums(const Exec& ex, const char* op, int members, std::size_t n, con
 
 }  // namespace
 
-void CudaBackend::relu_forward(std::size_t n, const float* x, float* y) const {
+void CudaLayerOps::relu_forward(std::size_t n, const float* x, float* y) const {
   const Exec& ex = ex_;
   require(x, "relu_forward", "x");
   require(y, "relu_forward", "y");
   ex.launch(ReluForward{x, y}, n);
 }
 
-void CudaBackend::relu_backward(std::size_t n, const float* y, const float* dy, float* dx) const {
+void CudaLayerOps::relu_backward(std::size_t n, const float* y, const float* dy, float* dx) const {
   const Exec& ex = ex_;
   require(y, "relu_backward", "y");
   require(dy, "relu_backward", "dy");
@@ -64,12 +64,12 @@ void CudaBackend::relu_backward(std::size_t n, const float* y, const float* dy, 
   ex.launch(ReluBackward{y, dy, dx}, n);
 }
 
-void CudaBackend::reduce_sum(int members, std::size_t n, const float* x, float* out) const {
+void CudaLossOps::reduce_sum(int members, std::size_t n, const float* x, float* out) const {
   const Exec& ex = ex_;
   member_sums(ex, "reduce_sum", members, n, x, out, 1.0);
 }
 
-void CudaBackend::reduce_mean(int members, std::size_t n, const float* x, float* out) const {
+void CudaLossOps::reduce_mean(int members, std::size_t n, const float* x, float* out) const {
   const Exec& ex = ex_;
   if (n == 0) throw ValueError("reduce_mean: n must be > 0");
   member_sums(ex, "reduce_mean", members, n, x, out, static_cast<double>(n));

@@ -92,9 +92,9 @@ struct XentMembers {
 
 }  // namespace
 
-std::size_t CudaBackend::softmax_cross_entropy_workspace_bytes(SoftmaxXentParams p) const { return workspace_bytes(p); }
+std::size_t CudaLossOps::softmax_cross_entropy_workspace_bytes(SoftmaxXentParams p) const { return workspace_bytes(p); }
 
-void CudaBackend::softmax_cross_entropy(SoftmaxXentParams p, const float* logits, const std::int32_t* labels,
+void CudaLossOps::softmax_cross_entropy(SoftmaxXentParams p, const float* logits, const std::int32_t* labels,
                                         float* loss, float* dlogits, float* probs, std::int32_t* correct,
                                         std::int32_t* bad_labels, void* workspace) const {
   const Exec& ex = ex_;

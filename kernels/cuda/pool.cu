@@ -84,7 +84,7 @@ std::size_t input_elements(const AvgPoolParams& p) {
 
 }  // namespace
 
-void CudaBackend::avg_pool_forward(AvgPoolParams p, const float* x, float* y) const {
+void CudaConvOps::avg_pool_forward(AvgPoolParams p, const float* x, float* y) const {
   const Exec& ex = ex_;
   require(x, "avg_pool_forward", "x");
   require(y, "avg_pool_forward", "y");
@@ -94,14 +94,14 @@ void CudaBackend::avg_pool_forward(AvgPoolParams p, const float* x, float* y) co
   ex.launch(PoolForward{plan, x, y}, total);
 }
 
-void CudaBackend::avg_pool_backward(AvgPoolParams p, const float* dy, float* dx) const {
+void CudaConvOps::avg_pool_backward(AvgPoolParams p, const float* dy, float* dx) const {
   const Exec& ex = ex_;
   require(dy, "avg_pool_backward", "dy");
   require(dx, "avg_pool_backward", "dx");
   ex.launch(PoolBackward{make_plan(p), dy, nullptr, dx}, input_elements(p));
 }
 
-void CudaBackend::avg_pool_relu_backward(AvgPoolParams p, const float* r, const float* dy, float* dx) const {
+void CudaConvOps::avg_pool_relu_backward(AvgPoolParams p, const float* r, const float* dy, float* dx) const {
   const Exec& ex = ex_;
   require(r, "avg_pool_relu_backward", "r");
   require(dy, "avg_pool_relu_backward", "dy");
