@@ -151,7 +151,7 @@ void Evaluator::run(const Sharded<TrainState>& states, const Sharded<DeviceWork*
     report_work_.resize(work.size());
     pmap::pmap([&](DeviceWork* w) {
       const auto i = static_cast<std::size_t>(std::find(work.begin(), work.end(), w) - work.begin());
-      report_work_[i] = std::make_unique<ReportWork>(*w, total_members_);
+      report_work_[i] = std::make_unique<ReportWork>(w->eval, total_members_);
     }, mesh_)(work);
   }
   const Device first_local = mesh_.local_devices()[0];
@@ -161,8 +161,8 @@ void Evaluator::run(const Sharded<TrainState>& states, const Sharded<DeviceWork*
   auto eval_fn = pmap::pmap([first_local, with_report](const TrainState& s, DeviceWork* w, ReportWork* rw,
                                                        const Batch& b, int rows, const StepOptions& o) {
     eval_step(s, *w, b, rows, o, with_report);
-    const EvalResult all = all_gather(w->eval, o.axis);
-    const Array bad = all_gather(w->log.bad_labels, o.axis);
+    const EvalResult all = all_gather(w->eval.result, o.axis);
+    const Array bad = all_gather(w->eval.bad_labels, o.axis);
     if (with_report) report_step(*w, *rw, b, rows, o);
     if (current_device() != first_local) return EvalOnHost{};
     EvalOnHost h = eval_to_host(all, bad);

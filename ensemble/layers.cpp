@@ -14,6 +14,12 @@ std::int64_t product(const Dims& d) {
   return n;
 }
 
+double LayerConfig::number(const std::string& key) const {
+  const auto it = numbers.find(key);
+  if (it == numbers.end()) throw ValueError(kind + ": its configuration has no '" + key + "'");
+  return it->second;
+}
+
 void Layer::backward_through_relu(const kernels::Backend&, const LayerCall&, const float*, const float*,
                                   float*) const {
   throw Error(name() + ": cannot run its backward through a ReLU");
@@ -40,6 +46,12 @@ class Conv2D final : public Layer {
     return "Conv2D(" + std::to_string(features_) + ", " + k + "x" + k +
            (o_.stride == 1 ? "" : ", stride " + std::to_string(o_.stride)) +
            (o_.padding == kernels::Padding::valid ? ", valid" : "") + (o_.use_bias ? "" : ", no bias") + ")";
+  }
+  LayerConfig config() const override {
+    return {kind(),
+            {{"filters", double(features_)}, {"kernel", double(o_.kernel)}, {"stride", double(o_.stride)},
+             {"use_bias", o_.use_bias ? 1.0 : 0.0}},
+            {{"padding", o_.padding == kernels::Padding::valid ? "valid" : "same"}}};
   }
   Dims output_shape(const Dims& in) const override {
     check(in);
@@ -104,6 +116,7 @@ class Dense final : public Layer {
   std::string name() const override { return name_; }
   std::string kind() const override { return "Dense"; }
   std::string describe() const override { return "Dense(" + std::to_string(features_) + ")"; }
+  LayerConfig config() const override { return {kind(), {{"units", double(features_)}}, {}}; }
   Dims output_shape(const Dims& in) const override {
     check(in);
     return {features_};
@@ -185,6 +198,10 @@ class AvgPool final : public Layer {
   std::string describe() const override {
     return window_ == 0 ? kind() : "AveragePooling2D(" + std::to_string(window_) + ")";
   }
+  LayerConfig config() const override {
+    if (window_ == 0) return {kind(), {}, {}};
+    return {kind(), {{"pool_size", double(window_)}, {"strides", double(window_)}}, {{"padding", "valid"}}};
+  }
   std::unique_ptr<Layer> clone() const override { return std::make_unique<AvgPool>(window_); }
   bool keeps_feature_blocks(const Dims&) const override { return true; }  // per channel
   Dims output_shape(const Dims& in) const override {
@@ -257,6 +274,7 @@ class GatherFeatures final : public Layer {
   std::string name() const override { return "gather_features"; }
   std::string kind() const override { return "GatherFeatures"; }
   std::string describe() const override { return "GatherFeatures(" + std::to_string(parts_) + ")"; }
+  LayerConfig config() const override { return {kind(), {{"parts", double(parts_)}}, {}}; }
   std::unique_ptr<Layer> clone() const override { return std::make_unique<GatherFeatures>(parts_); }
   Dims output_shape(const Dims& in) const override {
     Dims out = in;
@@ -266,12 +284,14 @@ class GatherFeatures final : public Layer {
   std::vector<ParamSpec> params(const Dims&) const override { return {}; }
   bool in_place() const override { return false; }
   std::size_t workspace_bytes(const kernels::Backend&, const LayerCall&) const override { return 0; }
+  // The whole features are every device's blocks: an all_gather, which ModelRunner runs in this layer's place
+  // (RunnerStep::gather). On its own the layer has only its block: a copy of one part.
   void forward(const kernels::Backend& be, const LayerCall& c, const float* const*, const float* x, float* y,
                void*) const override {
-    const auto [rows, block] = shape(c);
-    for (std::size_t r = 0; r < rows; ++r)
-      be.copy(y + (r * static_cast<std::size_t>(parts_) + static_cast<std::size_t>(c.block)) * block, x + r * block,
-              block * sizeof(float));
+    if (parts_ != 1)
+      throw Error("gather_features: the gather of " + std::to_string(parts_) +
+                  " blocks is a collective over the model axis (ModelRunner runs it)");
+    be.copy(y, x, static_cast<std::size_t>(c.members * c.batch * product(c.input)) * sizeof(float));
   }
   void backward(const kernels::Backend& be, const LayerCall& c, const float* const*, const float*, const float*,
                 const float* dy, float* dx, float* const*, void*) const override {

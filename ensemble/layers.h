@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,6 +63,18 @@ struct LayerCall {
   bool training() const { return context != nullptr && context->training; }
 };
 
+// What a layer computes, as Keras's get_config(): its kind and the settings that change the computation, by
+// name, numbers and text apart (Conv2D: filters, kernel, stride, use_bias, and padding "same" or "valid").
+// For code that rebuilds the network elsewhere (the ONNX exporter), which needs no layer's internals.
+struct LayerConfig {
+  std::string kind;
+  std::map<std::string, double> numbers;
+  std::map<std::string, std::string> text;
+
+  // The setting `key`; ValueError naming the layer kind and the key when it has none.
+  double number(const std::string& key) const;
+};
+
 // A buffer a layer keeps from its forward to its backward: `count` values of `dtype` for a call's members.
 struct BufferSpec {
   std::int64_t count;
@@ -76,6 +89,8 @@ class Layer {
   // The kind and the settings that change what it computes, e.g. "Conv2D(32, 3x3, stride 2, valid, no bias)":
   // what Sequential::summary() and architecture() print. The default: kind().
   virtual std::string describe() const { return kind(); }
+  // The same as data (LayerConfig). The default: the kind, no settings.
+  virtual LayerConfig config() const { return {kind(), {}, {}}; }
   virtual Dims output_shape(const Dims& input) const = 0;
   virtual std::vector<ParamSpec> params(const Dims& input) const = 0;
   // Model state: variables the forward updates in training and reads in inference, not trained by the
@@ -161,10 +176,9 @@ std::unique_ptr<Layer> flatten();
 // Keras's GlobalAveragePooling2D: (H, W, C) -> (C), each channel's mean.
 std::unique_ptr<Layer> global_avg_pool();
 // Model parallelism (ensemble/layout.h): the whole features from `parts` devices' contiguous blocks of the
-// last dimension, (..., F) -> (..., parts x F). Its forward writes the input into block LayerCall::block of
-// the output and leaves the other blocks as they are: the caller zeroes the output first, and a psum over
-// the devices completes it (ModelRunner does both); its backward takes that block of the output gradient.
-// The copies run row by row (Backend::copy): slow for many rows.
+// last dimension, (..., F) -> (..., parts x F). Its forward is the collective all_gather(x, axis, -1, tiled)
+// over the devices, which ModelRunner runs in the layer's place (the layer's own forward handles only
+// parts = 1); its backward takes block LayerCall::block of the output gradient (row by row, Backend::copy).
 std::unique_ptr<Layer> gather_features(int parts);
 
 std::int64_t product(const Dims& d);

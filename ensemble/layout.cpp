@@ -243,7 +243,7 @@ LocalModel local_model(const Sequential& model, const ShardingPlan& plan) {
   int split_axis = -1;             // the axis the current activation's features are split over, or -1
   std::string split_by;            // the weight that split them
   bool keep_split = false;         // an output layout keeps them split: gathering them is an error
-  // The features made whole where `what` needs them (a gather_features layer: one psum over the axis).
+  // The features made whole where `what` needs them (a gather_features layer: one all_gather over the axis).
   auto gather = [&](const std::string& what) {
     if (keep_split)
       throw ValueError("layout of " + split_by.substr(0, split_by.find('/')) + "/output keeps its features split " +

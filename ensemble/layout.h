@@ -121,7 +121,7 @@ class ShardingPlan {
 // output features split over `axis`: each device computes a block of the outputs from the whole input),
 // row-parallel (its input features split over `axis`, as the column-parallel layer before it left them:
 // each device computes a partial sum of the outputs, which a psum over `axis` completes), or gather (a
-// gather_features layer: the whole features from the devices' blocks, through a psum over `axis`).
+// gather_features layer: the whole features from the devices' blocks, an all_gather over `axis`).
 // A layer without weights between a column- and a row-parallel layer runs on this device's block of the
 // features as they are (blocks: ReLU, Dropout; LayerCall::block tells it which block).
 struct LayerSplit {
@@ -141,8 +141,8 @@ struct LocalModel {
 // Conv2D or Dense may split its output features (the last kernel dimension, with the bias split alike) or,
 // when its input arrives split, its input features (the kernel's next-to-last dimension, over the same axis,
 // bias whole). Split features pass through layers that keep feature blocks (ReLU, AvgPool) as they are; they
-// are gathered whole (a gather_features layer, one psum) where a layer needs them whole (a whole or column-
-// parallel layer, Flatten of an image) and for the logits, or right after their layer when its output
+// are gathered whole (a gather_features layer, one all_gather) where a layer needs them whole (a whole or
+// column-parallel layer, Flatten of an image) and for the logits, or right after their layer when its output
 // layout ("Dense_0/output" in the map) has the features whole: (None, None), ('data', None). An output
 // layout with the features split, (None, 'model'), keeps them split and makes a layer that would gather
 // them an error. Throws ValueError naming the weight or output, its shape, its layout and what the layer

@@ -136,8 +136,8 @@ void ModelRunner::compile(const std::vector<bool>& relu_forward, const std::vect
     s.fused_relu = relu_forward[i];
     s.block = kind == Kind::blocks || kind == Kind::gather;
     s.bias_on_first = kind == Kind::row && !layer_tensors_[i].empty() && layer_tensors_[i].back()->is_bias;
-    s.zero_output = kind == Kind::gather;
-    if (kind == Kind::row || kind == Kind::gather) s.after = RunnerStep::Collective::psum_output;
+    s.gather = kind == Kind::gather;
+    if (kind == Kind::row) s.after = RunnerStep::Collective::psum_output;
     forward_steps_.push_back(s);
   }
   for (std::size_t i = n_layers; i-- > 0;) {
@@ -210,12 +210,26 @@ const float* ModelRunner::forward(const float* x, int batch, const float* params
     if (s.block) c.block = axis_index(axis_of(s));
     // The psum adds every device's partial outputs: the bias (the layer's last tensor) must count once.
     if (s.bias_on_first && axis_index(axis_of(s)) != 0) p[layer_tensors_[i].size() - 1] = zero_bias_.data<float>();
-    Array& out = storage_[static_cast<std::size_t>(act_store_[i + 1])];
-    if (s.zero_output) backend_.fill_zero(out.raw_data(), out.nbytes());  // all of it: the psum adds it whole
+    if (s.gather) {
+      gather_features(s);
+      continue;
+    }
     model_.layers()[i]->forward(backend_, c, p.data(), act_[i], act_[i + 1], workspace_.raw_data());
-    if (s.after == RunnerStep::Collective::psum_output) psum_inplace(out, axis_of(s));
+    if (s.after == RunnerStep::Collective::psum_output)
+      psum_inplace(storage_[static_cast<std::size_t>(act_store_[i + 1])], axis_of(s));
   }
   return act_.back();
+}
+
+void ModelRunner::gather_features(const RunnerStep& s) {
+  // The input (members, batch, ..., block) as rows of one block: gathered along the last axis, each row
+  // holds every device's block in axis order, which is the layer's output.
+  const Dims& in = model_.shapes()[s.layer];
+  const std::int64_t block = in.back();
+  const std::int64_t rows = std::int64_t{count_} * batch_ * product(in) / block;
+  const Array x = Array::borrow(act_[s.layer], Shape{rows, block}, DType::f32, device_);
+  const Array y = all_gather(x, axis_of(s), -1, /*tiled=*/true);
+  backend_.copy(act_[s.layer + 1], y.raw_data(), y.nbytes());
 }
 
 void ModelRunner::backward(const float* x, const float* params, const float* dlogits, float* grads) {

@@ -14,7 +14,8 @@
 // the weights) inside a pmap and issues the collectives its layers' splits need over their mesh axes, as
 // Megatron does: after a row-parallel layer's forward a psum of its partial outputs (the bias added on the
 // axis's first device only), and after a column-parallel layer's backward a psum of its input gradient.
-// Between a column- and a row-parallel layer the activations stay split: no collective.
+// Between a column- and a row-parallel layer the activations stay split: no collective. A GatherFeatures
+// layer (column-parallel outputs that a whole layer reads) is an all_gather along the last axis.
 //
 // The constructor compiles the model once into two lists of RunnerSteps, one per pass: which layer runs,
 // the ReLU it fuses, whether it runs its block of a split axis, and the collective after it. forward and
@@ -60,8 +61,8 @@ struct RunArgs {
 // One step of a compiled pass (ModelRunner::forward_steps(), backward_steps()).
 struct RunnerStep {
   // The collective after the step, over `axis`: a psum of the layer's output (forward: a row-parallel
-  // layer's partial sums, or a gather's blocks among zeros) or of its input gradient (backward: a column-
-  // parallel layer's, summed over its output blocks).
+  // layer's partial sums) or of its input gradient (backward: a column-parallel layer's, summed over its
+  // output blocks).
   enum class Collective { none, psum_output, psum_input_grad };
   std::size_t layer = 0;
   // forward: the layer also applies the ReLU that follows it (layer + 1, then no step of its own);
@@ -69,7 +70,9 @@ struct RunnerStep {
   bool fused_relu = false;
   bool block = false;          // LayerCall::block is this device's index along `axis` (gather, blocks)
   bool bias_on_first = false;  // forward: the bias counts on the axis's first device only (others add zeros)
-  bool zero_output = false;    // forward: the output is zero-filled first (a gather writes only its block)
+  // forward: the step is the collective all_gather(input, axis, -1, tiled) in place of the layer's forward
+  // (a GatherFeatures layer: each device's block of the last dimension, concatenated in axis order).
+  bool gather = false;
   bool input_grad = true;      // backward: the input gradient is computed (not where the input is the batch)
   Collective after = Collective::none;
   int axis = -1;  // index into RunnerSplit::axes; -1: the layer is not split
@@ -149,6 +152,7 @@ class ModelRunner {
   std::vector<int> act_store_;   // act_store_[i]: the storage_ index of act_[i]'s buffer, or -1
   std::vector<int> grad_store_;  // grad_store_[i]: the storage_ index of grad_[i]'s buffer, or -1
   Array zero_bias_;              // zeros for a row-parallel layer's bias off the axis's first device
+  void gather_features(const RunnerStep& step);
 };
 
 }  // namespace pmap::ensemble

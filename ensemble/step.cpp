@@ -39,7 +39,7 @@ int rows_of(const Batch& b, const DeviceWork& work, const char* step) {
 
 void update(TrainState& state, DeviceWork& work, const StepOptions& opt) {
   optimizer_step(*opt.optimizer, opt.update, work.backend.optimizer(), work.runner.model(), work.optimizer, state,
-                 work.grads.data<float>());
+                 work.train.grads.data<float>());
 }
 
 }  // namespace
@@ -62,6 +62,37 @@ bool splits_any(const RunnerSplit& split) {
 
 }  // namespace
 
+TrainWork::TrainWork(const kernels::Backend& be, Device device, int members, int group, int max_rows, int classes,
+                     std::int64_t params_per_member, int log_rows)
+    : grads(Shape{members * params_per_member}, DType::f32, device),
+      keys(Shape{members, 2}, DType::u32, device),
+      dropout_rates(Shape{members}, DType::f32, device),
+      dlogits(Shape{group, max_rows, classes}, DType::f32, device),
+      xent_ws(Shape{static_cast<std::int64_t>(xent_workspace_bytes(be, group, max_rows, classes))}, DType::u8, device),
+      step_loss(Shape{members}, DType::f32, device),
+      step_correct(Shape{members}, DType::i32, device),
+      log{Array(Shape{log_rows, members}, DType::f32, device), Array(Shape{log_rows, members}, DType::i32, device),
+          Array(Shape{1}, DType::i32, device)} {
+  if (log_rows < 1) throw ValueError("TrainWork: log_rows must be >= 1, got " + std::to_string(log_rows));
+}
+
+EvalWork::EvalWork(const kernels::Backend& be, Device device, int members, int group, int max_rows,
+                   int max_eval_batch, int classes)
+    : piece_probs(Shape{group, max_rows, classes}, DType::f32, device),
+      piece_loss(Shape{members}, DType::f32, device),
+      piece_correct(Shape{members}, DType::i32, device),
+      xent_ws(Shape{static_cast<std::int64_t>(xent_workspace_bytes(be, group, max_rows, classes))}, DType::u8, device),
+      loss_sum(Shape{members}, DType::f64, device),
+      hits(Shape{members}, DType::i32, device),
+      mean_probs(Shape{max_eval_batch, classes}, DType::f32, device),
+      member_probs(Shape{members, max_eval_batch, classes}, DType::f32, device),
+      calibration_ws(
+          Shape{static_cast<std::int64_t>(calibration_workspace_bytes(be, group, max_rows, max_eval_batch, classes))},
+          DType::u8, device),
+      bad_labels(Shape{1}, DType::i32, device),
+      result{Array(Shape{members}, DType::f32, device), Array(Shape{members}, DType::i32, device),
+             Array(Shape{1}, DType::i32, device), Array(Shape{members + 1, kSlots}, DType::f64, device)} {}
+
 DeviceWork::DeviceWork(const Sequential& model, const kernels::Backend& be, Device device, int members, int max_rows,
                        int max_eval_batch, int member_group, int log_rows, OptimizerWork opt, bool graphs,
                        RunnerSplit split)
@@ -69,28 +100,10 @@ DeviceWork::DeviceWork(const Sequential& model, const kernels::Backend& be, Devi
       runner(model, be, device, members, max_rows,
              member_group == 0 ? default_member_group(device, members) : member_group, split),
       optimizer(std::move(opt)),
-      grads(Shape{members * model.params_per_member()}, DType::f32, device),
-      keys(Shape{members, 2}, DType::u32, device),
-      dropout_rates(Shape{members}, DType::f32, device),
-      dlogits(Shape{runner.group(), max_rows, classes_of(model)}, DType::f32, device),
-      xent_ws(Shape{static_cast<std::int64_t>(xent_workspace_bytes(be, runner.group(), max_rows, classes_of(model)))},
-              DType::u8, device),
-      mean_probs(Shape{max_eval_batch, classes_of(model)}, DType::f32, device),
-      step_loss(Shape{members}, DType::f32, device),
-      step_correct(Shape{members}, DType::i32, device),
-      eval_loss_sum(Shape{members}, DType::f64, device),
-      eval_hits(Shape{members}, DType::i32, device),
-      member_probs(Shape{members, max_eval_batch, classes_of(model)}, DType::f32, device),
-      calibration_ws(Shape{static_cast<std::int64_t>(
-                         calibration_workspace_bytes(be, runner.group(), max_rows, max_eval_batch, classes_of(model)))},
-                     DType::u8, device),
-      log{Array(Shape{log_rows, members}, DType::f32, device), Array(Shape{log_rows, members}, DType::i32, device),
-          Array(Shape{1}, DType::i32, device)},
-      eval{Array(Shape{members}, DType::f32, device), Array(Shape{members}, DType::i32, device),
-           Array(Shape{1}, DType::i32, device), Array(Shape{members + 1, kSlots}, DType::f64, device)},
+      train(be, device, members, runner.group(), max_rows, classes_of(model), model.params_per_member(), log_rows),
+      eval(be, device, members, runner.group(), max_rows, max_eval_batch, classes_of(model)),
       graphs_(graphs && !splits_any(split) && !(syncs_batch(model) && !split.batch_axis.empty())),
       update_graphs_(graphs) {
-  if (log_rows < 1) throw ValueError("DeviceWork: log_rows must be >= 1, got " + std::to_string(log_rows));
   if (optimizer.base_lr.size() != members || optimizer.base_lr.device() != device)
     throw ValueError("DeviceWork: the optimizer's scalars are for " + std::to_string(optimizer.base_lr.size()) +
                      " members on " + optimizer.base_lr.device().str() + ", not " + std::to_string(members) + " on " +
@@ -155,10 +168,11 @@ std::string graph_key(const TrainState& state, const Batch& batch, int rows, con
 
 void train_step(TrainState& state, DeviceWork& work, const Batch& batch, const StepOptions& opt) {
   const kernels::Backend& be = work.backend;
+  TrainWork& t = work.train;
   const int rows = rows_of(batch, work, "train_step");
   if (opt.optimizer == nullptr) throw ValueError("train_step: StepOptions::optimizer is not set");
-  if (work.log_fill >= work.log.loss.shape()[0])
-    throw Error("train_step: " + std::to_string(work.log_fill) + " steps since the last report fill the log");
+  if (t.log_fill >= t.log.loss.shape()[0])
+    throw Error("train_step: " + std::to_string(t.log_fill) + " steps since the last report fill the log");
   const int members = work.runner.members(), group = work.runner.group();
   const int classes = classes_of(work.runner.model());
   const float* images = batch.images.data<float>();
@@ -167,10 +181,10 @@ void train_step(TrainState& state, DeviceWork& work, const Batch& batch, const S
   // Data parallel: this device's rows are the global batch's block at its index along the axis.
   const RunArgs run{state.state.data<float>(),
                     true,
-                    work.keys.data<std::uint32_t>(),
+                    t.keys.data<std::uint32_t>(),
                     state.step.data<std::int64_t>(),
                     opt.data_parallel ? std::int64_t{axis_index(opt.axis)} * rows : 0,
-                    opt.member_dropout ? work.dropout_rates.data<float>() : nullptr};
+                    opt.member_dropout ? t.dropout_rates.data<float>() : nullptr};
   // Forward, loss and backward of each group of members, then (ensemble) the update: one graph.
   // Only a backend that records graphs needs the key (CPU backends run every step eagerly).
   const std::string key = be.captures() ? graph_key(state, batch, rows, opt) : std::string();
@@ -179,15 +193,15 @@ void train_step(TrainState& state, DeviceWork& work, const Batch& batch, const S
       const int count = std::min(group, members - first);
       const float* logits = work.runner.forward(images, rows, params, first, count, run);
       be.loss().softmax_cross_entropy(kernels::SoftmaxXentParams{count, rows, classes, true}, logits, labels,
-                               work.step_loss.data<float>() + first, work.dlogits.data<float>(), nullptr,
-                               work.step_correct.data<std::int32_t>() + first,
-                               work.log.bad_labels.data<std::int32_t>(), work.xent_ws.raw_data());
-      work.runner.backward(images, params, work.dlogits.data<float>(), work.grads.data<float>());
+                                      t.step_loss.data<float>() + first, t.dlogits.data<float>(), nullptr,
+                                      t.step_correct.data<std::int32_t>() + first,
+                                      t.log.bad_labels.data<std::int32_t>(), t.xent_ws.raw_data());
+      work.runner.backward(images, params, t.dlogits.data<float>(), t.grads.data<float>());
     }
     if (!opt.data_parallel) update(state, work, opt);
   });
   if (opt.data_parallel) {  // the collective meets the other devices on the host: outside the graphs
-    pmean_inplace(work.grads, opt.axis);
+    pmean_inplace(t.grads, opt.axis);
     // Clipping with split weights psums its sums of squares inside the update: then the update runs eagerly.
     if (opt.update.meets_devices()) {
       update(state, work, opt);
@@ -195,32 +209,52 @@ void train_step(TrainState& state, DeviceWork& work, const Batch& batch, const S
       work.update_graph(key).run([&] { update(state, work, opt); });
     }
   }
-  const auto row = static_cast<std::size_t>(work.log_fill++) * static_cast<std::size_t>(members);
-  be.copy(work.log.loss.data<float>() + row, work.step_loss.raw_data(), work.step_loss.nbytes());
-  be.copy(work.log.correct.data<std::int32_t>() + row, work.step_correct.raw_data(), work.step_correct.nbytes());
+  const auto row = static_cast<std::size_t>(t.log_fill++) * static_cast<std::size_t>(members);
+  be.copy(t.log.loss.data<float>() + row, t.step_loss.raw_data(), t.step_loss.nbytes());
+  be.copy(t.log.correct.data<std::int32_t>() + row, t.step_correct.raw_data(), t.step_correct.nbytes());
 }
+
+namespace {
+
+// A (members, rows, K) f32 buffer seen member by member: at(m, r) is member m's row r.
+struct MemberRows {
+  float* base;
+  std::size_t rows;
+  std::size_t classes;
+  float* at(int member, int row) const {
+    return base + (static_cast<std::size_t>(member) * rows + static_cast<std::size_t>(row)) * classes;
+  }
+};
+
+MemberRows member_rows(Array& a) {
+  return {a.data<float>(), static_cast<std::size_t>(a.shape()[1]), static_cast<std::size_t>(a.shape()[2])};
+}
+
+}  // namespace
 
 void eval_step(const TrainState& state, DeviceWork& work, const Batch& batch, int rows, const StepOptions& opt,
                bool keep) {
   const kernels::Backend& be = work.backend;
   const kernels::MetricOps& metrics = be.metrics();
+  EvalWork& e = work.eval;
   const int capacity = rows_of(batch, work, "eval_step");
-  if (rows < 1 || rows > capacity || rows > work.mean_probs.shape()[0])
+  const int eval_rows = static_cast<int>(e.mean_probs.shape()[0]);
+  if (rows < 1 || rows > capacity || rows > eval_rows)
     throw ShapeError("eval_step: " + std::to_string(rows) + " rows of a batch of " + std::to_string(capacity) +
-                     " (eval buffers for " + std::to_string(work.mean_probs.shape()[0]) + ")");
+                     " (eval buffers for " + std::to_string(eval_rows) + ")");
   const int members = work.runner.members(), group = work.runner.group(), piece_max = work.runner.max_batch();
-  const int k = classes_of(work.runner.model());
+  const int k = static_cast<int>(e.mean_probs.shape()[1]);
   const std::int64_t example = product(work.runner.model().input_shape());
   const float* params = state.params.data<float>();
   // Inference: the model state is read, never written.
   const RunArgs run{const_cast<float*>(state.state.data<float>())};
-  float* mean = work.mean_probs.data<float>();
-  be.fill_zero(work.eval_loss_sum.raw_data(), work.eval_loss_sum.nbytes());
-  be.fill_zero(work.eval_hits.raw_data(), work.eval_hits.nbytes());
-  be.fill_zero(work.eval.ensemble_correct.raw_data(), work.eval.ensemble_correct.nbytes());
-  be.fill_zero(work.eval.calibration.raw_data(), work.eval.calibration.nbytes());
-  double* calibration = work.eval.calibration.data<double>();
-  const int eval_rows = static_cast<int>(work.mean_probs.shape()[0]);
+  float* mean = e.mean_probs.data<float>();
+  const MemberRows kept = member_rows(e.member_probs);
+  be.fill_zero(e.loss_sum.raw_data(), e.loss_sum.nbytes());
+  be.fill_zero(e.hits.raw_data(), e.hits.nbytes());
+  be.fill_zero(e.result.ensemble_correct.raw_data(), e.result.ensemble_correct.nbytes());
+  be.fill_zero(e.result.calibration.raw_data(), e.result.calibration.nbytes());
+  double* calibration = e.result.calibration.data<double>();
   // Each piece of rows through each group of members: its mean loss and hits added to the members' sums,
   // its probabilities added (in member order) to the rows' sum over this device's members.
   for (int first = 0; first < rows; first += piece_max) {
@@ -230,68 +264,69 @@ void eval_step(const TrainState& state, DeviceWork& work, const Batch& batch, in
       const int count = std::min(group, members - m0);
       const float* logits =
           work.runner.forward(batch.images.data<float>() + first * example, n, params, m0, count, run);
-      float* piece = work.dlogits.data<float>();  // (count, n, K)
-      float* piece_loss = work.step_loss.data<float>() + m0;
-      std::int32_t* piece_correct = work.step_correct.data<std::int32_t>() + m0;
+      float* piece = e.piece_probs.data<float>();  // (count, n, K)
+      float* piece_loss = e.piece_loss.data<float>() + m0;
+      std::int32_t* piece_correct = e.piece_correct.data<std::int32_t>() + m0;
       be.loss().softmax_cross_entropy(kernels::SoftmaxXentParams{count, n, k, true}, logits, labels, piece_loss,
-                                      nullptr, piece, piece_correct, work.log.bad_labels.data<std::int32_t>(),
-                                      work.xent_ws.raw_data());
-      metrics.accumulate_metrics(count, piece_loss, piece_correct, n, work.eval_loss_sum.data<double>() + m0,
-                                 work.eval_hits.data<std::int32_t>() + m0);
+                                      nullptr, piece, piece_correct, e.bad_labels.data<std::int32_t>(),
+                                      e.xent_ws.raw_data());
+      metrics.accumulate_metrics(count, piece_loss, piece_correct, n, e.loss_sum.data<double>() + m0,
+                                 e.hits.data<std::int32_t>() + m0);
       metrics.sum_members(count, static_cast<std::size_t>(n) * k, piece, mean + static_cast<std::size_t>(first) * k,
                           m0 > 0);
       metrics.calibration_sums(kernels::CalibrationParams{count, n, k}, piece, labels, calibration + m0 * kSlots,
-                               work.calibration_ws.raw_data());
+                               e.calibration_ws.raw_data());
       for (int j = 0; keep && j < count; ++j)  // member m0 + j's rows [first, first + n)
-        be.copy(work.member_probs.data<float>() + (static_cast<std::size_t>(m0 + j) * eval_rows + first) * k,
-                piece + static_cast<std::size_t>(j) * n * k, static_cast<std::size_t>(n) * k * sizeof(float));
+        be.copy(kept.at(m0 + j, first), piece + static_cast<std::size_t>(j) * n * k,
+                static_cast<std::size_t>(n) * k * sizeof(float));
     }
   }
-  metrics.mean_from_sums(members, work.eval_loss_sum.data<double>(), rows, work.eval.loss.data<float>());
-  be.copy(work.eval.correct.raw_data(), work.eval_hits.raw_data(), work.eval_hits.nbytes());
+  metrics.mean_from_sums(members, e.loss_sum.data<double>(), rows, e.result.loss.data<float>());
+  be.copy(e.result.correct.raw_data(), e.hits.raw_data(), e.hits.nbytes());
   if (!opt.data_parallel) {
     // The sum over this device's members, summed over the devices (device order), over all members.
-    psum_inplace(work.mean_probs, opt.axis);  // whole buffer: its shape is fixed, rows past `rows` are ignored
+    psum_inplace(e.mean_probs, opt.axis);  // whole buffer: its shape is fixed, rows past `rows` are ignored
     metrics.divide(static_cast<std::size_t>(rows) * k, mean, static_cast<float>(opt.total_members));
   }
   metrics.argmax_hits(rows, k, mean, batch.labels.data<std::int32_t>(),
-                      work.eval.ensemble_correct.data<std::int32_t>());
+                      e.result.ensemble_correct.data<std::int32_t>());
   metrics.calibration_sums(kernels::CalibrationParams{1, rows, k}, mean, batch.labels.data<std::int32_t>(),
-                           calibration + members * kSlots, work.calibration_ws.raw_data());
+                           calibration + members * kSlots, e.calibration_ws.raw_data());
 }
 
-ReportWork::ReportWork(const DeviceWork& work, int members)
+ReportWork::ReportWork(const EvalWork& eval, int members)
     : total_members(members),
-      running(work.mean_probs.shape(), DType::f32, work.mean_probs.device()),
-      mean(work.mean_probs.shape(), DType::f32, work.mean_probs.device()),
-      result{Array(Shape{members, kSlots}, DType::f64, work.mean_probs.device()),
-             Array(Shape{work.mean_probs.shape()[0]}, DType::i32, work.mean_probs.device()),
-             Array(Shape{work.mean_probs.shape()[0]}, DType::f32, work.mean_probs.device()),
-             Array(Shape{work.mean_probs.shape()[0]}, DType::f32, work.mean_probs.device()),
-             Array(Shape{members, work.mean_probs.shape()[0]}, DType::i32, work.mean_probs.device())} {}
+      running(eval.mean_probs.shape(), DType::f32, eval.mean_probs.device()),
+      mean(eval.mean_probs.shape(), DType::f32, eval.mean_probs.device()),
+      result{Array(Shape{members, kSlots}, DType::f64, eval.mean_probs.device()),
+             Array(Shape{eval.mean_probs.shape()[0]}, DType::i32, eval.mean_probs.device()),
+             Array(Shape{eval.mean_probs.shape()[0]}, DType::f32, eval.mean_probs.device()),
+             Array(Shape{eval.mean_probs.shape()[0]}, DType::f32, eval.mean_probs.device()),
+             Array(Shape{members, eval.mean_probs.shape()[0]}, DType::i32, eval.mean_probs.device())} {}
 
 void report_step(DeviceWork& work, ReportWork& report, const Batch& batch, int rows, const StepOptions& opt) {
   const kernels::Backend& be = work.backend;
   const kernels::MetricOps& metrics = be.metrics();
-  const auto eval_rows = static_cast<std::size_t>(work.mean_probs.shape()[0]);
-  const int k = static_cast<int>(work.mean_probs.shape()[1]);
+  EvalWork& e = work.eval;
+  const auto eval_rows = static_cast<std::size_t>(e.mean_probs.shape()[0]);
+  const int k = static_cast<int>(e.mean_probs.shape()[1]);
   const std::size_t n = static_cast<std::size_t>(rows) * k;
   const std::int32_t* labels = batch.labels.data<std::int32_t>();
   // Every member's probabilities, member-major over the mesh: device d's member j is member d * per + j.
   // (Data parallel: every device holds the one model; the first block is it.)
-  const Array all = all_gather(work.member_probs, opt.axis, /*tiled=*/true);  // (devices * per, eval, K)
+  Array all = all_gather(e.member_probs, opt.axis, /*tiled=*/true);  // (devices * per, eval, K)
+  const MemberRows probs = member_rows(all);
   ReportResult& r = report.result;
   be.fill_zero(r.curve.raw_data(), r.curve.nbytes());
   for (int m = 0; m < report.total_members; ++m) {
-    const float* probs = all.data<float>() + static_cast<std::size_t>(m) * eval_rows * k;
-    metrics.sum_members(1, n, probs, report.running.data<float>(), m > 0);
+    metrics.sum_members(1, n, probs.at(m, 0), report.running.data<float>(), m > 0);
     be.copy(report.mean.raw_data(), report.running.raw_data(), n * sizeof(float));
     metrics.divide(n, report.mean.data<float>(), static_cast<float>(m + 1));
     metrics.calibration_sums(kernels::CalibrationParams{1, rows, k}, report.mean.data<float>(), labels,
-                             r.curve.data<double>() + m * kSlots, work.calibration_ws.raw_data());
-    metrics.predictions(rows, k, probs, r.votes.data<std::int32_t>() + m * eval_rows, nullptr, nullptr);
+                             r.curve.data<double>() + m * kSlots, e.calibration_ws.raw_data());
+    metrics.predictions(rows, k, probs.at(m, 0), r.votes.data<std::int32_t>() + m * eval_rows, nullptr, nullptr);
   }
-  metrics.predictions(rows, k, work.mean_probs.data<float>(), r.predicted.data<std::int32_t>(),
+  metrics.predictions(rows, k, e.mean_probs.data<float>(), r.predicted.data<std::int32_t>(),
                       r.probability.data<float>(), r.entropy.data<float>());
 }
 

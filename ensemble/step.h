@@ -1,5 +1,6 @@
-// The per-device train and eval steps that Trainer pmaps over the mesh, and DeviceWork, the buffers one
-// device needs for them (allocated once, on the device). The same code runs on CPU and CUDA devices:
+// The per-device train, eval and report steps that Trainer and Evaluator pmap over the mesh, and the buffers
+// one device needs for them (allocated once, on the device): TrainWork, EvalWork and ReportWork, each its own
+// step's, with DeviceWork holding a device's runner, optimizer scalars, train and eval work. The same code runs on CPU and CUDA devices:
 // every pointer handed to a kernel is device memory, nothing allocates and nothing waits for the device
 // inside a step, and the results stay on the device until they are gathered with the runtime's tree
 // collectives. On backends that capture graphs (CUDA) a train step is one graph launch.
@@ -38,7 +39,7 @@ PMAPCC_TREE(Batch, images, labels)
 struct TrainLog {
   Array loss;        // (report rows, members) f32
   Array correct;     // (report rows, members) i32
-  Array bad_labels;  // (1) i32, since the DeviceWork was made
+  Array bad_labels;  // (1) i32, since the TrainWork was made
 };
 PMAPCC_TREE(TrainLog, loss, correct, bad_labels)
 
@@ -72,12 +73,46 @@ struct StepOptions {
   bool data_parallel = false;
   std::string axis = "ensemble";  // the mesh axis the members (or replicas) are spread over
   int total_members = 1;          // members over all devices (ensemble mode)
-  bool member_dropout = false;    // DeviceWork::dropout_rates replace the Dropout layers' rates
+  bool member_dropout = false;    // TrainWork::dropout_rates replace the Dropout layers' rates
 };
 
-// Activations are held for at most max_rows examples (a training step's rows on this device) of a group
-// of members at a time; eval_step runs a larger eval batch through them in pieces of max_rows. The steps
-// run the members group by group; the group size changes no result, only speed and memory.
+// train_step's buffers for `members` members, run `group` at a time on max_rows examples, K classes.
+struct TrainWork {
+  TrainWork(const kernels::Backend& backend, Device device, int members, int group, int max_rows, int classes,
+            std::int64_t params_per_member, int log_rows);
+  Array grads;          // (members * P)
+  Array keys;           // (members, 2) u32: the members' random keys (Dropout), zero until the owner sets them
+  Array dropout_rates;  // (members) f32: the members' dropout rates, when StepOptions::member_dropout (owner-set)
+  Array dlogits;        // (group, max_rows, K): a group's loss gradient
+  Array xent_ws;        // the loss's workspace (u8)
+  Array step_loss;      // (members) f32: the last train step's (the captured graph writes here)
+  Array step_correct;   // (members) i32
+  TrainLog log;
+  int log_fill = 0;  // rows of `log` written since the last report
+};
+
+// eval_step's buffers: an eval batch of up to max_eval_batch rows runs in pieces of max_rows through groups
+// of `group` members.
+struct EvalWork {
+  EvalWork(const kernels::Backend& backend, Device device, int members, int group, int max_rows, int max_eval_batch,
+           int classes);
+  Array piece_probs;     // (group, max_rows, K): a piece's probabilities for a group of members
+  Array piece_loss;      // (members) f32: a piece's mean loss per member
+  Array piece_correct;   // (members) i32
+  Array xent_ws;         // the loss's workspace (u8)
+  Array loss_sum;        // (members) f64: the batch's loss sums over its pieces
+  Array hits;            // (members) i32
+  Array mean_probs;      // (max_eval_batch, K): the ensemble's probabilities
+  Array member_probs;    // (members, max_eval_batch, K): each member's probabilities (eval_step's `keep`)
+  Array calibration_ws;  // the calibration sums' workspace (u8)
+  Array bad_labels;      // (1) i32: labels outside [0, K) that reached the loss, since the work was made
+  EvalResult result;
+};
+
+// A device's work: its runner (activations for at most max_rows examples, a training step's rows on this
+// device, of a group of members at a time; eval_step runs a larger eval batch through them in pieces of
+// max_rows), its members' optimizer scalars, and the train and eval steps' buffers. The steps run the members
+// group by group; the group size changes no result, only speed and memory.
 // member_group 0 picks default_member_group(device, members). log_rows: train steps between reports.
 // optimizer: the per-member scalars of this device's members' updates.
 // graphs: capture the train step where the backend can (false: run it eagerly every time).
@@ -92,21 +127,8 @@ struct DeviceWork {
   const kernels::Backend& backend;
   ModelRunner runner;
   OptimizerWork optimizer;
-  Array grads;       // (members * P)
-  Array keys;        // (members, 2) u32: the members' random keys (Dropout), zero until the owner sets them
-  Array dropout_rates;  // (members) f32: the members' dropout rates, when StepOptions::member_dropout (owner-set)
-  Array dlogits;     // (group, max_rows, K); eval: one piece's probabilities for a group
-  Array xent_ws;     // the loss's workspace (u8)
-  Array mean_probs;  // (max_eval_batch, K): the ensemble's probabilities
-  Array step_loss;   // (members) f32: the last train step's (the captured graph writes here)
-  Array step_correct;  // (members) i32
-  Array eval_loss_sum;   // (members) f64: an eval batch's loss sums over its pieces
-  Array eval_hits;       // (members) i32
-  Array member_probs;    // (members, max_eval_batch, K): each member's probabilities (eval_step's `keep`)
-  Array calibration_ws;  // the calibration sums' workspace (u8)
-  TrainLog log;
-  EvalResult eval;
-  int log_fill = 0;  // rows of `log` written since the last report
+  TrainWork train;
+  EvalWork eval;
 
   // The graphs of the train step and of the data-parallel update, one per key: train_step's key names
   // everything the captured work freezes besides this DeviceWork's own buffers (the batch's and the
@@ -128,18 +150,19 @@ struct DeviceWork {
 int default_member_group(const Device& device, int members);
 
 // One optimizer step for this device's members on `batch` (data parallel: this device's block of the global
-// batch); its losses and correct counts go to the next row of work.log.
+// batch); its losses and correct counts go to the next row of work.train.log.
 void train_step(TrainState& state, DeviceWork& work, const Batch& batch, const StepOptions& opt);
 
-// Forward only, on the first `rows` examples of `batch`: fills work.eval (a collective in ensemble mode:
-// the probabilities are summed over the mesh axis); with `keep`, each member's probabilities stay in
-// work.member_probs for report_step.
+// Forward only, on the first `rows` examples of `batch`: fills work.eval.result (a collective in ensemble
+// mode: the probabilities are summed over the mesh axis); with `keep`, each member's probabilities stay in
+// work.eval.member_probs for report_step.
 void eval_step(const TrainState& state, DeviceWork& work, const Batch& batch, int rows, const StepOptions& opt,
                bool keep = false);
 
-// The buffers of report_step for the `total_members` members of the mesh (made when a report is asked for).
+// The buffers of report_step for the `total_members` members of the mesh (made when a report is asked for),
+// on the device of `eval` and for its eval batches.
 struct ReportWork {
-  ReportWork(const DeviceWork& work, int total_members);
+  ReportWork(const EvalWork& eval, int total_members);
   int total_members;
   Array running;  // (max_eval_batch, K): the sum of the first k members' probabilities
   Array mean;     // (max_eval_batch, K): that sum / k

@@ -207,12 +207,12 @@ void Trainer::make_device_work() {
       const Key k = fold_in(member_keys[static_cast<std::size_t>(first + j)], kDropoutStream);
       keys.insert(keys.end(), {k.k0, k.k1});
     }
-    work_.back()->keys.copy_from_host(keys.data(), keys.size() * sizeof(std::uint32_t));
+    work_.back()->train.keys.copy_from_host(keys.data(), keys.size() * sizeof(std::uint32_t));
     if (!config_.dropout.empty()) {  // each member's own rate, or the one rate
       std::vector<float> rates;
       for (int j = 0; j < members_per_device(); ++j)
         rates.push_back(config_.dropout[config_.dropout.size() == 1 ? 0 : static_cast<std::size_t>(first + j)]);
-      work_.back()->dropout_rates.copy_from_host(rates.data(), rates.size() * sizeof(float));
+      work_.back()->train.dropout_rates.copy_from_host(rates.data(), rates.size() * sizeof(float));
     }
     const Shape s{members_per_device() * placement_->device_model().params_per_member()};
     states.push_back(make_train_state(*optimizer_, Array(s, DType::f32, d),
@@ -362,8 +362,8 @@ EpochMetrics Trainer::run_epoch(const StepCallback& on_step, const std::function
                                           bool report) {
     train_step(s, *w, b, o);
     if (!report) return LogOnHost{};
-    const TrainLog all = all_gather(w->log, o.axis);  // (devices, rows, members)
-    w->log_fill = 0;
+    const TrainLog all = all_gather(w->train.log, o.axis);  // (devices, rows, members)
+    w->train.log_fill = 0;
     return current_device() == first_local ? to_host(all) : LogOnHost{};
   }, mesh_);
   // The log is gathered over the first axis (devices along "model" log the same).

@@ -51,6 +51,22 @@ Array::Array(Shape shape, DType dtype, Device device)
   fill_zero();
 }
 
+Array Array::borrow(void* data, Shape shape, DType dtype, Device device) {
+  Array a;
+  a.shape_ = std::move(shape);
+  a.dtype_ = dtype;
+  a.dtype_set_ = true;
+  a.device_ = device;
+  for (auto d : a.shape_)
+    if (d < 0) throw ShapeError("Array::borrow: negative dimension in shape " + shape_str(a.shape_));
+  a.size_ = num_elements(a.shape_);
+  if (data == nullptr && a.size_ > 0)
+    throw ValueError("Array::borrow: null data for " + a.signature() + " on " + device.str());
+  a.owned_ = false;
+  a.data_ = data;
+  return a;
+}
+
 Array Array::pinned(Shape shape, DType dtype) {
   Array a;
   a.shape_ = std::move(shape);
@@ -67,8 +83,9 @@ Array Array::pinned(Shape shape, DType dtype) {
 
 Array::Array(Array&& o) noexcept
     : shape_(std::move(o.shape_)), size_(o.size_), dtype_(o.dtype_), dtype_set_(o.dtype_set_),
-      device_(o.device_), pinned_(o.pinned_), data_(o.data_) {
+      device_(o.device_), pinned_(o.pinned_), owned_(o.owned_), data_(o.data_) {
   o.data_ = nullptr;
+  o.owned_ = true;
   o.size_ = 0;
   o.dtype_set_ = false;
   o.shape_.clear();
@@ -83,8 +100,10 @@ Array& Array::operator=(Array&& o) noexcept {
     dtype_set_ = o.dtype_set_;
     device_ = o.device_;
     pinned_ = o.pinned_;
+    owned_ = o.owned_;
     data_ = o.data_;
     o.data_ = nullptr;
+    o.owned_ = true;
     o.size_ = 0;
     o.dtype_set_ = false;
     o.shape_.clear();
@@ -111,6 +130,10 @@ void Array::allocate() {
 
 void Array::release() noexcept {
   if (data_ == nullptr) return;
+  if (!owned_) {  // borrowed: the memory is the caller's
+    data_ = nullptr;
+    return;
+  }
   // Freed inside a capture: a replay would use freed memory. The capture raises it when its body ends.
   if (detail::capturing() != nullptr) {
     try {

@@ -85,6 +85,30 @@ TEST_CASE("Array basics: shape, dtype, copies, reshape, slices") {
   CHECK_THROWS_AS(rows.copy_from_host(wrong.data(), wrong.size() * 4), pmap::ShapeError);
 }
 
+TEST_CASE("Array::borrow: a view of the caller's memory that frees nothing, also after a move") {
+  std::vector<float> memory{1, 2, 3, 4, 5, 6};
+  {
+    pmap::Array view = pmap::Array::borrow(memory.data(), {2, 3}, pmap::DType::f32);
+    CHECK_FALSE(view.owns_data());
+    CHECK(view.raw_data() == memory.data());
+    CHECK(view.to_vector<float>() == memory);
+    view.data<float>()[4] = 50;  // writes reach the caller's memory
+    CHECK(memory[4] == 50);
+    pmap::Array moved = std::move(view);  // the view moves, still not owning
+    CHECK_FALSE(moved.owns_data());
+    CHECK(moved.data<float>() == memory.data());
+    pmap::Array copy = moved.copy();  // a copy owns its memory
+    CHECK(copy.owns_data());
+    CHECK(copy.data<float>() != memory.data());
+    moved = iota(2);  // assigning over a view frees nothing of the caller's (ASan would see a bad free)
+    CHECK(moved.owns_data());
+  }
+  CHECK(memory == std::vector<float>{1, 2, 3, 4, 50, 6});  // the views are gone, the memory is whole
+  CHECK_THROWS_AS(pmap::Array::borrow(nullptr, {2}, pmap::DType::f32), pmap::ValueError);
+  CHECK_THROWS_AS(pmap::Array::borrow(memory.data(), {-1}, pmap::DType::f32), pmap::ShapeError);
+  CHECK(pmap::Array::borrow(nullptr, {0}, pmap::DType::f32).valid());  // no elements: no memory needed
+}
+
 TEST_CASE("concatenate and stack") {
   pmap::Array a = iota(4), b = iota(4);
   auto cat = pmap::concatenate({&a, &b}, pmap::Device{});

@@ -197,7 +197,8 @@ TEST_CASE("runner: the model compiles into steps: fused ReLUs, split layers' blo
   using Step = pmap::ensemble::RunnerStep;
   using C = Step::Collective;
   // A step's fields in one line, to compare lists: layer, then r (fused ReLU), b (runs its block), f (bias on
-  // the first device only), z (zeroed output), n (no input gradient), and the collective with its axis.
+  // the first device only), g (an all_gather in the layer's place), n (no input gradient), and the collective
+  // after it with its axis.
   auto text = [](const std::vector<Step>& steps) {
     std::string out;
     for (const Step& s : steps) {
@@ -205,7 +206,7 @@ TEST_CASE("runner: the model compiles into steps: fused ReLUs, split layers' blo
       if (s.fused_relu) out += "r";
       if (s.block) out += "b";
       if (s.bias_on_first) out += "f";
-      if (s.zero_output) out += "z";
+      if (s.gather) out += "g@" + std::to_string(s.axis);
       if (!s.input_grad) out += "n";
       if (s.after == C::psum_output) out += "+psum_out@" + std::to_string(s.axis);
       if (s.after == C::psum_input_grad) out += "+psum_dx@" + std::to_string(s.axis);
@@ -244,8 +245,8 @@ TEST_CASE("runner: the model compiles into steps: fused ReLUs, split layers' blo
   CHECK(text(conv_split.forward_steps()) == "0r 2b 3f+psum_out@0 4 5 6 7r 9");
   CHECK(text(conv_split.backward_steps()) == "9 8 7 6 5r 3 2r 0n");
   // Dense_0 column-parallel with its outputs gathered whole right after it (its output layout), Dense_1
-  // whole: a gather layer (8) after Dense_0, which no longer fuses its ReLU (9). The gather writes its block
-  // among zeros and is psum-ed; its backward takes its block, and Dense_0's input gradient is psum-ed.
+  // whole: a gather layer (8) after Dense_0, which no longer fuses its ReLU (9). The gather is an all_gather
+  // along the last axis; its backward takes its block, and Dense_0's input gradient is psum-ed.
   LayoutMap gathered;
   gathered.add("Dense_0/kernel", PartitionSpec::parse("None,model"));
   gathered.add("Dense_0/bias", PartitionSpec::parse("model"));
@@ -254,7 +255,7 @@ TEST_CASE("runner: the model compiles into steps: fused ReLUs, split layers' blo
   const auto gather_local = pmap::ensemble::local_model(*model, gather_plan);
   const pmap::ensemble::ModelRunner gather_split(*gather_local.model, be, cpu0, 1, 8, 0,
                                                  pmap::ensemble::RunnerSplit{gather_local.splits, {"model"}, ""});
-  CHECK(text(gather_split.forward_steps()) == "0r 2 3r 5 6 7 8bz+psum_out@0 9 10");
+  CHECK(text(gather_split.forward_steps()) == "0r 2 3r 5 6 7 8bg@0 9 10");
   CHECK(text(gather_split.backward_steps()) == "10 9 8b 7+psum_dx@0 6 5r 3 2r 0n");
 }
 

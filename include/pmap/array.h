@@ -29,6 +29,12 @@ class Array {
   // A zero-filled host array in pinned memory (cudaHostAlloc) when a GPU is usable, else in ordinary host
   // memory: the staging buffer of asynchronous host <-> GPU copies. Its device is the host (cpu:0).
   static Array pinned(Shape shape, DType dtype);
+  // An array over memory it does not own: `data` (nbytes() bytes on `device`, or pinned host memory as a
+  // cpu array) stays the caller's, and freeing the array frees nothing. The caller keeps the memory alive
+  // for the array's lifetime. For handing a buffer planned elsewhere (a layer's activations) to the
+  // collectives without a copy. Throws ShapeError for negative dims, ValueError for a null data pointer
+  // with elements.
+  static Array borrow(void* data, Shape shape, DType dtype, Device device = {});
   Array(Array&&) noexcept;
   Array& operator=(Array&&) noexcept;
   Array(const Array&) = delete;  // copies are explicit: copy(), to()
@@ -52,6 +58,7 @@ class Array {
 
   bool valid() const { return data_ != nullptr || (dtype_set_ && size() == 0); }
   bool is_pinned() const { return pinned_; }
+  bool owns_data() const { return owned_; }  // false for Array::borrow
   const Shape& shape() const { return shape_; }
   int ndim() const { return static_cast<int>(shape_.size()); }
   std::int64_t dim(int axis) const;  // negative axes count from the end
@@ -112,6 +119,7 @@ class Array {
   bool dtype_set_ = false;
   Device device_;
   bool pinned_ = false;
+  bool owned_ = true;
   void* data_ = nullptr;
 };
 
