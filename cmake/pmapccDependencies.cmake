@@ -63,6 +63,21 @@ if(NOT PMAPCC_WITH_MPI STREQUAL "OFF")
   endif()
 endif()
 
+# ONNX export: the ONNX protobuf classes (libonnx-dev) and Protobuf (libprotobuf-dev).
+set(PMAPCC_HAVE_ONNX OFF)
+if(NOT PMAPCC_WITH_ONNX STREQUAL "OFF")
+  find_package(Protobuf QUIET)
+  if(Protobuf_FOUND)
+    find_package(ONNX QUIET)
+  endif()
+  if(Protobuf_FOUND AND ONNX_FOUND AND TARGET onnx_proto)
+    set(PMAPCC_HAVE_ONNX ON)
+  elseif(PMAPCC_WITH_ONNX STREQUAL "ON")
+    message(FATAL_ERROR "PMAPCC_WITH_ONNX=ON but ONNX or Protobuf was not found "
+                        "(install libonnx-dev and libprotobuf-dev: scripts/setup.sh)")
+  endif()
+endif()
+
 # cuRAND's host library is used by the tests to check our Philox stream even without a GPU.
 set(PMAPCC_HAVE_CURAND_HOST OFF)
 if(PMAPCC_HAVE_CUDA AND TARGET CUDA::curand)

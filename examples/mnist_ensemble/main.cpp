@@ -16,6 +16,9 @@
 #include "progress.h"
 #include "report.h"
 #include <pmapcc/ensemble/trainer.h>
+#ifdef PMAPCC_HAVE_ONNX
+#include <pmapcc/ensemble/onnx/export.h>
+#endif
 
 using namespace pmap::ensemble;
 
@@ -31,6 +34,58 @@ void write_outputs(const CliOptions& o, const Trainer& t, const EnsembleReport* 
   if (!o.metrics_csv.empty()) write_metrics_csv(o.metrics_csv, t.history());
   if (!o.plot.empty()) write_plot_svg(o.plot, t.history(), PlotExtras{dataset_title(t.config().dataset), curve});
   if (!o.predict.empty() && report != nullptr) write_predictions_csv(o.predict, report->predictions);
+}
+
+// --export-onnx: the trainer's members as one ensemble graph, or --export-member's member alone, with the
+// recipe and the test accuracy and NLL of the evaluation `m` in the file's metadata. `members` are the
+// members' own indices (their checkpoint's, with --members-subset; empty: 0, 1, ...). Collective (every
+// process gathers the members); the main process writes.
+void export_onnx(const CliOptions& o, const Trainer& t, const EpochMetrics& m, const std::vector<int>& members) {
+#ifdef PMAPCC_HAVE_ONNX
+  const std::vector<float> params = t.params(), state = t.model_state();
+  if (!t.is_main_process()) return;
+  const TrainConfig& c = t.config();
+  auto index_of = [&](int i) { return members.empty() ? i : members[static_cast<std::size_t>(i)]; };
+  int position = -1;  // --export-member's place among the trainer's members
+  for (int i = 0; i < t.total_members() && o.export_member >= 0; ++i)
+    if (index_of(i) == o.export_member) position = i;
+  if (o.export_member >= 0 && position < 0)
+    throw pmap::ValueError("--export-member " + std::to_string(o.export_member) + ": no such member among the " +
+                           std::to_string(t.total_members()) + (members.empty() ? "" : " evaluated") + " members");
+  std::string list;
+  for (int i = 0; i < t.total_members(); ++i) list += (i ? "," : "") + std::to_string(index_of(i));
+  onnx::ExportInfo info;
+  info.metadata = {{"model", c.model},
+                   {"recipe", pmap::io::dump_json(c.to_json())},
+                   {"dataset", c.dataset},
+                   {"seed", std::to_string(c.seed)},
+                   {"members", o.export_member >= 0 ? std::to_string(o.export_member) : list},
+                   {"input", "images (N, 28, 28, 1) f32: pixel / 255, channels last"}};
+  const bool member = o.export_member >= 0;
+  char acc[32], nll[32];
+  const auto p = static_cast<std::size_t>(position);
+  std::snprintf(acc, sizeof acc, "%.6f", member ? m.member_test_accuracy.at(p) : m.ensemble_test_accuracy);
+  std::snprintf(nll, sizeof nll, "%.6f", member ? m.member_calibration.at(p).nll : m.ensemble_calibration.nll);
+  info.metadata["test_accuracy"] = acc;
+  info.metadata["test_nll"] = nll;
+  info.doc = member ? "member " + std::to_string(o.export_member) + " of a pmapcc " + c.model + " ensemble"
+                    : "a pmapcc ensemble of " + std::to_string(t.total_members()) + " " + c.model +
+                          " members: the mean of their softmax probabilities";
+  const onnx::TrainedMembers trained{t.model(), params, state, t.total_members()};
+  if (member) {
+    onnx::export_member(trained, position, o.export_onnx, info);
+  } else {
+    onnx::export_ensemble(trained, o.export_onnx, info);
+  }
+#else
+  (void)o, (void)t, (void)m, (void)members;  // parse_cli refuses --export-onnx in such a build
+#endif
+}
+
+void print_exported(const CliOptions& o) {
+  if (o.export_onnx.empty()) return;
+  const std::string what = o.export_member >= 0 ? "member " + std::to_string(o.export_member) : "the ensemble";
+  std::printf("\nONNX: %s written to %s\n", what.c_str(), o.export_onnx.c_str());
 }
 
 void print_header(const Trainer& t, std::int64_t train_count, std::int64_t test_count, const std::string& what) {
@@ -73,10 +128,13 @@ int run_training(const CliOptions& o) {
   if (!o.resume.empty()) trainer.load_checkpoint(o.resume);
   const TrainConfig& c = trainer.config();
   const bool main_process = trainer.is_main_process();
+#ifdef PMAPCC_HAVE_ONNX
+  if (!o.export_onnx.empty()) onnx::check_exportable(trainer.model());  // before the run, not after it
+#endif
   if (main_process)
     print_header(trainer, train.count, test.count,
                  o.resume.empty() ? "training" : "resumed after epoch " + std::to_string(trainer.epochs_done()));
-  if (main_process && o.summary) std::printf("\n%s\n", trainer.model().summary().c_str());
+  if (main_process && !o.no_summary) std::printf("\n%s\n", trainer.model().summary().c_str());
   ProgressBar bar(stdout, main_process ? parse_progress_mode(o.progress) : ProgressMode::none, std::max(1, c.epochs));
   while (trainer.epochs_done() < c.epochs) {
     bar.begin_epoch(trainer.epochs_done() + 1, trainer.steps_per_epoch());
@@ -97,6 +155,8 @@ int run_training(const CliOptions& o) {
     std::printf("\n%s", final_table(last, trainer.members_per_device()).c_str());
     print_size_curve(report.size_curve);
   }
+  if (!o.export_onnx.empty()) export_onnx(o, trainer, last, {});
+  if (main_process) print_exported(o);
   return 0;
 }
 
@@ -126,6 +186,7 @@ int run_evaluation(const CliOptions& o) {
   const EnsembleReport report = trainer.evaluate_report(m);
   // Nothing was trained: no train loss or accuracy (null in the JSON, left out of the plot), not 0.
   m.train_loss = m.train_accuracy = std::numeric_limits<double>::quiet_NaN();
+  if (!o.export_onnx.empty()) export_onnx(o, trainer, m, o.members_subset);  // collective
   if (!trainer.is_main_process()) return 0;
   print_header(trainer, 0, test.count, "evaluating " + o.evaluate.string() + " (epoch " + std::to_string(m.epoch) + ")");
   std::printf("\n%s", final_table(m, trainer.members_per_device(), o.members_subset).c_str());
@@ -140,6 +201,7 @@ int run_evaluation(const CliOptions& o) {
   }
   if (!o.plot.empty()) write_plot_svg(o.plot, {m}, PlotExtras{dataset_title(c.dataset), report.size_curve});
   if (!o.predict.empty()) write_predictions_csv(o.predict, report.predictions, o.members_subset);
+  print_exported(o);
   return 0;
 }
 

@@ -42,6 +42,8 @@ expect "evaluate takes no training flag" 2 "--evaluate trains nothing: --epochs 
   "$bin" --evaluate x --epochs 2
 expect "evaluate takes no optimizer flag" 2 "--evaluate trains nothing: --lr is a training flag" -- \
   "$bin" --evaluate x --lr 0.1
+expect "evaluate takes no --no-summary" 2 "--no-summary is for training" -- "$bin" --evaluate x --no-summary
+expect "summary and no summary" 2 "--summary excludes --no-summary" -- "$bin" --summary --no-summary
 expect "bad number" 2 "--epochs: 'x' is not an integer" -- "$bin" --epochs x
 expect "unknown flag" 2 "unknown flag '--nope'" -- "$bin" --nope
 expect "missing value" 2 "--data needs a value" -- "$bin" --data
@@ -52,6 +54,14 @@ expect "members not multiple" 1 "--members 3 is not a multiple of --devices 2" -
 expect "train 2 epochs" 0 "ensemble" -- "${run[@]}" --epochs 2 --metrics-json "$work/m.json" \
   --metrics-csv "$work/m.csv" --plot "$work/p.svg" --save "$work/ck2.safetensors"
 [ -s "$work/m.json" ] && [ -s "$work/m.csv" ] && [ -s "$work/p.svg" ] && pass "outputs written" || fail "outputs written"
+# The model's table is printed at the start, before the first epoch (Keras's summary: the Flax CNN's 824,458).
+python3 - "$work/out" <<'PY' && pass "model summary at the start" || fail "model summary at the start"
+import sys
+out = open(sys.argv[1]).read()
+assert "Total params: 824,458" in out and out.index("Total params") < out.index("epoch 1/2"), out[:2000]
+PY
+expect "no summary" 0 "ensemble" -- "${run[@]}" --epochs 1 --train-limit 64 --no-summary
+! grep -q "Total params" "$work/out" && pass "--no-summary leaves the table out" || fail "--no-summary leaves the table out"
 python3 - "$work/m.json" <<'PY' && pass "metrics json shape" || fail "metrics json shape"
 import json, sys
 m = json.load(open(sys.argv[1]))
@@ -97,7 +107,7 @@ PY
 # evaluation equal to the run's last epoch.
 kr=("$bin" --data "$work/data" --devices 2 --members 2 --progress plain --model keras-convnet)
 expect "keras-convnet trains" 0 "adam lr 0.001" -- "${kr[@]}" --epochs 1 --metrics-json "$work/k.json" \
-  --save "$work/k.safetensors" --summary
+  --save "$work/k.safetensors"
 grep -q "Non-trainable params: 136" "$work/out" && pass "keras-convnet summary" || fail "keras-convnet summary"
 expect "keras-convnet evaluates" 0 "ensemble" -- "${ev[@]}" --evaluate "$work/k.safetensors" --metrics-json "$work/ke.json"
 python3 - "$work/k.json" "$work/ke.json" "$work/k.safetensors" <<'PY' && pass "keras-convnet: recipe, state, evaluation" || fail "keras-convnet: recipe, state, evaluation"
