@@ -12,7 +12,10 @@ Prints one JSON line: the configuration, model-images/s (members x batch x timed
 step left out as warm-up) and each member's and the ensemble's test accuracy.
 
   /usr/bin/python3 bench/torch_flax_cnn.py --data data/mnist [--members 2] [--steps 100] [--threads 1]
-      [--mode loop|vmap] [--batch 128] [--seed 0]
+      [--mode loop|vmap] [--batch 128] [--seed 0] [--device cpu|cuda]
+
+--device cuda runs it on the GPU (scripts/gpu_checks.sh's bench stage, beside bench_cuda_train), the data
+moved there once and the timed steps closed by a synchronize.
 
 Needs NumPy and PyTorch (Debian's python3-numpy and python3-torch). run_train_bench.py runs it with
 LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-pthread (OpenBLAS for the dense layers, one BLAS thread:
@@ -106,28 +109,37 @@ def main():
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda where PyTorch has a GPU")
     a = ap.parse_args()
     if a.members < 1 or a.steps < 2 or a.batch < 1 or a.threads < 1:
         ap.error("--members, --batch and --threads must be >= 1 and --steps >= 2")
+    if a.device != "cpu" and not (a.device.startswith("cuda") and torch.cuda.is_available()):
+        ap.error(f"--device {a.device}: this PyTorch has no such device (cpu, or cuda with a GPU)")
+    device = torch.device(a.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
-    x, y = split(a.data, "train-images-idx3-ubyte", "train-labels-idx1-ubyte")
-    xt, yt = split(a.data, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+    x, y = (t.to(device) for t in split(a.data, "train-images-idx3-ubyte", "train-labels-idx1-ubyte"))
+    xt, yt = (t.to(device) for t in split(a.data, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"))
     if a.steps * a.batch > len(x):
         ap.error(f"--steps {a.steps} x --batch {a.batch} is more than the {len(x)} training images")
-    runner = (Loop if a.mode == "loop" else Vmapped)([member() for _ in range(a.members)], a.lr, a.momentum)
-    order = torch.randperm(len(x))[: a.steps * a.batch].view(a.steps, a.batch)
+    runner = (Loop if a.mode == "loop" else Vmapped)([member().to(device) for _ in range(a.members)], a.lr,
+                                                      a.momentum)
+    order = torch.randperm(len(x))[: a.steps * a.batch].view(a.steps, a.batch).to(device)
 
     runner.step(x[order[0]], y[order[0]])  # warm-up: allocations and the first-call costs
+    sync()
     start = time.perf_counter()
     for s in range(1, a.steps):
         runner.step(x[order[s]], y[order[s]])
+    sync()
     seconds = time.perf_counter() - start
 
     probs = torch.cat([runner.probabilities(xt[i:i + 1000]) for i in range(0, len(xt), 1000)], dim=1)
     accuracy = lambda p: round((p.argmax(-1) == yt).double().mean().item(), 4)
     print(json.dumps({
-        "framework": f"torch-{torch.__version__}", "model": "flax-cnn", "mode": a.mode, "members": a.members,
+        "framework": f"torch-{torch.__version__}", "model": "flax-cnn", "device": a.device, "mode": a.mode,
+        "members": a.members,
         "threads": a.threads, "batch": a.batch, "timed_steps": a.steps - 1, "seconds": round(seconds, 3),
         "model_images_per_s": round(a.members * a.batch * (a.steps - 1) / seconds, 1),
         "member_test_acc": [accuracy(p) for p in probs], "ensemble_test_acc": accuracy(probs.mean(0)),

@@ -21,8 +21,9 @@
 #              initial parameters bitwise equal, a 20-step loss trajectory within 1e-4, and the same GPU
 #              run twice bitwise equal (losses and checkpoint tensors); and --mode model-parallel --mesh 1x2
 #              against the CPU (20-step losses within 1e-4)
-#   bench      bench_cuda_train beside ../shared/anchors' torch_cnn_ensemble.py --device cuda and
-#              jax_cnn_ensemble.py (ANCHORS=DIR to point elsewhere), 1, 4 and 8 members
+#   bench      bench_cuda_train beside the project's PyTorch reference, bench/torch_flax_cnn.py --device cuda
+#              (where PyTorch has CUDA), and a JAX program where ANCHORS=DIR holds jax_cnn_ensemble.py;
+#              1, 4 and 8 members
 #   summary    one JSON file, bench/results/gpu-checks-<device>-<date>.json: the device, versions, every
 #              stage's result and the benchmark lines
 # Logs: <build>/gpu_checks/ (stage results accumulate there across invocations, for the summary).
@@ -74,7 +75,7 @@ stage_helpers() {
   tests="$build/tests/pmapcc_tests"
   program="$build/examples/mnist_ensemble"
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  # Raw IDX files for the anchors and the program (the .gz files travel; the reader takes either).
+  # Raw IDX files for the references and the program (the .gz files travel; the reader takes either).
   raw_data() {
     local out="$build/mnist-raw"
     mkdir -p "$out"
@@ -233,20 +234,24 @@ PY
 stage_bench() {
   local d anchors=${ANCHORS:-} rc=0
   d=$(raw_data)
-  for dir in shared/anchors ../shared/anchors /work/shared/anchors; do
-    [[ -z "$anchors" && -f "$dir/jax_cnn_ensemble.py" ]] && anchors=$dir
-  done
   "$build/bench/bench_cuda_train" --data "$d" --steps 200 || rc=1
-  if [[ -z "$anchors" ]]; then
-    echo "bench: the anchors (jax_cnn_ensemble.py, torch_cnn_ensemble.py) were not found: set ANCHORS=DIR"
-    return 1
-  fi
-  for m in 1 4 8; do
-    for mode in loop vmap; do
-      python3 "$anchors/torch_cnn_ensemble.py" --data "$d" --members "$m" --steps 200 --mode "$mode" --device cuda || rc=1
+  # PyTorch beside it: the project's own reference (bench/torch_flax_cnn.py, the same model and recipe), where
+  # the machine's Python has PyTorch with CUDA. JAX's, only where ANCHORS names a folder with
+  # jax_cnn_ensemble.py (this repository carries no JAX program).
+  if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    for m in 1 4 8; do
+      for mode in loop vmap; do
+        python3 bench/torch_flax_cnn.py --data "$d" --members "$m" --steps 200 --mode "$mode" --device cuda || rc=1
+      done
     done
-    python3 "$anchors/jax_cnn_ensemble.py" --data "$d" --members "$m" --steps 200 --mode vmap || rc=1
-  done
+  else
+    echo "bench: no PyTorch with CUDA on this machine: bench/torch_flax_cnn.py --device cuda not run"
+  fi
+  if [[ -n "$anchors" && -f "$anchors/jax_cnn_ensemble.py" ]]; then
+    for m in 1 4 8; do
+      python3 "$anchors/jax_cnn_ensemble.py" --data "$d" --members "$m" --steps 200 --mode vmap || rc=1
+    done
+  fi
   return $rc
 }
 

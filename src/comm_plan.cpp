@@ -181,8 +181,9 @@ void MeshImpl::build_nccl_comms() {
   std::vector<std::exception_ptr> errors(devices_.size());
   workers_->run_all([&](int i) {
     const int d = local_[static_cast<std::size_t>(i)];
-    cuda_set_thread_stream(streams_[static_cast<std::size_t>(d)].get());
     try {
+      rethrow_worker_bind_error();
+      cuda_set_thread_stream(streams_[static_cast<std::size_t>(d)].get());
       for (auto& [k, ac] : comms_) {
         const auto du = static_cast<std::size_t>(d);
         if (ac.kind[du] != CommKind::nccl) continue;  // a thread-hub communicator

@@ -45,8 +45,10 @@ using StreamHandle = void*;
 // A new stream on GPU `ordinal` that does not synchronize with the legacy default stream.
 StreamHandle cuda_stream_create(int ordinal);
 void cuda_stream_destroy(int ordinal, StreamHandle stream) noexcept;
-// Makes `stream` the calling thread's current stream (nullptr: the legacy default stream).
-void cuda_set_thread_stream(StreamHandle stream) noexcept;
+// Makes `stream` the calling thread's current stream (nullptr: the legacy default stream). Raises CudaError,
+// leaving the current stream as it was, when the stream's GPU cannot be queried: work would otherwise
+// silently go to the legacy stream (review L3).
+void cuda_set_thread_stream(StreamHandle stream);
 // Blocks until the calling thread's current stream has finished its work; raises CudaError for a
 // failure of that work.
 void cuda_sync_current_stream();

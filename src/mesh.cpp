@@ -85,8 +85,9 @@ void MeshImpl::run(TaskRef fn) {
     const std::string& dev = device_names_[static_cast<std::size_t>(d)];
     Failure& f = failures[static_cast<std::size_t>(i)];
     const StreamHandle stream = streams_[static_cast<std::size_t>(d)].get();
-    cuda_set_thread_stream(stream);  // CUDA devices: every op of fn goes to the device's stream
     try {
+      rethrow_worker_bind_error();
+      cuda_set_thread_stream(stream);  // CUDA devices: every op of fn goes to the device's stream
       fn(i);
       if (stream != nullptr) cuda_sync_current_stream();  // pmap returns when the device's work is done
     } catch (Aborted& e) {

@@ -14,6 +14,14 @@
 #include "cuda_seam.h"
 
 namespace pmap::detail {
+
+namespace {
+thread_local std::exception_ptr tls_bind_error;  // the worker's last failure to bind its GPU
+}  // namespace
+
+void rethrow_worker_bind_error() {
+  if (tls_bind_error) std::rethrow_exception(tls_bind_error);
+}
 namespace {
 
 thread_local const WorkerPool* tls_pool = nullptr;
@@ -107,11 +115,13 @@ void WorkerPool::loop(int index, Device device, bool pin) {
     }
     if (stop_.load(std::memory_order_acquire)) return;
     seen = generation_.load(std::memory_order_acquire);
-    if (!bound) {  // a failure to bind shows up as an error of the task's first CUDA call
+    if (!bound) {  // tried before every task until it succeeds; the task raises the failure
       try {
         cuda_bind_thread(device.ordinal);
         bound = true;
+        tls_bind_error = nullptr;
       } catch (...) {
+        tls_bind_error = std::current_exception();
       }
     }
     (*task_)(index);

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -18,6 +19,11 @@
 #include <pmap/device.h>
 
 namespace pmap::detail {
+
+// On a worker thread of a CUDA device whose binding to its GPU (cudaSetDevice) failed before the current
+// task: rethrows that error, so the task fails with it instead of running against another GPU's context
+// (review L2). Does nothing elsewhere.
+void rethrow_worker_bind_error();
 
 class WorkerPool {
  public:

@@ -27,13 +27,14 @@ namespace pe = pmap::ensemble;
 
 namespace {
 
-// Every layer kind the exporter knows, on 8x8 images: Rescaling, a 2x2 "same" Conv2D (its odd padding
+// Every layer kind the exporter knows, on 8x8 images: Rescaling (twice), a 2x2 "same" Conv2D (its odd padding
 // pixel after), BatchNorm with both gamma and beta, ReLU, pooling, a strided "valid" Conv2D without bias,
 // Flatten, Dense, BatchNorm over features (beta only), Dropout, Dense; then a second model ending in global
 // average pooling.
 std::unique_ptr<pe::Sequential> every_layer() {
   std::vector<std::unique_ptr<pe::Layer>> l;
   l.push_back(pe::rescaling(2.0f, -1.0f));
+  l.push_back(pe::rescaling(0.5f));  // twice: its tensors' names must not clash
   l.push_back(pe::conv2d("Conv_0", 3, pe::Conv2dOptions{2}));
   l.push_back(pe::batch_norm("BatchNorm_0"));
   l.push_back(pe::relu());

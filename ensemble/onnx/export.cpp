@@ -210,8 +210,9 @@ std::string add_member(GraphBuilder& b, const TrainedMembers& t, int m, const st
     } else if (c.kind == "Dropout") {
       // The identity in inference: no node.
     } else if (c.kind == "Rescaling") {
-      emit("Mul", {b.scalar(tensor + "scale", static_cast<float>(c.number("scale")))}, ln, "scale");
-      emit("Add", {b.scalar(tensor + "offset", static_cast<float>(c.number("offset")))}, ln, "offset");
+      // Named by the step: a model may rescale twice, and the layer's name is the kind's.
+      emit("Mul", {b.scalar(name(ln, "scale_value"), static_cast<float>(c.number("scale")))}, ln, "scale");
+      emit("Add", {b.scalar(name(ln, "offset_value"), static_cast<float>(c.number("offset")))}, ln, "offset");
     } else {
       throw ValueError("onnx export: " + where(model, i) + " has no ONNX form here");
     }

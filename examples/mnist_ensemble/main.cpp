@@ -130,6 +130,9 @@ int run_training(const CliOptions& o) {
   const bool main_process = trainer.is_main_process();
 #ifdef PMAPCC_HAVE_ONNX
   if (!o.export_onnx.empty()) onnx::check_exportable(trainer.model());  // before the run, not after it
+  if (o.export_member >= trainer.total_members())
+    throw pmap::ValueError("--export-member " + std::to_string(o.export_member) + ": no such member among the " +
+                           std::to_string(trainer.total_members()) + " members");
 #endif
   if (main_process)
     print_header(trainer, train.count, test.count,

@@ -32,6 +32,14 @@ cudaStream_t stream_for_gpu(int ordinal) noexcept {
   return tls_stream.ordinal == ordinal ? tls_stream.stream : nullptr;
 }
 
+cudaStream_t exchange_current_stream_checked(cudaStream_t stream) {
+  int ordinal = -1;
+  if (stream != nullptr) PMAPCC_CUDA_CHECK(cudaStreamGetDevice(stream, &ordinal));
+  const cudaStream_t previous = tls_stream.stream;
+  tls_stream = ThreadStream{stream, ordinal};
+  return previous;
+}
+
 cudaStream_t exchange_current_stream(cudaStream_t stream) noexcept {
   const cudaStream_t previous = tls_stream.stream;
   int ordinal = -1;
@@ -213,8 +221,8 @@ void cuda_stream_destroy(int ordinal, StreamHandle stream) noexcept {
   cudaSetDevice(previous);
 }
 
-void cuda_set_thread_stream(StreamHandle stream) noexcept {
-  exchange_current_stream(static_cast<cudaStream_t>(stream));
+void cuda_set_thread_stream(StreamHandle stream) {
+  exchange_current_stream_checked(static_cast<cudaStream_t>(stream));
 }
 
 void cuda_sync_current_stream() { PMAPCC_CUDA_CHECK(cudaStreamSynchronize(current_stream())); }

@@ -35,7 +35,7 @@ std::string cuda_gpu_uuid(int) noexcept { return {}; }
 bool cuda_enable_peer_access(const std::vector<int>&) { return false; }
 StreamHandle cuda_stream_create(int) { unavailable(); }
 void cuda_stream_destroy(int, StreamHandle) noexcept {}
-void cuda_set_thread_stream(StreamHandle) noexcept {}
+void cuda_set_thread_stream(StreamHandle) {}
 void cuda_sync_current_stream() {}
 void cuda_drain_current_stream() noexcept {}
 void cuda_divide(int, void*, std::size_t, DType, int) { unavailable(); }

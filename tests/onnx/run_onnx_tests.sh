@@ -101,6 +101,10 @@ run "--export-member of a member not evaluated" 1 --evaluate "$work/k.st" --devi
   --export-onnx "$work/bad.onnx" --export-member 1
 grep -q "export-member 1: no such member" "$work/err" && [[ ! -e "$work/bad.onnx" ]] &&
   [[ -z "$(ls "$work" | grep '\.tmp-')" ]] && pass "  ...and writes nothing" || fail "  ...and writes nothing"
+run "--export-member past the members, before training" 1 --epochs 1 --devices 2 --members 2 --export-onnx \
+  "$work/m5.onnx" --export-member 5
+grep -q "export-member 5: no such member among the 2 members" "$work/err" && ! grep -q "training:" "$work/out" &&
+  pass "  ...refused before the run" || fail "  ...refused before the run"
 run "--export-onnx of untrained members" 2 --epochs 0 --export-onnx "$work/u.onnx"
 grep -q "would export untrained members" "$work/err" && pass "  ...says why" || fail "  ...says why"
 run "--export-onnx into a missing directory" 2 --epochs 1 --train-limit 64 --export-onnx "$work/none/x.onnx"

@@ -13,13 +13,18 @@ namespace pmap::detail {
 // The stream work of the calling thread goes to. Never throws.
 cudaStream_t current_stream() noexcept;
 
-// Makes `stream` the calling thread's current stream; returns the previous one. Never throws.
+// Makes `stream` the calling thread's current stream; returns the previous one. Never throws: a stream whose
+// GPU cannot be queried is kept with no GPU (stream_for_gpu then gives every GPU's legacy stream). For
+// restoring a stream that was current before.
 cudaStream_t exchange_current_stream(cudaStream_t stream) noexcept;
+// The same, raising CudaError (and changing nothing) when the stream's GPU cannot be queried (review L3).
+cudaStream_t exchange_current_stream_checked(cudaStream_t stream);
 
-// Sets the current stream for a scope and restores the previous one on exit.
+// Sets the current stream for a scope and restores the previous one on exit. Raises as
+// exchange_current_stream_checked.
 class StreamScope {
  public:
-  explicit StreamScope(cudaStream_t stream) : previous_(exchange_current_stream(stream)) {}
+  explicit StreamScope(cudaStream_t stream) : previous_(exchange_current_stream_checked(stream)) {}
   ~StreamScope() { exchange_current_stream(previous_); }
   StreamScope(const StreamScope&) = delete;
   StreamScope& operator=(const StreamScope&) = delete;
