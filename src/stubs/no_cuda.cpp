@@ -1,5 +1,6 @@
-// Stub CUDA backend for builds without the CUDA toolkit: no CUDA devices exist. What needs a device or a
-// stream raises NotAvailable; what releases, waits for or drains one has nothing to do and returns.
+// Stub CUDA backend for builds without the CUDA toolkit: no CUDA devices exist.
+// A call that needs a device or a stream raises NotAvailable.
+// A call that releases, waits for, drains or resets one has nothing to do and returns.
 #include <pmap/device.h>
 #include <pmap/error.h>
 
