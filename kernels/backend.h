@@ -1,7 +1,7 @@
-// Backend: a device kind's numeric ops, as op families (conv, dense, layers, loss, optimizer, metrics) behind
-// one aggregate, so the training layer runs the same step on CPU devices and CUDA devices. Backend itself
-// holds only what every family shares: the device kind, memory copies, and graph capture. There is one
-// dispatch, the families' virtual calls: each CPU ISA variant is a Backend of its own
+// Backend: a device kind's numeric ops, as op families (conv, dense, layers, loss, optimizer, metrics,
+// elementwise) behind one aggregate, so the training layer runs the same step on CPU devices and CUDA devices.
+// Backend itself holds only what every family shares: the device kind, memory copies, and graph capture.
+// There is one dispatch, the families' virtual calls: each CPU ISA variant is a Backend of its own
 // (kernels/cpu_backend.h), and so is the CUDA code (kernels/cuda/backend.h).
 //
 // Every pointer is in the memory of the backend's device (host memory for the CPU backends and for the
@@ -29,6 +29,7 @@
 
 #include <pmapcc/kernels/conv_ops.h>
 #include <pmapcc/kernels/dense_ops.h>
+#include <pmapcc/kernels/elementwise_ops.h>
 #include <pmapcc/kernels/graph.h>
 #include <pmapcc/kernels/layer_ops.h>
 #include <pmapcc/kernels/loss_ops.h>
@@ -60,6 +61,8 @@ class Backend {
   virtual const LayerOps& layers() const = 0;
   // The evaluation's sums, hits, calibration and predictions on this backend's device (kernels/metric_ops.h).
   virtual const MetricOps& metrics() const = 0;
+  // Element-wise arithmetic and activations (kernels/elementwise_ops.h): what kernels/array_ops.h runs on.
+  virtual const ElementwiseOps& elementwise() const = 0;
 
   // ---- memory -------------------------------------------------------------------------------------------
 

@@ -114,6 +114,15 @@ Device current_device() {
   return ctx.mesh->devices()[static_cast<std::size_t>(ctx.device)];
 }
 
+void* cuda_stream() {
+  auto& ctx = detail::current_context("cuda_stream");
+  const Device& d = ctx.mesh->devices()[static_cast<std::size_t>(ctx.device)];
+  if (d.kind != DeviceKind::cuda) {
+    throw ValueError("cuda_stream: the calling function runs on " + d.str() + ", which is not a CUDA device");
+  }
+  return detail::cuda_thread_stream();
+}
+
 Array psum(const Array& x, const AxisNames& axes) {
   Array out(x.shape(), x.dtype(), x.device());
   reduce_into("psum", x, out, axes, ReduceOp::sum);

@@ -49,6 +49,8 @@ void cuda_stream_destroy(int ordinal, StreamHandle stream) noexcept;
 // leaving the current stream as it was, when the stream's GPU cannot be queried: work would otherwise
 // silently go to the legacy stream (review L3).
 void cuda_set_thread_stream(StreamHandle stream);
+// The calling thread's current stream (what cuda_set_thread_stream set; nullptr: the legacy stream).
+StreamHandle cuda_thread_stream() noexcept;
 // Blocks until the calling thread's current stream has finished its work; raises CudaError for a
 // failure of that work.
 void cuda_sync_current_stream();

@@ -21,6 +21,11 @@ namespace pmap {
 int axis_index(const AxisNames& axes);  // this device's index along the axes (row-major over a tuple)
 int axis_size(const AxisNames& axes);   // number of devices along the axes
 Device current_device();                // the device the calling pmapped function runs on
+// The CUDA stream of the calling pmapped function's device, as a cudaStream_t (cast it): launch your own
+// kernels and library calls on it to order them with pmapcc's work there (pmapcc::kernels' ops, copies,
+// collectives); pmap waits for it before it returns. Virtual devices sharing a GPU each have their own.
+// ValueError on a CPU device; Error outside pmap.
+void* cuda_stream();
 // How many collectives (of any kind, over any axes) the calling device has entered so far in the current
 // pmap call: what a step costs in collectives, for tests and profiling.
 std::uint64_t collectives_entered();

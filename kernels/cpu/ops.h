@@ -88,6 +88,14 @@ class LossOpsImpl final : public LossOps {
   void reduce_mean(int members, std::size_t n, const float* x, float* out) const override;
 };
 
+// elementwise.cpp
+class ElementwiseOpsImpl final : public ElementwiseOps {
+ public:
+  void unary(UnaryOp op, std::size_t n, const float* x, float* y) const override;
+  void activation_backward(UnaryOp op, std::size_t n, const float* y, const float* dy, float* dx) const override;
+  void binary(BinaryOp op, std::size_t n, const float* a, std::size_t nb, const float* b, float* y) const override;
+};
+
 class Ops final : public CpuBackend {
  public:
   std::string isa() const override;                                   // backend.cpp
@@ -98,6 +106,7 @@ class Ops final : public CpuBackend {
   const LossOps& loss() const override { return loss_; }
   const OptimizerOps& optimizer() const override { return optimizer_; }
   const LayerOps& layers() const override { return layers_; }
+  const ElementwiseOps& elementwise() const override { return elementwise_; }
 
  private:
   ConvOpsImpl conv_;
@@ -105,6 +114,7 @@ class Ops final : public CpuBackend {
   LossOpsImpl loss_;
   OptimizerOpsImpl optimizer_;
   LayerOpsImpl layers_;
+  ElementwiseOpsImpl elementwise_;
 };
 
 }  // namespace PMAPCC_CPU_NS

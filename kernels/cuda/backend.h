@@ -133,10 +133,22 @@ class CudaMetricOps final : public MetricOps {
   Exec ex_;
 };
 
+// elementwise.cu: one item per element.
+class CudaElementwiseOps final : public ElementwiseOps {
+ public:
+  explicit CudaElementwiseOps(Exec ex) : ex_(ex) {}
+  void unary(UnaryOp op, std::size_t n, const float* x, float* y) const override;
+  void activation_backward(UnaryOp op, std::size_t n, const float* y, const float* dy, float* dx) const override;
+  void binary(BinaryOp op, std::size_t n, const float* a, std::size_t nb, const float* b, float* y) const override;
+
+ private:
+  Exec ex_;
+};
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(Exec ex)
-      : ex_(ex), conv_(ex), dense_(ex), loss_(ex), optimizer_(ex), layers_(ex), metrics_(ex) {}
+      : ex_(ex), conv_(ex), dense_(ex), loss_(ex), optimizer_(ex), layers_(ex), metrics_(ex), elementwise_(ex) {}
   std::string name() const override { return ex_.on_host() ? "cuda-on-host" : "cuda"; }
   DeviceKind kind() const override { return ex_.on_host() ? DeviceKind::cpu : DeviceKind::cuda; }
 
@@ -146,6 +158,7 @@ class CudaBackend final : public Backend {
   const OptimizerOps& optimizer() const override { return optimizer_; }
   const LayerOps& layers() const override { return layers_; }
   const MetricOps& metrics() const override { return metrics_; }
+  const ElementwiseOps& elementwise() const override { return elementwise_; }
   void copy(void* dst, const void* src, std::size_t bytes) const override { ex_.copy(dst, src, bytes); }
   void fill_zero(void* dst, std::size_t bytes) const override { ex_.fill_zero(dst, bytes); }
   void prepare() const override { ex_.prepare(); }
@@ -160,6 +173,7 @@ class CudaBackend final : public Backend {
   CudaOptimizerOps optimizer_;
   CudaLayerOps layers_;
   CudaMetricOps metrics_;
+  CudaElementwiseOps elementwise_;
 };
 
 }  // namespace pmap::kernels::gpu

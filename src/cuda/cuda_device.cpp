@@ -225,6 +225,8 @@ void cuda_set_thread_stream(StreamHandle stream) {
   exchange_current_stream_checked(static_cast<cudaStream_t>(stream));
 }
 
+StreamHandle cuda_thread_stream() noexcept { return current_stream(); }
+
 void cuda_sync_current_stream() { PMAPCC_CUDA_CHECK(cudaStreamSynchronize(current_stream())); }
 
 void cuda_drain_current_stream() noexcept {

@@ -37,6 +37,7 @@ bool cuda_enable_peer_access(const std::vector<int>&) { return false; }
 StreamHandle cuda_stream_create(int) { unavailable(); }
 void cuda_stream_destroy(int, StreamHandle) noexcept {}
 void cuda_set_thread_stream(StreamHandle) {}
+StreamHandle cuda_thread_stream() noexcept { return nullptr; }
 void cuda_sync_current_stream() {}
 void cuda_drain_current_stream() noexcept {}
 void cuda_divide(int, void*, std::size_t, DType, int) { unavailable(); }

@@ -1,0 +1,348 @@
+// pmap::ops: the kernels as functions of Arrays (kernels/array_ops.h). Each function checks its operands,
+// allocates its result on their device and calls one op of the device's backend.
+#include <pmapcc/kernels/array_ops.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <algorithm>
+
+#include <pmap/collectives.h>
+#include <pmap/error.h>
+
+#include <pmapcc/kernels/backend.h>
+
+namespace pmap::ops {
+namespace {
+
+thread_local const kernels::Backend* tls_override = nullptr;
+
+void require_valid(const char* fn, const char* name, const Array& x) {
+  if (!x.valid()) throw ValueError(std::string("ops::") + fn + ": " + name + " is an empty Array handle");
+}
+
+void require_dtype(const char* fn, const char* arg, const Array& x, DType want) {
+  require_valid(fn, arg, x);
+  if (x.dtype() != want) {
+    throw ValueError(std::string("ops::") + fn + ": " + arg + " is " + x.str() + "; it must be " +
+                     std::string(pmap::name(want)));
+  }
+}
+
+// The backend that computes on arrays of `device`, after checking the calling thread may queue work there.
+const kernels::Backend& backend_of(const char* fn, const Device& device) {
+  if (device.is_cpu()) return tls_override != nullptr ? *tls_override : kernels::backend_for(DeviceKind::cpu);
+  Device here;
+  bool inside = true;
+  try {
+    here = current_device();
+  } catch (const Error&) {
+    inside = false;
+  }
+  if (!inside || here != device) {
+    throw ValueError(std::string("ops::") + fn + " on " + device.str() +
+                     ": a CUDA array is computed on inside the function pmap runs on its device" +
+                     (inside ? " (this one runs on " + here.str() + ")" : " (this call is outside pmap)"));
+  }
+  return kernels::backend_for(DeviceKind::cuda);
+}
+
+void require_same_device(const char* fn, const Array& a, const char* an, const Array& b, const char* bn) {
+  if (a.device() != b.device()) {
+    throw ValueError(std::string("ops::") + fn + ": " + an + " is " + a.str() + " and " + bn + " is " + b.str() +
+                     "; operands must be on one device (copy with Array::to)");
+  }
+}
+
+int as_int(const char* fn, const char* what, std::int64_t v) {
+  if (v > std::numeric_limits<int>::max()) {
+    throw ValueError(std::string("ops::") + fn + ": " + what + " " + std::to_string(v) + " exceeds the kernels' " +
+                     std::to_string(std::numeric_limits<int>::max()));
+  }
+  return static_cast<int>(v);
+}
+
+// Leading axes as rows: (rows, last) of an array of ndim >= 1.
+std::int64_t rows_of(const Array& x) { return x.ndim() == 0 ? 1 : x.size() / std::max<std::int64_t>(x.dim(-1), 1); }
+
+Shape with_last(const Shape& s, std::int64_t last) {
+  Shape out = s;
+  out.back() = last;
+  return out;
+}
+
+// Device scratch of `bytes` bytes (none for 0).
+Array workspace(std::size_t bytes, const Device& device) {
+  return Array(Shape{static_cast<std::int64_t>(bytes)}, DType::u8, device);
+}
+void* ptr(Array& ws) { return ws.size() == 0 ? nullptr : ws.raw_data(); }
+
+Array unary(kernels::UnaryOp op, const Array& x) {
+  const char* fn = kernels::to_string(op);
+  require_dtype(fn, "x", x, DType::f32);
+  const kernels::Backend& be = backend_of(fn, x.device());
+  Array y(x.shape(), DType::f32, x.device());
+  be.elementwise().unary(op, static_cast<std::size_t>(x.size()), x.data<float>(), y.data<float>());
+  return y;
+}
+
+Array activation_grad(kernels::UnaryOp op, const char* fn, const Array& y, const Array& dy) {
+  require_dtype(fn, "y", y, DType::f32);
+  require_dtype(fn, "dy", dy, DType::f32);
+  require_same_device(fn, y, "y", dy, "dy");
+  if (y.shape() != dy.shape()) {
+    throw ShapeError(std::string("ops::") + fn + ": y " + y.signature() + " and dy " + dy.signature() +
+                     " must have one shape");
+  }
+  const kernels::Backend& be = backend_of(fn, y.device());
+  Array dx(y.shape(), DType::f32, y.device());
+  be.elementwise().activation_backward(op, static_cast<std::size_t>(y.size()), y.data<float>(), dy.data<float>(),
+                                       dx.data<float>());
+  return dx;
+}
+
+// Whether b's shape is a trailing part of a's (numpy's broadcasting of b against a's trailing axes) or b is
+// one element.
+bool broadcasts(const Shape& a, const Shape& b) {
+  if (num_elements(b) == 1) return true;
+  if (b.size() > a.size()) return false;
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    if (b[b.size() - 1 - i] != a[a.size() - 1 - i]) return false;
+  }
+  return true;
+}
+
+Array binary(kernels::BinaryOp op, const Array& a, const Array& b) {
+  const char* fn = kernels::to_string(op);
+  require_dtype(fn, "a", a, DType::f32);
+  require_dtype(fn, "b", b, DType::f32);
+  require_same_device(fn, a, "a", b, "b");
+  if (!broadcasts(a.shape(), b.shape())) {
+    throw ShapeError(std::string("ops::") + fn + ": b " + b.signature() + " does not broadcast to a " +
+                     a.signature() + " (b must be a's shape, one element, or a's trailing axes)");
+  }
+  const kernels::Backend& be = backend_of(fn, a.device());
+  Array y(a.shape(), DType::f32, a.device());
+  be.elementwise().binary(op, static_cast<std::size_t>(a.size()), a.data<float>(),
+                          static_cast<std::size_t>(b.size()), b.data<float>(), y.data<float>());
+  return y;
+}
+
+Array reduce_all(const char* fn, const Array& x, bool mean) {
+  require_dtype(fn, "x", x, DType::f32);
+  const kernels::Backend& be = backend_of(fn, x.device());
+  Array out(Shape{}, DType::f32, x.device());
+  if (x.size() == 0) {
+    if (mean) throw ValueError(std::string("ops::mean: x ") + x.signature() + " has no elements");
+    return out;
+  }
+  const auto n = static_cast<std::size_t>(x.size());
+  if (mean) be.loss().reduce_mean(1, n, x.data<float>(), out.data<float>());
+  else be.loss().reduce_sum(1, n, x.data<float>(), out.data<float>());
+  return out;
+}
+
+Array reduce_rows(const char* fn, const Array& x, bool mean) {
+  require_dtype(fn, "x", x, DType::f32);
+  if (x.ndim() == 0) {
+    throw ShapeError(std::string("ops::") + fn + ": x is a scalar " + x.signature() + "; it needs a leading axis");
+  }
+  const std::int64_t rows = x.dim(0);
+  const kernels::Backend& be = backend_of(fn, x.device());
+  Shape rest(x.shape().begin() + 1, x.shape().end());
+  Array out(rest, DType::f32, x.device());
+  if (rows == 0) {
+    if (mean) throw ValueError(std::string("ops::mean_rows: x ") + x.signature() + " has no rows");
+    return out;
+  }
+  const auto n = static_cast<std::size_t>(out.size());
+  if (n == 0) return out;
+  be.metrics().sum_members(as_int(fn, "rows", rows), n, x.data<float>(), out.data<float>(), false);
+  if (mean) be.metrics().divide(n, out.data<float>(), static_cast<float>(rows));
+  return out;
+}
+
+}  // namespace
+
+Array matmul(const Array& a, const Array& b, bool transpose_a, bool transpose_b) {
+  const char* fn = "matmul";
+  require_dtype(fn, "a", a, DType::f32);
+  require_dtype(fn, "b", b, DType::f32);
+  require_same_device(fn, a, "a", b, "b");
+  if (transpose_a && transpose_b) {
+    throw ValueError("ops::matmul: transpose_a and transpose_b together are not supported; (a^T b^T) is (b a)^T");
+  }
+  const auto shapes = [&] { return " (a " + a.signature() + ", b " + b.signature() + ")"; };
+  if (a.ndim() < 1 || b.ndim() < 1) throw ShapeError("ops::matmul: operands need at least one axis" + shapes());
+  const kernels::Backend& be = backend_of(fn, a.device());
+  kernels::DenseParams p;
+  if (!transpose_a) {
+    if (b.ndim() != 2) throw ShapeError("ops::matmul: b must be 2-d" + shapes());
+    const std::int64_t k = a.dim(-1);
+    const std::int64_t bk = transpose_b ? b.dim(1) : b.dim(0);
+    if (k != bk) {
+      throw ShapeError(std::string("ops::matmul: a's last axis (") + std::to_string(k) + ") is not b's " +
+                       (transpose_b ? "last" : "first") + " (" + std::to_string(bk) + ")" + shapes());
+    }
+    const std::int64_t out_cols = transpose_b ? b.dim(0) : b.dim(1);
+    Array y(with_last(a.shape(), out_cols), DType::f32, a.device());
+    const std::int64_t rows = rows_of(a);
+    if (y.size() == 0 || k == 0) return y;  // an empty product, or sums of nothing: zeros
+    p.batch = as_int(fn, "rows", rows);
+    Array ws;
+    if (!transpose_b) {
+      p.in_features = as_int(fn, "K", k);
+      p.out_features = as_int(fn, "O", out_cols);
+      ws = workspace(be.dense().dense_workspace_bytes(p), a.device());
+      be.dense().dense_forward(p, a.data<float>(), b.data<float>(), nullptr, y.data<float>(), ptr(ws));
+    } else {  // y = a @ b^T is dense_backward's dx = dy @ w^T with dy = a (rows, k) and w = b (out_cols, k)
+      p.in_features = as_int(fn, "K", out_cols);
+      p.out_features = as_int(fn, "O", k);
+      ws = workspace(be.dense().dense_workspace_bytes(p), a.device());
+      be.dense().dense_backward(p, nullptr, b.data<float>(), a.data<float>(), y.data<float>(), nullptr, nullptr,
+                                ptr(ws));
+    }
+    return y;
+  }
+  // a^T @ b: a (N..., K), b (N..., O) with the same leading axes.
+  if (a.ndim() < 2 || b.ndim() < 2) {
+    throw ShapeError("ops::matmul: transpose_a needs 2-d or higher operands" + shapes());
+  }
+  if (Shape(a.shape().begin(), a.shape().end() - 1) != Shape(b.shape().begin(), b.shape().end() - 1)) {
+    throw ShapeError("ops::matmul: with transpose_a, a and b must have the same leading axes" + shapes());
+  }
+  const std::int64_t k = a.dim(-1), o = b.dim(-1), rows = rows_of(a);
+  Array y(Shape{k, o}, DType::f32, a.device());
+  if (y.size() == 0 || rows == 0) return y;
+  p.batch = as_int(fn, "rows", rows);
+  p.in_features = as_int(fn, "K", k);
+  p.out_features = as_int(fn, "O", o);
+  Array ws = workspace(be.dense().dense_workspace_bytes(p), a.device());
+  be.dense().dense_backward(p, a.data<float>(), nullptr, b.data<float>(), nullptr, y.data<float>(), nullptr, ptr(ws));
+  return y;
+}
+
+Array linear(const Array& x, const Array& w, const Array& bias, bool relu) {
+  const char* fn = "linear";
+  require_dtype(fn, "x", x, DType::f32);
+  require_dtype(fn, "w", w, DType::f32);
+  require_dtype(fn, "bias", bias, DType::f32);
+  require_same_device(fn, x, "x", w, "w");
+  require_same_device(fn, x, "x", bias, "bias");
+  const auto shapes = [&] {
+    return " (x " + x.signature() + ", w " + w.signature() + ", bias " + bias.signature() + ")";
+  };
+  if (x.ndim() < 1 || w.ndim() != 2 || bias.ndim() != 1) {
+    throw ShapeError("ops::linear: x needs an axis, w must be 2-d and bias 1-d" + shapes());
+  }
+  if (x.dim(-1) != w.dim(0) || bias.dim(0) != w.dim(1)) {
+    throw ShapeError("ops::linear: x's last axis must be w's first and bias's length w's second" + shapes());
+  }
+  const kernels::Backend& be = backend_of(fn, x.device());
+  Array y(with_last(x.shape(), w.dim(1)), DType::f32, x.device());
+  if (y.size() == 0) return y;
+  kernels::DenseParams p;
+  p.batch = as_int(fn, "rows", rows_of(x));
+  p.in_features = as_int(fn, "I", w.dim(0));
+  p.out_features = as_int(fn, "O", w.dim(1));
+  p.relu = relu;
+  if (p.in_features == 0) {  // no inputs: the bias alone
+    Array b = binary(kernels::BinaryOp::add, y, bias);
+    return relu ? unary(kernels::UnaryOp::relu, b) : std::move(b);
+  }
+  Array ws = workspace(be.dense().dense_workspace_bytes(p), x.device());
+  be.dense().dense_forward(p, x.data<float>(), w.data<float>(), bias.data<float>(), y.data<float>(), ptr(ws));
+  return y;
+}
+
+Array add(const Array& a, const Array& b) { return binary(kernels::BinaryOp::add, a, b); }
+Array subtract(const Array& a, const Array& b) { return binary(kernels::BinaryOp::subtract, a, b); }
+Array multiply(const Array& a, const Array& b) { return binary(kernels::BinaryOp::multiply, a, b); }
+Array divide(const Array& a, const Array& b) { return binary(kernels::BinaryOp::divide, a, b); }
+Array maximum(const Array& a, const Array& b) { return binary(kernels::BinaryOp::maximum, a, b); }
+Array minimum(const Array& a, const Array& b) { return binary(kernels::BinaryOp::minimum, a, b); }
+
+Array scale(const Array& x, float factor, float offset) {
+  require_dtype("scale", "x", x, DType::f32);
+  const kernels::Backend& be = backend_of("scale", x.device());
+  Array y(x.shape(), DType::f32, x.device());
+  if (x.size() == 0) return y;
+  be.layers().scale_shift(static_cast<std::size_t>(x.size()), x.data<float>(), factor, offset, y.data<float>());
+  return y;
+}
+
+Array negative(const Array& x) { return unary(kernels::UnaryOp::negative, x); }
+Array abs(const Array& x) { return unary(kernels::UnaryOp::abs, x); }
+Array square(const Array& x) { return unary(kernels::UnaryOp::square, x); }
+Array sqrt(const Array& x) { return unary(kernels::UnaryOp::sqrt, x); }
+Array exp(const Array& x) { return unary(kernels::UnaryOp::exp, x); }
+Array log(const Array& x) { return unary(kernels::UnaryOp::log, x); }
+Array relu(const Array& x) { return unary(kernels::UnaryOp::relu, x); }
+Array sigmoid(const Array& x) { return unary(kernels::UnaryOp::sigmoid, x); }
+Array tanh(const Array& x) { return unary(kernels::UnaryOp::tanh, x); }
+
+Array relu_grad(const Array& y, const Array& dy) { return activation_grad(kernels::UnaryOp::relu, "relu_grad", y, dy); }
+Array sigmoid_grad(const Array& y, const Array& dy) {
+  return activation_grad(kernels::UnaryOp::sigmoid, "sigmoid_grad", y, dy);
+}
+Array tanh_grad(const Array& y, const Array& dy) { return activation_grad(kernels::UnaryOp::tanh, "tanh_grad", y, dy); }
+
+Array sum(const Array& x) { return reduce_all("sum", x, false); }
+Array mean(const Array& x) { return reduce_all("mean", x, true); }
+Array sum_rows(const Array& x) { return reduce_rows("sum_rows", x, false); }
+Array mean_rows(const Array& x) { return reduce_rows("mean_rows", x, true); }
+
+Array softmax(const Array& logits) {
+  const char* fn = "softmax";
+  require_dtype(fn, "logits", logits, DType::f32);
+  if (logits.ndim() < 1) throw ShapeError("ops::softmax: logits " + logits.signature() + " need a class axis");
+  const kernels::Backend& be = backend_of(fn, logits.device());
+  Array probs(logits.shape(), DType::f32, logits.device());
+  if (probs.size() == 0) return probs;
+  kernels::SoftmaxXentParams p;
+  p.batch = as_int(fn, "rows", rows_of(logits));
+  p.classes = as_int(fn, "classes", logits.dim(-1));
+  Array ws = workspace(be.loss().softmax_cross_entropy_workspace_bytes(p), logits.device());
+  be.loss().softmax_cross_entropy(p, logits.data<float>(), nullptr, nullptr, nullptr, probs.data<float>(), nullptr,
+                                  nullptr, ptr(ws));
+  return probs;
+}
+
+SoftmaxCrossEntropy softmax_cross_entropy(const Array& logits, const Array& labels) {
+  const char* fn = "softmax_cross_entropy";
+  require_dtype(fn, "logits", logits, DType::f32);
+  require_dtype(fn, "labels", labels, DType::i32);
+  require_same_device(fn, logits, "logits", labels, "labels");
+  if (logits.ndim() != 2 || labels.ndim() != 1 || labels.dim(0) != logits.dim(0) || logits.dim(0) == 0 ||
+      logits.dim(1) == 0) {
+    throw ShapeError("ops::softmax_cross_entropy: logits must be (N, K) and labels (N) with N, K > 0 (logits " +
+                     logits.signature() + ", labels " + labels.signature() + ")");
+  }
+  const kernels::Backend& be = backend_of(fn, logits.device());
+  const Device& d = logits.device();
+  SoftmaxCrossEntropy out{Array(Shape{}, DType::f32, d), Array(logits.shape(), DType::f32, d),
+                          Array(Shape{}, DType::i32, d), Array(Shape{}, DType::i32, d)};
+  kernels::SoftmaxXentParams p;
+  p.batch = as_int(fn, "N", logits.dim(0));
+  p.classes = as_int(fn, "K", logits.dim(1));
+  Array ws = workspace(be.loss().softmax_cross_entropy_workspace_bytes(p), d);
+  be.loss().softmax_cross_entropy(p, logits.data<float>(), labels.data<std::int32_t>(), out.loss.data<float>(),
+                                  out.grad.data<float>(), nullptr, out.correct.data<std::int32_t>(),
+                                  out.bad_labels.data<std::int32_t>(), ptr(ws));
+  return out;
+}
+
+namespace detail {
+
+ScopedBackend::ScopedBackend(const kernels::Backend& backend) : previous_(tls_override) {
+  if (backend.kind() != DeviceKind::cpu) {
+    throw ValueError("ops::detail::ScopedBackend: " + backend.name() + " does not compute on host memory");
+  }
+  tls_override = &backend;
+}
+
+ScopedBackend::~ScopedBackend() { tls_override = previous_; }
+
+}  // namespace detail
+
+}  // namespace pmap::ops

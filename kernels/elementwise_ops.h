@@ -1,0 +1,56 @@
+// ElementwiseOps: the op family of element-wise arithmetic and activations on f32 buffers, what the Array
+// functions of kernels/array_ops.h run on (the layers use their own fused ops). One CPU implementation per
+// ISA variant (kernels/cpu/elementwise.cpp) and one CUDA one (kernels/cuda/elementwise.cu), both computing
+// each element with kernels/elementwise_math.h, so the CUDA kernels run on the host give the CPU's bits (on
+// a GPU, exp, log, tanh and the sigmoid come from CUDA's math library: within 2 ulp of the host's).
+// Pointers are in the memory of the backend's device and ops are ordered as kernels/backend.h says.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pmap::kernels {
+
+enum class UnaryOp : std::uint8_t {
+  negative,  // -x
+  abs,       // |x|
+  square,    // x * x
+  sqrt,      // sqrt(x) (NaN below 0)
+  exp,       // e^x
+  log,       // natural log (-inf at 0, NaN below 0)
+  relu,      // max(x, 0); a NaN stays NaN
+  sigmoid,   // 1 / (1 + e^-x)
+  tanh,      // tanh(x)
+};
+
+enum class BinaryOp : std::uint8_t {
+  add,       // a + b
+  subtract,  // a - b
+  multiply,  // a * b
+  divide,    // a / b
+  maximum,   // the larger; NaN when either is NaN (numpy.maximum)
+  minimum,   // the smaller; NaN when either is NaN (numpy.minimum)
+};
+
+const char* to_string(UnaryOp op);   // "negative", "abs", ...: the names of kernels/array_ops.h's functions
+const char* to_string(BinaryOp op);  // "add", ...
+
+class ElementwiseOps {
+ public:
+  virtual ~ElementwiseOps() = default;
+
+  // y[i] = op(x[i]) for n elements; y may be x.
+  virtual void unary(UnaryOp op, std::size_t n, const float* x, float* y) const = 0;
+
+  // The gradient of an activation from its output: dx[i] = dy[i] * f'(x[i]) written with y = f(x):
+  // relu: y > 0 ? dy : 0;  sigmoid: dy * y * (1 - y);  tanh: dy * (1 - y * y);  exp: dy * y. Other ops raise
+  // ValueError. dx may be dy.
+  virtual void activation_backward(UnaryOp op, std::size_t n, const float* y, const float* dy, float* dx) const = 0;
+
+  // y[i] = op(a[i], b[i % nb]) for n elements: b is as long as a (nb == n), one value (nb == 1), or a's
+  // trailing block repeated (numpy's broadcasting of b's shape against a's trailing axes). nb must divide n
+  // (ValueError otherwise; nb == 0 only with n == 0). y may be a or b.
+  virtual void binary(BinaryOp op, std::size_t n, const float* a, std::size_t nb, const float* b, float* y) const = 0;
+};
+
+}  // namespace pmap::kernels
