@@ -4,6 +4,7 @@
 // the momentum as "momentum/<tensor>", no optimizer fields) still load.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <tuple>
 
 #include <pmap/error.h>
@@ -71,7 +72,8 @@ const Json* legacy_value(std::string_view field) {
   static const Json values{{"dataset", "mnist"},     {"optimizer", "sgd"},    {"nesterov", false},
                            {"model", "flax-cnn"},
                            {"weight_decay", 0.0},    {"clip_norm", 0.0},      {"lr_schedule", "constant"},
-                           {"warmup_steps", 0},      {"dropout", nullptr}};
+                           {"warmup_steps", 0},      {"dropout", nullptr},    {"validation_split", 0.0},
+                           {"early_stopping_patience", 0}};
   const std::string key(field);
   return values.contains(key) ? &values[key] : nullptr;
 }
@@ -96,7 +98,8 @@ void check_same(const SafetensorsFile& f, const Json& saved, const Json& now) {
   std::vector<std::string> fields{"model", "mode", "members", "seed", "batch_size", "train_limit", "dataset", "optimizer"};
   if (saved.contains("architecture")) fields.emplace_back("architecture");  // before it was recorded: the flax CNN
   for (const char* o : {"lr", "momentum", "nesterov", "beta_1", "beta_2", "epsilon", "weight_decay", "clip_norm",
-                        "lr_schedule", "warmup_steps", "decay_steps", "dropout"})
+                        "lr_schedule", "warmup_steps", "decay_steps", "dropout", "validation_split",
+                        "early_stopping_patience"})
     if (now.contains(o)) fields.emplace_back(o);
   for (const std::string& field : fields) {
     if (field == "architecture") {
@@ -151,6 +154,23 @@ void Trainer::save_checkpoint(const std::filesystem::path& path) const {
       tensors.push_back(make_tensor<float>(prefix + t.name, stacked_shape(m, t.shape), block));
     }
   }
+  // Early stopping: each member's best parameters and state so far, and its counters (exact resume).
+  if (!best_params_.empty()) {
+    for (const auto& [prefix, values, layout] :
+         {std::tuple{"best/params/", &best_params_, &model_->params_layout()},
+          std::tuple{"best/state/", &best_state_, &model_->state_layout()}}) {
+      for (const auto& t : layout->tensors) {
+        std::span<const float> block(values->data() + t.offset * m, static_cast<std::size_t>(t.size * m));
+        tensors.push_back(make_tensor<float>(prefix + t.name, stacked_shape(m, t.shape), block));
+      }
+    }
+  }
+  Json stopping = Json::array();
+  for (const MemberStopping& s : stopping_)
+    stopping.push_back({{"best_epoch", s.best_epoch},
+                        {"best_nll", std::isfinite(s.best_nll) ? Json(s.best_nll) : Json(nullptr)},
+                        {"wait", s.wait},
+                        {"stopped_epoch", s.stopped_epoch}});
   Json keys = Json::array();
   for (const Key& k : split(init_key_, total_members())) keys.push_back({k.k0, k.k1});
   Json history = Json::array();
@@ -166,6 +186,7 @@ void Trainer::save_checkpoint(const std::filesystem::path& path) const {
       {"member_keys", dump_json(keys)},
       {"history", dump_json(history)},
   };
+  if (!stopping_.empty()) meta["early_stopping"] = dump_json(stopping);
   if (is_main_process()) save_safetensors(path, tensors, meta);
 }
 
@@ -264,14 +285,46 @@ void Trainer::load_checkpoint(const std::filesystem::path& path) {
   std::map<std::string, std::vector<float>> opt;
   for (const std::string& slot : optimizer_->slots())
     opt[slot] = read_stacked(f, slot_prefix(slot, v1), model_->params_layout(), total_members());
-  const std::size_t tensors =
-      (1 + optimizer_->slots().size()) * model_->tensors().size() + model_->state_layout().tensors.size();
+  std::vector<MemberStopping> stopping(stopping_.size());
+  std::vector<float> best_params, best_state;
+  std::size_t best_tensors = 0;
+  if (!stopping_.empty()) {  // early stopping's state (check_same has made sure the run has it on too)
+    if (f.metadata.find("early_stopping") == f.metadata.end())
+      throw DataError(path.string() + ": __metadata__ has no 'early_stopping', which a run with "
+                      "--early-stopping-patience writes");
+    const Json saved = f.metadata_json("early_stopping");
+    const JsonView sv(saved, path.string(), "__metadata__.early_stopping");
+    if (sv.size() != stopping.size()) sv.fail("does not hold one entry per member");
+    bool any_best = false;
+    for (std::size_t g = 0; g < stopping.size(); ++g) {
+      const JsonView e = sv[g];
+      stopping[g].best_epoch = static_cast<int>(e["best_epoch"].as_int());
+      stopping[g].best_nll =
+          e["best_nll"].is_null() ? std::numeric_limits<double>::quiet_NaN() : e["best_nll"].as_double();
+      stopping[g].wait = static_cast<int>(e["wait"].as_int());
+      stopping[g].stopped_epoch = static_cast<int>(e["stopped_epoch"].as_int());
+      if (stopping[g].best_epoch < 0 || stopping[g].best_epoch > epochs || stopping[g].wait < 0 ||
+          stopping[g].stopped_epoch < 0 || stopping[g].stopped_epoch > epochs)
+        e.fail("holds an epoch outside the checkpoint's " + std::to_string(epochs));
+      any_best = any_best || stopping[g].best_epoch > 0;
+    }
+    if (any_best) {
+      best_params = read_stacked(f, "best/params/", model_->params_layout(), total_members());
+      best_state = read_stacked(f, "best/state/", model_->state_layout(), total_members());
+      best_tensors = model_->tensors().size() + model_->state_layout().tensors.size();
+    }
+  }
+  const std::size_t tensors = (1 + optimizer_->slots().size()) * model_->tensors().size() +
+                              model_->state_layout().tensors.size() + best_tensors;
   if (f.tensors.size() != tensors)
     throw DataError(path.string() + ": holds " + std::to_string(f.tensors.size()) + " tensors, this model and " +
                     optimizer_->name() + " have " + std::to_string(tensors));
   restore(params, state, opt, step);
   epochs_done_ = static_cast<int>(epochs);
   history_ = std::move(restored);
+  stopping_ = std::move(stopping);
+  best_params_ = std::move(best_params);
+  best_state_ = std::move(best_state);
 }
 
 }  // namespace pmap::ensemble

@@ -79,6 +79,8 @@ io::Json TrainConfig::to_json() const {
   optimizer_json(optimizer, members, j);
   j["dropout"] = dropout.empty() ? io::Json(nullptr) : as_given(dropout);  // null: the model's own rates
   j["seed"] = static_cast<std::int64_t>(seed);
+  j["validation_split"] = validation_split;
+  j["early_stopping_patience"] = patience;
   j["train_limit"] = train_limit;
   j["test_limit"] = test_limit;
   j["eval_batch"] = eval_batch;
@@ -105,6 +107,12 @@ void TrainConfig::check(int along, const Dataset& train, const Dataset& test) co
   for (float r : c.dropout)
     if (!(r >= 0 && r < 1)) bad("--dropout must be in [0, 1), got " + io::dump_json(as_given(r)));
   if (c.eval_batch < 1) bad("eval batch must be >= 1");
+  if (!(c.validation_split >= 0 && c.validation_split < 1))
+    bad("--validation-split must be in [0, 1), got " + io::dump_json(c.validation_split));
+  if (c.patience < 0) bad("--early-stopping-patience must be >= 0 (0: off), got " + std::to_string(c.patience));
+  if (c.patience > 0 && c.validation_split == 0)
+    bad("--early-stopping-patience " + std::to_string(c.patience) +
+        " watches the validation NLL: give --validation-split too");
   if (c.report_every < 0) bad("report_every must be >= 0 (0: automatic), got " + std::to_string(c.report_every));
   const std::string over = c.splits_weights()
                                ? "the " + std::to_string(along) + " devices of --mesh's first axis"
@@ -119,7 +127,7 @@ void TrainConfig::check(int along, const Dataset& train, const Dataset& test) co
     bad("--batch-size " + std::to_string(c.batch_size) + " does not split evenly over " + over);
   if (c.epochs > 0 && train.count < c.batch_size)
     bad("--batch-size " + std::to_string(c.batch_size) + " is larger than the " + std::to_string(train.count) +
-        " training examples (see --train-limit)");
+        " training examples (see --train-limit" + (c.validation_split > 0 ? " and --validation-split)" : ")"));
   if (test.count < 1) bad("the test set is empty");
   if (train.rows != test.rows || train.cols != test.cols)
     bad("the training images are " + std::to_string(train.rows) + "x" + std::to_string(train.cols) +

@@ -51,6 +51,13 @@ struct TrainConfig {
   // member's own (a hyper-parameter ensemble). Each replaces the rate of every Dropout layer of the model.
   std::vector<float> dropout;
   std::uint64_t seed = 0;
+  // --validation-split F: the fraction of the training set (after train_limit) held out as a validation set,
+  // drawn with the data key (split_validation in data.h); 0: none. With one, every epoch is evaluated on it
+  // and the test set only once, at the end (Trainer::evaluate).
+  double validation_split = 0;
+  // --early-stopping-patience N (0: off; needs validation_split): a member whose validation NLL has not
+  // improved for N epochs stops, with its best epoch's parameters, while the others go on (Trainer).
+  int patience = 0;
   std::int64_t train_limit = -1;  // first N training examples (-1: all)
   std::int64_t test_limit = -1;
   int eval_batch = 1000;

@@ -2,6 +2,7 @@
 #include <pmapcc/ensemble/data.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <system_error>
 
@@ -101,6 +102,36 @@ void gather_batch(const Dataset& data, std::span<const std::uint32_t> indices, f
     for (std::size_t p = 0; p < pixels; ++p) dst[p] = static_cast<float>(src[p]) / 255.f;
     labels_out[b] = data.labels[indices[b]];
   }
+}
+
+std::pair<Dataset, Dataset> split_validation(const Dataset& data, double fraction, Key key) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", fraction);
+  if (!(fraction > 0 && fraction < 1))
+    throw ValueError(std::string("--validation-split must be in (0, 1) to hold out a validation set, got ") + text);
+  const auto held = static_cast<std::int64_t>(static_cast<double>(data.count) * fraction);
+  if (held < 1 || held >= data.count)
+    throw ValueError(std::string("--validation-split ") + text + " of " + std::to_string(data.count) +
+                     " training examples leaves " + (held < 1 ? "no validation example" : "no training example") +
+                     " (see --train-limit)");
+  const auto order = permutation(key, static_cast<std::uint32_t>(data.count));
+  std::vector<bool> is_validation(static_cast<std::size_t>(data.count), false);
+  for (std::int64_t i = 0; i < held; ++i) is_validation[order[static_cast<std::size_t>(i)]] = true;
+  Dataset train, validation;
+  for (Dataset* d : {&train, &validation}) {
+    d->rows = data.rows;
+    d->cols = data.cols;
+    d->num_classes = data.num_classes;
+  }
+  const auto pixels = static_cast<std::size_t>(data.image_size());
+  for (std::size_t i = 0; i < static_cast<std::size_t>(data.count); ++i) {
+    Dataset& to = is_validation[i] ? validation : train;
+    to.images.insert(to.images.end(), data.images.begin() + static_cast<std::ptrdiff_t>(i * pixels),
+                     data.images.begin() + static_cast<std::ptrdiff_t>((i + 1) * pixels));
+    to.labels.push_back(data.labels[i]);
+    ++to.count;
+  }
+  return {std::move(train), std::move(validation)};
 }
 
 std::int64_t steps_per_epoch(std::int64_t count, std::int64_t batch) {

@@ -5,7 +5,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <span>
+#include <utility>
 #include <vector>
+
+#include <pmap/random.h>
 
 namespace pmap::ensemble {
 
@@ -42,6 +45,12 @@ Dataset load_mnist(const std::filesystem::path& dir, Split split, std::int64_t l
 // Throws ValueError (before writing anything) when an index is >= data.count. Blocking, host only.
 void gather_batch(const Dataset& data, std::span<const std::uint32_t> indices, float* images_out,
                   std::int32_t* labels_out);
+
+// Holds out a validation set: round-down(count * fraction) examples, those whose positions come first in
+// permutation(key, count), and the rest for training; each part keeps the examples' original order. Returns
+// (train, validation). ValueError naming --validation-split when fraction is outside (0, 1) or either part
+// would be empty.
+std::pair<Dataset, Dataset> split_validation(const Dataset& data, double fraction, Key key);
 
 // Full batches in one epoch of `count` examples: count / batch (the last partial batch is dropped,
 // as in the Flax MNIST example). Throws ValueError when batch <= 0 or count < 0.

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <tuple>
 #include <functional>
 #include <span>
 
@@ -20,6 +22,8 @@ namespace {
 
 // What a member's key is folded with for its random stream (Dropout): "drop".
 constexpr std::uint32_t kDropoutStream = 0x64726f70;
+// What the data key is folded with to draw the validation set: "vali" (the epochs fold in 0, 1, 2, ...).
+constexpr std::uint32_t kValidationStream = 0x76616c69;
 
 using Clock = std::chrono::steady_clock;
 
@@ -55,6 +59,26 @@ std::unique_ptr<Sequential> checked_model(std::unique_ptr<Sequential> model, con
     throw ValueError("--model " + model->name() + " gives " + std::to_string(product(model->output_shape())) +
                      " outputs; the data has " + std::to_string(data.num_classes) + " classes");
   return model;
+}
+
+// The training set the run trains on: `train`, or its part left by holding out a validation set (config's
+// validation_split), drawn with the data key; the two parts are written to held_train and validation.
+const Dataset& held_out(const TrainConfig& c, const Dataset& train, Dataset& held_train, Dataset& validation) {
+  if (c.validation_split == 0) return train;
+  if (!(c.validation_split > 0 && c.validation_split < 1))
+    throw ValueError("--validation-split must be in [0, 1), got " + io::dump_json(c.validation_split));
+  const Key data_key = split(key(c.seed), 2)[1];
+  std::tie(held_train, validation) = split_validation(train, c.validation_split, fold_in(data_key, kValidationStream));
+  return held_train;
+}
+
+// Member g's values of every tensor of `layout`, copied between two buffers stacked over `members` members.
+void copy_member(const TensorLayout& layout, std::int64_t members, int g, const std::vector<float>& from,
+                 std::vector<float>& to) {
+  for (const auto& t : layout.tensors) {
+    const auto at = static_cast<std::ptrdiff_t>(t.offset * members + g * t.size);
+    std::copy_n(from.begin() + at, t.size, to.begin() + at);
+  }
 }
 
 Mesh build_mesh(const TrainConfig& c) {
@@ -139,7 +163,8 @@ Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
     : Trainer(config, make_model(config.model, {train.rows, train.cols, 1}, train.num_classes), train, test) {}
 
 Trainer::Trainer(TrainConfig config, std::unique_ptr<Sequential> model, const Dataset& train, const Dataset& test)
-    : config_(std::move(config)), train_(train), test_(test), model_(checked_model(std::move(model), train)),
+    : config_(std::move(config)), train_(held_out(config_, train, held_train_, validation_)), test_(test),
+      model_(checked_model(std::move(model), train)),
       mesh_(build_mesh(config_)) {
   config_.model = model_->name();
   config_.architecture = model_->architecture();
@@ -150,7 +175,7 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<Sequential> model, const Da
   config_.processes = 1;
   for (const Device& d : mesh_.devices()) config_.processes = std::max(config_.processes, d.process + 1);
   if (config_.members == 0) config_.members = config_.mode == Mode::ensemble ? along : 1;
-  config_.check(along, train, test);
+  config_.check(along, train_, test);
   if (!config_.dropout.empty() &&
       std::none_of(model_->layers().begin(), model_->layers().end(), [](const auto& l) { return l->random(); }))
     throw ValueError("--dropout sets the rate of the model's Dropout layers, and " + model_->name() + " has none");
@@ -176,6 +201,7 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<Sequential> model, const Da
   make_device_work();
   if (config_.processes > 1) check_processes_agree();
   init_members();
+  if (config_.patience > 0) stopping_.assign(static_cast<std::size_t>(total_members()), MemberStopping{});
 }
 
 void Trainer::make_device_work() {
@@ -230,6 +256,10 @@ void Trainer::make_device_work() {
       mesh_, prototype(config_.batch_size),
       options_.data_parallel ? FeedLayout::sharded(options_.axis) : FeedLayout::replicated());
   evaluator_ = std::make_unique<Evaluator>(mesh_, test_, eval_batch, members_per_device(), total_members());
+  if (validation_.count > 0)
+    validator_ = std::make_unique<Evaluator>(mesh_, validation_,
+                                             std::min<int>(eval_batch, static_cast<int>(validation_.count)),
+                                             members_per_device(), total_members());
   // Handles and workspaces the steps use are created now, on the devices' threads: steps allocate nothing.
   pmap::pmap([](DeviceWork* w) { w->backend.prepare(); }, mesh_)(work_ptrs_);
 }
@@ -393,12 +423,81 @@ EpochMetrics Trainer::run_epoch(const StepCallback& on_step, const std::function
   m.train_accuracy = steps > 0 ? sums.correct / (seen * total_members()) : 0.0;
   m.model_images_per_second = m.seconds > 0 ? total_members() * seen / m.seconds : 0.0;
   ++epochs_done_;
+  restore_best(stopped_members());  // what stopped members learned in this epoch is discarded
   if (on_evaluate) on_evaluate();
   const auto t1 = Clock::now();
-  evaluate(m);
+  if (validator_ != nullptr) {
+    validator_->run(states_, work_ptrs_, options_, m, nullptr);
+    m.evaluated_on = "validation";
+  } else {
+    evaluate(m);
+  }
   m.eval_seconds = seconds_since(t1);
   history_.push_back(m);
+  update_early_stopping(m);
   return m;
+}
+
+bool Trainer::all_stopped() const {
+  return !stopping_.empty() &&
+         std::all_of(stopping_.begin(), stopping_.end(), [](const MemberStopping& s) { return s.stopped_epoch > 0; });
+}
+
+std::vector<int> Trainer::stopped_members() const {
+  std::vector<int> out;
+  for (std::size_t g = 0; g < stopping_.size(); ++g)
+    if (stopping_[g].stopped_epoch > 0) out.push_back(static_cast<int>(g));
+  return out;
+}
+
+void Trainer::update_early_stopping(const EpochMetrics& m) {
+  if (stopping_.empty()) return;
+  std::vector<int> improved, stopped_now;
+  for (std::size_t g = 0; g < stopping_.size(); ++g) {
+    MemberStopping& s = stopping_[g];
+    if (s.stopped_epoch > 0) continue;
+    const double nll = m.member_calibration.at(g).nll;
+    // A NaN never improves on a number (a diverged member stops after `patience` epochs).
+    if (s.best_epoch == 0 || nll < s.best_nll || (std::isnan(s.best_nll) && !std::isnan(nll))) {
+      s.best_epoch = m.epoch;
+      s.best_nll = nll;
+      s.wait = 0;
+      improved.push_back(static_cast<int>(g));
+    } else if (++s.wait >= config_.patience) {
+      s.stopped_epoch = m.epoch;
+      stopped_now.push_back(static_cast<int>(g));
+    }
+  }
+  if (!improved.empty()) {  // keep the improved members' parameters and state (collective: every process)
+    const std::vector<float> params = stacked("params"), state = stacked("state");
+    if (best_params_.empty()) {
+      best_params_ = params;
+      best_state_ = state;
+    }
+    for (int g : improved) {
+      copy_member(model_->params_layout(), total_members(), g, params, best_params_);
+      copy_member(model_->state_layout(), total_members(), g, state, best_state_);
+    }
+  }
+  if (epochs_done_ >= config_.epochs || all_stopped()) {  // the run is over: every member at its best
+    std::vector<int> all(stopping_.size());
+    for (std::size_t g = 0; g < all.size(); ++g) all[g] = static_cast<int>(g);
+    restore_best(all);
+  } else {
+    restore_best(stopped_now);
+  }
+}
+
+void Trainer::restore_best(const std::vector<int>& which) {
+  if (which.empty() || best_params_.empty()) return;
+  std::vector<float> params = stacked("params"), state = stacked("state");
+  std::map<std::string, std::vector<float>> opt;
+  for (const std::string& slot : optimizer_->slots()) opt[slot] = stacked(slot);
+  for (int g : which) {
+    copy_member(model_->params_layout(), total_members(), g, best_params_, params);
+    copy_member(model_->state_layout(), total_members(), g, best_state_, state);
+  }
+  restore(params, state, opt, step());
 }
 
 void Trainer::evaluate(EpochMetrics& m) { evaluator_->run(states_, work_ptrs_, options_, m, nullptr); }

@@ -55,6 +55,15 @@ struct StepReport {
 };
 using StepCallback = std::function<void(const StepReport&)>;
 
+// Early stopping, per member (TrainConfig::patience): its best validation NLL so far and the epoch it was
+// reached at, the epochs since, and the epoch it stopped after (0: still training).
+struct MemberStopping {
+  int best_epoch = 0;  // 0: no epoch evaluated yet
+  double best_nll = 0;
+  int wait = 0;
+  int stopped_epoch = 0;
+};
+
 class Trainer {
  public:
   // Validates the config against the data (raises ValueError naming the flag), builds the mesh and
@@ -80,12 +89,29 @@ class Trainer {
   int log_rows() const;
   const std::vector<EpochMetrics>& history() const { return history_; }
 
-  // Trains the next epoch, evaluates, appends to history() and returns the epoch's metrics. on_step is
-  // called after each training step (in order, every step), on_evaluate once the steps are done and the
-  // evaluation starts.
+  // Trains the next epoch, evaluates (on the validation set when config().validation_split holds one out,
+  // else on the test set: EpochMetrics::evaluated_on), appends to history() and returns the epoch's metrics.
+  // on_step is called after each training step (in order, every step), on_evaluate once the steps are done
+  // and the evaluation starts.
+  //
+  // Early stopping (config().patience > 0): after each epoch, a member whose validation NLL is below its best
+  // so far becomes its best (its parameters and model state are kept on the host); one that has not improved
+  // for `patience` epochs stops. A stopped member gets its best parameters back at once and after every later
+  // epoch: it still runs in the devices' batched steps (the members of a device share their kernels), but what
+  // it learns there is discarded, so it is evaluated, saved and exported with its best epoch's parameters.
+  // When the run ends (its last epoch, or every member stopped), every member gets its best parameters back.
   EpochMetrics run_epoch(const StepCallback& on_step = {}, const std::function<void()>& on_evaluate = {});
+  // Early stopping's state per member (empty when it is off).
+  const std::vector<MemberStopping>& early_stopping() const { return stopping_; }
+  // Whether early stopping has stopped every member: the run is over.
+  bool all_stopped() const;
+  // The training and validation examples the run uses: the training set, less the validation set when one is
+  // held out (config().validation_split); the validation set is empty otherwise.
+  const Dataset& train_data() const { return train_; }
+  const Dataset& validation_data() const { return validation_; }
   // Per-member test loss, accuracy and calibration and the ensemble's accuracy and calibration, into m
   // (epoch and timings untouched). Computed on the devices, from the probabilities accuracy comes from.
+  // Always the test set.
   void evaluate(EpochMetrics& m);
   // As evaluate (the same bits into m), and also the ensemble-size curve and every test image's results.
   EnsembleReport evaluate_report(EpochMetrics& m);
@@ -132,12 +158,19 @@ class Trainer {
   }
   // Zeros for every optimizer slot, as restore takes them.
   std::map<std::string, std::vector<float>> zero_optimizer_state() const;
+  // Early stopping after an epoch evaluated into m: the members' best epochs and stops.
+  void update_early_stopping(const EpochMetrics& m);
+  // Puts the kept best parameters and model state of the members `which` back on the devices.
+  void restore_best(const std::vector<int>& which);
+  // The members early stopping has stopped.
+  std::vector<int> stopped_members() const;
   // Fills the training feed's next host batch with examples order[begin, begin + batch size) (the rows this
   // process fills: Placement::own_rows).
   void fill_train_batch(const std::vector<std::uint32_t>& order, std::int64_t begin);
 
   TrainConfig config_;
-  const Dataset& train_;
+  Dataset held_train_, validation_;  // the training set split, when a validation set is held out
+  const Dataset& train_;             // the caller's training set, or held_train_
   const Dataset& test_;
   std::unique_ptr<Sequential> model_;
   std::unique_ptr<Optimizer> optimizer_;
@@ -150,6 +183,9 @@ class Trainer {
   Sharded<DeviceWork*> work_ptrs_;
   std::unique_ptr<Feed<Batch>> train_feed_;  // batches of config.batch_size (sharded in data parallel)
   std::unique_ptr<Evaluator> evaluator_;     // the test set's feed and the report's buffers
+  std::unique_ptr<Evaluator> validator_;     // the validation set's, when one is held out
+  std::vector<MemberStopping> stopping_;     // per member, when early stopping is on
+  std::vector<float> best_params_, best_state_;  // stacked as params(): each member's at its best epoch
   int epochs_done_ = 0;
   std::vector<EpochMetrics> history_;
 };

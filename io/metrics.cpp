@@ -108,6 +108,7 @@ Json epoch_json(const EpochMetrics& m) {
   o["seconds"] = number_or_null(m.seconds);
   o["eval_seconds"] = number_or_null(m.eval_seconds);
   o["model_images_per_second"] = number_or_null(m.model_images_per_second);
+  if (m.evaluated_on != "test") o["evaluated_on"] = m.evaluated_on;
   if (m.member_calibration.empty()) return o;
   const auto& c = m.member_calibration;
   o["member_test_nll"] = numbers(per_member(c, [](const Calibration& x) { return x.nll; }));
@@ -140,6 +141,10 @@ EpochMetrics epoch_metrics_from_json(const JsonView& v) {
   m.seconds = number_or_nan(v["seconds"]);
   m.eval_seconds = number_or_nan(v["eval_seconds"]);
   m.model_images_per_second = number_or_nan(v["model_images_per_second"]);
+  if (v.contains("evaluated_on")) {
+    m.evaluated_on = v["evaluated_on"].as_string();
+    if (m.evaluated_on != "test" && m.evaluated_on != "validation") v["evaluated_on"].fail("is not test or validation");
+  }
   if (v.contains("member_test_nll")) read_calibration(v, m);
   return m;
 }

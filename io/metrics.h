@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <pmapcc/io/json.h>
@@ -58,6 +59,9 @@ struct EpochMetrics {
   double model_images_per_second = 0;  // members * training images / seconds
   std::vector<Calibration> member_calibration;  // per member, in member order (empty: not measured)
   Calibration ensemble_calibration;             // of the members' mean probabilities
+  // The set the "test" fields above were measured on: "test", or "validation" for the epochs of a run with a
+  // validation split (TrainConfig::validation_split), whose test set is evaluated once, at the end.
+  std::string evaluated_on = "test";
 };
 
 // The JSON object of one epoch: {"epoch", "train_loss", "train_accuracy", "test_loss",
@@ -67,7 +71,8 @@ struct EpochMetrics {
 // "ensemble_test_nll", "ensemble_test_brier", "ensemble_test_ece", "ensemble_test_entropy",
 // "ensemble_reliability" and "best_member_reliability" (objects {"member" (best only), "count",
 // "confidence", "accuracy"}, arrays over the 15 confidence bins)}. "epoch" is an integer, the rest
-// doubles; a NaN or infinite value (a diverged run, an empty bin) becomes null.
+// doubles; a NaN or infinite value (a diverged run, an empty bin) becomes null. "evaluated_on" follows when it is
+// not "test" (the fields then hold the validation set's values).
 Json epoch_json(const EpochMetrics& m);
 // The inverse of epoch_json (null reads back as NaN); DataError naming the source and field on a
 // missing or mistyped field. The calibration keys are optional (older checkpoints' histories lack them).

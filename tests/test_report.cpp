@@ -444,6 +444,34 @@ TEST_CASE("progress: the bar shows the running accuracy, and that the evaluation
   REQUIRE(draws.size() == 5);  // the final state again, the note blanked out, then the summary
   CHECK(draws[4] == done + std::string(std::string(" - evaluating the test set").size(), ' ') + "\n" + kSummary + "\n");
   std::fclose(f);
+  // A run with a validation split evaluates its epochs on the validation set, and says so.
+  std::FILE* g = std::tmpfile();
+  REQUIRE(g != nullptr);
+  ProgressBar validated(g, ProgressMode::bar, 10, [&] { return now; });
+  validated.begin_epoch(1, 1);
+  validated.update(1, 0.5, 100.0, 0.5);
+  validated.evaluating("validation");
+  CHECK(split(contents(g), '\r').back().ends_with(" - evaluating the validation set"));
+  std::fclose(g);
+}
+
+TEST_CASE("metrics: epochs evaluated on a validation set say so in the JSON and name their CSV columns val_") {
+  EpochMetrics m = summary_epoch();
+  m.evaluated_on = "validation";
+  const pmap::io::Json j = pmap::io::epoch_json(m);
+  CHECK(j.at("evaluated_on") == "validation");
+  CHECK_FALSE(pmap::io::epoch_json(summary_epoch()).contains("evaluated_on"));  // the test set: as before
+  const pmap::io::JsonView v(j, "test");
+  CHECK(pmap::io::epoch_metrics_from_json(v).evaluated_on == "validation");
+  const std::string csv = pmap::ensemble::metrics_csv({m});
+  const std::string header = csv.substr(0, csv.find('\n'));
+  CHECK(header.find("val_loss") != std::string::npos);
+  CHECK(header.find("ensemble_val_accuracy") != std::string::npos);
+  CHECK(header.find("test") == std::string::npos);
+  pmap::io::Json bad = j;
+  bad["evaluated_on"] = "train";
+  CHECK_THROWS_WITH_AS(pmap::io::epoch_metrics_from_json(pmap::io::JsonView(bad, "m.json")),
+                       doctest::Contains("evaluated_on: is not test or validation"), pmap::DataError);
 }
 
 TEST_CASE("progress: bar ETA, an undrawn last update drawn at end_epoch, line closed on destruction") {

@@ -254,6 +254,18 @@ void training_flags(CLI::App& a, TrainConfig& t) {
       ->check(check([](const std::string& text) {
         return number<std::uint64_t>(text) ? std::string() : "'" + text + "' is not an integer";
       }))->capture_default_str();
+  flag(a, "--validation-split", [&t](const std::string& v) { t.validation_split = *number<double>(v); }, "F",
+       "Training",
+       "hold out the fraction F of the training set (drawn with the seed) as a\nvalidation set: each epoch is "
+       "evaluated on it, the test set once, at the end")
+      ->check(check([](const std::string& text) {
+        const auto v = number<double>(text);
+        return v && *v >= 0 && *v < 1 ? std::string() : "must be in [0, 1), got " + text;
+      }))->default_str("0: none");
+  flag(a, "--early-stopping-patience", t.patience, "N", "Training",
+       "stop a member whose validation NLL has not improved for N epochs,\nwith its best epoch's parameters, "
+       "while the others go on (needs\n--validation-split)")
+      ->check(integer_in(0, kMaxCount))->default_str("0: off");
   flag(a, "--report-every", t.report_every, "N", "Training", "gather the step losses every N steps")
       ->check(integer_in(1, kMaxCount))->default_str("1 on CPU, 16 on GPUs");
 }
@@ -424,6 +436,8 @@ CliOptions parse_cli(const std::vector<std::string>& args) {
   if (!o.export_onnx.empty() && !onnx_export_built())
     throw UsageError("--export-onnx: this build has no ONNX export (configure where libonnx-dev and "
                      "libprotobuf-dev are installed: PMAPCC_WITH_ONNX)");
+  if (o.train.patience > 0 && o.train.validation_split == 0)
+    throw UsageError("--early-stopping-patience watches the validation NLL: give --validation-split too");
   if (!o.evaluate.empty() && o.no_summary)
     throw UsageError("--no-summary is for training: --evaluate prints the model's table only with --summary");
   // The checkpoint decides the model and its batch; nothing is trained: a training flag would be ignored.

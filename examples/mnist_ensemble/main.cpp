@@ -3,6 +3,7 @@
 // and at the end the ensemble-size curve; or (--evaluate) evaluates a saved ensemble. Under mpirun or srun
 // the mesh spans the processes (--devices per process); only the main process prints and writes.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -24,13 +25,33 @@ using namespace pmap::ensemble;
 
 namespace {
 
+// Early stopping's outcome per member, for the metrics JSON: [{"member", "best_epoch", "best_validation_nll",
+// "stopped_epoch" (null: trained every epoch)}]; null when it is off.
+pmap::io::Json early_stopping_json(const Trainer& t) {
+  if (t.early_stopping().empty()) return nullptr;
+  pmap::io::Json list = pmap::io::Json::array();
+  for (std::size_t g = 0; g < t.early_stopping().size(); ++g) {
+    const MemberStopping& s = t.early_stopping()[g];
+    list.push_back({{"member", static_cast<int>(g)},
+                    {"best_epoch", s.best_epoch},
+                    {"best_validation_nll", std::isfinite(s.best_nll) ? pmap::io::Json(s.best_nll) : nullptr},
+                    {"stopped_epoch", s.stopped_epoch > 0 ? pmap::io::Json(s.stopped_epoch) : nullptr}});
+  }
+  return list;
+}
+
 // Checkpoints gather every member from every process; the metrics are the same on every process, and
-// only the main one writes them.
-void write_outputs(const CliOptions& o, const Trainer& t, const EnsembleReport* report) {
+// only the main one writes them. `final_test`: the test set's evaluation at the end of a run whose epochs
+// were evaluated on a validation set (the metrics JSON's "final").
+void write_outputs(const CliOptions& o, const Trainer& t, const EnsembleReport* report,
+                   const EpochMetrics* final_test = nullptr) {
   if (!o.save.empty()) t.save_checkpoint(o.save);
   if (!t.is_main_process()) return;
   const std::vector<SizePoint> curve = report == nullptr ? std::vector<SizePoint>{} : report->size_curve;
-  if (!o.metrics_json.empty()) write_metrics_json(o.metrics_json, t.config().to_json(), t.history(), curve);
+  pmap::io::Json extra = pmap::io::Json::object();
+  if (final_test != nullptr) extra["final"] = pmap::io::epoch_json(*final_test);
+  if (!t.early_stopping().empty()) extra["early_stopping"] = early_stopping_json(t);
+  if (!o.metrics_json.empty()) write_metrics_json(o.metrics_json, t.config().to_json(), t.history(), curve, extra);
   if (!o.metrics_csv.empty()) write_metrics_csv(o.metrics_csv, t.history());
   if (!o.plot.empty()) write_plot_svg(o.plot, t.history(), PlotExtras{dataset_title(t.config().dataset), curve});
   if (!o.predict.empty() && report != nullptr) write_predictions_csv(o.predict, report->predictions);
@@ -90,7 +111,9 @@ void print_exported(const CliOptions& o) {
 
 void print_header(const Trainer& t, std::int64_t train_count, std::int64_t test_count, const std::string& what) {
   const TrainConfig& c = t.config();
+  const std::int64_t validation = train_count > 0 ? t.validation_data().count : 0;
   const std::string images = (train_count > 0 ? std::to_string(train_count) + " train / " : std::string()) +
+                             (validation > 0 ? std::to_string(validation) + " validation / " : std::string()) +
                              std::to_string(test_count) + " test images";
   std::printf("pmapcc mnist_ensemble: %s: %d CNN member(s) on %s (%d per device), mode %s, %s, %s\n", what.c_str(),
               t.total_members(), t.mesh().str().c_str(), t.members_per_device(), std::string(to_string(c.mode)).c_str(),
@@ -114,6 +137,32 @@ void print_header(const Trainer& t, std::int64_t train_count, std::int64_t test_
   std::fflush(stdout);
 }
 
+// The members early stopping stopped after `epoch`, each with its best epoch.
+void print_stopped(const Trainer& t, int epoch) {
+  for (std::size_t g = 0; g < t.early_stopping().size(); ++g) {
+    const MemberStopping& s = t.early_stopping()[g];
+    if (s.stopped_epoch != epoch) continue;
+    std::printf("early stopping: member %zu stopped after epoch %d, %d epoch(s) without a better validation NLL; "
+                "back to epoch %d's parameters (NLL %.4f)\n",
+                g, epoch, t.config().patience, s.best_epoch, s.best_nll);
+  }
+  if (t.all_stopped()) std::printf("early stopping: every member has stopped\n");
+  std::fflush(stdout);
+}
+
+// Early stopping's outcome: each member's best epoch, and when it stopped.
+void print_early_stopping(const Trainer& t) {
+  if (t.early_stopping().empty()) return;
+  std::printf("\nearly stopping (patience %d, on the validation NLL): each member keeps its best epoch\n",
+              t.config().patience);
+  for (std::size_t g = 0; g < t.early_stopping().size(); ++g) {
+    const MemberStopping& s = t.early_stopping()[g];
+    const std::string end = s.stopped_epoch > 0 ? "stopped after epoch " + std::to_string(s.stopped_epoch)
+                                                : "trained every epoch";
+    std::printf("  member %zu: best epoch %d (validation NLL %.4f), %s\n", g, s.best_epoch, s.best_nll, end.c_str());
+  }
+}
+
 void print_size_curve(const std::vector<SizePoint>& curve) {
   if (curve.size() < 2) return;
   std::printf("\nensemble of the first k members:\n       k  test accuracy      NLL      ECE\n");
@@ -135,28 +184,48 @@ int run_training(const CliOptions& o) {
                            std::to_string(trainer.total_members()) + " members");
 #endif
   if (main_process)
-    print_header(trainer, train.count, test.count,
+    print_header(trainer, trainer.train_data().count, test.count,
                  o.resume.empty() ? "training" : "resumed after epoch " + std::to_string(trainer.epochs_done()));
   if (main_process && !o.no_summary) std::printf("\n%s\n", trainer.model().summary().c_str());
   ProgressBar bar(stdout, main_process ? parse_progress_mode(o.progress) : ProgressMode::none, std::max(1, c.epochs));
-  while (trainer.epochs_done() < c.epochs) {
+  while (trainer.epochs_done() < c.epochs && !trainer.all_stopped()) {
     bar.begin_epoch(trainer.epochs_done() + 1, trainer.steps_per_epoch());
     EpochMetrics m =
         trainer.run_epoch(
             [&](const StepReport& r) { bar.update(r.step, r.running_loss, r.images_per_second, r.running_accuracy); },
-            [&] { bar.evaluating(); });
+            [&] { bar.evaluating(trainer.validation_data().count > 0 ? "validation" : "test"); });
     bar.end_epoch(m);
-    if (trainer.epochs_done() < c.epochs) write_outputs(o, trainer, nullptr);
+    if (main_process) print_stopped(trainer, m.epoch);
+    if (trainer.epochs_done() < c.epochs && !trainer.all_stopped()) write_outputs(o, trainer, nullptr);
   }
-  // The final evaluation (the last epoch's, again, with the size curve and per-image results; or, with no
-  // epoch run, of the initial or resumed members), and every output asked for.
+  // The final evaluation on the test set (without a validation set: the last epoch's, again, with the size
+  // curve and per-image results; or, with no epoch run, of the initial or resumed members), and every
+  // output asked for.
   EpochMetrics last;
+  if (main_process && (trainer.validation_data().count > 0)) {
+    std::printf("\nevaluating on the %lld test images%s\n", static_cast<long long>(test.count),
+                trainer.early_stopping().empty() ? "" : " (every member at its best epoch)");
+    std::fflush(stdout);
+  }
   const EnsembleReport report = trainer.evaluate_report(last);
-  if (!trainer.history().empty()) last = trainer.history().back();
-  write_outputs(o, trainer, &report);
+  const bool validated = (trainer.validation_data().count > 0);
+  if (!trainer.history().empty()) {
+    const EpochMetrics& back = trainer.history().back();
+    if (validated) {  // the test set's numbers, with the last epoch's training figures
+      last.epoch = back.epoch;
+      last.train_loss = back.train_loss;
+      last.train_accuracy = back.train_accuracy;
+      last.seconds = back.seconds;
+      last.model_images_per_second = back.model_images_per_second;
+    } else {
+      last = back;
+    }
+  }
+  write_outputs(o, trainer, &report, validated ? &last : nullptr);
   if (main_process) {
     std::printf("\n%s", final_table(last, trainer.members_per_device()).c_str());
     print_size_curve(report.size_curve);
+    print_early_stopping(trainer);
   }
   if (!o.export_onnx.empty()) export_onnx(o, trainer, last, {});
   if (main_process) print_exported(o);

@@ -68,8 +68,9 @@ std::string epoch_summary_line(const EpochMetrics& m, int epochs) {
   std::string s = "epoch " + std::to_string(m.epoch) + "/" + std::to_string(epochs);
   s += "  train_loss " + format("%.4f", m.train_loss);
   s += "  train_acc " + format("%.2f", 100 * m.train_accuracy) + "%";
-  s += "  test_loss " + format("%.4f", m.test_loss);
-  s += "  test_acc [";
+  const std::string set = m.evaluated_on == "validation" ? "val" : "test";  // what the epoch was evaluated on
+  s += "  " + set + "_loss " + format("%.4f", m.test_loss);
+  s += "  " + set + "_acc [";
   for (std::size_t i = 0; i < m.member_test_accuracy.size(); ++i)
     s += (i ? " " : "") + format("%.2f", 100 * m.member_test_accuracy[i]);
   s += "]  ensemble " + format("%.2f", 100 * m.ensemble_test_accuracy) + "%";
@@ -120,9 +121,10 @@ void ProgressBar::update(int step, double running_loss, double images_per_second
   if (drawn_step_ < 0 || step_ >= steps_ || now - last_draw_ >= redraw_interval) draw(now);
 }
 
-void ProgressBar::evaluating() {
+void ProgressBar::evaluating(const std::string& set) {
   if (mode_ != ProgressMode::bar || step_ < 1) return;
   evaluating_ = true;
+  evaluated_set_ = set;
   draw(clock_());
 }
 
@@ -171,7 +173,7 @@ std::string ProgressBar::bar_line(double now) {
   tail += " - " + format("%.0f", images_per_second_) + " img/s";
   tail += " - loss: " + format("%.4f", loss_);
   if (!std::isnan(accuracy_)) tail += " - accuracy: " + format("%.4f", accuracy_);
-  if (evaluating_) tail += " - evaluating the test set";
+  if (evaluating_) tail += " - evaluating the " + evaluated_set_ + " set";
   const int columns = terminal_columns(out_);
   if (columns > 0) {  // shrink the bar to fit, never grow it back within the epoch (no jitter)
     const int room = columns - 1 - static_cast<int>(head.size() + tail.size()) - 2;

@@ -55,9 +55,9 @@ class ProgressBar {
   // do nothing.
   void update(int step, double running_loss, double images_per_second_model,
               double running_accuracy = std::numeric_limits<double>::quiet_NaN());
-  // The epoch's steps are done and its evaluation runs: bar mode shows it on the bar line until
-  // end_epoch; plain mode prints nothing (its one line per epoch follows at end_epoch).
-  void evaluating();
+  // The epoch's steps are done and its evaluation of `set` ("test", "validation") runs: bar mode shows it on
+  // the bar line until end_epoch; plain mode prints nothing (its one line per epoch follows at end_epoch).
+  void evaluating(const std::string& set = "test");
   // Ends the epoch: closes the bar line (drawing the final state if it was not drawn yet) and prints
   // epoch_summary_line(m) (bar and plain modes).
   void end_epoch(const EpochMetrics& m);
@@ -79,6 +79,7 @@ class ProgressBar {
   double accuracy_ = std::numeric_limits<double>::quiet_NaN();
   double images_per_second_ = 0;
   bool evaluating_ = false;     // the bar line says that the evaluation runs
+  std::string evaluated_set_ = "test";
   double epoch_start_ = 0;
   double last_draw_ = 0;
   int drawn_step_ = -1;         // the step shown by the last redraw, -1 when none this epoch

@@ -55,7 +55,7 @@ std::string pad_left(std::string s, std::size_t width) {
 }  // namespace
 
 io::Json metrics_json(const io::Json& config, const std::vector<EpochMetrics>& epochs,
-                      const std::vector<SizePoint>& size_curve) {
+                      const std::vector<SizePoint>& size_curve, const io::Json& extra) {
   io::Json doc = io::Json::object();
   doc["config"] = config;
   io::Json list = io::Json::array();
@@ -63,6 +63,8 @@ io::Json metrics_json(const io::Json& config, const std::vector<EpochMetrics>& e
   doc["epochs"] = std::move(list);
   doc["final"] = epochs.empty() ? io::Json(nullptr) : io::epoch_json(epochs.back());
   if (!size_curve.empty()) doc["ensemble_size_curve"] = io::size_curve_json(size_curve);
+  if (extra.is_object())
+    for (const auto& [key, value] : extra.items()) doc[key] = value;
   return doc;
 }
 
@@ -95,6 +97,10 @@ std::string metrics_csv(const std::vector<EpochMetrics>& epochs) {
     for (const auto& c : kCalibrationColumns)
       for (std::size_t i = 0; i < members; ++i) out += ",member_" + std::to_string(i) + "_test_" + c.name;
   }
+  // Epochs measured on a validation set (--validation-split) name their columns val_... for test_...
+  if (!epochs.empty() && epochs.front().evaluated_on == "validation")
+    for (std::size_t at = out.find("test"); at != std::string::npos; at = out.find("test", at + 3))
+      out.replace(at, 4, "val");
   out += '\n';
   for (const EpochMetrics& m : epochs) {
     out += std::to_string(m.epoch);
@@ -172,8 +178,9 @@ void write_text_file_atomic(const std::filesystem::path& path, std::string_view 
 }
 
 void write_metrics_json(const std::filesystem::path& path, const io::Json& config,
-                        const std::vector<EpochMetrics>& epochs, const std::vector<SizePoint>& size_curve) {
-  write_text_file_atomic(path, io::dump_json(metrics_json(config, epochs, size_curve), 2) + "\n");
+                        const std::vector<EpochMetrics>& epochs, const std::vector<SizePoint>& size_curve,
+                        const io::Json& extra) {
+  write_text_file_atomic(path, io::dump_json(metrics_json(config, epochs, size_curve, extra), 2) + "\n");
 }
 
 void write_metrics_csv(const std::filesystem::path& path, const std::vector<EpochMetrics>& epochs) {

@@ -15,16 +15,19 @@ namespace pmap::ensemble {
 
 // {"config": config, "epochs": [epoch_json(e) for e in epochs], "final": epoch_json(epochs.back())},
 // "final" null when there are no epochs, and "ensemble_size_curve": size_curve_json(size_curve) when
-// there is a curve. `config` is copied as given (normally an object).
+// there is a curve. `config` is copied as given (normally an object). The members of `extra` (an object)
+// are set last, replacing any of the above: the program's "final" test evaluation after a run whose epochs
+// were evaluated on a validation set, and "early_stopping".
 io::Json metrics_json(const io::Json& config, const std::vector<EpochMetrics>& epochs,
-                  const std::vector<SizePoint>& size_curve = {});
+                  const std::vector<SizePoint>& size_curve = {}, const io::Json& extra = {});
 
 // CSV text, one header line and one line per epoch, '\n'-terminated:
 // epoch,train_loss,train_accuracy,test_loss,ensemble_test_accuracy,seconds,eval_seconds,
 // model_images_per_second,member_0_test_accuracy,...,member_<n-1>_test_accuracy
 // with n the largest member count of any epoch (an epoch with fewer members leaves those cells empty);
 // when some epoch has calibration metrics, then ensemble_test_{nll,brier,ece,entropy} and
-// member_<i>_test_nll for every i, then _brier, _ece and _entropy likewise.
+// member_<i>_test_nll for every i, then _brier, _ece and _entropy likewise. Epochs evaluated on a validation
+// set (EpochMetrics::evaluated_on) name those columns val_loss, ensemble_val_accuracy, member_0_val_nll, ...
 // Doubles in the shortest form that reads back bit-exact with strtod ("nan"/"inf" if not finite).
 std::string metrics_csv(const std::vector<EpochMetrics>& epochs);
 
@@ -40,9 +43,10 @@ void write_predictions_csv(const std::filesystem::path& path, const Predictions&
 // "<path>: <what failed>: <strerror>" is thrown. Blocking.
 void write_text_file_atomic(const std::filesystem::path& path, std::string_view contents);
 
-// metrics_json(config, epochs, size_curve).dump(2) plus a newline, written with write_text_file_atomic.
+// metrics_json(config, epochs, size_curve, extra).dump(2) plus a newline, written with write_text_file_atomic.
 void write_metrics_json(const std::filesystem::path& path, const io::Json& config,
-                        const std::vector<EpochMetrics>& epochs, const std::vector<SizePoint>& size_curve = {});
+                        const std::vector<EpochMetrics>& epochs, const std::vector<SizePoint>& size_curve = {},
+                        const io::Json& extra = {});
 // metrics_csv(epochs), written with write_text_file_atomic.
 void write_metrics_csv(const std::filesystem::path& path, const std::vector<EpochMetrics>& epochs);
 

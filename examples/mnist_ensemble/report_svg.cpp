@@ -311,7 +311,8 @@ std::vector<Series> loss_series(const std::vector<EpochMetrics>& epochs) {
   }
   train.label = "train";
   train.value = last_value(train.y, 4, "");
-  test.label = "test (member mean)";
+  test.label = epochs.empty() || epochs.front().evaluated_on == "test" ? "test (member mean)"
+                                                                      : "validation (member mean)";
   test.value = last_value(test.y, 4, "");
   return {train, test};
 }
@@ -434,14 +435,15 @@ std::string accuracy_plot_svg(const std::vector<EpochMetrics>& epochs, const Plo
   const Panel bottom(kBottomPanelTop, kBottomPanelHeight, x_axis, value_axis(loss_lo, loss_hi));
 
   const std::size_t members = acc.size() - 1;
+  const std::string set = epochs.front().evaluated_on;  // "test", or "validation" (--validation-split)
   const bool reliability = !epochs.back().member_calibration.empty();
   const bool size_curve = !extras.size_curve.empty();
   std::string out = svg_open(reliability || size_curve ? kCalibrationHeight : kHeight);
   out += "<text x=\"" + num(kPlotLeft) + "\" y=\"28\" font-size=\"17\" font-weight=\"bold\">" +
          xml_escape(extras.dataset) + " ensemble: " + std::to_string(members) +
          (members == 1 ? " member, " : " members, ") + "epoch " + std::to_string(epochs.back().epoch) +
-         " — ensemble test accuracy " + last_value(acc[0].y, 2, " %") + "</text>\n";
-  top.axes(out, "(a) Test accuracy", "test accuracy (%)");
+         " — ensemble " + set + " accuracy " + last_value(acc[0].y, 2, " %") + "</text>\n";
+  top.axes(out, set == "test" ? "(a) Test accuracy" : "(a) Validation accuracy", set + " accuracy (%)");
   for (std::size_t i = 1; i < acc.size(); ++i) top.line(out, x, acc[i]);
   top.line(out, x, acc[0]);  // the ensemble on top
   top.legend(out, acc);

@@ -285,6 +285,41 @@ expect "members beyond memory" 1 "100000 members .* need [0-9]+ GB; this machine
   "${run[@]}" --members 100000 --devices 1 --epochs 1
 expect "a report interval past the epoch" 0 "ensemble" -- "${run[@]}" "${few[@]}" --report-every 1000000000
 
+# A validation split: epochs evaluated on it (val_ columns, "evaluated_on"), the test set once at the end
+# ("final"); early stopping per member, each member's best epoch reported, and its flags' errors.
+expect "validation split and early stopping" 0 "early stopping \\(patience 1, on the validation NLL\\)" -- \
+  "${run[@]}" --epochs 3 --train-limit 384 --validation-split 0.25 --early-stopping-patience 1 --no-summary \
+  --metrics-json "$work/v.json" --metrics-csv "$work/v.csv" --plot "$work/v.svg"
+grep -q "288 train / 96 validation / 200 test images" "$work/out" && grep -q "val_loss" "$work/out" &&
+  grep -q "evaluating on the 200 test images (every member at its best epoch)" "$work/out" &&
+  grep -Eq "^  member 1: best epoch [1-3] \(validation NLL [0-9.]+\), (stopped after epoch [2-3]|trained every epoch)" \
+    "$work/out" && pass "validation: header, epoch lines, final test evaluation, best epochs" ||
+  fail "validation: header, epoch lines, final test evaluation, best epochs"
+python3 - "$work/v.json" "$work/v.csv" "$work/v.svg" <<'PY' && pass "validation: metrics files" || fail "validation: metrics files"
+import csv, json, sys
+m = json.load(open(sys.argv[1]))
+assert m["config"]["validation_split"] == 0.25 and m["config"]["early_stopping_patience"] == 1
+assert all(e["evaluated_on"] == "validation" for e in m["epochs"]), m["epochs"]
+final = m["final"]
+assert "evaluated_on" not in final and final["epoch"] == len(m["epochs"]), final  # the test set's
+assert [s["member"] for s in m["early_stopping"]] == [0, 1]
+for s in m["early_stopping"]:
+    e = m["epochs"][s["best_epoch"] - 1]
+    assert s["best_validation_nll"] == e["member_test_nll"][s["member"]], (s, e["member_test_nll"])
+header = next(csv.reader(open(sys.argv[2])))
+assert "val_loss" in header and "ensemble_val_accuracy" in header and not any("test" in h for h in header), header
+assert "Validation accuracy" in open(sys.argv[3]).read()
+PY
+expect "patience needs a validation split" 2 "--early-stopping-patience watches the validation NLL" -- \
+  "$bin" --early-stopping-patience 2
+expect "validation split out of range" 2 "--validation-split: must be in \\[0, 1\\), got 1.5" -- "$bin" --validation-split 1.5
+expect "evaluate takes no validation split" 2 "--evaluate trains nothing: --validation-split is a training flag" -- \
+  "$bin" --evaluate x --validation-split 0.1
+expect "validation split leaves too few" 1 "larger than the 39 training examples \\(see --train-limit and --validation-split\\)" \
+  -- "${run[@]}" --epochs 1 --train-limit 384 --validation-split 0.9
+expect "validation split holds out nothing" 1 "--validation-split 0.001 of 384 training examples leaves no validation example" \
+  -- "${run[@]}" --epochs 1 --train-limit 384 --validation-split 0.001
+
 head -c 1000 "$work/ck1.safetensors" >"$work/trunc.safetensors"
 expect "truncated checkpoint" 1 "error: .*trunc.safetensors" -- "${run[@]}" --epochs 2 --resume "$work/trunc.safetensors"
 expect "checkpoint seed mismatch" 1 "seed" -- "${run[@]}" --epochs 2 --seed 5 --resume "$work/ck1.safetensors"
