@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <tuple>
 #include <functional>
 #include <span>
+#include <tuple>
 
 #include <unistd.h>
 

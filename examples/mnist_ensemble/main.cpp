@@ -202,13 +202,13 @@ int run_training(const CliOptions& o) {
   // curve and per-image results; or, with no epoch run, of the initial or resumed members), and every
   // output asked for.
   EpochMetrics last;
-  if (main_process && (trainer.validation_data().count > 0)) {
+  const bool validated = trainer.validation_data().count > 0;
+  if (main_process && validated) {
     std::printf("\nevaluating on the %lld test images%s\n", static_cast<long long>(test.count),
                 trainer.early_stopping().empty() ? "" : " (every member at its best epoch)");
     std::fflush(stdout);
   }
   const EnsembleReport report = trainer.evaluate_report(last);
-  const bool validated = (trainer.validation_data().count > 0);
   if (!trainer.history().empty()) {
     const EpochMetrics& back = trainer.history().back();
     if (validated) {  // the test set's numbers, with the last epoch's training figures
