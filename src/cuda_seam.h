@@ -54,6 +54,12 @@ StreamHandle cuda_thread_stream() noexcept;
 // Blocks until the calling thread's current stream has finished its work; raises CudaError for a
 // failure of that work.
 void cuda_sync_current_stream();
+// pmax/pmin over NCCL (src/device_kernels.h's order keys, review F2): `count` f32 or f64 of `src` as order
+// keys (i32 / i64) into `dst` (which may be src), NaN the largest (max) or smallest (min); and back, in place.
+// Queued on `stream`, on the calling thread's GPU.
+void cuda_to_order_keys(void* dst, const void* src, std::size_t count, DType dtype, bool nan_wins_max,
+                        StreamHandle stream);
+void cuda_from_order_keys(void* buffer, std::size_t count, DType dtype, StreamHandle stream);
 // The same on a failure path: waits for the stream's work and swallows its error (the caller is already
 // raising), so that nothing still runs on arrays after pmap has returned (review L6).
 void cuda_drain_current_stream() noexcept;

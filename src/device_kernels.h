@@ -1,11 +1,13 @@
 // The runtime's own CUDA kernels, written as host-runnable kernel structs (pmap/detail/launch.h) so the
-// CPU checks them: the device hub's reduction of virtual devices' buffers in rank order and pmean's
-// division (launched by src/cuda/device_hub.cu), and the samplers of pmap/random.h (src/cuda/random.cu).
+// CPU checks them: the device hub's reduction of virtual devices' buffers in rank order, pmean's division and
+// the order keys of pmax/pmin over NCCL (launched by src/cuda/device_hub.cu), and the samplers of pmap/random.h (src/cuda/random.cu).
 // CUDA-free; tests/test_cuda_host.cpp runs each over its launch grid on the host against the host path.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include <pmap/communicator.h>
 #include <pmap/detail/launch.h>
@@ -53,6 +55,56 @@ template <class T> struct DivideBy {
   T* x = nullptr;
   T divisor = 1;
   PMAPCC_HD void operator()(std::size_t i) const { x[i] = x[i] / divisor; }
+};
+
+// pmax/pmin over NCCL (review F2). NCCL's ncclMax/ncclMin on floats are fmaxf/fminf, which return the other
+// operand when one is NaN; every other path propagates NaN. So floats travel as integers in the same order:
+// a float's bits as a signed integer, with a negative float's magnitude bits flipped (-inf < ... < -0 < +0 <
+// ... < +inf), and NaN as the largest integer for max (it wins) or the smallest for min. NCCL reduces the
+// integers exactly; order_key_value inverts. -0 and +0 are ordered (-0 < +0): max(-0, +0) is +0 and min -0.
+template <class I> PMAPCC_HD inline constexpr I order_key_top() {  // the largest I: a NaN's bits as a float
+  return static_cast<I>(~(static_cast<std::make_unsigned_t<I>>(1) << (sizeof(I) * 8 - 1)));
+}
+
+template <class F, class I> PMAPCC_HD inline I order_key(F x, bool nan_wins_max) {
+  static_assert(sizeof(F) == sizeof(I));
+  constexpr I top = order_key_top<I>();
+  if (x != x) return nan_wins_max ? top : static_cast<I>(-top - 1);
+  I bits;
+  memcpy(&bits, &x, sizeof bits);
+  return bits >= 0 ? bits : static_cast<I>(bits ^ top);
+}
+
+template <class F, class I> PMAPCC_HD inline F order_key_value(I key) {
+  constexpr I top = order_key_top<I>();
+  const I bits = key == static_cast<I>(-top - 1) ? top : key >= 0 ? key : static_cast<I>(key ^ top);
+  F x;  // top's bits are a quiet NaN
+  memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
+// The buffer's n elements of F, in place, to order keys (ToOrderKeys) and back (FromOrderKeys). Elements are
+// read and written through memcpy: the buffer holds F before and I after, or the other way round.
+template <class F, class I> struct ToOrderKeys {
+  const void* x = nullptr;
+  void* keys = nullptr;  // may be x
+  bool nan_wins_max = true;
+  PMAPCC_HD void operator()(std::size_t i) const {
+    F v;
+    memcpy(&v, static_cast<const char*>(x) + i * sizeof(F), sizeof v);
+    const I k = order_key<F, I>(v, nan_wins_max);
+    memcpy(static_cast<char*>(keys) + i * sizeof(I), &k, sizeof k);
+  }
+};
+
+template <class F, class I> struct FromOrderKeys {
+  void* buffer = nullptr;
+  PMAPCC_HD void operator()(std::size_t i) const {
+    I k;
+    memcpy(&k, static_cast<const char*>(buffer) + i * sizeof(I), sizeof k);
+    const F v = order_key_value<F, I>(k);
+    memcpy(static_cast<char*>(buffer) + i * sizeof(F), &v, sizeof v);
+  }
 };
 
 // The grid of the hub's kernels: up to 4096 blocks, then grid-stride.

@@ -1,10 +1,13 @@
 // The CUDA code where no GPU is needed to check it: the row-major to column-major GEMM mapping against a
 // row-major reference (and cuBLAS with a GPU), the host launcher's grid-stride order, and the runtime's
-// own kernels (src/device_kernels.h: the device hub's rank-order reduction, pmean's division, the
-// samplers) run over their launch grids on the host against the host paths they must equal bit for bit.
+// own kernels (src/device_kernels.h: the device hub's rank-order reduction, pmean's division, pmax/pmin's
+// order keys over NCCL, the samplers) run over their launch grids on the host against the host paths they must equal bit for bit.
 #include "cuda_testing.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 
 #include <pmapcc/kernels/cuda/exec.h>
@@ -151,6 +154,82 @@ TEST_CASE("cuda host run: the device hub reduces in rank order, bitwise the host
   for (float& v : expect) v /= 3.0f;
   pmap::detail::host_launch(pmap::detail::DivideBy<float>{x.data(), 3.0f}, x.size(), pmap::detail::hub_grid(x.size()));
   CHECK(same_bytes(x, expect));
+}
+
+namespace {
+
+// pmax/pmin over NCCL (review F2): n ranks' floats to order keys (the kernel, on the host), reduced as
+// integers as NCCL's ncclMax/ncclMin do, and back; against the host hub's NaN-propagating combine.
+template <class F, class I> void check_order_keys(int n, pmap::ReduceOp op) {
+  CAPTURE(n);
+  CAPTURE(static_cast<int>(op));
+  const F nan = std::numeric_limits<F>::quiet_NaN(), inf = std::numeric_limits<F>::infinity();
+  const F specials[] = {nan, -nan, inf, -inf, F(0), -F(0), std::numeric_limits<F>::denorm_min(),
+                        -std::numeric_limits<F>::denorm_min(), std::numeric_limits<F>::max(),
+                        std::numeric_limits<F>::lowest()};
+  const std::size_t len = 300;
+  std::mt19937 gen(static_cast<unsigned>(n * 13 + static_cast<int>(op)));
+  std::vector<std::vector<F>> ranks(static_cast<std::size_t>(n), std::vector<F>(len));
+  for (auto& v : ranks)
+    for (auto& x : v)
+      x = gen() % 4 == 0 ? specials[gen() % std::size(specials)] : static_cast<F>(static_cast<int>(gen() % 2001) - 1000) / F(7);
+  const bool max = op == pmap::ReduceOp::max;
+  std::vector<I> reduced(len);
+  for (int r = 0; r < n; ++r) {
+    std::vector<F> buffer = ranks[static_cast<std::size_t>(r)];  // in place, as the communicator runs it
+    pmap::detail::host_launch(pmap::detail::ToOrderKeys<F, I>{buffer.data(), buffer.data(), max}, len,
+                              pmap::detail::hub_grid(len));
+    std::vector<I> keys(len);
+    std::memcpy(keys.data(), buffer.data(), len * sizeof(I));
+    for (std::size_t i = 0; i < len; ++i)
+      reduced[i] = r == 0 ? keys[i] : max ? std::max(reduced[i], keys[i]) : std::min(reduced[i], keys[i]);
+  }
+  std::vector<F> got(len);
+  std::memcpy(got.data(), reduced.data(), len * sizeof(F));
+  pmap::detail::host_launch(pmap::detail::FromOrderKeys<F, I>{got.data()}, len, Grid{2, 3});
+  for (std::size_t i = 0; i < len; ++i) {
+    F want = ranks[0][i];
+    for (int r = 1; r < n; ++r) want = pmap::detail::combine_ranks(want, ranks[static_cast<std::size_t>(r)][i], op);
+    CAPTURE(i);
+    if (std::isnan(want)) {
+      CHECK(std::isnan(got[i]));
+    } else if (want == F(0)) {  // the keys order -0 below +0; the hub keeps whichever came first
+      bool neg = false, pos = false;
+      for (const auto& v : ranks) {
+        neg = neg || (v[i] == F(0) && std::signbit(v[i]));
+        pos = pos || (v[i] == F(0) && !std::signbit(v[i]));
+      }
+      CHECK(got[i] == F(0));
+      CHECK(std::signbit(got[i]) == (max ? !pos : neg));
+    } else {
+      CHECK(got[i] == want);
+    }
+  }
+  // NaN first, last and alone; the values come back bit for bit through a lone rank.
+  if (n == 1) {
+    std::vector<F> same(ranks[0]);
+    pmap::detail::host_launch(pmap::detail::ToOrderKeys<F, I>{same.data(), same.data(), max}, len,
+                              pmap::detail::hub_grid(len));
+    pmap::detail::host_launch(pmap::detail::FromOrderKeys<F, I>{same.data()}, len, pmap::detail::hub_grid(len));
+    for (std::size_t i = 0; i < len; ++i)
+      if (!std::isnan(ranks[0][i])) CHECK(std::memcmp(&same[i], &ranks[0][i], sizeof(F)) == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda host run: pmax/pmin over NCCL reduce order keys, NaN winning, as the hubs do (review F2)") {
+  for (int n : {1, 2, 3, 8})
+    for (pmap::ReduceOp op : {pmap::ReduceOp::max, pmap::ReduceOp::min}) {
+      check_order_keys<float, std::int32_t>(n, op);
+      check_order_keys<double, std::int64_t>(n, op);
+    }
+  // The ends of the key range are NaN's: +inf and -inf are not.
+  CHECK(pmap::detail::order_key<float, std::int32_t>(std::numeric_limits<float>::infinity(), true) <
+        pmap::detail::order_key<float, std::int32_t>(std::numeric_limits<float>::quiet_NaN(), true));
+  CHECK(pmap::detail::order_key<float, std::int32_t>(-std::numeric_limits<float>::infinity(), false) >
+        pmap::detail::order_key<float, std::int32_t>(std::numeric_limits<float>::quiet_NaN(), false));
+  CHECK(std::isnan(pmap::detail::order_key_value<double, std::int64_t>(std::numeric_limits<std::int64_t>::min())));
 }
 
 TEST_CASE("cuda host run: the sampler kernel draws the host samplers' numbers bit for bit") {

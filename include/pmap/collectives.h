@@ -32,9 +32,10 @@ std::uint64_t collectives_entered();
 
 Array psum(const Array& x, const AxisNames& axes);
 Array pmean(const Array& x, const AxisNames& axes);  // floating dtypes only (ValueError otherwise)
-// pmax/pmin: a NaN on any device makes the element NaN on CPU devices and virtual devices (the hubs);
-// over NCCL (one device per GPU, 2 or more GPUs) NCCL's own max/min decide, which are fmaxf/fminf: a NaN
-// loses to any number there (not yet run on several GPUs; review F2).
+// pmax/pmin: a NaN on any device makes the element NaN, on every kind of device. Over NCCL (one device per
+// GPU, 2 or more GPUs), whose own float max/min drop NaN, floats are reduced as order keys (NaN winning) and
+// come back as they went, a NaN as the canonical quiet NaN; -0 and +0 are ordered there (max +0, min -0),
+// where the hubs keep either. (Not yet run on several GPUs; the keys are checked on the host.)
 Array pmax(const Array& x, const AxisNames& axes);
 Array pmin(const Array& x, const AxisNames& axes);
 void psum_inplace(Array& x, const AxisNames& axes);

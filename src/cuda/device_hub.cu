@@ -103,4 +103,29 @@ void cuda_divide(int ordinal, void* x, std::size_t count, DType dtype, int n) {
   }
 }
 
+void cuda_to_order_keys(void* dst, const void* src, std::size_t count, DType dtype, bool nan_wins_max,
+                        StreamHandle stream) {
+  if (count == 0) return;
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (dtype == DType::f32) {
+    gpu_launch(ToOrderKeys<float, std::int32_t>{src, dst, nan_wins_max}, count, hub_grid(count), s);
+  } else if (dtype == DType::f64) {
+    gpu_launch(ToOrderKeys<double, std::int64_t>{src, dst, nan_wins_max}, count, hub_grid(count), s);
+  } else {
+    throw ValueError("cuda_to_order_keys: needs f32 or f64, got " + std::string(name(dtype)));
+  }
+}
+
+void cuda_from_order_keys(void* buffer, std::size_t count, DType dtype, StreamHandle stream) {
+  if (count == 0) return;
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (dtype == DType::f32) {
+    gpu_launch(FromOrderKeys<float, std::int32_t>{buffer}, count, hub_grid(count), s);
+  } else if (dtype == DType::f64) {
+    gpu_launch(FromOrderKeys<double, std::int64_t>{buffer}, count, hub_grid(count), s);
+  } else {
+    throw ValueError("cuda_from_order_keys: needs f32 or f64, got " + std::string(name(dtype)));
+  }
+}
+
 }  // namespace pmap::detail

@@ -23,6 +23,7 @@
 #include <pmap/error.h>
 
 #include "availability.h"
+#include "cuda_seam.h"
 #include "nccl/nccl_check.h"
 #include "nccl_clique.h"
 #include "processes.h"
@@ -192,7 +193,17 @@ void NcclCommunicator::enqueue(const CollectiveOp& op, cudaStream_t stream) {
   const ncclDataType_t type = nccl_type(op.dtype);
   switch (op.kind) {
     case CollectiveKind::all_reduce:
-      PMAPCC_NCCL_ISSUE(ncclAllReduce(op.send, op.recv, op.count, type, nccl_op(op.reduce), comm_, stream));
+      if (op.reduce != ReduceOp::sum && is_floating(op.dtype)) {
+        // NCCL's float max/min drop NaN (fmaxf/fminf): reduce the floats as order keys, NaN winning, as every
+        // other path does (review F2; src/device_kernels.h). The three steps queue in order on `stream`.
+        const bool max = op.reduce == ReduceOp::max;
+        const ncclDataType_t keys = op.dtype == DType::f32 ? ncclInt32 : ncclInt64;
+        cuda_to_order_keys(op.recv, op.send, op.count, op.dtype, max, stream);
+        PMAPCC_NCCL_ISSUE(ncclAllReduce(op.recv, op.recv, op.count, keys, max ? ncclMax : ncclMin, comm_, stream));
+        cuda_from_order_keys(op.recv, op.count, op.dtype, stream);
+      } else {
+        PMAPCC_NCCL_ISSUE(ncclAllReduce(op.send, op.recv, op.count, type, nccl_op(op.reduce), comm_, stream));
+      }
       break;
     case CollectiveKind::all_gather:
       PMAPCC_NCCL_ISSUE(ncclAllGather(op.send, op.recv, op.count, type, comm_, stream));
