@@ -85,9 +85,9 @@ class Exec {
   void gemm(const Gemm& g, const float* a, const float* b, float* c) const;
   void fill_zero(void* dst, std::size_t bytes) const;                   // asynchronous on a GPU
   void copy(void* dst, const void* src, std::size_t bytes) const;       // within the device's memory
-  // `bytes` of scratch for the calling thread, valid until a larger request (earlier buffers stay alive
-  // until the thread exits, so a captured graph never points at freed memory). Growing allocates: it
-  // raises CaptureError during a capture.
+  // `bytes` of scratch for the calling thread's current stream (on a GPU; one per stream, review L4), valid
+  // until a larger request (earlier buffers stay alive until the thread exits, so a captured graph never
+  // points at freed memory). Growing allocates: it raises CaptureError during a capture.
   void* scratch(std::size_t bytes) const;
   // Creates what the calling thread's work will need (the cuBLAS handle on its stream) up front.
   void prepare() const;

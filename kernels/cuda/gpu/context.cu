@@ -1,5 +1,5 @@
-// The GPU side of Exec (kernels/cuda/gpu/native.h): per (thread, GPU) scratch memory and per (thread,
-// stream) cuBLAS handles with their own workspaces, the GEMM, and fills and copies on the current stream.
+// The GPU side of Exec (kernels/cuda/gpu/native.h): per (thread, stream) scratch memory and cuBLAS handles
+// with their own workspaces, the GEMM, and fills and copies on the current stream.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -58,7 +58,8 @@ class ThreadGpuContext {
     if (cudaGetDevice(&previous) != cudaSuccess) return;
     if (cudaSetDevice(ordinal_) != cudaSuccess) return;
     handles_.clear();
-    for (void* p : scratch_) cudaFree(p);
+    for (auto& [stream, scratch] : scratch_)
+      for (void* p : scratch.buffers) cudaFree(p);
     cudaSetDevice(previous);
   }
   ThreadGpuContext(const ThreadGpuContext&) = delete;
@@ -69,24 +70,30 @@ class ThreadGpuContext {
     if (it == handles_.end()) it = handles_.emplace(stream, std::make_unique<Handle>(stream)).first;
     return it->second->get();
   }
+  // The scratch of `stream`: one per stream, as the cuBLAS workspaces, so that a thread switching streams
+  // (StreamScope) while work using one is in flight never hands the same memory to the other (review L4).
   // Grows by allocating a larger buffer; earlier ones stay allocated until the thread exits, so a graph
   // that captured one keeps valid memory.
-  void* scratch(std::size_t bytes) {
-    if (!scratch_.empty() && bytes <= scratch_bytes_) return scratch_.back();
+  void* scratch(cudaStream_t stream, std::size_t bytes) {
+    Scratch& s = scratch_[stream];
+    if (!s.buffers.empty() && bytes <= s.bytes) return s.buffers.back();
     pmap::detail::check_not_capturing("scratch memory of " + std::to_string(bytes) + " bytes",
                                       "allocates device memory");
     void* p = nullptr;
     PMAPCC_CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 1 : bytes));
-    scratch_.push_back(p);
-    scratch_bytes_ = bytes;
+    s.buffers.push_back(p);
+    s.bytes = bytes;
     return p;
   }
 
  private:
+  struct Scratch {
+    std::vector<void*> buffers;  // the last is the current one
+    std::size_t bytes = 0;
+  };
   int ordinal_;
   std::map<cudaStream_t, std::unique_ptr<Handle>> handles_;
-  std::vector<void*> scratch_;
-  std::size_t scratch_bytes_ = 0;
+  std::map<cudaStream_t, Scratch> scratch_;
 };
 
 ThreadGpuContext& context() {
@@ -113,7 +120,7 @@ std::string cublas_version() {
 
 void prepare() { context().handle(current_stream()); }
 
-void* scratch(std::size_t bytes) { return context().scratch(bytes); }
+void* scratch(std::size_t bytes) { return context().scratch(current_stream(), bytes); }
 
 void sgemm(const ColumnMajorGemm& g) {
   // Default math mode: true FP32 (no TF32), so results stay within 1e-5 of the CPU ops.
