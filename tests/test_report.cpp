@@ -447,11 +447,13 @@ TEST_CASE("progress: the bar shows the running accuracy, and that the evaluation
   // A run with a validation split evaluates its epochs on the validation set, and says so.
   std::FILE* g = std::tmpfile();
   REQUIRE(g != nullptr);
-  ProgressBar validated(g, ProgressMode::bar, 10, [&] { return now; });
-  validated.begin_epoch(1, 1);
-  validated.update(1, 0.5, 100.0, 0.5);
-  validated.evaluating("validation");
-  CHECK(split(contents(g), '\r').back().ends_with(" - evaluating the validation set"));
+  {
+    ProgressBar validated(g, ProgressMode::bar, 10, [&] { return now; });
+    validated.begin_epoch(1, 1);
+    validated.update(1, 0.5, 100.0, 0.5);
+    validated.evaluating("validation");
+    CHECK(split(contents(g), '\r').back().ends_with(" - evaluating the validation set"));
+  }  // the bar closes its line on destruction: before the file is closed
   std::fclose(g);
 }
 
