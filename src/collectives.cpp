@@ -196,6 +196,7 @@ Array all_gather(const Array& x, const AxisNames& axes, int axis, bool tiled) {
   for (int d = 0; d < a; ++d) outer *= static_cast<std::size_t>(x.shape()[static_cast<std::size_t>(d)]);
   const std::size_t block = outer == 0 ? 0 : x.nbytes() / outer;  // bytes of one device's inner block
   Array out(shape, x.dtype(), x.device());                        // (outer, n, inner)
+  if (block == 0) return out;  // nothing to move (an empty array's pointers may be null)
   if (x.device().is_cpu()) {
     const auto* src = static_cast<const char*>(stacked.raw_data());
     auto* dst = static_cast<char*>(out.raw_data());

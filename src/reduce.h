@@ -22,6 +22,7 @@ inline constexpr std::size_t kReduceBlock = 2048;  // elements reduced per step 
 // ~3 GB/s for some relative alignments of source and destination (dst - src = 8 or 16 mod 4096), against
 // 40-90 GB/s otherwise. Larger copies keep glibc's own (streaming) path.
 inline void copy_bytes(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;  // an empty array's pointers may be null, which memcpy must not be given
   if (bytes >= (std::size_t{256} << 10)) {
     std::memcpy(dst, src, bytes);
     return;

@@ -185,6 +185,25 @@ TEST_CASE("all_gather along an axis, stacked and tiled, as JAX's all_gather(x, a
   }, mesh)();
 }
 
+TEST_CASE("collectives of empty arrays: empty results of the right shapes (no copy of null pointers)") {
+  pmap::Mesh mesh = cpu_mesh(2);
+  auto shapes = pmap::pmap([] {
+    const pmap::Array empty(pmap::Shape{0}, pmap::DType::f32), rows(pmap::Shape{3, 0}, pmap::DType::f32);
+    return std::vector<pmap::Shape>{pmap::psum(empty, "i").shape(), pmap::pmax(empty, "i").shape(),
+                                    pmap::all_gather(empty, "i").shape(), pmap::all_gather(empty, "i", true).shape(),
+                                    pmap::all_gather(rows, "i", 1, false).shape(),
+                                    pmap::all_gather(rows, "i", -1, true).shape()};
+  }, mesh, "i")();
+  for (const auto& s : shapes) {
+    CHECK(s[0] == pmap::Shape{0});
+    CHECK(s[1] == pmap::Shape{0});
+    CHECK(s[2] == pmap::Shape{2, 0});
+    CHECK(s[3] == pmap::Shape{0});
+    CHECK(s[4] == pmap::Shape{3, 2, 0});
+    CHECK(s[5] == pmap::Shape{3, 0});
+  }
+}
+
 TEST_CASE("CPU reductions are bitwise identical on every device and from run to run") {
   auto mesh = cpu_mesh(5);
   auto run = [&] {
