@@ -4,9 +4,18 @@ find_package(Eigen3 3.3 REQUIRED NO_MODULE)
 find_package(ZLIB REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 
-# CUDA: AUTO turns it on when a CUDA compiler and toolkit are found.
+# CUDA: AUTO turns it on when a CUDA compiler and toolkit are found. PMAPCC_CUDA_STANDIN instead builds the
+# CUDA backend's sources as C++ against the toolkit's headers and links them with pmapcc's CPU stand-in
+# for the CUDA runtime and cuBLAS (tests/standin): a test-only build with fake GPUs, no nvcc, no NCCL.
+option(PMAPCC_CUDA_STANDIN "Build the CUDA backend against the CPU stand-in of tests/standin (test-only)" OFF)
 set(PMAPCC_HAVE_CUDA OFF)
-if(NOT PMAPCC_WITH_CUDA STREQUAL "OFF")
+if(PMAPCC_CUDA_STANDIN)
+  if(PMAPCC_WITH_NCCL STREQUAL "ON")
+    message(FATAL_ERROR "PMAPCC_CUDA_STANDIN=ON has no NCCL stand-in yet: set PMAPCC_WITH_NCCL to OFF or AUTO")
+  endif()
+  find_package(CUDAToolkit REQUIRED)  # its headers only
+  set(PMAPCC_HAVE_CUDA ON)
+elseif(NOT PMAPCC_WITH_CUDA STREQUAL "OFF")
   include(CheckLanguage)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
@@ -23,7 +32,7 @@ if(NOT PMAPCC_WITH_CUDA STREQUAL "OFF")
                         "(looked for nvcc on PATH and at /usr/local/cuda/bin/nvcc)")
   endif()
 endif()
-if(PMAPCC_HAVE_CUDA)
+if(PMAPCC_HAVE_CUDA AND NOT PMAPCC_CUDA_STANDIN)
   # CMake 3.25 does not know that nvcc 13 speaks C++20: teach it the flag.
   if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
     set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
@@ -39,7 +48,7 @@ endif()
 
 # NCCL: only meaningful with CUDA.
 set(PMAPCC_HAVE_NCCL OFF)
-if(PMAPCC_HAVE_CUDA AND NOT PMAPCC_WITH_NCCL STREQUAL "OFF")
+if(PMAPCC_HAVE_CUDA AND NOT PMAPCC_CUDA_STANDIN AND NOT PMAPCC_WITH_NCCL STREQUAL "OFF")
   find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
   find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
   if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)

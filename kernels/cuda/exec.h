@@ -11,7 +11,7 @@
 
 #include <pmap/detail/launch.h>
 
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(PMAPCC_CUDA_STANDIN)
 #include <pmap/detail/launch_gpu.cuh>
 #endif
 
@@ -76,7 +76,7 @@ class Exec {
       run_on_host([kernel, items, grid] { detail::host_launch(kernel, items, grid); });
       return;
     }
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(PMAPCC_CUDA_STANDIN)
     detail::gpu_launch(kernel, items, grid, detail::current_stream());
 #else
     no_gpu("a kernel launch");

@@ -40,6 +40,8 @@ if [ $rc -eq 0 ]; then
   check "a GPU: --backend cuda reaches the CPU's loss (to 1e-3 relative)" \
     awk -v a="$(final "$tmp/one")" -v b="$(final "$tmp/cuda")" \
     'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= 1e-3 * a) }'
+elif [ "${PMAPCC_REQUIRE_GPU:-}" = 1 ]; then  # a GPU machine, or the CUDA stand-in's fake GPUs
+  check "PMAPCC_REQUIRE_GPU=1: --backend cuda trains ($(tail -c 200 "$tmp/cuda"))" false
 else
   check "no GPU: --backend cuda exits 1" test $rc -eq 1
   check "... saying why" grep -Eq "^pmap_mlp: .*(GPU|CUDA)" "$tmp/cuda"

@@ -1,0 +1,216 @@
+// The stand-in cuBLAS (see pmapcc_standin.h): handles bound to a device, a stream and a workspace, cuBLAS's
+// argument checks, and the strided-batched SGEMM queued on the handle's stream. Its arithmetic is the
+// host GEMM's (each entry summed in double in k order, then scaled and rounded once), not cuBLAS's
+// algorithms: what the stand-in checks is where and when the work runs, never its last bits.
+#include <cublas_v2.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "standin_internal.h"
+
+struct cublasContext {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  void* workspace = nullptr;  // nullptr: cuBLAS's own (not usable under capture here)
+  std::size_t workspace_bytes = 0;
+};
+
+namespace {
+
+std::mutex handles_mutex;
+std::set<cublasContext*>& handles() {
+  static auto* h = new std::set<cublasContext*>;
+  return *h;
+}
+
+cublasStatus_t injected(const char* api) {
+  return static_cast<cublasStatus_t>(static_cast<int>(pmapcc_standin::injected(api)));
+}
+
+bool live(cublasHandle_t h) {
+  std::lock_guard lock(handles_mutex);
+  return h != nullptr && handles().count(h) != 0;
+}
+
+// The SGEMM of one batch entry, column-major as cuBLAS's. Not instrumented by ThreadSanitizer (it would
+// dominate the suite's time): touch() below reads every operand element and writes every result element
+// once, instrumented, so a race on any of them is still reported.
+#if defined(__GNUC__)
+__attribute__((no_sanitize("thread")))
+#endif
+void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+          float beta, float* c, int ldc) {
+  std::vector<double> acc(static_cast<std::size_t>(m));
+  for (int col = 0; col < n; ++col) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int l = 0; l < k; ++l) {
+      const double blc = tb ? b[col + static_cast<long long>(l) * ldb] : b[l + static_cast<long long>(col) * ldb];
+      for (int row = 0; row < m; ++row) {
+        const double arl = ta ? a[l + static_cast<long long>(row) * lda] : a[row + static_cast<long long>(l) * lda];
+        acc[static_cast<std::size_t>(row)] += arl * blc;
+      }
+    }
+    float* cc = c + static_cast<long long>(col) * ldc;
+    for (int row = 0; row < m; ++row) {
+      const double sum = static_cast<double>(alpha) * acc[static_cast<std::size_t>(row)];
+      cc[row] = static_cast<float>(beta == 0.0f ? sum : sum + static_cast<double>(beta) * cc[row]);
+    }
+  }
+}
+
+// Reads each element of op(A) (rows x k) and B, and writes each element of C (m x n) back unchanged (beta
+// != 0) or as zero: the GEMM's memory accesses, one per element, where ThreadSanitizer sees them.
+void touch(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float beta,
+           float* c, int ldc) {
+  volatile float sink = 0.0f;
+  for (int l = 0; l < k; ++l)
+    for (int row = 0; row < m; ++row)
+      sink = ta ? a[l + static_cast<long long>(row) * lda] : a[row + static_cast<long long>(l) * lda];
+  for (int col = 0; col < n; ++col)
+    for (int l = 0; l < k; ++l)
+      sink = tb ? b[col + static_cast<long long>(l) * ldb] : b[l + static_cast<long long>(col) * ldb];
+  for (int col = 0; col < n; ++col)
+    for (int row = 0; row < m; ++row) {
+      float* x = c + row + static_cast<long long>(col) * ldc;
+      *x = beta == 0.0f ? 0.0f : *x;
+    }
+  (void)sink;
+}
+
+// Bytes spanned by a column-major matrix of `rows` x `cols` with leading dimension ld, repeated over a batch.
+std::size_t span(int rows, int cols, int ld, long long stride, int batch) {
+  if (rows == 0 || cols == 0 || batch == 0) return 0;
+  const long long one = static_cast<long long>(cols - 1) * ld + rows;
+  return static_cast<std::size_t>(static_cast<long long>(batch - 1) * stride + one) * sizeof(float);
+}
+
+}  // namespace
+
+extern "C" {
+
+cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
+  if (cublasStatus_t s = injected("cublasCreate"); s != CUBLAS_STATUS_SUCCESS) return s;
+  if (handle == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) {
+    cudaGetLastError();
+    return CUBLAS_STATUS_NOT_INITIALIZED;
+  }
+  auto* h = new cublasContext;
+  h->device = pmapcc_standin::current_device();
+  std::lock_guard lock(handles_mutex);
+  handles().insert(h);
+  *handle = h;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
+  std::lock_guard lock(handles_mutex);
+  if (handle == nullptr || handles().erase(handle) == 0) return CUBLAS_STATUS_NOT_INITIALIZED;
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream) {
+  if (cublasStatus_t s = injected("cublasSetStream"); s != CUBLAS_STATUS_SUCCESS) return s;
+  if (!live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  const pmapcc_standin::StreamInfo info = pmapcc_standin::stream_info(stream);
+  if (!info.valid || info.device != handle->device) return CUBLAS_STATUS_INVALID_VALUE;
+  handle->stream = stream;
+  // As cuBLAS documents: setting a stream resets the workspace to the default one.
+  handle->workspace = nullptr;
+  handle->workspace_bytes = 0;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t handle, void* workspace, size_t bytes) {
+  if (cublasStatus_t s = injected("cublasSetWorkspace"); s != CUBLAS_STATUS_SUCCESS) return s;
+  if (!live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (bytes > 0 && (workspace == nullptr || reinterpret_cast<std::uintptr_t>(workspace) % 256 != 0 ||
+                    pmapcc_standin::pointer_device(workspace, bytes) != handle->device))
+    return CUBLAS_STATUS_INVALID_VALUE;  // device memory of the handle's GPU, 256-byte aligned
+  handle->workspace = workspace;
+  handle->workspace_bytes = bytes;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGetProperty(libraryPropertyType type, int* value) {
+  if (value == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  switch (type) {
+    case MAJOR_VERSION: *value = CUBLAS_VER_MAJOR; return CUBLAS_STATUS_SUCCESS;
+    case MINOR_VERSION: *value = CUBLAS_VER_MINOR; return CUBLAS_STATUS_SUCCESS;
+    case PATCH_LEVEL: *value = CUBLAS_VER_PATCH; return CUBLAS_STATUS_SUCCESS;
+  }
+  return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+const char* cublasGetStatusName(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+  }
+  return "CUBLAS_STATUS_UNKNOWN";
+}
+
+const char* cublasGetStatusString(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "success";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
+    case CUBLAS_STATUS_INVALID_VALUE: return "an invalid numeric value was used as an argument";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "the GPU program failed to execute";
+    default: return "a cuBLAS status the stand-in does not name";
+  }
+}
+
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                         int m, int n, int k, const float* alpha, const float* A, int lda,
+                                         long long int strideA, const float* B, int ldb, long long int strideB,
+                                         const float* beta, float* C, int ldc, long long int strideC,
+                                         int batchCount) {
+  if (cublasStatus_t s = injected("cublasSgemmStridedBatched"); s != CUBLAS_STATUS_SUCCESS) return s;
+  if (!live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  auto op_ok = [](cublasOperation_t op) { return op == CUBLAS_OP_N || op == CUBLAS_OP_T || op == CUBLAS_OP_C; };
+  const bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
+  // cuBLAS's argument rules: sizes >= 0, each leading dimension at least its stored matrix's rows.
+  if (!op_ok(transa) || !op_ok(transb) || m < 0 || n < 0 || k < 0 || batchCount < 0 || alpha == nullptr ||
+      beta == nullptr || lda < std::max(1, ta ? k : m) || ldb < std::max(1, tb ? n : k) || ldc < std::max(1, m))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (m == 0 || n == 0 || batchCount == 0) return CUBLAS_STATUS_SUCCESS;
+  if (pmapcc_standin::current_device() != handle->device) return CUBLAS_STATUS_EXECUTION_FAILED;
+  const pmapcc_standin::StreamInfo info = pmapcc_standin::stream_info(handle->stream);
+  if (!info.valid || info.device != handle->device) return CUBLAS_STATUS_EXECUTION_FAILED;
+  // A capture cannot let cuBLAS allocate: the stand-in wants a user workspace there.
+  if (info.capturing && handle->workspace == nullptr) return CUBLAS_STATUS_NOT_SUPPORTED;
+  // Operands in the handle's GPU memory (on a GPU, a host pointer is an illegal address in the kernel).
+  const std::size_t a_bytes = span(ta ? k : m, ta ? m : k, lda, strideA, batchCount);
+  const std::size_t b_bytes = span(tb ? n : k, tb ? k : n, ldb, strideB, batchCount);
+  const std::size_t c_bytes = span(m, n, ldc, strideC, batchCount);
+  if ((k > 0 && (pmapcc_standin::pointer_device(A, a_bytes) != handle->device ||
+                 pmapcc_standin::pointer_device(B, b_bytes) != handle->device)) ||
+      pmapcc_standin::pointer_device(C, c_bytes) != handle->device)
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  const float al = *alpha, be = *beta;  // host pointer mode: read at the call
+  const cudaError_t queued = pmapcc_standin::enqueue(handle->stream, [=] {
+    for (int i = 0; i < batchCount; ++i) {
+      touch(ta, tb, m, n, k, A + i * strideA, lda, B + i * strideB, ldb, be, C + i * strideC, ldc);
+      gemm(ta, tb, m, n, k, al, A + i * strideA, lda, B + i * strideB, ldb, be, C + i * strideC, ldc);
+    }
+  });
+  if (queued != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // extern "C"

@@ -1,0 +1,29 @@
+// What the stand-in's cuBLAS (cublas.cpp) uses of its runtime (runtime.cpp).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <functional>
+
+namespace pmapcc_standin {
+
+// The injected failure of `api`'s next call (cudaSuccess when none): a cudaError_t, or another
+// library's status as an int.
+cudaError_t injected(const char* api);
+// The calling thread's current device.
+int current_device();
+
+struct StreamInfo {
+  bool valid = false;
+  int device = -1;
+  bool capturing = false;
+};
+// What `stream` is (nullptr: the current device's legacy stream).
+StreamInfo stream_info(cudaStream_t stream);
+// The GPU whose device memory holds [p, p + bytes), or -1 when it is not one allocation of device memory.
+int pointer_device(const void* p, std::size_t bytes);
+// Queues op on `stream` (or records it into the stream's capture).
+cudaError_t enqueue(cudaStream_t stream, std::function<void()> op);
+
+}  // namespace pmapcc_standin

@@ -1,0 +1,446 @@
+// The rules the CUDA stand-in (tests/standin) keeps, one test case each, written against CUDA's API so that
+// they also build against the real toolkit and run on a GPU, where they check the model (a conformance
+// run: scripts/gpu_checks.sh). What needs the stand-in's own hooks (a stream held back by a gate, fault
+// injection, reading quarantined memory) is compiled for the stand-in only. Cases that need two GPUs say
+// so and skip with one (CTest runs them with PMAPCC_STANDIN_GPUS=2).
+#include "cuda_testing.h"
+
+#if PMAPCC_HAVE_CUDA
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include <pmap/detail/cuda_stream.h>
+
+#include "src/cuda_seam.h"
+
+#if defined(PMAPCC_CUDA_STANDIN)
+#include <pmapcc_standin.h>
+#endif
+
+namespace {
+
+// Device memory freed at scope exit.
+struct DeviceBuffer {
+  void* p = nullptr;
+  explicit DeviceBuffer(std::size_t bytes) { REQUIRE(cudaMalloc(&p, bytes) == cudaSuccess); }
+  ~DeviceBuffer() { cudaFree(p); }
+  template <class T> T* as() const { return static_cast<T*>(p); }
+};
+
+struct Stream {
+  cudaStream_t s = nullptr;
+  explicit Stream(unsigned flags = cudaStreamNonBlocking) {
+    REQUIRE(cudaStreamCreateWithFlags(&s, flags) == cudaSuccess);
+  }
+  ~Stream() { cudaStreamDestroy(s); }
+};
+
+struct Event {
+  cudaEvent_t e = nullptr;
+  Event() { REQUIRE(cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess); }
+  ~Event() { cudaEventDestroy(e); }
+};
+
+std::vector<unsigned char> read_back(const void* device, std::size_t bytes) {
+  std::vector<unsigned char> host(bytes);
+  REQUIRE(cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+  return host;
+}
+
+bool all_equal(const std::vector<unsigned char>& v, unsigned char x) {
+  for (unsigned char c : v)
+    if (c != x) return false;
+  return true;
+}
+
+bool two_gpus() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) cudaGetLastError();
+  if (n >= 2) return true;
+  MESSAGE("one GPU: the two-GPU part of this rule is skipped (PMAPCC_STANDIN_GPUS=2 runs it on the stand-in)");
+  return false;
+}
+
+#if defined(PMAPCC_CUDA_STANDIN)
+// Holds a stream back: work queued after block() waits until open() (the stand-in's launch of a body that
+// blocks; a real GPU would need a spinning kernel).
+class Gate {
+ public:
+  void block(cudaStream_t stream) {
+    std::shared_future<void> f = future_;
+    REQUIRE(pmapcc_standin::launch(stream, [f] { f.wait(); }) == cudaSuccess);
+  }
+  void open() {
+    if (!opened_) promise_.set_value();
+    opened_ = true;
+  }
+  ~Gate() { open(); }
+
+ private:
+  std::promise<void> promise_;
+  std::shared_future<void> future_ = promise_.get_future().share();
+  bool opened_ = false;
+};
+
+// True when [p, p + 1) cannot be read by this process (a write from it into a pipe fails with EFAULT):
+// how a test sees quarantined memory without faulting.
+bool unreadable(const void* p) {
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  const ssize_t n = write(fds[1], p, 1);
+  const int err = errno;
+  close(fds[0]);
+  close(fds[1]);
+  return n < 0 && err == EFAULT;
+}
+#endif
+
+}  // namespace
+
+TEST_CASE("cuda stand-in rules: a stream runs its work in order, and copies and fills check their pointers") {
+  PMAPCC_REQUIRE_GPU();
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  Stream s;
+  const std::size_t n = 4096;
+  DeviceBuffer a(n), b(n);
+  REQUIRE(cudaMemsetAsync(a.p, 1, n, s.s) == cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(b.p, a.p, n, cudaMemcpyDeviceToDevice, s.s) == cudaSuccess);
+  REQUIRE(cudaMemsetAsync(a.p, 2, n, s.s) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(s.s) == cudaSuccess);
+  CHECK(all_equal(read_back(b.p, n), 1));
+  CHECK(all_equal(read_back(a.p, n), 2));
+
+  std::vector<unsigned char> host(n, 9);
+  // Copy kinds against the pointers, and sizes against allocations: cudaErrorInvalidValue, as CUDA's.
+  CHECK(cudaMemcpyAsync(host.data(), a.p, n, cudaMemcpyHostToDevice, s.s) == cudaErrorInvalidValue);
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+  CHECK(cudaGetLastError() == cudaSuccess);  // not sticky
+  CHECK(cudaMemcpyAsync(a.p, host.data(), n, cudaMemcpyDeviceToHost, s.s) == cudaErrorInvalidValue);
+  CHECK(cudaMemcpyAsync(b.p, a.p, n + 1, cudaMemcpyDeviceToDevice, s.s) == cudaErrorInvalidValue);
+  CHECK(cudaMemsetAsync(host.data(), 0, n, s.s) == cudaErrorInvalidValue);
+  cudaGetLastError();
+  // Pageable host memory: the source is taken at the call, so it may change right after.
+  REQUIRE(cudaMemcpyAsync(a.p, host.data(), n, cudaMemcpyHostToDevice, s.s) == cudaSuccess);
+  std::fill(host.begin(), host.end(), 0);
+  REQUIRE(cudaStreamSynchronize(s.s) == cudaSuccess);
+  CHECK(all_equal(read_back(a.p, n), 9));
+  // A strided copy (the all_gather-along-an-axis block copy).
+  REQUIRE(cudaMemcpy2DAsync(b.p, 8, a.p, 4, 4, 16, cudaMemcpyDeviceToDevice, s.s) == cudaSuccess);
+  CHECK(cudaMemcpy2DAsync(b.p, 2, a.p, 4, 4, 16, cudaMemcpyDeviceToDevice, s.s) == cudaErrorInvalidPitchValue);
+  cudaGetLastError();
+  REQUIRE(cudaStreamSynchronize(s.s) == cudaSuccess);
+  int x = 0;
+  CHECK(cudaFree(&x) == cudaErrorInvalidValue);
+  cudaGetLastError();
+}
+
+TEST_CASE("cuda stand-in rules: devices, streams and events name their GPU; a launch needs its GPU's stream") {
+  PMAPCC_REQUIRE_GPU();
+  int count = 0;
+  REQUIRE(cudaGetDeviceCount(&count) == cudaSuccess);
+  CHECK(cudaSetDevice(count) == cudaErrorInvalidDevice);
+  CHECK(cudaGetLastError() == cudaErrorInvalidDevice);
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  Stream s0;
+  int device = -1;
+  REQUIRE(cudaStreamGetDevice(s0.s, &device) == cudaSuccess);
+  CHECK(device == 0);
+  if (!two_gpus()) return;
+  REQUIRE(cudaSetDevice(1) == cudaSuccess);
+  Stream s1;
+  REQUIRE(cudaStreamGetDevice(s1.s, &device) == cudaSuccess);
+  CHECK(device == 1);
+  DeviceBuffer x(64 * sizeof(float));
+  REQUIRE(cudaMemsetAsync(x.p, 0, 64 * sizeof(float), s1.s) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(s1.s) == cudaSuccess);
+  // A kernel of GPU 1 launched into GPU 0's stream while GPU 1 is current: an invalid resource handle.
+  {
+    pmap::detail::StreamScope scope(s0.s);
+    CHECK_THROWS_AS(pmap::detail::cuda_to_order_keys(x.p, x.p, 64, pmap::DType::f32, true, s0.s), pmap::CudaError);
+  }
+  CHECK(cudaGetLastError() == cudaSuccess);
+  // An event records only on a stream of its own GPU.
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  Event e0;
+  CHECK(cudaEventRecord(e0.e, s1.s) == cudaErrorInvalidResourceHandle);
+  cudaGetLastError();
+  // Peer copies name each pointer's GPU.
+  DeviceBuffer y(64 * sizeof(float));
+  CHECK(cudaMemcpyPeerAsync(y.p, 0, x.p, 1, 64 * sizeof(float), s0.s) == cudaSuccess);
+  CHECK(cudaMemcpyPeerAsync(y.p, 1, x.p, 0, 64 * sizeof(float), s0.s) == cudaErrorInvalidValue);
+  cudaGetLastError();
+  REQUIRE(cudaStreamSynchronize(s0.s) == cudaSuccess);
+}
+
+TEST_CASE("cuda stand-in rules: graph capture records, refuses what CUDA refuses, and replays") {
+  PMAPCC_REQUIRE_GPU();
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  Stream s;
+  const std::size_t n = 1024;
+  DeviceBuffer a(n), b(n);
+  REQUIRE(cudaMemsetAsync(a.p, 0, n, s.s) == cudaSuccess);
+  REQUIRE(cudaMemsetAsync(b.p, 0, n, s.s) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(s.s) == cudaSuccess);
+
+  SUBCASE("captured work runs only when the graph is launched, each time it is") {
+    REQUIRE(cudaStreamBeginCapture(s.s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    REQUIRE(cudaStreamIsCapturing(s.s, &status) == cudaSuccess);
+    CHECK(status == cudaStreamCaptureStatusActive);
+    REQUIRE(cudaMemsetAsync(a.p, 5, n, s.s) == cudaSuccess);
+    REQUIRE(cudaMemcpyAsync(b.p, a.p, n, cudaMemcpyDeviceToDevice, s.s) == cudaSuccess);
+    cudaGraph_t graph = nullptr;
+    REQUIRE(cudaStreamEndCapture(s.s, &graph) == cudaSuccess);
+    CHECK(all_equal(read_back(b.p, n), 0));  // not run by the capture
+    cudaGraphExec_t exec = nullptr;
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(exec, s.s) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(s.s) == cudaSuccess);
+    CHECK(all_equal(read_back(b.p, n), 5));
+    REQUIRE(cudaMemsetAsync(b.p, 0, n, s.s) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(exec, s.s) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(s.s) == cudaSuccess);
+    CHECK(all_equal(read_back(b.p, n), 5));
+    REQUIRE(cudaGraphExecDestroy(exec) == cudaSuccess);
+  }
+  SUBCASE("allocation, synchronization, queries and pageable copies invalidate the capture") {
+    std::vector<unsigned char> pageable(n);
+    for (int which = 0; which < 5; ++which) {
+      CAPTURE(which);
+      REQUIRE(cudaStreamBeginCapture(s.s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+      void* p = nullptr;
+      cudaError_t e = cudaSuccess;
+      switch (which) {
+        case 0: e = cudaMalloc(&p, 256); break;
+        case 1: e = cudaStreamSynchronize(s.s); break;
+        case 2: e = cudaStreamQuery(s.s); break;
+        case 3: e = cudaMemcpyAsync(a.p, pageable.data(), n, cudaMemcpyHostToDevice, s.s); break;
+        case 4: e = cudaMemsetAsync(a.p, 0, n, nullptr); break;  // the legacy stream
+      }
+      CHECK(e != cudaSuccess);
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      REQUIRE(cudaStreamIsCapturing(s.s, &status) == cudaSuccess);
+      CHECK(status == cudaStreamCaptureStatusInvalidated);
+      cudaGraph_t graph = nullptr;
+      CHECK(cudaStreamEndCapture(s.s, &graph) == cudaErrorStreamCaptureInvalidated);
+      CHECK(graph == nullptr);
+      cudaGetLastError();
+      if (p != nullptr) cudaFree(p);
+    }
+  }
+  SUBCASE("relaxed mode allows an allocation; thread-local mode leaves other threads alone") {
+    REQUIRE(cudaStreamBeginCapture(s.s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+    void* p = nullptr;
+    CHECK(cudaMalloc(&p, 256) == cudaSuccess);
+    cudaGraph_t graph = nullptr;
+    REQUIRE(cudaStreamEndCapture(s.s, &graph) == cudaSuccess);
+    CHECK(cudaGraphDestroy(graph) == cudaSuccess);
+    CHECK(cudaFree(p) == cudaSuccess);
+
+    REQUIRE(cudaStreamBeginCapture(s.s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    cudaError_t other = cudaErrorUnknown;
+    std::thread([&] {
+      void* q = nullptr;
+      if (cudaSetDevice(0) == cudaSuccess) other = cudaMalloc(&q, 256);
+      if (q != nullptr) cudaFree(q);
+    }).join();
+    CHECK(other == cudaSuccess);
+    REQUIRE(cudaStreamEndCapture(s.s, &graph) == cudaSuccess);
+    CHECK(cudaGraphDestroy(graph) == cudaSuccess);
+  }
+  SUBCASE("global mode: another thread's allocation invalidates it; only the capturing thread may end it") {
+    REQUIRE(cudaStreamBeginCapture(s.s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    cudaError_t other = cudaSuccess, end = cudaSuccess;
+    std::thread([&] {
+      void* q = nullptr;
+      cudaGraph_t g = nullptr;
+      if (cudaSetDevice(0) == cudaSuccess) other = cudaMalloc(&q, 256);
+      end = cudaStreamEndCapture(s.s, &g);
+      if (q != nullptr) cudaFree(q);
+    }).join();
+    CHECK(other == cudaErrorStreamCaptureUnsupported);
+    CHECK(end == cudaErrorStreamCaptureWrongThread);
+    cudaGraph_t graph = nullptr;
+    CHECK(cudaStreamEndCapture(s.s, &graph) == cudaErrorStreamCaptureInvalidated);
+    cudaGetLastError();
+  }
+  SUBCASE("a stream forked into a capture must join back") {
+    Stream side;
+    Event fork, join;
+    REQUIRE(cudaStreamBeginCapture(s.s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    REQUIRE(cudaEventRecord(fork.e, s.s) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(side.s, fork.e, 0) == cudaSuccess);
+    REQUIRE(cudaMemsetAsync(b.p, 7, n, side.s) == cudaSuccess);
+    cudaGraph_t graph = nullptr;
+    CHECK(cudaStreamEndCapture(s.s, &graph) == cudaErrorStreamCaptureUnjoined);
+    cudaGetLastError();
+
+    REQUIRE(cudaStreamBeginCapture(s.s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    REQUIRE(cudaEventRecord(fork.e, s.s) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(side.s, fork.e, 0) == cudaSuccess);
+    REQUIRE(cudaMemsetAsync(b.p, 7, n, side.s) == cudaSuccess);
+    REQUIRE(cudaEventRecord(join.e, side.s) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(s.s, join.e, 0) == cudaSuccess);
+    REQUIRE(cudaStreamEndCapture(s.s, &graph) == cudaSuccess);
+    cudaGraphExec_t exec = nullptr;
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(exec, s.s) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(s.s) == cudaSuccess);
+    CHECK(all_equal(read_back(b.p, n), 7));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  CHECK(cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeThreadLocal) != cudaSuccess);  // legacy: never
+  cudaGetLastError();
+}
+
+TEST_CASE("cuda stand-in rules: cuBLAS checks its arguments and runs on its handle's stream") {
+  PMAPCC_REQUIRE_GPU();
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  Stream s;
+  cublasHandle_t h = nullptr;
+  REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasSetStream(h, s.s) == CUBLAS_STATUS_SUCCESS);
+  const int m = 3, n = 2, k = 4;
+  std::vector<float> ha(m * k), hb(k * n), hc(m * n, -1.0f);
+  for (std::size_t i = 0; i < ha.size(); ++i) ha[i] = 0.5f * static_cast<float>(i) - 1.0f;
+  for (std::size_t i = 0; i < hb.size(); ++i) hb[i] = 0.25f * static_cast<float>(i) + 0.5f;
+  DeviceBuffer a(ha.size() * 4), b(hb.size() * 4), c(hc.size() * 4);
+  REQUIRE(cudaMemcpy(a.p, ha.data(), ha.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaMemcpy(b.p, hb.data(), hb.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+  const float one = 1.0f, zero = 0.0f;
+  // Column-major: lda >= m for A (m x k), ldb >= k, ldc >= m.
+  CHECK(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, a.as<float>(), m - 1, 0, b.as<float>(),
+                                  k, 0, &zero, c.as<float>(), m, 0, 1) == CUBLAS_STATUS_INVALID_VALUE);
+  CHECK(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, a.as<float>(), m, 0, b.as<float>(),
+                                  k - 1, 0, &zero, c.as<float>(), m, 0, 1) == CUBLAS_STATUS_INVALID_VALUE);
+  CHECK(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, -1, n, k, &one, a.as<float>(), m, 0, b.as<float>(),
+                                  k, 0, &zero, c.as<float>(), m, 0, 1) == CUBLAS_STATUS_INVALID_VALUE);
+  REQUIRE(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, a.as<float>(), m, 0, b.as<float>(), k,
+                                    0, &zero, c.as<float>(), m, 0, 1) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cudaStreamSynchronize(s.s) == cudaSuccess);
+  REQUIRE(cudaMemcpy(hc.data(), c.p, hc.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+  for (int col = 0; col < n; ++col)
+    for (int row = 0; row < m; ++row) {
+      double sum = 0;
+      for (int l = 0; l < k; ++l) sum += static_cast<double>(ha[row + l * m]) * hb[l + col * k];
+      CHECK(hc[row + col * m] == doctest::Approx(sum).epsilon(1e-6));
+    }
+  cublasDestroy(h);
+}
+
+#if defined(PMAPCC_CUDA_STANDIN)
+
+TEST_CASE("cuda stand-in rules (stand-in only): streams run asynchronously; events and the legacy stream order them") {
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  const std::size_t n = 512;
+  DeviceBuffer x(n);
+  SUBCASE("a call returns before its work runs; a query says so") {
+    Stream s;
+    Gate gate;
+    gate.block(s.s);
+    REQUIRE(cudaMemsetAsync(x.p, 3, n, s.s) == cudaSuccess);
+    CHECK(cudaStreamQuery(s.s) == cudaErrorNotReady);
+    CHECK(cudaGetLastError() == cudaSuccess);  // not ready is no error
+    gate.open();
+    REQUIRE(cudaStreamSynchronize(s.s) == cudaSuccess);
+    CHECK(cudaStreamQuery(s.s) == cudaSuccess);
+    CHECK(all_equal(read_back(x.p, n), 3));
+  }
+  SUBCASE("a stream that waits for an event waits for the work recorded before it") {
+    Stream producer, consumer;
+    Event e;
+    Gate gate;
+    gate.block(producer.s);
+    REQUIRE(cudaEventRecord(e.e, producer.s) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(consumer.s, e.e, 0) == cudaSuccess);
+    REQUIRE(cudaMemsetAsync(x.p, 4, n, consumer.s) == cudaSuccess);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK(cudaStreamQuery(consumer.s) == cudaErrorNotReady);
+    CHECK(cudaEventQuery(e.e) == cudaErrorNotReady);
+    gate.open();
+    REQUIRE(cudaEventSynchronize(e.e) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(consumer.s) == cudaSuccess);
+    CHECK(all_equal(read_back(x.p, n), 4));
+  }
+  SUBCASE("the legacy stream waits for blocking streams, not for non-blocking ones") {
+    Stream blocking(cudaStreamDefault), nonblocking(cudaStreamNonBlocking);
+    Gate held_nb;
+    held_nb.block(nonblocking.s);
+    REQUIRE(cudaMemsetAsync(x.p, 5, n, nullptr) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(nullptr) == cudaSuccess);  // returns although `nonblocking` is held
+    held_nb.open();
+    Gate held_b;
+    held_b.block(blocking.s);
+    REQUIRE(cudaMemsetAsync(x.p, 6, n, nullptr) == cudaSuccess);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK(cudaStreamQuery(nullptr) == cudaErrorNotReady);
+    held_b.open();
+    REQUIRE(cudaStreamSynchronize(nullptr) == cudaSuccess);
+    CHECK(all_equal(read_back(x.p, n), 6));
+  }
+}
+
+TEST_CASE("cuda stand-in rules (stand-in only): freed device memory is quarantined; cudaFree waits for its GPU") {
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  Stream s;
+  void* p = nullptr;
+  REQUIRE(cudaMalloc(&p, 8192) == cudaSuccess);
+  CHECK_FALSE(unreadable(p));
+  const std::size_t before = pmapcc_standin::quarantined_bytes();
+  Gate gate;
+  gate.block(s.s);
+  REQUIRE(cudaMemsetAsync(p, 1, 8192, s.s) == cudaSuccess);
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    gate.open();
+  });
+  REQUIRE(cudaFree(p) == cudaSuccess);  // waits for the memset, then unmaps nothing: no access at all
+  CHECK(cudaStreamQuery(s.s) == cudaSuccess);
+  opener.join();
+  CHECK(unreadable(p));
+  CHECK(pmapcc_standin::quarantined_bytes() >= before + 8192);
+  CHECK(cudaFree(p) == cudaErrorInvalidValue);  // a second free
+  cudaGetLastError();
+}
+
+TEST_CASE("cuda stand-in rules (stand-in only): injected faults reach pmapcc's error paths (review L2, L3)") {
+  pmapcc_standin::clear_faults();
+  SUBCASE("a failed cudaSetDevice when a worker binds to its GPU raises from the pmapped call (L2)") {
+    pmapcc_standin::inject_fault("cudaSetDevice", cudaErrorInvalidDevice, 1000);
+    pmap::Mesh mesh({cuda_testing::kGpu}, "i");
+    CHECK_THROWS_WITH_AS(pmap::pmap([&]() { (void)pmap::axis_index("i"); }, mesh, "i")(),
+                         doctest::Contains("cudaSetDevice"), pmap::Error);
+    pmapcc_standin::clear_faults();
+  }
+  SUBCASE("a stream whose GPU cannot be queried is refused, not silently the legacy stream (L3)") {
+    REQUIRE(cudaSetDevice(0) == cudaSuccess);
+    Stream s;
+    pmapcc_standin::inject_fault("cudaStreamGetDevice", cudaErrorInvalidResourceHandle);
+    CHECK_THROWS_AS(pmap::detail::cuda_set_thread_stream(s.s), pmap::CudaError);
+    CHECK(pmap::detail::cuda_thread_stream() == nullptr);
+    pmapcc_standin::clear_faults();
+  }
+  SUBCASE("a failed launch raises CudaError naming it") {
+    pmapcc_standin::inject_fault("cudaLaunchKernel", cudaErrorLaunchFailure);
+    pmap::Array x = pmap::Array::from_host(std::vector<float>(16, 2.0f), {16}, cuda_testing::kGpu);
+    CHECK_THROWS_WITH_AS(pmap::detail::cuda_divide(0, x.raw_data(), 16, pmap::DType::f32, 2),
+                         doctest::Contains("cudaErrorLaunchFailure"), pmap::CudaError);
+    pmapcc_standin::clear_faults();
+  }
+}
+
+#endif  // PMAPCC_CUDA_STANDIN
+
+#endif  // PMAPCC_HAVE_CUDA
