@@ -6,13 +6,10 @@ find_package(nlohmann_json 3.10 REQUIRED)
 
 # CUDA: AUTO turns it on when a CUDA compiler and toolkit are found. PMAPCC_CUDA_STANDIN instead builds the
 # CUDA backend's sources as C++ against the toolkit's headers and links them with pmapcc's CPU stand-in
-# for the CUDA runtime and cuBLAS (tests/standin): a test-only build with fake GPUs, no nvcc, no NCCL.
+# for the CUDA runtime, cuBLAS and NCCL (tests/standin): a test-only build with fake GPUs and no nvcc.
 option(PMAPCC_CUDA_STANDIN "Build the CUDA backend against the CPU stand-in of tests/standin (test-only)" OFF)
 set(PMAPCC_HAVE_CUDA OFF)
 if(PMAPCC_CUDA_STANDIN)
-  if(PMAPCC_WITH_NCCL STREQUAL "ON")
-    message(FATAL_ERROR "PMAPCC_CUDA_STANDIN=ON has no NCCL stand-in yet: set PMAPCC_WITH_NCCL to OFF or AUTO")
-  endif()
   find_package(CUDAToolkit REQUIRED)  # its headers only
   set(PMAPCC_HAVE_CUDA ON)
 elseif(NOT PMAPCC_WITH_CUDA STREQUAL "OFF")
@@ -48,7 +45,12 @@ endif()
 
 # NCCL: only meaningful with CUDA.
 set(PMAPCC_HAVE_NCCL OFF)
-if(PMAPCC_HAVE_CUDA AND NOT PMAPCC_CUDA_STANDIN AND NOT PMAPCC_WITH_NCCL STREQUAL "OFF")
+if(PMAPCC_HAVE_CUDA AND PMAPCC_CUDA_STANDIN AND NOT PMAPCC_WITH_NCCL STREQUAL "OFF")
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)  # the stand-in's
+  if(NCCL_INCLUDE_DIR)
+    set(PMAPCC_HAVE_NCCL ON)
+  endif()
+elseif(PMAPCC_HAVE_CUDA AND NOT PMAPCC_WITH_NCCL STREQUAL "OFF")
   find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
   find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
   if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)

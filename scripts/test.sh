@@ -14,10 +14,13 @@ usage: bash scripts/test.sh [--quick] [--no-setup] [-h|--help]
               those tests then skip themselves); scripts/get_onnxruntime.sh: ONNX Runtime for the ONNX
               export test, which must then run (PMAPCC_REQUIRE_ORT=1)
     default   cmake --preset default (CUDA, NCCL, MPI when found), build, ctest
-    tsan      cmake --preset tsan (ThreadSanitizer, CPU only), build, ctest (the whole suite; PMAPCC_TSAN_ROUNDS
-              rounds, default 1)
-    asan      cmake --preset asan (AddressSanitizer + LeakSanitizer, CPU only: the CUDA kernels built as
-              host code), build, ctest (the whole suite)
+    cuda-standin  cmake --preset cuda-standin: the CUDA backend on the CPU stand-in for the CUDA runtime and
+              cuBLAS (tests/standin), build, ctest --preset cuda-standin (the GPU tests on 1, 2 and 4 fake
+              GPUs, none skipped; mnist_ensemble --backend cuda end to end)
+    tsan      cmake --preset tsan (ThreadSanitizer; a stand-in build, so the GPU tests run too), build,
+              ctest (the whole suite; PMAPCC_TSAN_ROUNDS rounds, default 1)
+    asan      cmake --preset asan (AddressSanitizer + LeakSanitizer, a stand-in build), build, ctest (the
+              whole suite)
     ubsan     the same with UndefinedBehaviorSanitizer
     fuzz      scripts/fuzz.sh: the clang libFuzzer build (ASan + UBSan), the corpora replayed, then every
               parser's fuzz target for 60 s
@@ -111,6 +114,7 @@ if [[ $quick -eq 1 ]]; then
 else
   preset_stages default -E '^consumer_project$'
   default_built=$built
+  preset_stages cuda-standin
 
   # The sanitizers over the whole suite. ThreadSanitizer runs it PMAPCC_TSAN_ROUNDS times (default 1; 2 give
   # more interleavings: 1,238 s for two rounds on the 2-core dev machine, which put the whole CI past an

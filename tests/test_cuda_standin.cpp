@@ -23,6 +23,13 @@
 
 #include "src/cuda_seam.h"
 
+#if PMAPCC_HAVE_NCCL
+#include <nccl.h>
+
+#include <cmath>
+#include <limits>
+#endif
+
 #if defined(PMAPCC_CUDA_STANDIN)
 #include <pmapcc_standin.h>
 #endif
@@ -339,6 +346,156 @@ TEST_CASE("cuda stand-in rules: cuBLAS checks its arguments and runs on its hand
     }
   cublasDestroy(h);
 }
+
+
+#if PMAPCC_HAVE_NCCL
+
+namespace {
+
+// Two ranks, one per GPU, driven from this thread (NCCL: then every call on both goes in a group).
+struct TwoRanks {
+  ncclComm_t comm[2] = {nullptr, nullptr};
+  cudaStream_t stream[2] = {nullptr, nullptr};
+  TwoRanks() {
+    ncclUniqueId id;
+    REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    REQUIRE(ncclGroupStart() == ncclSuccess);
+    for (int r = 0; r < 2; ++r) {
+      REQUIRE(cudaSetDevice(r) == cudaSuccess);
+      REQUIRE(cudaStreamCreateWithFlags(&stream[r], cudaStreamNonBlocking) == cudaSuccess);
+      const ncclResult_t init = ncclCommInitRankConfig(&comm[r], 2, id, r, &config);
+      REQUIRE((init == ncclSuccess || init == ncclInProgress));
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    REQUIRE((end == ncclSuccess || end == ncclInProgress));
+    for (int r = 0; r < 2; ++r) wait_ready(comm[r]);
+  }
+  ~TwoRanks() {
+    for (int r = 0; r < 2; ++r) {
+      cudaSetDevice(r);
+      if (comm[r] != nullptr) ncclCommDestroy(comm[r]);
+      cudaStreamDestroy(stream[r]);
+    }
+    cudaSetDevice(0);
+  }
+  static void wait_ready(ncclComm_t c) {
+    ncclResult_t state = ncclInProgress;
+    for (int i = 0; i < 200000 && state == ncclInProgress; ++i) {
+      REQUIRE(ncclCommGetAsyncError(c, &state) == ncclSuccess);
+      if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    REQUIRE(state == ncclSuccess);
+  }
+  void sync() {
+    for (int r = 0; r < 2; ++r) {
+      REQUIRE(cudaSetDevice(r) == cudaSuccess);
+      REQUIRE(cudaStreamSynchronize(stream[r]) == cudaSuccess);
+    }
+  }
+};
+
+std::vector<float> floats_of(const void* device, std::size_t n) {
+  const std::vector<unsigned char> bytes = read_back(device, n * sizeof(float));
+  std::vector<float> out(n);
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("cuda stand-in rules: NCCL ranks join by unique id, meet on their streams and reduce as NCCL does") {
+  PMAPCC_REQUIRE_GPU();
+  if (!two_gpus()) return;
+  TwoRanks t;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> host[2] = {{1.0f, nan, 2.0f, -3.0f}, {10.0f, 5.0f, nan, 4.0f}};
+  std::vector<std::unique_ptr<DeviceBuffer>> in, out;
+  for (int r = 0; r < 2; ++r) {
+    REQUIRE(cudaSetDevice(r) == cudaSuccess);
+    in.push_back(std::make_unique<DeviceBuffer>(16 * sizeof(float)));
+    out.push_back(std::make_unique<DeviceBuffer>(16 * sizeof(float)));
+    REQUIRE(cudaMemcpy(in[r]->p, host[r].data(), 4 * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+  }
+  auto both = [&](auto call) {
+    REQUIRE(ncclGroupStart() == ncclSuccess);
+    for (int r = 0; r < 2; ++r) {
+      REQUIRE(cudaSetDevice(r) == cudaSuccess);
+      const ncclResult_t got = call(r);
+      REQUIRE((got == ncclSuccess || got == ncclInProgress));
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    REQUIRE((end == ncclSuccess || end == ncclInProgress));
+    t.sync();
+  };
+  both([&](int r) { return ncclAllReduce(in[r]->p, out[r]->p, 4, ncclFloat32, ncclSum, t.comm[r], t.stream[r]); });
+  for (int r = 0; r < 2; ++r) {
+    const std::vector<float> v = floats_of(out[r]->p, 4);
+    CHECK(v[0] == 11.0f);
+    CHECK(std::isnan(v[1]));
+    CHECK(v[3] == 1.0f);
+  }
+  // NCCL's max and min on floats are fmaxf / fminf: a NaN loses (pmapcc's pmax/pmin send order keys).
+  both([&](int r) { return ncclAllReduce(in[r]->p, out[r]->p, 4, ncclFloat32, ncclMax, t.comm[r], t.stream[r]); });
+  CHECK(floats_of(out[1]->p, 4) == std::vector<float>{10.0f, 5.0f, 2.0f, 4.0f});
+  both([&](int r) { return ncclAllGather(in[r]->p, out[r]->p, 1, ncclFloat32, t.comm[r], t.stream[r]); });
+  CHECK(floats_of(out[0]->p, 2) == std::vector<float>{1.0f, 10.0f});
+  both([&](int r) { return ncclBroadcast(in[r]->p, out[r]->p, 1, ncclFloat32, 1, t.comm[r], t.stream[r]); });
+  CHECK(floats_of(out[0]->p, 1) == std::vector<float>{10.0f});
+  both([&](int r) { return ncclReduceScatter(in[r]->p, out[r]->p, 1, ncclFloat32, ncclSum, t.comm[r], t.stream[r]); });
+  CHECK(floats_of(out[0]->p, 1) == std::vector<float>{11.0f});  // rank r: the sum of every rank's element r
+  CHECK(std::isnan(floats_of(out[1]->p, 1)[0]));
+  // Sends and receives in a group: a swap.
+  both([&](int r) {
+    ncclSend(in[r]->p, 1, ncclFloat32, 1 - r, t.comm[r], t.stream[r]);
+    return ncclRecv(out[r]->p, 1, ncclFloat32, 1 - r, t.comm[r], t.stream[r]);
+  });
+  CHECK(floats_of(out[0]->p, 1) == std::vector<float>{10.0f});
+  CHECK(floats_of(out[1]->p, 1) == std::vector<float>{1.0f});
+  // A split: rank 0 alone in colour 7, rank 1 in none.
+  ncclComm_t child[2] = {nullptr, nullptr};
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  for (int r = 0; r < 2; ++r) {
+    REQUIRE(cudaSetDevice(r) == cudaSuccess);
+    const ncclResult_t got = ncclCommSplit(t.comm[r], r == 0 ? 7 : NCCL_SPLIT_NOCOLOR, 0, &child[r], &config);
+    REQUIRE((got == ncclSuccess || got == ncclInProgress));
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  REQUIRE((end == ncclSuccess || end == ncclInProgress));
+  TwoRanks::wait_ready(t.comm[0]);
+  TwoRanks::wait_ready(t.comm[1]);
+  for (int i = 0; i < 200000 && std::atomic_ref<ncclComm_t>(child[0]).load() == nullptr; ++i)
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  REQUIRE(child[0] != nullptr);
+  CHECK(child[1] == nullptr);
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  REQUIRE(ncclAllReduce(in[0]->p, out[0]->p, 4, ncclFloat32, ncclSum, child[0], t.stream[0]) == ncclSuccess);
+  REQUIRE(cudaStreamSynchronize(t.stream[0]) == cudaSuccess);
+  CHECK(floats_of(out[0]->p, 1) == std::vector<float>{1.0f});
+  CHECK(ncclCommDestroy(child[0]) == ncclSuccess);
+  CHECK(ncclAllReduce(in[0]->p, out[0]->p, 4, ncclNumTypes, ncclSum, t.comm[0], t.stream[0]) == ncclInvalidArgument);
+}
+
+#if defined(PMAPCC_CUDA_STANDIN)
+TEST_CASE("cuda stand-in rules (stand-in only): a collective waits for its peers; an abort releases the waiter") {
+  if (!two_gpus()) return;
+  TwoRanks t;
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  DeviceBuffer x(4 * sizeof(float));
+  REQUIRE(cudaMemsetAsync(x.p, 0, 4 * sizeof(float), t.stream[0]) == cudaSuccess);
+  REQUIRE(ncclAllReduce(x.p, x.p, 4, ncclFloat32, ncclSum, t.comm[0], t.stream[0]) == ncclSuccess);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  CHECK(cudaStreamQuery(t.stream[0]) == cudaErrorNotReady);  // rank 1 never came: a hang on a GPU too
+  REQUIRE(ncclCommAbort(t.comm[0]) == ncclSuccess);
+  t.comm[0] = nullptr;
+  CHECK(cudaStreamSynchronize(t.stream[0]) == cudaSuccess);
+}
+#endif
+
+#endif  // PMAPCC_HAVE_NCCL
 
 #if defined(PMAPCC_CUDA_STANDIN)
 

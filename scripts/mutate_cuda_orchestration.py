@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Checks that the CUDA stand-in (tests/standin) catches a missing synchronization: removes, one at a time,
+each stream synchronization, event record or wait and capture check of the GPU orchestration (src/cuda,
+kernels/cuda/gpu, the Feed, pmap's and the thread hub's waits, the capture guards), in a scratch git
+worktree built with the `cuda-standin` preset, and runs the stand-in's GPU tests after each (on 2 fake
+GPUs, PMAPCC_REQUIRE_GPU=1) and the end-to-end training check. A mutant is killed when a test fails (wrong
+data, a CaptureError not raised, a fault or a hang past the time limit). With --tsan, the survivors are
+rebuilt and run again in a ThreadSanitizer stand-in build, where a missing happens-before edge is a
+reported race. Prints one line per mutant and a count; exits 1 when any survives.
+
+  python3 scripts/mutate_cuda_orchestration.py [--worktree DIR] [--only SUBSTRING] [--tsan]
+
+About two minutes per mutant on 2 cores (an incremental build, the tests). Not part of CI. src/nccl is
+not mutated: the stand-in has no NCCL yet.
+"""
+import argparse, os, subprocess, sys
+
+# (file, text, replacement): each text occurs exactly once in its file. The replacement keeps the code
+# compiling (an empty statement or block) and removes only the synchronization.
+MUTANTS = [
+    # pmap's own waits (src/mesh.cpp) and the thread hub's (src/thread_communicator.cpp)
+    ("src/mesh.cpp", "if (stream != nullptr) cuda_sync_current_stream();", "if (stream != nullptr) {}"),
+    ("src/mesh.cpp", "if (f.error && stream != nullptr) cuda_drain_current_stream();", "if (f.error && stream != nullptr) {}"),
+    ("src/thread_communicator.cpp", "if (device_memory_) cuda_sync_current_stream();", "if (device_memory_) {}"),
+    # the Feed's events (src/feed.cpp)
+    ("src/feed.cpp", "if (s->pushed[slot]) cuda_event_synchronize(s->copied[slot]);", "if (s->pushed[slot]) {}"),
+    ("src/feed.cpp", "if (!s->device.is_cpu() && s->pushed[slot]) cuda_event_synchronize(s->copied[slot]);",
+     "if (!s->device.is_cpu() && s->pushed[slot]) {}"),
+    ("src/feed.cpp", "cuda_event_record(s.released, compute);", "{}"),
+    ("src/feed.cpp", "cuda_stream_wait_event(s.copy_stream.get(), s.released);", "{}"),
+    ("src/feed.cpp", "cuda_event_record(s.copied[slot], s.copy_stream.get());", "{}"),
+    ("src/feed.cpp", "if (!s->device.is_cpu()) cuda_stream_wait_event(mesh_.impl().stream(s->mesh_index), s->copied[slot]);",
+     "if (!s->device.is_cpu()) {}"),
+    # the CUDA seam (src/cuda)
+    ("src/cuda/cuda_device.cpp", "  PMAPCC_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, stream));\n  PMAPCC_CUDA_CHECK(cudaStreamSynchronize(stream));",
+     "  PMAPCC_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, stream));"),
+    ("src/cuda/cuda_device.cpp", "    PMAPCC_CUDA_CHECK(cudaStreamSynchronize(current_stream()));\n    DeviceScope scope(active.ordinal);",
+     "    DeviceScope scope(active.ordinal);"),
+    ("src/cuda/cuda_device.cpp", "bytes, stream));\n    PMAPCC_CUDA_CHECK(cudaStreamSynchronize(stream));\n    return;",
+     "bytes, stream));\n    return;"),
+    ("src/cuda/cuda_device.cpp", "  }\n  PMAPCC_CUDA_CHECK(cudaStreamSynchronize(stream));\n}", "  }\n}"),
+    ("src/cuda/cuda_device.cpp", "void cuda_sync_current_stream() { PMAPCC_CUDA_CHECK(cudaStreamSynchronize(current_stream())); }",
+     "void cuda_sync_current_stream() {}"),
+    ("src/cuda/cuda_device.cpp", "  PMAPCC_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)));",
+     "  (void)event, (void)stream;"),
+    ("src/cuda/cuda_device.cpp", "  PMAPCC_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0));",
+     "  (void)event, (void)stream;"),
+    ("src/cuda/cuda_device.cpp", "  PMAPCC_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));", "  (void)event;"),
+    ("src/cuda/device_hub.cu", "  PMAPCC_CUDA_CHECK(cudaStreamSynchronize(current_stream()));\n}", "}"),
+    ("src/cuda/random.cu", "  PMAPCC_CUDA_CHECK(cudaStreamSynchronize(stream));", ""),
+    ("src/cuda/cuda_device.cpp", "  if (stream != nullptr) PMAPCC_CUDA_CHECK(cudaStreamGetDevice(stream, &ordinal));", ""),
+    # the capture guards
+    ("src/array.cpp", 'if (detail::capturing() != nullptr) detail::check_not_capturing(what, "synchronizes with the host");', ""),
+    ("src/array.cpp", 'if (detail::capturing() != nullptr) detail::check_not_capturing("Array " + str(), "allocates memory");', ""),
+    ("src/random_array.cpp", 'detail::check_not_capturing(std::string(function) + " into " + out.str(), "draws random numbers");', ""),
+    ("src/thread_communicator.cpp", 'check_not_capturing(std::string(op.name) + " over " + group_.axes, "meets the other devices on the host");',
+     ""),
+    ("kernels/cuda/gpu/context.cu", 'pmap::detail::check_not_capturing("creating a cuBLAS handle", "allocates device memory");', ""),
+    ("kernels/cuda/gpu/graph.cu", "    scope.check();  // what the body could not raise", "    // what the body could not raise"),
+]
+
+TESTS = "*cuda*,*CUDA*,*gpu*,*GPU*"
+
+
+def run(cmd, cwd, env=None, timeout=None):
+    e = dict(os.environ)
+    e.update(env or {})
+    try:
+        return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=e, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(cmd, 124, "timed out (a hang)", "")
+
+
+def killed(wt, build, quick):
+    """Runs the stand-in tests in build/<build>; returns (killed, why)."""
+    env = {"PMAPCC_STANDIN_GPUS": "2", "PMAPCC_REQUIRE_GPU": "1", "TSAN_OPTIONS": "halt_on_error=1"}
+    r = run([f"build/{build}/tests/pmapcc_tests", f"-tc={TESTS}"], wt, env, timeout=1500)
+    if r.returncode != 0:
+        lines = [l for l in (r.stdout + r.stderr).splitlines() if "ERROR" in l or "WARNING: ThreadSanitizer" in l
+                 or "test cases:" in l or "timed out" in l]
+        return True, (lines[0] if lines else f"exit {r.returncode}")[:110]
+    t = run(["bash", "tests/cli/run_standin_train.sh", f"build/{build}/examples/mnist_ensemble"] + (["quick"] if quick else []),
+            wt, env, timeout=1500)
+    if t.returncode != 0:
+        first = next((l for l in t.stdout.splitlines() if l.startswith("FAIL")), f"exit {t.returncode}")
+        return True, ("training: " + first)[:110]
+    return False, "every test passed"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worktree", default="/tmp/pmapcc-orchestration-mutants")
+    ap.add_argument("--only", default="", help="run the mutants whose file or text contains this")
+    ap.add_argument("--tsan", action="store_true", help="run the survivors again under ThreadSanitizer")
+    a = ap.parse_args()
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    wt = a.worktree
+    if not os.path.isdir(wt):
+        subprocess.run(["git", "worktree", "add", "--detach", wt, "HEAD"], cwd=repo, check=True, capture_output=True)
+    builds = [("cuda-standin", False)] + ([("tsan", True)] if a.tsan else [])
+    targets = ["--target", "pmapcc_tests", "mnist_ensemble"]
+    for preset, _ in builds:
+        for cmd in (["cmake", "--preset", preset], ["cmake", "--build", f"build/{preset}"] + targets):
+            if run(cmd, wt).returncode != 0:
+                sys.exit(f"mutate_cuda_orchestration: {' '.join(cmd)} failed in {wt}")
+    survived = total = 0
+    for path, text, broken in MUTANTS:
+        if a.only and a.only not in path and a.only not in text:
+            continue
+        f = os.path.join(wt, path)
+        original = open(f).read()
+        if original.count(text) != 1:
+            sys.exit(f"mutate_cuda_orchestration: {path}: the text to remove occurs {original.count(text)} times: {text}")
+        open(f, "w").write(original.replace(text, broken))
+        total += 1
+        try:
+            verdict = None
+            for preset, quick in builds:
+                if run(["cmake", "--build", f"build/{preset}"] + targets, wt).returncode != 0:
+                    verdict = ("BUILD FAILED", preset)
+                    break
+                k, why = killed(wt, preset, quick)
+                if k:
+                    verdict = (f"killed ({preset})", why)
+                    break
+            if verdict is None:
+                survived += 1
+                verdict = ("SURVIVED", "every test passed")
+            label = text.strip().splitlines()[-1].strip()[:70]
+            print(f"{verdict[0]:<22} {path}: {label}  [{verdict[1]}]", flush=True)
+        finally:
+            open(f, "w").write(original)
+    print(f"{total - survived} of {total} mutants killed, {survived} survived")
+    sys.exit(1 if survived else 0)
+
+
+if __name__ == "__main__":
+    main()

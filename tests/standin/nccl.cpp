@@ -1,0 +1,531 @@
+// The stand-in NCCL (see pmapcc_standin.h and README.md): communicators of one process's fake GPUs, joined
+// by unique id; group semantics; nonblocking init, split and finalize with ncclInProgress; collectives as
+// work on the caller's stream that meets its peers' (the n-th collective of every rank of a communicator
+// meets the others' n-th), so a rank that never arrives is a real hang that pmapcc's watchdog must report;
+// NCCL's reductions (fmaxf/fminf for floating max/min), summed in rank order; sends and receives fused per
+// group; abort and asynchronous errors.
+#include <nccl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "standin_internal.h"
+
+namespace {
+
+struct Clique;
+
+struct Slot {
+  const void* send = nullptr;
+};
+
+// One collective's meeting: every rank's send buffer, and how many have arrived, computed and left.
+struct Round {
+  std::vector<Slot> slots;
+  int arrived = 0, computed = 0, left = 0;
+};
+
+struct Mail {  // a send waiting for its receive
+  const void* data = nullptr;
+  std::size_t bytes = 0;
+  bool taken = false;
+};
+
+struct SplitCall {
+  int color = 0, key = 0, rank = 0, device = 0;
+  ncclComm_t* out = nullptr;
+};
+
+struct Clique {
+  explicit Clique(int n) : nranks(n) {}
+  const int nranks;
+  std::mutex mutex;  // the ranks' executors and callers meet here (NCCL's own synchronization)
+  std::condition_variable changed;
+  std::atomic<int> joined{0}, finalized{0};  // written under mutex, read by callers without it
+  std::map<std::uint64_t, Round> rounds;
+  std::map<std::tuple<int, int, std::uint64_t>, Mail> mail;  // (from, to, n-th send between them)
+  std::map<std::uint64_t, std::vector<SplitCall>> splits;
+};
+
+}  // namespace
+
+struct ncclComm {
+  std::shared_ptr<Clique> clique;
+  int rank = 0;
+  int device = 0;
+  bool blocking = true;
+  std::atomic<bool> aborted{false};
+  std::atomic<int> pending_split{0};   // splits issued and not complete
+  bool finalizing = false;             // caller side
+  std::uint64_t collectives = 0;       // issued (caller side)
+  std::uint64_t splits = 0;
+  std::map<int, std::uint64_t> sent, received;  // per peer
+  std::atomic<int> async_error{ncclSuccess};
+};
+
+namespace {
+
+std::mutex registry_mutex;
+std::map<std::string, std::shared_ptr<Clique>>& cliques() {  // by unique id, while ranks are joining
+  static auto* m = new std::map<std::string, std::shared_ptr<Clique>>;
+  return *m;
+}
+std::vector<std::unique_ptr<ncclComm>>& comms() {  // every communicator made (kept: queued work refers to them)
+  static auto* v = new std::vector<std::unique_ptr<ncclComm>>;
+  return *v;
+}
+std::atomic<std::uint64_t> next_id{1};
+thread_local std::string last_error;
+
+ncclResult_t injected(const char* api) {
+  return static_cast<ncclResult_t>(static_cast<int>(pmapcc_standin::injected(api)));
+}
+
+ncclResult_t usage(const std::string& why) {
+  last_error = why;
+  return ncclInvalidUsage;
+}
+
+ncclComm* make_comm(std::shared_ptr<Clique> clique, int rank, int device, const ncclConfig_t* config) {
+  auto c = std::make_unique<ncclComm>();
+  c->clique = std::move(clique);
+  c->rank = rank;
+  c->device = device;
+  c->blocking = config == nullptr || config->blocking != 0;  // NCCL_CONFIG_UNDEF_INT counts as blocking
+  std::lock_guard lock(registry_mutex);
+  comms().push_back(std::move(c));
+  return comms().back().get();
+}
+
+bool live(ncclComm_t comm) {
+  if (comm == nullptr) return false;
+  std::lock_guard lock(registry_mutex);
+  for (const auto& c : comms())
+    if (c.get() == comm) return !comm->aborted.load();
+  return false;
+}
+
+std::size_t type_size(ncclDataType_t t) {
+  switch (t) {
+    case ncclInt8:
+    case ncclUint8:
+    case ncclFloat8e4m3:
+    case ncclFloat8e5m2: return 1;
+    case ncclFloat16:
+    case ncclBfloat16: return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32: return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64: return 8;
+    default: return 0;
+  }
+}
+
+template <class T> T combine(T a, T b, ncclRedOp_t op) {
+  switch (op) {
+    case ncclSum: case ncclAvg: return static_cast<T>(a + b);
+    case ncclProd: return static_cast<T>(a * b);
+    case ncclMax:
+      if constexpr (std::is_floating_point_v<T>) return std::fmax(a, b);  // NCCL's: a NaN loses
+      else return a > b ? a : b;
+    case ncclMin:
+      if constexpr (std::is_floating_point_v<T>) return std::fmin(a, b);
+      else return a < b ? a : b;
+    default: return a;
+  }
+}
+
+// out[i] = in_0[i] op in_1[i] op ... in_{n-1}[i] (rank order), for `count` elements.
+template <class T>
+void reduce_typed(const std::vector<const void*>& in, void* out, std::size_t offset, std::size_t count,
+                  ncclRedOp_t op) {
+  for (std::size_t i = 0; i < count; ++i) {
+    T acc = static_cast<const T*>(in[0])[offset + i];
+    for (std::size_t r = 1; r < in.size(); ++r) acc = combine(acc, static_cast<const T*>(in[r])[offset + i], op);
+    if (op == ncclAvg) acc = static_cast<T>(acc / static_cast<T>(in.size()));
+    static_cast<T*>(out)[i] = acc;
+  }
+}
+
+bool reduce(ncclDataType_t t, const std::vector<const void*>& in, void* out, std::size_t offset, std::size_t count,
+            ncclRedOp_t op) {
+  switch (t) {
+    case ncclInt8: reduce_typed<std::int8_t>(in, out, offset, count, op); return true;
+    case ncclUint8: reduce_typed<std::uint8_t>(in, out, offset, count, op); return true;
+    case ncclInt32: reduce_typed<std::int32_t>(in, out, offset, count, op); return true;
+    case ncclUint32: reduce_typed<std::uint32_t>(in, out, offset, count, op); return true;
+    case ncclInt64: reduce_typed<std::int64_t>(in, out, offset, count, op); return true;
+    case ncclUint64: reduce_typed<std::uint64_t>(in, out, offset, count, op); return true;
+    case ncclFloat32: reduce_typed<float>(in, out, offset, count, op); return true;
+    case ncclFloat64: reduce_typed<double>(in, out, offset, count, op); return true;
+    default: return false;  // half types: not modelled (pmapcc never sends them)
+  }
+}
+
+enum class Kind { all_reduce, all_gather, reduce_scatter, broadcast, send, recv };
+
+struct Call {
+  Kind kind = Kind::all_reduce;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  std::size_t count = 0;
+  ncclDataType_t type = ncclFloat32;
+  ncclRedOp_t op = ncclSum;
+  int root = 0, peer = 0;
+  ncclComm* comm = nullptr;
+  cudaStream_t stream = nullptr;
+  std::uint64_t seq = 0;  // the collective's number on its communicator, or the n-th send/receive to/from peer
+};
+
+// Waits on the clique until pred() or this rank is aborted; false when aborted.
+template <class P> bool await(ncclComm* c, std::unique_lock<std::mutex>& lock, P pred) {
+  c->clique->changed.wait(lock, [&] { return pred() || c->aborted.load(); });
+  return !c->aborted.load();
+}
+
+// A collective, run on the rank's stream: meet the peers, compute this rank's result from their send
+// buffers into a private buffer, wait until every rank has computed (an in-place peer may then overwrite
+// its send buffer), then write the result.
+void run_collective(const Call& k) {
+  ncclComm* c = k.comm;
+  Clique& q = *c->clique;
+  const int n = q.nranks;
+  const std::size_t es = type_size(k.type);
+  std::unique_lock lock(q.mutex);
+  Round& round = q.rounds[k.seq];
+  if (round.slots.empty()) round.slots.resize(static_cast<std::size_t>(n));
+  round.slots[static_cast<std::size_t>(c->rank)].send = k.send;
+  ++round.arrived;
+  q.changed.notify_all();
+  if (!await(c, lock, [&] { return round.arrived == n; })) return;
+  std::vector<const void*> in;
+  for (const Slot& s : round.slots) in.push_back(s.send);
+  lock.unlock();
+  std::size_t out_count = k.count;
+  if (k.kind == Kind::all_gather) out_count = k.count * static_cast<std::size_t>(n);
+  std::vector<unsigned char> result(out_count * es);
+  bool ok = true;
+  switch (k.kind) {
+    case Kind::all_reduce: ok = reduce(k.type, in, result.data(), 0, k.count, k.op); break;
+    case Kind::reduce_scatter:
+      ok = reduce(k.type, in, result.data(), static_cast<std::size_t>(c->rank) * k.count, k.count, k.op);
+      break;
+    case Kind::all_gather:
+      for (int r = 0; r < n; ++r)
+        std::memcpy(result.data() + static_cast<std::size_t>(r) * k.count * es, in[static_cast<std::size_t>(r)],
+                    k.count * es);
+      break;
+    case Kind::broadcast: std::memcpy(result.data(), in[static_cast<std::size_t>(k.root)], k.count * es); break;
+    default: break;
+  }
+  if (!ok) c->async_error.store(ncclInvalidArgument);
+  lock.lock();
+  ++round.computed;
+  q.changed.notify_all();
+  if (!await(c, lock, [&] { return round.computed == n; })) return;
+  lock.unlock();
+  if (ok && !result.empty()) std::memcpy(k.recv, result.data(), result.size());
+  lock.lock();
+  if (++round.left == n) q.rounds.erase(k.seq);
+}
+
+// A group's sends and receives on one rank, fused: post every send, take every receive, then wait until
+// this rank's sends have been taken (a send outside a group waits for its receive: NCCL's deadlock).
+void run_p2p(const std::vector<Call>& calls) {
+  ncclComm* c = calls.front().comm;
+  Clique& q = *c->clique;
+  std::unique_lock lock(q.mutex);
+  std::vector<std::tuple<int, int, std::uint64_t>> posted;
+  for (const Call& k : calls)
+    if (k.kind == Kind::send) {
+      const auto key = std::make_tuple(c->rank, k.peer, k.seq);
+      q.mail[key] = Mail{k.send, k.count * type_size(k.type), false};
+      posted.push_back(key);
+    }
+  q.changed.notify_all();
+  std::vector<std::pair<void*, std::vector<unsigned char>>> received;
+  for (const Call& k : calls) {
+    if (k.kind != Kind::recv) continue;
+    const auto key = std::make_tuple(k.peer, c->rank, k.seq);
+    if (!await(c, lock, [&] { return q.mail.count(key) != 0 && !q.mail[key].taken; })) return;
+    Mail& m = q.mail[key];
+    const std::size_t bytes = std::min(m.bytes, k.count * type_size(k.type));
+    received.emplace_back(k.recv, std::vector<unsigned char>(static_cast<const unsigned char*>(m.data),
+                                                             static_cast<const unsigned char*>(m.data) + bytes));
+    m.taken = true;
+    q.changed.notify_all();
+  }
+  if (!await(c, lock, [&] {
+        for (const auto& key : posted)
+          if (!q.mail[key].taken) return false;
+        return true;
+      }))
+    return;
+  for (const auto& key : posted) q.mail.erase(key);
+  lock.unlock();
+  for (auto& [dst, bytes] : received) std::memcpy(dst, bytes.data(), bytes.size());
+}
+
+thread_local int group_depth = 0;
+thread_local std::vector<Call> group_calls;
+
+ncclResult_t launch(std::vector<Call> calls) {
+  // Collectives one by one; each communicator's sends and receives fused into one piece of work.
+  std::map<ncclComm*, std::vector<Call>> p2p;
+  for (Call& k : calls) {
+    if (k.kind == Kind::send || k.kind == Kind::recv) {
+      p2p[k.comm].push_back(k);
+      continue;
+    }
+    const Call copy = k;
+    if (pmapcc_standin::enqueue(k.stream, [copy] { run_collective(copy); }) != cudaSuccess)
+      return usage("the stream of a collective is not a valid stream");
+  }
+  for (auto& [comm, list] : p2p) {
+    const std::vector<Call> fused = list;
+    if (pmapcc_standin::enqueue(list.front().stream, [fused] { run_p2p(fused); }) != cudaSuccess)
+      return usage("the stream of a send or receive is not a valid stream");
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t issue(Call k, const char* api) {
+  if (ncclResult_t e = injected(api); e != ncclSuccess) return e;
+  if (!live(k.comm)) return usage(std::string(api) + ": the communicator is NULL, destroyed or aborted");
+  const bool reduces = k.kind == Kind::all_reduce || k.kind == Kind::reduce_scatter;
+  if (type_size(k.type) == 0 || (reduces && (k.op < ncclSum || k.op > ncclAvg))) return ncclInvalidArgument;
+  const pmapcc_standin::StreamInfo info = pmapcc_standin::stream_info(k.stream);
+  if (!info.valid || info.device != k.comm->device)
+    return usage(std::string(api) + ": the stream is not a stream of the communicator's GPU");
+  if (k.kind == Kind::broadcast && (k.root < 0 || k.root >= k.comm->clique->nranks)) return ncclInvalidArgument;
+  if (k.kind == Kind::send || k.kind == Kind::recv) {
+    const int n = k.comm->clique->nranks;
+    if (k.peer < 0 || k.peer >= n) return ncclInvalidArgument;
+    k.seq = k.kind == Kind::send ? k.comm->sent[k.peer]++ : k.comm->received[k.peer]++;
+  } else {
+    k.seq = k.comm->collectives++;
+  }
+  if (group_depth > 0) {
+    group_calls.push_back(k);
+    return ncclSuccess;
+  }
+  return launch({k});
+}
+
+// Read without the clique's lock: a caller polling a communicator must not be ordered after the ranks'
+// executors, which meet under that lock.
+bool initialized(ncclComm* c) { return c->clique->joined.load() == c->clique->nranks; }
+
+}  // namespace
+
+extern "C" {
+
+ncclResult_t ncclGetVersion(int* version) {
+  if (version == nullptr) return ncclInvalidArgument;
+  *version = NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+  if (ncclResult_t e = injected("ncclGetUniqueId"); e != ncclSuccess) return e;
+  if (id == nullptr) return ncclInvalidArgument;
+  std::memset(id->internal, 0, sizeof id->internal);
+  const std::uint64_t v = next_id.fetch_add(1);
+  std::memcpy(id->internal, "standin", 7);
+  std::memcpy(id->internal + 8, &v, sizeof v);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
+                                    ncclConfig_t* config) {
+  if (ncclResult_t e = injected("ncclCommInitRankConfig"); e != ncclSuccess) return e;
+  if (comm == nullptr || nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
+  std::shared_ptr<Clique> clique;
+  {
+    std::lock_guard lock(registry_mutex);
+    const std::string key(id.internal, sizeof id.internal);
+    auto& slot = cliques()[key];
+    if (!slot) slot = std::make_shared<Clique>(nranks);
+    if (slot->nranks != nranks) return usage("ranks of one unique id disagree on the number of ranks");
+    clique = slot;
+  }
+  ncclComm* c = make_comm(clique, rank, pmapcc_standin::current_device(), config);
+  {
+    std::lock_guard lock(clique->mutex);
+    if (++clique->joined == nranks) {
+      std::lock_guard reg(registry_mutex);
+      cliques().erase(std::string(id.internal, sizeof id.internal));
+    }
+    clique->changed.notify_all();
+  }
+  *comm = c;
+  if (c->blocking && group_depth == 0) {  // a blocking init waits for every rank (one thread, many ranks: a hang)
+    std::unique_lock lock(clique->mutex);
+    clique->changed.wait(lock, [&] { return clique->joined == nranks; });
+    return ncclSuccess;
+  }
+  return c->blocking ? ncclSuccess : ncclInProgress;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+  return ncclCommInitRankConfig(comm, nranks, id, rank, nullptr);
+}
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
+  if (ncclResult_t e = injected("ncclCommGetAsyncError"); e != ncclSuccess) return e;
+  if (comm == nullptr || state == nullptr) return ncclInvalidArgument;
+  if (const int e = comm->async_error.load(); e != ncclSuccess) {
+    *state = static_cast<ncclResult_t>(e);
+    return ncclSuccess;
+  }
+  bool done = initialized(comm) && comm->pending_split.load(std::memory_order_acquire) == 0;
+  if (done && comm->finalizing) done = comm->clique->finalized.load() == comm->clique->nranks;
+  *state = done ? ncclSuccess : ncclInProgress;
+  return ncclSuccess;
+}
+
+const char* ncclGetErrorString(ncclResult_t result) {
+  switch (result) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
+    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+    default: return "unknown result code";
+  }
+}
+
+const char* ncclGetLastError(ncclComm_t) { return last_error.c_str(); }
+
+ncclResult_t ncclGroupStart() {
+  ++group_depth;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd() {
+  if (ncclResult_t e = injected("ncclGroupEnd"); e != ncclSuccess) return e;
+  if (group_depth == 0) return usage("ncclGroupEnd without ncclGroupStart");
+  if (--group_depth > 0) return ncclSuccess;
+  std::vector<Call> calls;
+  calls.swap(group_calls);
+  return launch(std::move(calls));
+}
+
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
+  if (ncclResult_t e = injected("ncclCommSplit"); e != ncclSuccess) return e;
+  if (!live(comm) || newcomm == nullptr)
+    return usage("ncclCommSplit: the communicator is NULL, destroyed or aborted");
+  Clique& q = *comm->clique;
+  const std::uint64_t seq = comm->splits++;
+  *newcomm = nullptr;
+  const bool blocking = config == nullptr || config->blocking != 0;
+  comm->pending_split.fetch_add(1);
+  std::unique_lock lock(q.mutex);
+  std::vector<SplitCall>& calls = q.splits[seq];
+  calls.push_back(SplitCall{color, key, comm->rank, comm->device, newcomm});
+  if (static_cast<int>(calls.size()) == q.nranks) {  // the last rank in makes every child
+    std::map<int, std::vector<SplitCall>> by_color;
+    for (const SplitCall& s : calls)
+      if (s.color != NCCL_SPLIT_NOCOLOR) by_color[s.color].push_back(s);
+    for (auto& [col, members] : by_color) {
+      std::sort(members.begin(), members.end(),
+                [](const SplitCall& a, const SplitCall& b) {
+                  return std::tie(a.key, a.rank) < std::tie(b.key, b.rank);
+                });
+      auto child = std::make_shared<Clique>(static_cast<int>(members.size()));
+      child->joined.store(child->nranks);
+      for (std::size_t r = 0; r < members.size(); ++r) {
+        ncclComm* c = make_comm(child, static_cast<int>(r), members[r].device, config);
+        std::atomic_ref<ncclComm_t>(*members[r].out).store(c, std::memory_order_release);
+      }
+    }
+    q.splits.erase(seq);
+    std::lock_guard reg(registry_mutex);
+    for (const auto& c : comms())
+      if (c->clique.get() == &q) c->pending_split.store(0, std::memory_order_release);
+    q.changed.notify_all();
+  }
+  if (blocking) {
+    q.changed.wait(lock, [&] { return comm->pending_split.load() == 0; });
+    return ncclSuccess;
+  }
+  return ncclInProgress;
+}
+
+ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  if (ncclResult_t e = injected("ncclCommFinalize"); e != ncclSuccess) return e;
+  if (!live(comm)) return usage("ncclCommFinalize: the communicator is NULL, destroyed or aborted");
+  comm->finalizing = true;
+  std::unique_lock lock(comm->clique->mutex);
+  ++comm->clique->finalized;
+  comm->clique->changed.notify_all();
+  if (comm->blocking) {
+    comm->clique->changed.wait(lock, [&] { return comm->clique->finalized == comm->clique->nranks; });
+    return ncclSuccess;
+  }
+  return ncclInProgress;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  if (!live(comm)) return usage("ncclCommDestroy: the communicator is NULL, destroyed or aborted");
+  comm->aborted.store(true);  // the handle is dead; work queued on it has run (or gives up)
+  std::lock_guard lock(comm->clique->mutex);
+  comm->clique->changed.notify_all();
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  if (comm == nullptr) return ncclSuccess;
+  comm->aborted.store(true);  // its collectives waiting for peers give up; the peers keep waiting, as NCCL's
+  std::lock_guard lock(comm->clique->mutex);
+  comm->clique->changed.notify_all();
+  return ncclSuccess;
+}
+
+ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t stream) {
+  return issue(Call{Kind::all_reduce, send, recv, count, type, op, 0, 0, comm, stream, 0}, "ncclAllReduce");
+}
+
+ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t type, ncclComm_t comm,
+                           cudaStream_t stream) {
+  return issue(Call{Kind::all_gather, send, recv, count, type, ncclSum, 0, 0, comm, stream, 0}, "ncclAllGather");
+}
+
+ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                               ncclComm_t comm, cudaStream_t stream) {
+  const Call k{Kind::reduce_scatter, send, recv, count, type, op, 0, 0, comm, stream, 0};
+  return issue(k, "ncclReduceScatter");
+}
+
+ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
+                           cudaStream_t stream) {
+  return issue(Call{Kind::broadcast, send, recv, count, type, ncclSum, root, 0, comm, stream, 0}, "ncclBroadcast");
+}
+
+ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  return issue(Call{Kind::send, send, nullptr, count, type, ncclSum, 0, peer, comm, stream, 0}, "ncclSend");
+}
+
+ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  return issue(Call{Kind::recv, nullptr, recv, count, type, ncclSum, 0, peer, comm, stream, 0}, "ncclRecv");
+}
+
+}  // extern "C"
