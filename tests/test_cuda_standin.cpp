@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
