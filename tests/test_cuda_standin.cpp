@@ -22,6 +22,8 @@
 
 #include <pmap/detail/cuda_stream.h>
 
+#include <pmapcc/kernels/array_ops.h>
+
 #include "src/cuda_seam.h"
 
 #if PMAPCC_HAVE_NCCL
@@ -348,6 +350,33 @@ TEST_CASE("cuda stand-in rules: cuBLAS checks its arguments and runs on its hand
   cublasDestroy(h);
 }
 
+
+TEST_CASE("cuda: pmap returns when its devices' work is done, so the host reads complete results") {
+  // Found by scripts/mutate_cuda_orchestration.py: without pmap's final stream synchronization every
+  // other test still passed (they read results inside the pmapped function, or after a collective).
+  PMAPCC_REQUIRE_GPU();
+  int gpus = 0;
+  REQUIRE(cudaGetDeviceCount(&gpus) == cudaSuccess);
+  std::vector<pmap::Device> devices;
+  for (int d = 0; d < gpus && d < 2; ++d) devices.push_back(pmap::Device{pmap::DeviceKind::cuda, d, 0});
+  pmap::Mesh mesh(devices, "i");
+  const std::int64_t n = 1 << 20;
+  std::vector<pmap::Array> inputs;  // made outside: the function frees nothing (a free would synchronize)
+  for (const pmap::Device& d : devices)
+    inputs.push_back(pmap::Array::from_host(std::vector<float>(static_cast<std::size_t>(n), 0.5f), {n}, d));
+  const float expected = std::exp(0.5f);
+  for (int round = 0; round < 3; ++round) {
+    auto out = pmap::pmap([&]() {
+      return pmap::ops::exp(inputs[static_cast<std::size_t>(pmap::axis_index("i"))]);  // still queued at return
+    }, mesh, "i")();
+    for (std::size_t d = 0; d < devices.size(); ++d) {
+      const std::vector<float> v = out[d].to_vector<float>();
+      // (within an ulp or two: a GPU's expf is not the host's)
+      auto close = [&](float x) { return std::fabs(x - expected) <= 1e-6f * expected; };
+      CHECK(std::count_if(v.begin(), v.end(), close) == n);
+    }
+  }
+}
 
 #if PMAPCC_HAVE_NCCL
 
