@@ -14,9 +14,9 @@ usage: bash scripts/test.sh [--quick] [--no-setup] [-h|--help]
               those tests then skip themselves); scripts/get_onnxruntime.sh: ONNX Runtime for the ONNX
               export test, which must then run (PMAPCC_REQUIRE_ORT=1)
     default   cmake --preset default (CUDA, NCCL, MPI when found), build, ctest
-    cuda-standin  cmake --preset cuda-standin: the CUDA backend on the CPU stand-in for the CUDA runtime and
-              cuBLAS (tests/standin), build, ctest --preset cuda-standin (the GPU tests on 1, 2 and 4 fake
-              GPUs, none skipped; mnist_ensemble --backend cuda end to end)
+    cuda-standin  cmake --preset cuda-standin: the CUDA backend on the CPU stand-in for the CUDA runtime,
+              cuBLAS and NCCL (tests/standin), build, ctest --preset cuda-standin (the GPU tests on 2 fake
+              GPUs and the multi-GPU ones on 1 and 4, none skipped; mnist_ensemble --backend cuda end to end)
     tsan      cmake --preset tsan (ThreadSanitizer; a stand-in build, so the GPU tests run too), build,
               ctest (the whole suite; PMAPCC_TSAN_ROUNDS rounds, default 1)
     asan      cmake --preset asan (AddressSanitizer + LeakSanitizer, a stand-in build), build, ctest (the
