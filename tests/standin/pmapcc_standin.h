@@ -27,8 +27,5 @@ void clear_faults();
 
 // How many bytes of freed device memory are quarantined (mapped with no access) right now.
 std::size_t quarantined_bytes();
-// The number of live fake GPUs, streams and device allocations (for leak checks in tests).
-int live_streams();
-std::size_t live_device_allocations();
 
 }  // namespace pmapcc_standin

@@ -29,14 +29,17 @@ struct Capture;
 
 // Waits, yielding and then sleeping, until ready(). No lock: the only order it gives is the acquire loads
 // inside ready(), so that a wait orders exactly what CUDA's does.
-template <class F> void poll(F ready) {
-  for (int i = 0; !ready(); ++i) {
-    if (i < 64) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(i < 512 ? 20 : 200));
-    }
+// The i-th wait of a poll: yield at first, then sleep a little longer.
+inline void back_off(int i) {
+  if (i < 64) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(i < 512 ? 20 : 200));
   }
+}
+
+template <class F> void poll(F ready) {
+  for (int i = 0; !ready(); ++i) back_off(i);
 }
 
 }  // namespace pmapcc_standin
@@ -122,11 +125,7 @@ struct CUstream_st {
       Node* list = head.exchange(nullptr, std::memory_order_acquire);
       if (list == nullptr) {
         if (stopping.load(std::memory_order_acquire) && head.load(std::memory_order_acquire) == nullptr) break;
-        if (idle < 64) {
-          std::this_thread::yield();
-        } else {
-          std::this_thread::sleep_for(std::chrono::microseconds(idle < 512 ? 20 : 200));
-        }
+        pmapcc_standin::back_off(idle);
         continue;
       }
       idle = 0;
@@ -523,18 +522,6 @@ std::size_t quarantined_bytes() {
   Registry& r = registry();
   std::shared_lock lock(r.mutex);
   return r.quarantine_bytes;
-}
-
-int live_streams() {
-  Registry& r = registry();
-  std::shared_lock lock(r.mutex);
-  return static_cast<int>(r.streams.size());
-}
-
-std::size_t live_device_allocations() {
-  Registry& r = registry();
-  std::shared_lock lock(r.mutex);
-  return r.device_memory.size();
 }
 
 }  // namespace pmapcc_standin
