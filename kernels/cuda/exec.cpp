@@ -65,26 +65,59 @@ ColumnMajorGemm column_major(const Gemm& g, const float* a, const float* b, floa
 __attribute__((no_sanitize("thread")))
 #endif
 void host_sgemm(const ColumnMajorGemm& g) {
-  std::vector<double> acc(static_cast<std::size_t>(g.m));
+  // op(A) is first copied out column-major (m x k, as doubles), so that a column of C accumulates over
+  // contiguous rows (vectorized); each entry is still summed over l in order, from zero.
+  const auto m = static_cast<std::size_t>(g.m);
+  std::vector<double> op_a(m * static_cast<std::size_t>(g.k));
+  std::vector<double> acc(4 * m);
   for (int i = 0; i < g.batch; ++i) {
     const float* a = g.a + i * g.stride_a;
     const float* b = g.b + i * g.stride_b;
     float* c = g.c + i * g.stride_c;
-    for (int col = 0; col < g.n; ++col) {
+    for (int l = 0; l < g.k; ++l) {
+      double* al = op_a.data() + static_cast<std::size_t>(l) * m;
+      if (g.trans_a) {
+        for (int row = 0; row < g.m; ++row) al[row] = a[l + static_cast<long long>(row) * g.lda];
+      } else {
+        for (int row = 0; row < g.m; ++row) al[row] = a[row + static_cast<long long>(l) * g.lda];
+      }
+    }
+    // Four columns of C at a time (each op(A) load feeds four sums), then the rest one by one.
+    auto b_at = [&](int l, int col) {  // op(B)(l, col): B is k x n (ldb), or n x k when transposed
+      return static_cast<double>(g.trans_b ? b[col + static_cast<long long>(l) * g.ldb]
+                                           : b[l + static_cast<long long>(col) * g.ldb]);
+    };
+    for (int col = 0; col < g.n;) {
+      const int cols = g.n - col >= 4 ? 4 : 1;
       std::fill(acc.begin(), acc.end(), 0.0);
+      double* s0 = acc.data();
+      double* s1 = s0 + m;
+      double* s2 = s1 + m;
+      double* s3 = s2 + m;
       for (int l = 0; l < g.k; ++l) {
-        // op(B)(l, col): B is k x n (ldb), or n x k when transposed.
-        const double blc = g.trans_b ? b[col + static_cast<long long>(l) * g.ldb] : b[l + static_cast<long long>(col) * g.ldb];
-        for (int row = 0; row < g.m; ++row) {
-          const double arl = g.trans_a ? a[l + static_cast<long long>(row) * g.lda] : a[row + static_cast<long long>(l) * g.lda];
-          acc[static_cast<std::size_t>(row)] += arl * blc;
+        const double* al = op_a.data() + static_cast<std::size_t>(l) * m;
+        const double b0 = b_at(l, col);
+        if (cols == 4) {
+          const double b1 = b_at(l, col + 1), b2 = b_at(l, col + 2), b3 = b_at(l, col + 3);
+          for (std::size_t row = 0; row < m; ++row) {
+            s0[row] += al[row] * b0;
+            s1[row] += al[row] * b1;
+            s2[row] += al[row] * b2;
+            s3[row] += al[row] * b3;
+          }
+        } else {
+          for (std::size_t row = 0; row < m; ++row) s0[row] += al[row] * b0;
         }
       }
-      float* cc = c + static_cast<long long>(col) * g.ldc;
-      for (int row = 0; row < g.m; ++row) {
-        const double sum = static_cast<double>(g.alpha) * acc[static_cast<std::size_t>(row)];
-        cc[row] = static_cast<float>(g.beta == 0.0f ? sum : sum + static_cast<double>(g.beta) * cc[row]);
+      for (int j = 0; j < cols; ++j) {
+        float* cc = c + static_cast<long long>(col + j) * g.ldc;
+        const double* sj = acc.data() + static_cast<std::size_t>(j) * m;
+        for (int row = 0; row < g.m; ++row) {
+          const double sum = static_cast<double>(g.alpha) * sj[row];
+          cc[row] = static_cast<float>(g.beta == 0.0f ? sum : sum + static_cast<double>(g.beta) * cc[row]);
+        }
       }
+      col += cols;
     }
   }
 }
