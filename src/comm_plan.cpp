@@ -192,6 +192,9 @@ void MeshImpl::build_nccl_comms() {
         const auto local_rank = std::find(g.members.begin(), g.members.end(), d) - g.members.begin();
         ac.comms[du] = nccl_->split(d, color, g.ranks[static_cast<std::size_t>(local_rank)], static_cast<int>(local_rank), g);
       }
+      // Every split has completed on every rank (each ended with a barrier): the root, which no collective
+      // uses, gives its NCCL resources back now rather than at the mesh's end (review L5).
+      nccl_->release(d);
     } catch (Error& e) {
       errors[static_cast<std::size_t>(d)] = std::current_exception();
       hub_->abort(devices_[static_cast<std::size_t>(d)].str() + " could not set up NCCL: " + e.message());

@@ -24,8 +24,8 @@ class NcclClique {
   // Ends with a barrier (a one-element all_reduce and a stream synchronization), so a communicator that
   // cannot talk fails here, at mesh construction. Waits at most the mesh's collective timeout.
   virtual std::unique_ptr<Communicator> split(int device, int color, int rank, int local_rank, const Group& group) = 0;
-  // Destroys device d's root communicator; called on d's worker thread after its split communicators
-  // are gone. Never throws.
+  // Destroys device d's root communicator (again: a no-op); called on d's worker thread by every device
+  // together, once its splits are done (the mesh splits every communicator when it is built). Never throws.
   virtual void release(int device) noexcept = 0;
 };
 

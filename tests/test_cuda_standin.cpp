@@ -523,6 +523,37 @@ TEST_CASE("cuda stand-in rules (stand-in only): a collective waits for its peers
   t.comm[0] = nullptr;
   CHECK(cudaStreamSynchronize(t.stream[0]) == cudaSuccess);
 }
+
+TEST_CASE("cuda NCCL teardown (stand-in only): roots go after the splits; a failed group aborts at once (L5)") {
+  if (!two_gpus()) return;
+  pmapcc_standin::clear_faults();
+  const std::size_t before = pmapcc_standin::live_nccl_communicators();
+  pmap::MeshOptions options;
+  options.collective_timeout = std::chrono::seconds(60);  // the finalize bound would be its 10 s cap
+  std::vector<pmap::Device> gpus = pmap::local_devices(pmap::DeviceKind::cuda);
+  gpus.resize(2);
+  auto mesh = std::make_unique<pmap::Mesh>(gpus, "i", options);
+  // One communicator per device for 'i': the roots they were split from are destroyed already.
+  CHECK(pmapcc_standin::live_nccl_communicators() == before + 2);
+  // One device's all-reduce fails to enqueue; the other's, enqueued, waits for it until the grace after
+  // the failure and aborts its communicator. The failed device's communicator was never aborted, and its
+  // peer will never finalize: its teardown must abort at once, not wait out the 10 s bound.
+  pmapcc_standin::inject_fault("ncclAllReduce", ncclInternalError);
+  auto f = pmap::pmap(
+      []() {
+        pmap::Array x = pmap::Array::from_host(std::vector<float>(4, 1.0f), {4}, pmap::current_device());
+        pmap::psum_inplace(x, "i");
+      },
+      *mesh, "i");
+  CHECK_THROWS_AS(f(), pmap::Error);
+  pmapcc_standin::clear_faults();
+  const auto t0 = std::chrono::steady_clock::now();
+  mesh.reset();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  MESSAGE("teardown after the failure: " << seconds << " s");
+  CHECK(seconds < 5.0);
+  CHECK(pmapcc_standin::live_nccl_communicators() == before);
+}
 #endif
 
 #endif  // PMAPCC_HAVE_NCCL

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -91,10 +92,11 @@ class NcclCommunicator final : public Communicator {
  public:
   // `rank`: the device's rank in the whole group (its NCCL rank); `local_rank`: its index among this
   // process's members of the group (its place in the hub).
+  // `group_aborted`: shared by this process's communicators of the same group; set when one of them aborts.
   NcclCommunicator(ncclComm_t comm, ThreadHub& hub, const Group& group, int device, int rank, int local_rank,
-                   std::chrono::milliseconds timeout)
+                   std::chrono::milliseconds timeout, std::shared_ptr<std::atomic<bool>> group_aborted)
       : comm_(comm), hub_(hub), group_(group), device_(device), rank_(rank), local_rank_(local_rank),
-        timeout_(timeout) {
+        timeout_(timeout), group_aborted_(std::move(group_aborted)) {
     // Up front (no allocation in collectives), and zeroed on the stream the barrier runs on (the worker's,
     // which does not wait for the legacy stream; review L1): the barrier all-reduces it (initcheck).
     PMAPCC_CUDA_CHECK(cudaMalloc(&barrier_word_, sizeof(float)));
@@ -116,7 +118,9 @@ class NcclCommunicator final : public Communicator {
  private:
   void enqueue(const CollectiveOp& op, cudaStream_t stream);
   void wait(const CollectiveOp& op, cudaStream_t stream);
-  // Aborts the communicator (once) and raises E with `message`.
+  // Aborts the communicator (once) and tells the group's other communicators in this process.
+  void abort_comm() noexcept;
+  // Aborts the communicator and raises E with `message`.
   template <class E> [[noreturn]] void fail(const std::string& message);
   std::string who(const CollectiveOp& op) const {
     return std::string(op.name) + " over " + group_.axes + " (NCCL rank " + std::to_string(rank_) + ")";
@@ -131,9 +135,14 @@ class NcclCommunicator final : public Communicator {
   std::chrono::milliseconds timeout_;
   float* barrier_word_ = nullptr;
   bool aborted_ = false;
+  std::shared_ptr<std::atomic<bool>> group_aborted_;
 };
 
 NcclCommunicator::~NcclCommunicator() {
+  // A peer of this process that aborted its communicator of the group will never finalize: abort at once
+  // rather than wait out the bound below (review L5). A peer in another process that aborted is not known
+  // here: the bound applies.
+  if (comm_ != nullptr && !aborted_ && group_aborted_->load(std::memory_order_acquire)) abort_comm();
   if (comm_ != nullptr && !aborted_) {
     // Finalize (collective over the group: every device's worker destroys its communicators together),
     // then free. Bounded: a communicator that does not finalize in time is aborted instead.
@@ -152,11 +161,15 @@ NcclCommunicator::~NcclCommunicator() {
   cudaFree(barrier_word_);
 }
 
+void NcclCommunicator::abort_comm() noexcept {
+  if (aborted_) return;
+  aborted_ = true;
+  group_aborted_->store(true, std::memory_order_release);
+  ncclCommAbort(comm_);
+}
+
 template <class E> void NcclCommunicator::fail(const std::string& message) {
-  if (!aborted_) {
-    aborted_ = true;
-    ncclCommAbort(comm_);
-  }
+  abort_comm();
   throw E(message);
 }
 
@@ -242,8 +255,7 @@ void NcclCommunicator::wait(const CollectiveOp& op, cudaStream_t stream) {
       const cudaError_t done = cudaStreamQuery(stream);
       if (done == cudaSuccess) return;
       if (done != cudaErrorNotReady) {
-        aborted_ = true;
-        ncclCommAbort(comm_);
+        abort_comm();
         throw_cuda_error(done, CheckSite{"cudaStreamQuery(stream)", __FILE__, __LINE__});
       }
     }
@@ -349,7 +361,8 @@ class Clique final : public NcclClique {
     auto handle = std::make_unique<ncclComm_t>(nullptr);
     PMAPCC_NCCL_ISSUE(ncclCommSplit(roots_.at(device), color, rank, handle.get(), &config));
     ncclComm_t comm = await_child(device, handle, group);
-    auto out = std::make_unique<NcclCommunicator>(comm, hub_, group, device, rank, local_rank, timeout_);
+    auto out = std::make_unique<NcclCommunicator>(comm, hub_, group, device, rank, local_rank, timeout_,
+                                                  group_flag(group));
     out->await_ready("ncclCommSplit");
     CollectiveOp barrier;  // the init barrier: this communicator can talk
     barrier.name = "barrier";
@@ -403,7 +416,17 @@ class Clique final : public NcclClique {
     }
   }
 
+  // The flag shared by this process's communicators of `group` (called concurrently by the workers).
+  std::shared_ptr<std::atomic<bool>> group_flag(const Group& group) {
+    std::lock_guard lock(flags_mutex_);
+    auto& flag = group_aborted_[&group];
+    if (!flag) flag = std::make_shared<std::atomic<bool>>(false);
+    return flag;
+  }
+
   std::map<int, ncclComm_t> roots_;  // mesh device -> its root communicator (this process's devices)
+  std::mutex flags_mutex_;
+  std::map<const Group*, std::shared_ptr<std::atomic<bool>>> group_aborted_;
   ThreadHub& hub_;
   std::chrono::milliseconds timeout_;
 };

@@ -28,4 +28,7 @@ void clear_faults();
 // How many bytes of freed device memory are quarantined (mapped with no access) right now.
 std::size_t quarantined_bytes();
 
+// How many NCCL communicators exist right now (made, and neither destroyed nor aborted).
+std::size_t live_nccl_communicators();
+
 }  // namespace pmapcc_standin
