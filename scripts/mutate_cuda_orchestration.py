@@ -10,8 +10,8 @@ reported race. Prints one line per mutant and a count; exits 1 when any survives
 
   python3 scripts/mutate_cuda_orchestration.py [--worktree DIR] [--only SUBSTRING] [--quick] [--tsan]
 
-About two minutes per mutant on 2 cores (an incremental build, the tests). Not part of CI. src/nccl is
-not mutated: the stand-in has no NCCL yet.
+About a minute and a half per mutant on 2 cores with --quick (an incremental build, the tests); not part
+of CI.
 """
 import argparse, os, subprocess, sys
 
@@ -49,6 +49,19 @@ MUTANTS = [
     ("src/cuda/device_hub.cu", "  PMAPCC_CUDA_CHECK(cudaStreamSynchronize(current_stream()));\n}", "}"),
     ("src/cuda/random.cu", "  PMAPCC_CUDA_CHECK(cudaStreamSynchronize(stream));", ""),
     ("src/cuda/cuda_device.cpp", "  if (stream != nullptr) PMAPCC_CUDA_CHECK(cudaStreamGetDevice(stream, &ordinal));", ""),
+    # NCCL (src/nccl): waiting for the collective, the communicator's readiness and init barrier, the
+    # send/receive group, the capture refusal
+    ("src/nccl/nccl_clique.cpp", "  enqueue(op, stream);\n  wait(op, stream);", "  enqueue(op, stream);"),
+    ("src/nccl/nccl_clique.cpp", '    out->await_ready("ncclCommSplit");\n', ""),
+    ("src/nccl/nccl_clique.cpp", "    out->run(barrier);\n", "    (void)barrier;\n"),
+    ("src/nccl/nccl_clique.cpp",
+     "      OpenGroup group;\n      if (op.send_to >= 0) PMAPCC_NCCL_ISSUE(ncclSend(op.send, op.count, type, op.send_to, comm_, stream));\n"
+     "      if (op.recv_from >= 0) PMAPCC_NCCL_ISSUE(ncclRecv(op.recv, op.count, type, op.recv_from, comm_, stream));\n"
+     "      group.close();",
+     "      if (op.send_to >= 0) PMAPCC_NCCL_ISSUE(ncclSend(op.send, op.count, type, op.send_to, comm_, stream));\n"
+     "      if (op.recv_from >= 0) PMAPCC_NCCL_ISSUE(ncclRecv(op.recv, op.count, type, op.recv_from, comm_, stream));"),
+    ("src/nccl/nccl_clique.cpp", "  if (current_stream_capturing())\n    throw ValueError(who(op)",
+     "  if (false)\n    throw ValueError(who(op)"),
     # the capture guards
     ("src/array.cpp", 'if (detail::capturing() != nullptr) detail::check_not_capturing(what, "synchronizes with the host");', ""),
     ("src/array.cpp", 'if (detail::capturing() != nullptr) detail::check_not_capturing("Array " + str(), "allocates memory");', ""),
