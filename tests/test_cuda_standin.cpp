@@ -659,6 +659,129 @@ TEST_CASE("cuda stand-in rules (stand-in only): injected faults reach pmapcc's e
   }
 }
 
+namespace {
+
+// Holds a stream back for `delay` from block() on: work queued on the stream after block() runs only
+// then. A host call that must return with its GPU work done therefore returns after the delay, and one
+// that does not wait returns at once, before the work. One block() per gate.
+class TimedGate {
+ public:
+  explicit TimedGate(std::chrono::milliseconds delay) : delay_(delay) {}
+  ~TimedGate() {
+    if (opener_.joinable()) opener_.join();
+  }
+  TimedGate(const TimedGate&) = delete;
+  TimedGate& operator=(const TimedGate&) = delete;
+  void block(cudaStream_t stream) {
+    std::shared_future<void> f = future_;
+    REQUIRE(pmapcc_standin::launch(stream, [f] { f.wait(); }) == cudaSuccess);
+    opener_ = std::thread([this] {
+      std::this_thread::sleep_for(delay_);
+      promise_.set_value();
+    });
+  }
+
+ private:
+  std::chrono::milliseconds delay_;
+  std::promise<void> promise_;
+  std::shared_future<void> future_ = promise_.get_future().share();
+  std::thread opener_;
+};
+
+constexpr std::chrono::milliseconds kHold{150};
+
+// Device memory read directly, without a copy that would synchronize (the stand-in's memory is the host's).
+std::vector<float> raw_floats(const void* device, std::size_t n) {
+  std::vector<float> out(n);
+  std::memcpy(out.data(), device, n * sizeof(float));
+  return out;
+}
+
+}  // namespace
+
+// Found by scripts/mutate_cuda_orchestration.py: without these synchronizations every other test passed,
+// since the stand-in's streams usually finish before the host looks. Held-back streams make the order certain.
+TEST_CASE("cuda stand-in (stand-in only): fills and copies the host asks for are done when they return") {
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  const pmap::Device gpu0{pmap::DeviceKind::cuda, 0, 0};
+  const std::size_t n = 1024;
+  DeviceBuffer a(n * sizeof(float));  // 0xA5 bytes: not a float pattern any check below accepts
+  SUBCASE("a zero fill") {
+    TimedGate gate(kHold);
+    gate.block(nullptr);  // this thread has no stream of its own: the fill goes to the legacy stream
+    pmap::detail::cuda_memset_zero(0, a.p, n * sizeof(float));
+    CHECK(raw_floats(a.p, n) == std::vector<float>(n, 0.0f));
+  }
+  SUBCASE("a copy from the host") {
+    const std::vector<float> values(n, 3.0f);
+    TimedGate gate(kHold);
+    gate.block(nullptr);
+    pmap::detail::cuda_copy(a.p, gpu0, values.data(), pmap::Device{}, n * sizeof(float));
+    CHECK(raw_floats(a.p, n) == values);
+  }
+  if (two_gpus()) {
+    const pmap::Device gpu1{pmap::DeviceKind::cuda, 1, 1};
+    REQUIRE(cudaSetDevice(1) == cudaSuccess);
+    DeviceBuffer b(n * sizeof(float));
+    REQUIRE(cudaSetDevice(0) == cudaSuccess);
+    SUBCASE("a copy between GPUs waits for the caller's stream, which is still writing the source") {
+      Stream s;  // on GPU 0, this thread's stream (as a worker's)
+      pmap::detail::cuda_set_thread_stream(s.s);
+      const std::vector<float> values(n, 5.0f);
+      {
+        TimedGate gate(kHold);
+        gate.block(s.s);
+        REQUIRE(cudaMemcpyAsync(a.p, values.data(), n * sizeof(float), cudaMemcpyHostToDevice, s.s) == cudaSuccess);
+        pmap::detail::cuda_copy(b.p, gpu1, a.p, gpu0, n * sizeof(float));
+      }
+      pmap::detail::cuda_set_thread_stream(nullptr);
+      CHECK(raw_floats(b.p, n) == values);
+    }
+    SUBCASE("a copy between GPUs is done when it returns") {
+      const std::vector<float> values(n, 7.0f);
+      REQUIRE(cudaMemcpy(a.p, values.data(), n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+      REQUIRE(cudaSetDevice(1) == cudaSuccess);
+      TimedGate gate(kHold);
+      gate.block(nullptr);  // the copy runs on the destination GPU's stream
+      REQUIRE(cudaSetDevice(0) == cudaSuccess);
+      pmap::detail::cuda_copy(b.p, gpu1, a.p, gpu0, n * sizeof(float));
+      CHECK(raw_floats(b.p, n) == values);
+    }
+  }
+}
+
+TEST_CASE("cuda virtual devices (stand-in only): a collective waits for the values its device is still writing") {
+  // Virtual devices on one GPU meet in the hub and read each other's buffers from their own streams.
+  const std::vector<pmap::Device> devices{{pmap::DeviceKind::cuda, 0, 0}, {pmap::DeviceKind::cuda, 1, 0}};
+  pmap::Mesh mesh(devices, "i");
+  std::vector<pmap::Array> xs;  // made before the gate (a copy from pageable memory may wait for every stream)
+  for (const pmap::Device& d : devices) xs.push_back(pmap::Array::from_host(std::vector<float>(64, 4.0f), {64}, d));
+  TimedGate gate(kHold);
+  auto out = pmap::pmap([&]() {
+    pmap::Array& x = xs[static_cast<std::size_t>(pmap::axis_index("i"))];
+    if (pmap::axis_index("i") == 0) {
+      gate.block(static_cast<cudaStream_t>(pmap::detail::cuda_thread_stream()));
+      pmap::detail::cuda_divide(0, x.raw_data(), 64, pmap::DType::f32, 2);  // 2.0, once the gate opens
+    }
+    return pmap::psum(x, "i");
+  }, mesh, "i")();
+  for (const pmap::Array& r : out) CHECK(r.to_vector<float>() == std::vector<float>(64, 6.0f));
+}
+
+TEST_CASE("cuda: an exception in the pmapped function still waits for its device's queued work (review L6)") {
+  // Stand-in only: the caller reads, right after the failed call, memory a kernel of the call wrote.
+  pmap::Mesh mesh({cuda_testing::kGpu}, "i");
+  pmap::Array x = pmap::Array::from_host(std::vector<float>(64, 4.0f), {64}, cuda_testing::kGpu);
+  TimedGate gate(kHold);  // (outside the function: its end waits for the delay)
+  auto f = pmap::pmap([&]() {
+    gate.block(static_cast<cudaStream_t>(pmap::detail::cuda_thread_stream()));
+    pmap::detail::cuda_divide(0, x.raw_data(), 64, pmap::DType::f32, 2);
+    throw std::runtime_error("failed after queueing work");
+  }, mesh, "i");
+  CHECK_THROWS_WITH(f(), doctest::Contains("failed after queueing work"));
+  CHECK(raw_floats(x.raw_data(), 64) == std::vector<float>(64, 2.0f));
+}
+
 #endif  // PMAPCC_CUDA_STANDIN
 
 #endif  // PMAPCC_HAVE_CUDA

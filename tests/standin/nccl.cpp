@@ -3,19 +3,28 @@
 // work on the caller's stream that meets its peers' (the n-th collective of every rank of a communicator
 // meets the others' n-th), so a rank that never arrives is a real hang that pmapcc's watchdog must report;
 // NCCL's reductions (fmaxf/fminf for floating max/min), summed in rank order; sends and receives fused per
-// group; abort and asynchronous errors.
+// group; abort and asynchronous errors. Ranks in several processes (PMAPCC_STANDIN_NODE, e.g. under mpirun)
+// meet through files instead of memory (see "Across processes" below).
 #include <nccl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -71,6 +80,8 @@ struct ncclComm {
   std::uint64_t splits = 0;
   std::map<int, std::uint64_t> sent, received;  // per peer
   std::atomic<int> async_error{ncclSuccess};
+  std::string dir;                     // across processes: the folder its ranks meet in ("" in memory)
+  std::atomic<bool> joined_all{false};  // across processes: every rank's join file was seen
 };
 
 namespace {
@@ -195,14 +206,35 @@ template <class P> bool await(ncclComm* c, std::unique_lock<std::mutex>& lock, P
   return !c->aborted.load();
 }
 
+// This rank's result of collective k from every rank's send buffer `in` (rank order); false for a type or
+// operation NCCL would refuse.
+bool compute(const Call& k, const std::vector<const void*>& in, int rank, std::vector<unsigned char>& result) {
+  const std::size_t es = type_size(k.type);
+  std::size_t out_count = k.count;
+  if (k.kind == Kind::all_gather) out_count = k.count * in.size();
+  result.assign(out_count * es, 0);
+  switch (k.count == 0 ? Kind::send : k.kind) {  // nothing to compute for an empty collective
+    case Kind::all_reduce: return reduce(k.type, in, result.data(), 0, k.count, k.op);
+    case Kind::reduce_scatter:
+      return reduce(k.type, in, result.data(), static_cast<std::size_t>(rank) * k.count, k.count, k.op);
+    case Kind::all_gather:
+      for (std::size_t r = 0; r < in.size(); ++r) std::memcpy(result.data() + r * k.count * es, in[r], k.count * es);
+      return true;
+    case Kind::broadcast: std::memcpy(result.data(), in[static_cast<std::size_t>(k.root)], k.count * es); return true;
+    default: return true;
+  }
+}
+
+void run_collective_across_processes(const Call& k);
+
 // A collective, run on the rank's stream: meet the peers, compute this rank's result from their send
 // buffers into a private buffer, wait until every rank has computed (an in-place peer may then overwrite
 // its send buffer), then write the result.
 void run_collective(const Call& k) {
   ncclComm* c = k.comm;
+  if (!c->dir.empty()) return run_collective_across_processes(k);
   Clique& q = *c->clique;
   const int n = q.nranks;
-  const std::size_t es = type_size(k.type);
   std::unique_lock lock(q.mutex);
   Round& round = q.rounds[k.seq];
   if (round.slots.empty()) round.slots.resize(static_cast<std::size_t>(n));
@@ -213,23 +245,8 @@ void run_collective(const Call& k) {
   std::vector<const void*> in;
   for (const Slot& s : round.slots) in.push_back(s.send);
   lock.unlock();
-  std::size_t out_count = k.count;
-  if (k.kind == Kind::all_gather) out_count = k.count * static_cast<std::size_t>(n);
-  std::vector<unsigned char> result(out_count * es);
-  bool ok = true;
-  switch (k.count == 0 ? Kind::send : k.kind) {  // nothing to compute for an empty collective
-    case Kind::all_reduce: ok = reduce(k.type, in, result.data(), 0, k.count, k.op); break;
-    case Kind::reduce_scatter:
-      ok = reduce(k.type, in, result.data(), static_cast<std::size_t>(c->rank) * k.count, k.count, k.op);
-      break;
-    case Kind::all_gather:
-      for (int r = 0; r < n; ++r)
-        std::memcpy(result.data() + static_cast<std::size_t>(r) * k.count * es, in[static_cast<std::size_t>(r)],
-                    k.count * es);
-      break;
-    case Kind::broadcast: std::memcpy(result.data(), in[static_cast<std::size_t>(k.root)], k.count * es); break;
-    default: break;
-  }
+  std::vector<unsigned char> result;
+  const bool ok = compute(k, in, c->rank, result);
   if (!ok) c->async_error.store(ncclInvalidArgument);
   lock.lock();
   ++round.computed;
@@ -241,10 +258,170 @@ void run_collective(const Call& k) {
   if (++round.left == n) q.rounds.erase(k.seq);
 }
 
+// ---- Across processes --------------------------------------------------------------------------------
+// With PMAPCC_STANDIN_NODE set, each process plays a machine of its own, and a communicator's ranks meet
+// through files in a folder named by the unique id, under $TMPDIR (or /tmp): a rank's part of a meeting
+// is a file of its own, renamed into place so that it appears whole, and the meeting is over for a rank
+// when every rank's part is there. Every wait polls and gives up when the rank is aborted; its peers keep
+// waiting, as NCCL's do. The small join, split and finalize files stay: remove the folder after the job.
+
+std::string part(const ncclComm* c, const std::string& what, int rank) {
+  return c->dir + "/" + what + "-" + std::to_string(rank);
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+bool put(const std::string& path, const void* data, std::size_t bytes) {
+  const std::string tmp = path + ".partial";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) return false;
+  const bool written = bytes == 0 || std::fwrite(data, 1, bytes, f) == bytes;
+  return (std::fclose(f) == 0) && written && std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+std::optional<std::vector<unsigned char>> slurp(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return std::nullopt;
+  std::vector<unsigned char> out;
+  unsigned char buffer[1 << 16];
+  for (std::size_t got; (got = std::fread(buffer, 1, sizeof buffer, f)) > 0;) out.insert(out.end(), buffer, buffer + got);
+  const bool ok = std::ferror(f) == 0;
+  std::fclose(f);
+  if (!ok) return std::nullopt;
+  return out;
+}
+
+// Polls until done() or the rank is aborted; false when aborted.
+template <class P> bool poll(const ncclComm* c, P done) {
+  for (int i = 0;; ++i) {
+    if (done()) return true;
+    if (c->aborted.load()) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(i < 200 ? 20 : 500));
+  }
+}
+
+bool all_there(const ncclComm* c, const std::string& what) {
+  for (int r = 0; r < c->clique->nranks; ++r)
+    if (!exists(part(c, what, r))) return false;
+  return true;
+}
+
+// Writes this rank's part of meeting `what` and returns every rank's, in rank order; nothing when the
+// rank was aborted meanwhile, or a file could not be written or read (then also an asynchronous error).
+std::optional<std::vector<std::vector<unsigned char>>> meet(ncclComm* c, const std::string& what, const void* data,
+                                                            std::size_t bytes) {
+  if (!put(part(c, what, c->rank), data, bytes)) {
+    c->async_error.store(ncclSystemError);
+    return std::nullopt;
+  }
+  if (!poll(c, [&] { return all_there(c, what); })) return std::nullopt;
+  std::vector<std::vector<unsigned char>> parts;
+  for (int r = 0; r < c->clique->nranks; ++r) {
+    auto p = slurp(part(c, what, r));
+    if (!p) {
+      c->async_error.store(ncclSystemError);
+      return std::nullopt;
+    }
+    parts.push_back(std::move(*p));
+  }
+  return parts;
+}
+
+void run_collective_across_processes(const Call& k) {
+  ncclComm* c = k.comm;
+  const std::size_t bytes = k.count * type_size(k.type);
+  auto parts = meet(c, "collective" + std::to_string(k.seq), k.send, k.count == 0 ? 0 : bytes);
+  if (!parts) return;
+  // Each rank wrote its part of this meeting after reading every part of the one before: this rank's
+  // part of that one is no longer needed.
+  if (k.seq > 0) std::remove(part(c, "collective" + std::to_string(k.seq - 1), c->rank).c_str());
+  std::vector<const void*> in;
+  for (const auto& p : *parts) {
+    if (p.size() != (k.count == 0 ? 0 : bytes)) {  // a peer called with another count: NCCL's would corrupt
+      c->async_error.store(ncclInvalidUsage);
+      return;
+    }
+    in.push_back(p.data());
+  }
+  std::vector<unsigned char> result;
+  if (!compute(k, in, c->rank, result)) {
+    c->async_error.store(ncclInvalidArgument);
+    return;
+  }
+  if (!result.empty()) std::memcpy(k.recv, result.data(), result.size());
+}
+
+// A group's sends and receives on one rank, fused, through files: post every send, take (read and remove)
+// every receive, wait until this rank's sends have been taken, then write what was received.
+void run_p2p_across_processes(const std::vector<Call>& calls) {
+  ncclComm* c = calls.front().comm;
+  auto mail = [&](int from, int to, std::uint64_t seq) {
+    return c->dir + "/p2p-" + std::to_string(from) + "-" + std::to_string(to) + "-" + std::to_string(seq);
+  };
+  std::vector<std::string> posted;
+  for (const Call& k : calls)
+    if (k.kind == Kind::send) {
+      posted.push_back(mail(c->rank, k.peer, k.seq));
+      if (!put(posted.back(), k.send, k.count * type_size(k.type))) {
+        c->async_error.store(ncclSystemError);
+        return;
+      }
+    }
+  std::vector<std::pair<void*, std::vector<unsigned char>>> received;
+  for (const Call& k : calls) {
+    if (k.kind != Kind::recv) continue;
+    const std::string path = mail(k.peer, c->rank, k.seq);
+    if (!poll(c, [&] { return exists(path); })) return;
+    auto data = slurp(path);
+    if (!data) {
+      c->async_error.store(ncclSystemError);
+      return;
+    }
+    std::remove(path.c_str());
+    data->resize(std::min(data->size(), k.count * type_size(k.type)));
+    received.emplace_back(k.recv, std::move(*data));
+  }
+  if (!poll(c, [&] {
+        for (const auto& p : posted)
+          if (exists(p)) return false;
+        return true;
+      }))
+    return;
+  for (auto& [dst, bytes] : received)
+    if (!bytes.empty()) std::memcpy(dst, bytes.data(), bytes.size());
+}
+
+// The folder of the communicator with unique id `id` (the id's maker's process id and serial number).
+std::string folder_of(const ncclUniqueId& id) {
+  std::uint64_t serial = 0;
+  std::uint32_t pid = 0;
+  std::memcpy(&serial, id.internal + 8, sizeof serial);
+  std::memcpy(&pid, id.internal + 16, sizeof pid);
+  const char* tmp = std::getenv("TMPDIR");
+  return std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/pmapcc-standin-nccl-" + std::to_string(pid) +
+         "-" + std::to_string(serial);
+}
+
+// Makes rank `rank` of a communicator meeting in `dir` and posts its join file; nullptr on a file error.
+ncclComm* join_across_processes(const std::string& dir, int nranks, int rank, int device, const ncclConfig_t* config) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return nullptr;
+  ncclComm* c = make_comm(std::make_shared<Clique>(nranks), rank, device, config);
+  c->dir = dir;
+  if (!put(part(c, "join", rank), nullptr, 0)) {
+    c->aborted.store(true);
+    return nullptr;
+  }
+  return c;
+}
+
 // A group's sends and receives on one rank, fused: post every send, take every receive, then wait until
 // this rank's sends have been taken (a send outside a group waits for its receive: NCCL's deadlock).
 void run_p2p(const std::vector<Call>& calls) {
   ncclComm* c = calls.front().comm;
+  if (!c->dir.empty()) return run_p2p_across_processes(calls);
   Clique& q = *c->clique;
   std::unique_lock lock(q.mutex);
   std::vector<std::tuple<int, int, std::uint64_t>> posted;
@@ -326,7 +503,18 @@ ncclResult_t issue(Call k, const char* api) {
 
 // Read without the clique's lock: a caller polling a communicator must not be ordered after the ranks'
 // executors, which meet under that lock.
-bool initialized(ncclComm* c) { return c->clique->joined.load() == c->clique->nranks; }
+bool initialized(ncclComm* c) {
+  if (c->dir.empty()) return c->clique->joined.load() == c->clique->nranks;
+  if (c->joined_all.load()) return true;
+  const bool all = all_there(c, "join");
+  if (all) c->joined_all.store(true);
+  return all;
+}
+
+bool finalized(ncclComm* c) {
+  if (c->dir.empty()) return c->clique->finalized.load() == c->clique->nranks;
+  return all_there(c, "finalize");
+}
 
 }  // namespace
 
@@ -356,6 +544,8 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   const std::uint64_t v = next_id.fetch_add(1);
   std::memcpy(id->internal, "standin", 7);
   std::memcpy(id->internal + 8, &v, sizeof v);
+  const auto pid = static_cast<std::uint32_t>(::getpid());  // names the folder ranks in several processes meet in
+  std::memcpy(id->internal + 16, &pid, sizeof pid);
   return ncclSuccess;
 }
 
@@ -363,6 +553,16 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
                                     ncclConfig_t* config) {
   if (ncclResult_t e = injected("ncclCommInitRankConfig"); e != ncclSuccess) return e;
   if (comm == nullptr || nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
+  if (pmapcc_standin::node() >= 0) {
+    ncclComm* c = join_across_processes(folder_of(id), nranks, rank, pmapcc_standin::current_device(), config);
+    if (c == nullptr) return ncclSystemError;
+    *comm = c;
+    if (c->blocking && group_depth == 0) {
+      poll(c, [&] { return initialized(c); });
+      return ncclSuccess;
+    }
+    return c->blocking ? ncclSuccess : ncclInProgress;
+  }
   std::shared_ptr<Clique> clique;
   {
     std::lock_guard lock(registry_mutex);
@@ -402,7 +602,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
     return ncclSuccess;
   }
   bool done = initialized(comm) && comm->pending_split.load(std::memory_order_acquire) == 0;
-  if (done && comm->finalizing) done = comm->clique->finalized.load() == comm->clique->nranks;
+  if (done && comm->finalizing) done = finalized(comm);
   *state = done ? ncclSuccess : ncclInProgress;
   return ncclSuccess;
 }
@@ -445,6 +645,27 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   const std::uint64_t seq = comm->splits++;
   *newcomm = nullptr;
   const bool blocking = config == nullptr || config->blocking != 0;
+  if (!comm->dir.empty()) {  // across processes: meet, then make this rank's child (complete on return)
+    const int mine[3] = {color, key, comm->rank};
+    const std::string what = "split" + std::to_string(seq);
+    auto parts = meet(comm, what, mine, sizeof mine);
+    if (!parts) return comm->aborted.load() ? usage("ncclCommSplit: the communicator was aborted") : ncclSystemError;
+    if (color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;
+    std::vector<std::pair<int, int>> members;  // (key, rank) of this colour's ranks
+    for (const auto& p : *parts) {
+      int theirs[3];
+      if (p.size() != sizeof theirs) return ncclSystemError;
+      std::memcpy(theirs, p.data(), sizeof theirs);
+      if (theirs[0] == color) members.emplace_back(theirs[1], theirs[2]);
+    }
+    std::sort(members.begin(), members.end());
+    const auto me = std::find(members.begin(), members.end(), std::make_pair(key, comm->rank)) - members.begin();
+    ncclComm* child = join_across_processes(comm->dir + "-" + what + "-colour" + std::to_string(color),
+                                            static_cast<int>(members.size()), static_cast<int>(me), comm->device, config);
+    if (child == nullptr) return ncclSystemError;
+    std::atomic_ref<ncclComm_t>(*newcomm).store(child, std::memory_order_release);
+    return ncclSuccess;
+  }
   comm->pending_split.fetch_add(1);
   std::unique_lock lock(q.mutex);
   std::vector<SplitCall>& calls = q.splits[seq];
@@ -482,6 +703,12 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   if (ncclResult_t e = injected("ncclCommFinalize"); e != ncclSuccess) return e;
   if (!live(comm)) return usage("ncclCommFinalize: the communicator is NULL, destroyed or aborted");
   comm->finalizing = true;
+  if (!comm->dir.empty()) {
+    if (!put(part(comm, "finalize", comm->rank), nullptr, 0)) return ncclSystemError;
+    if (!comm->blocking) return ncclInProgress;
+    poll(comm, [&] { return finalized(comm); });
+    return ncclSuccess;
+  }
   std::unique_lock lock(comm->clique->mutex);
   ++comm->clique->finalized;
   comm->clique->changed.notify_all();

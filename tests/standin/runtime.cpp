@@ -215,6 +215,25 @@ int gpus_from_environment() {
   return static_cast<int>(n);
 }
 
+}  // namespace
+
+int node() {
+  static const int n = [] {
+    const char* v = std::getenv("PMAPCC_STANDIN_NODE");
+    if (v == nullptr || *v == '\0') return -1;
+    char* end = nullptr;
+    const long k = std::strtol(v, &end, 10);
+    if (*end != '\0' || k < 0 || k > 255) {
+      std::fprintf(stderr, "pmapcc CUDA stand-in: PMAPCC_STANDIN_NODE must be a node number from 0 to 255, got '%s'\n", v);
+      std::exit(2);
+    }
+    return static_cast<int>(k);
+  }();
+  return n;
+}
+
+namespace {
+
 void parse_faults(Registry& r) {
   const char* v = std::getenv("PMAPCC_STANDIN_FAIL");
   if (v == nullptr) return;
@@ -639,6 +658,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   const char tag[] = "pmapccstandin";
   for (std::size_t i = 0; i + 1 < sizeof prop->uuid.bytes; ++i) prop->uuid.bytes[i] = i < sizeof tag - 1 ? tag[i] : '-';
   prop->uuid.bytes[sizeof prop->uuid.bytes - 1] = static_cast<char>(device);
+  if (node() >= 0) prop->uuid.bytes[sizeof prop->uuid.bytes - 2] = static_cast<char>(node());  // another machine's
   return cudaSuccess;
 }
 

@@ -13,6 +13,9 @@ namespace pmapcc_standin {
 cudaError_t injected(const char* api);
 // The calling thread's current device.
 int current_device();
+// PMAPCC_STANDIN_NODE: the machine this process plays (its fake GPUs are its own, and NCCL communicators
+// meet other processes' through files); -1 when unset (one process: communicators meet in memory).
+int node();
 
 struct StreamInfo {
   bool valid = false;
