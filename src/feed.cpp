@@ -63,7 +63,9 @@ FeedCore::FeedCore(const Mesh& mesh, std::vector<std::vector<Array*>> host,
 }
 
 FeedCore::~FeedCore() {
-  // Copies may still be in flight into buffers about to be freed.
+  // Copies may still be in flight into buffers about to be freed. (Freeing them would wait too: cudaFree
+  // and cudaFreeHost synchronize the device in practice, so no test can tell this wait is here. CUDA's
+  // documentation promises that only for some frees, so the wait stays.)
   for (auto& s : state_) {
     if (s->device.is_cpu()) continue;
     for (int slot = 0; slot < 2; ++slot) {

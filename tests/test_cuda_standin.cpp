@@ -11,16 +11,19 @@
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <future>
 #include <memory>
+#include <span>
 #include <thread>
 #include <vector>
 
 #include <pmap/detail/cuda_stream.h>
+#include <pmap/feed.h>
 
 #include <pmapcc/kernels/array_ops.h>
 
@@ -757,15 +760,17 @@ TEST_CASE("cuda virtual devices (stand-in only): a collective waits for the valu
   std::vector<pmap::Array> xs;  // made before the gate (a copy from pageable memory may wait for every stream)
   for (const pmap::Device& d : devices) xs.push_back(pmap::Array::from_host(std::vector<float>(64, 4.0f), {64}, d));
   TimedGate gate(kHold);
-  auto out = pmap::pmap([&]() {
+  auto f = pmap::pmap([&]() {
     pmap::Array& x = xs[static_cast<std::size_t>(pmap::axis_index("i"))];
     if (pmap::axis_index("i") == 0) {
       gate.block(static_cast<cudaStream_t>(pmap::detail::cuda_thread_stream()));
       pmap::detail::cuda_divide(0, x.raw_data(), 64, pmap::DType::f32, 2);  // 2.0, once the gate opens
     }
-    return pmap::psum(x, "i");
-  }, mesh, "i")();
-  for (const pmap::Array& r : out) CHECK(r.to_vector<float>() == std::vector<float>(64, 6.0f));
+    // In place: psum's new output array would be zeroed and its stream synchronized before the meeting.
+    pmap::psum_inplace(x, "i");
+  }, mesh, "i");
+  f();
+  for (const pmap::Array& x : xs) CHECK(x.to_vector<float>() == std::vector<float>(64, 6.0f));
 }
 
 TEST_CASE("cuda: an exception in the pmapped function still waits for its device's queued work (review L6)") {
@@ -780,6 +785,56 @@ TEST_CASE("cuda: an exception in the pmapped function still waits for its device
   }, mesh, "i");
   CHECK_THROWS_WITH(f(), doctest::Contains("failed after queueing work"));
   CHECK(raw_floats(x.raw_data(), 64) == std::vector<float>(64, 2.0f));
+}
+
+TEST_CASE("cuda random (stand-in only): a draw outside pmap is done when it returns") {
+  const std::int64_t n = 1000;
+  pmap::Array out({n}, pmap::DType::f32, cuda_testing::kGpu);  // made (and zeroed) before the gate
+  std::vector<float> expected(static_cast<std::size_t>(n));
+  pmap::uniform(pmap::key(7), std::span<float>(expected));  // the CPU's draw: the GPU's bit for bit
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  TimedGate gate(kHold);
+  gate.block(nullptr);  // this thread has no stream: the draw goes to the legacy stream
+  pmap::uniform(pmap::key(7), out);
+  CHECK(raw_floats(out.raw_data(), static_cast<std::size_t>(n)) == expected);
+}
+
+TEST_CASE("cuda Feed (stand-in only): a copy into a slot waits for the device's earlier readers; next() for the copy") {
+  // The device's stream is held back from outside pmap (its handle kept from a pmapped call), so the
+  // copies the Feed orders after it are still queued when the host goes on.
+  pmap::Mesh mesh({cuda_testing::kGpu}, "i");
+  const std::int64_t n = 256;
+  const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(float);
+  pmap::Feed<pmap::Array> feed(mesh, pmap::Array({n}, pmap::DType::f32));
+  void* compute = nullptr;
+  pmap::pmap([&]() { compute = pmap::cuda_stream(); }, mesh, "i")();
+  auto put = [&](float v) {
+    pmap::Array& host = feed.next();
+    std::fill_n(host.data<float>(), n, v);
+    feed.push();
+  };
+  put(1.0f);
+  const void* slot0 = feed.pop()[0].raw_data();  // batch 0's buffer on the device
+  put(2.0f);
+  (void)feed.pop();
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  DeviceBuffer seen(bytes);
+  {
+    TimedGate gate(kHold);
+    const auto stream = static_cast<cudaStream_t>(compute);
+    gate.block(stream);
+    // A step still queued on the device, reading batch 0 out of slot 0.
+    REQUIRE(cudaMemcpyAsync(seen.p, slot0, bytes, cudaMemcpyDeviceToDevice, stream) == cudaSuccess);
+    put(3.0f);  // into slot 0 again: the copy must wait for that reader
+    put(4.0f);
+    (void)feed.pop();                  // batch 2, from slot 0, whose copy is still held back
+    pmap::Array& host = feed.next();   // slot 0's host buffer: only once batch 2's copy out of it is done
+    std::fill_n(host.data<float>(), n, 9.0f);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  }
+  CHECK(raw_floats(seen.p, static_cast<std::size_t>(n)) == std::vector<float>(static_cast<std::size_t>(n), 1.0f));
+  CHECK(raw_floats(slot0, static_cast<std::size_t>(n)) == std::vector<float>(static_cast<std::size_t>(n), 3.0f));
 }
 
 #endif  // PMAPCC_CUDA_STANDIN
