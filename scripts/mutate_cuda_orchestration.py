@@ -104,7 +104,7 @@ def killed(wt, build, quick):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worktree", default="/tmp/pmapcc-orchestration-mutants")
-    ap.add_argument("--only", default="", help="run the mutants whose file or text contains this")
+    ap.add_argument("--only", default="", help="run the mutants whose file or text contains this (A|B: either)")
     ap.add_argument("--tsan", action="store_true", help="run the survivors again under ThreadSanitizer")
     ap.add_argument("--quick", action="store_true",
                     help="leave out the slowest test and train two configurations only (a first pass)")
@@ -121,7 +121,7 @@ def main():
                 sys.exit(f"mutate_cuda_orchestration: {' '.join(cmd)} failed in {wt}")
     survived = total = 0
     for path, text, broken in MUTANTS:
-        if a.only and a.only not in path and a.only not in text:
+        if a.only and not any(o in path or o in text for o in a.only.split("|")):
             continue
         f = os.path.join(wt, path)
         original = open(f).read()
