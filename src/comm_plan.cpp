@@ -179,6 +179,7 @@ MeshImpl::CommKind MeshImpl::comm_kind(const Group& g) {
 // collective), each ending with a barrier; the first failure is rethrown after all are released.
 void MeshImpl::build_nccl_comms() {
   std::vector<std::exception_ptr> errors(devices_.size());
+  std::vector<char> cancelled(devices_.size(), 0);  // each device writes its own (not vector<bool>: bits share bytes)
   workers_->run_all([&](int i) {
     const int d = local_[static_cast<std::size_t>(i)];
     try {
@@ -195,6 +196,9 @@ void MeshImpl::build_nccl_comms() {
       // Every split has completed on every rank (each ended with a barrier): the root, which no collective
       // uses, gives its NCCL resources back now rather than at the mesh's end (review L5).
       nccl_->release(d);
+    } catch (Aborted&) {  // cancelled because another device failed: that failure is the one to raise
+      errors[static_cast<std::size_t>(d)] = std::current_exception();
+      cancelled[static_cast<std::size_t>(d)] = 1;
     } catch (Error& e) {
       errors[static_cast<std::size_t>(d)] = std::current_exception();
       hub_->abort(devices_[static_cast<std::size_t>(d)].str() + " could not set up NCCL: " + e.message());
@@ -204,10 +208,12 @@ void MeshImpl::build_nccl_comms() {
     }
     cuda_set_thread_stream(nullptr);
   });
-  for (const auto& e : errors) {
-    if (!e) continue;
-    release_nccl_comms();
-    std::rethrow_exception(e);
+  for (int pass = 0; pass < 2; ++pass) {  // the first device's own failure, else the first cancellation
+    for (std::size_t d = 0; d < errors.size(); ++d) {
+      if (!errors[d] || (pass == 0 && cancelled[d])) continue;
+      release_nccl_comms();
+      std::rethrow_exception(errors[d]);
+    }
   }
   hub_->reset();
 }

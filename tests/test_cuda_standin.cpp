@@ -512,6 +512,25 @@ TEST_CASE("cuda stand-in rules: NCCL ranks join by unique id, meet on their stre
   CHECK(ncclAllReduce(in[0]->p, out[0]->p, 4, ncclNumTypes, ncclSum, t.comm[0], t.stream[0]) == ncclInvalidArgument);
 }
 
+TEST_CASE("cuda NCCL: a collective inside a stream capture of the user's own is refused, not captured") {
+  // pmapcc's own captures refuse collectives before they reach NCCL; this is a capture begun with CUDA's
+  // API on pmap::cuda_stream(), which only the NCCL communicator sees.
+  PMAPCC_REQUIRE_GPU();
+  if (!two_gpus()) return;
+  std::vector<pmap::Device> gpus = pmap::local_devices(pmap::DeviceKind::cuda);
+  gpus.resize(2);
+  pmap::Mesh mesh(gpus, "i");
+  pmap::pmap([&]() {
+    pmap::Array x = pmap::Array::from_host(std::vector<float>(4, 1.0f), {4}, pmap::current_device());
+    const auto stream = static_cast<cudaStream_t>(pmap::cuda_stream());
+    REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    CHECK_THROWS_WITH_AS(pmap::psum_inplace(x, "i"), doctest::Contains("cannot be captured"), pmap::ValueError);
+    cudaGraph_t graph = nullptr;
+    CHECK(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  }, mesh, "i")();
+}
+
 #if defined(PMAPCC_CUDA_STANDIN)
 TEST_CASE("cuda stand-in rules (stand-in only): a collective waits for its peers; an abort releases the waiter") {
   if (!two_gpus()) return;
@@ -525,6 +544,16 @@ TEST_CASE("cuda stand-in rules (stand-in only): a collective waits for its peers
   REQUIRE(ncclCommAbort(t.comm[0]) == ncclSuccess);
   t.comm[0] = nullptr;
   CHECK(cudaStreamSynchronize(t.stream[0]) == cudaSuccess);
+}
+
+TEST_CASE("cuda NCCL (stand-in only): a mesh whose communicators cannot talk fails when it is built") {
+  // The split's barrier: a communicator that cannot run a collective fails the Mesh, not its first pmap.
+  if (!two_gpus()) return;
+  std::vector<pmap::Device> gpus = pmap::local_devices(pmap::DeviceKind::cuda);
+  gpus.resize(2);
+  pmapcc_standin::inject_fault("ncclAllReduce", ncclInternalError);
+  CHECK_THROWS_WITH_AS(pmap::Mesh(gpus, "i"), doctest::Contains("ncclAllReduce"), pmap::NcclError);
+  pmapcc_standin::clear_faults();
 }
 
 TEST_CASE("cuda NCCL teardown (stand-in only): roots go after the splits; a failed group aborts at once (L5)") {
