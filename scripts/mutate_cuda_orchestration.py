@@ -6,7 +6,8 @@ worktree built with the `cuda-standin` preset, and runs the stand-in's GPU tests
 GPUs, PMAPCC_REQUIRE_GPU=1) and the end-to-end training check. A mutant is killed when a test fails (wrong
 data, a CaptureError not raised, a fault or a hang past the time limit). With --tsan, the survivors are
 rebuilt and run again in a ThreadSanitizer stand-in build, where a missing happens-before edge is a
-reported race. Prints one line per mutant and a count; exits 1 when any survives.
+reported race. Prints one line per mutant and a count; exits 1 when any survives that EXPLAINED (below)
+does not account for.
 
   python3 scripts/mutate_cuda_orchestration.py [--worktree DIR] [--only SUBSTRING] [--quick] [--tsan]
 
@@ -72,6 +73,17 @@ MUTANTS = [
     ("kernels/cuda/gpu/graph.cu", "    scope.check();  // what the body could not raise", "    // what the body could not raise"),
 ]
 
+# Synchronizations no test can show missing, each with why it stays (a mutant here that survives is
+# reported as such, and does not fail the run).
+EXPLAINED = {
+    "if (s->pushed[slot]) cuda_event_synchronize(s->copied[slot]);":
+        "the Feed's buffers are freed right after, and cudaFree/cudaFreeHost synchronize the device in "
+        "practice (the stand-in's too); CUDA documents that only for some frees, so the wait stays",
+    '    out->await_ready("ncclCommSplit");\n':
+        "the stand-in completes a child when its handle appears, as NCCL 2.28 was seen to; NCCL documents "
+        "polling the new communicator until ncclSuccess, which this does",
+}
+
 TESTS = "*cuda*,*CUDA*,*gpu*,*GPU*"
 
 
@@ -120,7 +132,7 @@ def main():
         for cmd in (["cmake", "--preset", preset], ["cmake", "--build", f"build/{preset}"] + targets):
             if run(cmd, wt).returncode != 0:
                 sys.exit(f"mutate_cuda_orchestration: {' '.join(cmd)} failed in {wt}")
-    survived = total = 0
+    survived = explained = total = 0
     for path, text, broken in MUTANTS:
         if a.only and not any(o in path or o in text for o in a.only.split("|")):
             continue
@@ -140,14 +152,18 @@ def main():
                 if k:
                     verdict = (f"killed ({preset})", why)
                     break
-            if verdict is None:
+            if verdict is None and text in EXPLAINED:
+                explained += 1
+                verdict = ("SURVIVED (explained)", EXPLAINED[text][:100])
+            elif verdict is None:
                 survived += 1
                 verdict = ("SURVIVED", "every test passed")
             label = text.strip().splitlines()[-1].strip()[:70]
             print(f"{verdict[0]:<22} {path}: {label}  [{verdict[1]}]", flush=True)
         finally:
             open(f, "w").write(original)
-    print(f"{total - survived} of {total} mutants killed, {survived} survived")
+    print(f"{total - survived - explained} of {total} mutants killed, {explained} survived as explained "
+          f"(EXPLAINED), {survived} survived unexplained")
     sys.exit(1 if survived else 0)
 
 

@@ -176,7 +176,8 @@ MeshImpl::CommKind MeshImpl::comm_kind(const Group& g) {
 }
 
 // Splits every device's NCCL communicators from its root, concurrently on the workers (the split is
-// collective), each ending with a barrier; the first failure is rethrown after all are released.
+// collective), each ending with a barrier; after all are released, the first device's own failure is rethrown
+// (a device cancelled because of it only when there is none).
 void MeshImpl::build_nccl_comms() {
   std::vector<std::exception_ptr> errors(devices_.size());
   std::vector<char> cancelled(devices_.size(), 0);  // each device writes its own (not vector<bool>: bits share bytes)

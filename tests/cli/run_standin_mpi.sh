@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # mnist_ensemble --backend cuda in 2 MPI processes of one fake GPU each, on the CUDA stand-in: each process
 # plays a machine of its own (PMAPCC_STANDIN_NODE), so the mesh's two GPUs meet over NCCL across the
-# processes (the stand-in's ranks meet through files in $TMPDIR). Ensemble and data parallel; each run's
-# checkpoint must equal, bit for bit, the host run of the same kernels on 2 CPU devices in one process
-# (--kernels cuda-on-host), and the runs must repeat bit for bit.
+# processes (the stand-in's ranks meet through files in PMAPCC_STANDIN_NCCL_DIR). Ensemble and data
+# parallel; each run's checkpoint must equal, bit for bit, the host run of the same kernels on 2 CPU
+# devices in one process (--kernels cuda-on-host), and the runs must repeat bit for bit. Ranks that cannot
+# meet fail with NCCL's error.
 # usage: run_standin_mpi.sh MPIEXEC /path/to/mnist_ensemble MAKE_IDX_PY
 set -uo pipefail
 mpiexec=$1
@@ -12,7 +13,8 @@ make_idx=$3
 root=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-export TMPDIR=$work  # where the stand-in's NCCL ranks meet
+export PMAPCC_STANDIN_NCCL_DIR=$work/nccl  # where the stand-in's NCCL ranks meet
+mkdir -p "$PMAPCC_STANDIN_NCCL_DIR"
 [ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 flags=()
 "$mpiexec" --version 2>&1 | grep -Eq "Open MPI|OpenRTE" && flags+=(--oversubscribe)
@@ -52,10 +54,22 @@ check() {
 check ensemble --mode ensemble --members 2
 check data-parallel --mode data-parallel
 # The GPUs met over NCCL across the processes (not staged through the host): the stand-in's NCCL folders.
-if compgen -G "$work/pmapcc-standin-nccl-*" >/dev/null; then
-  pass "the processes' GPUs met over NCCL ($(compgen -G "$work/pmapcc-standin-nccl-*" | wc -l) communicator folders)"
+if compgen -G "$work/nccl/pmapcc-standin-nccl-*" >/dev/null; then
+  folders=$(compgen -G "$work/nccl/pmapcc-standin-nccl-*" | wc -l)
+  pass "the processes' GPUs met over NCCL ($folders communicator folders)"
 else
   fail "no NCCL communicator spanned the processes"
+fi
+# Ranks that cannot meet (their folder is a file): every process exits 1 with NCCL's error, naming the call.
+not_a_folder=$work/data/train-labels-idx1-ubyte
+PMAPCC_STANDIN_GPUS=1 PMAPCC_STANDIN_NCCL_DIR=$not_a_folder timeout 300 "$mpiexec" "${flags[@]}" -np 2 \
+  bash -c "$as_node" bash "$bin" "${common[@]}" --backend cuda --devices 1 --members 2 >"$work/nofolder.out" 2>&1
+rc=$?
+if [ "$rc" -ne 0 ] && grep -q "ncclCommInitRankConfig" "$work/nofolder.out" \
+    && ! grep -qiE "core dumped|terminate called" "$work/nofolder.out"; then
+  pass "ranks that cannot meet: a clear NCCL error, exit $rc"
+else
+  fail "ranks that cannot meet: exit $rc ($(tail -c 400 "$work/nofolder.out"))"
 fi
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -81,5 +81,13 @@ else
   fail "no GPU: exit $rc ($(tail -c 300 "$work/none.out"))"
 fi
 
+# A bad PMAPCC_STANDIN_NODE: exit 2 naming it.
+PMAPCC_STANDIN_NODE=first "$bin" "${common[@]}" --backend cuda --epochs 1 >"$work/node.out" 2>&1; rc=$?
+if [ "$rc" -eq 2 ] && grep -q "PMAPCC_STANDIN_NODE" "$work/node.out"; then
+  pass "a bad PMAPCC_STANDIN_NODE: exit 2 naming it"
+else
+  fail "a bad PMAPCC_STANDIN_NODE: exit $rc ($(tail -c 300 "$work/node.out"))"
+fi
+
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -57,7 +57,8 @@ void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, in
   // Four columns of C at a time (each op(A) load feeds four sums), then the rest one by one.
   const auto rows = static_cast<std::size_t>(m);
   auto b_at = [&](int l, int col) {
-    return static_cast<double>(tb ? b[col + static_cast<long long>(l) * ldb] : b[l + static_cast<long long>(col) * ldb]);
+    return static_cast<double>(tb ? b[col + static_cast<long long>(l) * ldb]
+                                  : b[l + static_cast<long long>(col) * ldb]);
   };
   std::vector<double> acc(4 * rows);
   for (int col = 0; col < n;) {

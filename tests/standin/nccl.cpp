@@ -260,7 +260,8 @@ void run_collective(const Call& k) {
 
 // ---- Across processes --------------------------------------------------------------------------------
 // With PMAPCC_STANDIN_NODE set, each process plays a machine of its own, and a communicator's ranks meet
-// through files in a folder named by the unique id, under $TMPDIR (or /tmp): a rank's part of a meeting
+// through files in a folder named by the unique id, under $PMAPCC_STANDIN_NCCL_DIR, else $TMPDIR, else /tmp
+// (the folder must exist and be shared by the processes): a rank's part of a meeting
 // is a file of its own, renamed into place so that it appears whole, and the meeting is over for a rank
 // when every rank's part is there. Every wait polls and gives up when the rank is aborted; its peers keep
 // waiting, as NCCL's do. The small join, split and finalize files stay: remove the folder after the job.
@@ -287,7 +288,8 @@ std::optional<std::vector<unsigned char>> slurp(const std::string& path) {
   if (f == nullptr) return std::nullopt;
   std::vector<unsigned char> out;
   unsigned char buffer[1 << 16];
-  for (std::size_t got; (got = std::fread(buffer, 1, sizeof buffer, f)) > 0;) out.insert(out.end(), buffer, buffer + got);
+  for (std::size_t got; (got = std::fread(buffer, 1, sizeof buffer, f)) > 0;)
+    out.insert(out.end(), buffer, buffer + got);
   const bool ok = std::ferror(f) == 0;
   std::fclose(f);
   if (!ok) return std::nullopt;
@@ -400,8 +402,9 @@ std::string folder_of(const ncclUniqueId& id) {
   std::uint32_t pid = 0;
   std::memcpy(&serial, id.internal + 8, sizeof serial);
   std::memcpy(&pid, id.internal + 16, sizeof pid);
-  const char* tmp = std::getenv("TMPDIR");
-  return std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/pmapcc-standin-nccl-" + std::to_string(pid) +
+  const char* dir = std::getenv("PMAPCC_STANDIN_NCCL_DIR");
+  if (dir == nullptr || *dir == '\0') dir = std::getenv("TMPDIR");
+  return std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") + "/pmapcc-standin-nccl-" + std::to_string(pid) +
          "-" + std::to_string(serial);
 }
 
@@ -661,7 +664,8 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
     std::sort(members.begin(), members.end());
     const auto me = std::find(members.begin(), members.end(), std::make_pair(key, comm->rank)) - members.begin();
     ncclComm* child = join_across_processes(comm->dir + "-" + what + "-colour" + std::to_string(color),
-                                            static_cast<int>(members.size()), static_cast<int>(me), comm->device, config);
+                                            static_cast<int>(members.size()), static_cast<int>(me), comm->device,
+                                            config);
     if (child == nullptr) return ncclSystemError;
     std::atomic_ref<ncclComm_t>(*newcomm).store(child, std::memory_order_release);
     return ncclSuccess;

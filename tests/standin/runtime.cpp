@@ -224,7 +224,8 @@ int node() {
     char* end = nullptr;
     const long k = std::strtol(v, &end, 10);
     if (*end != '\0' || k < 0 || k > 255) {
-      std::fprintf(stderr, "pmapcc CUDA stand-in: PMAPCC_STANDIN_NODE must be a node number from 0 to 255, got '%s'\n", v);
+      std::fprintf(stderr, "pmapcc CUDA stand-in: PMAPCC_STANDIN_NODE must be a node number from 0 to 255, "
+                           "got '%s'\n", v);
       std::exit(2);
     }
     return static_cast<int>(k);
@@ -262,6 +263,7 @@ Registry& registry() {
   static Registry* r = [] {
     auto* reg = new Registry;  // never destroyed: executors may outlive static destruction
     reg->gpus = gpus_from_environment();
+    (void)node();  // a bad PMAPCC_STANDIN_NODE is refused at once, like a bad PMAPCC_STANDIN_GPUS
     reg->peer.assign(static_cast<std::size_t>(reg->gpus), std::vector<bool>(static_cast<std::size_t>(reg->gpus)));
     for (int d = 0; d < reg->gpus; ++d) {
       auto* s = new CUstream_st;
