@@ -1,7 +1,6 @@
 // ThreadCommunicator: a device's collectives through the thread hub.
 #include "thread_communicator.h"
 
-#include <pmap/detail/capture.h>
 #include <pmap/error.h>
 
 #include "cuda_seam.h"

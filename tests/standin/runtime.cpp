@@ -202,34 +202,28 @@ struct Registry {
   std::map<std::string, Fault> faults;
 };
 
-int gpus_from_environment() {
-  const char* v = std::getenv("PMAPCC_STANDIN_GPUS");
-  if (v == nullptr || *v == '\0') return 1;
+// The environment variable `name` as a number from lo to hi (`fallback` when unset or empty); anything else
+// exits 2 naming the variable and saying what it must be.
+int number_from_environment(const char* name, int fallback, long lo, long hi, const char* what) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
   char* end = nullptr;
   const long n = std::strtol(v, &end, 10);
-  if (*end != '\0' || n < 0 || n > 64) {
-    std::fprintf(stderr, "pmapcc CUDA stand-in: PMAPCC_STANDIN_GPUS must be a number of fake GPUs from 0 to 64, "
-                         "got '%s'\n", v);
+  if (*end != '\0' || n < lo || n > hi) {
+    std::fprintf(stderr, "pmapcc CUDA stand-in: %s must be %s from %ld to %ld, got '%s'\n", name, what, lo, hi, v);
     std::exit(2);
   }
   return static_cast<int>(n);
 }
 
+int gpus_from_environment() {
+  return number_from_environment("PMAPCC_STANDIN_GPUS", 1, 0, 64, "a number of fake GPUs");
+}
+
 }  // namespace
 
 int node() {
-  static const int n = [] {
-    const char* v = std::getenv("PMAPCC_STANDIN_NODE");
-    if (v == nullptr || *v == '\0') return -1;
-    char* end = nullptr;
-    const long k = std::strtol(v, &end, 10);
-    if (*end != '\0' || k < 0 || k > 255) {
-      std::fprintf(stderr, "pmapcc CUDA stand-in: PMAPCC_STANDIN_NODE must be a node number from 0 to 255, "
-                           "got '%s'\n", v);
-      std::exit(2);
-    }
-    return static_cast<int>(k);
-  }();
+  static const int n = number_from_environment("PMAPCC_STANDIN_NODE", -1, 0, 255, "a node number");
   return n;
 }
 
