@@ -134,12 +134,21 @@ void Array::release() noexcept {
     data_ = nullptr;
     return;
   }
-  // Freed inside a capture: a replay would use freed memory. The capture raises it when its body ends.
+  // Freed inside a capture: a replay would use freed memory. The capture raises it when its body ends, and
+  // releases the memory once it has ended (a CUDA capture refuses cudaFree).
   if (detail::capturing() != nullptr) {
     try {
       detail::note_capture_violation("Array " + str(), "is freed");
     } catch (...) {  // str() out of memory
       detail::note_capture_violation("an Array", "is freed");
+    }
+    const bool kept =
+        pinned_ ? detail::free_after_capture([](int, void* p) noexcept { detail::cuda_host_free(p); }, 0, data_)
+        : device_.is_cpu() ? detail::free_after_capture([](int, void* p) noexcept { std::free(p); }, 0, data_)
+                           : detail::free_after_capture(detail::cuda_free, device_.ordinal, data_);
+    if (kept) {
+      data_ = nullptr;
+      return;
     }
   }
   if (pinned_) {

@@ -21,6 +21,15 @@ CaptureScope::CaptureScope(const char* what) : what_(what), previous_(tls_captur
 CaptureScope::~CaptureScope() {
   tls_capture = previous_;
   tls_scope = outer_;
+  if (deferred_.empty()) return;
+  if (outer_ != nullptr) {
+    try {
+      outer_->deferred_.insert(outer_->deferred_.end(), deferred_.begin(), deferred_.end());
+      return;
+    } catch (...) {  // out of memory: released now, inside the outer capture (which then fails)
+    }
+  }
+  for (const Deferred& d : deferred_) d.free(d.ordinal, d.ptr);
 }
 
 void CaptureScope::check() const {
@@ -43,6 +52,17 @@ void note_capture_violation(const std::string& op, const char* does) noexcept {
     scope->violation_ = capture_message(op, does, scope->what_);
   } catch (...) {  // out of memory for the message: the capture still fails, with check()'s short one
   }
+}
+
+bool free_after_capture(void (*free)(int, void*) noexcept, int ordinal, void* ptr) noexcept {
+  CaptureScope* scope = tls_scope;
+  if (scope == nullptr) return false;
+  try {
+    scope->deferred_.push_back({free, ordinal, ptr});
+  } catch (...) {
+    return false;
+  }
+  return true;
 }
 
 }  // namespace pmap::detail

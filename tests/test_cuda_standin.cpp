@@ -227,9 +227,8 @@ TEST_CASE("cuda stand-in rules: graph capture records, refuses what CUDA refuses
     CHECK(all_equal(read_back(b.p, n), 5));
     REQUIRE(cudaGraphExecDestroy(exec) == cudaSuccess);
   }
-  SUBCASE("allocation, synchronization, queries and pageable copies invalidate the capture") {
-    std::vector<unsigned char> pageable(n);
-    for (int which = 0; which < 5; ++which) {
+  SUBCASE("allocation, synchronization and queries invalidate the capture") {
+    for (int which = 0; which < 3; ++which) {
       CAPTURE(which);
       REQUIRE(cudaStreamBeginCapture(s.s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
       void* p = nullptr;
@@ -238,8 +237,6 @@ TEST_CASE("cuda stand-in rules: graph capture records, refuses what CUDA refuses
         case 0: e = cudaMalloc(&p, 256); break;
         case 1: e = cudaStreamSynchronize(s.s); break;
         case 2: e = cudaStreamQuery(s.s); break;
-        case 3: e = cudaMemcpyAsync(a.p, pageable.data(), n, cudaMemcpyHostToDevice, s.s); break;
-        case 4: e = cudaMemsetAsync(a.p, 0, n, nullptr); break;  // the legacy stream
       }
       CHECK(e != cudaSuccess);
       cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -251,6 +248,48 @@ TEST_CASE("cuda stand-in rules: graph capture records, refuses what CUDA refuses
       cudaGetLastError();
       if (p != nullptr) cudaFree(p);
     }
+  }
+  // CUDA 13.0 on an H200 (2026-11-27) recorded a copy from pageable memory and left a non-blocking stream's
+  // capture valid when the legacy stream was used: the stand-in follows what the GPU did.
+  SUBCASE("pageable copies are recorded and replayed; the legacy stream leaves a non-blocking capture valid") {
+    DeviceBuffer c(n);
+    std::vector<unsigned char> in(n, 9), out(n, 0xEE);
+    REQUIRE(cudaMemsetAsync(b.p, 3, n, s.s) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(s.s) == cudaSuccess);
+    REQUIRE(cudaStreamBeginCapture(s.s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    CHECK(cudaMemcpyAsync(a.p, in.data(), n, cudaMemcpyHostToDevice, s.s) == cudaSuccess);
+    CHECK(cudaMemcpyAsync(out.data(), b.p, n, cudaMemcpyDeviceToHost, s.s) == cudaSuccess);
+    CHECK(cudaMemsetAsync(c.p, 4, n, nullptr) == cudaSuccess);  // the legacy stream: runs now, not recorded
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    REQUIRE(cudaStreamIsCapturing(s.s, &status) == cudaSuccess);
+    CHECK(status == cudaStreamCaptureStatusActive);
+    cudaGraph_t graph = nullptr;
+    REQUIRE(cudaStreamEndCapture(s.s, &graph) == cudaSuccess);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(all_equal(read_back(c.p, n), 4));
+    CHECK(all_equal(read_back(a.p, n), 0));  // recorded, not run
+    CHECK(all_equal(out, 0xEE));
+    std::fill(in.begin(), in.end(), 11);  // the graph reads the host memory when it runs
+    cudaGraphExec_t exec = nullptr;
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(exec, s.s) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(s.s) == cudaSuccess);
+    CHECK(all_equal(read_back(a.p, n), 11));
+    CHECK(all_equal(out, 3));
+    CHECK(cudaGraphExecDestroy(exec) == cudaSuccess);
+    CHECK(cudaGraphDestroy(graph) == cudaSuccess);
+  }
+  SUBCASE("the legacy stream invalidates a blocking stream's capture") {
+    Stream blocking(cudaStreamDefault);
+    REQUIRE(cudaStreamBeginCapture(blocking.s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    CHECK(cudaMemsetAsync(a.p, 0, n, nullptr) == cudaErrorStreamCaptureImplicit);
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    REQUIRE(cudaStreamIsCapturing(blocking.s, &status) == cudaSuccess);
+    CHECK(status == cudaStreamCaptureStatusInvalidated);
+    cudaGraph_t graph = nullptr;
+    CHECK(cudaStreamEndCapture(blocking.s, &graph) == cudaErrorStreamCaptureInvalidated);
+    CHECK(graph == nullptr);
+    cudaGetLastError();
   }
   SUBCASE("relaxed mode allows an allocation; thread-local mode leaves other threads alone") {
     REQUIRE(cudaStreamBeginCapture(s.s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
@@ -272,7 +311,30 @@ TEST_CASE("cuda stand-in rules: graph capture records, refuses what CUDA refuses
     REQUIRE(cudaStreamEndCapture(s.s, &graph) == cudaSuccess);
     CHECK(cudaGraphDestroy(graph) == cudaSuccess);
   }
-  SUBCASE("global mode: another thread's allocation invalidates it; only the capturing thread may end it") {
+  // As CUDA 13.0 on an H200 did (2026-11-27): another thread's cudaStreamEndCapture fails and ends the
+  // capture all the same, with no graph.
+  SUBCASE("global mode: another thread may not end a valid capture, and its attempt discards it") {
+    REQUIRE(cudaStreamBeginCapture(s.s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    REQUIRE(cudaMemsetAsync(a.p, 6, n, s.s) == cudaSuccess);
+    cudaError_t end = cudaSuccess;
+    cudaGraph_t other_graph = nullptr;
+    std::thread([&] {
+      if (cudaSetDevice(0) == cudaSuccess) end = cudaStreamEndCapture(s.s, &other_graph);
+    }).join();
+    CHECK(end == cudaErrorStreamCaptureWrongThread);
+    CHECK(other_graph == nullptr);
+    cudaGetLastError();
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusActive;
+    REQUIRE(cudaStreamIsCapturing(s.s, &status) == cudaSuccess);
+    CHECK(status == cudaStreamCaptureStatusNone);
+    cudaGraph_t graph = nullptr;
+    CHECK(cudaStreamEndCapture(s.s, &graph) == cudaErrorIllegalState);  // nothing left to end
+    cudaGetLastError();
+    REQUIRE(cudaStreamSynchronize(s.s) == cudaSuccess);  // the stream works again, and ran nothing recorded
+    CHECK(all_equal(read_back(a.p, n), 0));
+  }
+  // As CUDA 13.0 on an H200 did (2026-11-27): an invalidated capture ends from any thread.
+  SUBCASE("global mode: another thread's allocation invalidates it, and an invalidated capture ends anywhere") {
     REQUIRE(cudaStreamBeginCapture(s.s, cudaStreamCaptureModeGlobal) == cudaSuccess);
     cudaError_t other = cudaSuccess, end = cudaSuccess;
     std::thread([&] {
@@ -283,9 +345,10 @@ TEST_CASE("cuda stand-in rules: graph capture records, refuses what CUDA refuses
       if (q != nullptr) cudaFree(q);
     }).join();
     CHECK(other == cudaErrorStreamCaptureUnsupported);
-    CHECK(end == cudaErrorStreamCaptureWrongThread);
+    CHECK(end == cudaErrorStreamCaptureInvalidated);
+    cudaGetLastError();
     cudaGraph_t graph = nullptr;
-    CHECK(cudaStreamEndCapture(s.s, &graph) == cudaErrorStreamCaptureInvalidated);
+    CHECK(cudaStreamEndCapture(s.s, &graph) == cudaErrorIllegalState);  // no capture left to end
     cudaGetLastError();
   }
   SUBCASE("a stream forked into a capture must join back") {

@@ -326,6 +326,19 @@ void legacy_ordering(Registry& r, CUstream_st* s) {
   }
 }
 
+// Work on the legacy stream of device d waits for the device's blocking streams, so it would join a capture
+// that one of them is in: CUDA fails such work and invalidates that capture, in every capture mode. A
+// capture on non-blocking streams only is left alone (seen on an H200, CUDA 13.0, 2026-11-27).
+cudaError_t legacy_capture_conflict(Registry& r, int d) {
+  bool hit = false;
+  for (CUstream_st* other : r.streams) {
+    if (other->device != d || other->capture == nullptr || (other->flags & cudaStreamNonBlocking) != 0) continue;
+    other->capture->invalidate();
+    hit = true;
+  }
+  return hit ? cudaErrorStreamCaptureImplicit : cudaSuccess;
+}
+
 // Queues op on s, or records it into s's capture. Registry lock held (shared suffices).
 cudaError_t submit(Registry& r, CUstream_st* s, std::function<void()> op) {
   if (Capture* c = capturing(s)) {
@@ -335,7 +348,7 @@ cudaError_t submit(Registry& r, CUstream_st* s, std::function<void()> op) {
     return cudaSuccess;
   }
   if (s->legacy) {
-    if (cudaError_t e = capture_unsafe(r, cudaErrorStreamCaptureImplicit); e != cudaSuccess) return e;
+    if (cudaError_t e = legacy_capture_conflict(r, s->device); e != cudaSuccess) return e;
   }
   legacy_ordering(r, s);
   s->enqueue(std::move(op));
@@ -391,7 +404,9 @@ cudaError_t check_copy(const Registry& r, void* dst, std::size_t dspan, const vo
 }
 
 // An asynchronous copy of `rows` rows on stream s, CUDA's way with pageable host memory: the source is
-// staged at the call (so the caller may reuse it), a pageable destination makes the call wait.
+// staged at the call (so the caller may reuse it), a pageable destination makes the call wait. Under a
+// capture, a copy from or to pageable memory is recorded like any other (seen on an H200, CUDA 13.0,
+// 2026-11-27, host to device): the graph reads and writes the host memory when it runs.
 cudaError_t copy_async(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
                        std::size_t rows, cudaMemcpyKind kind, cudaStream_t stream, const char* api) {
   if (cudaError_t e = injected(api); e != cudaSuccess) return fail(e);
@@ -407,13 +422,9 @@ cudaError_t copy_async(void* dst, std::size_t dpitch, const void* src, std::size
     const std::size_t dspan = dpitch * (rows - 1) + width, sspan = spitch * (rows - 1) + width;
     Pointer d, sp;
     if (cudaError_t e = check_copy(r, dst, dspan, src, sspan, kind, d, sp); e != cudaSuccess) return fail(e);
-    const bool pageable = d.kind == Kind::pageable || sp.kind == Kind::pageable;
-    if (pageable && capturing(s) != nullptr) {
-      s->capture->invalidate();
-      return fail(cudaErrorStreamCaptureUnsupported);
-    }
+    const bool recorded = capturing(s) != nullptr;
     std::function<void()> op;
-    if (sp.kind == Kind::pageable) {  // staged now
+    if (sp.kind == Kind::pageable && !recorded) {  // staged now
       auto staged = std::make_shared<std::vector<unsigned char>>(sspan);
       std::memcpy(staged->data(), src, sspan);
       op = [dst, dpitch, staged, spitch, width, rows] {
@@ -427,7 +438,7 @@ cudaError_t copy_async(void* dst, std::size_t dpitch, const void* src, std::size
       };
     }
     if (cudaError_t e = submit(r, s, std::move(op)); e != cudaSuccess) return fail(e);
-    if (d.kind != Kind::pageable) return cudaSuccess;
+    if (d.kind != Kind::pageable || recorded) return cudaSuccess;
     ticket = s->ticket();
   }
   s->wait_for(ticket);  // into pageable memory: returns when the copy is done
@@ -1020,8 +1031,11 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
   if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
   Capture* c = s->capture;
   if (c == nullptr || c->origin != s) return fail(cudaErrorIllegalState);
-  if (c->mode != cudaStreamCaptureModeRelaxed && c->thread != std::this_thread::get_id())
-    return fail(cudaErrorStreamCaptureWrongThread);
+  // Another thread may not end a non-relaxed capture, but its call ends it all the same, graphless: with
+  // cudaErrorStreamCaptureWrongThread when the capture was valid, cudaErrorStreamCaptureInvalidated when it
+  // was not (both seen on an H200, CUDA 13.0, 2026-11-27, in global mode).
+  const bool wrong_thread =
+      c->mode != cudaStreamCaptureModeRelaxed && c->thread != std::this_thread::get_id() && !c->is_invalidated();
   bool unjoined = false;
   {
     std::lock_guard cl(c->mutex);
@@ -1037,6 +1051,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
   r.captures.erase(c);
   std::unique_ptr<Capture> owned(c);
   *graph = nullptr;
+  if (wrong_thread) return fail(cudaErrorStreamCaptureWrongThread);
   if (unjoined) return fail(cudaErrorStreamCaptureUnjoined);
   if (c->is_invalidated()) return fail(cudaErrorStreamCaptureInvalidated);
   auto* g = new CUgraph_st;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace pmap::detail {
 
@@ -22,12 +23,26 @@ class CaptureScope {
   void check() const;
 
  private:
+  struct Deferred {
+    void (*free)(int ordinal, void* ptr) noexcept;
+    int ordinal;
+    void* ptr;
+  };
   friend void note_capture_violation(const std::string& op, const char* does) noexcept;
+
+// Memory freed inside a capture cannot be released there: a CUDA capture refuses cudaFree and
+// cudaFreeHost, and is invalidated by them, so the memory would leak. This keeps `free(ordinal, ptr)` for
+// the end of the outermost CaptureScope (which a CUDA capture outlives its cudaStreamEndCapture for).
+// Returns false when the calling thread is not capturing, or the call cannot be kept (out of memory): the
+// caller frees at once then. Never throws.
+bool free_after_capture(void (*free)(int ordinal, void* ptr) noexcept, int ordinal, void* ptr) noexcept;
+  friend bool free_after_capture(void (*free)(int, void*) noexcept, int ordinal, void* ptr) noexcept;
   const char* what_;
   const char* previous_;
   CaptureScope* outer_;
   bool violated_ = false;  // something was noted (its message, when it could be built, in violation_)
   std::string violation_;
+  std::vector<Deferred> deferred_;  // memory freed during the scope: released when the outermost scope ends
 };
 
 // The name of the capture the calling thread is inside, or nullptr. Never throws.
@@ -41,5 +56,12 @@ void check_not_capturing(const std::string& op, const char* does);
 // The same for code that cannot throw (an Array freed inside the capture, whose memory the graph may still
 // use at a replay): notes the error in the innermost CaptureScope, whose check() raises it. Never throws.
 void note_capture_violation(const std::string& op, const char* does) noexcept;
+
+// Memory freed inside a capture cannot be released there: a CUDA capture refuses cudaFree and
+// cudaFreeHost, and is invalidated by them, so the memory would leak. This keeps `free(ordinal, ptr)` for
+// the end of the outermost CaptureScope (which a CUDA capture outlives its cudaStreamEndCapture for).
+// Returns false when the calling thread is not capturing, or the call cannot be kept (out of memory): the
+// caller frees at once then. Never throws.
+bool free_after_capture(void (*free)(int ordinal, void* ptr) noexcept, int ordinal, void* ptr) noexcept;
 
 }  // namespace pmap::detail

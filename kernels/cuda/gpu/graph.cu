@@ -43,8 +43,9 @@ std::unique_ptr<Graph> capture(const std::function<void()>& body) {
     throw ValueError("graph capture: the legacy default stream cannot be captured; run inside pmap or under a "
                      "pmap::detail::StreamScope");
   PMAPCC_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  // The scope ends after cudaStreamEndCapture, on every path: memory freed in the body is released then.
+  pmap::detail::CaptureScope scope("the capture of a step into a CUDA graph");
   try {
-    pmap::detail::CaptureScope scope("the capture of a step into a CUDA graph");
     body();
     scope.check();  // what the body could not raise where it happened (an Array freed): before EndCapture
   } catch (...) {
