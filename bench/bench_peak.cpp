@@ -3,7 +3,9 @@
 // AVX2 (8 fp32 lanes), AVX-512 (16 lanes) and AVX512_BF16's vdpbf16ps (32 bf16 products summed into 16 fp32
 // lanes), each with enough independent accumulators to cover the instruction's latency (12 chains; 24 for
 // vdpbf16ps). One thread, pinned to nothing; medians over repetitions. A row this CPU cannot run prints
-// "n/a". The last line is the same figures as one JSON object (null where a row cannot run), which
+// "n/a". Last, pmapcc's bf16 GEMM (the products of bf16 mixed precision) on each of its paths (AMX tiles,
+// AVX-512 vectors) at the same size. The last line is the
+// same figures as one JSON object (null where a row cannot run), which
 // bench/run_train_bench.py reads for its roofline. Usage:
 //   bench_peak [--reps R] [--size N]      (defaults 7 repetitions; sgemm at N = 1024)
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include <immintrin.h>
 
 #include <pmap/error.h>
+#include <pmapcc/kernels/bf16_gemm.h>
 #include <pmapcc/kernels/cpu_backend.h>
 
 #include "machine.h"
@@ -122,6 +125,27 @@ double sgemm(int n, int reps) {
   return median(rates);
 }
 
+// pmapcc's one-thread bf16 GEMM (bf16 products, fp32 sums; kernels/bf16_gemm.h), n x n x n: median GFLOP/s.
+// m x n x k, a transposed or not (stored k x m).
+double gemm_bf16(pmap::kernels::bf16::Path path, long m, long n, long k, bool a_transposed, int reps) {
+  std::vector<float> a(static_cast<std::size_t>(m * k), 0.5f), b(static_cast<std::size_t>(k * n), 0.25f),
+      c(static_cast<std::size_t>(m * n), 0.0f);
+  std::vector<unsigned char> pack(pmap::kernels::bf16::gemm_pack_bytes(m, n, k));
+  const auto run = [&] {
+    pmap::kernels::bf16::gemm(path, m, n, k, {a.data(), a_transposed}, {b.data()}, c.data(), false, pack.data(),
+                              pack.size());
+  };
+  run();
+  std::vector<double> rates;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    run();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    rates.push_back(2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / s / 1e9);
+  }
+  return median(rates);
+}
+
 std::string number(double v) {
   char text[32];
   std::snprintf(text, sizeof text, "%.2f", v);
@@ -157,14 +181,14 @@ int main(int argc, char** argv) {
               bench::cpu_model().c_str(), bench::first_line("/proc/loadavg").c_str());
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const bool avx512 = __builtin_cpu_supports("avx512f");
-  const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16");
+  const bool has_bf16 = avx512 && __builtin_cpu_supports("avx512bf16");
   const Row rows[] = {
       {"fp32 FMA, AVX2 (8 lanes x 2 flops)", "fma_avx2_gflops", avx2, 12 * 8 * 2.0, fma_avx2},
       {"fp32 FMA, AVX-512 (16 lanes x 2 flops)", "fma_avx512_gflops", avx512, 12 * 16 * 2.0, fma_avx512},
-      {"bf16 dot product into fp32, vdpbf16ps (16 lanes x 4 flops)", "dot_bf16_gflops", bf16, 24 * 16 * 4.0, dot_bf16},
+      {"bf16 dot product into fp32, vdpbf16ps (16 lanes x 4 flops)", "dot_bf16_gflops", has_bf16, 24 * 16 * 4.0, dot_bf16},
   };
   std::printf("\nPeak per core (register-resident chains, one thread, median of %d):\n", reps);
-  double best_fp32 = 0;
+  double best_fp32 = 0, bf16_peak = 0;
   std::string json = "{\"kind\":\"peak\",\"reps\":" + std::to_string(reps) + ",\"sgemm_size\":" + std::to_string(size);
   for (const Row& r : rows) {
     json += ",\"" + std::string(r.key) + "\":";
@@ -175,6 +199,7 @@ int main(int argc, char** argv) {
     }
     const double g = measure(r, reps);
     if (r.kernel != dot_bf16) best_fp32 = std::max(best_fp32, g);
+    if (r.kernel == dot_bf16) bf16_peak = g;
     std::printf("  %-62s %8.1f GFLOP/s\n", r.what.c_str(), g);
     json += number(g);
   }
@@ -193,6 +218,54 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_peak: error: %s\n", e.what());
     return 1;
   }
-  std::printf("\nload after: %s\n%s}}\n", bench::first_line("/proc/loadavg").c_str(), json.c_str());
+  json += "},\"gemm_bf16_gflops\":{";
+  std::printf("\npmapcc bf16 GEMM (bf16 products, fp32 sums; %dx%dx%d, one thread, median of %d), per path:\n", size,
+              size, size, reps);
+  namespace bf16 = pmap::kernels::bf16;
+  for (bf16::Path path : {bf16::Path::amx, bf16::Path::avx512}) {
+    json += (json.back() == '{' ? "\"" : ",\"") + std::string(bf16::name(path)) + "\":";
+    if (!bf16::supported(path)) {
+      std::printf("  %-10s n/a (this CPU does not run it)\n", bf16::name(path));
+      json += "null";
+      continue;
+    }
+    const double g = gemm_bf16(path, size, size, size, false, reps);
+    std::printf("  %-10s %8.1f GFLOP/s  (%.2fx the vdpbf16ps peak, %.2fx the best fp32 peak)\n", bf16::name(path), g,
+                bf16_peak > 0 ? g / bf16_peak : 0.0, best_fp32 > 0 ? g / best_fp32 : 0.0);
+    json += number(g);
+  }
+  json += "}";
+  // The products of the Flax CNN's training step with batch 128 (bench_train's): the dense layer forward,
+  // and the 64-channel conv's forward and weight gradient through im2col (a transposed in the latter).
+  struct Shape {
+    const char* what;
+    long m, n, k;
+    bool a_transposed;
+  };
+  const Shape shapes[] = {{"dense forward 128x128x3136", 128, 128, 3136, false},
+                          {"conv forward 100352x64x288", 100352, 64, 288, false},
+                          {"conv weight grad 288x64x100352, a^T", 288, 64, 100352, true}};
+  std::printf("\npmapcc bf16 GEMM at the CNN's shapes (m x n x k; one thread, median of %d), GFLOP/s:\n", reps);
+  std::printf("  %-38s %10s %10s\n", "", "amx", "avx512");
+  json += ",\"gemm_bf16_shapes\":{";
+  for (const Shape& sh : shapes) {
+    std::printf("  %-38s", sh.what);
+    json += (json.back() == '{' ? "\"" : ",\"") + std::string(sh.what) + "\":{";
+    for (bf16::Path path : {bf16::Path::amx, bf16::Path::avx512}) {
+      json += (json.back() == '{' ? "\"" : ",\"") + std::string(bf16::name(path)) + "\":";
+      if (!bf16::supported(path)) {
+        std::printf(" %10s", "n/a");
+        json += "null";
+        continue;
+      }
+      const double g = gemm_bf16(path, sh.m, sh.n, sh.k, sh.a_transposed, reps);
+      std::printf(" %10.1f", g);
+      json += number(g);
+    }
+    json += "}";
+    std::printf("\n");
+  }
+  json += "}";
+  std::printf("\nload after: %s\n%s}\n", bench::first_line("/proc/loadavg").c_str(), json.c_str());
   return 0;
 }

@@ -1,0 +1,365 @@
+// The bf16 GEMM (bf16_gemm.h). Blocked like a BLAS: a block of b (KC x NC) is rounded and packed into
+// panels of 32 columns whose depth pairs are interleaved (the layout vdpbf16ps and tdpbf16ps read), a block
+// of a (MC x KC) is rounded into rows of depth pairs (or, transposed on the vector path, interleaved the
+// same way as b). The vector path sums 8 x 32 register tiles of c, 2 products per lane per instruction;
+// the AMX path 32 x 32 tiles of c in four tile registers, 32 products per element per instruction. Only
+// the functions marked with a target attribute use AVX-512, AVX512_BF16 or AMX; gemm() checks the CPU
+// before it calls them.
+#include <pmapcc/kernels/bf16_gemm.h>
+
+#include <pmap/error.h>
+
+#include <immintrin.h>
+
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#define PMAPCC_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define PMAPCC_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
+
+namespace pmap::kernels::bf16 {
+namespace {
+
+using I = std::int64_t;
+using Pair = std::uint32_t;  // two bf16 of consecutive depth: the lower one in the low half
+
+constexpr I kMR = 8;     // rows of the vector path's register tile
+constexpr I kNR = 32;    // columns of a tile (both paths): two vectors, or two tile registers, of 16 sums
+constexpr I kTR = 32;    // rows of the AMX path's tile: two tile registers of 16 rows
+constexpr I kTK = 16;    // depth pairs per AMX instruction (64 bytes of bf16 per tile row)
+constexpr I kMC = 96;    // rows of a block of a (a multiple of kTR)
+constexpr I kKC = 384;   // depth of a block (a multiple of 2 * kTK)
+constexpr I kNC = 512;   // columns of a block of b (a multiple of kNR)
+constexpr std::size_t kAlign = 64;
+
+I round_up(I x, I m) { return (x + m - 1) / m * m; }
+std::size_t align_up(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// The block sizes for a product: each at most its constant, and never more than the shape needs (rounded
+// up to what the AMX path pads to, so that one size serves both paths).
+struct Blocks {
+  I mc, kc, nc;
+};
+Blocks blocks(I rows, I cols, I depth) {
+  return {std::min(kMC, round_up(rows, kTR)), std::min(kKC, round_up(depth, 2 * kTK)),
+          std::min(kNC, round_up(cols, kNR))};
+}
+
+// Depth pairs per packed row: the block's pairs, rounded up to whole AMX instructions on that path.
+I padded_pairs(Path path, I kc) { return path == Path::amx ? round_up((kc + 1) / 2, kTK) : (kc + 1) / 2; }
+std::size_t a_bytes(const Blocks& b) { return align_up(static_cast<std::size_t>(b.mc * b.kc) * 2); }
+std::size_t b_bytes(const Blocks& b) { return align_up(static_cast<std::size_t>(b.nc * b.kc) * 2); }
+
+__mmask16 first(I n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1);
+}
+
+// n (at most 16) floats rounded to bf16, in the low 16 bits of 16 lanes of 32 bits; lanes past n are 0.
+PMAPCC_BF16_TARGET inline __m512i widen16(const float* x, I n) {
+  const __m512 v = _mm512_maskz_loadu_ps(first(n), x);
+  // The zero-masking forms throughout: GCC 12 warns of the undefined pass-through of the plain ones.
+  return _mm512_maskz_cvtepu16_epi32(0xFFFF, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+}
+
+// 16 pairs from two rows of consecutive depth (r1 null: past the end of the depth, zeros).
+PMAPCC_BF16_TARGET inline __m512i pairs16(const float* r0, const float* r1, I n) {
+  const __m512i lo = widen16(r0, n);
+  if (r1 == nullptr) return lo;
+  return _mm512_or_si512(lo, _mm512_maskz_slli_epi32(0xFFFF, widen16(r1, n), 16));
+}
+
+// Depth rows k0 and k0 + 1 (the latter when below k_end) of a row-major buffer, from column j0 on, as
+// `width` pairs (zeros past the given columns).
+PMAPCC_BF16_TARGET void interleave(const float* m, I ld, I k0, I k_end, I j0, I columns, Pair* out, I width) {
+  const float* r0 = m + k0 * ld + j0;
+  const float* r1 = k0 + 1 < k_end ? r0 + ld : nullptr;
+  for (I j = 0; j < width; j += 16) {
+    const I n = std::min<I>(16, columns - j);
+    const __m512i v = n > 0 ? pairs16(r0 + j, r1 == nullptr ? nullptr : r1 + j, n) : _mm512_setzero_si512();
+    _mm512_storeu_si512(out + j, v);
+  }
+}
+
+// b's block (depth [k0, k0 + kc), columns [j0, j0 + nc)) as panels of kNR columns: panel q holds, for each
+// depth pair p below kpp, kNR pairs at out + (q * kpp + p) * kNR (zeros past the block's depth and columns).
+PMAPCC_BF16_TARGET void pack_b(const Operand& b, I depth, I cols, I k0, I kc, I j0, I nc, I kpp, Pair* out) {
+  const I kp = (kc + 1) / 2, panels = (nc + kNR - 1) / kNR;
+  for (I q = 0; q < panels; ++q) {
+    Pair* panel = out + q * kpp * kNR;
+    const I width = std::min(kNR, nc - q * kNR);
+    if (kpp > kp) std::memset(panel + kp * kNR, 0, static_cast<std::size_t>((kpp - kp) * kNR) * sizeof(Pair));
+    if (!b.transposed) {  // b[k][j] at data[k * cols + j]
+      for (I p = 0; p < kp; ++p) interleave(b.data, cols, k0 + 2 * p, k0 + kc, j0 + q * kNR, width, panel + p * kNR, kNR);
+      continue;
+    }
+    // b[k][j] at data[j * depth + k]: each column's depth run is contiguous; round it, then place its pairs.
+    alignas(64) std::uint16_t run[kKC + 32];
+    if (width < kNR) std::memset(panel, 0, static_cast<std::size_t>(kp * kNR) * sizeof(Pair));
+    for (I jj = 0; jj < width; ++jj) {
+      const float* col = b.data + (j0 + q * kNR + jj) * depth + k0;
+      for (I k = 0; k < kc; k += 16)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(run + k),
+                           _mm512_maskz_cvtepi32_epi16(0xFFFF, widen16(col + k, std::min<I>(16, kc - k))));
+      if (kc % 2 != 0) run[kc] = 0;
+      for (I p = 0; p < kp; ++p)
+        panel[p * kNR + jj] = static_cast<Pair>(run[2 * p]) | static_cast<Pair>(run[2 * p + 1]) << 16;
+    }
+  }
+}
+
+// a's block (rows [i0, i0 + mc), depth [k0, k0 + kc)) as rows of kpp pairs: pair p of row i at
+// out[i * kpp + p], zeros past the block's depth. On the vector path a transposed a is interleaved like b
+// instead: pair p of row i at out[p * stride + i] with stride = mc rounded up to 16. The AMX path adds zero
+// rows up to a whole tile.
+PMAPCC_BF16_TARGET void pack_a(Path path, const Operand& a, I rows, I depth, I i0, I mc, I k0, I kc, I kpp,
+                               Pair* out) {
+  const I kp = (kc + 1) / 2;
+  if (a.transposed && path == Path::avx512) {  // a[i][k] at data[k * rows + i]
+    const I stride = round_up(mc, 16);
+    for (I p = 0; p < kp; ++p) interleave(a.data, rows, k0 + 2 * p, k0 + kc, i0, mc, out + p * stride, stride);
+    return;
+  }
+  const I mcp = path == Path::amx ? round_up(mc, kTR) : mc;
+  if (mcp > mc) std::memset(out + mc * kpp, 0, static_cast<std::size_t>((mcp - mc) * kpp) * sizeof(Pair));
+  if (a.transposed) {  // AMX: interleave 16 rows at a time, then scatter each pair to its row
+    const __m512i lanes = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                             _mm512_set1_epi32(static_cast<int>(kpp)));
+    for (I p = 0; p < kpp; ++p) {
+      if (p >= kp) {
+        for (I i = 0; i < mc; ++i) out[i * kpp + p] = 0;
+        continue;
+      }
+      const float* r0 = a.data + (k0 + 2 * p) * rows + i0;
+      const float* r1 = k0 + 2 * p + 1 < k0 + kc ? r0 + rows : nullptr;
+      for (I i = 0; i < mc; i += 16) {
+        const I n = std::min<I>(16, mc - i);
+        _mm512_mask_i32scatter_epi32(out + i * kpp + p, first(n), lanes,
+                                     pairs16(r0 + i, r1 == nullptr ? nullptr : r1 + i, n), 4);
+      }
+    }
+    return;
+  }
+  for (I i = 0; i < mc; ++i) {  // a[i][k] at data[i * depth + k]
+    const float* row = a.data + (i0 + i) * depth + k0;
+    auto* dst = reinterpret_cast<std::uint16_t*>(out + i * kpp);
+    for (I k = 0; k < 2 * kpp; k += 16) {
+      const __m256i v = _mm512_maskz_cvtepi32_epi16(0xFFFF, widen16(row + k, std::min<I>(16, kc - k)));
+      _mm256_mask_storeu_epi16(dst + k, first(2 * kpp - k), v);
+    }
+  }
+}
+
+// c[r][0..columns) += the sums of MR rows of packed a (pair p of row r at a[r * si + p * sp]) times one
+// panel of packed b, over kp pairs.
+template <int MR>
+PMAPCC_BF16_TARGET void tile(I kp, const Pair* a, I si, I sp, const Pair* b, float* c, I ldc, I columns) {
+  __m512 lo[MR], hi[MR];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
+  for (I p = 0; p < kp; ++p) {
+    const auto b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + p * kNR));
+    const auto b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + p * kNR + 16));
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const auto x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(a[r * si + p * sp])));
+      lo[r] = _mm512_dpbf16_ps(lo[r], x, b0);
+      hi[r] = _mm512_dpbf16_ps(hi[r], x, b1);
+    }
+  }
+  const __mmask16 m0 = first(columns), m1 = first(columns - 16);
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    float* row = c + r * ldc;
+    _mm512_mask_storeu_ps(row, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, row), lo[r]));
+    if (m1 != 0) _mm512_mask_storeu_ps(row + 16, m1, _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row + 16), hi[r]));
+  }
+}
+
+using Tile = void (*)(I, const Pair*, I, I, const Pair*, float*, I, I);
+constexpr Tile kTiles[kMR + 1] = {nullptr,  &tile<1>, &tile<2>, &tile<3>, &tile<4>,
+                                  &tile<5>, &tile<6>, &tile<7>, &tile<8>};
+
+// The AMX path's tile: c[r][0..columns) for r below rows_left (at most 32) += 32 rows of packed a (rows of
+// kpp pairs) times one panel of packed b, over kpp pairs (a multiple of kTK). Tile registers 0-3 hold the
+// four 16 x 16 quarters of the sums, 4-5 the two 16-row slices of a, 6-7 the two 16-column halves of b.
+PMAPCC_AMX_TARGET void amx_tile(I kpp, const Pair* a, const Pair* b, float* c, I ldc, I rows_left, I columns) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const auto a_stride = static_cast<long>(kpp * sizeof(Pair)), b_stride = static_cast<long>(kNR * sizeof(Pair));
+  for (I p = 0; p < kpp; p += kTK) {
+    _tile_loadd(4, a + p, a_stride);
+    _tile_loadd(5, a + 16 * kpp + p, a_stride);
+    _tile_loadd(6, b + p * kNR, b_stride);
+    _tile_loadd(7, b + p * kNR + 16, b_stride);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  alignas(64) float sums[kTR][kNR];
+  _tile_stored(0, &sums[0][0], kNR * sizeof(float));
+  _tile_stored(1, &sums[0][16], kNR * sizeof(float));
+  _tile_stored(2, &sums[16][0], kNR * sizeof(float));
+  _tile_stored(3, &sums[16][16], kNR * sizeof(float));
+  const __mmask16 m0 = first(columns), m1 = first(columns - 16);
+  for (I r = 0; r < std::min(kTR, rows_left); ++r) {
+    float* row = c + r * ldc;
+    _mm512_mask_storeu_ps(row, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, row), _mm512_load_ps(sums[r])));
+    if (m1 != 0)
+      _mm512_mask_storeu_ps(row + 16, m1,
+                            _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row + 16), _mm512_load_ps(sums[r] + 16)));
+  }
+}
+
+// The tile registers' shape, loaded once per GEMM call by the calling thread: 8 tiles of 16 rows of 64
+// bytes (palette 1).
+struct alignas(64) TileConfig {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  std::uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+static_assert(sizeof(TileConfig) == 64, "the tile configuration is 64 bytes");
+
+PMAPCC_AMX_TARGET void amx_begin() {
+  static const TileConfig config;
+  _tile_loadconfig(&config);
+}
+PMAPCC_AMX_TARGET void amx_end() { _tile_release(); }
+
+PMAPCC_BF16_TARGET void run(Path path, I rows, I cols, I depth, const Operand& a, const Operand& b, float* c,
+                            Pair* ap, Pair* bp, const Blocks& bl) {
+  for (I j0 = 0; j0 < cols; j0 += bl.nc) {
+    const I nc = std::min(bl.nc, cols - j0);
+    for (I k0 = 0; k0 < depth; k0 += bl.kc) {
+      const I kc = std::min(bl.kc, depth - k0), kpp = padded_pairs(path, kc);
+      pack_b(b, depth, cols, k0, kc, j0, nc, kpp, bp);
+      for (I i0 = 0; i0 < rows; i0 += bl.mc) {
+        const I mc = std::min(bl.mc, rows - i0);
+        pack_a(path, a, rows, depth, i0, mc, k0, kc, kpp, ap);
+        if (path == Path::amx) {
+          for (I i = 0; i < mc; i += kTR)
+            for (I j = 0; j < nc; j += kNR)
+              amx_tile(kpp, ap + i * kpp, bp + (j / kNR) * kpp * kNR, c + (i0 + i) * cols + j0 + j, cols, mc - i,
+                       std::min(kNR, nc - j));
+          continue;
+        }
+        const I si = a.transposed ? 1 : kpp, sp = a.transposed ? round_up(mc, 16) : 1;
+        for (I i = 0; i < mc; i += kMR) {
+          const I mr = std::min(kMR, mc - i);
+          for (I j = 0; j < nc; j += kNR)
+            kTiles[mr](kpp, ap + i * si, si, sp, bp + (j / kNR) * kpp * kNR, c + (i0 + i) * cols + j0 + j, cols,
+                       std::min(kNR, nc - j));
+        }
+      }
+    }
+  }
+}
+
+// Asks Linux once for this process's permission to use the AMX tile data (ARCH_REQ_XCOMP_PERM).
+bool amx_permitted() noexcept {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  static const bool yes = [] {
+    constexpr long kRequestPermission = 0x1023, kTileData = 18;
+    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+  }();
+  return yes;
+#else
+  return false;
+#endif
+}
+
+bool vector_supported() noexcept {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  return yes;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+std::uint16_t round_bits(float x) noexcept {
+  std::uint32_t u = 0;
+  std::memcpy(&u, &x, sizeof u);
+  const std::uint32_t exponent = u & 0x7F800000u, mantissa = u & 0x007FFFFFu;
+  if (exponent == 0x7F800000u && mantissa != 0) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);  // NaN
+  if (exponent == 0) return static_cast<std::uint16_t>((u >> 16) & 0x8000u);  // zero or subnormal: signed zero
+  u += 0x7FFFu + ((u >> 16) & 1u);                                          // to nearest, ties to even
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+float widen(std::uint16_t bits) noexcept {
+  const std::uint32_t u = static_cast<std::uint32_t>(bits) << 16;
+  float x = 0;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+bool supported(Path path) noexcept {
+  if (!vector_supported()) return false;
+  if (path == Path::avx512) return true;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool amx = __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") && amx_permitted();
+  return amx;
+#else
+  return false;
+#endif
+}
+
+bool supported() noexcept { return supported(Path::avx512); }
+
+Path best_path() noexcept { return supported(Path::amx) ? Path::amx : Path::avx512; }
+
+const char* name(Path path) noexcept { return path == Path::amx ? "amx" : "avx512"; }
+
+std::size_t gemm_pack_bytes(std::int64_t rows, std::int64_t cols, std::int64_t depth) noexcept {
+  if (rows <= 0 || cols <= 0 || depth <= 0) return 0;
+  const Blocks bl = blocks(rows, cols, depth);
+  return a_bytes(bl) + b_bytes(bl) + kAlign;
+}
+
+void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, Operand a, Operand b, float* c,
+          bool accumulate, void* pack, std::size_t pack_bytes) {
+  if (!supported(path))
+    throw ValueError(path == Path::amx ? std::string("bf16 GEMM: this CPU (or its kernel) does not let pmapcc use AMX "
+                                                     "tiles (AMX-TILE, AMX-BF16), which the amx path needs")
+                                       : std::string("bf16 GEMM: this CPU lacks AVX512_BF16 (with AVX512F, BW and VL), "
+                                                     "which bf16 precision needs"));
+  if (rows < 0 || cols < 0 || depth < 0)
+    throw ValueError("bf16 GEMM: negative shape " + std::to_string(rows) + " x " + std::to_string(cols) + " x " +
+                     std::to_string(depth));
+  const std::size_t need = gemm_pack_bytes(rows, cols, depth);
+  if (need > 0 && (pack == nullptr || pack_bytes < need))
+    throw ValueError("bf16 GEMM: the packing space holds " + std::to_string(pack == nullptr ? 0 : pack_bytes) +
+                     " bytes; " + std::to_string(rows) + " x " + std::to_string(cols) + " x " + std::to_string(depth) +
+                     " needs " + std::to_string(need));
+  if (!accumulate) std::fill_n(c, rows * cols, 0.0f);
+  if (need == 0) return;
+  const auto address = reinterpret_cast<std::uintptr_t>(pack);
+  auto* base = reinterpret_cast<unsigned char*>((address + kAlign - 1) / kAlign * kAlign);
+  const Blocks bl = blocks(rows, cols, depth);
+  auto* ap = reinterpret_cast<Pair*>(base);
+  auto* bp = reinterpret_cast<Pair*>(base + a_bytes(bl));
+  if (path == Path::amx) amx_begin();
+  run(path, rows, cols, depth, a, b, c, ap, bp, bl);
+  if (path == Path::amx) amx_end();
+}
+
+void gemm(std::int64_t rows, std::int64_t cols, std::int64_t depth, Operand a, Operand b, float* c, bool accumulate,
+          void* pack, std::size_t pack_bytes) {
+  gemm(best_path(), rows, cols, depth, a, b, c, accumulate, pack, pack_bytes);
+}
+
+}  // namespace pmap::kernels::bf16

@@ -1,0 +1,56 @@
+// bf16 products summed in fp32 on the CPU, with AVX512_BF16 (vdpbf16ps): the GEMM of bf16 mixed precision.
+// Inputs and outputs are fp32 buffers; each operand element is rounded to bf16 as it is packed, the
+// products (exact in fp32) are summed in fp32, and the result is added to or stored into c. Internal to the
+// kernels; the ops choose it by their precision.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pmap::kernels::bf16 {
+
+// float -> bf16 bits as AVX512_BF16's conversion instructions give them: round to nearest, ties to even;
+// a NaN stays a quiet NaN of its sign; a subnormal becomes a zero of its sign (those instructions treat
+// subnormal inputs as zero). widen() is exact.
+std::uint16_t round_bits(float x) noexcept;
+float widen(std::uint16_t bits) noexcept;
+inline float round(float x) noexcept { return widen(round_bits(x)); }
+
+// How the products are computed: AMX tiles (tdpbf16ps, 16 x 16 sums of 32 products each), or AVX-512
+// vectors (vdpbf16ps). Both round the operands the same way and sum in fp32; the order of the sums
+// differs, so their results differ by fp32 rounding.
+enum class Path { amx, avx512 };
+
+// Whether this CPU runs the bf16 GEMM on that path: AVX512F, AVX512BW, AVX512VL and AVX512_BF16, and for
+// AMX also AMX-TILE and AMX-BF16 with the kernel's permission to use the tile registers (asked for once).
+bool supported(Path path) noexcept;
+// Whether any path runs here.
+bool supported() noexcept;
+// The path gemm() takes: AMX where it runs (several times the vector path's rate), else AVX-512.
+Path best_path() noexcept;
+const char* name(Path path) noexcept;
+
+// An operand: a row-major buffer holding the matrix itself, or (transposed) its transpose.
+struct Operand {
+  const float* data;
+  bool transposed = false;
+};
+
+// Bytes of packing space gemm needs for c (rows, cols) = a (rows, depth) @ b (depth, cols). A bound that
+// only grows with each dimension, so a workspace sized for one product serves every smaller one.
+std::size_t gemm_pack_bytes(std::int64_t rows, std::int64_t cols, std::int64_t depth) noexcept;
+
+// c (rows, cols), row-major, contiguous = round(a) @ round(b), or += with accumulate. Each element of c is
+// a sum in fp32 (products exact; the order fixed by the shapes alone, so results are bitwise the same run
+// after run) added to c's previous value (accumulate) or to zero. pack: at least gemm_pack_bytes(rows,
+// cols, depth) bytes, any contents, 64-byte aligned is best. Throws pmap::ValueError when this CPU lacks
+// AVX512_BF16 (supported()), or when pack is null or too small for the shapes. The same path gives the
+// same bits on every call.
+void gemm(std::int64_t rows, std::int64_t cols, std::int64_t depth, Operand a, Operand b, float* c, bool accumulate,
+          void* pack, std::size_t pack_bytes);
+// The same on a given path (tests and benchmarks compare them); throws pmap::ValueError where it does not
+// run (supported(path)).
+void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, Operand a, Operand b, float* c,
+          bool accumulate, void* pack, std::size_t pack_bytes);
+
+}  // namespace pmap::kernels::bf16

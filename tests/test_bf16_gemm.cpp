@@ -1,0 +1,214 @@
+// The bf16 GEMM of mixed precision (kernels/bf16_gemm.h): its rounding against the CPU's own conversion
+// instruction, its products against a float64 product of the rounded operands for every operand layout and
+// shapes that cross each block edge, accumulation, reproducibility and its refusals.
+#include <doctest/doctest.h>
+
+#include <pmap/error.h>
+
+#include <pmapcc/kernels/bf16_gemm.h>
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace {
+
+namespace bf16 = pmap::kernels::bf16;
+
+float from_bits(std::uint32_t u) {
+  float x = 0;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+// The CPU's conversion (vcvtneps2bf16) of 16 floats.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void hardware_round(const float* x,
+                                                                                    std::uint16_t* out) {
+  const __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(x));
+  std::memcpy(out, &v, 32);
+}
+
+// m (rows, cols) row-major, stored as itself or (transposed) as its transpose.
+std::vector<float> stored(const std::vector<float>& m, long rows, long cols, bool transposed) {
+  if (!transposed) return m;
+  std::vector<float> t(m.size());
+  for (long i = 0; i < rows; ++i)
+    for (long j = 0; j < cols; ++j) t[static_cast<std::size_t>(j * rows + i)] = m[static_cast<std::size_t>(i * cols + j)];
+  return t;
+}
+
+std::vector<float> random_matrix(long n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+struct Product {
+  std::vector<float> c;
+  std::vector<unsigned char> pack;
+};
+
+void run(bf16::Path path, long rows, long cols, long depth, const std::vector<float>& a, bool at,
+         const std::vector<float>& b, bool bt, std::vector<float>& c, bool accumulate) {
+  std::vector<unsigned char> pack(bf16::gemm_pack_bytes(rows, cols, depth));
+  const auto as = stored(a, rows, depth, at), bs = stored(b, depth, cols, bt);
+  bf16::gemm(path, rows, cols, depth, {as.data(), at}, {bs.data(), bt}, c.data(), accumulate, pack.data(),
+             pack.size());
+}
+
+// The paths this CPU runs (a message for each it does not).
+std::vector<bf16::Path> paths() {
+  std::vector<bf16::Path> out;
+  for (bf16::Path p : {bf16::Path::amx, bf16::Path::avx512}) {
+    if (bf16::supported(p)) {
+      out.push_back(p);
+    } else {
+      MESSAGE("this CPU does not run the bf16 GEMM's " << bf16::name(p) << " path: not checked here");
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("bf16 rounding is the CPU's conversion instruction's, bit for bit") {
+  // Ties both ways, the largest finite values, infinities, NaNs with payloads, subnormals, signed zeros.
+  std::vector<std::uint32_t> bits = {0x3F808000u, 0x3F818000u, 0x3F80FFFFu, 0x3F807FFFu, 0x7F7FFFFFu, 0xFF7FFFFFu,
+                                     0x7F7F8000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7F800001u, 0xFFA12345u,
+                                     0x00000001u, 0x807FFFFFu, 0x00800000u, 0x00000000u, 0x80000000u, 0x3F800000u};
+  std::mt19937 rng(7);
+  while (bits.size() < 16 * 4096) bits.push_back(static_cast<std::uint32_t>(rng()));
+  while (bits.size() % 16 != 0) bits.push_back(0);
+  std::vector<float> x(bits.size());
+  for (std::size_t i = 0; i < bits.size(); ++i) x[i] = from_bits(bits[i]);
+  // Finite values round to within half a bf16 ulp (at most 2^-8 relative); bf16 values are kept exactly.
+  for (float v : {1.0f, -2.5f, 3.140625f, 65280.0f}) CHECK(bf16::round(v) == v);
+  CHECK(bf16::round(1.0f + 1.0f / 1024) == 1.0f);
+  CHECK(bf16::round(1.0f + 3.0f / 256) == 1.015625f);  // a tie, to the even neighbour above
+  CHECK(std::isinf(bf16::round(std::numeric_limits<float>::max())));
+  CHECK(std::isnan(bf16::round(std::numeric_limits<float>::quiet_NaN())));
+  for (float v : x) {
+    if (!std::isfinite(v) || std::fabs(v) < std::numeric_limits<float>::min() || std::fabs(v) > 3e38f) continue;
+    REQUIRE(std::fabs(bf16::round(v) - v) <= std::fabs(v) * 0.00390625f);
+  }
+  if (!bf16::supported()) {
+    MESSAGE("this CPU lacks AVX512_BF16: the rounding is not compared with its instruction");
+    return;
+  }
+  std::vector<std::uint16_t> hw(x.size());
+  for (std::size_t i = 0; i < x.size(); i += 16) hardware_round(x.data() + i, hw.data() + i);
+  int differ = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (bf16::round_bits(x[i]) == hw[i]) continue;
+    if (++differ <= 5) FAIL_CHECK("input bits " << bits[i] << ": ours " << bf16::round_bits(x[i]) << ", CPU " << hw[i]);
+  }
+  CHECK(differ == 0);
+}
+
+TEST_CASE("bf16 GEMM: products of the rounded operands summed in fp32, for every path, layout and block edge") {
+  for (bf16::Path path : paths()) {
+  CAPTURE(bf16::name(path));
+  std::mt19937 rng(11);
+  // Sizes around the register tile (8 x 32) and the blocks (96 rows, 384 deep, 512 columns), odd depths.
+  const long shapes[][3] = {{1, 1, 1},   {3, 5, 7},    {8, 32, 2},    {9, 33, 3},     {17, 70, 129},
+                            {96, 64, 384}, {97, 31, 385}, {130, 100, 771}, {40, 530, 50}, {128, 10, 3136}};
+  for (const auto& s : shapes) {
+    const long rows = s[0], cols = s[1], depth = s[2];
+    const auto a = random_matrix(rows * depth, rng), b = random_matrix(depth * cols, rng, 0.1f);
+    const auto c0 = random_matrix(rows * cols, rng);
+    for (int layout = 0; layout < 4; ++layout) {
+      const bool at = (layout & 1) != 0, bt = (layout & 2) != 0;
+      for (bool accumulate : {false, true}) {
+        CAPTURE(rows);
+        CAPTURE(cols);
+        CAPTURE(depth);
+        CAPTURE(at);
+        CAPTURE(bt);
+        CAPTURE(accumulate);
+        std::vector<float> c = c0;
+        run(path, rows, cols, depth, a, at, b, bt, c, accumulate);
+        double worst = 0;
+        for (long i = 0; i < rows; ++i) {
+          for (long j = 0; j < cols; ++j) {
+            double ref = accumulate ? c0[static_cast<std::size_t>(i * cols + j)] : 0.0, mag = std::fabs(ref);
+            for (long k = 0; k < depth; ++k) {
+              const double p = static_cast<double>(bf16::round(a[static_cast<std::size_t>(i * depth + k)])) *
+                               bf16::round(b[static_cast<std::size_t>(k * cols + j)]);
+              ref += p;
+              mag += std::fabs(p);
+            }
+            // fp32 sums of exact products: within (depth + 1) roundings of 2^-24 of the magnitudes' sum.
+            const double err = std::fabs(c[static_cast<std::size_t>(i * cols + j)] - ref);
+            worst = std::max(worst, err / (mag * (static_cast<double>(depth) + 1) * 0x1p-24 + 1e-30));
+          }
+        }
+        CHECK(worst <= 1.0);
+      }
+    }
+  }
+  }
+}
+
+TEST_CASE("bf16 GEMM: the operands are rounded, the result is reproducible, and bad calls are refused") {
+  if (!bf16::supported()) {
+    MESSAGE("this CPU lacks AVX512_BF16: checking that the GEMM refuses to run");
+    float a = 1, b = 1, c = 0;
+    unsigned char pack[256];
+    CHECK_THROWS_WITH_AS(bf16::gemm(1, 1, 1, {&a}, {&b}, &c, false, pack, sizeof pack),
+                         doctest::Contains("lacks AVX512_BF16"), pmap::ValueError);
+    return;
+  }
+  if (!bf16::supported(bf16::Path::amx)) {
+    float a = 1, b = 1, c = 0;
+    unsigned char pack[256];
+    CHECK_THROWS_WITH_AS(bf16::gemm(bf16::Path::amx, 1, 1, 1, {&a}, {&b}, &c, false, pack, sizeof pack),
+                         doctest::Contains("AMX"), pmap::ValueError);
+  }
+  CHECK(bf16::supported(bf16::best_path()));
+  std::mt19937 rng(3);
+  const long rows = 200, cols = 75, depth = 1000;
+  const auto a = random_matrix(rows * depth, rng), b = random_matrix(depth * cols, rng);
+  std::vector<float> c1(static_cast<std::size_t>(rows * cols), 5.0f);
+  for (bf16::Path path : paths()) {
+    CAPTURE(bf16::name(path));
+    // 1 + 2^-10 and 1 + 2^-9 are not bf16 values: their rounded product is 1, the fp32 product is not.
+    const std::vector<float> x = {1.0f + 1.0f / 1024, 3.0f}, y = {1.0f + 1.0f / 512, 0.0f};
+    std::vector<float> z = {42.0f};
+    run(path, 1, 1, 2, x, false, y, false, z, false);
+    CHECK(z[0] == 1.0f);
+    // The same call twice gives the same bits.
+    std::vector<float> c2(c1.size(), -7.0f);
+    run(path, rows, cols, depth, a, false, b, true, c1, false);
+    run(path, rows, cols, depth, a, false, b, true, c2, false);
+    CHECK(std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)) == 0);
+  }
+  run(bf16::best_path(), rows, cols, depth, a, false, b, true, c1, false);  // gemm() without a path: the best
+  // A workspace sized for a larger product serves a smaller one, with the same bits.
+  std::vector<unsigned char> big(bf16::gemm_pack_bytes(4 * rows, 4 * cols, 4 * depth) + 3);
+  CHECK(big.size() > bf16::gemm_pack_bytes(rows, cols, depth));
+  const auto bt = stored(b, depth, cols, true);
+  std::vector<float> c3(c1.size());
+  bf16::gemm(rows, cols, depth, {a.data()}, {bt.data(), true}, c3.data(), false, big.data() + 3, big.size() - 3);
+  CHECK(std::memcmp(c1.data(), c3.data(), c1.size() * sizeof(float)) == 0);
+
+  std::vector<unsigned char> small(bf16::gemm_pack_bytes(rows, cols, depth) - 1);
+  CHECK_THROWS_WITH_AS(bf16::gemm(rows, cols, depth, {a.data()}, {b.data()}, c3.data(), false, small.data(),
+                                  small.size()),
+                       doctest::Contains("needs"), pmap::ValueError);
+  CHECK_THROWS_WITH_AS(bf16::gemm(rows, cols, depth, {a.data()}, {b.data()}, c3.data(), false, nullptr, 0),
+                       doctest::Contains("packing space"), pmap::ValueError);
+  CHECK_THROWS_AS(bf16::gemm(-1, cols, depth, {a.data()}, {b.data()}, c3.data(), false, big.data(), big.size()),
+                  pmap::ValueError);
+  // Empty products: c is zeroed (or left, accumulating), and no packing space is needed.
+  std::vector<float> c4 = {3.0f, 4.0f};
+  bf16::gemm(1, 2, 0, {a.data()}, {b.data()}, c4.data(), true, nullptr, 0);
+  CHECK(c4 == std::vector<float>{3.0f, 4.0f});
+  bf16::gemm(1, 2, 0, {a.data()}, {b.data()}, c4.data(), false, nullptr, 0);
+  CHECK(c4 == std::vector<float>{0.0f, 0.0f});
+}
