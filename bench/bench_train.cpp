@@ -4,6 +4,7 @@
 //   bench_train train --data DIR --members M --devices D [--mode ensemble|data-parallel] [--steps S]
 //                     [--warmup W] [--batch B] [--isa generic|avx2|avx512] [--pin] [--member-group G]
 //                     [--model flax-cnn|keras-convnet] (the model's recipe: optimizer, batch unless --batch)
+//                     [--precision fp32|bf16] (of the conv and dense products)
 //   bench_train paired --data DIR [--members-a 1] [--members-b 8] [--group-a G] [--group-b G] [--rounds R]
 //                      [--steps-a S] [--steps-b S] [--batch B] [--isa ...]
 //   bench_train sgemm [--threads T] [--size N] [--reps R] [--isa ...]
@@ -142,6 +143,7 @@ Json run_train(const Args& a) {
   c.epochs = 1;
   c.pin_threads = a.flags.count("pin") > 0;
   c.member_group = a.get_int("member-group", 0);
+  c.precision = kernels::parse_precision(a.get("precision", "fp32").c_str(), "--precision");
   const std::string dir = a.get("data", "data/mnist");
   const Dataset train_all = load_mnist(dir, Split::train), test_all = load_mnist(dir, Split::test);
   const Dataset train = head(train_all, static_cast<std::int64_t>(warmup + steps) * c.batch_size);
@@ -168,6 +170,7 @@ Json run_train(const Args& a) {
   j["mode"] = to_string(c.mode);
   j["model"] = c.model;
   j["isa"] = kernels::cpu::isa();
+  j["precision"] = kernels::name(c.precision);
   j["pin_threads"] = c.pin_threads;
   j["member_group"] = trainer.member_group();
   j["batch"] = c.batch_size;

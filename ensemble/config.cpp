@@ -89,6 +89,7 @@ io::Json TrainConfig::to_json() const {
   j["report_every"] = report_every;
   j["kernels"] = cuda_kernels_on_host ? "cuda-on-host" : "native";
   j["graphs"] = graphs;
+  j["precision"] = kernels::name(precision);
   j["processes"] = processes;
   j["dataset"] = dataset;
   return j;

@@ -13,6 +13,7 @@
 #include <pmapcc/ensemble/layout.h>
 #include <pmapcc/ensemble/optimizer.h>
 #include <pmapcc/io/json.h>
+#include <pmapcc/kernels/ops.h>
 
 namespace pmap::ensemble {
 
@@ -72,6 +73,10 @@ struct TrainConfig {
   // Capture each device's train step in a graph and replay it (backends that capture: CUDA); false runs
   // every step's kernels one by one (for comparison). Changes no result.
   bool graphs = true;
+  // --precision: of the conv and dense products (kernels::Precision): fp32, or bf16 mixed precision (bf16
+  // operands, fp32 sums; parameters, gradients and optimizer state stay fp32). bf16 needs CPU devices with
+  // AVX512_BF16 and the avx512 kernels; the Trainer refuses it elsewhere.
+  kernels::Precision precision = kernels::Precision::fp32;
   int processes = 1;         // set by the Trainer: processes the mesh spans
   std::string dataset = "mnist";  // the data's name, for the outputs: mnist | fashion-mnist
 

@@ -95,6 +95,7 @@ class Conv2D final : public Layer {
     p.members = c.members, p.batch = c.batch, p.height = as_int(c.input[0]), p.width = as_int(c.input[1]);
     p.in_channels = as_int(c.input[2]), p.out_channels = features_, p.kernel_h = p.kernel_w = o_.kernel;
     p.stride_h = p.stride_w = o_.stride, p.padding = o_.padding, p.shared_input = c.shared_input, p.relu = c.relu;
+    p.precision = c.precision;
     return p;
   }
   std::string name_;
@@ -147,7 +148,7 @@ class Dense final : public Layer {
   kernels::DenseParams kparams(const LayerCall& c) const {
     kernels::DenseParams p;
     p.members = c.members, p.batch = c.batch, p.in_features = as_int(c.input[0]), p.out_features = features_;
-    p.shared_input = c.shared_input, p.relu = c.relu;
+    p.shared_input = c.shared_input, p.relu = c.relu, p.precision = c.precision;
     return p;
   }
   std::string name_;

@@ -59,6 +59,7 @@ struct LayerCall {
   Array* buffers = nullptr;               // the layer's buffers() (ModelRunner keeps them between forward and backward)
   const LayerContext* context = nullptr;  // null: inference on one device
   std::uint32_t stream = 0;               // random(): which random layer of the model this is (0, 1, ...)
+  kernels::Precision precision = kernels::Precision::fp32;  // of the conv and dense products (Conv2D, Dense)
 
   bool training() const { return context != nullptr && context->training; }
 };

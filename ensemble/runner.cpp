@@ -10,9 +10,9 @@
 namespace pmap::ensemble {
 
 ModelRunner::ModelRunner(const Sequential& model, const kernels::Backend& backend, Device device, int members,
-                         int max_batch, int group, RunnerSplit split)
+                         int max_batch, int group, RunnerSplit split, kernels::Precision precision)
     : model_(model), backend_(backend), device_(device), members_(members), group_(group == 0 ? members : group),
-      max_batch_(max_batch), split_(std::move(split)) {
+      max_batch_(max_batch), split_(std::move(split)), precision_(precision) {
   if (backend.kind() != device.kind)
     throw ValueError("ModelRunner: the " + backend.name() + " backend cannot run on " + device.str());
   if (members < 1 || max_batch < 1)
@@ -162,6 +162,7 @@ LayerCall ModelRunner::call(std::size_t layer, int batch, int members) {
   c.buffers = layer_buffers_.size() > layer ? layer_buffers_[layer].data() : nullptr;
   c.context = &context_;
   c.stream = stream_.size() > layer ? stream_[layer] : 0;
+  c.precision = precision_;
   return c;
 }
 

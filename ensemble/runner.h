@@ -82,9 +82,10 @@ class ModelRunner {
  public:
   // Buffers for up to max_batch examples of `group` of the `members` members at a time (0: all of them)
   // on `device`, whose memory `backend` works on (ValueError otherwise). With a split, forward and backward
-  // must run inside a pmap over a mesh with those axes.
+  // must run inside a pmap over a mesh with those axes. `precision`: of the conv and dense products
+  // (kernels::Precision; ValueError where the backend cannot run it).
   ModelRunner(const Sequential& model, const kernels::Backend& backend, Device device, int members, int max_batch,
-              int group = 0, RunnerSplit split = {});
+              int group = 0, RunnerSplit split = {}, kernels::Precision precision = kernels::Precision::fp32);
 
   int members() const { return members_; }
   int group() const { return group_; }
@@ -149,6 +150,7 @@ class ModelRunner {
   std::array<float*, kMaxLayerTensors> state_of(std::size_t layer);
   Array workspace_;
   RunnerSplit split_;
+  kernels::Precision precision_;
   std::vector<int> act_store_;   // act_store_[i]: the storage_ index of act_[i]'s buffer, or -1
   std::vector<int> grad_store_;  // grad_store_[i]: the storage_ index of grad_[i]'s buffer, or -1
   Array zero_bias_;              // zeros for a row-parallel layer's bias off the axis's first device

@@ -95,10 +95,10 @@ EvalWork::EvalWork(const kernels::Backend& be, Device device, int members, int g
 
 DeviceWork::DeviceWork(const Sequential& model, const kernels::Backend& be, Device device, int members, int max_rows,
                        int max_eval_batch, int member_group, int log_rows, OptimizerWork opt, bool graphs,
-                       RunnerSplit split)
+                       RunnerSplit split, kernels::Precision precision)
     : backend(be),
       runner(model, be, device, members, max_rows,
-             member_group == 0 ? default_member_group(device, members) : member_group, split),
+             member_group == 0 ? default_member_group(device, members) : member_group, split, precision),
       optimizer(std::move(opt)),
       train(be, device, members, runner.group(), max_rows, classes_of(model), model.params_per_member(), log_rows),
       eval(be, device, members, runner.group(), max_rows, max_eval_batch, classes_of(model)),

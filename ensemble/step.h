@@ -118,11 +118,12 @@ struct EvalWork {
 // graphs: capture the train step where the backend can (false: run it eagerly every time).
 // split: model parallelism, `model` being a local model (layout.h) whose layers issue collectives; such a
 // step runs eagerly (its collectives meet on the host), and is run with StepOptions::data_parallel over
-// the data axis (the batch sharded over it, the gradients pmean-ed over it).
+// the data axis (the batch sharded over it, the gradients pmean-ed over it). precision: of the conv and
+// dense products, training and evaluation alike (kernels::Precision).
 struct DeviceWork {
   DeviceWork(const Sequential& model, const kernels::Backend& backend, Device device, int members, int max_rows,
              int max_eval_batch, int member_group, int log_rows, OptimizerWork optimizer, bool graphs = true,
-             RunnerSplit split = {});
+             RunnerSplit split = {}, kernels::Precision precision = kernels::Precision::fp32);
 
   const kernels::Backend& backend;
   ModelRunner runner;

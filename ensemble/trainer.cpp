@@ -16,6 +16,8 @@
 #include <pmap/error.h>
 
 #include <pmapcc/ensemble/member_layout.h>
+#include <pmapcc/kernels/bf16_gemm.h>
+#include <pmapcc/kernels/cpu_backend.h>
 
 namespace pmap::ensemble {
 namespace {
@@ -81,9 +83,23 @@ void copy_member(const TensorLayout& layout, std::int64_t members, int g, const 
   }
 }
 
+// --precision bf16 where the kernels can run it: the CPU's avx512 kernels on a CPU with AVX512_BF16.
+void check_precision(const TrainConfig& c) {
+  if (c.precision == kernels::Precision::fp32) return;
+  const std::string flag = std::string("--precision ") + kernels::name(c.precision);
+  if (c.backend != DeviceKind::cpu || c.cuda_kernels_on_host)
+    throw ValueError(flag + ": the CUDA kernels run fp32 only so far (bf16 runs on CPU devices with AVX512_BF16)");
+  if (!kernels::bf16::supported())
+    throw ValueError(flag + ": this CPU lacks AVX512_BF16 (with AVX512F, BW and VL), which bf16 needs: use fp32");
+  if (kernels::cpu::isa() != "avx512")
+    throw ValueError(flag + ": bf16 runs in the avx512 CPU kernels, and PMAPCC_CPU_ISA selects " + kernels::cpu::isa() +
+                     ": use fp32, or PMAPCC_CPU_ISA=avx512 or auto");
+}
+
 Mesh build_mesh(const TrainConfig& c) {
   if (c.cuda_kernels_on_host && c.backend != DeviceKind::cpu)
     throw ValueError("cuda_kernels_on_host runs the CUDA kernels on the host, for CPU devices: use --backend cpu");
+  check_precision(c);
   // Under mpirun/srun (distributed::initialize() called), the mesh spans every process's devices; a --mesh
   // without --devices spreads its devices evenly over the processes.
   const int processes = distributed::process_count();
@@ -225,7 +241,7 @@ void Trainer::make_device_work() {
     work_.push_back(std::make_unique<DeviceWork>(placement_->device_model(), backend, d, members_per_device(), rows,
                                                  eval_batch, config_.member_group, log_rows(),
                                                  OptimizerWork(config_.optimizer, members_per_device(), first, d),
-                                                 config_.graphs, runner_split));
+                                                 config_.graphs, runner_split, config_.precision));
     ptrs.push_back(work_.back().get());
     // Each member's random stream (Dropout): a key folded from its initialization key.
     std::vector<std::uint32_t> keys;

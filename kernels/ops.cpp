@@ -89,6 +89,15 @@ PoolGeometry avg_pool_geometry(const AvgPoolParams& p) {
   return {(p.height - p.window_h) / p.stride_h + 1, (p.width - p.window_w) / p.stride_w + 1};
 }
 
+const char* name(Precision p) noexcept { return p == Precision::bf16 ? "bf16" : "fp32"; }
+
+Precision parse_precision(const char* text, const char* what) {
+  const std::string t = text == nullptr ? "" : text;
+  if (t == "fp32") return Precision::fp32;
+  if (t == "bf16") return Precision::bf16;
+  throw ValueError(std::string(what) + ": expected fp32 or bf16, got '" + t + "'");
+}
+
 void validate(const DenseParams& p) {
   const char* op = "dense";
   require_positive(p.members, op, "members");

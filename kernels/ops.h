@@ -20,6 +20,17 @@ namespace pmap::kernels {
 // pixel goes after). valid: no padding, out = floor((in - k) / stride) + 1. explicit_pads: the pad_* fields.
 enum class Padding { same, valid, explicit_pads };
 
+// The arithmetic of the conv and dense products (forward and both gradients): fp32 throughout, or bf16
+// mixed precision: both operands of each product rounded to bf16 (nearest, ties to even), the products
+// summed in fp32; inputs, outputs, biases and everything else stay fp32 (PyTorch's CPU autocast to
+// bfloat16 does the same for these ops). The CPU runs bf16 on AVX512_BF16 (with AMX where the CPU has it:
+// kernels/bf16_gemm.h) in its avx512 kernels only; a backend that cannot run it throws ValueError.
+enum class Precision { fp32, bf16 };
+
+const char* name(Precision p) noexcept;  // "fp32", "bf16"
+// "fp32" | "bf16"; ValueError naming `what` (a flag, a field) otherwise.
+Precision parse_precision(const char* text, const char* what);
+
 struct Conv2dParams {
   int members = 1;       // M
   int batch = 1;         // N, per member
@@ -40,6 +51,7 @@ struct Conv2dParams {
   // The forward writes max(conv + b, 0): a following ReLU fused into the output. The backward ignores it:
   // its dy is the gradient with respect to the conv's own (pre-ReLU) output, already masked by the caller.
   bool relu = false;
+  Precision precision = Precision::fp32;  // of the products, forward and backward
 };
 
 // Output size and the padding before the first row / column; derived from Conv2dParams.
@@ -77,6 +89,7 @@ struct DenseParams {
   int out_features = 0;       // O
   bool shared_input = false;  // x is one (N, I) matrix read by every member; dx is then summed over members
   bool relu = false;          // forward writes max(x @ W + b, 0); backward as for Conv2dParams::relu
+  Precision precision = Precision::fp32;  // of the products, forward and backward
 };
 
 // Softmax cross-entropy on integer labels, loss averaged over the batch (optax's

@@ -4,8 +4,6 @@
 
 #define PMAPCC_CPU_CONCAT2(a, b) a##b
 #define PMAPCC_CPU_CONCAT(a, b) PMAPCC_CPU_CONCAT2(a, b)
-#define PMAPCC_CPU_STR2(a) #a
-#define PMAPCC_CPU_STR(a) PMAPCC_CPU_STR2(a)
 
 std::string PMAPCC_CPU_NS::Ops::isa() const { return PMAPCC_CPU_STR(PMAPCC_CPU_VARIANT); }
 

@@ -71,7 +71,7 @@ void forward(const ConvPlan& plan, const float* x, const float* w, const float* 
       float* out = y + (Index{m} * p.batch + c.first) * plan.out_image;
       detail::fill_rows(b == nullptr ? nullptr : b + m * cout, rows, cout, out);
       detail::gemm(rows, cout, plan.patch, {patches}, {w + m * plan.patch * cout}, out, true, buf.pack,
-                   plan.pack_floats);
+                   plan.pack_floats, p.precision);
       if (p.relu) detail::relu_in_place(out, rows * cout);
     }
   });
@@ -96,13 +96,13 @@ void backward(const ConvPlan& plan, const float* x, const float* w, const float*
           patches = chunk_patches(plan, x + image0 * plan.in_image, c.images, buf.col);
         // dw_m (patch, Cout) (+)= patches^T @ dy_m
         detail::gemm(plan.patch, cout, rows, GemmOperand{patches, true}, {dym}, dw + m * plan.patch * cout,
-                     c.first > 0, buf.pack, plan.pack_floats);
+                     c.first > 0, buf.pack, plan.pack_floats, p.precision);
       }
       if (dx == nullptr) continue;
       // patch gradients (rows, patch) = dy_m @ w_m^T, summed over members for a shared input
       float* dx_chunk = dx + image0 * plan.in_image;
       detail::gemm(rows, plan.patch, cout, {dym}, GemmOperand{wm, true}, plan.identity ? dx_chunk : buf.dcol,
-                   p.shared_input && m > 0, buf.pack, plan.pack_floats);
+                   p.shared_input && m > 0, buf.pack, plan.pack_floats, p.precision);
       const bool last = !p.shared_input || m == p.members - 1;
       if (!plan.identity && last) {  // the chunk's dx is zeroed here, while it is about to be in cache anyway
         std::fill_n(dx_chunk, c.images * plan.in_image, 0.0f);

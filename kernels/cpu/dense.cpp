@@ -14,10 +14,11 @@ using detail::Index;
 // Validates p, then sizes the packing space of its three GEMMs.
 std::size_t pack_floats(const DenseParams& p) {
   validate(p);
+  detail::require_precision(p.precision, "dense");
   const Index n = p.batch, in = p.in_features, out = p.out_features;
-  return std::max({detail::gemm_pack_floats(n, out, in),    // y = x @ w
-                   detail::gemm_pack_floats(in, out, n),    // dw = x^T @ dy
-                   detail::gemm_pack_floats(n, in, out)});  // dx = dy @ w^T
+  return std::max({detail::gemm_pack_floats(n, out, in, p.precision),    // y = x @ w
+                   detail::gemm_pack_floats(in, out, n, p.precision),    // dw = x^T @ dy
+                   detail::gemm_pack_floats(n, in, out, p.precision)});  // dx = dy @ w^T
 }
 
 }  // namespace
@@ -39,7 +40,7 @@ void DenseOpsImpl::dense_forward(DenseParams p, const float* x, const float* w, 
     float* ym = y + m * n * out;
     const float* xm = x + (p.shared_input ? 0 : m * n * in);
     detail::fill_rows(b == nullptr ? nullptr : b + m * out, n, out, ym);
-    detail::gemm(n, out, in, {xm}, {w + m * in * out}, ym, true, pack, pack_size);
+    detail::gemm(n, out, in, {xm}, {w + m * in * out}, ym, true, pack, pack_size, p.precision);
     if (p.relu) detail::relu_in_place(ym, n * out);
   }
 }
@@ -58,12 +59,13 @@ void DenseOpsImpl::dense_backward(DenseParams p, const float* x, const float* w,
     if (db != nullptr) detail::column_sums(dym, n, out, db + m * out);
     if (dw != nullptr) {
       const float* xm = x + (p.shared_input ? 0 : m * n * in);
-      detail::gemm(in, out, n, GemmOperand{xm, true}, {dym}, dw + m * in * out, false, pack, pack_size);
+      detail::gemm(in, out, n, GemmOperand{xm, true}, {dym}, dw + m * in * out, false, pack, pack_size,
+                   p.precision);
     }
     if (dx != nullptr) {  // a shared input's dx sums over members, in member order
       float* dxm = dx + (p.shared_input ? 0 : m * n * in);
       detail::gemm(n, in, out, {dym}, GemmOperand{w + m * in * out, true}, dxm, p.shared_input && m > 0, pack,
-                   pack_size);
+                   pack_size, p.precision);
     }
   }
 }

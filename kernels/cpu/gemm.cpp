@@ -3,8 +3,12 @@
 // allocates its packing buffers per call.
 #include <pmapcc/kernels/cpu/gemm.h>
 
+#include <pmap/error.h>
+#include <pmapcc/kernels/bf16_gemm.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 namespace PMAPCC_CPU_NS::detail {
 namespace {
@@ -27,7 +31,38 @@ void gemm_public(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand
   if (a.transposed && b.transposed) run(a_cols.transpose(), b_cols.transpose());
 }
 
+std::size_t fp32_pack_floats(Index rows, Index cols, Index depth);
+void fp32_gemm(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand b, float* c, bool accumulate,
+               float* pack, std::size_t pack_floats);
+
 }  // namespace
+
+std::size_t gemm_pack_floats(Index rows, Index cols, Index depth, Precision precision) {
+  if (precision == Precision::fp32) return fp32_pack_floats(rows, cols, depth);
+  return (bf16::gemm_pack_bytes(rows, cols, depth) + sizeof(float) - 1) / sizeof(float);
+}
+
+void gemm(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand b, float* c, bool accumulate,
+          float* pack, std::size_t pack_floats, Precision precision) {
+  if (precision == Precision::fp32) {
+    fp32_gemm(rows, cols, depth, a, b, c, accumulate, pack, pack_floats);
+    return;
+  }
+  bf16::gemm(rows, cols, depth, {a.data, a.transposed}, {b.data, b.transposed}, c, accumulate, pack,
+             pack_floats * sizeof(float));
+}
+
+void require_precision(Precision precision, const char* op) {
+  if (precision == Precision::fp32) return;
+  const std::string variant = PMAPCC_CPU_STR(PMAPCC_CPU_VARIANT);
+  if (!bf16::supported())
+    throw ValueError(std::string(op) + ": bf16 precision needs AVX512_BF16 (with AVX512F, BW and VL), which this "
+                     "CPU lacks: use fp32");
+  if (variant != "avx512")
+    throw ValueError(std::string(op) + ": bf16 precision runs in the avx512 CPU kernels, and the " + variant +
+                     " variant is active (PMAPCC_CPU_ISA): use fp32, or PMAPCC_CPU_ISA=avx512 or auto");
+}
+
 }  // namespace PMAPCC_CPU_NS::detail
 
 #if EIGEN_WORLD_VERSION == 3 && EIGEN_MAJOR_VERSION == 4
@@ -88,14 +123,16 @@ Index max_depth_block() {
 // Eigen packs at most kc x cols of B^T (its lhs) and kc x rows of A^T (its rhs) with kc <= min(depth,
 // max_depth_block()): a bound that only grows with each dimension, so a workspace sized for a product
 // serves every smaller one (a batch-128 plan serves batch 64), which Eigen's own sizes do not guarantee.
-std::size_t gemm_pack_floats(Index rows, Index cols, Index depth) {
+namespace {
+
+std::size_t fp32_pack_floats(Index rows, Index cols, Index depth) {
   if (rows == 0 || cols == 0 || depth == 0) return 0;
   const auto kc = static_cast<std::size_t>(std::min(depth, max_depth_block()));
   return align_up(kc * static_cast<std::size_t>(cols)) + kc * static_cast<std::size_t>(rows) + kAlignFloats;
 }
 
-void gemm(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand b, float* c, bool accumulate,
-          float* pack, std::size_t pack_floats) {
+void fp32_gemm(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand b, float* c, bool accumulate,
+               float* pack, std::size_t pack_floats) {
   if (!accumulate) std::fill_n(c, rows * cols, 0.0f);
   if (rows == 0 || cols == 0 || depth == 0) return;
   WorkspaceBlocking blocking(rows, cols, depth);
@@ -111,19 +148,22 @@ void gemm(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand b, flo
   if (a.transposed && b.transposed) run_gemm<C, C>(rows, cols, depth, a.data, b.data, c, blocking);
 }
 
+}  // namespace
 }  // namespace PMAPCC_CPU_NS::detail
 
 #else  // another Eigen: the public API (it allocates its packing buffers)
 
 namespace PMAPCC_CPU_NS::detail {
+namespace {
 
-std::size_t gemm_pack_floats(Index, Index, Index) { return 0; }
+std::size_t fp32_pack_floats(Index, Index, Index) { return 0; }
 
-void gemm(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand b, float* c, bool accumulate,
-          float*, std::size_t) {
+void fp32_gemm(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand b, float* c, bool accumulate,
+               float*, std::size_t) {
   gemm_public(rows, cols, depth, a, b, c, accumulate);
 }
 
+}  // namespace
 }  // namespace PMAPCC_CPU_NS::detail
 
 #endif

@@ -5,6 +5,7 @@
 #include <cstddef>
 
 #include <pmapcc/kernels/cpu/common.h>
+#include <pmapcc/kernels/ops.h>
 
 namespace PMAPCC_CPU_NS::detail {
 
@@ -15,13 +16,19 @@ struct GemmOperand {
 };
 
 // Floats of packing space gemm needs for C (rows, cols) = A (rows, depth) @ B (depth, cols): Eigen's
-// blocking sizes for this machine's caches, plus alignment slack.
-std::size_t gemm_pack_floats(Index rows, Index cols, Index depth);
+// blocking sizes for this machine's caches, plus alignment slack; with bf16, the bf16 GEMM's.
+std::size_t gemm_pack_floats(Index rows, Index cols, Index depth, Precision precision = Precision::fp32);
 
 // c (rows, cols), row-major, contiguous = a @ b, or += a @ b with accumulate. pack: at least
-// gemm_pack_floats(rows, cols, depth) floats (any contents; 64-byte aligned is best); nullptr or too small
-// lets Eigen allocate its own. Results are those of Eigen's c.noalias() (+)= a * b, bit for bit.
+// gemm_pack_floats(rows, cols, depth, precision) floats (any contents; 64-byte aligned is best). fp32:
+// nullptr or too small lets Eigen allocate its own, and results are those of Eigen's c.noalias() (+)= a *
+// b, bit for bit. bf16: kernels/bf16_gemm.h's product of the rounded operands (call require_precision
+// first; a missing or small pack throws).
 void gemm(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand b, float* c, bool accumulate,
-          float* pack, std::size_t pack_floats);
+          float* pack, std::size_t pack_floats, Precision precision = Precision::fp32);
+
+// Throws ValueError naming `op` when this variant cannot run `precision`: bf16 runs in the avx512 variant
+// on a CPU with AVX512_BF16 (so PMAPCC_CPU_ISA=avx2 or generic refuses it too).
+void require_precision(Precision precision, const char* op);
 
 }  // namespace PMAPCC_CPU_NS::detail

@@ -20,6 +20,7 @@ int images_per_chunk(Index floats_per_image, int batch) {
 }  // namespace
 
 ConvPlan make_conv_plan(const Conv2dParams& p) {
+  require_precision(p.precision, "conv2d");
   ConvPlan plan;
   plan.p = p;
   plan.g = conv2d_geometry(p);
@@ -39,7 +40,8 @@ ConvPlan make_conv_plan(const Conv2dParams& p) {
   plan.bwd_images = images_per_chunk(plan.out_pixels * plan.patch * 2, p.batch);
   plan.bwd_floats = static_cast<std::size_t>(plan.out_pixels * plan.bwd_images * plan.patch * 2);
 
-  plan.direct = !plan.identity && plan.patch <= kDirectMaxPatch;
+  // bf16 takes the GEMM path for every patch: its products are the bf16 GEMM's.
+  plan.direct = !plan.identity && plan.patch <= kDirectMaxPatch && p.precision == Precision::fp32;
   if (plan.direct) {
     plan.padded_h = Index{std::max(p.height, (plan.g.out_height - 1) * p.stride_h + p.kernel_h)};
     plan.padded_w = Index{std::max(p.width, (plan.g.out_width - 1) * p.stride_w + p.kernel_w)};
@@ -54,13 +56,13 @@ ConvPlan make_conv_plan(const Conv2dParams& p) {
   for (int images : {plan.fwd_images, p.batch % plan.fwd_images}) {
     if (images == 0) continue;
     const Index rows = images * plan.out_pixels;
-    plan.pack_floats = std::max(plan.pack_floats, gemm_pack_floats(rows, cout, plan.patch));
+    plan.pack_floats = std::max(plan.pack_floats, gemm_pack_floats(rows, cout, plan.patch, p.precision));
   }
   for (int images : {plan.bwd_images, p.batch % plan.bwd_images}) {
     if (images == 0) continue;
     const Index rows = images * plan.out_pixels;
-    plan.pack_floats = std::max(plan.pack_floats, gemm_pack_floats(plan.patch, cout, rows));  // dw
-    plan.pack_floats = std::max(plan.pack_floats, gemm_pack_floats(rows, plan.patch, cout));  // dx
+    plan.pack_floats = std::max(plan.pack_floats, gemm_pack_floats(plan.patch, cout, rows, p.precision));  // dw
+    plan.pack_floats = std::max(plan.pack_floats, gemm_pack_floats(rows, plan.patch, cout, p.precision));  // dx
   }
   return plan;
 }

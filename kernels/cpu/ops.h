@@ -15,6 +15,8 @@
 #error "kernels/cpu sources are built per ISA variant: compile them with -DPMAPCC_CPU_VARIANT=generic|avx2|avx512"
 #endif
 #define PMAPCC_CPU_NS pmap::kernels::cpu::PMAPCC_CPU_VARIANT
+#define PMAPCC_CPU_STR2(a) #a
+#define PMAPCC_CPU_STR(a) PMAPCC_CPU_STR2(a)  // PMAPCC_CPU_STR(PMAPCC_CPU_VARIANT): the variant's name
 
 namespace PMAPCC_CPU_NS {
 

@@ -31,6 +31,7 @@ ConvPlan make_plan(const Conv2dParams& p) {
   ConvPlan plan;
   plan.p = p;
   plan.g = conv2d_geometry(p);  // validates p
+  require_fp32(p.precision, "conv2d");
   plan.patch = p.kernel_h * p.kernel_w * p.in_channels;
   plan.pixels = static_cast<std::size_t>(p.batch) * plan.g.out_height * plan.g.out_width;
   plan.in_image = static_cast<std::size_t>(p.height) * p.width * p.in_channels;

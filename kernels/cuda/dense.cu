@@ -19,6 +19,7 @@ DenseSizes sizes(const DenseParams& p) {
 
 std::size_t CudaDenseOps::dense_workspace_bytes(DenseParams p) const {
   validate(p);
+  require_fp32(p.precision, "dense");
   return column_sum_partials(p.members, static_cast<std::size_t>(p.batch), p.out_features) * sizeof(double);
 }
 
@@ -28,6 +29,7 @@ void CudaDenseOps::dense_forward(DenseParams p, const float* x, const float* w, 
   require(w, "dense_forward", "w");
   require(y, "dense_forward", "y");
   validate(p);
+  require_fp32(p.precision, "dense_forward");
   const DenseSizes s = sizes(p);
   Gemm g;  // y_m (N, O) = x_m (N, I) @ w_m (I, O)
   g.m = p.batch, g.n = p.out_features, g.k = p.in_features;
@@ -43,6 +45,7 @@ void CudaDenseOps::dense_backward(DenseParams p, const float* x, const float* w,
   if (dw != nullptr) require(x, "dense_backward", "x (needed for dw)");
   if (dx != nullptr) require(w, "dense_backward", "w (needed for dx)");
   validate(p);
+  require_fp32(p.precision, "dense_backward");
   const DenseSizes s = sizes(p);
   if (db != nullptr) {
     auto* partial = dense_workspace_bytes(p) == 0 ? nullptr : static_cast<double*>(workspace);

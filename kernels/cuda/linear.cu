@@ -2,6 +2,10 @@
 // item per output element, no cooperation between threads, so a host run checks them exactly.
 #include <pmapcc/kernels/cuda/linear.h>
 
+#include <pmap/error.h>
+
+#include <string>
+
 namespace pmap::kernels::gpu {
 namespace {
 
@@ -84,6 +88,12 @@ void column_sums(const Exec& ex, int members, std::size_t rows, int cols, const 
   const std::size_t outputs = static_cast<std::size_t>(members) * static_cast<std::size_t>(cols);
   ex.launch(ColumnChunks{rows, chunks, cols, a, out, partial}, outputs * chunks);
   if (chunks > 1) ex.launch(ColumnFinish{chunks, cols, partial, out}, outputs);
+}
+
+void require_fp32(Precision precision, const char* op) {
+  if (precision == Precision::fp32) return;
+  throw ValueError(std::string(op) + ": " + name(precision) +
+                   " precision is not implemented in the CUDA kernels yet (CPU devices with AVX512_BF16 run it): use fp32");
 }
 
 }  // namespace pmap::kernels::gpu

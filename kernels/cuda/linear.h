@@ -1,10 +1,11 @@
 // Internal to the CUDA kernels: the bias-and-ReLU epilogue and the bias-gradient column sums shared by
-// conv2d and dense.
+// conv2d and dense, and their precision check.
 #pragma once
 
 #include <cstddef>
 
 #include <pmapcc/kernels/cuda/exec.h>
+#include <pmapcc/kernels/ops.h>
 
 namespace pmap::kernels::gpu {
 
@@ -18,5 +19,8 @@ void bias_relu(const Exec& ex, int members, std::size_t rows, int cols, const fl
 // whole column (slower for tall inputs, same contract).
 std::size_t column_sum_partials(int members, std::size_t rows, int cols);
 void column_sums(const Exec& ex, int members, std::size_t rows, int cols, const float* a, float* out, double* partial);
+
+// Throws ValueError naming `op` for a precision the CUDA kernels do not run (bf16: not yet).
+void require_fp32(Precision precision, const char* op);
 
 }  // namespace pmap::kernels::gpu

@@ -1,0 +1,231 @@
+// bf16 mixed precision (kernels::Precision, TrainConfig::precision, --precision): the CPU's conv and dense
+// ops in bf16 are the fp32 ops on bf16-rounded operands up to fp32 rounding, for every product (forward,
+// weight and input gradients); training in bf16 is reproducible bit for bit and follows fp32's losses
+// closely; and bf16 is refused, naming what to do, wherever it cannot run.
+#include <doctest/doctest.h>
+
+#include <pmap/error.h>
+
+#include <pmapcc/ensemble/trainer.h>
+#include <pmapcc/kernels/bf16_gemm.h>
+#include <pmapcc/kernels/cpu_backend.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "synthetic.h"
+
+namespace {
+
+namespace k = pmap::kernels;
+using k::Precision;
+
+std::vector<float> randoms(std::size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+std::vector<float> rounded(std::vector<float> v) {
+  for (float& x : v) x = k::bf16::round(x);
+  return v;
+}
+
+// max |a - b| / max |b|.
+double relative(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
+  }
+  return diff / std::max(scale, 1e-30);
+}
+
+// Restores the CPU kernel variant active when the test began.
+struct IsaGuard {
+  std::string saved = k::cpu::isa();
+  ~IsaGuard() { k::cpu::set_isa(saved); }
+};
+
+// Outputs of one op family's three products, as a list of buffers.
+struct Results {
+  std::vector<float> y, dx, dw, db;
+};
+
+Results run_dense(const k::DenseParams& p, const std::vector<float>& x, const std::vector<float>& w,
+                  const std::vector<float>& b, const std::vector<float>& dy) {
+  const k::Backend& be = k::cpu_backend();
+  std::vector<unsigned char> ws(be.dense().dense_workspace_bytes(p));
+  Results r;
+  r.y.resize(static_cast<std::size_t>(p.members) * p.batch * p.out_features);
+  r.dx.resize(x.size());
+  r.dw.resize(w.size());
+  r.db.resize(b.size());
+  be.dense().dense_forward(p, x.data(), w.data(), b.data(), r.y.data(), ws.data());
+  be.dense().dense_backward(p, x.data(), w.data(), dy.data(), r.dx.data(), r.dw.data(), r.db.data(), ws.data());
+  return r;
+}
+
+Results run_conv(const k::Conv2dParams& p, const std::vector<float>& x, const std::vector<float>& w,
+                 const std::vector<float>& b, const std::vector<float>& dy) {
+  const k::Backend& be = k::cpu_backend();
+  std::vector<unsigned char> ws(be.conv().conv2d_workspace_bytes(p));
+  Results r;
+  r.y.resize(dy.size());
+  r.dx.resize(x.size());
+  r.dw.resize(w.size());
+  r.db.resize(b.size());
+  be.conv().conv2d_forward(p, x.data(), w.data(), b.data(), r.y.data(), ws.data());
+  be.conv().conv2d_backward(p, x.data(), w.data(), dy.data(), r.dx.data(), r.dw.data(), r.db.data(), ws.data());
+  return r;
+}
+
+// bf16 against fp32 on the rounded operands (the forward's x and w; the gradients' dy with x or w): the
+// same products, summed in another order, so within fp32 rounding; and farther from fp32 on the operands
+// as given, which shows that the rounding happened.
+void check_against_fp32(const char* what, const Results& bf, const Results& on_rounded, const Results& plain) {
+  const std::string op = what;
+  CAPTURE(op);
+  const std::pair<std::string, const std::vector<float>*> outs[] = {{"y", &bf.y}, {"dx", &bf.dx}, {"dw", &bf.dw}};
+  const std::vector<float>* refs[] = {&on_rounded.y, &on_rounded.dx, &on_rounded.dw};
+  const std::vector<float>* fp32[] = {&plain.y, &plain.dx, &plain.dw};
+  for (int i = 0; i < 3; ++i) {
+    const std::string& output = outs[i].first;
+    CAPTURE(output);
+    const double to_rounded = relative(*outs[i].second, *refs[i]), to_plain = relative(*outs[i].second, *fp32[i]);
+    CAPTURE(to_rounded);
+    CAPTURE(to_plain);
+    CHECK(to_rounded <= 2e-6);
+    CHECK(to_plain >= 1e-4);  // bf16's 8 bits of mantissa: about 4e-3 per operand
+    CHECK(to_plain <= 2e-2);
+  }
+  CHECK(bf.db == plain.db);  // the bias gradient is a sum of dy, no product: fp32 in both
+}
+
+}  // namespace
+
+TEST_CASE("bf16 conv and dense ops are the fp32 ops on bf16-rounded operands, to fp32 rounding") {
+  if (!k::bf16::supported()) {
+    MESSAGE("this CPU lacks AVX512_BF16: bf16 ops are not run (the refusal is checked below)");
+    return;
+  }
+  IsaGuard guard;
+  k::cpu::set_isa("avx512");
+  for (bool shared : {false, true}) {
+    CAPTURE(shared);
+    k::DenseParams d;
+    d.members = 2, d.batch = 19, d.in_features = 150, d.out_features = 37, d.shared_input = shared;
+    const std::size_t xn = static_cast<std::size_t>((shared ? 1 : d.members) * d.batch * d.in_features);
+    const auto x = randoms(xn, 1), w = randoms(static_cast<std::size_t>(d.members * d.in_features * d.out_features), 2);
+    const auto b = randoms(static_cast<std::size_t>(d.members * d.out_features), 3);
+    const auto dy = randoms(static_cast<std::size_t>(d.members * d.batch * d.out_features), 4);
+    k::DenseParams d16 = d;
+    d16.precision = Precision::bf16;
+    const Results bf = run_dense(d16, x, w, b, dy);
+    // y from rounded x and w; dw from rounded x and dy; dx from rounded dy and w.
+    const Results fwd = run_dense(d, rounded(x), rounded(w), b, rounded(dy));
+    check_against_fp32("dense", bf, fwd, run_dense(d, x, w, b, dy));
+
+    // The first layer (a 3x3 patch of one channel: fp32 takes the direct path, bf16 the GEMM) and a deeper
+    // one, strided with valid padding.
+    for (int layer = 0; layer < 2; ++layer) {
+      CAPTURE(layer);
+      k::Conv2dParams c;
+      c.members = 2, c.batch = 3, c.height = c.width = layer == 0 ? 12 : 9, c.in_channels = layer == 0 ? 1 : 5;
+      c.out_channels = 7, c.shared_input = shared;
+      if (layer == 1) c.stride_h = c.stride_w = 2, c.padding = k::Padding::valid;
+      const k::ConvGeometry g = k::conv2d_geometry(c);
+      const std::size_t cx = static_cast<std::size_t>((shared ? 1 : c.members) * c.batch * c.height * c.width *
+                                                      c.in_channels);
+      const auto cxv = randoms(cx, 5), cw = randoms(static_cast<std::size_t>(c.members * 9 * c.in_channels * 7), 6);
+      const auto cb = randoms(static_cast<std::size_t>(c.members * 7), 7);
+      const auto cdy = randoms(static_cast<std::size_t>(c.members * c.batch * g.out_height * g.out_width * 7), 8);
+      k::Conv2dParams c16 = c;
+      c16.precision = Precision::bf16;
+      const Results cbf = run_conv(c16, cxv, cw, cb, cdy);
+      check_against_fp32("conv2d", cbf, run_conv(c, rounded(cxv), rounded(cw), cb, rounded(cdy)),
+                         run_conv(c, cxv, cw, cb, cdy));
+      // Run after run, the same bits.
+      const Results again = run_conv(c16, cxv, cw, cb, cdy);
+      CHECK(again.y == cbf.y);
+      CHECK(again.dw == cbf.dw);
+      CHECK(again.dx == cbf.dx);
+    }
+  }
+}
+
+TEST_CASE("bf16 is refused where it cannot run, naming what to do") {
+  IsaGuard guard;
+  k::DenseParams d;
+  d.members = 1, d.batch = 2, d.in_features = 3, d.out_features = 4, d.precision = Precision::bf16;
+  k::Conv2dParams c;
+  c.batch = 1, c.height = c.width = 4, c.in_channels = 2, c.out_channels = 3, c.precision = Precision::bf16;
+  for (const std::string& isa : k::cpu::available_isas()) {
+    if (isa == "avx512" && k::bf16::supported()) continue;  // the one that runs it
+    CAPTURE(isa);
+    k::cpu::set_isa(isa);
+    CHECK_THROWS_WITH_AS(k::cpu_backend().dense().dense_workspace_bytes(d), doctest::Contains("dense: bf16 precision"),
+                         pmap::ValueError);
+    CHECK_THROWS_WITH_AS(k::cpu_backend().conv().conv2d_workspace_bytes(c), doctest::Contains("use fp32"),
+                         pmap::ValueError);
+  }
+  // The CUDA kernels (here run on the host) do not run bf16 yet.
+  CHECK_THROWS_WITH_AS(k::cuda_backend_on_host().dense().dense_workspace_bytes(d),
+                       doctest::Contains("not implemented in the CUDA kernels"), pmap::ValueError);
+  CHECK_THROWS_WITH_AS(k::cuda_backend_on_host().conv().conv2d_workspace_bytes(c),
+                       doctest::Contains("not implemented in the CUDA kernels"), pmap::ValueError);
+  CHECK(k::parse_precision("bf16", "--precision") == Precision::bf16);
+  CHECK(k::parse_precision("fp32", "--precision") == Precision::fp32);
+  CHECK_THROWS_WITH_AS(k::parse_precision("fp16", "--precision"), doctest::Contains("--precision: expected fp32 or bf16"),
+                       pmap::ValueError);
+
+  // The Trainer names the flag.
+  const auto& data = pmap::testing::training_data();
+  pmap::ensemble::TrainConfig config = pmap::testing::small_config(1, 1);
+  config.precision = Precision::bf16;
+  pmap::ensemble::TrainConfig on_cuda = config;
+  on_cuda.cuda_kernels_on_host = true;
+  CHECK_THROWS_WITH_AS(pmap::ensemble::Trainer(on_cuda, data.train, data.test),
+                       doctest::Contains("--precision bf16: the CUDA kernels run fp32 only"), pmap::ValueError);
+  k::cpu::set_isa(k::cpu::available_isas().front());  // generic
+  CHECK_THROWS_WITH_AS(pmap::ensemble::Trainer(config, data.train, data.test), doctest::Contains("--precision bf16: "),
+                       pmap::ValueError);
+}
+
+TEST_CASE("bf16 training is reproducible bit for bit and follows fp32's losses") {
+  if (!k::bf16::supported()) {
+    MESSAGE("this CPU lacks AVX512_BF16: bf16 training is not run");
+    return;
+  }
+  IsaGuard guard;
+  k::cpu::set_isa("avx512");
+  const auto& data = pmap::testing::training_data();
+  pmap::ensemble::TrainConfig fp32 = pmap::testing::small_config(2, 2);
+  pmap::ensemble::TrainConfig bf16 = fp32;
+  bf16.precision = Precision::bf16;
+  pmap::ensemble::Trainer a(bf16, data.train, data.test), b(bf16, data.train, data.test), f(fp32, data.train, data.test);
+  CHECK(a.params() == f.params());  // the same initial members: precision changes the arithmetic only
+  std::vector<double> la, lf;
+  const auto ma = a.run_epoch([&](const pmap::ensemble::StepReport& r) { la.push_back(r.loss); });
+  const auto mb = b.run_epoch();
+  const auto mf = f.run_epoch([&](const pmap::ensemble::StepReport& r) { lf.push_back(r.loss); });
+  CHECK(a.params() == b.params());
+  CHECK(ma.train_loss == mb.train_loss);
+  CHECK(ma.ensemble_test_accuracy == mb.ensemble_test_accuracy);
+  CHECK(a.params() != f.params());
+  REQUIRE(la.size() == lf.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < la.size(); ++i) worst = std::max(worst, std::fabs(la[i] - lf[i]) / lf[i]);
+  MESSAGE("bf16 vs fp32, " << la.size() << " steps: worst relative loss difference " << worst << ", last loss "
+                           << la.back() << " vs " << lf.back() << "; test accuracy " << ma.ensemble_test_accuracy
+                           << " vs " << mf.ensemble_test_accuracy);
+  CHECK(worst > 0);
+  CHECK(worst <= 0.05);
+  CHECK(a.config().to_json().at("precision").get<std::string>() == "bf16");
+  CHECK(f.config().to_json().at("precision").get<std::string>() == "fp32");
+}
