@@ -9,6 +9,7 @@
 
 #include <pmap/error.h>
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #if defined(__linux__)
@@ -311,7 +312,13 @@ bool supported(Path path) noexcept {
   if (!vector_supported()) return false;
   if (path == Path::avx512) return true;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  static const bool amx = __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") && amx_permitted();
+  // CPUID leaf 7: EDX bit 22 is AMX-BF16, bit 24 AMX-TILE (read directly: not every compiler's
+  // __builtin_cpu_supports knows them).
+  static const bool amx = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
+    return (d >> 22 & 1u) != 0 && (d >> 24 & 1u) != 0 && amx_permitted();
+  }();
   return amx;
 #else
   return false;
