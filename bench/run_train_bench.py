@@ -8,12 +8,13 @@ after round, so that load on a shared machine falls on all of them alike. Report
 model-images/s, the ratio to PyTorch's best configuration for the same member count, a roofline column
 (FLOPs per image x images/s against this machine's fp32 peak, which bench_peak measures at the start, and
 against our own sgemm), and peak RSS against the memory budget. With several --isa variants (e.g.
---isa avx2,avx512) every configuration runs with each in every round, and a second table gives each
-variant's speed over the first's. Prints the tables and writes everything (machine, commit, date, commands,
+--isa avx2,avx512) or precisions (--precision fp32,bf16) every configuration runs with each combination in
+every round, and a second table gives each one's speed over the first's; with bf16, PyTorch also runs under
+torch.autocast(bfloat16), and a bf16 row's ratio is to PyTorch's best in bf16. Prints the tables and writes everything (machine, commit, date, commands,
 every run) to bench/results/*.json.
 
   python3 bench/run_train_bench.py --data data/mnist [--build build] [--runs 5] [--steps 20] [--quick]
-                                   [--isa avx2,avx512] [--no-torch]
+                                   [--isa avx2,avx512] [--precision fp32,bf16] [--no-torch]
 
 Only the Python standard library is needed; PyTorch runs under --torch-python (Debian's python3-torch).
 """
@@ -45,6 +46,9 @@ def parse_args():
     ap.add_argument("--quick", action="store_true", help="smoke test: 1 run, 3 steps, 1 warm-up")
     ap.add_argument("--isa", default="",
                     help="our CPU kernels' ISA variant(s), comma-separated (generic|avx2|avx512; default: auto)")
+    ap.add_argument("--precision", default="fp32",
+                    help="our conv and dense products' precision(s), comma-separated (fp32|bf16); bf16 also runs "
+                         "PyTorch under autocast bf16")
     ap.add_argument("--pin", action="store_true", help="pin our device threads to cores")
     ap.add_argument("--torch-python", default="/usr/bin/python3")
     ap.add_argument("--torch-script", default=os.path.join(REPO, "bench", "torch_flax_cnn.py"))
@@ -62,6 +66,13 @@ def parse_args():
     for v in a.isas:
         if v not in ("auto", "generic", "avx2", "avx512"):
             ap.error(f"--isa: unknown variant '{v}' (expected generic, avx2 or avx512)")
+    a.precisions = [v for v in a.precision.split(",") if v] or ["fp32"]
+    for v in a.precisions:
+        if v not in ("fp32", "bf16"):
+            ap.error(f"--precision: unknown precision '{v}' (expected fp32 or bf16)")
+    # Every (ISA, precision) pair, the first one the baseline of the ratio table.
+    a.variants = [(isa, p) for isa in a.isas for p in a.precisions]
+    a.autocasts = ["off"] + (["bf16"] if "bf16" in a.precisions else [])
     return a
 
 
@@ -162,18 +173,22 @@ class Bench:
         self.runs.append(entry)
         return result
 
-    def ours(self, members, devices, isa, rnd):
+    def ours(self, members, devices, isa, precision, rnd):
         mode = "data-parallel" if members < devices else "ensemble"
         cmd = [self.exe, "train", "--data", self.a.data, "--members", str(members), "--devices", str(devices),
                "--mode", mode, "--steps", str(self.a.steps), "--warmup", str(self.a.warmup)]
         if isa != "auto":
             cmd += ["--isa", isa]
+        if precision != "fp32":
+            cmd += ["--precision", precision]
         if self.a.pin:
             cmd += ["--pin"]
-        r = self.record("pmapcc", {"members": members, "devices": devices, "mode": mode, "isa": isa}, cmd, "", rnd)
+        config = {"members": members, "devices": devices, "mode": mode, "isa": isa, "precision": precision}
+        r = self.record("pmapcc", config, cmd, "", rnd)
         if r:
-            print(f"  pmapcc  m={members} d={devices} {mode:13s} {r['isa']:7s} {r['model_images_per_s']:8.1f} img/s  "
-                  f"{r['gflops']:5.1f} GFLOP/s  RSS {r['peak_rss_mb']:.0f} MB", flush=True)
+            print(f"  pmapcc  m={members} d={devices} {mode:13s} {r['isa']:7s} {precision} "
+                  f"{r['model_images_per_s']:8.1f} img/s  {r['gflops']:5.1f} GFLOP/s  RSS {r['peak_rss_mb']:.0f} MB",
+                  flush=True)
 
     def sgemm(self, threads, isa, rnd):
         cmd = [self.exe, "sgemm", "--threads", str(threads)] + (["--reps", "3"] if self.a.quick else [])
@@ -198,14 +213,17 @@ class Bench:
                   f"AVX-512 {r['fma_avx512_gflops']}); bf16 dot {r['dot_bf16_gflops']}", flush=True)
         return r
 
-    def torch(self, members, threads, mode, data, rnd):
+    def torch(self, members, threads, mode, autocast, data, rnd):
         cmd = [self.a.torch_python, self.a.torch_script, "--data", data, "--members", str(members),
                "--steps", str(self.a.steps + 1), "--threads", str(threads), "--mode", mode]
+        if autocast != "off":
+            cmd += ["--autocast", autocast]
         env = dict(os.environ, LD_LIBRARY_PATH=OPENBLAS)
-        r = self.record("torch", {"members": members, "threads": threads, "mode": mode}, cmd,
+        r = self.record("torch", {"members": members, "threads": threads, "mode": mode, "autocast": autocast}, cmd,
                         f"LD_LIBRARY_PATH={OPENBLAS} ", rnd, env)
         if r:
-            print(f"  torch   m={members} t={threads} {mode:5s} {r['model_images_per_s']:8.1f} img/s", flush=True)
+            print(f"  torch   m={members} t={threads} {mode:5s} autocast {autocast:4s} "
+                  f"{r['model_images_per_s']:8.1f} img/s", flush=True)
 
     def paired(self, members_b, rounds):
         """1 member against members_b members on one device, in one process, their epochs alternating."""
@@ -226,7 +244,7 @@ class Bench:
                 if r["what"] == what and r["config"] == config and "result" in r]
 
 
-def summarize(b, flops_info, members_list, devices_list, torch_variants, isas, peak):
+def summarize(b, flops_info, members_list, devices_list, torch_variants, isas, variants, peak):
     def med(what, config, key):
         return median(b.values(what, config, key))
 
@@ -234,19 +252,24 @@ def summarize(b, flops_info, members_list, devices_list, torch_variants, isas, p
              for t in sorted(set(devices_list))}
     sgemm_cpu = {isa: med("sgemm", {"threads": 1, "isa": isa}, "gflops_per_cpu_second") for isa in isas}
     peak_core = peak["best_fp32_gflops"] if peak else None
-    torch_best = {}
+    torch_best = {}  # (members, autocast): PyTorch's best configuration
     for m in members_list:
-        best = None
-        for threads, mode in torch_variants:
-            v = med("torch", {"members": m, "threads": threads, "mode": mode}, "model_images_per_s")
-            if v is not None and (best is None or v > best[0]):
-                best = (v, f"{mode}, {threads} thread{'s' if threads > 1 else ''}")
-        torch_best[m] = best
+        for autocast in sorted({t[2] for t in torch_variants}):
+            best = None
+            for threads, mode, ac in torch_variants:
+                if ac != autocast:
+                    continue
+                v = med("torch", {"members": m, "threads": threads, "mode": mode, "autocast": ac},
+                        "model_images_per_s")
+                if v is not None and (best is None or v > best[0]):
+                    best = (v, f"{mode}, {threads} thread{'s' if threads > 1 else ''}" +
+                            (f", autocast {ac}" if ac != "off" else ""))
+            torch_best[(m, autocast)] = best
     rows = []
     for m in members_list:
-        for d, isa in ((d, isa) for d in devices_list for isa in isas):  # the first ISA's row comes first
+        for d, (isa, precision) in ((d, v) for d in devices_list for v in variants):  # the first variant first
             mode = "data-parallel" if m < d else "ensemble"
-            cfg = {"members": m, "devices": d, "mode": mode, "isa": isa}
+            cfg = {"members": m, "devices": d, "mode": mode, "isa": isa, "precision": precision}
             ips = med("pmapcc", cfg, "model_images_per_s")
             if ips is None:
                 continue
@@ -256,20 +279,24 @@ def summarize(b, flops_info, members_list, devices_list, torch_variants, isas, p
             images_per_cpu_s = median([r["result"]["model_images_per_s"] * r["result"]["seconds"] /
                                        r["result"]["cpu_seconds"] for r in b.runs
                                        if r["what"] == "pmapcc" and r["config"] == cfg and "result" in r])
-            theirs = torch_best.get(m)
-            first = next((r for r in rows if (r["members"], r["devices"], r["isa"]) == (m, d, isas[0])), None)
+            theirs = torch_best.get((m, "bf16" if precision == "bf16" else "off"))
+            theirs_fp32 = torch_best.get((m, "off"))
+            first = next((r for r in rows if (r["members"], r["devices"], r["isa"], r["precision"]) ==
+                          (m, d) + variants[0]), None)
             images_per_cpu_gflop = images_per_cpu_s * flops_info["train_mflop_per_image"] / 1e3 \
                 if images_per_cpu_s else None
             rows.append({
-                "members": m, "devices": d, "mode": mode, "isa": isa,
+                "members": m, "devices": d, "mode": mode, "isa": isa, "precision": precision,
                 "pmapcc_images_per_s": ips,
-                "over_first_isa": ips / first["pmapcc_images_per_s"] if first and isa != isas[0] else None,
+                "over_first_isa": ips / first["pmapcc_images_per_s"] if first and (isa, precision) != variants[0]
+                else None,
                 "torch_best_images_per_s": theirs[0] if theirs else None,
                 "torch_best_config": theirs[1] if theirs else None,
                 "ratio": ips / theirs[0] if theirs else None,
+                "ratio_to_torch_fp32": ips / theirs_fp32[0] if theirs_fp32 else None,
                 "gflops": gflops,
-                "sgemm_gflops": sgemm.get((d, isa)),
-                "of_sgemm": gflops / sgemm[(d, isa)] if sgemm.get((d, isa)) else None,
+                "sgemm_gflops": sgemm.get((d, isa)) if precision == "fp32" else None,  # fp32 GEMMs only
+                "of_sgemm": gflops / sgemm[(d, isa)] if sgemm.get((d, isa)) and precision == "fp32" else None,
                 "peak_fp32_gflops": peak_core * d if peak_core else None,
                 "roofline": gflops / (peak_core * d) if peak_core else None,
                 "cores_used": cpu,
@@ -284,7 +311,7 @@ def fmt(v, spec, none="-"):
     return none if v is None else format(v, spec)
 
 
-def table(rows, sgemm, sgemm_cpu, isas, peak):
+def table(rows, sgemm, sgemm_cpu, isas, variants, peak):
     head = ("| members | devices | mode | ISA | pmapcc img/s | PyTorch best img/s (config) | pmapcc / PyTorch | GFLOP/s |"
             " of fp32 peak (wall) | of fp32 peak (CPU time) | of our sgemm | peak RSS MB | budget MB |")
     out = [head, "|" + "---|" * 13]
@@ -292,7 +319,8 @@ def table(rows, sgemm, sgemm_cpu, isas, peak):
     for r in rows:
         torch = "-" if r["torch_best_images_per_s"] is None else \
             f"{r['torch_best_images_per_s']:.0f} ({r['torch_best_config']})"
-        out.append(f"| {r['members']} | {r['devices']} | {r['mode']} | {r['isa']} | {r['pmapcc_images_per_s']:.0f} | "
+        label = r["isa"] + (" " + r["precision"] if r["precision"] != "fp32" else "")
+        out.append(f"| {r['members']} | {r['devices']} | {r['mode']} | {label} | {r['pmapcc_images_per_s']:.0f} | "
                    f"{torch} | {fmt(r['ratio'], '.2f')}x | {r['gflops']:.1f} | {pct(r['roofline'])} | "
                    f"{pct(r['roofline_cpu_time'])} | {pct(r['of_sgemm'])} | {r['peak_rss_mb']:.0f} | {r['budget_mb']:.0f} |")
     notes = []
@@ -305,14 +333,15 @@ def table(rows, sgemm, sgemm_cpu, isas, peak):
                      ", ".join(f"{t} thread{'s' if t > 1 else ''} {fmt(v, '.1f')} GFLOP/s"
                                for (t, i), v in sgemm.items() if i == isa) +
                      f"; per CPU-second {fmt(sgemm_cpu[isa], '.1f')} GFLOP")
-    if len(isas) > 1:
-        notes += ["", "| members | devices | " + " | ".join(f"{i} / {isas[0]}" for i in isas[1:]) + " |",
-                  "|" + "---|" * (1 + len(isas))]
+    if len(variants) > 1:
+        name = lambda v: v[0] + (" " + v[1] if v[1] != "fp32" else "")
+        notes += ["", "| members | devices | " + " | ".join(f"{name(v)} / {name(variants[0])}" for v in variants[1:]) +
+                  " |", "|" + "---|" * (1 + len(variants))]
         for r in rows:
-            if r["isa"] != isas[0]:
+            if (r["isa"], r["precision"]) != variants[0]:
                 continue
-            ratios = [next((o["over_first_isa"] for o in rows if (o["members"], o["devices"], o["isa"]) ==
-                            (r["members"], r["devices"], i)), None) for i in isas[1:]]
+            ratios = [next((o["over_first_isa"] for o in rows if (o["members"], o["devices"], o["isa"], o["precision"])
+                            == (r["members"], r["devices"]) + v), None) for v in variants[1:]]
             notes.append(f"| {r['members']} | {r['devices']} | " +
                          " | ".join(fmt(v, ".2f") + "x" for v in ratios) + " |")
     return "\n".join(out + [""] + notes)
@@ -324,7 +353,8 @@ def main():
     if not os.path.exists(b.exe):
         sys.exit(f"run_train_bench: {b.exe} not found: build it (cmake --build {a.build} --target bench_train)")
     members_list, devices_list = ints(a.members), ints(a.devices)
-    torch_variants = [(t, m) for m in a.torch_modes.split(",") if m for t in ints(a.torch_threads)]
+    torch_variants = [(t, m, ac) for ac in a.autocasts for m in a.torch_modes.split(",") if m
+                      for t in ints(a.torch_threads)]
     have_torch = not a.no_torch and os.path.exists(a.torch_script) and subprocess.run(
         [a.torch_python, "-c", "import torch"], capture_output=True).returncode == 0
     if not have_torch:
@@ -345,18 +375,18 @@ def main():
             for m in members_list:
                 for d in devices_list:
                     if m % d == 0 or m == 1:
-                        for isa in a.isas:
-                            b.ours(m, d, isa, rnd)
+                        for isa, precision in a.variants:
+                            b.ours(m, d, isa, precision, rnd)
                 if have_torch:
-                    for threads, mode in torch_variants:
-                        b.torch(m, threads, mode, torch_data, rnd)
+                    for threads, mode, autocast in torch_variants:
+                        b.torch(m, threads, mode, autocast, torch_data, rnd)
         paired = None
         if a.paired_rounds > 0 and max(members_list) > 1 and 1 in members_list and 1 in devices_list:
             print(f"paired comparison ({a.paired_rounds} rounds, load average {loadavg()})", flush=True)
             paired = b.paired(max(members_list), a.paired_rounds)
     rows, sgemm, sgemm_cpu = summarize(b, flops_info, members_list, devices_list,
-                                       torch_variants if have_torch else [], a.isas, peak)
-    text = table(rows, sgemm, sgemm_cpu, a.isas, peak)
+                                       torch_variants if have_torch else [], a.isas, a.variants, peak)
+    text = table(rows, sgemm, sgemm_cpu, a.isas, a.variants, peak)
     if paired:
         mb = paired["b"]["members"]
         text += (f"\n{mb} members vs 1 member on one device, paired in one process (epochs alternating): "
@@ -371,7 +401,7 @@ def main():
         "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
         "machine": machine(), "load_average_before": load_before, "load_average_after": loadavg(),
         "settings": {"runs": a.runs, "steps": a.steps, "warmup": a.warmup, "batch": 128, "quick": a.quick,
-                     "isa": a.isas, "pin": a.pin, "data": os.path.abspath(a.data),
+                     "isa": a.isas, "precision": a.precisions, "pin": a.pin, "data": os.path.abspath(a.data),
                      "torch_test_examples": 1000, "paired_rounds": a.paired_rounds},
         "runner_command": shlex.join([sys.executable] + sys.argv),
         "commands": b.commands, "flops": flops_info, "peak": peak,

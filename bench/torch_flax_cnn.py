@@ -21,7 +21,7 @@ Needs NumPy and PyTorch (Debian's python3-numpy and python3-torch). run_train_be
 LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-pthread (OpenBLAS for the dense layers, one BLAS thread:
 PyTorch's own threads do the parallel work), which is its fastest configuration here.
 """
-import argparse, json, os, struct, time
+import argparse, contextlib, json, os, struct, time
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np
@@ -110,6 +110,8 @@ def main():
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu", help="cpu, or cuda where PyTorch has a GPU")
+    ap.add_argument("--autocast", choices=("off", "bf16"), default="off",
+                    help="bf16: the training steps under torch.autocast(device, dtype=torch.bfloat16)")
     a = ap.parse_args()
     if a.members < 1 or a.steps < 2 or a.batch < 1 or a.threads < 1:
         ap.error("--members, --batch and --threads must be >= 1 and --steps >= 2")
@@ -127,11 +129,15 @@ def main():
                                                       a.momentum)
     order = torch.randperm(len(x))[: a.steps * a.batch].view(a.steps, a.batch).to(device)
 
-    runner.step(x[order[0]], y[order[0]])  # warm-up: allocations and the first-call costs
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if a.autocast == "bf16" \
+        else contextlib.nullcontext
+    with autocast():
+        runner.step(x[order[0]], y[order[0]])  # warm-up: allocations and the first-call costs
     sync()
     start = time.perf_counter()
     for s in range(1, a.steps):
-        runner.step(x[order[s]], y[order[s]])
+        with autocast():
+            runner.step(x[order[s]], y[order[s]])
     sync()
     seconds = time.perf_counter() - start
 
@@ -139,6 +145,7 @@ def main():
     accuracy = lambda p: round((p.argmax(-1) == yt).double().mean().item(), 4)
     print(json.dumps({
         "framework": f"torch-{torch.__version__}", "model": "flax-cnn", "device": a.device, "mode": a.mode,
+        "autocast": a.autocast,
         "members": a.members,
         "threads": a.threads, "batch": a.batch, "timed_steps": a.steps - 1, "seconds": round(seconds, 3),
         "model_images_per_s": round(a.members * a.batch * (a.steps - 1) / seconds, 1),
