@@ -29,13 +29,6 @@ class CaptureScope {
     void* ptr;
   };
   friend void note_capture_violation(const std::string& op, const char* does) noexcept;
-
-// Memory freed inside a capture cannot be released there: a CUDA capture refuses cudaFree and
-// cudaFreeHost, and is invalidated by them, so the memory would leak. This keeps `free(ordinal, ptr)` for
-// the end of the outermost CaptureScope (which a CUDA capture outlives its cudaStreamEndCapture for).
-// Returns false when the calling thread is not capturing, or the call cannot be kept (out of memory): the
-// caller frees at once then. Never throws.
-bool free_after_capture(void (*free)(int ordinal, void* ptr) noexcept, int ordinal, void* ptr) noexcept;
   friend bool free_after_capture(void (*free)(int, void*) noexcept, int ordinal, void* ptr) noexcept;
   const char* what_;
   const char* previous_;
