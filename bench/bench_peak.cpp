@@ -185,7 +185,8 @@ int main(int argc, char** argv) {
   const Row rows[] = {
       {"fp32 FMA, AVX2 (8 lanes x 2 flops)", "fma_avx2_gflops", avx2, 12 * 8 * 2.0, fma_avx2},
       {"fp32 FMA, AVX-512 (16 lanes x 2 flops)", "fma_avx512_gflops", avx512, 12 * 16 * 2.0, fma_avx512},
-      {"bf16 dot product into fp32, vdpbf16ps (16 lanes x 4 flops)", "dot_bf16_gflops", has_bf16, 24 * 16 * 4.0, dot_bf16},
+      {"bf16 dot product into fp32, vdpbf16ps (16 lanes x 4 flops)", "dot_bf16_gflops", has_bf16, 24 * 16 * 4.0,
+       dot_bf16},
   };
   std::printf("\nPeak per core (register-resident chains, one thread, median of %d):\n", reps);
   double best_fp32 = 0, bf16_peak = 0;

@@ -10,7 +10,8 @@ model-images/s, the ratio to PyTorch's best configuration for the same member co
 against our own sgemm), and peak RSS against the memory budget. With several --isa variants (e.g.
 --isa avx2,avx512) or precisions (--precision fp32,bf16) every configuration runs with each combination in
 every round, and a second table gives each one's speed over the first's; with bf16, PyTorch also runs under
-torch.autocast(bfloat16), and a bf16 row's ratio is to PyTorch's best in bf16. Prints the tables and writes everything (machine, commit, date, commands,
+torch.autocast(bfloat16), and a bf16 row's ratio is to PyTorch's best in bf16. Prints the tables and
+writes everything (machine, commit, date, commands,
 every run) to bench/results/*.json.
 
   python3 bench/run_train_bench.py --data data/mnist [--build build] [--runs 5] [--steps 20] [--quick]

@@ -96,7 +96,8 @@ PMAPCC_BF16_TARGET void pack_b(const Operand& b, I depth, I cols, I k0, I kc, I 
     const I width = std::min(kNR, nc - q * kNR);
     if (kpp > kp) std::memset(panel + kp * kNR, 0, static_cast<std::size_t>((kpp - kp) * kNR) * sizeof(Pair));
     if (!b.transposed) {  // b[k][j] at data[k * cols + j]
-      for (I p = 0; p < kp; ++p) interleave(b.data, cols, k0 + 2 * p, k0 + kc, j0 + q * kNR, width, panel + p * kNR, kNR);
+      for (I p = 0; p < kp; ++p)
+        interleave(b.data, cols, k0 + 2 * p, k0 + kc, j0 + q * kNR, width, panel + p * kNR, kNR);
       continue;
     }
     // b[k][j] at data[j * depth + k]: each column's depth run is contiguous; round it, then place its pairs.

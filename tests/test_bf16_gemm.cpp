@@ -38,7 +38,8 @@ std::vector<float> stored(const std::vector<float>& m, long rows, long cols, boo
   if (!transposed) return m;
   std::vector<float> t(m.size());
   for (long i = 0; i < rows; ++i)
-    for (long j = 0; j < cols; ++j) t[static_cast<std::size_t>(j * rows + i)] = m[static_cast<std::size_t>(i * cols + j)];
+    for (long j = 0; j < cols; ++j)
+      t[static_cast<std::size_t>(j * rows + i)] = m[static_cast<std::size_t>(i * cols + j)];
   return t;
 }
 

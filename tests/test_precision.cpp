@@ -181,8 +181,8 @@ TEST_CASE("bf16 is refused where it cannot run, naming what to do") {
                        doctest::Contains("not implemented in the CUDA kernels"), pmap::ValueError);
   CHECK(k::parse_precision("bf16", "--precision") == Precision::bf16);
   CHECK(k::parse_precision("fp32", "--precision") == Precision::fp32);
-  CHECK_THROWS_WITH_AS(k::parse_precision("fp16", "--precision"), doctest::Contains("--precision: expected fp32 or bf16"),
-                       pmap::ValueError);
+  CHECK_THROWS_WITH_AS(k::parse_precision("fp16", "--precision"),
+                       doctest::Contains("--precision: expected fp32 or bf16"), pmap::ValueError);
 
   // The Trainer names the flag.
   const auto& data = pmap::testing::training_data();
@@ -208,7 +208,8 @@ TEST_CASE("bf16 training is reproducible bit for bit and follows fp32's losses")
   pmap::ensemble::TrainConfig fp32 = pmap::testing::small_config(2, 2);
   pmap::ensemble::TrainConfig bf16 = fp32;
   bf16.precision = Precision::bf16;
-  pmap::ensemble::Trainer a(bf16, data.train, data.test), b(bf16, data.train, data.test), f(fp32, data.train, data.test);
+  pmap::ensemble::Trainer a(bf16, data.train, data.test), b(bf16, data.train, data.test);
+  pmap::ensemble::Trainer f(fp32, data.train, data.test);
   CHECK(a.params() == f.params());  // the same initial members: precision changes the arithmetic only
   std::vector<double> la, lf;
   const auto ma = a.run_epoch([&](const pmap::ensemble::StepReport& r) { la.push_back(r.loss); });

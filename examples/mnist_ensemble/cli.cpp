@@ -207,8 +207,8 @@ void device_flags(CLI::App& a, TrainConfig& t) {
        "native | cuda-on-host\n(cuda-on-host: the CUDA kernels run on the host, on CPU devices;\n"
        "a check of the CUDA code without a GPU; slow)")
       ->check(one_of({"native", "cuda-on-host"}))->default_str("native");
-  flag(a, "--precision", [&t](const std::string& v) { t.precision = kernels::parse_precision(v.c_str(), "--precision"); },
-       "P", "Devices",
+  flag(a, "--precision",
+       [&t](const std::string& v) { t.precision = kernels::parse_precision(v.c_str(), "--precision"); }, "P", "Devices",
        "fp32 | bf16 (bf16: conv and dense products take bf16 operands and\nsum in fp32; weights, gradients and "
        "optimizer state stay fp32;\nCPU devices with AVX512_BF16, AMX where the CPU has it)")
       ->check(one_of({"fp32", "bf16"}))->default_str("fp32");

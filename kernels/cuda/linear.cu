@@ -93,7 +93,8 @@ void column_sums(const Exec& ex, int members, std::size_t rows, int cols, const 
 void require_fp32(Precision precision, const char* op) {
   if (precision == Precision::fp32) return;
   throw ValueError(std::string(op) + ": " + name(precision) +
-                   " precision is not implemented in the CUDA kernels yet (CPU devices with AVX512_BF16 run it): use fp32");
+                   " precision is not implemented in the CUDA kernels yet (CPU devices with AVX512_BF16 run it): "
+                   "use fp32");
 }
 
 }  // namespace pmap::kernels::gpu
