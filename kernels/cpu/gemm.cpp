@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace PMAPCC_CPU_NS::detail {
 namespace {
@@ -54,12 +55,13 @@ void gemm(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand b, flo
 
 void require_precision(Precision precision, const char* op) {
   if (precision == Precision::fp32) return;
-  const std::string variant = PMAPCC_CPU_STR(PMAPCC_CPU_VARIANT);
+  const std::string_view variant = PMAPCC_CPU_STR(PMAPCC_CPU_VARIANT);  // no allocation per op call
   if (!bf16::supported())
     throw ValueError(std::string(op) + ": bf16 precision needs AVX512_BF16 (with AVX512F, BW and VL), which this "
                      "CPU lacks: use fp32");
   if (variant != "avx512")
-    throw ValueError(std::string(op) + ": bf16 precision runs in the avx512 CPU kernels, and the " + variant +
+    throw ValueError(std::string(op) + ": bf16 precision runs in the avx512 CPU kernels, and the " +
+                     std::string(variant) +
                      " variant is active (PMAPCC_CPU_ISA): use fp32, or PMAPCC_CPU_ISA=avx512 or auto");
 }
 
