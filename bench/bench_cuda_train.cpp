@@ -4,9 +4,12 @@
 // (no graphs), and one member per virtual device sharing the GPU (each its own stream). Each configuration
 // trains one warm-up epoch (which captures the graphs) and then one timed epoch of --steps steps; the
 // timing is the Trainer's epoch time (evaluation excluded). Prints the machine, a table and one JSON line
-// per configuration. Exits 2 when no GPU is usable (it measures nothing then).
-//   bench_cuda_train [--data DIR] [--steps N] [--report-every R]
+// per configuration. --precision fp32,bf16 runs every configuration in each precision (bf16: the conv and
+// dense products on bf16 operands with fp32 sums, cuBLAS's GemmStridedBatchedEx). Exits 2 when no GPU is
+// usable (it measures nothing then).
+//   bench_cuda_train [--data DIR] [--steps N] [--report-every R] [--precision fp32|bf16|fp32,bf16]
 // Without --data the images are random bytes (the speed does not depend on them).
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -28,6 +31,7 @@ struct Options {
   std::string data;
   int steps = 200;
   int report_every = 0;
+  std::vector<kernels::Precision> precisions{kernels::Precision::fp32};
 };
 
 Options parse(int argc, char** argv) {
@@ -42,6 +46,13 @@ Options parse(int argc, char** argv) {
       o.steps = std::stoi(value);
     } else if (flag == "--report-every") {
       o.report_every = std::stoi(value);
+    } else if (flag == "--precision") {
+      o.precisions.clear();
+      for (std::size_t at = 0; at <= value.size();) {
+        const std::size_t comma = std::min(value.find(',', at), value.size());
+        o.precisions.push_back(kernels::parse_precision(value.substr(at, comma - at).c_str(), "--precision"));
+        at = comma + 1;
+      }
     } else {
       throw ValueError("unknown flag '" + flag + "'");
     }
@@ -68,7 +79,7 @@ struct Row {
   bool graphs;
 };
 
-void run(const Row& row, const Options& o, const Dataset& train, const Dataset& test) {
+void run(const Row& row, kernels::Precision precision, const Options& o, const Dataset& train, const Dataset& test) {
   TrainConfig c;
   c.backend = DeviceKind::cuda;
   c.devices = row.devices;
@@ -78,15 +89,18 @@ void run(const Row& row, const Options& o, const Dataset& train, const Dataset& 
   c.eval_batch = 1000;
   c.graphs = row.graphs;
   c.report_every = o.report_every;
+  c.precision = precision;
   Trainer trainer(c, train, test);
   trainer.run_epoch();                          // warm-up: first steps eager, then capture
   const EpochMetrics m = trainer.run_epoch();   // timed
   const double ms_per_step = 1e3 * m.seconds / trainer.steps_per_epoch();
-  std::printf("%-22s members %2d  devices %2d  %8.3f ms/step  %12.0f model-images/s\n", row.mode, row.members,
+  const char* p = kernels::name(precision);
+  std::printf("%-22s %s  members %2d  devices %2d  %8.3f ms/step  %12.0f model-images/s\n", row.mode, p, row.members,
               row.devices, ms_per_step, m.model_images_per_second);
-  std::printf("{\"bench\": \"cuda_train\", \"mode\": \"%s\", \"members\": %d, \"devices\": %d, \"batch\": %d, "
-              "\"steps\": %d, \"graphs\": %s, \"report_every\": %d, \"seconds\": %.6f, \"model_images_per_s\": %.1f}\n",
-              row.mode, row.members, row.devices, kBatch, trainer.steps_per_epoch(), row.graphs ? "true" : "false",
+  std::printf("{\"bench\": \"cuda_train\", \"mode\": \"%s\", \"precision\": \"%s\", \"members\": %d, \"devices\": %d, "
+              "\"batch\": %d, \"steps\": %d, \"graphs\": %s, \"report_every\": %d, \"seconds\": %.6f, "
+              "\"model_images_per_s\": %.1f}\n",
+              row.mode, p, row.members, row.devices, kBatch, trainer.steps_per_epoch(), row.graphs ? "true" : "false",
               trainer.config().report_every, m.seconds, m.model_images_per_second);
   std::fflush(stdout);
 }
@@ -114,7 +128,8 @@ int main(int argc, char** argv) {
     const Row rows[] = {{"batched/graph", 1, 1, true},  {"batched/graph", 4, 1, true},  {"batched/graph", 8, 1, true},
                         {"batched/eager", 1, 1, false}, {"batched/eager", 8, 1, false}, {"virtual-devices/graph", 4, 4, true},
                         {"virtual-devices/graph", 8, 8, true}};
-    for (const Row& r : rows) run(r, o, train, test);
+    for (const kernels::Precision p : o.precisions)
+      for (const Row& r : rows) run(r, p, o, train, test);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_cuda_train: error: %s\n", e.what());

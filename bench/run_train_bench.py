@@ -55,6 +55,9 @@ def parse_args():
     ap.add_argument("--torch-script", default=os.path.join(REPO, "bench", "torch_flax_cnn.py"))
     ap.add_argument("--torch-threads", default="1,2")
     ap.add_argument("--torch-modes", default="loop,vmap")
+    ap.add_argument("--torch-coretype", default=os.environ.get("OPENBLAS_CORETYPE", "unset"),
+                    help="OPENBLAS_CORETYPE value(s) for PyTorch, comma-separated ('unset' removes it; default: "
+                         "this environment's); e.g. Haswell,unset runs the anchor both ways")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--paired-rounds", type=int, default=21,
                     help="rounds of the paired 1-member vs most-members comparison on one device (0: skip)")
@@ -72,8 +75,10 @@ def parse_args():
         if v not in ("fp32", "bf16"):
             ap.error(f"--precision: unknown precision '{v}' (expected fp32 or bf16)")
     # Every (ISA, precision) pair, the first one the baseline of the ratio table.
-    a.variants = [(isa, p) for isa in a.isas for p in a.precisions]
+    # bf16 runs on the avx512 variant only (and auto, which picks it where the CPU has bf16).
+    a.variants = [(isa, p) for isa in a.isas for p in a.precisions if p == "fp32" or isa in ("auto", "avx512")]
     a.autocasts = ["off"] + (["bf16"] if "bf16" in a.precisions else [])
+    a.coretypes = [v for v in a.torch_coretype.split(",") if v] or ["unset"]
     return a
 
 
@@ -214,16 +219,23 @@ class Bench:
                   f"AVX-512 {r['fma_avx512_gflops']}); bf16 dot {r['dot_bf16_gflops']}", flush=True)
         return r
 
-    def torch(self, members, threads, mode, autocast, data, rnd):
+    def torch(self, members, threads, mode, autocast, coretype, data, rnd):
         cmd = [self.a.torch_python, self.a.torch_script, "--data", data, "--members", str(members),
                "--steps", str(self.a.steps + 1), "--threads", str(threads), "--mode", mode]
         if autocast != "off":
             cmd += ["--autocast", autocast]
         env = dict(os.environ, LD_LIBRARY_PATH=OPENBLAS)
-        r = self.record("torch", {"members": members, "threads": threads, "mode": mode, "autocast": autocast}, cmd,
-                        f"LD_LIBRARY_PATH={OPENBLAS} ", rnd, env)
+        env.pop("OPENBLAS_CORETYPE", None)
+        note = f"LD_LIBRARY_PATH={OPENBLAS} "
+        if coretype != "unset":
+            env["OPENBLAS_CORETYPE"] = coretype
+            note += f"OPENBLAS_CORETYPE={coretype} "
+        else:
+            note = "env -u OPENBLAS_CORETYPE " + note
+        config = {"members": members, "threads": threads, "mode": mode, "autocast": autocast, "coretype": coretype}
+        r = self.record("torch", config, cmd, note, rnd, env)
         if r:
-            print(f"  torch   m={members} t={threads} {mode:5s} autocast {autocast:4s} "
+            print(f"  torch   m={members} t={threads} {mode:5s} autocast {autocast:4s} OpenBLAS {coretype:8s} "
                   f"{r['model_images_per_s']:8.1f} img/s", flush=True)
 
     def paired(self, members_b, rounds):
@@ -254,17 +266,19 @@ def summarize(b, flops_info, members_list, devices_list, torch_variants, isas, v
     sgemm_cpu = {isa: med("sgemm", {"threads": 1, "isa": isa}, "gflops_per_cpu_second") for isa in isas}
     peak_core = peak["best_fp32_gflops"] if peak else None
     torch_best = {}  # (members, autocast): PyTorch's best configuration
+    coretypes = sorted({t[3] for t in torch_variants})
     for m in members_list:
         for autocast in sorted({t[2] for t in torch_variants}):
             best = None
-            for threads, mode, ac in torch_variants:
+            for threads, mode, ac, ct in torch_variants:
                 if ac != autocast:
                     continue
-                v = med("torch", {"members": m, "threads": threads, "mode": mode, "autocast": ac},
+                v = med("torch", {"members": m, "threads": threads, "mode": mode, "autocast": ac, "coretype": ct},
                         "model_images_per_s")
                 if v is not None and (best is None or v > best[0]):
                     best = (v, f"{mode}, {threads} thread{'s' if threads > 1 else ''}" +
-                            (f", autocast {ac}" if ac != "off" else ""))
+                            (f", autocast {ac}" if ac != "off" else "") +
+                            (f", OpenBLAS {ct}" if len(coretypes) > 1 else ""))
             torch_best[(m, autocast)] = best
     rows = []
     for m in members_list:
@@ -348,14 +362,29 @@ def table(rows, sgemm, sgemm_cpu, isas, variants, peak):
     return "\n".join(out + [""] + notes)
 
 
+def torch_table(b, members_list, torch_variants):
+    """Every PyTorch configuration's median, so that the anchor's best is seen beside the others (OpenBLAS's
+    core type set and unset among them)."""
+    name = lambda t: f"{t[1]} {t[0]}t" + (f" {t[2]}" if t[2] != "off" else "") + f" OpenBLAS {t[3]}"
+    out = ["PyTorch, model-images/s (median):", "",
+           "| members | " + " | ".join(name(t) for t in torch_variants) + " |", "|" + "---|" * (1 + len(torch_variants))]
+    for m in members_list:
+        vals = [median(b.values("torch", {"members": m, "threads": t[0], "mode": t[1], "autocast": t[2],
+                                          "coretype": t[3]}, "model_images_per_s")) for t in torch_variants]
+        out.append(f"| {m} | " + " | ".join(fmt(v, ".0f") for v in vals) + " |")
+    return "\n".join(out)
+
+
 def main():
     a = parse_args()
     b = Bench(a)
     if not os.path.exists(b.exe):
         sys.exit(f"run_train_bench: {b.exe} not found: build it (cmake --build {a.build} --target bench_train)")
     members_list, devices_list = ints(a.members), ints(a.devices)
-    torch_variants = [(t, m, ac) for ac in a.autocasts for m in a.torch_modes.split(",") if m
-                      for t in ints(a.torch_threads)]
+    # OpenBLAS's core type only matters to fp32 (autocast bf16 runs its products through oneDNN): bf16 runs
+    # take the first.
+    torch_variants = [(t, m, ac, ct) for ac in a.autocasts for m in a.torch_modes.split(",") if m
+                      for t in ints(a.torch_threads) for ct in (a.coretypes if ac == "off" else a.coretypes[:1])]
     have_torch = not a.no_torch and os.path.exists(a.torch_script) and subprocess.run(
         [a.torch_python, "-c", "import torch"], capture_output=True).returncode == 0
     if not have_torch:
@@ -379,8 +408,8 @@ def main():
                         for isa, precision in a.variants:
                             b.ours(m, d, isa, precision, rnd)
                 if have_torch:
-                    for threads, mode, autocast in torch_variants:
-                        b.torch(m, threads, mode, autocast, torch_data, rnd)
+                    for threads, mode, autocast, coretype in torch_variants:
+                        b.torch(m, threads, mode, autocast, coretype, torch_data, rnd)
         paired = None
         if a.paired_rounds > 0 and max(members_list) > 1 and 1 in members_list and 1 in devices_list:
             print(f"paired comparison ({a.paired_rounds} rounds, load average {loadavg()})", flush=True)
@@ -388,6 +417,8 @@ def main():
     rows, sgemm, sgemm_cpu = summarize(b, flops_info, members_list, devices_list,
                                        torch_variants if have_torch else [], a.isas, a.variants, peak)
     text = table(rows, sgemm, sgemm_cpu, a.isas, a.variants, peak)
+    if have_torch:
+        text += "\n\n" + torch_table(b, members_list, torch_variants)
     if paired:
         mb = paired["b"]["members"]
         text += (f"\n{mb} members vs 1 member on one device, paired in one process (epochs alternating): "
@@ -403,7 +434,8 @@ def main():
         "machine": machine(), "load_average_before": load_before, "load_average_after": loadavg(),
         "settings": {"runs": a.runs, "steps": a.steps, "warmup": a.warmup, "batch": 128, "quick": a.quick,
                      "isa": a.isas, "precision": a.precisions, "pin": a.pin, "data": os.path.abspath(a.data),
-                     "torch_test_examples": 1000, "paired_rounds": a.paired_rounds},
+                     "torch_test_examples": 1000, "paired_rounds": a.paired_rounds,
+                     "torch_coretypes": a.coretypes},
         "runner_command": shlex.join([sys.executable] + sys.argv),
         "commands": b.commands, "flops": flops_info, "peak": peak,
         "sgemm_gflops": {f"{t} thread(s), {isa}": v for (t, isa), v in sgemm.items()},

@@ -83,12 +83,12 @@ void copy_member(const TensorLayout& layout, std::int64_t members, int g, const 
   }
 }
 
-// --precision bf16 where the kernels can run it: the CPU's avx512 kernels on a CPU with AVX512_BF16.
+// --precision bf16 where the kernels can run it: the CUDA kernels (cuBLAS's bf16 GEMMs, or their host
+// run), or the CPU's avx512 kernels on a CPU with AVX512_BF16.
 void check_precision(const TrainConfig& c) {
   if (c.precision == kernels::Precision::fp32) return;
+  if (c.backend != DeviceKind::cpu || c.cuda_kernels_on_host) return;
   const std::string flag = std::string("--precision ") + kernels::name(c.precision);
-  if (c.backend != DeviceKind::cpu || c.cuda_kernels_on_host)
-    throw ValueError(flag + ": the CUDA kernels run fp32 only so far (bf16 runs on CPU devices with AVX512_BF16)");
   if (!kernels::bf16::supported())
     throw ValueError(flag + ": this CPU lacks AVX512_BF16 (with AVX512F, BW and VL), which bf16 needs: use fp32");
   if (kernels::cpu::isa() != "avx512")

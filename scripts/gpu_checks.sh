@@ -40,8 +40,8 @@
 #              initial parameters bitwise equal, a 20-step loss trajectory within 1e-4, and the same GPU
 #              run twice bitwise equal (losses and checkpoint tensors); and --mode model-parallel --mesh 1x2
 #              against the CPU (20-step losses within 1e-4)
-#   bench      bench_cuda_train beside the project's PyTorch reference, bench/torch_flax_cnn.py --device cuda
-#              (where PyTorch has CUDA), and a JAX program where ANCHORS holds jax_cnn_ensemble.py and
+#   bench      bench_cuda_train (fp32 and bf16) beside the project's PyTorch reference,
+#              bench/torch_flax_cnn.py --device cuda (where PyTorch has CUDA), and a JAX program where ANCHORS holds jax_cnn_ensemble.py and
 #              python3 has JAX, flax and optax (else it says what is missing); 1, 4 and 8 members
 #   summary    one JSON file, bench/results/gpu-checks-<device>-<date>.json: the device, versions, every
 #              stage's result and the benchmark lines
@@ -521,7 +521,7 @@ PY
 stage_bench() {
   local d anchors=${ANCHORS:-} rc=0
   d=$(raw_data)
-  "$build/bench/bench_cuda_train" --data "$d" --steps 200 || rc=1
+  "$build/bench/bench_cuda_train" --data "$d" --steps 200 --precision fp32,bf16 || rc=1
   # PyTorch beside it: the project's own reference (bench/torch_flax_cnn.py, the same model and recipe), where
   # the machine's Python has PyTorch with CUDA. JAX's, only where ANCHORS names a folder with
   # jax_cnn_ensemble.py (this repository carries no JAX program).

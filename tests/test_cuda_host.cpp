@@ -9,8 +9,11 @@
 #include <cstring>
 #include <iterator>
 #include <limits>
+#include <random>
 
+#include <pmapcc/kernels/bf16_gemm.h>
 #include <pmapcc/kernels/cuda/exec.h>
+#include <pmapcc/kernels/cuda/linear.h>
 #include "src/device_kernels.h"
 #include "src/reduce.h"
 
@@ -90,6 +93,142 @@ TEST_CASE("cuda host run: the GEMM's column-major mapping equals row-major produ
   CHECK((!cm.trans_a && cm.trans_b));
   CHECK((cm.lda == 2 && cm.ldb == 7 && cm.ldc == 2));
   CHECK((cm.stride_a == 10 && cm.stride_b == 35 && cm.stride_c == 14 && cm.batch == 4));
+}
+
+namespace {
+
+float from_bits(std::uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+std::uint32_t to_bits(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+std::vector<float> bf16_rounded(std::vector<float> v) {
+  for (float& x : v) x = gpu::bf16_widen(gpu::bf16_bits(x));
+  return v;
+}
+
+// The bf16 space of g on `device`: bf16_operand_bytes(g) from an odd address (odd() below), so that
+// product()'s own alignment is what is tested.
+pmap::Array bf16_space(const gpu::Gemm& g, const pmap::Device& device) {
+  return zeros(device, gpu::bf16_operand_bytes(g) + 3, pmap::DType::u8);
+}
+void* odd(pmap::Array& space) { return static_cast<unsigned char*>(space.raw_data()) + 3; }
+
+}  // namespace
+
+TEST_CASE("cuda bf16: operands rounded as the GPU rounds them (nearest even, subnormals kept, NaN quiet)") {
+  struct Case {
+    std::uint32_t in;
+    std::uint16_t out;
+  };
+  const Case cases[] = {
+      {0x3f800000u, 0x3f80},  // 1
+      {0x3f808000u, 0x3f80},  // 1 + 2^-8: a tie, to the even neighbour below
+      {0x3f818000u, 0x3f82},  // a tie whose lower neighbour is odd: up
+      {0x3f808001u, 0x3f81},  // just above the tie
+      {0xbf80ffffu, 0xbf81},  // negative, rounds away in magnitude
+      {0x7f7fffffu, 0x7f80},  // the largest float overflows to infinity
+      {0xff800000u, 0xff80},  // -infinity stays
+      {0x80000000u, 0x8000},  // -0
+      {0x00010000u, 0x0001},  // the smallest bf16 subnormal: kept (the CPU's vcvtneps2bf16 gives 0)
+      {0x00018000u, 0x0002},  // a subnormal tie, to even
+      {0x00008000u, 0x0000},  // a subnormal tie to zero
+      {0x007fffffu, 0x0080},  // the largest float subnormal rounds up to the smallest normal
+      {0x7fc00001u, 0x7fc0},  // a quiet NaN keeps its payload's top bits
+      {0x7f800001u, 0x7fc0},  // a signalling NaN whose payload would round away is quieted, not infinity
+      {0xff800001u, 0xffc0},  // with its sign
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.in);
+    CHECK(gpu::bf16_bits(from_bits(c.in)) == c.out);
+    CHECK(to_bits(gpu::bf16_widen(c.out)) == static_cast<std::uint32_t>(c.out) << 16);
+  }
+  // On normal numbers, exactly the CPU's rounding (kernels/bf16_gemm.h).
+  std::mt19937 gen(11);
+  std::uniform_int_distribution<std::uint32_t> bits(0x00800000u, 0x7f7fffffu);
+  int checked = 0;
+  for (int i = 0; i < 100000; ++i) {
+    const float x = from_bits(bits(gen) | (i % 2 == 0 ? 0u : 0x80000000u));
+    if (gpu::bf16_bits(x) != pmap::kernels::bf16::round_bits(x)) {
+      FAIL_CHECK("bf16 rounding differs from the CPU's on " << x);
+      break;
+    }
+    ++checked;
+  }
+  CHECK(checked == 100000);
+}
+
+TEST_CASE("cuda bf16 GEMM: the product of the bf16-rounded operands, summed in fp32 (bitwise on the host)") {
+  const bool with_gpu = gpu_usable();
+  // x @ [1]: the rounded operand itself, bit for bit on the host and on the GPU (a product of two bf16
+  // values is exact in fp32, and there is one).
+  {
+    std::vector<float> a;
+    for (std::uint32_t u : {0x3f808000u, 0x3f818000u, 0x3f808001u, 0xbf80ffffu, 0x7f7fffffu, 0xff7fffffu,
+                            0x40490fdbu, 0xc2f6e979u, 0x3dcccccdu})
+      a.push_back(from_bits(u));
+    gpu::Gemm g;
+    g.m = static_cast<int>(a.size()), g.n = 1, g.k = 1, g.bf16 = true;
+    const std::vector<float> one{1.0f};
+    std::vector<float> c(a.size(), -7.0f);
+    auto space = bf16_space(g, pmap::Device{});
+    gpu::product(gpu::Exec::host(), g, a.data(), one.data(), c.data(), odd(space));
+    CHECK(same_bytes(c, bf16_rounded(a)));
+    if (with_gpu) {
+      auto ga = on_gpu(a), gb = on_gpu(one), gc = gpu_floats(a.size()), gspace = bf16_space(g, kGpu);
+      gpu::product(gpu::Exec::gpu(), g, ga.data<float>(), gb.data<float>(), gc.data<float>(), odd(gspace));
+      CHECK(same_bytes(gc.to_vector<float>(), bf16_rounded(a)));
+    }
+  }
+  int cases = 0;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (bool shared_a : {false, true}) {
+        CAPTURE(ta);
+        CAPTURE(tb);
+        CAPTURE(shared_a);
+        gpu::Gemm g;
+        g.trans_a = ta, g.trans_b = tb, g.m = 33, g.n = 20, g.k = 300, g.batch = 3, g.beta = shared_a ? 1.0f : 0.0f;
+        g.stride_a = shared_a ? 0 : g.m * g.k, g.stride_b = g.k * g.n, g.stride_c = g.m * g.n, g.bf16 = true;
+        const auto a = random_floats(static_cast<std::size_t>(3 * g.m * g.k), 21);
+        const auto b = random_floats(static_cast<std::size_t>(3 * g.k * g.n), 22);
+        const auto c = random_floats(static_cast<std::size_t>(3 * g.m * g.n), 23);
+        const auto expect = reference_gemm(g, bf16_rounded(a), bf16_rounded(b), c);
+        std::vector<float> host = c;
+        auto space = bf16_space(g, pmap::Device{});
+        gpu::product(gpu::Exec::host(), g, a.data(), b.data(), host.data(), odd(space));
+        CHECK(same_bytes(host, expect));
+        // Not the fp32 product: the rounding is there (k = 300 terms of relative error up to 2^-8 each).
+        CHECK(relative_error(host, reference_gemm(g, a, b, c)) > 1e-4);
+        if (with_gpu) {
+          auto ga = on_gpu(a), gb = on_gpu(b), gc = on_gpu(c), gspace = bf16_space(g, kGpu);
+          gpu::product(gpu::Exec::gpu(), g, ga.data<float>(), gb.data<float>(), gc.data<float>(), odd(gspace));
+          CHECK(relative_error(gc.to_vector<float>(), expect) <= kForwardTolerance);
+        }
+        ++cases;
+      }
+  CHECK(cases == 8);
+  gpu::Gemm g;
+  g.m = g.n = g.k = 2, g.bf16 = true;
+  CHECK(gpu::bf16_operand_bytes(g) >= 2 * 4 * sizeof(std::uint16_t));
+  g.bf16 = false;
+  CHECK(gpu::bf16_operand_bytes(g) == 0);
+  g.bf16 = true;
+  std::vector<float> m4(4, 1.0f), out(4);
+  CHECK_THROWS_WITH_AS(gpu::product(gpu::Exec::host(), g, m4.data(), m4.data(), out.data(), nullptr),
+                       doctest::Contains("bf16_operand_bytes"), pmap::ValueError);
+  CHECK_THROWS_WITH_AS(gpu::Exec::host().gemm(g, m4.data(), m4.data(), out.data()),
+                       doctest::Contains("takes bf16 operands"), pmap::ValueError);
+  const std::vector<std::uint16_t> b4(4, 0x3f80);
+  g.bf16 = false;
+  CHECK_THROWS_WITH_AS(gpu::Exec::host().gemm(g, b4.data(), b4.data(), out.data()),
+                       doctest::Contains("bf16 set"), pmap::ValueError);
 }
 
 TEST_CASE("cuda host run: the host launcher visits every item once, in the GPU's thread-to-item order") {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include <pmapcc/kernels/backend.h>
+#include <pmapcc/kernels/cuda/exec.h>
 
 namespace {
 
@@ -26,15 +27,28 @@ template <class T> bool bitwise_equal(const std::vector<T>& a, const std::vector
 
 pmap::Array workspace(const Target& t, std::size_t bytes) { return zeros(t.device, bytes, pmap::DType::u8); }
 
-// One conv2d configuration run on the CPU and on the target: forward (with bias and fused ReLU, and
-// without) and every gradient compared.
-void check_conv(const Target& t, const k::Conv2dParams& p) {
+std::vector<float> bf16_rounded(std::vector<float> v) {
+  for (float& x : v) x = k::gpu::bf16_widen(k::gpu::bf16_bits(x));
+  return v;
+}
+
+// The CPU twin's inputs for a target op run in `precision`: as they are in fp32, rounded as the GPU rounds
+// them in bf16 (every product's operands are among x, w and dy: patches are x's values or padding zeros).
+std::vector<float> operands(const std::vector<float>& v, k::Precision precision) {
+  return precision == k::Precision::bf16 ? bf16_rounded(v) : v;
+}
+
+// One conv2d configuration run on the CPU (fp32) and on the target in `precision`: forward (with bias and
+// fused ReLU, and without) and every gradient compared; the bias gradient sums the unrounded dy. In bf16,
+// also checks that the rounding happened (the fp32 result differs).
+void check_conv(const Target& t, const k::Conv2dParams& p, k::Precision precision = k::Precision::fp32) {
   CAPTURE(t.name);
   CAPTURE(p.members);
   CAPTURE(p.shared_input);
   CAPTURE(p.kernel_h);
   CAPTURE(p.stride_h);
   CAPTURE(p.relu);
+  CAPTURE(k::name(precision));
   const k::ConvGeometry g = k::conv2d_geometry(p);
   const std::size_t x_n = count(p.shared_input ? 1 : p.members, p.batch, p.height, p.width, p.in_channels);
   const std::size_t w_n = count(p.members, p.kernel_h, p.kernel_w, p.in_channels, p.out_channels);
@@ -42,26 +56,74 @@ void check_conv(const Target& t, const k::Conv2dParams& p) {
   const std::size_t y_n = count(p.members, p.batch, g.out_height, g.out_width, p.out_channels);
   const auto x = random_floats(x_n, 1), w = random_floats(w_n, 2), b = random_floats(b_n, 3),
              dy = random_floats(y_n, 4);
-  std::vector<float> y(y_n), dx(x_n), dw(w_n), db(b_n);
+  const auto xr = operands(x, precision), wr = operands(w, precision), dyr = operands(dy, precision);
+  std::vector<float> y(y_n), y32(y_n), dx(x_n), dw(w_n), db(b_n);
   std::vector<unsigned char> cpu_ws(cpu().conv().conv2d_workspace_bytes(p));
-  cpu().conv().conv2d_forward(p, x.data(), w.data(), b.data(), y.data(), cpu_ws.data());
-  cpu().conv().conv2d_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), cpu_ws.data());
+  cpu().conv().conv2d_forward(p, xr.data(), wr.data(), b.data(), y.data(), cpu_ws.data());
+  cpu().conv().conv2d_forward(p, x.data(), w.data(), b.data(), y32.data(), cpu_ws.data());
+  cpu().conv().conv2d_backward(p, xr.data(), wr.data(), dyr.data(), dx.data(), dw.data(), nullptr, cpu_ws.data());
+  cpu().conv().conv2d_backward(p, x.data(), w.data(), dy.data(), nullptr, nullptr, db.data(), cpu_ws.data());
 
+  k::Conv2dParams pt = p;  // the target's
+  pt.precision = precision;
   const k::Backend& be = *t.backend;
   auto gx = on(t.device, x), gw = on(t.device, w), gb = on(t.device, b), gdy = on(t.device, dy);
   auto gy = zeros(t.device, y_n), gdx = zeros(t.device, x_n), gdw = zeros(t.device, w_n), gdb = zeros(t.device, b_n);
-  auto ws = workspace(t, be.conv().conv2d_workspace_bytes(p));
-  be.conv().conv2d_forward(p, gx.data<float>(), gw.data<float>(), gb.data<float>(), gy.data<float>(), ws.raw_data());
-  be.conv().conv2d_backward(p, gx.data<float>(), gw.data<float>(), gdy.data<float>(), gdx.data<float>(),
+  auto ws = workspace(t, be.conv().conv2d_workspace_bytes(pt));
+  be.conv().conv2d_forward(pt, gx.data<float>(), gw.data<float>(), gb.data<float>(), gy.data<float>(), ws.raw_data());
+  be.conv().conv2d_backward(pt, gx.data<float>(), gw.data<float>(), gdy.data<float>(), gdx.data<float>(),
+                            gdw.data<float>(), gdb.data<float>(), ws.raw_data());
+  CHECK(relative_error(gy.to_vector<float>(), y) <= kForwardTolerance);
+  if (precision == k::Precision::bf16) CHECK(relative_error(gy.to_vector<float>(), y32) > 1e-4);
+  CHECK(relative_error(gdx.to_vector<float>(), dx) <= kBackwardTolerance);
+  CHECK(relative_error(gdw.to_vector<float>(), dw) <= kBackwardTolerance);
+  CHECK(relative_error(gdb.to_vector<float>(), db) <= kBackwardTolerance);
+  // Without bias: the epilogue is the ReLU alone (or nothing); without workspace: scratch memory (holding
+  // the patches and, in bf16, the rounded operands).
+  cpu().conv().conv2d_forward(p, xr.data(), wr.data(), nullptr, y.data(), nullptr);
+  be.conv().conv2d_forward(pt, gx.data<float>(), gw.data<float>(), nullptr, gy.data<float>(), nullptr);
+  CHECK(relative_error(gy.to_vector<float>(), y) <= kForwardTolerance);
+}
+
+// One dense configuration, likewise; then the weight and bias gradients again without a workspace (the
+// bias gradient summed in one pass, bf16 operands in scratch memory).
+void check_dense(const Target& t, const k::DenseParams& p, k::Precision precision = k::Precision::fp32) {
+  CAPTURE(t.name);
+  CAPTURE(p.batch);
+  CAPTURE(p.members);
+  CAPTURE(p.shared_input);
+  CAPTURE(p.relu);
+  CAPTURE(k::name(precision));
+  const std::size_t x_n = count(p.shared_input ? 1 : p.members, p.batch, p.in_features);
+  const std::size_t w_n = count(p.members, p.in_features, p.out_features), b_n = count(p.members, p.out_features);
+  const std::size_t y_n = count(p.members, p.batch, p.out_features);
+  const auto x = random_floats(x_n, 5), w = random_floats(w_n, 6), b = random_floats(b_n, 7);
+  const auto dy = random_floats(y_n, 8);
+  const auto xr = operands(x, precision), wr = operands(w, precision), dyr = operands(dy, precision);
+  std::vector<float> y(y_n), dx(x_n), dw(w_n), db(b_n);
+  std::vector<unsigned char> cpu_ws(cpu().dense().dense_workspace_bytes(p));
+  cpu().dense().dense_forward(p, xr.data(), wr.data(), b.data(), y.data(), cpu_ws.data());
+  cpu().dense().dense_backward(p, xr.data(), wr.data(), dyr.data(), dx.data(), dw.data(), nullptr, cpu_ws.data());
+  cpu().dense().dense_backward(p, x.data(), w.data(), dy.data(), nullptr, nullptr, db.data(), cpu_ws.data());
+  k::DenseParams pt = p;  // the target's
+  pt.precision = precision;
+  const k::Backend& be = *t.backend;
+  auto gx = on(t.device, x), gw = on(t.device, w), gb = on(t.device, b), gdy = on(t.device, dy);
+  auto gy = zeros(t.device, y_n), gdx = zeros(t.device, x_n), gdw = zeros(t.device, w_n);
+  auto gdb = zeros(t.device, b_n);
+  auto ws = workspace(t, be.dense().dense_workspace_bytes(pt));
+  be.dense().dense_forward(pt, gx.data<float>(), gw.data<float>(), gb.data<float>(), gy.data<float>(), ws.raw_data());
+  be.dense().dense_backward(pt, gx.data<float>(), gw.data<float>(), gdy.data<float>(), gdx.data<float>(),
                             gdw.data<float>(), gdb.data<float>(), ws.raw_data());
   CHECK(relative_error(gy.to_vector<float>(), y) <= kForwardTolerance);
   CHECK(relative_error(gdx.to_vector<float>(), dx) <= kBackwardTolerance);
   CHECK(relative_error(gdw.to_vector<float>(), dw) <= kBackwardTolerance);
   CHECK(relative_error(gdb.to_vector<float>(), db) <= kBackwardTolerance);
-  // Without bias: the epilogue is the ReLU alone (or nothing); without workspace: scratch memory.
-  cpu().conv().conv2d_forward(p, x.data(), w.data(), nullptr, y.data(), nullptr);
-  be.conv().conv2d_forward(p, gx.data<float>(), gw.data<float>(), nullptr, gy.data<float>(), nullptr);
-  CHECK(relative_error(gy.to_vector<float>(), y) <= kForwardTolerance);
+  auto gdw_null = zeros(t.device, w_n), gdb_null = zeros(t.device, b_n);
+  be.dense().dense_backward(pt, gx.data<float>(), gw.data<float>(), gdy.data<float>(), nullptr, gdw_null.data<float>(),
+                            gdb_null.data<float>(), nullptr);
+  CHECK(relative_error(gdw_null.to_vector<float>(), dw) <= kBackwardTolerance);
+  CHECK(relative_error(gdb_null.to_vector<float>(), db) <= kBackwardTolerance);
 }
 
 }  // namespace
@@ -103,49 +165,34 @@ TEST_CASE("cuda conv2d at a first-layer size: batch 16, 28x28x1 -> 32, 3 members
 }
 
 TEST_CASE("cuda dense matches the CPU op (short batches, and tall ones that use the workspace)") {
+  for (const Target& t : targets())
+    for (int batch : {9, 1500})
+      for (int members : {1, 3})
+        for (bool shared : {false, true})
+          for (bool relu : {false, true}) check_dense(t, k::DenseParams{members, batch, 17, 6, shared, relu});
+}
+
+TEST_CASE("cuda conv2d and dense in bf16 are the fp32 CPU ops on operands rounded as the GPU rounds them") {
+  const k::Precision bf16 = k::Precision::bf16;
   for (const Target& t : targets()) {
-    const k::Backend& be = *t.backend;
-    for (int batch : {9, 1500}) {
-      for (int members : {1, 3}) {
-        for (bool shared : {false, true}) {
-          for (bool relu : {false, true}) {
-            CAPTURE(t.name);
-            CAPTURE(batch);
-            CAPTURE(members);
-            CAPTURE(shared);
-            CAPTURE(relu);
-            k::DenseParams p{members, batch, 17, 6, shared, relu};
-            const std::size_t x_n = count(shared ? 1 : members, p.batch, p.in_features);
-            const std::size_t w_n = count(members, p.in_features, p.out_features), b_n = count(members, p.out_features);
-            const std::size_t y_n = count(members, p.batch, p.out_features);
-            const auto x = random_floats(x_n, 5), w = random_floats(w_n, 6), b = random_floats(b_n, 7);
-            const auto dy = random_floats(y_n, 8);
-            std::vector<float> y(y_n), dx(x_n), dw(w_n), db(b_n);
-            std::vector<unsigned char> cpu_ws(cpu().dense().dense_workspace_bytes(p));
-            cpu().dense().dense_forward(p, x.data(), w.data(), b.data(), y.data(), cpu_ws.data());
-            cpu().dense().dense_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(),
-                                         cpu_ws.data());
-            auto gx = on(t.device, x), gw = on(t.device, w), gb = on(t.device, b), gdy = on(t.device, dy);
-            auto gy = zeros(t.device, y_n), gdx = zeros(t.device, x_n), gdw = zeros(t.device, w_n);
-            auto gdb = zeros(t.device, b_n);
-            auto ws = workspace(t, be.dense().dense_workspace_bytes(p));
-            be.dense().dense_forward(p, gx.data<float>(), gw.data<float>(), gb.data<float>(), gy.data<float>(),
-                                     ws.raw_data());
-            be.dense().dense_backward(p, gx.data<float>(), gw.data<float>(), gdy.data<float>(), gdx.data<float>(),
-                              gdw.data<float>(), gdb.data<float>(), ws.raw_data());
-            CHECK(relative_error(gy.to_vector<float>(), y) <= kForwardTolerance);
-            CHECK(relative_error(gdx.to_vector<float>(), dx) <= kBackwardTolerance);
-            CHECK(relative_error(gdw.to_vector<float>(), dw) <= kBackwardTolerance);
-            CHECK(relative_error(gdb.to_vector<float>(), db) <= kBackwardTolerance);
-            // A null workspace is allowed too (the bias gradient is then summed in one pass).
-            auto gdb_null = zeros(t.device, b_n);
-            be.dense().dense_backward(p, gx.data<float>(), gw.data<float>(), gdy.data<float>(), nullptr, nullptr,
-                              gdb_null.data<float>(), nullptr);
-            CHECK(relative_error(gdb_null.to_vector<float>(), db) <= kBackwardTolerance);
-          }
-        }
+    for (int members : {1, 3}) {
+      for (bool shared : {false, true}) {
+        k::Conv2dParams p;
+        p.members = members, p.batch = 2, p.height = 7, p.width = 6, p.in_channels = 3, p.out_channels = 5;
+        p.shared_input = shared, p.relu = true;
+        check_conv(t, p, bf16);
+        k::Conv2dParams strided = p;
+        strided.kernel_h = 3, strided.kernel_w = 2, strided.stride_h = 2, strided.stride_w = 3;
+        strided.padding = k::Padding::valid;
+        check_conv(t, strided, bf16);
+        k::Conv2dParams pointwise = p;
+        pointwise.kernel_h = pointwise.kernel_w = 1;
+        check_conv(t, pointwise, bf16);
       }
     }
+    for (int batch : {9, 1500})
+      for (int members : {1, 3})
+        for (bool shared : {false, true}) check_dense(t, k::DenseParams{members, batch, 40, 6, shared, true}, bf16);
   }
 }
 

@@ -1,7 +1,8 @@
 // bf16 mixed precision (kernels::Precision, TrainConfig::precision, --precision): the CPU's conv and dense
 // ops in bf16 are the fp32 ops on bf16-rounded operands up to fp32 rounding, for every product (forward,
 // weight and input gradients); training in bf16 is reproducible bit for bit and follows fp32's losses
-// closely; and bf16 is refused, naming what to do, wherever it cannot run.
+// closely, on the CPU kernels and on the CUDA kernels' host run; and bf16 is refused, naming what to do,
+// wherever it cannot run.
 #include <doctest/doctest.h>
 
 #include <pmap/error.h>
@@ -174,11 +175,15 @@ TEST_CASE("bf16 is refused where it cannot run, naming what to do") {
     CHECK_THROWS_WITH_AS(k::cpu_backend().conv().conv2d_workspace_bytes(c), doctest::Contains("use fp32"),
                          pmap::ValueError);
   }
-  // The CUDA kernels (here run on the host) do not run bf16 yet.
-  CHECK_THROWS_WITH_AS(k::cuda_backend_on_host().dense().dense_workspace_bytes(d),
-                       doctest::Contains("not implemented in the CUDA kernels"), pmap::ValueError);
-  CHECK_THROWS_WITH_AS(k::cuda_backend_on_host().conv().conv2d_workspace_bytes(c),
-                       doctest::Contains("not implemented in the CUDA kernels"), pmap::ValueError);
+  // The CUDA kernels (here run on the host) run bf16 whatever the CPU: their bf16 space is in the workspace.
+  k::DenseParams d32 = d;
+  d32.precision = Precision::fp32;
+  CHECK(k::cuda_backend_on_host().dense().dense_workspace_bytes(d) >
+        k::cuda_backend_on_host().dense().dense_workspace_bytes(d32));
+  k::Conv2dParams c32 = c;
+  c32.precision = Precision::fp32;
+  CHECK(k::cuda_backend_on_host().conv().conv2d_workspace_bytes(c) >
+        k::cuda_backend_on_host().conv().conv2d_workspace_bytes(c32));
   CHECK(k::parse_precision("bf16", "--precision") == Precision::bf16);
   CHECK(k::parse_precision("fp32", "--precision") == Precision::fp32);
   CHECK_THROWS_WITH_AS(k::parse_precision("fp16", "--precision"),
@@ -188,10 +193,6 @@ TEST_CASE("bf16 is refused where it cannot run, naming what to do") {
   const auto& data = pmap::testing::training_data();
   pmap::ensemble::TrainConfig config = pmap::testing::small_config(1, 1);
   config.precision = Precision::bf16;
-  pmap::ensemble::TrainConfig on_cuda = config;
-  on_cuda.cuda_kernels_on_host = true;
-  CHECK_THROWS_WITH_AS(pmap::ensemble::Trainer(on_cuda, data.train, data.test),
-                       doctest::Contains("--precision bf16: the CUDA kernels run fp32 only"), pmap::ValueError);
   k::cpu::set_isa(k::cpu::available_isas().front());  // generic
   CHECK_THROWS_WITH_AS(pmap::ensemble::Trainer(config, data.train, data.test), doctest::Contains("--precision bf16: "),
                        pmap::ValueError);
@@ -229,4 +230,27 @@ TEST_CASE("bf16 training is reproducible bit for bit and follows fp32's losses")
   CHECK(worst <= 0.05);
   CHECK(a.config().to_json().at("precision").get<std::string>() == "bf16");
   CHECK(f.config().to_json().at("precision").get<std::string>() == "fp32");
+}
+
+TEST_CASE("bf16 training on the CUDA kernels (their host run) is reproducible and follows fp32's losses") {
+  const auto& data = pmap::testing::training_data();
+  pmap::ensemble::TrainConfig fp32 = pmap::testing::small_config(1, 2);
+  fp32.cuda_kernels_on_host = true;
+  pmap::ensemble::TrainConfig bf16 = fp32;
+  bf16.precision = Precision::bf16;
+  pmap::ensemble::Trainer a(bf16, data.train, data.test), b(bf16, data.train, data.test);
+  pmap::ensemble::Trainer f(fp32, data.train, data.test);
+  std::vector<double> la, lf;
+  a.run_epoch([&](const pmap::ensemble::StepReport& r) { la.push_back(r.loss); });
+  b.run_epoch();
+  f.run_epoch([&](const pmap::ensemble::StepReport& r) { lf.push_back(r.loss); });
+  CHECK(a.params() == b.params());
+  CHECK(a.params() != f.params());
+  REQUIRE(la.size() == lf.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < la.size(); ++i) worst = std::max(worst, std::fabs(la[i] - lf[i]) / lf[i]);
+  MESSAGE("CUDA kernels on the host, bf16 vs fp32, " << la.size() << " steps: worst relative loss difference "
+                                                      << worst);
+  CHECK(worst > 0);
+  CHECK(worst <= 0.05);
 }

@@ -1,7 +1,9 @@
 // CUDA conv2d forward and backward: im2col of the whole batch (once for a shared input), then strided-
 // batched GEMMs against HWIO weights seen as (KH*KW*Cin, Cout) matrices, one batch entry per member, and
 // the bias-and-ReLU epilogue; dx by a gather col2im (no atomics: deterministic). Every kernel is one item
-// per output element (im2col: per patch entry; col2im: per input pixel and channel).
+// per output element (im2col: per patch entry; col2im: per input pixel and channel). bf16: each GEMM's
+// operands are rounded into the workspace first (see Gemm in exec.h).
+#include <algorithm>
 #include <cstdint>
 
 #include <pmapcc/kernels/cuda/backend.h>
@@ -25,13 +27,17 @@ struct ConvPlan {
   bool identity = false;        // 1x1, stride 1, no padding: the patch matrix is x itself
   std::size_t col_floats = 0;   // floats of one set of patch matrices (none for identity)
   std::size_t partials = 0;     // doubles for the bias-gradient chunks
+  std::size_t bf16_bytes = 0;   // the bf16 GEMMs' rounded operands (the largest of the three GEMMs)
 };
+
+Gemm forward_gemm(const ConvPlan& plan);
+Gemm dw_gemm(const ConvPlan& plan);
+Gemm dx_gemm(const ConvPlan& plan);
 
 ConvPlan make_plan(const Conv2dParams& p) {
   ConvPlan plan;
   plan.p = p;
   plan.g = conv2d_geometry(p);  // validates p
-  require_fp32(p.precision, "conv2d");
   plan.patch = p.kernel_h * p.kernel_w * p.in_channels;
   plan.pixels = static_cast<std::size_t>(p.batch) * plan.g.out_height * plan.g.out_width;
   plan.in_image = static_cast<std::size_t>(p.height) * p.width * p.in_channels;
@@ -40,19 +46,22 @@ ConvPlan make_plan(const Conv2dParams& p) {
                   plan.g.pad_left == 0 && plan.g.out_height == p.height && plan.g.out_width == p.width;
   plan.col_floats = plan.identity ? 0 : plan.col_members * plan.pixels * static_cast<std::size_t>(plan.patch);
   plan.partials = column_sum_partials(p.members, plan.pixels, p.out_channels);
+  plan.bf16_bytes = std::max({bf16_operand_bytes(forward_gemm(plan)), bf16_operand_bytes(dw_gemm(plan)),
+                              bf16_operand_bytes(dx_gemm(plan))});
   return plan;
 }
 
-// The workspace carved into patches, patch gradients and bias partial sums.
+// The workspace carved into patches, patch gradients, bias partial sums and the bf16 GEMMs' operands.
 struct ConvBuffers {
   float* col = nullptr;
   float* dcol = nullptr;
   double* partial = nullptr;
+  void* bf16 = nullptr;
 };
 
 std::size_t workspace_bytes(const ConvPlan& plan) {
   const std::size_t cols = align_up(plan.col_floats * sizeof(float));
-  return 2 * cols + align_up(plan.partials * sizeof(double)) + kAlign;
+  return 2 * cols + align_up(plan.partials * sizeof(double)) + plan.bf16_bytes + kAlign;
 }
 
 ConvBuffers carve(const Exec& ex, const ConvPlan& plan, void* workspace) {
@@ -60,9 +69,11 @@ ConvBuffers carve(const Exec& ex, const ConvPlan& plan, void* workspace) {
   auto base = (reinterpret_cast<std::uintptr_t>(workspace) + kAlign - 1) / kAlign * kAlign;
   ConvBuffers b;
   const std::size_t cols = align_up(plan.col_floats * sizeof(float));
+  const std::size_t partials = align_up(plan.partials * sizeof(double));
   b.col = reinterpret_cast<float*>(base);
   b.dcol = reinterpret_cast<float*>(base + cols);
   b.partial = plan.partials == 0 ? nullptr : reinterpret_cast<double*>(base + 2 * cols);
+  b.bf16 = plan.bf16_bytes == 0 ? nullptr : reinterpret_cast<void*>(base + 2 * cols + partials);
   return b;
 }
 
@@ -131,27 +142,59 @@ Gemm member_gemm(const ConvPlan& plan) {
   Gemm g;
   g.batch = plan.p.members;
   g.stride_a = plan.col_members == 1 ? 0 : static_cast<long long>(plan.pixels) * plan.patch;
+  g.bf16 = plan.p.precision == Precision::bf16;
   return g;
 }
 
-void backward_dx(const Exec& ex, const ConvPlan& plan, const float* w, const float* dy, float* dx, float* dcol) {
+// y_m (P, Cout) = patches_m (P, K) @ w_m (K, Cout).
+Gemm forward_gemm(const ConvPlan& plan) {
+  Gemm g = member_gemm(plan);
+  g.m = static_cast<int>(plan.pixels), g.n = plan.p.out_channels, g.k = plan.patch;
+  g.stride_b = static_cast<long long>(plan.patch) * plan.p.out_channels;
+  g.stride_c = static_cast<long long>(plan.pixels) * plan.p.out_channels;
+  return g;
+}
+
+// dw_m (K, Cout) = patches_m^T (K, P) @ dy_m (P, Cout).
+Gemm dw_gemm(const ConvPlan& plan) {
+  Gemm g = member_gemm(plan);
+  g.trans_a = true;
+  g.m = plan.patch, g.n = plan.p.out_channels, g.k = static_cast<int>(plan.pixels);
+  g.stride_b = static_cast<long long>(plan.pixels) * plan.p.out_channels;
+  g.stride_c = static_cast<long long>(plan.patch) * plan.p.out_channels;
+  return g;
+}
+
+// dcol_m (P, K) = dy_m (P, Cout) @ w_m^T: batched over members, or (shared input) one member's GEMM, called
+// per member with the sums accumulated in C.
+Gemm dx_gemm(const ConvPlan& plan) {
+  const Conv2dParams& p = plan.p;
+  Gemm g;
+  g.trans_b = true;
+  g.bf16 = p.precision == Precision::bf16;
+  g.m = static_cast<int>(plan.pixels), g.n = plan.patch, g.k = p.out_channels;
+  if (p.shared_input) return g;
+  g.batch = p.members, g.stride_a = static_cast<long long>(plan.pixels) * p.out_channels;
+  g.stride_b = static_cast<long long>(plan.patch) * p.out_channels;
+  g.stride_c = static_cast<long long>(plan.pixels) * plan.patch;
+  return g;
+}
+
+void backward_dx(const Exec& ex, const ConvPlan& plan, const float* w, const float* dy, float* dx, float* dcol,
+                 void* bf16) {
   const Conv2dParams& p = plan.p;
   const long long w_size = static_cast<long long>(plan.patch) * p.out_channels;
   const long long y_size = static_cast<long long>(plan.pixels) * p.out_channels;
-  // dcol_m (P, K) = dy_m (P, Cout) @ w_m^T; an identity conv writes dx directly.
+  // An identity conv writes dx directly.
   float* target = plan.identity ? dx : dcol;
-  Gemm g;
-  g.trans_b = true;
-  g.m = static_cast<int>(plan.pixels), g.n = plan.patch, g.k = p.out_channels;
+  Gemm g = dx_gemm(plan);
   if (p.shared_input) {  // members' patch gradients summed in member order, then one col2im
     for (int m = 0; m < p.members; ++m) {
       g.beta = m == 0 ? 0.0f : 1.0f;
-      ex.gemm(g, dy + m * y_size, w + m * w_size, target);
+      product(ex, g, dy + m * y_size, w + m * w_size, target, bf16);
     }
   } else {
-    g.batch = p.members, g.stride_a = y_size, g.stride_b = w_size;
-    g.stride_c = static_cast<long long>(plan.pixels) * plan.patch;
-    ex.gemm(g, dy, w, target);
+    product(ex, g, dy, w, target, bf16);
   }
   if (plan.identity) return;
   ex.launch(Col2im{plan, dcol, dx}, static_cast<std::size_t>(plan.col_members) * p.batch * plan.in_image);
@@ -169,12 +212,7 @@ void CudaConvOps::conv2d_forward(Conv2dParams p, const float* x, const float* w,
   require(y, "conv2d_forward", "y");
   const ConvPlan plan = make_plan(p);
   const ConvBuffers buf = carve(ex, plan, workspace);
-  const float* a = patches(ex, plan, x, buf.col);
-  Gemm g = member_gemm(plan);
-  g.m = static_cast<int>(plan.pixels), g.n = p.out_channels, g.k = plan.patch;
-  g.stride_b = static_cast<long long>(plan.patch) * p.out_channels;
-  g.stride_c = static_cast<long long>(plan.pixels) * p.out_channels;
-  ex.gemm(g, a, w, y);
+  product(ex, forward_gemm(plan), patches(ex, plan, x, buf.col), w, y, buf.bf16);
   bias_relu(ex, p.members, plan.pixels, p.out_channels, b, p.relu, y);
 }
 
@@ -187,15 +225,8 @@ void CudaConvOps::conv2d_backward(Conv2dParams p, const float* x, const float* w
   const ConvPlan plan = make_plan(p);
   const ConvBuffers buf = carve(ex, plan, workspace);
   if (db != nullptr) column_sums(ex, p.members, plan.pixels, p.out_channels, dy, db, buf.partial);
-  if (dw != nullptr) {  // dw_m (K, Cout) = patches_m^T (K, P) @ dy_m (P, Cout)
-    Gemm g = member_gemm(plan);
-    g.trans_a = true;
-    g.m = plan.patch, g.n = p.out_channels, g.k = static_cast<int>(plan.pixels);
-    g.stride_b = static_cast<long long>(plan.pixels) * p.out_channels;
-    g.stride_c = static_cast<long long>(plan.patch) * p.out_channels;
-    ex.gemm(g, patches(ex, plan, x, buf.col), dy, dw);
-  }
-  if (dx != nullptr) backward_dx(ex, plan, w, dy, dx, buf.dcol);
+  if (dw != nullptr) product(ex, dw_gemm(plan), patches(ex, plan, x, buf.col), dy, dw, buf.bf16);
+  if (dx != nullptr) backward_dx(ex, plan, w, dy, dx, buf.dcol, buf.bf16);
 }
 
 }  // namespace pmap::kernels::gpu

@@ -3,6 +3,7 @@
 // captures, which record a step's launches and replay them as a CUDA graph would.
 #include <pmapcc/kernels/cuda/exec.h>
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -59,33 +60,39 @@ ColumnMajorGemm column_major(const Gemm& g, const float* a, const float* b, floa
   return cm;
 }
 
+namespace {
+
+inline double widen(float x) { return x; }
+inline double widen(std::uint16_t bits) { return bf16_widen(bits); }
+
+// host_sgemm over operands of type T (float, or bf16 bits).
 // Not instrumented by ThreadSanitizer: one thread's arithmetic on buffers the caller owns (under TSan the
 // reference GEMM would dominate the suite's time and check nothing about threads).
+template <class T>
 #if defined(__GNUC__)
 __attribute__((no_sanitize("thread")))
 #endif
-void host_sgemm(const ColumnMajorGemm& g) {
+void host_gemm(const ColumnMajorGemm& g, const T* a_all, const T* b_all) {
   // op(A) is first copied out column-major (m x k, as doubles), so that a column of C accumulates over
   // contiguous rows (vectorized); each entry is still summed over l in order, from zero.
   const auto m = static_cast<std::size_t>(g.m);
   std::vector<double> op_a(m * static_cast<std::size_t>(g.k));
   std::vector<double> acc(4 * m);
   for (int i = 0; i < g.batch; ++i) {
-    const float* a = g.a + i * g.stride_a;
-    const float* b = g.b + i * g.stride_b;
+    const T* a = a_all + i * g.stride_a;
+    const T* b = b_all + i * g.stride_b;
     float* c = g.c + i * g.stride_c;
     for (int l = 0; l < g.k; ++l) {
       double* al = op_a.data() + static_cast<std::size_t>(l) * m;
       if (g.trans_a) {
-        for (int row = 0; row < g.m; ++row) al[row] = a[l + static_cast<long long>(row) * g.lda];
+        for (int row = 0; row < g.m; ++row) al[row] = widen(a[l + static_cast<long long>(row) * g.lda]);
       } else {
-        for (int row = 0; row < g.m; ++row) al[row] = a[row + static_cast<long long>(l) * g.lda];
+        for (int row = 0; row < g.m; ++row) al[row] = widen(a[row + static_cast<long long>(l) * g.lda]);
       }
     }
     // Four columns of C at a time (each op(A) load feeds four sums), then the rest one by one.
     auto b_at = [&](int l, int col) {  // op(B)(l, col): B is k x n (ldb), or n x k when transposed
-      return static_cast<double>(g.trans_b ? b[col + static_cast<long long>(l) * g.ldb]
-                                           : b[l + static_cast<long long>(col) * g.ldb]);
+      return widen(g.trans_b ? b[col + static_cast<long long>(l) * g.ldb] : b[l + static_cast<long long>(col) * g.ldb]);
     };
     for (int col = 0; col < g.n;) {
       const int cols = g.n - col >= 4 ? 4 : 1;
@@ -122,6 +129,13 @@ void host_sgemm(const ColumnMajorGemm& g) {
   }
 }
 
+}  // namespace
+
+void host_sgemm(const ColumnMajorGemm& g) {
+  if (g.a16 != nullptr && g.b16 != nullptr) return host_gemm(g, g.a16, g.b16);
+  host_gemm(g, g.a, g.b);
+}
+
 void Exec::run_on_host(std::function<void()> f) {
   if (tls_recording != nullptr) {
     tls_recording->work.push_back(std::move(f));
@@ -135,10 +149,21 @@ void Exec::no_gpu(const char* what) {
 }
 
 void Exec::gemm(const Gemm& g, const float* a, const float* b, float* c) const {
+  if (g.bf16) throw ValueError("Exec::gemm: a bf16 GEMM takes bf16 operands (see product() in linear.h)");
   if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0) return;
   const ColumnMajorGemm cm = column_major(g, a, b, c);
   if (host_) return run_on_host([cm] { host_sgemm(cm); });
   native::sgemm(cm);
+}
+
+void Exec::gemm(const Gemm& g, const std::uint16_t* a, const std::uint16_t* b, float* c) const {
+  if (!g.bf16) throw ValueError("Exec::gemm: bf16 operands need a Gemm with bf16 set");
+  if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0) return;
+  ColumnMajorGemm cm = column_major(g, nullptr, nullptr, c);
+  cm.a16 = b;  // column-major A is the row-major B (see column_major)
+  cm.b16 = a;
+  if (host_) return run_on_host([cm] { host_sgemm(cm); });
+  native::gemm_bf16(cm);
 }
 
 void Exec::fill_zero(void* dst, std::size_t bytes) const {

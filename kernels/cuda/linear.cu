@@ -2,14 +2,29 @@
 // item per output element, no cooperation between threads, so a host run checks them exactly.
 #include <pmapcc/kernels/cuda/linear.h>
 
-#include <pmap/error.h>
+#include <cstdint>
 
-#include <string>
+#include <pmap/error.h>
 
 namespace pmap::kernels::gpu {
 namespace {
 
 constexpr std::size_t kChunkRows = 256;  // rows summed by one item of the first pass
+constexpr std::size_t kBf16Align = 256;
+
+std::size_t align_bf16(std::size_t bytes) { return (bytes + kBf16Align - 1) / kBf16Align * kBf16Align; }
+
+// Elements of a row-major operand of rows x cols per batch entry, over the batch.
+std::size_t operand_span(long long rows, long long cols, long long stride, int batch) {
+  return static_cast<std::size_t>(static_cast<long long>(batch - 1) * stride + rows * cols);
+}
+
+// out[i] = bf16_bits(in[i]): one item per element.
+struct RoundBf16 {
+  const float* in;
+  std::uint16_t* out;
+  PMAPCC_HD void operator()(std::size_t i) const { out[i] = bf16_bits(in[i]); }
+};
 
 // y[i] += b[member, column]; then ReLU (x < 0 ? 0 : x, so NaN passes, as the CPU ops).
 struct BiasRelu {
@@ -71,6 +86,25 @@ std::size_t chunks_for(std::size_t rows) { return rows <= kChunkRows ? 1 : (rows
 
 }  // namespace
 
+std::size_t bf16_operand_bytes(const Gemm& g) {
+  if (!g.bf16 || g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0) return 0;
+  const std::size_t a = operand_span(g.m, g.k, g.stride_a, g.batch), b = operand_span(g.k, g.n, g.stride_b, g.batch);
+  return align_bf16(a * sizeof(std::uint16_t)) + align_bf16(b * sizeof(std::uint16_t)) + kBf16Align;
+}
+
+void product(const Exec& ex, const Gemm& g, const float* a, const float* b, float* c, void* bf16_space) {
+  if (!g.bf16) return ex.gemm(g, a, b, c);
+  if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0) return;
+  if (bf16_space == nullptr) throw ValueError("a bf16 product needs bf16_operand_bytes(g) bytes of space, got none");
+  const std::size_t a_n = operand_span(g.m, g.k, g.stride_a, g.batch), b_n = operand_span(g.k, g.n, g.stride_b, g.batch);
+  const auto base = (reinterpret_cast<std::uintptr_t>(bf16_space) + kBf16Align - 1) / kBf16Align * kBf16Align;
+  auto* a16 = reinterpret_cast<std::uint16_t*>(base);
+  auto* b16 = reinterpret_cast<std::uint16_t*>(base + align_bf16(a_n * sizeof(std::uint16_t)));
+  ex.launch(RoundBf16{a, a16}, a_n);
+  ex.launch(RoundBf16{b, b16}, b_n);
+  ex.gemm(g, a16, b16, c);
+}
+
 void bias_relu(const Exec& ex, int members, std::size_t rows, int cols, const float* b, bool relu, float* y) {
   if (b == nullptr && !relu) return;
   const std::size_t per_member = rows * static_cast<std::size_t>(cols);
@@ -88,13 +122,6 @@ void column_sums(const Exec& ex, int members, std::size_t rows, int cols, const 
   const std::size_t outputs = static_cast<std::size_t>(members) * static_cast<std::size_t>(cols);
   ex.launch(ColumnChunks{rows, chunks, cols, a, out, partial}, outputs * chunks);
   if (chunks > 1) ex.launch(ColumnFinish{chunks, cols, partial, out}, outputs);
-}
-
-void require_fp32(Precision precision, const char* op) {
-  if (precision == Precision::fp32) return;
-  throw ValueError(std::string(op) + ": " + name(precision) +
-                   " precision is not implemented in the CUDA kernels yet (CPU devices with AVX512_BF16 run it): "
-                   "use fp32");
 }
 
 }  // namespace pmap::kernels::gpu

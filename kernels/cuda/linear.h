@@ -1,5 +1,5 @@
-// Internal to the CUDA kernels: the bias-and-ReLU epilogue and the bias-gradient column sums shared by
-// conv2d and dense, and their precision check.
+// Internal to the CUDA kernels: the products (fp32 or bf16), the bias-and-ReLU epilogue and the bias-gradient
+// column sums shared by conv2d and dense.
 #pragma once
 
 #include <cstddef>
@@ -8,6 +8,15 @@
 #include <pmapcc/kernels/ops.h>
 
 namespace pmap::kernels::gpu {
+
+// Bytes of the space product() needs for g's bf16 operands (0 for an fp32 GEMM): both rounded copies,
+// each 256-byte aligned, from any start address.
+std::size_t bf16_operand_bytes(const Gemm& g);
+
+// C = op(A) op(B) (+ beta C) as g says: an fp32 GEMM, or (g.bf16) A and B rounded into bf16_space
+// (bf16_operand_bytes(g) bytes of the device's memory, written on the stream: not in use by queued work)
+// by bf16_bits, then the bf16 GEMM with fp32 sums.
+void product(const Exec& ex, const Gemm& g, const float* a, const float* b, float* c, void* bf16_space);
 
 // y (M, rows, cols) = y + b_m (each row of member m), then max(., 0) when relu: the epilogue of a GEMM.
 // b may be null (no bias); with neither a bias nor relu nothing runs.
@@ -19,8 +28,5 @@ void bias_relu(const Exec& ex, int members, std::size_t rows, int cols, const fl
 // whole column (slower for tall inputs, same contract).
 std::size_t column_sum_partials(int members, std::size_t rows, int cols);
 void column_sums(const Exec& ex, int members, std::size_t rows, int cols, const float* a, float* out, double* partial);
-
-// Throws ValueError naming `op` for a precision the CUDA kernels do not run (bf16: not yet).
-void require_fp32(Precision precision, const char* op);
 
 }  // namespace pmap::kernels::gpu

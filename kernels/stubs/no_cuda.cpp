@@ -14,6 +14,7 @@ namespace {
 bool built() { return false; }
 std::string cublas_version() { return {}; }
 void sgemm(const ColumnMajorGemm&) { unavailable(); }
+void gemm_bf16(const ColumnMajorGemm&) { unavailable(); }
 void fill_zero(void*, std::size_t) { unavailable(); }
 void copy(void*, const void*, std::size_t) { unavailable(); }
 void* scratch(std::size_t) { unavailable(); }

@@ -1,10 +1,12 @@
 // The stand-in cuBLAS (see pmapcc_standin.h): handles bound to a device, a stream and a workspace, cuBLAS's
-// argument checks, and the strided-batched SGEMM queued on the handle's stream. Its arithmetic is the
+// argument checks, and the strided-batched SGEMM (and GemmEx with fp32 or bf16 operands) queued on the
+// handle's stream. Its arithmetic is the
 // host GEMM's (each entry summed in double in k order, then scaled and rounded once), not cuBLAS's
 // algorithms: what the stand-in checks is where and when the work runs, never its last bits.
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -43,22 +45,30 @@ bool live(cublasHandle_t h) {
 // Not instrumented by ThreadSanitizer or AddressSanitizer (they would dominate the suite's time):
 // touch() below reads every operand element and writes every result element once, instrumented, so a
 // race or a bad address on any of them is still reported.
+inline double widen(float x) { return x; }
+inline double widen(std::uint16_t bf16) {  // a bf16 value's bits are the high half of the float's
+  const std::uint32_t u = static_cast<std::uint32_t>(bf16) << 16;
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+template <class T>
 #if defined(__GNUC__)
 __attribute__((no_sanitize("thread", "address")))
 #endif
-void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const T* a, int lda, const T* b, int ldb,
           float beta, float* c, int ldc) {
   std::vector<double> op_a;  // op(A) as doubles, column-major m x k
   op_a.resize(static_cast<std::size_t>(m) * static_cast<std::size_t>(k));
   for (int l = 0; l < k; ++l)
     for (int row = 0; row < m; ++row)
       op_a[static_cast<std::size_t>(l) * static_cast<std::size_t>(m) + static_cast<std::size_t>(row)] =
-          ta ? a[l + static_cast<long long>(row) * lda] : a[row + static_cast<long long>(l) * lda];
+          widen(ta ? a[l + static_cast<long long>(row) * lda] : a[row + static_cast<long long>(l) * lda]);
   // Four columns of C at a time (each op(A) load feeds four sums), then the rest one by one.
   const auto rows = static_cast<std::size_t>(m);
   auto b_at = [&](int l, int col) {
-    return static_cast<double>(tb ? b[col + static_cast<long long>(l) * ldb]
-                                  : b[l + static_cast<long long>(col) * ldb]);
+    return widen(tb ? b[col + static_cast<long long>(l) * ldb] : b[l + static_cast<long long>(col) * ldb]);
   };
   std::vector<double> acc(4 * rows);
   for (int col = 0; col < n;) {
@@ -97,9 +107,10 @@ void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, in
 
 // Reads each element of op(A) (rows x k) and B, and writes each element of C (m x n) back unchanged (beta
 // != 0) or as zero: the GEMM's memory accesses, one per element, where ThreadSanitizer sees them.
-void touch(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float beta,
-           float* c, int ldc) {
-  volatile float sink = 0.0f;
+template <class T>
+void touch(bool ta, bool tb, int m, int n, int k, const T* a, int lda, const T* b, int ldb, float beta, float* c,
+           int ldc) {
+  volatile T sink = T{};
   for (int l = 0; l < k; ++l)
     for (int row = 0; row < m; ++row)
       sink = ta ? a[l + static_cast<long long>(row) * lda] : a[row + static_cast<long long>(l) * lda];
@@ -115,10 +126,49 @@ void touch(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const
 }
 
 // Bytes spanned by a column-major matrix of `rows` x `cols` with leading dimension ld, repeated over a batch.
-std::size_t span(int rows, int cols, int ld, long long stride, int batch) {
+std::size_t span(int rows, int cols, int ld, long long stride, int batch, std::size_t element = sizeof(float)) {
   if (rows == 0 || cols == 0 || batch == 0) return 0;
   const long long one = static_cast<long long>(cols - 1) * ld + rows;
-  return static_cast<std::size_t>(static_cast<long long>(batch - 1) * stride + one) * sizeof(float);
+  return static_cast<std::size_t>(static_cast<long long>(batch - 1) * stride + one) * element;
+}
+
+// The strided-batched GEMM both entry points share, after their type checks: cuBLAS's argument rules,
+// the handle's device, stream and workspace, the operands' memory, then the work queued on the stream.
+template <class T>
+cublasStatus_t strided_batched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
+                               int n, int k, const float* alpha, const T* A, int lda, long long strideA, const T* B,
+                               int ldb, long long strideB, const float* beta, float* C, int ldc, long long strideC,
+                               int batchCount) {
+  if (!live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  auto op_ok = [](cublasOperation_t op) { return op == CUBLAS_OP_N || op == CUBLAS_OP_T || op == CUBLAS_OP_C; };
+  const bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
+  // cuBLAS's argument rules: sizes >= 0, each leading dimension at least its stored matrix's rows.
+  if (!op_ok(transa) || !op_ok(transb) || m < 0 || n < 0 || k < 0 || batchCount < 0 || alpha == nullptr ||
+      beta == nullptr || lda < std::max(1, ta ? k : m) || ldb < std::max(1, tb ? n : k) || ldc < std::max(1, m))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (m == 0 || n == 0 || batchCount == 0) return CUBLAS_STATUS_SUCCESS;
+  if (pmapcc_standin::current_device() != handle->device) return CUBLAS_STATUS_EXECUTION_FAILED;
+  const pmapcc_standin::StreamInfo info = pmapcc_standin::stream_info(handle->stream);
+  if (!info.valid || info.device != handle->device) return CUBLAS_STATUS_EXECUTION_FAILED;
+  // A capture cannot let cuBLAS allocate: the stand-in wants a user workspace there.
+  if (info.capturing && handle->workspace == nullptr) return CUBLAS_STATUS_NOT_SUPPORTED;
+  // Operands in the handle's GPU memory (on a GPU, a host pointer is an illegal address in the kernel).
+  const std::size_t a_bytes = span(ta ? k : m, ta ? m : k, lda, strideA, batchCount, sizeof(T));
+  const std::size_t b_bytes = span(tb ? n : k, tb ? k : n, ldb, strideB, batchCount, sizeof(T));
+  const std::size_t c_bytes = span(m, n, ldc, strideC, batchCount);
+  if ((k > 0 && (pmapcc_standin::pointer_device(A, a_bytes) != handle->device ||
+                 pmapcc_standin::pointer_device(B, b_bytes) != handle->device)) ||
+      pmapcc_standin::pointer_device(C, c_bytes) != handle->device)
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  const float al = *alpha, be = *beta;  // host pointer mode: read at the call
+  const cudaError_t queued = pmapcc_standin::enqueue(handle->stream, [=] {
+    for (int i = 0; i < batchCount; ++i) {
+      touch(ta, tb, m, n, k, A + i * strideA, lda, B + i * strideB, ldb, be, C + i * strideC, ldc);
+      gemm(ta, tb, m, n, k, al, A + i * strideA, lda, B + i * strideB, ldb, be, C + i * strideC, ldc);
+    }
+  });
+  if (queued != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
+  return CUBLAS_STATUS_SUCCESS;
 }
 
 }  // namespace
@@ -214,36 +264,31 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
                                          const float* beta, float* C, int ldc, long long int strideC,
                                          int batchCount) {
   if (cublasStatus_t s = injected("cublasSgemmStridedBatched"); s != CUBLAS_STATUS_SUCCESS) return s;
+  return strided_batched(handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc,
+                         strideC, batchCount);
+}
+
+// The stand-in's subset of the typed GEMM: A and B both fp32 or both bf16, C fp32, fp32 compute with
+// float alpha and beta (host pointer mode); any other combination is CUBLAS_STATUS_NOT_SUPPORTED here.
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                          int m, int n, int k, const void* alpha, const void* A, cudaDataType Atype,
+                                          int lda, long long int strideA, const void* B, cudaDataType Btype, int ldb,
+                                          long long int strideB, const void* beta, void* C, cudaDataType Ctype,
+                                          int ldc, long long int strideC, int batchCount,
+                                          cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+  if (cublasStatus_t s = injected("cublasGemmStridedBatchedEx"); s != CUBLAS_STATUS_SUCCESS) return s;
   if (!live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
-  auto op_ok = [](cublasOperation_t op) { return op == CUBLAS_OP_N || op == CUBLAS_OP_T || op == CUBLAS_OP_C; };
-  const bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
-  // cuBLAS's argument rules: sizes >= 0, each leading dimension at least its stored matrix's rows.
-  if (!op_ok(transa) || !op_ok(transb) || m < 0 || n < 0 || k < 0 || batchCount < 0 || alpha == nullptr ||
-      beta == nullptr || lda < std::max(1, ta ? k : m) || ldb < std::max(1, tb ? n : k) || ldc < std::max(1, m))
-    return CUBLAS_STATUS_INVALID_VALUE;
-  if (m == 0 || n == 0 || batchCount == 0) return CUBLAS_STATUS_SUCCESS;
-  if (pmapcc_standin::current_device() != handle->device) return CUBLAS_STATUS_EXECUTION_FAILED;
-  const pmapcc_standin::StreamInfo info = pmapcc_standin::stream_info(handle->stream);
-  if (!info.valid || info.device != handle->device) return CUBLAS_STATUS_EXECUTION_FAILED;
-  // A capture cannot let cuBLAS allocate: the stand-in wants a user workspace there.
-  if (info.capturing && handle->workspace == nullptr) return CUBLAS_STATUS_NOT_SUPPORTED;
-  // Operands in the handle's GPU memory (on a GPU, a host pointer is an illegal address in the kernel).
-  const std::size_t a_bytes = span(ta ? k : m, ta ? m : k, lda, strideA, batchCount);
-  const std::size_t b_bytes = span(tb ? n : k, tb ? k : n, ldb, strideB, batchCount);
-  const std::size_t c_bytes = span(m, n, ldc, strideC, batchCount);
-  if ((k > 0 && (pmapcc_standin::pointer_device(A, a_bytes) != handle->device ||
-                 pmapcc_standin::pointer_device(B, b_bytes) != handle->device)) ||
-      pmapcc_standin::pointer_device(C, c_bytes) != handle->device)
-    return CUBLAS_STATUS_EXECUTION_FAILED;
-  const float al = *alpha, be = *beta;  // host pointer mode: read at the call
-  const cudaError_t queued = pmapcc_standin::enqueue(handle->stream, [=] {
-    for (int i = 0; i < batchCount; ++i) {
-      touch(ta, tb, m, n, k, A + i * strideA, lda, B + i * strideB, ldb, be, C + i * strideC, ldc);
-      gemm(ta, tb, m, n, k, al, A + i * strideA, lda, B + i * strideB, ldb, be, C + i * strideC, ldc);
-    }
-  });
-  if (queued != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
-  return CUBLAS_STATUS_SUCCESS;
+  if (Atype != Btype || (Atype != CUDA_R_32F && Atype != CUDA_R_16BF) || Ctype != CUDA_R_32F ||
+      computeType != CUBLAS_COMPUTE_32F || algo != CUBLAS_GEMM_DEFAULT)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  const auto* al = static_cast<const float*>(alpha);
+  const auto* be = static_cast<const float*>(beta);
+  auto* c = static_cast<float*>(C);
+  if (Atype == CUDA_R_32F)
+    return strided_batched(handle, transa, transb, m, n, k, al, static_cast<const float*>(A), lda, strideA,
+                           static_cast<const float*>(B), ldb, strideB, be, c, ldc, strideC, batchCount);
+  return strided_batched(handle, transa, transb, m, n, k, al, static_cast<const std::uint16_t*>(A), lda, strideA,
+                         static_cast<const std::uint16_t*>(B), ldb, strideB, be, c, ldc, strideC, batchCount);
 }
 
 }  // extern "C"

@@ -131,6 +131,17 @@ void sgemm(const ColumnMajorGemm& g) {
                                                 g.c, g.ldc, g.stride_c, g.batch));
 }
 
+void gemm_bf16(const ColumnMajorGemm& g) {
+  // bf16 operands, fp32 C and fp32 compute: each product of two bf16 values is exact in fp32 and the sums
+  // are fp32 (CUBLAS_COMPUTE_32F, never a reduced-precision accumulation).
+  const cublasOperation_t op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  PMAPCC_CUBLAS_CHECK(cublasGemmStridedBatchedEx(context().handle(current_stream()), op_a, op_b, g.m, g.n, g.k,
+                                                 &g.alpha, g.a16, CUDA_R_16BF, g.lda, g.stride_a, g.b16, CUDA_R_16BF,
+                                                 g.ldb, g.stride_b, &g.beta, g.c, CUDA_R_32F, g.ldc, g.stride_c,
+                                                 g.batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
 void fill_zero(void* dst, std::size_t bytes) {
   PMAPCC_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, current_stream()));
 }

@@ -15,6 +15,7 @@ namespace pmap::kernels::gpu::native {
 bool built();
 std::string cublas_version();                               // "" in the stub                                               // false in the stub (no CUDA in this build)
 void sgemm(const ColumnMajorGemm& g);                       // cublasSgemmStridedBatched, current stream
+void gemm_bf16(const ColumnMajorGemm& g);                   // cublasGemmStridedBatchedEx, bf16 a16/b16
 void fill_zero(void* dst, std::size_t bytes);               // cudaMemsetAsync, current stream
 void copy(void* dst, const void* src, std::size_t bytes);   // cudaMemcpyAsync, current stream
 void* scratch(std::size_t bytes);                           // per (thread, stream); see Exec::scratch
