@@ -367,7 +367,8 @@ def torch_table(b, members_list, torch_variants):
     core type set and unset among them)."""
     name = lambda t: f"{t[1]} {t[0]}t" + (f" {t[2]}" if t[2] != "off" else "") + f" OpenBLAS {t[3]}"
     out = ["PyTorch, model-images/s (median):", "",
-           "| members | " + " | ".join(name(t) for t in torch_variants) + " |", "|" + "---|" * (1 + len(torch_variants))]
+           "| members | " + " | ".join(name(t) for t in torch_variants) + " |",
+           "|" + "---|" * (1 + len(torch_variants))]
     for m in members_list:
         vals = [median(b.values("torch", {"members": m, "threads": t[0], "mode": t[1], "autocast": t[2],
                                           "coretype": t[3]}, "model_images_per_s")) for t in torch_variants]

@@ -41,8 +41,9 @@
 #              run twice bitwise equal (losses and checkpoint tensors); and --mode model-parallel --mesh 1x2
 #              against the CPU (20-step losses within 1e-4)
 #   bench      bench_cuda_train (fp32 and bf16) beside the project's PyTorch reference,
-#              bench/torch_flax_cnn.py --device cuda (where PyTorch has CUDA), and a JAX program where ANCHORS holds jax_cnn_ensemble.py and
-#              python3 has JAX, flax and optax (else it says what is missing); 1, 4 and 8 members
+#              bench/torch_flax_cnn.py --device cuda (where PyTorch has CUDA), and a JAX program where
+#              ANCHORS holds jax_cnn_ensemble.py and python3 has JAX, flax and optax (else it says what is
+#              missing); 1, 4 and 8 members
 #   summary    one JSON file, bench/results/gpu-checks-<device>-<date>.json: the device, versions, every
 #              stage's result and the benchmark lines
 # Logs: <build>/gpu_checks/ (stage results accumulate there across invocations, for the summary).

@@ -96,7 +96,8 @@ void product(const Exec& ex, const Gemm& g, const float* a, const float* b, floa
   if (!g.bf16) return ex.gemm(g, a, b, c);
   if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0) return;
   if (bf16_space == nullptr) throw ValueError("a bf16 product needs bf16_operand_bytes(g) bytes of space, got none");
-  const std::size_t a_n = operand_span(g.m, g.k, g.stride_a, g.batch), b_n = operand_span(g.k, g.n, g.stride_b, g.batch);
+  const std::size_t a_n = operand_span(g.m, g.k, g.stride_a, g.batch);
+  const std::size_t b_n = operand_span(g.k, g.n, g.stride_b, g.batch);
   const auto base = (reinterpret_cast<std::uintptr_t>(bf16_space) + kBf16Align - 1) / kBf16Align * kBf16Align;
   auto* a16 = reinterpret_cast<std::uint16_t*>(base);
   auto* b16 = reinterpret_cast<std::uint16_t*>(base + align_bf16(a_n * sizeof(std::uint16_t)));
