@@ -210,7 +210,8 @@ void device_flags(CLI::App& a, TrainConfig& t) {
   flag(a, "--precision",
        [&t](const std::string& v) { t.precision = kernels::parse_precision(v.c_str(), "--precision"); }, "P", "Devices",
        "fp32 | bf16 (bf16: conv and dense products take bf16 operands and\nsum in fp32; weights, gradients and "
-       "optimizer state stay fp32;\nCPU devices with AVX512_BF16, AMX where the CPU has it)")
+       "optimizer state stay fp32;\nCPU devices with AVX512_BF16, AMX where the CPU has it; CUDA\n"
+       "through cuBLAS's bf16 GEMMs)")
       ->check(one_of({"fp32", "bf16"}))->default_str("fp32");
   flag(a, "--members", t.members, "N", "Devices",
        "ensemble members, a multiple of the devices\n(of the A along 'ensemble' with --mesh AxM)")
