@@ -39,9 +39,9 @@ struct Gemm {
   bool bf16 = false;
 };
 
-// A float rounded to bf16 by the CUDA kernels: round to nearest, ties to even, subnormals kept (as the
-// GPU's cvt.rn.bf16.f32, and unlike the CPU's vcvtneps2bf16, which flushes them to zero), overflow to
-// infinity, a NaN kept quiet with its sign. The GPU and the host run this same function.
+// A float rounded to bf16 by the CUDA kernels: round to nearest, ties to even, subnormals kept (unlike the
+// CPU's vcvtneps2bf16, which flushes them to zero), overflow to infinity, a NaN kept quiet with its sign.
+// Integer arithmetic only, and the GPU and the host run this same function: the host run rounds as the GPU.
 PMAPCC_HD inline std::uint16_t bf16_bits(float x) {
   std::uint32_t u;
 #if defined(__CUDA_ARCH__)
