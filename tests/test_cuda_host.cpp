@@ -1,7 +1,8 @@
 // The CUDA code where no GPU is needed to check it: the row-major to column-major GEMM mapping against a
-// row-major reference (and cuBLAS with a GPU), the host launcher's grid-stride order, and the runtime's
-// own kernels (src/device_kernels.h: the device hub's rank-order reduction, pmean's division, pmax/pmin's
-// order keys over NCCL, the samplers) run over their launch grids on the host against the host paths they must equal bit for bit.
+// row-major reference (and cuBLAS with a GPU), the bf16 rounding and the bf16 product (likewise), the host
+// launcher's grid-stride order, and the runtime's own kernels (src/device_kernels.h: the device hub's
+// rank-order reduction, pmean's division, pmax/pmin's order keys over NCCL, the samplers) run over their
+// launch grids on the host against the host paths they must equal bit for bit.
 #include "cuda_testing.h"
 
 #include <algorithm>
