@@ -12,10 +12,6 @@
 namespace pmap::kernels::gpu {
 namespace {
 
-constexpr std::size_t kAlign = 256;
-
-std::size_t align_up(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-
 // Sizes derived once per call; small, passed to kernels by value.
 struct ConvPlan {
   Conv2dParams p;
@@ -61,12 +57,12 @@ struct ConvBuffers {
 
 std::size_t workspace_bytes(const ConvPlan& plan) {
   const std::size_t cols = align_up(plan.col_floats * sizeof(float));
-  return 2 * cols + align_up(plan.partials * sizeof(double)) + plan.bf16_bytes + kAlign;
+  return 2 * cols + align_up(plan.partials * sizeof(double)) + plan.bf16_bytes + kWorkspaceAlign;
 }
 
 ConvBuffers carve(const Exec& ex, const ConvPlan& plan, void* workspace) {
   if (workspace == nullptr) workspace = ex.scratch(workspace_bytes(plan));
-  auto base = (reinterpret_cast<std::uintptr_t>(workspace) + kAlign - 1) / kAlign * kAlign;
+  const std::uintptr_t base = align_up(workspace);
   ConvBuffers b;
   const std::size_t cols = align_up(plan.col_floats * sizeof(float));
   const std::size_t partials = align_up(plan.partials * sizeof(double));

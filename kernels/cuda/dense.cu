@@ -13,8 +13,6 @@ struct DenseSizes {
   long long x, w, y;  // elements per member of x, w and y
 };
 
-constexpr std::size_t kAlign = 256;
-
 DenseSizes sizes(const DenseParams& p) {
   const long long n = p.batch, in = p.in_features, out = p.out_features;
   return DenseSizes{p.shared_input ? 0 : n * in, in * out, n * out};
@@ -58,7 +56,7 @@ Gemm dx_gemm(const DenseParams& p) {
 
 std::size_t partial_bytes(const DenseParams& p) {
   const std::size_t n = column_sum_partials(p.members, static_cast<std::size_t>(p.batch), p.out_features);
-  return n == 0 ? 0 : (n * sizeof(double) + kAlign - 1) / kAlign * kAlign;
+  return n == 0 ? 0 : align_up(n * sizeof(double));
 }
 
 std::size_t bf16_bytes(const DenseParams& p) {

@@ -10,10 +10,6 @@ namespace pmap::kernels::gpu {
 namespace {
 
 constexpr std::size_t kChunkRows = 256;  // rows summed by one item of the first pass
-constexpr std::size_t kBf16Align = 256;
-
-std::size_t align_bf16(std::size_t bytes) { return (bytes + kBf16Align - 1) / kBf16Align * kBf16Align; }
-
 // Elements of a row-major operand of rows x cols per batch entry, over the batch.
 std::size_t operand_span(long long rows, long long cols, long long stride, int batch) {
   return static_cast<std::size_t>(static_cast<long long>(batch - 1) * stride + rows * cols);
@@ -89,7 +85,7 @@ std::size_t chunks_for(std::size_t rows) { return rows <= kChunkRows ? 1 : (rows
 std::size_t bf16_operand_bytes(const Gemm& g) {
   if (!g.bf16 || g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0) return 0;
   const std::size_t a = operand_span(g.m, g.k, g.stride_a, g.batch), b = operand_span(g.k, g.n, g.stride_b, g.batch);
-  return align_bf16(a * sizeof(std::uint16_t)) + align_bf16(b * sizeof(std::uint16_t)) + kBf16Align;
+  return align_up(a * sizeof(std::uint16_t)) + align_up(b * sizeof(std::uint16_t)) + kWorkspaceAlign;
 }
 
 void product(const Exec& ex, const Gemm& g, const float* a, const float* b, float* c, void* bf16_space) {
@@ -98,9 +94,9 @@ void product(const Exec& ex, const Gemm& g, const float* a, const float* b, floa
   if (bf16_space == nullptr) throw ValueError("a bf16 product needs bf16_operand_bytes(g) bytes of space, got none");
   const std::size_t a_n = operand_span(g.m, g.k, g.stride_a, g.batch);
   const std::size_t b_n = operand_span(g.k, g.n, g.stride_b, g.batch);
-  const auto base = (reinterpret_cast<std::uintptr_t>(bf16_space) + kBf16Align - 1) / kBf16Align * kBf16Align;
+  const std::uintptr_t base = align_up(bf16_space);
   auto* a16 = reinterpret_cast<std::uint16_t*>(base);
-  auto* b16 = reinterpret_cast<std::uint16_t*>(base + align_bf16(a_n * sizeof(std::uint16_t)));
+  auto* b16 = reinterpret_cast<std::uint16_t*>(base + align_up(a_n * sizeof(std::uint16_t)));
   ex.launch(RoundBf16{a, a16}, a_n);
   ex.launch(RoundBf16{b, b16}, b_n);
   ex.gemm(g, a16, b16, c);

@@ -1,13 +1,21 @@
-// Internal to the CUDA kernels: the products (fp32 or bf16), the bias-and-ReLU epilogue and the bias-gradient
-// column sums shared by conv2d and dense.
+// Internal to the CUDA kernels: the workspace alignment, the products (fp32 or bf16), the bias-and-ReLU
+// epilogue and the bias-gradient column sums shared by conv2d and dense.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include <pmapcc/kernels/cuda/exec.h>
 #include <pmapcc/kernels/ops.h>
 
 namespace pmap::kernels::gpu {
+
+// Workspace pieces of the conv and dense ops start on 256-byte boundaries (cuBLAS's operand alignment).
+inline constexpr std::size_t kWorkspaceAlign = 256;
+inline std::size_t align_up(std::size_t bytes) {
+  return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+}
+inline std::uintptr_t align_up(const void* p) { return align_up(reinterpret_cast<std::uintptr_t>(p)); }
 
 // Bytes of the space product() needs for g's bf16 operands (0 for an fp32 GEMM): both rounded copies,
 // each 256-byte aligned, from any start address.
