@@ -75,6 +75,14 @@ PMAPCC_BF16_TARGET inline __m512i pairs16(const float* r0, const float* r1, I n)
   return _mm512_or_si512(lo, _mm512_maskz_slli_epi32(0xFFFF, widen16(r1, n), 16));
 }
 
+PMAPCC_BF16_TARGET void round_vector(const float* x, std::size_t n, float* out) {
+  for (std::size_t i = 0; i < n; i += 16) {
+    const I left = static_cast<I>(std::min<std::size_t>(16, n - i));
+    const __m512i bits = _mm512_maskz_slli_epi32(0xFFFF, widen16(x + i, left), 16);
+    _mm512_mask_storeu_ps(out + i, first(left), _mm512_castsi512_ps(bits));
+  }
+}
+
 // Depth rows k0 and k0 + 1 (the latter when below k_end) of a row-major buffer, from column j0 on, as
 // `width` pairs (zeros past the given columns).
 PMAPCC_BF16_TARGET void interleave(const float* m, I ld, I k0, I k_end, I j0, I columns, Pair* out, I width) {
@@ -157,10 +165,10 @@ PMAPCC_BF16_TARGET void pack_a(Path path, const Operand& a, I rows, I depth, I i
   }
 }
 
-// c[r][0..columns) += the sums of MR rows of packed a (pair p of row r at a[r * si + p * sp]) times one
-// panel of packed b, over kp pairs.
+// c[r][0..columns) += (or, with add false, =) the sums of MR rows of packed a (pair p of row r at
+// a[r * si + p * sp]) times one panel of packed b, over kp pairs.
 template <int MR>
-PMAPCC_BF16_TARGET void tile(I kp, const Pair* a, I si, I sp, const Pair* b, float* c, I ldc, I columns) {
+PMAPCC_BF16_TARGET void tile(I kp, const Pair* a, I si, I sp, const Pair* b, float* c, I ldc, I columns, bool add) {
   __m512 lo[MR], hi[MR];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
@@ -178,19 +186,25 @@ PMAPCC_BF16_TARGET void tile(I kp, const Pair* a, I si, I sp, const Pair* b, flo
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
     float* row = c + r * ldc;
-    _mm512_mask_storeu_ps(row, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, row), lo[r]));
-    if (m1 != 0) _mm512_mask_storeu_ps(row + 16, m1, _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row + 16), hi[r]));
+    if (add) {
+      lo[r] = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, row), lo[r]);
+      hi[r] = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row + 16), hi[r]);
+    }
+    _mm512_mask_storeu_ps(row, m0, lo[r]);
+    if (m1 != 0) _mm512_mask_storeu_ps(row + 16, m1, hi[r]);
   }
 }
 
-using Tile = void (*)(I, const Pair*, I, I, const Pair*, float*, I, I);
+using Tile = void (*)(I, const Pair*, I, I, const Pair*, float*, I, I, bool);
 constexpr Tile kTiles[kMR + 1] = {nullptr,  &tile<1>, &tile<2>, &tile<3>, &tile<4>,
                                   &tile<5>, &tile<6>, &tile<7>, &tile<8>};
 
-// The AMX path's tile: c[r][0..columns) for r below rows_left (at most 32) += 32 rows of packed a (rows of
-// kpp pairs) times one panel of packed b, over kpp pairs (a multiple of kTK). Tile registers 0-3 hold the
-// four 16 x 16 quarters of the sums, 4-5 the two 16-row slices of a, 6-7 the two 16-column halves of b.
-PMAPCC_AMX_TARGET void amx_tile(I kpp, const Pair* a, const Pair* b, float* c, I ldc, I rows_left, I columns) {
+// The AMX path's tile: c[r][0..columns) for r below rows_left (at most 32) += (or, with add false, =) 32 rows
+// of packed a (rows of kpp pairs) times one panel of packed b, over kpp pairs (a multiple of kTK). Tile
+// registers 0-3 hold the four 16 x 16 quarters of the sums, 4-5 the two 16-row slices of a, 6-7 the two
+// 16-column halves of b.
+PMAPCC_AMX_TARGET void amx_tile(I kpp, const Pair* a, const Pair* b, float* c, I ldc, I rows_left, I columns,
+                                bool add) {
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
@@ -214,10 +228,13 @@ PMAPCC_AMX_TARGET void amx_tile(I kpp, const Pair* a, const Pair* b, float* c, I
   const __mmask16 m0 = first(columns), m1 = first(columns - 16);
   for (I r = 0; r < std::min(kTR, rows_left); ++r) {
     float* row = c + r * ldc;
-    _mm512_mask_storeu_ps(row, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, row), _mm512_load_ps(sums[r])));
-    if (m1 != 0)
-      _mm512_mask_storeu_ps(row + 16, m1,
-                            _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row + 16), _mm512_load_ps(sums[r] + 16)));
+    __m512 lo = _mm512_load_ps(sums[r]), hi = _mm512_load_ps(sums[r] + 16);
+    if (add) {
+      lo = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, row), lo);
+      hi = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row + 16), hi);
+    }
+    _mm512_mask_storeu_ps(row, m0, lo);
+    if (m1 != 0) _mm512_mask_storeu_ps(row + 16, m1, hi);
   }
 }
 
@@ -238,12 +255,14 @@ PMAPCC_AMX_TARGET void amx_begin() {
 }
 PMAPCC_AMX_TARGET void amx_end() { _tile_release(); }
 
+// c = (accumulate ? c : 0) + a @ b: the first block of depth stores into c unless accumulating, the others add.
 PMAPCC_BF16_TARGET void run(Path path, I rows, I cols, I depth, const Operand& a, const Operand& b, float* c,
-                            Pair* ap, Pair* bp, const Blocks& bl) {
+                            bool accumulate, Pair* ap, Pair* bp, const Blocks& bl) {
   for (I j0 = 0; j0 < cols; j0 += bl.nc) {
     const I nc = std::min(bl.nc, cols - j0);
     for (I k0 = 0; k0 < depth; k0 += bl.kc) {
       const I kc = std::min(bl.kc, depth - k0), kpp = padded_pairs(path, kc);
+      const bool add = accumulate || k0 > 0;
       pack_b(b, depth, cols, k0, kc, j0, nc, kpp, bp);
       for (I i0 = 0; i0 < rows; i0 += bl.mc) {
         const I mc = std::min(bl.mc, rows - i0);
@@ -252,7 +271,7 @@ PMAPCC_BF16_TARGET void run(Path path, I rows, I cols, I depth, const Operand& a
           for (I i = 0; i < mc; i += kTR)
             for (I j = 0; j < nc; j += kNR)
               amx_tile(kpp, ap + i * kpp, bp + (j / kNR) * kpp * kNR, c + (i0 + i) * cols + j0 + j, cols, mc - i,
-                       std::min(kNR, nc - j));
+                       std::min(kNR, nc - j), add);
           continue;
         }
         const I si = a.transposed ? 1 : kpp, sp = a.transposed ? round_up(mc, 16) : 1;
@@ -260,7 +279,7 @@ PMAPCC_BF16_TARGET void run(Path path, I rows, I cols, I depth, const Operand& a
           const I mr = std::min(kMR, mc - i);
           for (I j = 0; j < nc; j += kNR)
             kTiles[mr](kpp, ap + i * si, si, sp, bp + (j / kNR) * kpp * kNR, c + (i0 + i) * cols + j0 + j, cols,
-                       std::min(kNR, nc - j));
+                       std::min(kNR, nc - j), add);
         }
       }
     }
@@ -309,6 +328,14 @@ float widen(std::uint16_t bits) noexcept {
   return x;
 }
 
+void round_into(const float* x, std::size_t n, float* out) noexcept {
+  if (vector_supported()) {
+    round_vector(x, n, out);
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i) out[i] = round(x[i]);
+}
+
 bool supported(Path path) noexcept {
   if (!vector_supported()) return false;
   if (path == Path::avx512) return true;
@@ -353,15 +380,17 @@ void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, O
     throw ValueError("bf16 GEMM: the packing space holds " + std::to_string(pack == nullptr ? 0 : pack_bytes) +
                      " bytes; " + std::to_string(rows) + " x " + std::to_string(cols) + " x " + std::to_string(depth) +
                      " needs " + std::to_string(need));
-  if (!accumulate) std::fill_n(c, rows * cols, 0.0f);
-  if (need == 0) return;
+  if (need == 0) {  // an empty product: c stays, or is zeroed
+    if (!accumulate) std::fill_n(c, rows * cols, 0.0f);
+    return;
+  }
   const auto address = reinterpret_cast<std::uintptr_t>(pack);
   auto* base = reinterpret_cast<unsigned char*>((address + kAlign - 1) / kAlign * kAlign);
   const Blocks bl = blocks(rows, cols, depth);
   auto* ap = reinterpret_cast<Pair*>(base);
   auto* bp = reinterpret_cast<Pair*>(base + a_bytes(bl));
   if (path == Path::amx) amx_begin();
-  run(path, rows, cols, depth, a, b, c, ap, bp, bl);
+  run(path, rows, cols, depth, a, b, c, accumulate, ap, bp, bl);
   if (path == Path::amx) amx_end();
 }
 

@@ -15,6 +15,9 @@ namespace pmap::kernels::bf16 {
 std::uint16_t round_bits(float x) noexcept;
 float widen(std::uint16_t bits) noexcept;
 inline float round(float x) noexcept { return widen(round_bits(x)); }
+// out[i] = round(x[i]) for i below n (out may be x): operands of bf16 products that a kernel other than gemm()
+// takes, rounded as gemm() rounds them. Vectorised where this CPU has AVX512_BF16, the same bits either way.
+void round_into(const float* x, std::size_t n, float* out) noexcept;
 
 // How the products are computed: AMX tiles (tdpbf16ps, 16 x 16 sums of 32 products each), or AVX-512
 // vectors (vdpbf16ps). Both round the operands the same way and sum in fp32; the order of the sums

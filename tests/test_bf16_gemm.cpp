@@ -9,7 +9,9 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -24,6 +26,12 @@ float from_bits(std::uint32_t u) {
   float x = 0;
   std::memcpy(&x, &u, sizeof x);
   return x;
+}
+
+std::uint32_t to_bits(float x) {
+  std::uint32_t u = 0;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
 }
 
 // The CPU's conversion (vcvtneps2bf16) of 16 floats.
@@ -110,6 +118,30 @@ TEST_CASE("bf16 rounding is the CPU's conversion instruction's, bit for bit") {
     if (++differ <= 5) FAIL_CHECK("input bits " << bits[i] << ": ours " << bf16::round_bits(x[i]) << ", CPU " << hw[i]);
   }
   CHECK(differ == 0);
+}
+
+TEST_CASE("bf16::round_into rounds a buffer as round() does, any length, also in place") {
+  std::mt19937 rng(11);
+  std::vector<std::uint32_t> bits = {0x3F808000u, 0x7F800001u, 0xFFA12345u, 0x00000001u, 0x807FFFFFu, 0x80000000u,
+                                     0x7F7FFFFFu, 0x3F818000u};
+  while (bits.size() < 1000) bits.push_back(static_cast<std::uint32_t>(rng()));
+  std::vector<float> x(bits.size());
+  for (std::size_t i = 0; i < bits.size(); ++i) x[i] = from_bits(bits[i]);
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{17},
+                        std::size_t{999}}) {
+    CAPTURE(n);
+    std::vector<float> out(n + 3, 5.0f);  // past n stays untouched
+    bf16::round_into(x.data(), n, out.data());
+    std::vector<float> in_place(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(n));
+    bf16::round_into(in_place.data(), n, in_place.data());
+    int differ = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint32_t want = static_cast<std::uint32_t>(bf16::round_bits(x[i])) << 16;
+      differ += to_bits(out[i]) != want || to_bits(in_place[i]) != want;
+    }
+    CHECK(differ == 0);
+    CHECK(std::all_of(out.begin() + static_cast<std::ptrdiff_t>(n), out.end(), [](float v) { return v == 5.0f; }));
+  }
 }
 
 TEST_CASE("bf16 GEMM: products of the rounded operands summed in fp32, for every path, layout and block edge") {

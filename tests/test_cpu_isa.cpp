@@ -182,10 +182,10 @@ TEST_CASE("avg_pool_relu_backward equals avg_pool_backward then relu_backward, b
   for (const int stride : {2, 1, 3}) {  // tiled windows, overlapping ones, and gaps between windows
     CAPTURE(stride);
     AvgPoolParams q;
-    q.members = 2, q.batch = 2, q.height = 7, q.width = 8, q.channels = 5;
+    q.members = 2, q.batch = 2, q.height = 7, q.width = 9, q.channels = 5;  // a row and a column past the tiled windows
     q.window_h = q.window_w = 2, q.stride_h = q.stride_w = stride;
     const auto g = avg_pool_geometry(q);
-    const std::size_t xs = 2 * 2 * 7 * 8 * 5, ys = std::size_t(2) * 2 * g.out_height * g.out_width * 5;
+    const std::size_t xs = 2 * 2 * 7 * 9 * 5, ys = std::size_t(2) * 2 * g.out_height * g.out_width * 5;
     std::vector<float> r = kc::random_floats(xs, 41);
     cpu_ops().layers().relu_forward(xs, r.data(), r.data());
     const auto dy = kc::random_floats(ys, 42);

@@ -22,6 +22,7 @@ struct Buffers {
   float* dcol;      // patch gradients of a chunk (backward only)
   float* padded;    // direct path: one zero-padded image
   double* db_sum;   // direct path: Cout sums
+  float* rounded;   // direct path in bf16: rounded w and dy
 };
 
 Buffers carve(const ConvPlan& plan, void* workspace, bool backward) {
@@ -33,7 +34,8 @@ Buffers carve(const ConvPlan& plan, void* workspace, bool backward) {
   if (backward) buffers.dcol = scratch.take(patches);
   if (plan.direct) {
     buffers.db_sum = reinterpret_cast<double*>(scratch.take(2 * static_cast<std::size_t>(plan.p.out_channels)));
-    buffers.padded = scratch.take(plan.direct_floats - 2 * static_cast<std::size_t>(plan.p.out_channels));
+    buffers.padded = scratch.take(plan.padded_floats);
+    if (plan.rounded_floats > 0) buffers.rounded = scratch.take(plan.rounded_floats);
   }
   return buffers;
 }
@@ -127,7 +129,7 @@ void ConvOpsImpl::conv2d_forward(Conv2dParams p, const float* x, const float* w,
   detail::Workspace space(workspace, detail::conv_workspace_bytes(plan));
   const Buffers buffers = carve(plan, space.get(), false);
   if (plan.direct) {
-    detail::direct_forward(plan, x, w, b, y, buffers.padded);
+    detail::direct_forward(plan, x, w, b, y, buffers.padded, buffers.rounded);
   } else {
     forward(plan, x, w, b, y, buffers);
   }
@@ -143,7 +145,7 @@ void ConvOpsImpl::conv2d_backward(Conv2dParams p, const float* x, const float* w
   detail::Workspace space(workspace, detail::conv_workspace_bytes(plan));
   const Buffers buffers = carve(plan, space.get(), true);
   const bool direct_dw = plan.direct && dw != nullptr;
-  if (direct_dw) detail::direct_weights(plan, x, dy, dw, db, buffers.padded, buffers.db_sum);
+  if (direct_dw) detail::direct_weights(plan, x, dy, dw, db, buffers.padded, buffers.db_sum, buffers.rounded);
   if (db != nullptr && !direct_dw) {
     for (int m = 0; m < p.members; ++m) {
       const float* dym = dy + Index{m} * p.batch * plan.out_image;

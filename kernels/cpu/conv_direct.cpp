@@ -6,6 +6,8 @@
 // 8 + 4), and only what is left after those runs one float at a time.
 #include <pmapcc/kernels/cpu/conv_direct.h>
 
+#include <pmapcc/kernels/bf16_gemm.h>
+
 #include <algorithm>
 #include <array>
 #include <utility>
@@ -27,15 +29,19 @@ using HalfPacket = ei::find_best_packet<float, kLanes / 2>::type;  // 4 lanes at
 using QuarterPacket = ei::find_best_packet<float, kLanes / 4>::type;
 constexpr int kWide = 32 / kLanes;  // packets in the forward's widest block of 32 output channels
 
-// padded (PH, PW, Cin) = the image x (H, W, Cin) at offset (pad_top, pad_left), zeros around it.
+bool bf16_products(const ConvPlan& plan) { return plan.p.precision == Precision::bf16; }
+
+// padded (PH, PW, Cin) = the image x (H, W, Cin) at offset (pad_top, pad_left), zeros around it; rounded to
+// bf16 for bf16 products.
 void pad_image(const ConvPlan& plan, const float* x, float* padded) {
   const Conv2dParams& p = plan.p;
   const Index c = p.in_channels;
-  std::fill_n(padded, plan.padded_h * plan.padded_w * c, 0.0f);
+  std::fill_n(padded, plan.padded_floats, 0.0f);
   for (Index iy = 0; iy < p.height; ++iy) {
     std::copy_n(x + iy * p.width * c, Index{p.width} * c,
                 padded + ((iy + plan.g.pad_top) * plan.padded_w + plan.g.pad_left) * c);
   }
+  if (bf16_products(plan)) bf16::round_into(padded, plan.padded_floats, padded);
 }
 
 // Offsets of the patch's taps in the padded image, relative to the output pixel's first tap.
@@ -167,13 +173,18 @@ void bias_sums(const ConvPlan& plan, const float* dy, double* db_sum) {
 
 }  // namespace
 
-void direct_forward(const ConvPlan& plan, const float* x, const float* w, const float* b, float* y, float* padded) {
+void direct_forward(const ConvPlan& plan, const float* x, const float* w, const float* b, float* y, float* padded,
+                    float* rounded) {
   const Conv2dParams& p = plan.p;
   const Index cout = p.out_channels;
   Index offsets[kDirectMaxPatch];
   tap_offsets(plan, offsets);
   for (int m = 0; m < p.members; ++m) {
     const float* wm = w + m * plan.patch * cout;
+    if (bf16_products(plan)) {
+      bf16::round_into(wm, static_cast<std::size_t>(plan.patch * cout), rounded);
+      wm = rounded;
+    }
     const float* bm = b == nullptr ? nullptr : b + m * cout;
     for (int n = 0; n < p.batch; ++n) {
       const Index image = (p.shared_input ? 0 : Index{m} * p.batch) + n;
@@ -193,7 +204,7 @@ void direct_forward(const ConvPlan& plan, const float* x, const float* w, const 
 }
 
 void direct_weights(const ConvPlan& plan, const float* x, const float* dy, float* dw, float* db, float* padded,
-                    double* db_sum) {
+                    double* db_sum, float* rounded) {
   const Conv2dParams& p = plan.p;
   const Index cout = p.out_channels;
   Index offsets[kDirectMaxPatch];
@@ -207,6 +218,10 @@ void direct_weights(const ConvPlan& plan, const float* x, const float* dy, float
       pad_image(plan, x + image * plan.in_image, padded);
       const float* dyn = dy + (Index{m} * p.batch + n) * plan.out_image;
       bias_sums(plan, dyn, db_sum);
+      if (bf16_products(plan)) {  // after the bias sums, which take dy as it is
+        bf16::round_into(dyn, static_cast<std::size_t>(plan.out_image), rounded + plan.patch * cout);
+        dyn = rounded + plan.patch * cout;
+      }
       Index o0 = 0;
       for (; o0 + kLanes <= cout; o0 += kLanes) weights_packet<Packet>(plan, offsets, padded, dyn, dwm, o0);
       o0 = narrower_packets(o0, cout, [&](auto packet, Index o) {

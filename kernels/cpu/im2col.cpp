@@ -40,15 +40,16 @@ ConvPlan make_conv_plan(const Conv2dParams& p) {
   plan.bwd_images = images_per_chunk(plan.out_pixels * plan.patch * 2, p.batch);
   plan.bwd_floats = static_cast<std::size_t>(plan.out_pixels * plan.bwd_images * plan.patch * 2);
 
-  // bf16 takes the GEMM path for every patch: its products are the bf16 GEMM's.
-  plan.direct = !plan.identity && plan.patch <= kDirectMaxPatch && p.precision == Precision::fp32;
+  plan.direct = !plan.identity && plan.patch <= kDirectMaxPatch;
   if (plan.direct) {
     plan.padded_h = Index{std::max(p.height, (plan.g.out_height - 1) * p.stride_h + p.kernel_h)};
     plan.padded_w = Index{std::max(p.width, (plan.g.out_width - 1) * p.stride_w + p.kernel_w)};
     plan.padded_h = std::max(plan.padded_h, Index{p.height} + plan.g.pad_top);
     plan.padded_w = std::max(plan.padded_w, Index{p.width} + plan.g.pad_left);
-    plan.direct_floats =
-        static_cast<std::size_t>(plan.padded_h * plan.padded_w * p.in_channels + 2 * Index{p.out_channels});
+    plan.padded_floats = static_cast<std::size_t>(plan.padded_h * plan.padded_w * p.in_channels);
+    if (p.precision == Precision::bf16)
+      plan.rounded_floats = static_cast<std::size_t>(plan.patch * p.out_channels + plan.out_image);
+    plan.direct_floats = plan.padded_floats + plan.rounded_floats + 2 * static_cast<std::size_t>(p.out_channels);
   }
 
   // Every GEMM shape the passes run: full chunks and the batch's ragged last chunk.
@@ -69,7 +70,7 @@ ConvPlan make_conv_plan(const Conv2dParams& p) {
 
 std::size_t conv_workspace_bytes(const ConvPlan& plan) {
   const std::size_t patches = std::max(plan.fwd_floats, plan.bwd_floats);
-  return (plan.pack_floats + patches + plan.direct_floats) * sizeof(float) + 4 * Scratch::kAlign;
+  return (plan.pack_floats + patches + plan.direct_floats) * sizeof(float) + 6 * Scratch::kAlign;
 }
 
 void im2col(const ConvPlan& plan, const float* x, int images, float* col) {

@@ -23,11 +23,15 @@ struct ConvPlan {
   std::size_t fwd_floats = 0;   // patch floats of the forward (none for identity)
   std::size_t bwd_floats = 0;   // patch floats of the backward: patches + patch gradients
   // Direct path (conv_direct.cpp) for a small patch (the first layer: KH*KW*Cin = 9), where a GEMM of depth
-  // 9 runs far below its peak: the forward and dw/db loop over taps on a zero-padded copy of each image.
+  // 9 runs far below its peak: the forward and dw/db loop over taps on a zero-padded copy of each image. In
+  // bf16 it multiplies bf16-rounded copies of x, w and dy: the products of bf16 values are exact in fp32, so
+  // these are the bf16 products, summed in fp32, without a depth-9 GEMM padded to the bf16 GEMM's 32.
   bool direct = false;
   Index padded_h = 0;           // H + padding, rows of the padded copy
   Index padded_w = 0;           // W + padding
-  std::size_t direct_floats = 0;  // workspace of the direct path: the padded image + Cout double sums
+  std::size_t padded_floats = 0;  // the padded image
+  std::size_t rounded_floats = 0;  // bf16 only: one member's rounded w and one image's rounded dy
+  std::size_t direct_floats = 0;  // workspace of the direct path: the above + Cout double sums
 };
 
 // The direct path is taken for patches of at most this many values.

@@ -20,14 +20,18 @@ void ConvOpsImpl::avg_pool_forward(AvgPoolParams p, const float* x, float* y) co
     const float* image = x + n * p.height * p.width * c;
     for (int oy = 0; oy < g.out_height; ++oy) {
       for (int ox = 0; ox < g.out_width; ++ox, y += c) {
-        std::fill_n(y, c, 0.0f);
+        // y and x never overlap (restrict lets the compiler keep y's sums in vector registers); each sum
+        // starts from 0 and adds the window in row order, then is scaled.
+        float* __restrict out = y;
+        std::fill_n(out, c, 0.0f);
         for (int ky = 0; ky < p.window_h; ++ky) {
-          const float* row = image + (Index{oy * p.stride_h + ky} * p.width + Index{ox} * p.stride_w) * c;
+          const float* __restrict row =
+              image + (Index{oy * p.stride_h + ky} * p.width + Index{ox} * p.stride_w) * c;
           for (int kx = 0; kx < p.window_w; ++kx) {
-            for (Index j = 0; j < c; ++j) y[j] += row[kx * c + j];
+            for (Index j = 0; j < c; ++j) out[j] += row[kx * c + j];
           }
         }
-        for (Index j = 0; j < c; ++j) y[j] *= scale;
+        for (Index j = 0; j < c; ++j) out[j] *= scale;
       }
     }
   }
@@ -102,6 +106,35 @@ void masked_store(const float* mask, const Eigen::ArrayXf& value, float* out, In
   o = (m > 0.0f).select(value, 0.0f);
 }
 
+// gather_masked for windows that tile (stride == window): each input lies in one window or none, so its sum
+// is 0 + dy * scale (or 0), the same bits as the general loop gives.
+void gather_tiled(const AvgPoolParams& p, const PoolGeometry& g, float scale, const float* r, const float* dy,
+                  float* dx) {
+  const Index c = p.channels;
+  const Index images = Index{p.members} * p.batch;
+  const Index row_size = Index{p.width} * c;
+  for (Index n = 0; n < images; ++n) {
+    for (int iy = 0; iy < p.height; ++iy) {
+      const Index at = (n * p.height + iy) * row_size;
+      const int oy = iy / p.window_h;
+      const bool inside = oy < g.out_height;  // rows past the last window get no gradient
+      const float* mask = r + at;
+      float* out = dx + at;  // may be mask: each element is read before it is written
+      for (int ox = 0; inside && ox < g.out_width; ++ox) {
+        const float* d = dy + ((n * g.out_height + oy) * g.out_width + ox) * c;
+        for (int kx = 0; kx < p.window_w; ++kx, out += c, mask += c) {
+#pragma GCC ivdep
+          for (Index j = 0; j < c; ++j) {
+            const float v = 0.0f + d[j] * scale;
+            out[j] = mask[j] > 0.0f ? v : 0.0f;
+          }
+        }
+      }
+      std::fill(out, dx + at + row_size, 0.0f);
+    }
+  }
+}
+
 // The relu-masked gradient gathered input by input: each dx element sums its windows' dy * scale in window
 // order (as spread_general adds them, starting from 0), then keeps it where r > 0. Reads r[i] before writing
 // dx[i], so dx == r works.
@@ -111,6 +144,10 @@ void gather_masked(const AvgPoolParams& p, const PoolGeometry& g, float scale, c
   const Index images = Index{p.members} * p.batch;
   const Index image_size = Index{p.height} * p.width * c;
   const Index out_image = Index{g.out_height} * g.out_width * c;
+  if (p.stride_h == p.window_h && p.stride_w == p.window_w) {
+    gather_tiled(p, g, scale, r, dy, dx);
+    return;
+  }
   Eigen::ArrayXf sum(c);
   for (Index n = 0; n < images; ++n) {
     const float* dy_image = dy + n * out_image;
