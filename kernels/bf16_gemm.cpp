@@ -203,8 +203,9 @@ constexpr Tile kTiles[kMR + 1] = {nullptr,  &tile<1>, &tile<2>, &tile<3>, &tile<
 // of packed a (rows of kpp pairs) times one panel of packed b, over kpp pairs (a multiple of kTK). Tile
 // registers 0-3 hold the four 16 x 16 quarters of the sums, 4-5 the two 16-row slices of a, 6-7 the two
 // 16-column halves of b.
+// With transposed, sum (r, q) goes to c[q * ldc + r] instead (run's transposed product).
 PMAPCC_AMX_TARGET void amx_tile(I kpp, const Pair* a, const Pair* b, float* c, I ldc, I rows_left, I columns,
-                                bool add) {
+                                bool add, bool transposed) {
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
@@ -225,6 +226,23 @@ PMAPCC_AMX_TARGET void amx_tile(I kpp, const Pair* a, const Pair* b, float* c, I
   _tile_stored(1, &sums[0][16], kNR * sizeof(float));
   _tile_stored(2, &sums[16][0], kNR * sizeof(float));
   _tile_stored(3, &sums[16][16], kNR * sizeof(float));
+  if (transposed) {  // column q of the sums, gathered, is a run of c's row q
+    const __mmask16 r0 = first(rows_left), r1 = first(rows_left - 16);
+    const __m512i down = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32(static_cast<int>(kNR)));
+    for (I q = 0; q < columns; ++q) {
+      float* row = c + q * ldc;
+      __m512 lo = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), 0xFFFF, down, &sums[0][q], 4);
+      __m512 hi = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), 0xFFFF, down, &sums[16][q], 4);
+      if (add) {
+        lo = _mm512_add_ps(_mm512_maskz_loadu_ps(r0, row), lo);
+        hi = _mm512_add_ps(_mm512_maskz_loadu_ps(r1, row + 16), hi);
+      }
+      _mm512_mask_storeu_ps(row, r0, lo);
+      if (r1 != 0) _mm512_mask_storeu_ps(row + 16, r1, hi);
+    }
+    return;
+  }
   const __mmask16 m0 = first(columns), m1 = first(columns - 16);
   for (I r = 0; r < std::min(kTR, rows_left); ++r) {
     float* row = c + r * ldc;
@@ -256,8 +274,9 @@ PMAPCC_AMX_TARGET void amx_begin() {
 PMAPCC_AMX_TARGET void amx_end() { _tile_release(); }
 
 // c = (accumulate ? c : 0) + a @ b: the first block of depth stores into c unless accumulating, the others add.
+// With transposed (AMX only), c holds the product's transpose: element (i, j) at c[j * rows + i].
 PMAPCC_BF16_TARGET void run(Path path, I rows, I cols, I depth, const Operand& a, const Operand& b, float* c,
-                            bool accumulate, Pair* ap, Pair* bp, const Blocks& bl) {
+                            bool accumulate, bool transposed, Pair* ap, Pair* bp, const Blocks& bl) {
   for (I j0 = 0; j0 < cols; j0 += bl.nc) {
     const I nc = std::min(bl.nc, cols - j0);
     for (I k0 = 0; k0 < depth; k0 += bl.kc) {
@@ -270,8 +289,9 @@ PMAPCC_BF16_TARGET void run(Path path, I rows, I cols, I depth, const Operand& a
         if (path == Path::amx) {
           for (I i = 0; i < mc; i += kTR)
             for (I j = 0; j < nc; j += kNR)
-              amx_tile(kpp, ap + i * kpp, bp + (j / kNR) * kpp * kNR, c + (i0 + i) * cols + j0 + j, cols, mc - i,
-                       std::min(kNR, nc - j), add);
+              amx_tile(kpp, ap + i * kpp, bp + (j / kNR) * kpp * kNR,
+                       transposed ? c + (j0 + j) * rows + i0 + i : c + (i0 + i) * cols + j0 + j,
+                       transposed ? rows : cols, mc - i, std::min(kNR, nc - j), add, transposed);
           continue;
         }
         const I si = a.transposed ? 1 : kpp, sp = a.transposed ? round_up(mc, 16) : 1;
@@ -361,8 +381,9 @@ const char* name(Path path) noexcept { return path == Path::amx ? "amx" : "avx51
 
 std::size_t gemm_pack_bytes(std::int64_t rows, std::int64_t cols, std::int64_t depth) noexcept {
   if (rows <= 0 || cols <= 0 || depth <= 0) return 0;
-  const Blocks bl = blocks(rows, cols, depth);
-  return a_bytes(bl) + b_bytes(bl) + kAlign;
+  // Either order of rows and columns: gemm may run the transposed product.
+  const Blocks bl = blocks(rows, cols, depth), swapped = blocks(cols, rows, depth);
+  return std::max(a_bytes(bl) + b_bytes(bl), a_bytes(swapped) + b_bytes(swapped)) + kAlign;
 }
 
 void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, Operand a, Operand b, float* c,
@@ -386,11 +407,19 @@ void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, O
   }
   const auto address = reinterpret_cast<std::uintptr_t>(pack);
   auto* base = reinterpret_cast<unsigned char*>((address + kAlign - 1) / kAlign * kAlign);
-  const Blocks bl = blocks(rows, cols, depth);
+  // A transposed a (a weight gradient: x^T @ dy) reaches the AMX tiles' row layout only through a scatter
+  // (pack_a). When b has fewer columns than a has rows, the transposed product c^T = b^T @ a^T scatters the
+  // smaller operand instead, and its tiles are written transposed.
+  const bool swap = path == Path::amx && a.transposed && !b.transposed && cols < rows;
+  const Blocks bl = swap ? blocks(cols, rows, depth) : blocks(rows, cols, depth);
   auto* ap = reinterpret_cast<Pair*>(base);
   auto* bp = reinterpret_cast<Pair*>(base + a_bytes(bl));
   if (path == Path::amx) amx_begin();
-  run(path, rows, cols, depth, a, b, c, accumulate, ap, bp, bl);
+  if (swap) {
+    run(path, cols, rows, depth, Operand{b.data, true}, Operand{a.data, false}, c, accumulate, true, ap, bp, bl);
+  } else {
+    run(path, rows, cols, depth, a, b, c, accumulate, false, ap, bp, bl);
+  }
   if (path == Path::amx) amx_end();
 }
 
