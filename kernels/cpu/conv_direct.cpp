@@ -58,25 +58,53 @@ Index pixel_base(const ConvPlan& plan, Index oy, Index ox) {
   return (oy * plan.p.stride_h * plan.padded_w + ox * plan.p.stride_w) * plan.p.in_channels;
 }
 
-// Output channels [o0, o0 + NP * lanes of P) of one image: y = b + taps . w.
+// Output channels [o0, o0 + NP * lanes of P) of PX neighbouring output pixels (oy, ox + i): y = b + taps . w,
+// each sum in tap order. The PX * NP sums are independent chains of FMAs, enough to hide their latency.
+template <typename P, int NP, int PX>
+void forward_pixels(const ConvPlan& plan, const Index* offsets, const float* padded, const float* w, const float* b,
+                    float* y, Index o0, Index oy, Index ox) {
+  const Index cout = plan.p.out_channels;
+  P acc[PX][NP];
+  const float* taps[PX];
+#pragma GCC unroll 8
+  for (int i = 0; i < PX; ++i) {
+    taps[i] = padded + pixel_base(plan, oy, ox + i);
+#pragma GCC unroll 8
+    for (int j = 0; j < NP; ++j)
+      acc[i][j] = b == nullptr ? ei::pset1<P>(0.0f) : ei::ploadu<P>(b + o0 + j * lanes_of<P>());
+  }
+  for (Index t = 0; t < plan.patch; ++t) {
+    const float* wt = w + t * cout + o0;
+    P wv[NP];
+#pragma GCC unroll 8
+    for (int j = 0; j < NP; ++j) wv[j] = ei::ploadu<P>(wt + j * lanes_of<P>());
+    const Index offset = offsets[t];
+#pragma GCC unroll 8
+    for (int i = 0; i < PX; ++i) {
+      const P xv = ei::pset1<P>(taps[i][offset]);
+#pragma GCC unroll 8
+      for (int j = 0; j < NP; ++j) acc[i][j] = ei::pmadd(xv, wv[j], acc[i][j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < PX; ++i) {
+    float* out = y + (oy * plan.g.out_width + ox + i) * cout + o0;
+#pragma GCC unroll 8
+    for (int j = 0; j < NP; ++j) ei::pstoreu(out + j * lanes_of<P>(), acc[i][j]);
+  }
+}
+
+// Output channels [o0, o0 + NP * lanes of P) of one image, about 8 sums at a time (fewer where NP alone
+// fills the registers).
 template <typename P, int NP>
 void forward_packets(const ConvPlan& plan, const Index* offsets, const float* padded, const float* w, const float* b,
                      float* y, Index o0) {
-  const Index cout = plan.p.out_channels;
+  constexpr int kPixels = NP >= 8 ? 1 : 8 / NP;
   for (Index oy = 0; oy < plan.g.out_height; ++oy) {
-    for (Index ox = 0; ox < plan.g.out_width; ++ox) {
-      P acc[NP];
-      for (int j = 0; j < NP; ++j)
-        acc[j] = b == nullptr ? ei::pset1<P>(0.0f) : ei::ploadu<P>(b + o0 + j * lanes_of<P>());
-      const float* taps = padded + pixel_base(plan, oy, ox);
-      for (Index t = 0; t < plan.patch; ++t) {
-        const P xv = ei::pset1<P>(taps[offsets[t]]);
-        const float* wt = w + t * cout + o0;
-        for (int j = 0; j < NP; ++j) acc[j] = ei::pmadd(xv, ei::ploadu<P>(wt + j * lanes_of<P>()), acc[j]);
-      }
-      float* out = y + (oy * plan.g.out_width + ox) * cout + o0;
-      for (int j = 0; j < NP; ++j) ei::pstoreu(out + j * lanes_of<P>(), acc[j]);
-    }
+    Index ox = 0;
+    for (; ox + kPixels <= plan.g.out_width; ox += kPixels)
+      forward_pixels<P, NP, kPixels>(plan, offsets, padded, w, b, y, o0, oy, ox);
+    for (; ox < plan.g.out_width; ++ox) forward_pixels<P, NP, 1>(plan, offsets, padded, w, b, y, o0, oy, ox);
   }
 }
 
