@@ -75,6 +75,14 @@ PMAPCC_BF16_TARGET inline __m512i pairs16(const float* r0, const float* r1, I n)
   return _mm512_or_si512(lo, _mm512_maskz_slli_epi32(0xFFFF, widen16(r1, n), 16));
 }
 
+PMAPCC_BF16_TARGET void round_bits_vector(const float* x, std::size_t n, std::uint16_t* bits) {
+  for (std::size_t i = 0; i < n; i += 16) {
+    const I left = static_cast<I>(std::min<std::size_t>(16, n - i));
+    const __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(first(left), x + i));
+    _mm256_mask_storeu_epi16(bits + i, first(left), reinterpret_cast<__m256i>(v));
+  }
+}
+
 PMAPCC_BF16_TARGET void round_vector(const float* x, std::size_t n, float* out) {
   for (std::size_t i = 0; i < n; i += 16) {
     const I left = static_cast<I>(std::min<std::size_t>(16, n - i));
@@ -203,17 +211,18 @@ constexpr Tile kTiles[kMR + 1] = {nullptr,  &tile<1>, &tile<2>, &tile<3>, &tile<
 // of packed a (rows of kpp pairs) times one panel of packed b, over kpp pairs (a multiple of kTK). Tile
 // registers 0-3 hold the four 16 x 16 quarters of the sums, 4-5 the two 16-row slices of a, 6-7 the two
 // 16-column halves of b.
-// With transposed, sum (r, q) goes to c[q * ldc + r] instead (run's transposed product).
-PMAPCC_AMX_TARGET void amx_tile(I kpp, const Pair* a, const Pair* b, float* c, I ldc, I rows_left, I columns,
+// Row r of a starts at a + r * lda. With transposed, sum (r, q) goes to c[q * ldc + r] instead (run's
+// transposed product).
+PMAPCC_AMX_TARGET void amx_tile(I kpp, const Pair* a, I lda, const Pair* b, float* c, I ldc, I rows_left, I columns,
                                 bool add, bool transposed) {
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
-  const auto a_stride = static_cast<long>(kpp * sizeof(Pair)), b_stride = static_cast<long>(kNR * sizeof(Pair));
+  const auto a_stride = static_cast<long>(lda * sizeof(Pair)), b_stride = static_cast<long>(kNR * sizeof(Pair));
   for (I p = 0; p < kpp; p += kTK) {
     _tile_loadd(4, a + p, a_stride);
-    _tile_loadd(5, a + 16 * kpp + p, a_stride);
+    _tile_loadd(5, a + 16 * lda + p, a_stride);
     _tile_loadd(6, b + p * kNR, b_stride);
     _tile_loadd(7, b + p * kNR + 16, b_stride);
     _tile_dpbf16ps(0, 4, 6);
@@ -274,9 +283,11 @@ PMAPCC_AMX_TARGET void amx_begin() {
 PMAPCC_AMX_TARGET void amx_end() { _tile_release(); }
 
 // c = (accumulate ? c : 0) + a @ b: the first block of depth stores into c unless accumulating, the others add.
-// With transposed (AMX only), c holds the product's transpose: element (i, j) at c[j * rows + i].
-PMAPCC_BF16_TARGET void run(Path path, I rows, I cols, I depth, const Operand& a, const Operand& b, float* c,
-                            bool accumulate, bool transposed, Pair* ap, Pair* bp, const Blocks& bl) {
+// With transposed (AMX only), c holds the product's transpose: element (i, j) at c[j * rows + i]. With rounded
+// (not null), a is ignored and the tiles read rounded's rows in place of packed a.
+PMAPCC_BF16_TARGET void run(Path path, I rows, I cols, I depth, const Operand& a, const RoundedRows* rounded,
+                            const Operand& b, float* c, bool accumulate, bool transposed, Pair* ap, Pair* bp,
+                            const Blocks& bl) {
   for (I j0 = 0; j0 < cols; j0 += bl.nc) {
     const I nc = std::min(bl.nc, cols - j0);
     for (I k0 = 0; k0 < depth; k0 += bl.kc) {
@@ -285,20 +296,28 @@ PMAPCC_BF16_TARGET void run(Path path, I rows, I cols, I depth, const Operand& a
       pack_b(b, depth, cols, k0, kc, j0, nc, kpp, bp);
       for (I i0 = 0; i0 < rows; i0 += bl.mc) {
         const I mc = std::min(bl.mc, rows - i0);
-        pack_a(path, a, rows, depth, i0, mc, k0, kc, kpp, ap);
+        const Pair* block = ap;  // the block's rows: lda pairs apart
+        I lda = kpp;
+        if (rounded != nullptr) {
+          block = reinterpret_cast<const Pair*>(rounded->bits + i0 * rounded->stride + k0);
+          lda = rounded->stride / 2;
+        } else {
+          pack_a(path, a, rows, depth, i0, mc, k0, kc, kpp, ap);
+        }
         if (path == Path::amx) {
           for (I i = 0; i < mc; i += kTR)
             for (I j = 0; j < nc; j += kNR)
-              amx_tile(kpp, ap + i * kpp, bp + (j / kNR) * kpp * kNR,
+              amx_tile(kpp, block + i * lda, lda, bp + (j / kNR) * kpp * kNR,
                        transposed ? c + (j0 + j) * rows + i0 + i : c + (i0 + i) * cols + j0 + j,
                        transposed ? rows : cols, mc - i, std::min(kNR, nc - j), add, transposed);
           continue;
         }
-        const I si = a.transposed ? 1 : kpp, sp = a.transposed ? round_up(mc, 16) : 1;
+        const bool across = rounded == nullptr && a.transposed;  // pack_a's interleaved layout
+        const I si = across ? 1 : lda, sp = across ? round_up(mc, 16) : 1;
         for (I i = 0; i < mc; i += kMR) {
           const I mr = std::min(kMR, mc - i);
           for (I j = 0; j < nc; j += kNR)
-            kTiles[mr](kpp, ap + i * si, si, sp, bp + (j / kNR) * kpp * kNR, c + (i0 + i) * cols + j0 + j, cols,
+            kTiles[mr](kpp, block + i * si, si, sp, bp + (j / kNR) * kpp * kNR, c + (i0 + i) * cols + j0 + j, cols,
                        std::min(kNR, nc - j), add);
         }
       }
@@ -348,6 +367,17 @@ float widen(std::uint16_t bits) noexcept {
   return x;
 }
 
+void round_bits_into(const float* x, std::size_t n, std::uint16_t* bits) noexcept {
+  if (vector_supported()) {
+    round_bits_vector(x, n, bits);
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i) bits[i] = round_bits(x[i]);
+}
+
+std::int64_t rounded_stride(std::int64_t depth) noexcept { return round_up(std::max<I>(depth, 1), 2 * kTK); }
+std::int64_t rounded_rows(std::int64_t rows) noexcept { return round_up(std::max<I>(rows, 1), kTR); }
+
 void round_into(const float* x, std::size_t n, float* out) noexcept {
   if (vector_supported()) {
     round_vector(x, n, out);
@@ -386,8 +416,11 @@ std::size_t gemm_pack_bytes(std::int64_t rows, std::int64_t cols, std::int64_t d
   return std::max(a_bytes(bl) + b_bytes(bl), a_bytes(swapped) + b_bytes(swapped)) + kAlign;
 }
 
-void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, Operand a, Operand b, float* c,
-          bool accumulate, void* pack, std::size_t pack_bytes) {
+namespace {
+
+// gemm() for either form of a (rounded null: a; else rounded's rows).
+void checked_gemm(Path path, I rows, I cols, I depth, const Operand& a, const RoundedRows* rounded, const Operand& b,
+                  float* c, bool accumulate, void* pack, std::size_t pack_bytes) {
   if (!supported(path))
     throw ValueError(path == Path::amx ? std::string("bf16 GEMM: this CPU (or its kernel) does not let pmapcc use AMX "
                                                      "tiles (AMX-TILE, AMX-BF16), which the amx path needs")
@@ -396,6 +429,11 @@ void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, O
   if (rows < 0 || cols < 0 || depth < 0)
     throw ValueError("bf16 GEMM: negative shape " + std::to_string(rows) + " x " + std::to_string(cols) + " x " +
                      std::to_string(depth));
+  if (rounded != nullptr && (rounded->bits == nullptr || rounded->stride < rounded_stride(depth) ||
+                             rounded->stride % (2 * kTK) != 0))
+    throw ValueError("bf16 GEMM: rounded rows need bits and a stride that is a multiple of " +
+                     std::to_string(2 * kTK) + " and at least " + std::to_string(rounded_stride(depth)) + " for depth " +
+                     std::to_string(depth) + "; got stride " + std::to_string(rounded->stride));
   const std::size_t need = gemm_pack_bytes(rows, cols, depth);
   if (need > 0 && (pack == nullptr || pack_bytes < need))
     throw ValueError("bf16 GEMM: the packing space holds " + std::to_string(pack == nullptr ? 0 : pack_bytes) +
@@ -410,21 +448,39 @@ void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, O
   // A transposed a (a weight gradient: x^T @ dy) reaches the AMX tiles' row layout only through a scatter
   // (pack_a). When b has fewer columns than a has rows, the transposed product c^T = b^T @ a^T scatters the
   // smaller operand instead, and its tiles are written transposed.
-  const bool swap = path == Path::amx && a.transposed && !b.transposed && cols < rows;
+  const bool swap = path == Path::amx && rounded == nullptr && a.transposed && !b.transposed && cols < rows;
   const Blocks bl = swap ? blocks(cols, rows, depth) : blocks(rows, cols, depth);
   auto* ap = reinterpret_cast<Pair*>(base);
   auto* bp = reinterpret_cast<Pair*>(base + a_bytes(bl));
   if (path == Path::amx) amx_begin();
   if (swap) {
-    run(path, cols, rows, depth, Operand{b.data, true}, Operand{a.data, false}, c, accumulate, true, ap, bp, bl);
+    run(path, cols, rows, depth, Operand{b.data, true}, nullptr, Operand{a.data, false}, c, accumulate, true, ap, bp,
+        bl);
   } else {
-    run(path, rows, cols, depth, a, b, c, accumulate, false, ap, bp, bl);
+    run(path, rows, cols, depth, a, rounded, b, c, accumulate, false, ap, bp, bl);
   }
   if (path == Path::amx) amx_end();
 }
 
+}  // namespace
+
+void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, Operand a, Operand b, float* c,
+          bool accumulate, void* pack, std::size_t pack_bytes) {
+  checked_gemm(path, rows, cols, depth, a, nullptr, b, c, accumulate, pack, pack_bytes);
+}
+
 void gemm(std::int64_t rows, std::int64_t cols, std::int64_t depth, Operand a, Operand b, float* c, bool accumulate,
           void* pack, std::size_t pack_bytes) {
+  gemm(best_path(), rows, cols, depth, a, b, c, accumulate, pack, pack_bytes);
+}
+
+void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, RoundedRows a, Operand b, float* c,
+          bool accumulate, void* pack, std::size_t pack_bytes) {
+  checked_gemm(path, rows, cols, depth, Operand{nullptr}, &a, b, c, accumulate, pack, pack_bytes);
+}
+
+void gemm(std::int64_t rows, std::int64_t cols, std::int64_t depth, RoundedRows a, Operand b, float* c,
+          bool accumulate, void* pack, std::size_t pack_bytes) {
   gemm(best_path(), rows, cols, depth, a, b, c, accumulate, pack, pack_bytes);
 }
 

@@ -15,6 +15,8 @@ namespace pmap::kernels::bf16 {
 std::uint16_t round_bits(float x) noexcept;
 float widen(std::uint16_t bits) noexcept;
 inline float round(float x) noexcept { return widen(round_bits(x)); }
+// bits[i] = round_bits(x[i]) for i below n, vectorised where this CPU has AVX512_BF16.
+void round_bits_into(const float* x, std::size_t n, std::uint16_t* bits) noexcept;
 // out[i] = round(x[i]) for i below n (out may be x): operands of bf16 products that a kernel other than gemm()
 // takes, rounded as gemm() rounds them. Vectorised where this CPU has AVX512_BF16, the same bits either way.
 void round_into(const float* x, std::size_t n, float* out) noexcept;
@@ -39,6 +41,17 @@ struct Operand {
   bool transposed = false;
 };
 
+// A left operand already rounded (by the caller, with round_bits_into), in the row layout the GEMM packs a
+// into, so that gemm() skips that pass: element (r, k) at bits[r * stride + k]; stride = rounded_stride(depth)
+// with zeros from depth up to it; rounded_rows(rows) rows readable (the rows past `rows` any value: their sums
+// are not stored).
+struct RoundedRows {
+  const std::uint16_t* bits;
+  std::int64_t stride;
+};
+std::int64_t rounded_stride(std::int64_t depth) noexcept;
+std::int64_t rounded_rows(std::int64_t rows) noexcept;
+
 // Bytes of packing space gemm needs for c (rows, cols) = a (rows, depth) @ b (depth, cols). A bound that
 // only grows with each dimension, so a workspace sized for one product serves every smaller one.
 std::size_t gemm_pack_bytes(std::int64_t rows, std::int64_t cols, std::int64_t depth) noexcept;
@@ -54,6 +67,12 @@ void gemm(std::int64_t rows, std::int64_t cols, std::int64_t depth, Operand a, O
 // The same on a given path (tests and benchmarks compare them); throws pmap::ValueError where it does not
 // run (supported(path)).
 void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, Operand a, Operand b, float* c,
+          bool accumulate, void* pack, std::size_t pack_bytes);
+// The same with a rounded left operand: the same bits as gemm() on the floats it was rounded from. Throws
+// pmap::ValueError also for a stride below rounded_stride(depth).
+void gemm(std::int64_t rows, std::int64_t cols, std::int64_t depth, RoundedRows a, Operand b, float* c,
+          bool accumulate, void* pack, std::size_t pack_bytes);
+void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, RoundedRows a, Operand b, float* c,
           bool accumulate, void* pack, std::size_t pack_bytes);
 
 }  // namespace pmap::kernels::bf16

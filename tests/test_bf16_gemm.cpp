@@ -246,3 +246,49 @@ TEST_CASE("bf16 GEMM: the operands are rounded, the result is reproducible, and 
   bf16::gemm(1, 2, 0, {a.data()}, {b.data()}, c4.data(), false, nullptr, 0);
   CHECK(c4 == std::vector<float>{0.0f, 0.0f});
 }
+
+TEST_CASE("bf16 GEMM on rounded rows: the same bits as on the floats they were rounded from") {
+  for (bf16::Path path : paths()) {
+    CAPTURE(bf16::name(path));
+    std::mt19937 rng(23);
+    const long shapes[][3] = {{1, 1, 1}, {33, 64, 288}, {97, 31, 385}, {588, 64, 288}, {40, 530, 800}};
+    for (const auto& s : shapes) {
+      const long rows = s[0], cols = s[1], depth = s[2];
+      CAPTURE(rows);
+      CAPTURE(cols);
+      CAPTURE(depth);
+      const long stride = bf16::rounded_stride(depth);
+      CHECK(stride % 32 == 0);
+      CHECK(stride >= depth);
+      CHECK(bf16::rounded_rows(rows) % 32 == 0);
+      const auto a = random_matrix(rows * depth, rng), b = random_matrix(depth * cols, rng, 0.1f);
+      const auto c0 = random_matrix(rows * cols, rng);
+      // The rows past `rows` hold garbage: their sums are never stored.
+      std::vector<std::uint16_t> bits(static_cast<std::size_t>(bf16::rounded_rows(rows) * stride), 0x7FC1);
+      for (long r = 0; r < rows; ++r) {
+        std::uint16_t* row = bits.data() + r * stride;
+        bf16::round_bits_into(a.data() + r * depth, static_cast<std::size_t>(depth), row);
+        std::fill(row + depth, row + stride, std::uint16_t{0});
+      }
+      std::vector<unsigned char> pack(bf16::gemm_pack_bytes(rows, cols, depth));
+      for (bool accumulate : {false, true}) {
+        CAPTURE(accumulate);
+        std::vector<float> want = c0, got = c0;
+        run(path, rows, cols, depth, a, false, b, false, want, accumulate);
+        bf16::gemm(path, rows, cols, depth, bf16::RoundedRows{bits.data(), stride}, {b.data()}, got.data(),
+                   accumulate, pack.data(), pack.size());
+        CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
+      }
+    }
+    std::vector<std::uint16_t> bits(32 * 64);
+    std::vector<float> b(40 * 8), c(32 * 8);
+    std::vector<unsigned char> pack(bf16::gemm_pack_bytes(32, 8, 40));
+    // A stride below the depth rounded up to 32, or not a multiple of 32, is refused, naming what it needs.
+    for (long stride : {32L, 48L}) {
+      CAPTURE(stride);
+      CHECK_THROWS_WITH_AS(bf16::gemm(path, 32, 8, 40, bf16::RoundedRows{bits.data(), stride}, {b.data()}, c.data(),
+                                      false, pack.data(), pack.size()),
+                           doctest::Contains("a multiple of 32 and at least 64 for depth 40"), pmap::ValueError);
+    }
+  }
+}

@@ -1,7 +1,9 @@
 // CPU conv2d forward and backward: im2col a chunk of images, then GEMMs against HWIO weights seen as
 // (KH*KW*Cin, Cout) matrices. A shared input is im2col'ed once per chunk for all members.
 #include <algorithm>
+#include <cstdint>
 
+#include <pmapcc/kernels/bf16_gemm.h>
 #include <pmapcc/kernels/cpu/common.h>
 #include <pmapcc/kernels/cpu/conv_direct.h>
 #include <pmapcc/kernels/cpu/gemm.h>
@@ -65,15 +67,25 @@ void forward(const ConvPlan& plan, const float* x, const float* w, const float* 
   for_each_chunk(p.batch, plan.fwd_images, [&](Chunk c) {
     const Index rows = c.images * plan.out_pixels;
     const float* patches = nullptr;
+    auto* rounded = reinterpret_cast<std::uint16_t*>(buf.col);  // plan.rounded_patches: the patches' bf16 rows
     for (int m = 0; m < p.members; ++m) {
       if (m == 0 || !p.shared_input) {
-        const Index image0 = p.shared_input ? 0 : Index{m} * p.batch;
-        patches = chunk_patches(plan, x + (image0 + c.first) * plan.in_image, c.images, buf.col);
+        const float* chunk_x = x + ((p.shared_input ? 0 : Index{m} * p.batch) + c.first) * plan.in_image;
+        if (plan.rounded_patches) {
+          detail::im2col_rounded(plan, chunk_x, c.images, rounded);
+        } else {
+          patches = chunk_patches(plan, chunk_x, c.images, buf.col);
+        }
       }
       float* out = y + (Index{m} * p.batch + c.first) * plan.out_image;
       detail::fill_rows(b == nullptr ? nullptr : b + m * cout, rows, cout, out);
-      detail::gemm(rows, cout, plan.patch, {patches}, {w + m * plan.patch * cout}, out, true, buf.pack,
-                   plan.pack_floats, p.precision);
+      const float* wm = w + m * plan.patch * cout;
+      if (plan.rounded_patches) {  // rounded once while gathered, instead of gathered, then rounded while packed
+        bf16::gemm(rows, cout, plan.patch, bf16::RoundedRows{rounded, bf16::rounded_stride(plan.patch)}, {wm}, out,
+                   true, buf.pack, plan.pack_floats * sizeof(float));
+      } else {
+        detail::gemm(rows, cout, plan.patch, {patches}, {wm}, out, true, buf.pack, plan.pack_floats, p.precision);
+      }
       if (p.relu) detail::relu_in_place(out, rows * cout);
     }
   });

@@ -3,7 +3,9 @@
 #include <pmapcc/kernels/cpu/im2col.h>
 
 #include <algorithm>
+#include <cstdint>
 
+#include <pmapcc/kernels/bf16_gemm.h>
 #include <pmapcc/kernels/cpu/gemm.h>
 
 namespace PMAPCC_CPU_NS::detail {
@@ -36,6 +38,9 @@ ConvPlan make_conv_plan(const Conv2dParams& p) {
   const Index fwd_row = plan.identity ? 0 : plan.patch;
   plan.fwd_images = images_per_chunk(plan.out_pixels * (fwd_row + p.out_channels), p.batch);
   plan.fwd_floats = static_cast<std::size_t>(plan.out_pixels * plan.fwd_images * fwd_row);
+  plan.rounded_patches = p.precision == Precision::bf16 && !plan.identity && plan.patch > kDirectMaxPatch;
+  if (plan.rounded_patches)
+    plan.fwd_floats = std::max(plan.fwd_floats, rounded_patch_floats(plan, plan.fwd_images));
 
   plan.bwd_images = images_per_chunk(plan.out_pixels * plan.patch * 2, p.batch);
   plan.bwd_floats = static_cast<std::size_t>(plan.out_pixels * plan.bwd_images * plan.patch * 2);
@@ -73,40 +78,77 @@ std::size_t conv_workspace_bytes(const ConvPlan& plan) {
   return (plan.pack_floats + patches + plan.direct_floats) * sizeof(float) + 6 * Scratch::kAlign;
 }
 
-void im2col(const ConvPlan& plan, const float* x, int images, float* col) {
+namespace {
+
+// A run of a patch row: copied (rounded to bf16 bits for rounded rows) or zero.
+void copy_run(const float* from, Index n, float* to) { std::copy_n(from, n, to); }
+void copy_run(const float* from, Index n, std::uint16_t* to) {
+  bf16::round_bits_into(from, static_cast<std::size_t>(n), to);
+}
+template <typename T>
+void zero_run(T* to, Index n) {
+  std::fill_n(to, n, T{0});
+}
+
+// Output pixel (oy, ox)'s patch of one image (H, W, Cin) into out[0, KH*KW*Cin); padding reads as 0.
+template <typename T>
+void patch_row(const ConvPlan& plan, const float* image, int oy, int ox, T* out) {
   const Conv2dParams& p = plan.p;
   const Index c = p.in_channels;
   const Index span = Index{p.kernel_w} * c;  // one kernel row of a patch: contiguous in x when inside
-  float* out = col;
-  for (int n = 0; n < images; ++n) {
-    const float* image = x + n * plan.in_image;
-    for (int oy = 0; oy < plan.g.out_height; ++oy) {
-      for (int ox = 0; ox < plan.g.out_width; ++ox) {
-        const int ix0 = ox * p.stride_w - plan.g.pad_left;
-        const bool inside_w = ix0 >= 0 && ix0 + p.kernel_w <= p.width;
-        for (int ky = 0; ky < p.kernel_h; ++ky, out += span) {
-          const int iy = oy * p.stride_h - plan.g.pad_top + ky;
-          if (iy < 0 || iy >= p.height) {
-            std::fill_n(out, span, 0.0f);
-            continue;
-          }
-          const float* row = image + (Index{iy} * p.width) * c;
-          if (inside_w) {
-            std::copy_n(row + Index{ix0} * c, span, out);
-            continue;
-          }
-          for (int kx = 0; kx < p.kernel_w; ++kx) {
-            const int ix = ix0 + kx;
-            if (ix < 0 || ix >= p.width) {
-              std::fill_n(out + kx * c, c, 0.0f);
-            } else {
-              std::copy_n(row + Index{ix} * c, c, out + kx * c);
-            }
-          }
-        }
+  const int ix0 = ox * p.stride_w - plan.g.pad_left;
+  const bool inside_w = ix0 >= 0 && ix0 + p.kernel_w <= p.width;
+  for (int ky = 0; ky < p.kernel_h; ++ky, out += span) {
+    const int iy = oy * p.stride_h - plan.g.pad_top + ky;
+    if (iy < 0 || iy >= p.height) {
+      zero_run(out, span);
+      continue;
+    }
+    const float* row = image + (Index{iy} * p.width) * c;
+    if (inside_w) {
+      copy_run(row + Index{ix0} * c, span, out);
+      continue;
+    }
+    for (int kx = 0; kx < p.kernel_w; ++kx) {
+      const int ix = ix0 + kx;
+      if (ix < 0 || ix >= p.width) {
+        zero_run(out + kx * c, c);
+      } else {
+        copy_run(row + Index{ix} * c, c, out + kx * c);
       }
     }
   }
+}
+
+}  // namespace
+
+void im2col(const ConvPlan& plan, const float* x, int images, float* col) {
+  for (int n = 0; n < images; ++n) {
+    const float* image = x + n * plan.in_image;
+    for (int oy = 0; oy < plan.g.out_height; ++oy)
+      for (int ox = 0; ox < plan.g.out_width; ++ox, col += plan.patch) patch_row(plan, image, oy, ox, col);
+  }
+}
+
+void im2col_rounded(const ConvPlan& plan, const float* x, int images, std::uint16_t* bits) {
+  const Index stride = bf16::rounded_stride(plan.patch);
+  const Index rows = Index{images} * plan.out_pixels;
+  std::uint16_t* out = bits;
+  for (int n = 0; n < images; ++n) {
+    const float* image = x + n * plan.in_image;
+    for (int oy = 0; oy < plan.g.out_height; ++oy) {
+      for (int ox = 0; ox < plan.g.out_width; ++ox, out += stride) {
+        patch_row(plan, image, oy, ox, out);
+        zero_run(out + plan.patch, stride - plan.patch);
+      }
+    }
+  }
+  zero_run(out, (bf16::rounded_rows(rows) - rows) * stride);
+}
+
+std::size_t rounded_patch_floats(const ConvPlan& plan, int images) {
+  const Index bits = bf16::rounded_rows(Index{images} * plan.out_pixels) * bf16::rounded_stride(plan.patch);
+  return static_cast<std::size_t>((bits + 1) / 2);
 }
 
 void col2im_add(const ConvPlan& plan, const float* dcol, int images, float* dx) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include <pmapcc/kernels/cpu/common.h>
 #include <pmapcc/kernels/ops.h>
@@ -17,6 +18,7 @@ struct ConvPlan {
   Index in_image = 0;           // H*W*Cin floats per input image
   Index out_image = 0;          // OH*OW*Cout floats per output image
   bool identity = false;        // 1x1 kernel, stride 1, no padding: the patch matrix is x itself
+  bool rounded_patches = false;  // bf16 GEMM path: the forward's patches are bf16 rows (im2col_rounded)
   int fwd_images = 1;           // images per forward chunk
   int bwd_images = 1;           // images per backward chunk (never depends on members: dw sums over chunks)
   std::size_t pack_floats = 0;  // GEMM packing space: the most any of the op's GEMMs needs
@@ -45,6 +47,12 @@ std::size_t conv_workspace_bytes(const ConvPlan& plan);
 
 // col (images*OH*OW, KH*KW*Cin) = the patches of x (images, H, W, Cin); padding reads as 0.
 void im2col(const ConvPlan& plan, const float* x, int images, float* col);
+
+// The same patches as bf16 rows for bf16::gemm (bf16::RoundedRows): row r at bits + r * stride with stride =
+// bf16::rounded_stride(KH*KW*Cin), zeros past the patch and in the rows up to bf16::rounded_rows(rows).
+void im2col_rounded(const ConvPlan& plan, const float* x, int images, std::uint16_t* bits);
+// Floats of space im2col_rounded needs for that many images.
+std::size_t rounded_patch_floats(const ConvPlan& plan, int images);
 
 // dx (images, H, W, Cin) += the patch gradients dcol (images*OH*OW, KH*KW*Cin), scattered back.
 void col2im_add(const ConvPlan& plan, const float* dcol, int images, float* dx);
