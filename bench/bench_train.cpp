@@ -9,15 +9,19 @@
 //                      [--steps-a S] [--steps-b S] [--batch B] [--isa ...]
 //   bench_train sgemm [--threads T] [--size N] [--reps R] [--isa ...]
 //   bench_train flops
+//   bench_train layers [--batch B] [--reps R] [--isa ...] [--precision fp32|bf16] (each conv and dense layer's
+//                      ops of one member on one thread, timed alone: forward, and backward = dW, db and dX)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <random>
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <sys/resource.h>
@@ -335,6 +339,90 @@ Json run_flops() {
   return j;
 }
 
+// The product layers of the Flax CNN at batch B, one member, one thread, each op timed alone (median of R
+// calls after one warm-up, inputs random, workspaces sized once): GFLOP/s of the forward (with its bias and
+// fused ReLU) and of the backward (dW, db, and dX except for the first layer), as the roofline of the layers
+// that a training step's GEMMs run.
+Json run_layers(const Args& a) {
+  set_isa(a);
+  const int batch = a.get_int("batch", 128), reps = a.get_int("reps", 15);
+  if (batch < 1) throw ValueError("--batch must be >= 1, got " + std::to_string(batch));
+  if (reps < 1) throw ValueError("--reps must be >= 1, got " + std::to_string(reps));
+  const kernels::Precision precision = kernels::parse_precision(a.get("precision", "fp32").c_str(), "--precision");
+  const kernels::Backend& be = kernels::cpu_backend();
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const auto randoms = [&](std::size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = normal(rng);
+    return v;
+  };
+  // Median seconds of reps calls of fn after one warm-up call.
+  const auto median_seconds = [&](const auto& fn) {
+    fn();
+    std::vector<double> t;
+    for (int r = 0; r < reps; ++r) {
+      const auto t0 = Clock::now();
+      fn();
+      t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  Json layers = Json::array();
+  const auto report = [&](const std::string& name, double forward_flops, bool dx, double fwd_s, double bwd_s) {
+    Json e = Json::object();
+    e["layer"] = name;
+    e["forward_ms"] = fwd_s * 1e3;
+    e["backward_ms"] = bwd_s * 1e3;
+    e["forward_gflops"] = forward_flops / fwd_s / 1e9;
+    e["backward_gflops"] = forward_flops * (dx ? 2 : 1) / bwd_s / 1e9;
+    layers.push_back(std::move(e));
+  };
+  for (const auto& [name, size, cin, cout] : {std::tuple<const char*, int, int, int>{"conv1", 28, 1, 32},
+                                              std::tuple<const char*, int, int, int>{"conv2", 14, 32, 64}}) {
+    kernels::Conv2dParams p;
+    p.batch = batch, p.height = p.width = size, p.in_channels = cin, p.out_channels = cout, p.relu = true;
+    p.precision = precision;
+    const std::size_t xn = std::size_t(batch) * size * size * cin, yn = std::size_t(batch) * size * size * cout;
+    const auto x = randoms(xn), w = randoms(std::size_t(9) * cin * cout), b = randoms(std::size_t(cout));
+    const auto dy = randoms(yn);
+    std::vector<float> y(yn), dx(xn), dw(w.size()), db(b.size());
+    std::vector<unsigned char> ws(be.conv().conv2d_workspace_bytes(p));
+    const bool first = cin == 1;
+    const double flops = 2.0 * static_cast<double>(yn) * 9 * cin;
+    const double fwd = median_seconds([&] { be.conv().conv2d_forward(p, x.data(), w.data(), b.data(), y.data(), ws.data()); });
+    const double bwd = median_seconds([&] {
+      be.conv().conv2d_backward(p, x.data(), w.data(), dy.data(), first ? nullptr : dx.data(), dw.data(), db.data(),
+                                ws.data());
+    });
+    report(name, flops, !first, fwd, bwd);
+  }
+  for (const auto& [name, in, out] : {std::tuple<const char*, int, int>{"dense1", 3136, 256},
+                                      std::tuple<const char*, int, int>{"dense2", 256, 10}}) {
+    kernels::DenseParams p;
+    p.batch = batch, p.in_features = in, p.out_features = out, p.relu = out != 10, p.precision = precision;
+    const auto x = randoms(std::size_t(batch) * in), w = randoms(std::size_t(in) * out), b = randoms(std::size_t(out));
+    const auto dy = randoms(std::size_t(batch) * out);
+    std::vector<float> y(dy.size()), dx(x.size()), dw(w.size()), db(b.size());
+    std::vector<unsigned char> ws(be.dense().dense_workspace_bytes(p));
+    const double flops = 2.0 * batch * static_cast<double>(in) * out;
+    const double fwd = median_seconds([&] { be.dense().dense_forward(p, x.data(), w.data(), b.data(), y.data(), ws.data()); });
+    const double bwd = median_seconds([&] {
+      be.dense().dense_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), ws.data());
+    });
+    report(name, flops, true, fwd, bwd);
+  }
+  Json j = Json::object();
+  j["kind"] = "layers";
+  j["isa"] = kernels::cpu::isa();
+  j["precision"] = kernels::name(precision);
+  j["batch"] = batch;
+  j["reps"] = reps;
+  j["layers"] = std::move(layers);
+  return j;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -349,8 +437,11 @@ int main(int argc, char** argv) {
       out = run_sgemm(a);
     } else if (a.mode == "flops") {
       out = run_flops();
+    } else if (a.mode == "layers") {
+      out = run_layers(a);
     } else {
-      std::fprintf(stderr, "usage: bench_train train|paired|sgemm|flops [--flags] (see the top of bench/bench_train.cpp)\n");
+      std::fprintf(stderr,
+                   "usage: bench_train train|paired|sgemm|flops|layers [--flags] (see the top of bench/bench_train.cpp)\n");
       return 2;
     }
     std::printf("%s\n", pmap::io::dump_json(out).c_str());

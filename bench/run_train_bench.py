@@ -10,7 +10,9 @@ model-images/s, the ratio to PyTorch's best configuration for the same member co
 against our own sgemm), and peak RSS against the memory budget. With several --isa variants (e.g.
 --isa avx2,avx512) or precisions (--precision fp32,bf16) every configuration runs with each combination in
 every round, and a second table gives each one's speed over the first's; with bf16, PyTorch also runs under
-torch.autocast(bfloat16), and a bf16 row's ratio is to PyTorch's best in bf16. Prints the tables and
+torch.autocast(bfloat16), and a bf16 row's ratio is to PyTorch's best in bf16. Each round also times every
+product layer alone per variant (bench_train layers), for the GEMM-bound layers' share of the peak. Prints
+the tables and
 writes everything (machine, commit, date, commands,
 every run) to bench/results/*.json.
 
@@ -205,6 +207,19 @@ class Bench:
             print(f"  sgemm   t={threads} {isa:7s} {r['gflops']:6.1f} GFLOP/s (best round {r['best_gflops']:.1f})",
                   flush=True)
 
+    def layers(self, isa, precision, rnd):
+        """Each product layer's ops timed alone (bench_train layers): the rate of the GEMM-bound layers."""
+        cmd = [self.exe, "layers", "--batch", "128"] + (["--reps", "3"] if self.a.quick else [])
+        if isa != "auto":
+            cmd += ["--isa", isa]
+        if precision != "fp32":
+            cmd += ["--precision", precision]
+        r = self.record("layers", {"isa": isa, "precision": precision}, cmd, "", rnd)
+        if r:
+            print(f"  layers  {isa:7s} {precision} " + ", ".join(
+                f"{l['layer']} {l['forward_gflops']:.0f}/{l['backward_gflops']:.0f}" for l in r["layers"]) +
+                  " GFLOP/s (forward/backward)", flush=True)
+
     def peak(self):
         """This machine's fp32 peak per core (bench_peak's register-resident FMA chains), or None where
         bench_peak is not built (it is x86 only)."""
@@ -362,6 +377,31 @@ def table(rows, sgemm, sgemm_cpu, isas, variants, peak):
     return "\n".join(out + [""] + notes)
 
 
+def layers_table(b, variants, peak):
+    """Median GFLOP/s of each product layer's forward and backward per variant, and their share of the fp32
+    peak of one core."""
+    peak_core = peak["best_fp32_gflops"] if peak else None
+    out = ["Product layers alone (bench_train layers, batch 128, one member, one thread), GFLOP/s (median; "
+           "share of one core's fp32 peak):", "",
+           "| layer | " + " | ".join(f"{i}{' ' + p if p != 'fp32' else ''} forward | backward" for i, p in variants) + " |",
+           "|" + "---|" * (1 + 2 * len(variants))]
+    names = []
+    for r in b.runs:
+        if r["what"] == "layers" and "result" in r:
+            names += [l["layer"] for l in r["result"]["layers"] if l["layer"] not in names]
+    pct = lambda v: f" ({100 * v / peak_core:.0f}%)" if peak_core and v is not None else ""
+    for name in names:
+        cells = []
+        for isa, precision in variants:
+            for key in ("forward_gflops", "backward_gflops"):
+                v = median([l[key] for r in b.runs if r["what"] == "layers" and "result" in r and
+                            r["config"] == {"isa": isa, "precision": precision}
+                            for l in r["result"]["layers"] if l["layer"] == name])
+                cells.append(fmt(v, ".1f") + pct(v))
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def torch_table(b, members_list, torch_variants):
     """Every PyTorch configuration's median, so that the anchor's best is seen beside the others (OpenBLAS's
     core type set and unset among them)."""
@@ -403,6 +443,8 @@ def main():
             for isa in a.isas:
                 for t in sorted(set(devices_list)):
                     b.sgemm(t, isa, rnd)
+            for isa, precision in a.variants:
+                b.layers(isa, precision, rnd)
             for m in members_list:
                 for d in devices_list:
                     if m % d == 0 or m == 1:
@@ -418,6 +460,7 @@ def main():
     rows, sgemm, sgemm_cpu = summarize(b, flops_info, members_list, devices_list,
                                        torch_variants if have_torch else [], a.isas, a.variants, peak)
     text = table(rows, sgemm, sgemm_cpu, a.isas, a.variants, peak)
+    text += "\n\n" + layers_table(b, a.variants, peak)
     if have_torch:
         text += "\n\n" + torch_table(b, members_list, torch_variants)
     if paired:

@@ -1,8 +1,10 @@
 // The bf16 GEMM (bf16_gemm.h). Blocked like a BLAS: a block of b (KC x NC) is rounded and packed into
 // panels of 32 columns whose depth pairs are interleaved (the layout vdpbf16ps and tdpbf16ps read), a block
 // of a (MC x KC) is rounded into rows of depth pairs (or, transposed on the vector path, interleaved the
-// same way as b). The vector path sums 8 x 32 register tiles of c, 2 products per lane per instruction;
-// the AMX path 32 x 32 tiles of c in four tile registers, 32 products per element per instruction. Only
+// same way as b), unless the caller rounded a's rows already (RoundedRows: read in place). The vector path
+// sums 8 x 32 register tiles of c, 2 products per lane per instruction; the AMX path 32 x 32 tiles of c in
+// four tile registers, 32 products per element per instruction, and runs a weight gradient (transposed a)
+// as its transposed product when that scatters less. Only
 // the functions marked with a target attribute use AVX-512, AVX512_BF16 or AMX; gemm() checks the CPU
 // before it calls them.
 #include <pmapcc/kernels/bf16_gemm.h>

@@ -1,5 +1,6 @@
 // CPU conv2d forward and backward: im2col a chunk of images, then GEMMs against HWIO weights seen as
-// (KH*KW*Cin, Cout) matrices. A shared input is im2col'ed once per chunk for all members.
+// (KH*KW*Cin, Cout) matrices. A shared input is im2col'ed once per chunk for all members. In bf16 the
+// forward's im2col writes bf16 rows that the bf16 GEMM reads without packing them again.
 #include <algorithm>
 #include <cstdint>
 

@@ -3,7 +3,8 @@
 // block of output channels held in SIMD registers (Eigen's packets: 16 floats with AVX-512, 8 with AVX, 4 with
 // SSE), and the backward's dw accumulates a few taps at a time over the image's pixels, reading dy once per
 // image. Channels left over after the full packets take half and quarter packets (12 channels with AVX-512:
-// 8 + 4), and only what is left after those runs one float at a time.
+// 8 + 4), and only what is left after those runs one float at a time. In bf16 the padded image, w and dy are
+// rounded to bf16 first: their products are exact in fp32, so this is bf16 products summed in fp32.
 #include <pmapcc/kernels/cpu/conv_direct.h>
 
 #include <pmapcc/kernels/bf16_gemm.h>
