@@ -12,9 +12,7 @@ against our own sgemm), and peak RSS against the memory budget. With several --i
 every round, and a second table gives each one's speed over the first's; with bf16, PyTorch also runs under
 torch.autocast(bfloat16), and a bf16 row's ratio is to PyTorch's best in bf16. Each round also times every
 product layer alone per variant (bench_train layers), for the GEMM-bound layers' share of the peak. Prints
-the tables and
-writes everything (machine, commit, date, commands,
-every run) to bench/results/*.json.
+the tables and writes everything (machine, commit, date, commands, every run) to bench/results/*.json.
 
   python3 bench/run_train_bench.py --data data/mnist [--build build] [--runs 5] [--steps 20] [--quick]
                                    [--isa avx2,avx512] [--precision fp32,bf16] [--no-torch]
@@ -383,7 +381,8 @@ def layers_table(b, variants, peak):
     peak_core = peak["best_fp32_gflops"] if peak else None
     out = ["Product layers alone (bench_train layers, batch 128, one member, one thread), GFLOP/s (median; "
            "share of one core's fp32 peak):", "",
-           "| layer | " + " | ".join(f"{i}{' ' + p if p != 'fp32' else ''} forward | backward" for i, p in variants) + " |",
+           "| layer | " + " | ".join(f"{i}{' ' + p if p != 'fp32' else ''} forward | backward"
+                                    for i, p in variants) + " |",
            "|" + "---|" * (1 + 2 * len(variants))]
     names = []
     for r in b.runs:

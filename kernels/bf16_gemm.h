@@ -69,7 +69,7 @@ void gemm(std::int64_t rows, std::int64_t cols, std::int64_t depth, Operand a, O
 void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, Operand a, Operand b, float* c,
           bool accumulate, void* pack, std::size_t pack_bytes);
 // The same with a rounded left operand: the same bits as gemm() on the floats it was rounded from. Throws
-// pmap::ValueError also for a stride below rounded_stride(depth).
+// pmap::ValueError also for null bits or a stride below rounded_stride(depth) or not a multiple of 32.
 void gemm(std::int64_t rows, std::int64_t cols, std::int64_t depth, RoundedRows a, Operand b, float* c,
           bool accumulate, void* pack, std::size_t pack_bytes);
 void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, RoundedRows a, Operand b, float* c,

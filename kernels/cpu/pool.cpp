@@ -20,8 +20,8 @@ void ConvOpsImpl::avg_pool_forward(AvgPoolParams p, const float* x, float* y) co
     const float* image = x + n * p.height * p.width * c;
     for (int oy = 0; oy < g.out_height; ++oy) {
       for (int ox = 0; ox < g.out_width; ++ox, y += c) {
-        // y and x never overlap (restrict lets the compiler keep y's sums in vector registers); each sum
-        // starts from 0 and adds the window in row order, then is scaled.
+        // y and x never overlap (restrict); each sum starts from 0 and adds the window in row order, then is
+        // scaled.
         float* __restrict out = y;
         std::fill_n(out, c, 0.0f);
         for (int ky = 0; ky < p.window_h; ++ky) {
