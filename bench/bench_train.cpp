@@ -17,8 +17,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
-#include <random>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -369,14 +369,21 @@ Json run_layers(const Args& a) {
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
   };
+  // FLOPs and which layers compute dX: the model's own count (count_flops, as the training rows use), in
+  // the order of the shapes below.
+  const std::vector<LayerFlops> counted = count_flops(*flax_mnist_cnn());
+  if (counted.size() != 4) throw ValueError("bench_train layers: the Flax CNN has changed its product layers");
   Json layers = Json::array();
-  const auto report = [&](const std::string& name, double forward_flops, bool dx, double fwd_s, double bwd_s) {
+  std::size_t next = 0;
+  const auto report = [&](const std::string& name, double fwd_s, double bwd_s) {
+    const LayerFlops& l = counted[next++];
+    const double forward_flops = l.forward * batch;
     Json e = Json::object();
     e["layer"] = name;
     e["forward_ms"] = fwd_s * 1e3;
     e["backward_ms"] = bwd_s * 1e3;
     e["forward_gflops"] = forward_flops / fwd_s / 1e9;
-    e["backward_gflops"] = forward_flops * (dx ? 2 : 1) / bwd_s / 1e9;
+    e["backward_gflops"] = forward_flops * (l.computes_dx ? 2 : 1) / bwd_s / 1e9;
     layers.push_back(std::move(e));
   };
   for (const auto& [name, size, cin, cout] : {std::tuple<const char*, int, int, int>{"conv1", 28, 1, 32},
@@ -389,29 +396,26 @@ Json run_layers(const Args& a) {
     const auto dy = randoms(yn);
     std::vector<float> y(yn), dx(xn), dw(w.size()), db(b.size());
     std::vector<unsigned char> ws(be.conv().conv2d_workspace_bytes(p));
-    const bool first = cin == 1;
-    const double flops = 2.0 * static_cast<double>(yn) * 9 * cin;
+    float* dx_or_none = counted[next].computes_dx ? dx.data() : nullptr;  // the first layer has no dX
     const double fwd = median_seconds([&] { be.conv().conv2d_forward(p, x.data(), w.data(), b.data(), y.data(), ws.data()); });
     const double bwd = median_seconds([&] {
-      be.conv().conv2d_backward(p, x.data(), w.data(), dy.data(), first ? nullptr : dx.data(), dw.data(), db.data(),
-                                ws.data());
+      be.conv().conv2d_backward(p, x.data(), w.data(), dy.data(), dx_or_none, dw.data(), db.data(), ws.data());
     });
-    report(name, flops, !first, fwd, bwd);
+    report(name, fwd, bwd);
   }
-  for (const auto& [name, in, out] : {std::tuple<const char*, int, int>{"dense1", 3136, 256},
-                                      std::tuple<const char*, int, int>{"dense2", 256, 10}}) {
+  for (const auto& [name, in, out, relu] : {std::tuple<const char*, int, int, bool>{"dense1", 3136, 256, true},
+                                            std::tuple<const char*, int, int, bool>{"dense2", 256, 10, false}}) {
     kernels::DenseParams p;
-    p.batch = batch, p.in_features = in, p.out_features = out, p.relu = out != 10, p.precision = precision;
+    p.batch = batch, p.in_features = in, p.out_features = out, p.relu = relu, p.precision = precision;
     const auto x = randoms(std::size_t(batch) * in), w = randoms(std::size_t(in) * out), b = randoms(std::size_t(out));
     const auto dy = randoms(std::size_t(batch) * out);
     std::vector<float> y(dy.size()), dx(x.size()), dw(w.size()), db(b.size());
     std::vector<unsigned char> ws(be.dense().dense_workspace_bytes(p));
-    const double flops = 2.0 * batch * static_cast<double>(in) * out;
     const double fwd = median_seconds([&] { be.dense().dense_forward(p, x.data(), w.data(), b.data(), y.data(), ws.data()); });
     const double bwd = median_seconds([&] {
       be.dense().dense_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), ws.data());
     });
-    report(name, flops, true, fwd, bwd);
+    report(name, fwd, bwd);
   }
   Json j = Json::object();
   j["kind"] = "layers";
