@@ -8,6 +8,8 @@
 //   bench_train paired --data DIR [--members-a 1] [--members-b 8] [--group-a G] [--group-b G] [--rounds R]
 //                      [--steps-a S] [--steps-b S] [--batch B] [--isa ...]
 //   bench_train sgemm [--threads T] [--size N] [--reps R] [--isa ...]
+//                     [--rows R --cols C --depth K] [--layout nn|tn|nt|tt] (any product instead of N^3; t: that
+//                     operand is stored transposed, as the conv and dense backward passes read them)
 //   bench_train flops
 //   bench_train layers [--batch B] [--reps R] [--isa ...] [--precision fp32|bf16] (each conv and dense layer's
 //                      ops of one member on one thread, timed alone: forward, and backward = dW, db and dX)
@@ -270,18 +272,22 @@ Json run_sgemm(const Args& a) {
   set_isa(a);
   const int threads = a.get_int("threads", 1), n = a.get_int("size", 1536), reps = a.get_int("reps", 12);
   kernels::MatmulParams p;
-  p.rows = p.cols = p.depth = n;
+  p.rows = a.get_int("rows", n), p.cols = a.get_int("cols", n), p.depth = a.get_int("depth", n);
+  const std::string layout = a.get("layout", "nn");
+  if (layout.size() != 2 || layout.find_first_not_of("nt") != std::string::npos)
+    throw ValueError("sgemm: --layout must be nn, tn, nt or tt (got '" + layout + "')");
+  p.transpose_a = layout[0] == 't', p.transpose_b = layout[1] == 't';
   struct Work {
     std::vector<float> a, b, c;
     std::vector<unsigned char> ws;
     double best = 1e30;
   };
   std::vector<Work> work(static_cast<std::size_t>(threads));
-  const std::size_t elems = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
+  const auto elems = [](int x, int y) { return static_cast<std::size_t>(x) * static_cast<std::size_t>(y); };
   for (std::size_t t = 0; t < work.size(); ++t) {
-    work[t].a.assign(elems, 0.5f + 0.01f * static_cast<float>(t));
-    work[t].b.assign(elems, 0.25f);
-    work[t].c.assign(elems, 0.0f);
+    work[t].a.assign(elems(p.rows, p.depth), 0.5f + 0.01f * static_cast<float>(t));
+    work[t].b.assign(elems(p.depth, p.cols), 0.25f);
+    work[t].c.assign(elems(p.rows, p.cols), 0.0f);
     work[t].ws.resize(kernels::cpu_backend().matmul_workspace_bytes(p));
   }
   auto run = [&](Work& w, int count) {
@@ -303,7 +309,7 @@ Json run_sgemm(const Args& a) {
   all(reps);
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   const double cpu = cpu_seconds() - cpu0;
-  const double flops = 2.0 * n * n * static_cast<double>(n);
+  const double flops = 2.0 * p.rows * p.cols * static_cast<double>(p.depth);
   double best_rate = 0;
   for (const Work& w : work) best_rate += flops / w.best;
   Json j = Json::object();
@@ -311,6 +317,10 @@ Json run_sgemm(const Args& a) {
   j["isa"] = kernels::cpu::isa();
   j["threads"] = threads;
   j["size"] = n;
+  j["rows"] = p.rows;
+  j["cols"] = p.cols;
+  j["depth"] = p.depth;
+  j["layout"] = layout;
   j["reps"] = reps;
   j["seconds"] = seconds;
   j["cpu_seconds"] = cpu;

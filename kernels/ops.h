@@ -102,13 +102,17 @@ struct SoftmaxXentParams {
 };
 
 // c (+)= a @ b per member, row-major: a (M, rows, depth), b (M, depth, cols), c (M, rows, cols). The GEMM
-// every CPU op runs on, public for benchmarks (bench_train's sgemm rate) and tests.
+// every CPU op runs on, public for benchmarks (bench_train's sgemm rate) and tests. With transpose_a, a
+// holds each member's A transposed, (depth, rows) row-major (as a conv's weight gradient reads its patches);
+// with transpose_b, b holds B transposed, (cols, depth) (as its input gradient reads the weights).
 struct MatmulParams {
   int members = 1;
   int rows = 0;
   int cols = 0;
   int depth = 0;
   bool accumulate = false;  // c += a @ b instead of c = a @ b
+  bool transpose_a = false;
+  bool transpose_b = false;
 };
 
 // Calibration statistics of predicted probabilities (calibration_sums): for each of `predictors` sets of

@@ -153,6 +153,63 @@ TEST_CASE("matmul matches the definition, accumulate adds, members are independe
   CHECK_THROWS_AS(cpu_ops().matmul_workspace_bytes(MatmulParams{}), pmap::ValueError);
 }
 
+// c = a @ b (+ c0) per the definition, in double, for matmul's layouts.
+std::vector<double> matmul_reference(const MatmulParams& p, const std::vector<float>& a, const std::vector<float>& b,
+                                     const std::vector<float>& c0) {
+  std::vector<double> ref;
+  for (int m = 0; m < p.members; ++m) {
+    const float* am = a.data() + std::size_t(m) * p.rows * p.depth;
+    const float* bm = b.data() + std::size_t(m) * p.depth * p.cols;
+    for (int i = 0; i < p.rows; ++i)
+      for (int j = 0; j < p.cols; ++j) {
+        double s = p.accumulate ? c0[(std::size_t(m) * p.rows + i) * p.cols + j] : 0.0;
+        for (int k = 0; k < p.depth; ++k) {
+          const float x = p.transpose_a ? am[std::size_t(k) * p.rows + i] : am[std::size_t(i) * p.depth + k];
+          const float y = p.transpose_b ? bm[std::size_t(j) * p.depth + k] : bm[std::size_t(k) * p.cols + j];
+          s += double(x) * y;
+        }
+        ref.push_back(s);
+      }
+  }
+  return ref;
+}
+
+// Every variant, every layout, the shapes of the MNIST CNN's products (narrow results: 64 and 10 columns,
+// 288 and 256 deep) and ones that cross the AVX-512 GEMM's edges: leftover rows of each tile height, masked
+// last columns, depth blocks, more than one 64-column panel, a single row, column and depth step.
+TEST_CASE("matmul in every variant and layout matches the definition, and repeats bit for bit") {
+  IsaGuard guard;
+  struct Shape {
+    int rows, cols, depth;
+  };
+  const Shape shapes[] = {{588, 64, 288}, {288, 64, 392}, {392, 288, 64}, {128, 10, 256}, {37, 70, 200},
+                          {13, 48, 97},   {11, 33, 300},  {25, 16, 1},    {1, 1, 1},      {7, 129, 5},
+                          {30, 300, 40}};
+  for (const std::string& isa : cpu::available_isas()) {
+    cpu::set_isa(isa);
+    for (const Shape& shape : shapes)
+      for (int layout = 0; layout < 8; ++layout) {
+        MatmulParams p;
+        p.members = 2, p.rows = shape.rows, p.cols = shape.cols, p.depth = shape.depth;
+        p.transpose_a = (layout & 1) != 0, p.transpose_b = (layout & 2) != 0, p.accumulate = (layout & 4) != 0;
+        CAPTURE(isa);
+        CAPTURE(p.rows);
+        CAPTURE(p.cols);
+        CAPTURE(p.depth);
+        CAPTURE(layout);
+        const auto a = kc::random_floats(std::size_t(2) * p.rows * p.depth, 41 + layout);
+        const auto b = kc::random_floats(std::size_t(2) * p.depth * p.cols, 42 + layout);
+        const auto c0 = kc::random_floats(std::size_t(2) * p.rows * p.cols, 43 + layout);
+        std::vector<unsigned char> ws(cpu_ops().matmul_workspace_bytes(p));
+        std::vector<float> c = c0, again = c0;
+        cpu_ops().matmul(p, a.data(), b.data(), c.data(), ws.data());
+        CHECK(kc::max_rel_diff(c, matmul_reference(p, a, b, c0)) < 1e-6);
+        cpu_ops().matmul(p, a.data(), b.data(), again.data(), nullptr);  // own workspace: the same bits
+        CHECK(kc::same_bits(c.data(), again.data(), c.size()));
+      }
+  }
+}
+
 TEST_CASE("conv2d and dense with relu equal the op then relu_forward, bitwise (GEMM and direct paths)") {
   for (const Conv2dParams& base : {conv(2, 3, 9, 1, 12, true), conv(2, 3, 9, 5, 7, false)}) {
     CAPTURE(base.in_channels);

@@ -135,6 +135,12 @@ std::size_t fp32_pack_floats(Index rows, Index cols, Index depth) {
 
 void fp32_gemm(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand b, float* c, bool accumulate,
                float* pack, std::size_t pack_floats) {
+#if defined(__AVX512F__)
+  if (avx512_gemm_suits(rows, cols, depth, b)) {
+    avx512_gemm(rows, cols, depth, a, b.data, c, accumulate);
+    return;
+  }
+#endif
   if (!accumulate) std::fill_n(c, rows * cols, 0.0f);
   if (rows == 0 || cols == 0 || depth == 0) return;
   WorkspaceBlocking blocking(rows, cols, depth);

@@ -18,8 +18,8 @@ void Ops::matmul(MatmulParams p, const float* a, const float* b, float* c, void*
   float* pack = detail::Scratch(space.get()).take(pack_size);
   const detail::Index rows = p.rows, cols = p.cols, depth = p.depth;
   for (int m = 0; m < p.members; ++m) {
-    detail::gemm(rows, cols, depth, {a + m * rows * depth}, {b + m * depth * cols}, c + m * rows * cols,
-                 p.accumulate, pack, pack_size);
+    detail::gemm(rows, cols, depth, {a + m * rows * depth, p.transpose_a}, {b + m * depth * cols, p.transpose_b},
+                 c + m * rows * cols, p.accumulate, pack, pack_size);
   }
 }
 
