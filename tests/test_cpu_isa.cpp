@@ -185,29 +185,31 @@ TEST_CASE("matmul in every variant and layout matches the definition, and repeat
   const Shape shapes[] = {{588, 64, 288}, {288, 64, 392}, {392, 288, 64}, {128, 10, 256}, {37, 70, 200},
                           {13, 48, 97},   {11, 33, 300},  {25, 16, 1},    {1, 1, 1},      {7, 129, 5},
                           {30, 300, 40}};
-  for (const std::string& isa : cpu::available_isas()) {
-    cpu::set_isa(isa);
-    for (const Shape& shape : shapes)
-      for (int layout = 0; layout < 8; ++layout) {
-        MatmulParams p;
-        p.members = 2, p.rows = shape.rows, p.cols = shape.cols, p.depth = shape.depth;
-        p.transpose_a = (layout & 1) != 0, p.transpose_b = (layout & 2) != 0, p.accumulate = (layout & 4) != 0;
+  // The inputs and the reference once per shape and layout, then every variant against them.
+  for (const Shape& shape : shapes)
+    for (int layout = 0; layout < 8; ++layout) {
+      MatmulParams p;
+      p.members = 2, p.rows = shape.rows, p.cols = shape.cols, p.depth = shape.depth;
+      p.transpose_a = (layout & 1) != 0, p.transpose_b = (layout & 2) != 0, p.accumulate = (layout & 4) != 0;
+      CAPTURE(p.rows);
+      CAPTURE(p.cols);
+      CAPTURE(p.depth);
+      CAPTURE(layout);
+      const auto a = kc::random_floats(std::size_t(2) * p.rows * p.depth, 41 + layout);
+      const auto b = kc::random_floats(std::size_t(2) * p.depth * p.cols, 42 + layout);
+      const auto c0 = kc::random_floats(std::size_t(2) * p.rows * p.cols, 43 + layout);
+      const std::vector<double> ref = matmul_reference(p, a, b, c0);
+      for (const std::string& isa : cpu::available_isas()) {
         CAPTURE(isa);
-        CAPTURE(p.rows);
-        CAPTURE(p.cols);
-        CAPTURE(p.depth);
-        CAPTURE(layout);
-        const auto a = kc::random_floats(std::size_t(2) * p.rows * p.depth, 41 + layout);
-        const auto b = kc::random_floats(std::size_t(2) * p.depth * p.cols, 42 + layout);
-        const auto c0 = kc::random_floats(std::size_t(2) * p.rows * p.cols, 43 + layout);
+        cpu::set_isa(isa);
         std::vector<unsigned char> ws(cpu_ops().matmul_workspace_bytes(p));
         std::vector<float> c = c0, again = c0;
         cpu_ops().matmul(p, a.data(), b.data(), c.data(), ws.data());
-        CHECK(kc::max_rel_diff(c, matmul_reference(p, a, b, c0)) < 1e-6);
+        CHECK(kc::max_rel_diff(c, ref) < 1e-6);
         cpu_ops().matmul(p, a.data(), b.data(), again.data(), nullptr);  // own workspace: the same bits
         CHECK(kc::same_bits(c.data(), again.data(), c.size()));
       }
-  }
+    }
 }
 
 TEST_CASE("conv2d and dense with relu equal the op then relu_forward, bitwise (GEMM and direct paths)") {

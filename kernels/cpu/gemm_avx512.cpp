@@ -44,28 +44,27 @@ struct Lhs {
   const float* a;
   Index row_step;
   Index depth_step;
+  Lhs at(Index row, Index k) const { return {a + row * row_step + k * depth_step, row_step, depth_step}; }
 };
 
 // c (R rows of ldc, V zmm of columns, the last one masked by `last`) = (load ? c : 0) + A-rows @ B-block,
 // A rows from `lhs` at row 0 / depth 0 of the block, B block rows at b + k * ldb.
 template <int R, int V>
 void tile(Index depth, Lhs lhs, const float* b, Index ldb, float* c, Index ldc, __mmask16 last, bool load) {
+  __mmask16 mask[V];
+#pragma GCC unroll 4
+  for (int v = 0; v < V; ++v) mask[v] = v == V - 1 ? last : __mmask16{0xFFFF};
   __m512 sum[R][V];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) {
-      const __mmask16 mask = v == V - 1 ? last : __mmask16{0xFFFF};
-      sum[r][v] = load ? _mm512_maskz_loadu_ps(mask, c + r * ldc + 16 * v) : _mm512_setzero_ps();
-    }
+    for (int v = 0; v < V; ++v)
+      sum[r][v] = load ? _mm512_maskz_loadu_ps(mask[v], c + r * ldc + 16 * v) : _mm512_setzero_ps();
   }
   for (Index k = 0; k < depth; ++k) {
     __m512 row[V];
 #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) {
-      const __mmask16 mask = v == V - 1 ? last : __mmask16{0xFFFF};
-      row[v] = _mm512_maskz_loadu_ps(mask, b + k * ldb + 16 * v);
-    }
+    for (int v = 0; v < V; ++v) row[v] = _mm512_maskz_loadu_ps(mask[v], b + k * ldb + 16 * v);
     const float* ak = lhs.a + k * lhs.depth_step;
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
@@ -77,10 +76,7 @@ void tile(Index depth, Lhs lhs, const float* b, Index ldb, float* c, Index ldc, 
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) {
-      const __mmask16 mask = v == V - 1 ? last : __mmask16{0xFFFF};
-      _mm512_mask_storeu_ps(c + r * ldc + 16 * v, mask, sum[r][v]);
-    }
+    for (int v = 0; v < V; ++v) _mm512_mask_storeu_ps(c + r * ldc + 16 * v, mask[v], sum[r][v]);
   }
 }
 
@@ -92,24 +88,14 @@ constexpr int kTileRows = V == 4 ? 6 : V == 3 ? 8 : 12;
 template <int V, int R = kTileRows<V>>
 void tile_rows(Index rows, Index depth, Lhs lhs, const float* b, Index ldb, float* c, Index ldc, __mmask16 last,
                bool load) {
-  if constexpr (R == 0) {
-    (void)rows, (void)depth, (void)lhs, (void)b, (void)ldb, (void)c, (void)ldc, (void)last, (void)load;
-  } else {
-    Index i = 0;
-    for (; i + R <= rows; i += R) {
-      tile<R, V>(depth, {lhs.a + i * lhs.row_step, lhs.row_step, lhs.depth_step}, b, ldb, c + i * ldc, ldc, last,
-                 load);
-    }
-    const Index left = rows - i;
-    if (left == 0) return;
-    // the leftover rows, fewer than R: one smaller tile
-    [&]<int... L>(std::integer_sequence<int, L...>) {
-      ((left == L + 1 ? tile<L + 1, V>(depth, {lhs.a + i * lhs.row_step, lhs.row_step, lhs.depth_step}, b, ldb,
-                                        c + i * ldc, ldc, last, load)
-                      : void()),
-       ...);
-    }(std::make_integer_sequence<int, R - 1>{});
-  }
+  Index i = 0;
+  for (; i + R <= rows; i += R) tile<R, V>(depth, lhs.at(i, 0), b, ldb, c + i * ldc, ldc, last, load);
+  const Index left = rows - i;
+  if (left == 0) return;
+  // the leftover rows, fewer than R: one smaller tile
+  [&]<int... L>(std::integer_sequence<int, L...>) {
+    ((left == L + 1 ? tile<L + 1, V>(depth, lhs.at(i, 0), b, ldb, c + i * ldc, ldc, last, load) : void()), ...);
+  }(std::make_integer_sequence<int, R - 1>{});
 }
 
 }  // namespace
@@ -128,7 +114,7 @@ void avx512_gemm(Index rows, Index cols, Index depth, GemmOperand a, const float
     const Index mc = std::min(row_block, rows - i0);
     for (Index k0 = 0; k0 < depth; k0 += depth_block) {
       const Index kc = std::min(depth_block, depth - k0);
-      const Lhs lhs_ik{lhs.a + i0 * lhs.row_step + k0 * lhs.depth_step, lhs.row_step, lhs.depth_step};
+      const Lhs lhs_ik = lhs.at(i0, k0);
       const bool load = accumulate || k0 > 0;
       for (Index j0 = 0; j0 < cols; j0 += kPanel) {
         const Index width = std::min(kPanel, cols - j0);
