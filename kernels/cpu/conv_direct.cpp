@@ -123,47 +123,66 @@ void forward_scalar(const ConvPlan& plan, const Index* offsets, const float* pad
   }
 }
 
-// One image's dw for taps [t0, t0 + G) and the output channels of one packet P at o0: the image's partial
-// sums stay in G registers over its pixels, then are added to dw.
-template <typename P, int G>
+// One image's dw for taps [t0, t0 + G) and the output channels of NP packets P at o0: the image's partial
+// sums stay in G x NP registers over its pixels (each tap's value broadcast once for all NP packets), then are
+// added to dw. Each sum runs in pixel order whatever NP is, so NP changes the speed, not the bits.
+template <typename P, int G, int NP>
 void weights_taps(const ConvPlan& plan, const Index* offsets, const float* padded, const float* dy, float* dw, Index t0,
                   Index o0) {
   const Index cout = plan.p.out_channels;
-  P acc[G];
-  for (int g = 0; g < G; ++g) acc[g] = ei::pset1<P>(0.0f);
+  constexpr Index kL = lanes_of<P>();
+  P acc[G][NP];
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+    for (int j = 0; j < NP; ++j) acc[g][j] = ei::pset1<P>(0.0f);
   for (Index oy = 0; oy < plan.g.out_height; ++oy) {
     for (Index ox = 0; ox < plan.g.out_width; ++ox) {
-      const P d = ei::ploadu<P>(dy + (oy * plan.g.out_width + ox) * cout + o0);
+      const float* dp = dy + (oy * plan.g.out_width + ox) * cout + o0;
+      P d[NP];
+#pragma GCC unroll 4
+      for (int j = 0; j < NP; ++j) d[j] = ei::ploadu<P>(dp + j * kL);
       const float* taps = padded + pixel_base(plan, oy, ox);
-      for (int g = 0; g < G; ++g) acc[g] = ei::pmadd(ei::pset1<P>(taps[offsets[t0 + g]]), d, acc[g]);
+#pragma GCC unroll 16
+      for (int g = 0; g < G; ++g) {
+        const P xv = ei::pset1<P>(taps[offsets[t0 + g]]);
+#pragma GCC unroll 4
+        for (int j = 0; j < NP; ++j) acc[g][j] = ei::pmadd(xv, d[j], acc[g][j]);
+      }
     }
   }
+#pragma GCC unroll 16
   for (int g = 0; g < G; ++g) {
     float* out = dw + (t0 + g) * cout + o0;
-    ei::pstoreu(out, ei::padd(ei::ploadu<P>(out), acc[g]));
+#pragma GCC unroll 4
+    for (int j = 0; j < NP; ++j) ei::pstoreu(out + j * kL, ei::padd(ei::ploadu<P>(out + j * kL), acc[g][j]));
   }
 }
 
-// weights_taps<P, G> for G = 1..kMaxGroup, indexed by G - 1: a group is as many taps as fit in registers.
+// weights_taps<P, G, NP> for G = 1..kMaxGroup, indexed by G - 1: a group is as many taps as fit in registers
+// (12 x 2 accumulators, 2 packets of dy and a broadcast: 27 of AVX-512's 32; 12 + 2 of AVX's 16 with NP 1).
 constexpr int kMaxGroup = 12;
+// Packets of output channels per pass of the weight gradient: 2 where there are 32 vector registers
+// (AVX-512), else 1.
+constexpr int kWeightsWide = kLanes >= 16 ? 2 : 1;
 using WeightsFn = void (*)(const ConvPlan&, const Index*, const float*, const float*, float*, Index, Index);
-template <typename P, std::size_t... I>
+template <typename P, int NP, std::size_t... I>
 constexpr std::array<WeightsFn, sizeof...(I)> weights_table(std::index_sequence<I...>) {
-  return {&weights_taps<P, static_cast<int>(I) + 1>...};
+  return {&weights_taps<P, static_cast<int>(I) + 1, NP>...};
 }
-template <typename P>
+template <typename P, int NP>
 WeightsFn weights_fn(Index group) {
-  static constexpr auto table = weights_table<P>(std::make_index_sequence<kMaxGroup>{});
+  static constexpr auto table = weights_table<P, NP>(std::make_index_sequence<kMaxGroup>{});
   return table[static_cast<std::size_t>(group - 1)];
 }
 
-// The output channels [o0, o0 + lanes of P) of one image's dw, over every tap in groups.
-template <typename P>
+// The output channels [o0, o0 + NP * lanes of P) of one image's dw, over every tap in groups.
+template <typename P, int NP = 1>
 void weights_packet(const ConvPlan& plan, const Index* offsets, const float* padded, const float* dy, float* dw,
                     Index o0) {
   for (Index t0 = 0; t0 < plan.patch; t0 += kMaxGroup) {
     const Index group = std::min<Index>(kMaxGroup, plan.patch - t0);
-    weights_fn<P>(group)(plan, offsets, padded, dy, dw, t0, o0);
+    weights_fn<P, NP>(group)(plan, offsets, padded, dy, dw, t0, o0);
   }
 }
 
@@ -252,6 +271,9 @@ void direct_weights(const ConvPlan& plan, const float* x, const float* dy, float
         dyn = rounded + plan.patch * cout;
       }
       Index o0 = 0;
+      if constexpr (kWeightsWide > 1)
+        for (; o0 + kWeightsWide * kLanes <= cout; o0 += kWeightsWide * kLanes)
+          weights_packet<Packet, kWeightsWide>(plan, offsets, padded, dyn, dwm, o0);
       for (; o0 + kLanes <= cout; o0 += kLanes) weights_packet<Packet>(plan, offsets, padded, dyn, dwm, o0);
       o0 = narrower_packets(o0, cout, [&](auto packet, Index o) {
         weights_packet<decltype(packet)>(plan, offsets, padded, dyn, dwm, o);
