@@ -20,6 +20,9 @@ expect() {  # expect PATTERN ARGS...
 expect "^fuzz.sh: error: --seconds needs a positive whole number of seconds$" --seconds 0
 expect "^fuzz.sh: error: --seconds needs a positive whole number of seconds$" --seconds 1.5
 expect "^fuzz.sh: error: --seconds needs a positive whole number of seconds$" --seconds
+expect "^fuzz.sh: error: --jobs needs a positive whole number$" --jobs 0
+expect "^fuzz.sh: error: --jobs needs a positive whole number$" --jobs two
+expect "^fuzz.sh: error: --jobs needs a positive whole number$" --jobs
 expect "^fuzz.sh: error: no fuzz target 'fuzz_nothing' \(targets: fuzz_idx .*\)$" fuzz_nothing
 expect "^fuzz.sh: error: unknown option '--fast'$" --fast
 exit $((fails > 0))
