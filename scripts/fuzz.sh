@@ -99,8 +99,9 @@ failed=0
 results=()
 for t in "${targets[@]}"; do
   if [[ -f "$root/build/fuzz/$t.result" ]]; then
-    while IFS= read -r line; do results+=("$line"); done <"$root/build/fuzz/$t.result"
-    [[ $(head -c 4 "$root/build/fuzz/$t.result") == PASS ]] || failed=1
+    mapfile -t lines <"$root/build/fuzz/$t.result"
+    results+=("${lines[@]}")
+    [[ ${lines[0]:-} == PASS* ]] || failed=1
   else
     failed=1
     results+=("FAIL  $t: no result (the run was killed)")
