@@ -5,11 +5,13 @@
 # parallel; each run's checkpoint must equal, bit for bit, the host run of the same kernels on 2 CPU
 # devices in one process (--kernels cuda-on-host), and the runs must repeat bit for bit. Ranks that cannot
 # meet fail with NCCL's error.
-# usage: run_standin_mpi.sh MPIEXEC /path/to/mnist_ensemble MAKE_IDX_PY
+# usage: run_standin_mpi.sh MPIEXEC /path/to/mnist_ensemble MAKE_IDX_PY [small]
+#   small: 64 images in batches of 16 (4 steps) instead of 320 in batches of 32, for AddressSanitizer
 set -uo pipefail
 mpiexec=$1
 bin=$(realpath "$2")
 make_idx=$3
+size=${4:-}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -23,8 +25,13 @@ pass() { echo "ok   $1"; passes=$((passes + 1)); }
 fail() { echo "FAIL $1"; fails=$((fails + 1)); }
 same() { python3 "$root/scripts/compare_checkpoints.py" "$1" "$2" >"$work/cmp.out" 2>&1; }
 
-python3 "$make_idx" "$work/data" 320 100 || exit 1
-common=(--data "$work/data" --batch-size 32 --progress plain --epochs 1)
+case "$size" in
+  "") images=(320 100) batch=32 ;;
+  small) images=(64 16) batch=16 ;;
+  *) echo "run_standin_mpi.sh: unknown size '$size' (small)" >&2; exit 2 ;;
+esac
+python3 "$make_idx" "$work/data" "${images[@]}" || exit 1
+common=(--data "$work/data" --batch-size "$batch" --progress plain --epochs 1)
 # Each rank plays the machine numbered by its rank (Open MPI's OMPI_COMM_WORLD_RANK, MPICH's PMI_RANK).
 as_node='export PMAPCC_STANDIN_NODE=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:?no MPI rank in the environment}}; exec "$@"'
 

@@ -5,7 +5,9 @@
 # the same run on CPU devices with the CUDA kernels run on the host (--kernels cuda-on-host): the stand-in
 # runs those very kernels and the host GEMM's arithmetic, so any difference is the GPU orchestration's
 # (streams, copies, graphs, the device hub). Runs repeat bit for bit.
-# usage: run_standin_train.sh /path/to/mnist_ensemble [quick]   (quick: one configuration, for the sanitizers)
+# usage: run_standin_train.sh /path/to/mnist_ensemble [quick|small]
+#   small: every configuration on 64 images in batches of 16 (4 steps an epoch: the first eager, the second
+#          captured, then replays), for AddressSanitizer; quick: one configuration on them, for ThreadSanitizer
 set -uo pipefail
 bin=$(realpath "$1")
 quick=${2:-}
@@ -17,9 +19,14 @@ fails=0 passes=0
 pass() { echo "ok   $1"; passes=$((passes + 1)); }
 fail() { echo "FAIL $1"; fails=$((fails + 1)); }
 
-python3 "$here/make_idx.py" "$work/data" 320 100
+case "$quick" in
+  "") images=(320 100) batch=32 ;;
+  quick | small) images=(64 16) batch=16 ;;
+  *) echo "run_standin_train.sh: unknown mode '$quick' (quick or small)" >&2; exit 2 ;;
+esac
+python3 "$here/make_idx.py" "$work/data" "${images[@]}"
 same() { python3 "$root/scripts/compare_checkpoints.py" "$1" "$2" >/dev/null 2>&1; }
-common=(--data "$work/data" --batch-size 32 --progress plain)
+common=(--data "$work/data" --batch-size "$batch" --progress plain)
 
 # train NAME GPUS ARGS...: the run on GPUS fake GPUs and the host run of the same kernels on CPU devices;
 # their checkpoints must be the same bits.
@@ -41,7 +48,7 @@ train() {
   fi
 }
 
-if [ "$quick" = quick ]; then  # the sanitizer builds (for CI's time): one member per GPU over NCCL
+if [ "$quick" = quick ]; then  # ThreadSanitizer (for CI's time): one member per GPU over NCCL
   train per-gpu-2 2 --devices 2 --members 2 --epochs 1
 else
   train ensemble-1 1 --devices 1 --members 1 --epochs 1
