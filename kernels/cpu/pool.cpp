@@ -123,9 +123,7 @@ void gather_tiled(const AvgPoolParams& p, const PoolGeometry& g, float scale, co
       for (int ox = 0; inside && ox < g.out_width; ++ox) {
         const float* d = dy + ((n * g.out_height + oy) * g.out_width + ox) * c;
         for (int kx = 0; kx < p.window_w; ++kx, out += c, mask += c) {
-#if defined(__clang__)  // (clang has no GCC ivdep; the fuzz build is clang's)
-#pragma clang loop vectorize(assume_safety)
-#else
+#if !defined(__clang__)  // (clang, the fuzz build's compiler, has no ivdep and checks the overlap at run time)
 #pragma GCC ivdep
 #endif
           for (Index j = 0; j < c; ++j) {
