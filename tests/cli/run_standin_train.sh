@@ -10,7 +10,7 @@
 #          captured, then replays), for AddressSanitizer; quick: one configuration on them, for ThreadSanitizer
 set -uo pipefail
 bin=$(realpath "$1")
-quick=${2:-}
+mode=${2:-}
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 work=$(mktemp -d)
@@ -19,10 +19,10 @@ fails=0 passes=0
 pass() { echo "ok   $1"; passes=$((passes + 1)); }
 fail() { echo "FAIL $1"; fails=$((fails + 1)); }
 
-case "$quick" in
+case "$mode" in
   "") images=(320 100) batch=32 ;;
   quick | small) images=(64 16) batch=16 ;;
-  *) echo "run_standin_train.sh: unknown mode '$quick' (quick or small)" >&2; exit 2 ;;
+  *) echo "run_standin_train.sh: unknown mode '$mode' (quick or small)" >&2; exit 2 ;;
 esac
 python3 "$here/make_idx.py" "$work/data" "${images[@]}"
 same() { python3 "$root/scripts/compare_checkpoints.py" "$1" "$2" >/dev/null 2>&1; }
@@ -48,7 +48,7 @@ train() {
   fi
 }
 
-if [ "$quick" = quick ]; then  # ThreadSanitizer (for CI's time): one member per GPU over NCCL
+if [ "$mode" = quick ]; then  # ThreadSanitizer (for CI's time): one member per GPU over NCCL
   train per-gpu-2 2 --devices 2 --members 2 --epochs 1
 else
   train ensemble-1 1 --devices 1 --members 1 --epochs 1
