@@ -42,9 +42,10 @@ bool live(cublasHandle_t h) {
 // The SGEMM of one batch entry, column-major as cuBLAS's: each C entry summed in double over k in order,
 // then scaled and rounded once. A column of C is accumulated at a time, over rows (vectorized), from a
 // column-major op(A): A^T is first copied out in that layout, which changes no entry's order of sums.
-// Not instrumented by ThreadSanitizer or AddressSanitizer (they would dominate the suite's time):
-// touch() below reads every operand element and writes every result element once, instrumented, so a
-// race or a bad address on any of them is still reported.
+// Not instrumented by ThreadSanitizer, AddressSanitizer or UBSan (they would dominate the suite's time;
+// UBSan's pointer checks alone keep the row loops scalar): touch() below reads every operand element and
+// writes every result element once, instrumented, so a race or a bad address on any of them is still
+// reported.
 inline double widen(float x) { return x; }
 inline double widen(std::uint16_t bf16) {  // a bf16 value's bits are the high half of the float's
   const std::uint32_t u = static_cast<std::uint32_t>(bf16) << 16;
@@ -55,31 +56,35 @@ inline double widen(std::uint16_t bf16) {  // a bf16 value's bits are the high h
 
 template <class T>
 #if defined(__GNUC__)
-__attribute__((no_sanitize("thread", "address")))
+__attribute__((no_sanitize("thread", "address", "undefined")))
 #endif
 void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const T* a, int lda, const T* b, int ldb,
           float beta, float* c, int ldc) {
-  std::vector<double> op_a;  // op(A) as doubles, column-major m x k
-  op_a.resize(static_cast<std::size_t>(m) * static_cast<std::size_t>(k));
+  // op(A) as doubles, column-major m x k, and four columns' sums: scratch kept by the thread from call to
+  // call (a fresh allocation per call, new pages from AddressSanitizer's allocator, cost more than the sums).
+  thread_local std::vector<double> op_a_scratch, acc_scratch;
+  const auto rows = static_cast<std::size_t>(m);
+  if (op_a_scratch.size() < rows * static_cast<std::size_t>(k)) op_a_scratch.resize(rows * static_cast<std::size_t>(k));
+  if (acc_scratch.size() < 4 * rows) acc_scratch.resize(4 * rows);
+  double* const op_a = op_a_scratch.data();
+  double* const acc = acc_scratch.data();
   for (int l = 0; l < k; ++l)
     for (int row = 0; row < m; ++row)
       op_a[static_cast<std::size_t>(l) * static_cast<std::size_t>(m) + static_cast<std::size_t>(row)] =
           widen(ta ? a[l + static_cast<long long>(row) * lda] : a[row + static_cast<long long>(l) * lda]);
   // Four columns of C at a time (each op(A) load feeds four sums), then the rest one by one.
-  const auto rows = static_cast<std::size_t>(m);
   auto b_at = [&](int l, int col) {
     return widen(tb ? b[col + static_cast<long long>(l) * ldb] : b[l + static_cast<long long>(col) * ldb]);
   };
-  std::vector<double> acc(4 * rows);
   for (int col = 0; col < n;) {
     const int cols = n - col >= 4 ? 4 : 1;
-    std::fill(acc.begin(), acc.end(), 0.0);
-    double* s0 = acc.data();
+    std::fill(acc, acc + 4 * rows, 0.0);
+    double* s0 = acc;
     double* s1 = s0 + rows;
     double* s2 = s1 + rows;
     double* s3 = s2 + rows;
     for (int l = 0; l < k; ++l) {
-      const double* al = op_a.data() + static_cast<std::size_t>(l) * rows;
+      const double* al = op_a + static_cast<std::size_t>(l) * rows;
       const double b0 = b_at(l, col);
       if (cols == 4) {
         const double b1 = b_at(l, col + 1), b2 = b_at(l, col + 2), b3 = b_at(l, col + 3);
@@ -94,7 +99,7 @@ void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const T* a, int ld
       }
     }
     for (int j = 0; j < cols; ++j) {
-      const double* sj = acc.data() + static_cast<std::size_t>(j) * rows;
+      const double* sj = acc + static_cast<std::size_t>(j) * rows;
       for (int row = 0; row < m; ++row) {
         const double sum = static_cast<double>(alpha) * sj[row];
         float* x = c + row + static_cast<long long>(col + j) * ldc;
