@@ -22,7 +22,7 @@ expect() {
   pass "$name"
 }
 
-python3 "$here/make_idx.py" "$work/data" 512 200
+python3 "$here/make_idx.py" "$work/data" 384 200  # 6 steps of 64 an epoch: minutes under the sanitizers
 run=("$bin" --data "$work/data" --devices 2 --members 2 --batch-size 64 --progress plain)
 ev=("$bin" --data "$work/data" --devices 2 --progress plain)  # --evaluate: the checkpoint has the recipe
 
