@@ -69,11 +69,11 @@ inline double widen(std::uint16_t bits) { return bf16_widen(bits); }
 
 // The reference GEMM's arithmetic for cols (1 or 4) columns of C: sums[j * m + row] = sum over l, in order
 // from zero, of op_a[l * m + row] * b[l * 4 + j]. It touches only the scratch buffers host_gemm sizes for
-// it; host_gemm reads the caller's operands into them and writes C with every check on. Not instrumented
-// by AddressSanitizer or UBSan: checks on these buffers find nothing, and they kept the loop scalar, which
-// made the reference GEMM most of the sanitizer builds' GPU training tests.
+// it; host_gemm reads the caller's operands into them and writes C (with ASan's and UBSan's checks on).
+// Not instrumented by any sanitizer: checks on these buffers find nothing, and ASan's and UBSan's kept the
+// loop scalar, which made the reference GEMM most of the sanitizer builds' GPU training tests.
 #if defined(__GNUC__)
-__attribute__((no_sanitize("address,undefined")))
+__attribute__((no_sanitize("thread", "address", "undefined")))
 #endif
 void column_sums(const double* __restrict op_a, const double* __restrict b, int k, int cols,
                  double* __restrict sums, std::size_t m) {
