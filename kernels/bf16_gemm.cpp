@@ -2,8 +2,7 @@
 // panels of 32 columns whose depth pairs are interleaved (the layout vdpbf16ps and tdpbf16ps read), a block
 // of a (MC x KC) is rounded into rows of depth pairs (or, transposed on the vector path, interleaved the
 // same way as b), unless the caller rounded a's rows already (RoundedRows: read in place). The vector path
-// sums 6 x 64 register tiles of c (8 x 32 for a last single panel), 2 products per lane per instruction, each
-// sum one chain in depth order whatever the tile; the AMX path 32 x 32 tiles of c in
+// sums 8 x 32 register tiles of c, 2 products per lane per instruction; the AMX path 32 x 32 tiles of c in
 // four tile registers, 32 products per element per instruction, and runs a weight gradient (transposed a)
 // as its transposed product when that scatters less. Only
 // the functions marked with a target attribute use AVX-512, AVX512_BF16 or AMX; gemm() checks the CPU
@@ -33,6 +32,7 @@ namespace {
 using I = std::int64_t;
 using Pair = std::uint32_t;  // two bf16 of consecutive depth: the lower one in the low half
 
+constexpr I kMR = 8;     // rows of the vector path's register tile
 constexpr I kNR = 32;    // columns of a tile (both paths): two vectors, or two tile registers, of 16 sums
 constexpr I kTR = 32;    // rows of the AMX path's tile: two tile registers of 16 rows
 constexpr I kTK = 16;    // depth pairs per AMX instruction (64 bytes of bf16 per tile row)
@@ -176,59 +176,38 @@ PMAPCC_BF16_TARGET void pack_a(Path path, const Operand& a, I rows, I depth, I i
 }
 
 // c[r][0..columns) += (or, with add false, =) the sums of MR rows of packed a (pair p of row r at
-// a[r * si + p * sp]) times NV / 2 adjacent panels of packed b (panel_step pairs apart), over kp pairs:
-// MR x 16 NV sums in registers, NV vectors of b and MR broadcasts of a per depth pair.
-template <int MR, int NV>
-PMAPCC_BF16_TARGET void tile(I kp, const Pair* a, I si, I sp, const Pair* b, I panel_step, float* c, I ldc,
-                             I columns, bool add) {
-  static_assert(NV == 2 || NV == 4, "one or two panels of 32 columns");
-  __m512 sum[MR][NV];
+// a[r * si + p * sp]) times one panel of packed b, over kp pairs.
+template <int MR>
+PMAPCC_BF16_TARGET void tile(I kp, const Pair* a, I si, I sp, const Pair* b, float* c, I ldc, I columns, bool add) {
+  __m512 lo[MR], hi[MR];
 #pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) sum[r][v] = _mm512_setzero_ps();
-  }
+  for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
   for (I p = 0; p < kp; ++p) {
-    __m512bh row[NV];
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v)
-      row[v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + (v / 2) * panel_step + p * kNR + 16 * (v % 2)));
+    const auto b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + p * kNR));
+    const auto b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + p * kNR + 16));
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       const auto x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(a[r * si + p * sp])));
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) sum[r][v] = _mm512_dpbf16_ps(sum[r][v], x, row[v]);
+      lo[r] = _mm512_dpbf16_ps(lo[r], x, b0);
+      hi[r] = _mm512_dpbf16_ps(hi[r], x, b1);
     }
   }
-  __mmask16 mask[NV];
-#pragma GCC unroll 4
-  for (int v = 0; v < NV; ++v) mask[v] = first(columns - 16 * v);
+  const __mmask16 m0 = first(columns), m1 = first(columns - 16);
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
-    float* out = c + r * ldc;
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      if (mask[v] == 0) continue;
-      __m512 x = sum[r][v];
-      if (add) x = _mm512_add_ps(_mm512_maskz_loadu_ps(mask[v], out + 16 * v), x);
-      _mm512_mask_storeu_ps(out + 16 * v, mask[v], x);
+    float* row = c + r * ldc;
+    if (add) {
+      lo[r] = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, row), lo[r]);
+      hi[r] = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row + 16), hi[r]);
     }
+    _mm512_mask_storeu_ps(row, m0, lo[r]);
+    if (m1 != 0) _mm512_mask_storeu_ps(row + 16, m1, hi[r]);
   }
 }
 
-// The vector path's tiles by rows: 6 x 64 columns (two panels) and 8 x 32 (one), 24 and 16 sums of the 32
-// registers. The wide tile loads 10 vectors per 24 products where the narrow one loads 10 per 16, and reads
-// each row of a once for 64 columns. Measured on one core of the AMD EPYC (no AMX; vdpbf16ps peak 447
-// GFLOP/s), 8 x 32 only -> with 6 x 64, same bits: a of rounded rows 25088 x 64 x 288 237 -> 397-409,
-// 128 x 256 x 3136 248-280 -> 329-358, 1024^3 268-319 -> 373-377; a packed (fp32) 288 x 64 x 25088 with a
-// transposed 112-116 -> 159-161, 128 x 3136 x 256 with b transposed 203-222 -> 268-274. Products that fit
-// in cache were near the peak already (588 x 64 x 288: 389-430 -> 426-433).
-using Tile = void (*)(I, const Pair*, I, I, const Pair*, I, float*, I, I, bool);
-constexpr I kMR = 8, kMR2 = 6;  // rows of the one- and two-panel tiles
-constexpr Tile kTiles[kMR + 1] = {nullptr,     &tile<1, 2>, &tile<2, 2>, &tile<3, 2>, &tile<4, 2>,
-                                  &tile<5, 2>, &tile<6, 2>, &tile<7, 2>, &tile<8, 2>};
-constexpr Tile kTiles2[kMR2 + 1] = {nullptr,     &tile<1, 4>, &tile<2, 4>, &tile<3, 4>,
-                                    &tile<4, 4>, &tile<5, 4>, &tile<6, 4>};
+using Tile = void (*)(I, const Pair*, I, I, const Pair*, float*, I, I, bool);
+constexpr Tile kTiles[kMR + 1] = {nullptr,  &tile<1>, &tile<2>, &tile<3>, &tile<4>,
+                                  &tile<5>, &tile<6>, &tile<7>, &tile<8>};
 
 // The AMX path's tile: c[r][0..columns) for r below rows_left (at most 32) += (or, with add false, =) 32 rows
 // of packed a (rows of kpp pairs) times one panel of packed b, over kpp pairs (a multiple of kTK). Tile
@@ -337,20 +316,11 @@ PMAPCC_BF16_TARGET void run(Path path, I rows, I cols, I depth, const Operand& a
         }
         const bool across = rounded == nullptr && a.transposed;  // pack_a's interleaved layout
         const I si = across ? 1 : lda, sp = across ? round_up(mc, 16) : 1;
-        // Pairs of panels through the 6 x 64 tiles, a last single panel through the 8 x 32 ones.
-        const I panels = (nc + kNR - 1) / kNR, paired = std::min(nc, panels / 2 * 2 * kNR);
-        for (I i = 0; i < mc; i += kMR2) {
-          const I mr = std::min(kMR2, mc - i);
-          for (I j = 0; j < paired; j += 2 * kNR)
-            kTiles2[mr](kpp, block + i * si, si, sp, bp + (j / kNR) * kpp * kNR, kpp * kNR,
-                        c + (i0 + i) * cols + j0 + j, cols, std::min(2 * kNR, nc - j), add);
-        }
-        if (paired < nc) {
-          for (I i = 0; i < mc; i += kMR) {
-            const I mr = std::min(kMR, mc - i);
-            kTiles[mr](kpp, block + i * si, si, sp, bp + (paired / kNR) * kpp * kNR, kpp * kNR,
-                       c + (i0 + i) * cols + j0 + paired, cols, nc - paired, add);
-          }
+        for (I i = 0; i < mc; i += kMR) {
+          const I mr = std::min(kMR, mc - i);
+          for (I j = 0; j < nc; j += kNR)
+            kTiles[mr](kpp, block + i * si, si, sp, bp + (j / kNR) * kpp * kNR, c + (i0 + i) * cols + j0 + j, cols,
+                       std::min(kNR, nc - j), add);
         }
       }
     }

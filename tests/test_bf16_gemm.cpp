@@ -148,8 +148,8 @@ TEST_CASE("bf16 GEMM: products of the rounded operands summed in fp32, for every
   for (bf16::Path path : paths()) {
   CAPTURE(bf16::name(path));
   std::mt19937 rng(11);
-  // Sizes around the vector path's register tiles (6 x 64 over two panels, 8 x 32 over a last one), the AMX
-  // tile (32 x 32) and the blocks (96 rows, 384 deep, 512 columns), odd depths.
+  // Sizes around the register tiles (8 x 32 on the vector path, 32 x 32 on AMX), rows in steps other than the
+  // tile's, several panels of 32 columns, and the blocks (96 rows, 384 deep, 512 columns), odd depths.
   const long shapes[][3] = {{1, 1, 1},     {3, 5, 7},     {8, 32, 2},      {9, 33, 3},     {17, 70, 129},
                             {6, 64, 4},    {7, 96, 9},    {13, 127, 17},   {12, 65, 33},   {96, 64, 384},
                             {97, 31, 385}, {130, 100, 771}, {40, 530, 50}, {128, 10, 3136},
