@@ -4,7 +4,7 @@
 // lanes), each with enough independent accumulators to cover the instruction's latency (12 chains; 24 for
 // vdpbf16ps). One thread, pinned to nothing; medians over repetitions. A row this CPU cannot run prints
 // "n/a". Last, pmapcc's bf16 GEMM (the products of bf16 mixed precision) on each of its paths (AMX tiles,
-// AVX-512 vectors) at the same size. The last line is the
+// vdpbf16ps vectors, fp32 FMAs on the rounded operands) at the same size. The last line is the
 // same figures as one JSON object (null where a row cannot run), which
 // bench/run_train_bench.py reads for its roofline. Usage:
 //   bench_peak [--reps R] [--size N]      (defaults 7 repetitions; sgemm at N = 1024)
@@ -220,10 +220,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   json += "},\"gemm_bf16_gflops\":{";
-  std::printf("\npmapcc bf16 GEMM (bf16 products, fp32 sums; %dx%dx%d, one thread, median of %d), per path:\n", size,
-              size, size, reps);
   namespace bf16 = pmap::kernels::bf16;
-  for (bf16::Path path : {bf16::Path::amx, bf16::Path::avx512}) {
+  std::printf("\npmapcc bf16 GEMM (bf16 products, fp32 sums; %dx%dx%d, one thread, median of %d), per path "
+              "(auto takes %s here):\n",
+              size, size, size, reps, bf16::name(bf16::best_path()));
+  for (bf16::Path path : {bf16::Path::amx, bf16::Path::avx512, bf16::Path::fma}) {
     json += (json.back() == '{' ? "\"" : ",\"") + std::string(bf16::name(path)) + "\":";
     if (!bf16::supported(path)) {
       std::printf("  %-10s n/a (this CPU does not run it)\n", bf16::name(path));
@@ -247,12 +248,12 @@ int main(int argc, char** argv) {
                           {"conv forward 100352x64x288", 100352, 64, 288, false},
                           {"conv weight grad 288x64x100352, a^T", 288, 64, 100352, true}};
   std::printf("\npmapcc bf16 GEMM at the CNN's shapes (m x n x k; one thread, median of %d), GFLOP/s:\n", reps);
-  std::printf("  %-38s %10s %10s\n", "", "amx", "avx512");
+  std::printf("  %-38s %10s %10s %10s\n", "", "amx", "avx512", "fma");
   json += ",\"gemm_bf16_shapes\":{";
   for (const Shape& sh : shapes) {
     std::printf("  %-38s", sh.what);
     json += (json.back() == '{' ? "\"" : ",\"") + std::string(sh.what) + "\":{";
-    for (bf16::Path path : {bf16::Path::amx, bf16::Path::avx512}) {
+    for (bf16::Path path : {bf16::Path::amx, bf16::Path::avx512, bf16::Path::fma}) {
       json += (json.back() == '{' ? "\"" : ",\"") + std::string(bf16::name(path)) + "\":";
       if (!bf16::supported(path)) {
         std::printf(" %10s", "n/a");

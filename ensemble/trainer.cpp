@@ -94,6 +94,7 @@ void check_precision(const TrainConfig& c) {
   if (kernels::cpu::isa() != "avx512")
     throw ValueError(flag + ": bf16 runs in the avx512 CPU kernels, and PMAPCC_CPU_ISA selects " + kernels::cpu::isa() +
                      ": use fp32, or PMAPCC_CPU_ISA=avx512 or auto");
+  kernels::bf16::active_path();  // a bad PMAPCC_BF16_PATH is refused here, before anything runs
 }
 
 Mesh build_mesh(const TrainConfig& c) {

@@ -4,7 +4,8 @@
 // same way as b), unless the caller rounded a's rows already (RoundedRows: read in place). The vector path
 // sums 8 x 32 register tiles of c, 2 products per lane per instruction; the AMX path 32 x 32 tiles of c in
 // four tile registers, 32 products per element per instruction, and runs a weight gradient (transposed a)
-// as its transposed product when that scatters less. Only
+// as its transposed product when that scatters less. The fma path packs the rounded operands as floats
+// and sums 12 x 32 tiles of c with fp32 FMAs. Only
 // the functions marked with a target attribute use AVX-512, AVX512_BF16 or AMX; gemm() checks the CPU
 // before it calls them.
 #include <pmapcc/kernels/bf16_gemm.h>
@@ -20,6 +21,7 @@
 #endif
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -56,8 +58,9 @@ Blocks blocks(I rows, I cols, I depth) {
 
 // Depth pairs per packed row: the block's pairs, rounded up to whole AMX instructions on that path.
 I padded_pairs(Path path, I kc) { return path == Path::amx ? round_up((kc + 1) / 2, kTK) : (kc + 1) / 2; }
-std::size_t a_bytes(const Blocks& b) { return align_up(static_cast<std::size_t>(b.mc * b.kc) * 2); }
-std::size_t b_bytes(const Blocks& b) { return align_up(static_cast<std::size_t>(b.nc * b.kc) * 2); }
+// Packed blocks' bytes: 4 per element, what the fma path's floats take (the bf16 paths use half of it).
+std::size_t a_bytes(const Blocks& b) { return align_up(static_cast<std::size_t>(b.mc * b.kc) * 4); }
+std::size_t b_bytes(const Blocks& b) { return align_up(static_cast<std::size_t>(b.nc * b.kc) * 4); }
 
 __mmask16 first(I n) {
   return n >= 16 ? static_cast<__mmask16>(0xFFFF) : n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1);
@@ -175,6 +178,24 @@ PMAPCC_BF16_TARGET void pack_a(Path path, const Operand& a, I rows, I depth, I i
   }
 }
 
+// MR rows of sums (lo: columns 0-15, hi: 16-31) into the first `columns` columns of c's rows ldc apart,
+// added to c's values with add.
+template <int MR>
+PMAPCC_BF16_TARGET __attribute__((always_inline)) inline void store_tile(__m512 (&lo)[MR], __m512 (&hi)[MR], float* c,
+                                                                         I ldc, I columns, bool add) {
+  const __mmask16 m0 = first(columns), m1 = first(columns - 16);
+#pragma GCC unroll 12
+  for (int r = 0; r < MR; ++r) {
+    float* row = c + r * ldc;
+    if (add) {
+      lo[r] = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, row), lo[r]);
+      hi[r] = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row + 16), hi[r]);
+    }
+    _mm512_mask_storeu_ps(row, m0, lo[r]);
+    if (m1 != 0) _mm512_mask_storeu_ps(row + 16, m1, hi[r]);
+  }
+}
+
 // c[r][0..columns) += (or, with add false, =) the sums of MR rows of packed a (pair p of row r at
 // a[r * si + p * sp]) times one panel of packed b, over kp pairs.
 template <int MR>
@@ -192,17 +213,7 @@ PMAPCC_BF16_TARGET void tile(I kp, const Pair* a, I si, I sp, const Pair* b, flo
       hi[r] = _mm512_dpbf16_ps(hi[r], x, b1);
     }
   }
-  const __mmask16 m0 = first(columns), m1 = first(columns - 16);
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-    float* row = c + r * ldc;
-    if (add) {
-      lo[r] = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, row), lo[r]);
-      hi[r] = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row + 16), hi[r]);
-    }
-    _mm512_mask_storeu_ps(row, m0, lo[r]);
-    if (m1 != 0) _mm512_mask_storeu_ps(row + 16, m1, hi[r]);
-  }
+  store_tile<MR>(lo, hi, c, ldc, columns, add);
 }
 
 using Tile = void (*)(I, const Pair*, I, I, const Pair*, float*, I, I, bool);
@@ -327,6 +338,126 @@ PMAPCC_BF16_TARGET void run(Path path, I rows, I cols, I depth, const Operand& a
   }
 }
 
+// The fma path: the same blocks, rounded to bf16 but packed as floats (the rounded value, low 16 bits zero),
+// and summed by fp32 FMAs, one chain per element of c in depth order within a block.
+constexpr I kFR = 12;  // rows of the fma path's register tile: 12 x 32 sums in 24 zmm registers
+
+// n (at most 16) floats rounded to bf16 and widened back (exact): lanes past n are 0.
+PMAPCC_BF16_TARGET inline __m512 rounded16(const float* x, I n) {
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, widen16(x, n), 16));
+}
+
+// b's block as panels of kNR columns of floats: panel q holds depth row k at out + (q * kc + k) * kNR.
+PMAPCC_BF16_TARGET void pack_b_fma(const Operand& b, I depth, I cols, I k0, I kc, I j0, I nc, float* out) {
+  const I panels = (nc + kNR - 1) / kNR;
+  for (I q = 0; q < panels; ++q) {
+    float* panel = out + q * kc * kNR;
+    const I width = std::min(kNR, nc - q * kNR);
+    if (!b.transposed) {  // b[k][j] at data[k * cols + j]
+      for (I k = 0; k < kc; ++k) {
+        const float* row = b.data + (k0 + k) * cols + j0 + q * kNR;
+        _mm512_storeu_ps(panel + k * kNR, rounded16(row, width));
+        _mm512_storeu_ps(panel + k * kNR + 16, width > 16 ? rounded16(row + 16, width - 16) : _mm512_setzero_ps());
+      }
+      continue;
+    }
+    // b[k][j] at data[j * depth + k]: each column's depth run is contiguous; round 16 at a time and scatter
+    // them down the panel's column.
+    if (width < kNR) std::memset(panel, 0, static_cast<std::size_t>(kc * kNR) * sizeof(float));
+    const __m512i down = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32(static_cast<int>(kNR)));
+    for (I jj = 0; jj < width; ++jj) {
+      const float* col = b.data + (j0 + q * kNR + jj) * depth + k0;
+      for (I k = 0; k < kc; k += 16) {
+        const I n = std::min<I>(16, kc - k);
+        _mm512_mask_i32scatter_ps(panel + k * kNR + jj, first(n), down, rounded16(col + k, n), 4);
+      }
+    }
+  }
+}
+
+// a's block (rows [i0, i0 + mc), depth [k0, k0 + kc)) rounded into floats: element (i, k) at out[i * kc + k],
+// or for a transposed a at out[k * stride + i] with stride = mc rounded up to 16 (both read in a's own order).
+// With rounded, a's rows are rounded already: widened.
+PMAPCC_BF16_TARGET void pack_a_fma(const Operand& a, const RoundedRows* rounded, I rows, I depth, I i0, I mc, I k0,
+                                   I kc, float* out) {
+  if (rounded != nullptr) {
+    for (I i = 0; i < mc; ++i) {
+      const std::uint16_t* row = rounded->bits + (i0 + i) * rounded->stride + k0;
+      for (I k = 0; k < kc; k += 16) {
+        const __mmask16 m = first(kc - k);
+        const __m512i w = _mm512_maskz_cvtepu16_epi32(m, _mm256_maskz_loadu_epi16(m, row + k));
+        _mm512_mask_storeu_ps(out + i * kc + k, m, _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, w, 16)));
+      }
+    }
+    return;
+  }
+  if (a.transposed) {  // a[i][k] at data[k * rows + i]
+    const I stride = round_up(mc, 16);
+    for (I k = 0; k < kc; ++k) {
+      const float* src = a.data + (k0 + k) * rows + i0;
+      for (I i = 0; i < mc; i += 16)
+        _mm512_mask_storeu_ps(out + k * stride + i, first(mc - i), rounded16(src + i, std::min<I>(16, mc - i)));
+    }
+    return;
+  }
+  for (I i = 0; i < mc; ++i) {  // a[i][k] at data[i * depth + k]
+    const float* src = a.data + (i0 + i) * depth + k0;
+    for (I k = 0; k < kc; k += 16)
+      _mm512_mask_storeu_ps(out + i * kc + k, first(kc - k), rounded16(src + k, std::min<I>(16, kc - k)));
+  }
+}
+
+// c[r][0..columns) += (or, with add false, =) the sums of MR rows of packed a (element k of row r at
+// a[r * si + k * sp]) times one panel of packed b, over kc depth rows.
+template <int MR>
+PMAPCC_BF16_TARGET void fma_tile(I kc, const float* a, I si, I sp, const float* b, float* c, I ldc, I columns,
+                                 bool add) {
+  __m512 lo[MR], hi[MR];
+#pragma GCC unroll 12
+  for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
+  for (I k = 0; k < kc; ++k) {
+    const __m512 b0 = _mm512_loadu_ps(b + k * kNR), b1 = _mm512_loadu_ps(b + k * kNR + 16);
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; ++r) {
+      const __m512 x = _mm512_set1_ps(a[r * si + k * sp]);
+      lo[r] = _mm512_fmadd_ps(x, b0, lo[r]);
+      hi[r] = _mm512_fmadd_ps(x, b1, hi[r]);
+    }
+  }
+  store_tile<MR>(lo, hi, c, ldc, columns, add);
+}
+
+using FmaTile = void (*)(I, const float*, I, I, const float*, float*, I, I, bool);
+constexpr FmaTile kFmaTiles[kFR + 1] = {nullptr,      &fma_tile<1>, &fma_tile<2>,  &fma_tile<3>, &fma_tile<4>,
+                                        &fma_tile<5>, &fma_tile<6>, &fma_tile<7>,  &fma_tile<8>, &fma_tile<9>,
+                                        &fma_tile<10>, &fma_tile<11>, &fma_tile<12>};
+
+// run() on the fma path.
+PMAPCC_BF16_TARGET void run_fma(I rows, I cols, I depth, const Operand& a, const RoundedRows* rounded,
+                                const Operand& b, float* c, bool accumulate, float* ap, float* bp, const Blocks& bl) {
+  const bool across = rounded == nullptr && a.transposed;  // pack_a_fma's transposed layout
+  for (I j0 = 0; j0 < cols; j0 += bl.nc) {
+    const I nc = std::min(bl.nc, cols - j0);
+    for (I k0 = 0; k0 < depth; k0 += bl.kc) {
+      const I kc = std::min(bl.kc, depth - k0);
+      const bool add = accumulate || k0 > 0;
+      pack_b_fma(b, depth, cols, k0, kc, j0, nc, bp);
+      for (I i0 = 0; i0 < rows; i0 += bl.mc) {
+        const I mc = std::min(bl.mc, rows - i0);
+        pack_a_fma(a, rounded, rows, depth, i0, mc, k0, kc, ap);
+        const I si = across ? 1 : kc, sp = across ? round_up(mc, 16) : 1;
+        for (I i = 0; i < mc; i += kFR) {
+          const I mr = std::min(kFR, mc - i);
+          for (I j = 0; j < nc; j += kNR)
+            kFmaTiles[mr](kc, ap + i * si, si, sp, bp + (j / kNR) * kc * kNR, c + (i0 + i) * cols + j0 + j, cols,
+                          std::min(kNR, nc - j), add);
+        }
+      }
+    }
+  }
+}
+
 // Asks Linux once for this process's permission to use the AMX tile data (ARCH_REQ_XCOMP_PERM).
 bool amx_permitted() noexcept {
 #if defined(__linux__) && defined(SYS_arch_prctl)
@@ -390,7 +521,7 @@ void round_into(const float* x, std::size_t n, float* out) noexcept {
 
 bool supported(Path path) noexcept {
   if (!vector_supported()) return false;
-  if (path == Path::avx512) return true;
+  if (path != Path::amx) return true;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   // CPUID leaf 7: EDX bit 22 is AMX-BF16, bit 24 AMX-TILE (read directly: not every compiler's
   // __builtin_cpu_supports knows them).
@@ -407,9 +538,49 @@ bool supported(Path path) noexcept {
 
 bool supported() noexcept { return supported(Path::avx512); }
 
-Path best_path() noexcept { return supported(Path::amx) ? Path::amx : Path::avx512; }
+Path best_path() noexcept {
+  if (supported(Path::amx)) return Path::amx;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  // vdpbf16ps against two fp32 FMAs (bench_peak, one core): half their rate on Intel's Xeons (84.7 against
+  // 169.1 GFLOP/s on the Xeon of 2026-11-30), twice it on AMD's EPYC (448.4 against 223.0).
+  static const bool intel = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid(0, &a, &b, &c, &d) == 0) return false;
+    return b == 0x756E6547u && d == 0x49656E69u && c == 0x6C65746Eu;  // "GenuineIntel"
+  }();
+  if (intel) return Path::fma;
+#endif
+  return Path::avx512;
+}
 
-const char* name(Path path) noexcept { return path == Path::amx ? "amx" : "avx512"; }
+const char* name(Path path) noexcept {
+  switch (path) {
+    case Path::amx: return "amx";
+    case Path::avx512: return "avx512";
+    case Path::fma: return "fma";
+  }
+  return "?";
+}
+
+Path path_named(const std::string& want, const char* source) {
+  if (want.empty() || want == "auto") return best_path();
+  for (Path p : {Path::amx, Path::avx512, Path::fma}) {
+    if (want != name(p)) continue;
+    if (!supported(p))
+      throw ValueError(std::string(source) + "=" + want + ": this CPU (or its kernel) does not run the bf16 GEMM's " +
+                       want + " path" + (supported() ? "" : " (it lacks AVX512_BF16)"));
+    return p;
+  }
+  throw ValueError(std::string(source) + ": unknown bf16 GEMM path '" + want + "' (expected amx, avx512, fma or auto)");
+}
+
+Path active_path() {
+  static const Path chosen = [] {
+    const char* env = std::getenv("PMAPCC_BF16_PATH");
+    return path_named(env == nullptr ? "" : env, "PMAPCC_BF16_PATH");
+  }();
+  return chosen;
+}
 
 std::size_t gemm_pack_bytes(std::int64_t rows, std::int64_t cols, std::int64_t depth) noexcept {
   if (rows <= 0 || cols <= 0 || depth <= 0) return 0;
@@ -450,6 +621,12 @@ void checked_gemm(Path path, I rows, I cols, I depth, const Operand& a, const Ro
   // A transposed a (a weight gradient: x^T @ dy) reaches the AMX tiles' row layout only through a scatter
   // (pack_a). When b has fewer columns than a has rows, the transposed product c^T = b^T @ a^T scatters the
   // smaller operand instead, and its tiles are written transposed.
+  if (path == Path::fma) {
+    const Blocks bl = blocks(rows, cols, depth);
+    auto* ap = reinterpret_cast<float*>(base);
+    run_fma(rows, cols, depth, a, rounded, b, c, accumulate, ap, reinterpret_cast<float*>(base + a_bytes(bl)), bl);
+    return;
+  }
   const bool swap = path == Path::amx && rounded == nullptr && a.transposed && !b.transposed && cols < rows;
   const Blocks bl = swap ? blocks(cols, rows, depth) : blocks(rows, cols, depth);
   auto* ap = reinterpret_cast<Pair*>(base);
@@ -473,7 +650,7 @@ void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, O
 
 void gemm(std::int64_t rows, std::int64_t cols, std::int64_t depth, Operand a, Operand b, float* c, bool accumulate,
           void* pack, std::size_t pack_bytes) {
-  gemm(best_path(), rows, cols, depth, a, b, c, accumulate, pack, pack_bytes);
+  gemm(active_path(), rows, cols, depth, a, b, c, accumulate, pack, pack_bytes);
 }
 
 void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, RoundedRows a, Operand b, float* c,
@@ -483,7 +660,7 @@ void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, R
 
 void gemm(std::int64_t rows, std::int64_t cols, std::int64_t depth, RoundedRows a, Operand b, float* c,
           bool accumulate, void* pack, std::size_t pack_bytes) {
-  gemm(best_path(), rows, cols, depth, a, b, c, accumulate, pack, pack_bytes);
+  gemm(active_path(), rows, cols, depth, a, b, c, accumulate, pack, pack_bytes);
 }
 
 }  // namespace pmap::kernels::bf16

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace pmap::kernels::bf16 {
 
@@ -21,18 +22,27 @@ void round_bits_into(const float* x, std::size_t n, std::uint16_t* bits) noexcep
 // takes, rounded as gemm() rounds them. Vectorised where this CPU has AVX512_BF16, the same bits either way.
 void round_into(const float* x, std::size_t n, float* out) noexcept;
 
-// How the products are computed: AMX tiles (tdpbf16ps, 16 x 16 sums of 32 products each), or AVX-512
-// vectors (vdpbf16ps). Both round the operands the same way and sum in fp32; the order of the sums
-// differs, so their results differ by fp32 rounding.
-enum class Path { amx, avx512 };
+// How the products are computed: AMX tiles (tdpbf16ps, 16 x 16 sums of 32 products each), AVX-512 vectors
+// (avx512: vdpbf16ps, 2 products per lane per instruction), or AVX-512 fp32 FMAs on the rounded operands
+// widened back to floats (fma: 1 product per lane per instruction, for CPUs whose vdpbf16ps runs at less
+// than twice the FMA's rate). All round the operands the same way and sum the exact products in fp32; the
+// order of the sums differs, so their results differ by fp32 rounding.
+enum class Path { amx, avx512, fma };
 
-// Whether this CPU runs the bf16 GEMM on that path: AVX512F, AVX512BW, AVX512VL and AVX512_BF16, and for
-// AMX also AMX-TILE and AMX-BF16 with the kernel's permission to use the tile registers (asked for once).
+// Whether this CPU runs the bf16 GEMM on that path: AVX512F, AVX512BW, AVX512VL and AVX512_BF16 (its
+// rounding instruction, on every path), and for AMX also AMX-TILE and AMX-BF16 with the kernel's permission
+// to use the tile registers (asked for once).
 bool supported(Path path) noexcept;
 // Whether any path runs here.
 bool supported() noexcept;
-// The path gemm() takes: AMX where it runs (several times the vector path's rate), else AVX-512.
+// The fastest path here: AMX where it runs; else fma on Intel CPUs (their vdpbf16ps has half the rate of
+// two fp32 FMAs) and avx512 on the others (AMD's has twice it).
 Path best_path() noexcept;
+// The path of that name (name()), or best_path() for "auto" or "". Throws pmap::ValueError naming source for
+// another name or a path this CPU does not run.
+Path path_named(const std::string& name, const char* source);
+// The path gemm() takes: path_named(PMAPCC_BF16_PATH), read once (a refusal throws again on later calls).
+Path active_path();
 const char* name(Path path) noexcept;
 
 // An operand: a row-major buffer holding the matrix itself, or (transposed) its transpose.
@@ -56,12 +66,12 @@ std::int64_t rounded_rows(std::int64_t rows) noexcept;
 // only grows with each dimension, so a workspace sized for one product serves every smaller one.
 std::size_t gemm_pack_bytes(std::int64_t rows, std::int64_t cols, std::int64_t depth) noexcept;
 
-// c (rows, cols), row-major, contiguous = round(a) @ round(b), or += with accumulate. Each element of c is
-// a sum in fp32 (products exact; the order fixed by the shapes alone, so results are bitwise the same run
-// after run) added to c's previous value (accumulate) or to zero. pack: at least gemm_pack_bytes(rows,
-// cols, depth) bytes, any contents, 64-byte aligned is best. Throws pmap::ValueError when this CPU lacks
-// AVX512_BF16 (supported()), or when pack is null or too small for the shapes. The same path gives the
-// same bits on every call.
+// c (rows, cols), row-major, contiguous = round(a) @ round(b), or += with accumulate, on active_path(). Each
+// element of c is a sum in fp32 (products exact; the order fixed by the path and the shapes alone, so results
+// are bitwise the same run after run) added to c's previous value (accumulate) or to zero. pack: at least
+// gemm_pack_bytes(rows, cols, depth) bytes, any contents, 64-byte aligned is best. Throws pmap::ValueError
+// when this CPU lacks AVX512_BF16 (supported()), for a bad PMAPCC_BF16_PATH, or when pack is null or too
+// small for the shapes.
 void gemm(std::int64_t rows, std::int64_t cols, std::int64_t depth, Operand a, Operand b, float* c, bool accumulate,
           void* pack, std::size_t pack_bytes);
 // The same on a given path (tests and benchmarks compare them); throws pmap::ValueError where it does not

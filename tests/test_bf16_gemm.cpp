@@ -13,9 +13,11 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace {
@@ -74,7 +76,7 @@ void run(bf16::Path path, long rows, long cols, long depth, const std::vector<fl
 // The paths this CPU runs (a message for each it does not).
 std::vector<bf16::Path> paths() {
   std::vector<bf16::Path> out;
-  for (bf16::Path p : {bf16::Path::amx, bf16::Path::avx512}) {
+  for (bf16::Path p : {bf16::Path::amx, bf16::Path::avx512, bf16::Path::fma}) {
     if (bf16::supported(p)) {
       out.push_back(p);
     } else {
@@ -224,7 +226,7 @@ TEST_CASE("bf16 GEMM: the operands are rounded, the result is reproducible, and 
     run(path, rows, cols, depth, a, false, b, true, c2, false);
     CHECK(std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)) == 0);
   }
-  run(bf16::best_path(), rows, cols, depth, a, false, b, true, c1, false);  // gemm() without a path: the best
+  run(bf16::active_path(), rows, cols, depth, a, false, b, true, c1, false);  // gemm() without a path: this one
   // A workspace sized for a larger product serves a smaller one, with the same bits.
   std::vector<unsigned char> big(bf16::gemm_pack_bytes(4 * rows, 4 * cols, 4 * depth) + 3);
   CHECK(big.size() > bf16::gemm_pack_bytes(rows, cols, depth));
@@ -247,6 +249,29 @@ TEST_CASE("bf16 GEMM: the operands are rounded, the result is reproducible, and 
   CHECK(c4 == std::vector<float>{3.0f, 4.0f});
   bf16::gemm(1, 2, 0, {a.data()}, {b.data()}, c4.data(), false, nullptr, 0);
   CHECK(c4 == std::vector<float>{0.0f, 0.0f});
+}
+
+TEST_CASE("bf16 GEMM paths by name (PMAPCC_BF16_PATH): auto is the best one here, bad names are refused") {
+  for (bf16::Path p : {bf16::Path::amx, bf16::Path::avx512, bf16::Path::fma}) {
+    CAPTURE(bf16::name(p));
+    if (bf16::supported(p)) {
+      CHECK(bf16::path_named(bf16::name(p), "X") == p);
+    } else {
+      const std::string want = std::string("X=") + bf16::name(p) + ": this CPU";
+      CHECK_THROWS_WITH_AS(bf16::path_named(bf16::name(p), "X"), doctest::Contains(want.c_str()), pmap::ValueError);
+    }
+  }
+  if (bf16::supported()) {
+    CHECK(bf16::path_named("auto", "X") == bf16::best_path());
+    CHECK(bf16::path_named("", "X") == bf16::best_path());
+    CHECK(bf16::supported(bf16::best_path()));
+    CHECK(bf16::active_path() == bf16::path_named(std::getenv("PMAPCC_BF16_PATH") == nullptr
+                                                      ? "" : std::getenv("PMAPCC_BF16_PATH"), "X"));
+  }
+  CHECK_THROWS_WITH_AS(bf16::path_named("avx2", "PMAPCC_BF16_PATH"),
+                       doctest::Contains("PMAPCC_BF16_PATH: unknown bf16 GEMM path 'avx2' (expected amx, avx512, fma"),
+                       pmap::ValueError);
+  CHECK_THROWS_AS(bf16::path_named("AMX", "X"), pmap::ValueError);  // names are exact
 }
 
 TEST_CASE("bf16 GEMM on rounded rows: the same bits as on the floats they were rounded from") {

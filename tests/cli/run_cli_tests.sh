@@ -251,9 +251,14 @@ elif [ "$rc" -eq 1 ] && grep -qE "error: (no GPU is usable here|CUDA devices req
 else
   fail "--backend cuda: exit $rc ($(head -c 300 "$work/err"))"
 fi
+# bf16 precision: a bad PMAPCC_BF16_PATH is refused before anything trains (on a CPU without AVX512_BF16,
+# bf16 itself is).
+few=(--epochs 1 --train-limit 128 --test-limit 100)
+expect "bad PMAPCC_BF16_PATH" 1 "PMAPCC_BF16_PATH: unknown bf16 GEMM path 'dpbf16'|lacks AVX512_BF16" -- \
+  env PMAPCC_BF16_PATH=dpbf16 "${run[@]}" "${few[@]}" --precision bf16
+! grep -q "epoch" "$work/out" && pass "bad PMAPCC_BF16_PATH: nothing trained" || fail "bad PMAPCC_BF16_PATH: nothing trained"
 # The CUDA kernels run on the host (CPU devices): the same training to float reassociation (2 steps: the
 # host GEMM is a plain reference loop, slow under the sanitizers).
-few=(--epochs 1 --train-limit 128 --test-limit 100)
 expect "cuda kernels on the host" 0 "CUDA kernels run on the host" -- "${run[@]}" "${few[@]}" --kernels cuda-on-host \
   --metrics-json "$work/host.json"
 expect "cpu kernels" 0 "ensemble" -- "${run[@]}" "${few[@]}" --metrics-json "$work/cpu.json"
