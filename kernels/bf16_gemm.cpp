@@ -541,8 +541,8 @@ bool supported() noexcept { return supported(Path::avx512); }
 Path best_path() noexcept {
   if (supported(Path::amx)) return Path::amx;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  // vdpbf16ps against two fp32 FMAs (bench_peak, one core): half their rate on Intel's Xeons (84.7 against
-  // 169.1 GFLOP/s on the Xeon of 2026-11-30), twice it on AMD's EPYC (448.4 against 223.0).
+  // vdpbf16ps's rate against the fp32 FMA's (bench_peak, one core): half on Intel's Xeons (84.7 against
+  // 169.1 GFLOP/s on the Xeon of 2026-11-30), twice on AMD's EPYC (448.4 against 223.0).
   static const bool intel = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (__get_cpuid(0, &a, &b, &c, &d) == 0) return false;
@@ -618,15 +618,15 @@ void checked_gemm(Path path, I rows, I cols, I depth, const Operand& a, const Ro
   }
   const auto address = reinterpret_cast<std::uintptr_t>(pack);
   auto* base = reinterpret_cast<unsigned char*>((address + kAlign - 1) / kAlign * kAlign);
-  // A transposed a (a weight gradient: x^T @ dy) reaches the AMX tiles' row layout only through a scatter
-  // (pack_a). When b has fewer columns than a has rows, the transposed product c^T = b^T @ a^T scatters the
-  // smaller operand instead, and its tiles are written transposed.
   if (path == Path::fma) {
     const Blocks bl = blocks(rows, cols, depth);
     auto* ap = reinterpret_cast<float*>(base);
     run_fma(rows, cols, depth, a, rounded, b, c, accumulate, ap, reinterpret_cast<float*>(base + a_bytes(bl)), bl);
     return;
   }
+  // A transposed a (a weight gradient: x^T @ dy) reaches the AMX tiles' row layout only through a scatter
+  // (pack_a). When b has fewer columns than a has rows, the transposed product c^T = b^T @ a^T scatters the
+  // smaller operand instead, and its tiles are written transposed.
   const bool swap = path == Path::amx && rounded == nullptr && a.transposed && !b.transposed && cols < rows;
   const Blocks bl = swap ? blocks(cols, rows, depth) : blocks(rows, cols, depth);
   auto* ap = reinterpret_cast<Pair*>(base);

@@ -1,4 +1,5 @@
-// bf16 products summed in fp32 on the CPU, with AVX512_BF16 (vdpbf16ps): the GEMM of bf16 mixed precision.
+// bf16 products summed in fp32 on the CPU (AMX, AVX512_BF16's vdpbf16ps, or fp32 FMAs on the rounded
+// operands; Path below): the GEMM of bf16 mixed precision.
 // Inputs and outputs are fp32 buffers; each operand element is rounded to bf16 as it is packed, the
 // products (exact in fp32) are summed in fp32, and the result is added to or stored into c. Internal to the
 // kernels; the ops choose it by their precision.
@@ -24,8 +25,8 @@ void round_into(const float* x, std::size_t n, float* out) noexcept;
 
 // How the products are computed: AMX tiles (tdpbf16ps, 16 x 16 sums of 32 products each), AVX-512 vectors
 // (avx512: vdpbf16ps, 2 products per lane per instruction), or AVX-512 fp32 FMAs on the rounded operands
-// widened back to floats (fma: 1 product per lane per instruction, for CPUs whose vdpbf16ps runs at less
-// than twice the FMA's rate). All round the operands the same way and sum the exact products in fp32; the
+// widened back to floats (fma: 1 product per lane per instruction, for CPUs whose vdpbf16ps does fewer
+// products a second than their FMAs). All round the operands the same way and sum the exact products in fp32; the
 // order of the sums differs, so their results differ by fp32 rounding.
 enum class Path { amx, avx512, fma };
 
