@@ -73,6 +73,11 @@ PMAPCC_BF16_TARGET inline __m512i widen16(const float* x, I n) {
   return _mm512_maskz_cvtepu16_epi32(0xFFFF, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
 }
 
+// n (at most 16) floats rounded to bf16 and widened back (exact): lanes past n are 0.
+PMAPCC_BF16_TARGET inline __m512 rounded16(const float* x, I n) {
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, widen16(x, n), 16));
+}
+
 // 16 pairs from two rows of consecutive depth (r1 null: past the end of the depth, zeros).
 PMAPCC_BF16_TARGET inline __m512i pairs16(const float* r0, const float* r1, I n) {
   const __m512i lo = widen16(r0, n);
@@ -91,8 +96,7 @@ PMAPCC_BF16_TARGET void round_bits_vector(const float* x, std::size_t n, std::ui
 PMAPCC_BF16_TARGET void round_vector(const float* x, std::size_t n, float* out) {
   for (std::size_t i = 0; i < n; i += 16) {
     const I left = static_cast<I>(std::min<std::size_t>(16, n - i));
-    const __m512i bits = _mm512_maskz_slli_epi32(0xFFFF, widen16(x + i, left), 16);
-    _mm512_mask_storeu_ps(out + i, first(left), _mm512_castsi512_ps(bits));
+    _mm512_mask_storeu_ps(out + i, first(left), rounded16(x + i, left));
   }
 }
 
@@ -341,11 +345,6 @@ PMAPCC_BF16_TARGET void run(Path path, I rows, I cols, I depth, const Operand& a
 // The fma path: the same blocks, rounded to bf16 but packed as floats (the rounded value, low 16 bits zero),
 // and summed by fp32 FMAs, one chain per element of c in depth order within a block.
 constexpr I kFR = 12;  // rows of the fma path's register tile: 12 x 32 sums in 24 zmm registers
-
-// n (at most 16) floats rounded to bf16 and widened back (exact): lanes past n are 0.
-PMAPCC_BF16_TARGET inline __m512 rounded16(const float* x, I n) {
-  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, widen16(x, n), 16));
-}
 
 // b's block as panels of kNR columns of floats: panel q holds depth row k at out + (q * kc + k) * kNR.
 PMAPCC_BF16_TARGET void pack_b_fma(const Operand& b, I depth, I cols, I k0, I kc, I j0, I nc, float* out) {
