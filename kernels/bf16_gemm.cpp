@@ -85,6 +85,38 @@ PMAPCC_BF16_TARGET inline __m512i pairs16(const float* r0, const float* r1, I n)
   return _mm512_or_si512(lo, _mm512_maskz_slli_epi32(0xFFFF, widen16(r1, n), 16));
 }
 
+// 32 floats of consecutive depth (n of them; lanes past n are 0) rounded to bf16 as 16 pairs.
+PMAPCC_BF16_TARGET inline __m512i depth_pairs16(const float* x, I n) {
+  const __m512 lo = _mm512_maskz_loadu_ps(first(n), x), hi = _mm512_maskz_loadu_ps(first(n - 16), x + 16);
+  return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));  // lo's 16 in the low half
+}
+
+// The 16 x 16 matrix of 32-bit lanes in v, transposed in place: lane c of v[r] moves to lane r of v[c].
+PMAPCC_BF16_TARGET inline void transpose16(__m512i (&v)[16]) {
+  __m512i t[16];
+  for (int r = 0; r < 16; r += 2) {  // t[r], t[r + 1]: rows r and r + 1 interleaved, lane by lane
+    t[r] = _mm512_maskz_unpacklo_epi32(0xFFFF, v[r], v[r + 1]);
+    t[r + 1] = _mm512_maskz_unpackhi_epi32(0xFFFF, v[r], v[r + 1]);
+  }
+  for (int r = 0; r < 16; r += 4) {  // v[r + e], 128-bit block b: rows r..r+3 of column 4b + e
+    v[r] = _mm512_maskz_unpacklo_epi64(0xFF, t[r], t[r + 2]);
+    v[r + 1] = _mm512_maskz_unpackhi_epi64(0xFF, t[r], t[r + 2]);
+    v[r + 2] = _mm512_maskz_unpacklo_epi64(0xFF, t[r + 1], t[r + 3]);
+    v[r + 3] = _mm512_maskz_unpackhi_epi64(0xFF, t[r + 1], t[r + 3]);
+  }
+  for (int e = 0; e < 4; ++e) {  // column 4b + e: block b of v[e], v[4 + e], v[8 + e], v[12 + e]
+    const __m512i x0 = _mm512_maskz_shuffle_i32x4(0xFFFF, v[e], v[4 + e], 0x88);
+    const __m512i x1 = _mm512_maskz_shuffle_i32x4(0xFFFF, v[e], v[4 + e], 0xDD);
+    const __m512i y0 = _mm512_maskz_shuffle_i32x4(0xFFFF, v[8 + e], v[12 + e], 0x88);
+    const __m512i y1 = _mm512_maskz_shuffle_i32x4(0xFFFF, v[8 + e], v[12 + e], 0xDD);
+    t[e] = _mm512_maskz_shuffle_i32x4(0xFFFF, x0, y0, 0x88);
+    t[4 + e] = _mm512_maskz_shuffle_i32x4(0xFFFF, x1, y1, 0x88);
+    t[8 + e] = _mm512_maskz_shuffle_i32x4(0xFFFF, x0, y0, 0xDD);
+    t[12 + e] = _mm512_maskz_shuffle_i32x4(0xFFFF, x1, y1, 0xDD);
+  }
+  std::copy(t, t + 16, v);
+}
+
 PMAPCC_BF16_TARGET void round_bits_vector(const float* x, std::size_t n, std::uint16_t* bits) {
   for (std::size_t i = 0; i < n; i += 16) {
     const I left = static_cast<I>(std::min<std::size_t>(16, n - i));
@@ -125,17 +157,18 @@ PMAPCC_BF16_TARGET void pack_b(const Operand& b, I depth, I cols, I k0, I kc, I 
         interleave(b.data, cols, k0 + 2 * p, k0 + kc, j0 + q * kNR, width, panel + p * kNR, kNR);
       continue;
     }
-    // b[k][j] at data[j * depth + k]: each column's depth run is contiguous; round it, then place its pairs.
-    alignas(64) std::uint16_t run[kKC + 32];
+    // b[k][j] at data[j * depth + k]: each column's depth run is contiguous. 16 pairs of each of 16 columns
+    // are rounded into 16 vectors, which a transpose turns into 16 pairs of the panel's rows.
     if (width < kNR) std::memset(panel, 0, static_cast<std::size_t>(kp * kNR) * sizeof(Pair));
-    for (I jj = 0; jj < width; ++jj) {
-      const float* col = b.data + (j0 + q * kNR + jj) * depth + k0;
-      for (I k = 0; k < kc; k += 16)
-        _mm256_store_si256(reinterpret_cast<__m256i*>(run + k),
-                           _mm512_maskz_cvtepi32_epi16(0xFFFF, widen16(col + k, std::min<I>(16, kc - k))));
-      if (kc % 2 != 0) run[kc] = 0;
-      for (I p = 0; p < kp; ++p)
-        panel[p * kNR + jj] = static_cast<Pair>(run[2 * p]) | static_cast<Pair>(run[2 * p + 1]) << 16;
+    for (I g = 0; g < width; g += 16) {
+      const float* cols16 = b.data + (j0 + q * kNR + g) * depth + k0;
+      for (I k = 0; k < kc; k += 32) {
+        __m512i v[16];
+        for (I c = 0; c < 16; ++c)
+          v[c] = g + c < width ? depth_pairs16(cols16 + c * depth + k, kc - k) : _mm512_setzero_si512();
+        transpose16(v);
+        for (I p = 0; p < std::min<I>(16, kp - k / 2); ++p) _mm512_storeu_si512(panel + (k / 2 + p) * kNR + g, v[p]);
+      }
     }
   }
 }
@@ -360,16 +393,18 @@ PMAPCC_BF16_TARGET void pack_b_fma(const Operand& b, I depth, I cols, I k0, I kc
       }
       continue;
     }
-    // b[k][j] at data[j * depth + k]: each column's depth run is contiguous; round 16 at a time and scatter
-    // them down the panel's column.
+    // b[k][j] at data[j * depth + k]: each column's depth run is contiguous. 16 depth values of each of 16
+    // columns are rounded into 16 vectors, which a transpose turns into 16 rows of the panel.
     if (width < kNR) std::memset(panel, 0, static_cast<std::size_t>(kc * kNR) * sizeof(float));
-    const __m512i down = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                            _mm512_set1_epi32(static_cast<int>(kNR)));
-    for (I jj = 0; jj < width; ++jj) {
-      const float* col = b.data + (j0 + q * kNR + jj) * depth + k0;
+    for (I g = 0; g < width; g += 16) {
+      const float* cols16 = b.data + (j0 + q * kNR + g) * depth + k0;
       for (I k = 0; k < kc; k += 16) {
         const I n = std::min<I>(16, kc - k);
-        _mm512_mask_i32scatter_ps(panel + k * kNR + jj, first(n), down, rounded16(col + k, n), 4);
+        __m512i v[16];
+        for (I c = 0; c < 16; ++c)
+          v[c] = g + c < width ? _mm512_castps_si512(rounded16(cols16 + c * depth + k, n)) : _mm512_setzero_si512();
+        transpose16(v);
+        for (I r = 0; r < n; ++r) _mm512_storeu_ps(panel + (k + r) * kNR + g, _mm512_castsi512_ps(v[r]));
       }
     }
   }
