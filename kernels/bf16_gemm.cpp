@@ -1,7 +1,8 @@
 // The bf16 GEMM (bf16_gemm.h). Blocked like a BLAS: a block of b (KC x NC) is rounded and packed into
 // panels of 32 columns whose depth pairs are interleaved (the layout vdpbf16ps and tdpbf16ps read), a block
 // of a (MC x KC) is rounded into rows of depth pairs (or, transposed on the vector path, interleaved the
-// same way as b), unless the caller rounded a's rows already (RoundedRows: read in place). The vector path
+// same way as b), unless the caller rounded a's rows already (RoundedRows: read in place) or gave a transposed
+// a's depth pairs (PairedTranspose: read in place on the vector path, widened on the fma path). The vector path
 // sums 8 x 32 register tiles of c, 2 products per lane per instruction; the AMX path 32 x 32 tiles of c in
 // four tile registers, 32 products per element per instruction, and runs a weight gradient (transposed a)
 // as its transposed product when that scatters less. The fma path packs the rounded operands as floats
@@ -66,6 +67,14 @@ __mmask16 first(I n) {
   return n >= 16 ? static_cast<__mmask16>(0xFFFF) : n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1);
 }
 
+// The left operand in one of its forms: a's floats, or (when not null) the rows the caller rounded, or the
+// depth pairs of a transposed a the caller rounded.
+struct Left {
+  Operand a;
+  const RoundedRows* rounded = nullptr;
+  const PairedTranspose* paired = nullptr;
+};
+
 // n (at most 16) floats rounded to bf16, in the low 16 bits of 16 lanes of 32 bits; lanes past n are 0.
 PMAPCC_BF16_TARGET inline __m512i widen16(const float* x, I n) {
   const __m512 v = _mm512_maskz_loadu_ps(first(n), x);
@@ -122,6 +131,13 @@ PMAPCC_BF16_TARGET void round_bits_vector(const float* x, std::size_t n, std::ui
     const I left = static_cast<I>(std::min<std::size_t>(16, n - i));
     const __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(first(left), x + i));
     _mm256_mask_storeu_epi16(bits + i, first(left), reinterpret_cast<__m256i>(v));
+  }
+}
+
+PMAPCC_BF16_TARGET void pair_rows_vector(const float* r0, const float* r1, std::size_t n, Pair* out) {
+  for (std::size_t i = 0; i < n; i += 16) {
+    const I left = static_cast<I>(std::min<std::size_t>(16, n - i));
+    _mm512_mask_storeu_epi32(out + i, first(left), pairs16(r0 + i, r1 == nullptr ? nullptr : r1 + i, left));
   }
 }
 
@@ -212,6 +228,17 @@ PMAPCC_BF16_TARGET void pack_a(Path path, const Operand& a, I rows, I depth, I i
       const __m256i v = _mm512_maskz_cvtepi32_epi16(0xFFFF, widen16(row + k, std::min<I>(16, kc - k)));
       _mm256_mask_storeu_epi16(dst + k, first(2 * kpp - k), v);
     }
+  }
+}
+
+// The AMX path's rows of pairs (pack_a's layout, zero rows up to a whole tile) from the caller's depth pairs
+// of a transposed a: pair p of row i is paired.pairs[(k0 / 2 + p) * stride + i0 + i].
+PMAPCC_BF16_TARGET void pack_a_paired(const PairedTranspose& paired, I i0, I mc, I k0, I kc, I kpp, Pair* out) {
+  const I kp = (kc + 1) / 2, mcp = round_up(mc, kTR);
+  std::memset(out, 0, static_cast<std::size_t>(mcp * kpp) * sizeof(Pair));
+  for (I p = 0; p < kp; ++p) {
+    const Pair* src = paired.pairs + (k0 / 2 + p) * paired.stride + i0;
+    for (I i = 0; i < mc; ++i) out[i * kpp + p] = src[i];
   }
 }
 
@@ -333,11 +360,10 @@ PMAPCC_AMX_TARGET void amx_begin() {
 PMAPCC_AMX_TARGET void amx_end() { _tile_release(); }
 
 // c = (accumulate ? c : 0) + a @ b: the first block of depth stores into c unless accumulating, the others add.
-// With transposed (AMX only), c holds the product's transpose: element (i, j) at c[j * rows + i]. With rounded
-// (not null), a is ignored and the tiles read rounded's rows in place of packed a.
-PMAPCC_BF16_TARGET void run(Path path, I rows, I cols, I depth, const Operand& a, const RoundedRows* rounded,
-                            const Operand& b, float* c, bool accumulate, bool transposed, Pair* ap, Pair* bp,
-                            const Blocks& bl) {
+// With transposed (AMX only), c holds the product's transpose: element (i, j) at c[j * rows + i]. The tiles
+// read left's rounded rows, or on the vector path its pairs, in place of packed a.
+PMAPCC_BF16_TARGET void run(Path path, I rows, I cols, I depth, const Left& left, const Operand& b, float* c,
+                            bool accumulate, bool transposed, Pair* ap, Pair* bp, const Blocks& bl) {
   for (I j0 = 0; j0 < cols; j0 += bl.nc) {
     const I nc = std::min(bl.nc, cols - j0);
     for (I k0 = 0; k0 < depth; k0 += bl.kc) {
@@ -346,24 +372,32 @@ PMAPCC_BF16_TARGET void run(Path path, I rows, I cols, I depth, const Operand& a
       pack_b(b, depth, cols, k0, kc, j0, nc, kpp, bp);
       for (I i0 = 0; i0 < rows; i0 += bl.mc) {
         const I mc = std::min(bl.mc, rows - i0);
-        const Pair* block = ap;  // the block's rows: lda pairs apart
-        I lda = kpp;
-        if (rounded != nullptr) {
-          block = reinterpret_cast<const Pair*>(rounded->bits + i0 * rounded->stride + k0);
-          lda = rounded->stride / 2;
+        const Pair* block = ap;  // pair p of the block's row r at block[r * si + p * sp]
+        I si = kpp, sp = 1;
+        if (left.rounded != nullptr) {
+          block = reinterpret_cast<const Pair*>(left.rounded->bits + i0 * left.rounded->stride + k0);
+          si = left.rounded->stride / 2;
+        } else if (left.paired != nullptr && path != Path::amx) {
+          block = left.paired->pairs + (k0 / 2) * left.paired->stride + i0;
+          si = 1;
+          sp = left.paired->stride;
+        } else if (left.paired != nullptr) {
+          pack_a_paired(*left.paired, i0, mc, k0, kc, kpp, ap);
         } else {
-          pack_a(path, a, rows, depth, i0, mc, k0, kc, kpp, ap);
+          pack_a(path, left.a, rows, depth, i0, mc, k0, kc, kpp, ap);
+          if (left.a.transposed && path != Path::amx) {  // pack_a's interleaved layout
+            si = 1;
+            sp = round_up(mc, 16);
+          }
         }
         if (path == Path::amx) {
           for (I i = 0; i < mc; i += kTR)
             for (I j = 0; j < nc; j += kNR)
-              amx_tile(kpp, block + i * lda, lda, bp + (j / kNR) * kpp * kNR,
+              amx_tile(kpp, block + i * si, si, bp + (j / kNR) * kpp * kNR,
                        transposed ? c + (j0 + j) * rows + i0 + i : c + (i0 + i) * cols + j0 + j,
                        transposed ? rows : cols, mc - i, std::min(kNR, nc - j), add, transposed);
           continue;
         }
-        const bool across = rounded == nullptr && a.transposed;  // pack_a's interleaved layout
-        const I si = across ? 1 : lda, sp = across ? round_up(mc, 16) : 1;
         for (I i = 0; i < mc; i += kMR) {
           const I mr = std::min(kMR, mc - i);
           for (I j = 0; j < nc; j += kNR)
@@ -412,9 +446,26 @@ PMAPCC_BF16_TARGET void pack_b_fma(const Operand& b, I depth, I cols, I k0, I kc
 
 // a's block (rows [i0, i0 + mc), depth [k0, k0 + kc)) rounded into floats: element (i, k) at out[i * kc + k],
 // or for a transposed a at out[k * stride + i] with stride = mc rounded up to 16 (both read in a's own order).
-// With rounded, a's rows are rounded already: widened.
-PMAPCC_BF16_TARGET void pack_a_fma(const Operand& a, const RoundedRows* rounded, I rows, I depth, I i0, I mc, I k0,
-                                   I kc, float* out) {
+// left's rounded rows or pairs are rounded already: widened (pairs into the transposed layout).
+PMAPCC_BF16_TARGET void pack_a_fma(const Left& left, I rows, I depth, I i0, I mc, I k0, I kc, float* out) {
+  const Operand& a = left.a;
+  if (left.paired != nullptr) {
+    const I stride = round_up(mc, 16);
+    const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+    for (I k = 0; k < kc; k += 2) {
+      const Pair* src = left.paired->pairs + (k0 + k) / 2 * left.paired->stride + i0;
+      for (I i = 0; i < mc; i += 16) {
+        const __mmask16 m = first(mc - i);
+        const __m512i v = _mm512_maskz_loadu_epi32(m, src + i);
+        _mm512_mask_storeu_ps(out + k * stride + i, m, _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, v, 16)));
+        if (k + 1 < kc)
+          _mm512_mask_storeu_ps(out + (k + 1) * stride + i, m,
+                                _mm512_castsi512_ps(_mm512_maskz_and_epi32(0xFFFF, v, high)));
+      }
+    }
+    return;
+  }
+  const RoundedRows* rounded = left.rounded;
   if (rounded != nullptr) {
     for (I i = 0; i < mc; ++i) {
       const std::uint16_t* row = rounded->bits + (i0 + i) * rounded->stride + k0;
@@ -468,9 +519,10 @@ constexpr FmaTile kFmaTiles[kFR + 1] = {nullptr,      &fma_tile<1>, &fma_tile<2>
                                         &fma_tile<10>, &fma_tile<11>, &fma_tile<12>};
 
 // run() on the fma path.
-PMAPCC_BF16_TARGET void run_fma(I rows, I cols, I depth, const Operand& a, const RoundedRows* rounded,
-                                const Operand& b, float* c, bool accumulate, float* ap, float* bp, const Blocks& bl) {
-  const bool across = rounded == nullptr && a.transposed;  // pack_a_fma's transposed layout
+PMAPCC_BF16_TARGET void run_fma(I rows, I cols, I depth, const Left& left, const Operand& b, float* c, bool accumulate,
+                                float* ap, float* bp, const Blocks& bl) {
+  // pack_a_fma's transposed layout
+  const bool across = left.paired != nullptr || (left.rounded == nullptr && left.a.transposed);
   for (I j0 = 0; j0 < cols; j0 += bl.nc) {
     const I nc = std::min(bl.nc, cols - j0);
     for (I k0 = 0; k0 < depth; k0 += bl.kc) {
@@ -479,7 +531,7 @@ PMAPCC_BF16_TARGET void run_fma(I rows, I cols, I depth, const Operand& a, const
       pack_b_fma(b, depth, cols, k0, kc, j0, nc, bp);
       for (I i0 = 0; i0 < rows; i0 += bl.mc) {
         const I mc = std::min(bl.mc, rows - i0);
-        pack_a_fma(a, rounded, rows, depth, i0, mc, k0, kc, ap);
+        pack_a_fma(left, rows, depth, i0, mc, k0, kc, ap);
         const I si = across ? 1 : kc, sp = across ? round_up(mc, 16) : 1;
         for (I i = 0; i < mc; i += kFR) {
           const I mr = std::min(kFR, mc - i);
@@ -551,6 +603,15 @@ void round_into(const float* x, std::size_t n, float* out) noexcept {
     return;
   }
   for (std::size_t i = 0; i < n; ++i) out[i] = round(x[i]);
+}
+
+void pair_rows_into(const float* r0, const float* r1, std::size_t n, std::uint32_t* out) noexcept {
+  if (vector_supported()) {
+    pair_rows_vector(r0, r1, n, out);
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    out[i] = static_cast<Pair>(round_bits(r0[i])) | (r1 == nullptr ? Pair{0} : static_cast<Pair>(round_bits(r1[i])) << 16);
 }
 
 bool supported(Path path) noexcept {
@@ -625,9 +686,10 @@ std::size_t gemm_pack_bytes(std::int64_t rows, std::int64_t cols, std::int64_t d
 
 namespace {
 
-// gemm() for either form of a (rounded null: a; else rounded's rows).
-void checked_gemm(Path path, I rows, I cols, I depth, const Operand& a, const RoundedRows* rounded, const Operand& b,
-                  float* c, bool accumulate, void* pack, std::size_t pack_bytes) {
+// gemm() for any form of a.
+void checked_gemm(Path path, I rows, I cols, I depth, const Left& left, const Operand& b, float* c, bool accumulate,
+                  void* pack, std::size_t pack_bytes) {
+  const RoundedRows* rounded = left.rounded;
   if (!supported(path))
     throw ValueError(path == Path::amx ? std::string("bf16 GEMM: this CPU (or its kernel) does not let pmapcc use AMX "
                                                      "tiles (AMX-TILE, AMX-BF16), which the amx path needs")
@@ -641,6 +703,9 @@ void checked_gemm(Path path, I rows, I cols, I depth, const Operand& a, const Ro
     throw ValueError("bf16 GEMM: rounded rows need bits and a stride that is a multiple of " +
                      std::to_string(2 * kTK) + " and at least " + std::to_string(rounded_stride(depth)) + " for depth " +
                      std::to_string(depth) + "; got stride " + std::to_string(rounded->stride));
+  if (left.paired != nullptr && (left.paired->pairs == nullptr || left.paired->stride < rows))
+    throw ValueError("bf16 GEMM: the pairs of a transposed a need pairs and a stride of at least its " +
+                     std::to_string(rows) + " rows; got stride " + std::to_string(left.paired->stride));
   const std::size_t need = gemm_pack_bytes(rows, cols, depth);
   if (need > 0 && (pack == nullptr || pack_bytes < need))
     throw ValueError("bf16 GEMM: the packing space holds " + std::to_string(pack == nullptr ? 0 : pack_bytes) +
@@ -655,22 +720,23 @@ void checked_gemm(Path path, I rows, I cols, I depth, const Operand& a, const Ro
   if (path == Path::fma) {
     const Blocks bl = blocks(rows, cols, depth);
     auto* ap = reinterpret_cast<float*>(base);
-    run_fma(rows, cols, depth, a, rounded, b, c, accumulate, ap, reinterpret_cast<float*>(base + a_bytes(bl)), bl);
+    run_fma(rows, cols, depth, left, b, c, accumulate, ap, reinterpret_cast<float*>(base + a_bytes(bl)), bl);
     return;
   }
   // A transposed a (a weight gradient: x^T @ dy) reaches the AMX tiles' row layout only through a scatter
   // (pack_a). When b has fewer columns than a has rows, the transposed product c^T = b^T @ a^T scatters the
   // smaller operand instead, and its tiles are written transposed.
-  const bool swap = path == Path::amx && rounded == nullptr && a.transposed && !b.transposed && cols < rows;
+  const Operand& a = left.a;
+  const bool swap = path == Path::amx && rounded == nullptr && left.paired == nullptr && a.transposed &&
+                    !b.transposed && cols < rows;
   const Blocks bl = swap ? blocks(cols, rows, depth) : blocks(rows, cols, depth);
   auto* ap = reinterpret_cast<Pair*>(base);
   auto* bp = reinterpret_cast<Pair*>(base + a_bytes(bl));
   if (path == Path::amx) amx_begin();
   if (swap) {
-    run(path, cols, rows, depth, Operand{b.data, true}, nullptr, Operand{a.data, false}, c, accumulate, true, ap, bp,
-        bl);
+    run(path, cols, rows, depth, Left{Operand{b.data, true}}, Operand{a.data, false}, c, accumulate, true, ap, bp, bl);
   } else {
-    run(path, rows, cols, depth, a, rounded, b, c, accumulate, false, ap, bp, bl);
+    run(path, rows, cols, depth, left, b, c, accumulate, false, ap, bp, bl);
   }
   if (path == Path::amx) amx_end();
 }
@@ -679,7 +745,7 @@ void checked_gemm(Path path, I rows, I cols, I depth, const Operand& a, const Ro
 
 void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, Operand a, Operand b, float* c,
           bool accumulate, void* pack, std::size_t pack_bytes) {
-  checked_gemm(path, rows, cols, depth, a, nullptr, b, c, accumulate, pack, pack_bytes);
+  checked_gemm(path, rows, cols, depth, Left{a}, b, c, accumulate, pack, pack_bytes);
 }
 
 void gemm(std::int64_t rows, std::int64_t cols, std::int64_t depth, Operand a, Operand b, float* c, bool accumulate,
@@ -689,10 +755,20 @@ void gemm(std::int64_t rows, std::int64_t cols, std::int64_t depth, Operand a, O
 
 void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, RoundedRows a, Operand b, float* c,
           bool accumulate, void* pack, std::size_t pack_bytes) {
-  checked_gemm(path, rows, cols, depth, Operand{nullptr}, &a, b, c, accumulate, pack, pack_bytes);
+  checked_gemm(path, rows, cols, depth, Left{Operand{nullptr}, &a}, b, c, accumulate, pack, pack_bytes);
 }
 
 void gemm(std::int64_t rows, std::int64_t cols, std::int64_t depth, RoundedRows a, Operand b, float* c,
+          bool accumulate, void* pack, std::size_t pack_bytes) {
+  gemm(active_path(), rows, cols, depth, a, b, c, accumulate, pack, pack_bytes);
+}
+
+void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, PairedTranspose a, Operand b, float* c,
+          bool accumulate, void* pack, std::size_t pack_bytes) {
+  checked_gemm(path, rows, cols, depth, Left{Operand{nullptr}, nullptr, &a}, b, c, accumulate, pack, pack_bytes);
+}
+
+void gemm(std::int64_t rows, std::int64_t cols, std::int64_t depth, PairedTranspose a, Operand b, float* c,
           bool accumulate, void* pack, std::size_t pack_bytes) {
   gemm(active_path(), rows, cols, depth, a, b, c, accumulate, pack, pack_bytes);
 }

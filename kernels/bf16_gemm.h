@@ -63,6 +63,17 @@ struct RoundedRows {
 std::int64_t rounded_stride(std::int64_t depth) noexcept;
 std::int64_t rounded_rows(std::int64_t rows) noexcept;
 
+// A left operand a (rows, depth) given by its transpose, rounded by the caller and paired along the depth (a
+// weight gradient's x^T, written so by im2col): pair p of row r at pairs[p * stride + r], holding the bf16 of
+// a(r, 2p) in its low half and of a(r, 2p + 1) in its high half (zero past the depth); stride >= rows,
+// (depth + 1) / 2 rows of pairs. pair_rows_into writes one row of pairs.
+struct PairedTranspose {
+  const std::uint32_t* pairs;
+  std::int64_t stride;
+};
+// out[i] = round_bits(r0[i]) | round_bits(r1[i]) << 16 for i below n (r1 null: the high halves zero).
+void pair_rows_into(const float* r0, const float* r1, std::size_t n, std::uint32_t* out) noexcept;
+
 // Bytes of packing space gemm needs for c (rows, cols) = a (rows, depth) @ b (depth, cols). A bound that
 // only grows with each dimension, so a workspace sized for one product serves every smaller one.
 std::size_t gemm_pack_bytes(std::int64_t rows, std::int64_t cols, std::int64_t depth) noexcept;
@@ -84,6 +95,13 @@ void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, O
 void gemm(std::int64_t rows, std::int64_t cols, std::int64_t depth, RoundedRows a, Operand b, float* c,
           bool accumulate, void* pack, std::size_t pack_bytes);
 void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, RoundedRows a, Operand b, float* c,
+          bool accumulate, void* pack, std::size_t pack_bytes);
+// The same with a transposed left operand given as its pairs: the same bits as gemm() on the transposed
+// floats it was rounded from (Operand{x, true}). Throws pmap::ValueError also for null pairs or a stride below
+// rows.
+void gemm(std::int64_t rows, std::int64_t cols, std::int64_t depth, PairedTranspose a, Operand b, float* c,
+          bool accumulate, void* pack, std::size_t pack_bytes);
+void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, PairedTranspose a, Operand b, float* c,
           bool accumulate, void* pack, std::size_t pack_bytes);
 
 }  // namespace pmap::kernels::bf16

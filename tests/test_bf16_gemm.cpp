@@ -319,3 +319,61 @@ TEST_CASE("bf16 GEMM on rounded rows: the same bits as on the floats they were r
     }
   }
 }
+
+TEST_CASE("bf16 GEMM on a transposed a's depth pairs: the same bits as on the floats they were rounded from") {
+  std::mt19937 rng(29);
+  // pair_rows_into: two rows rounded and interleaved, any length (the vector loop's tail), the second optional.
+  for (long n : {1L, 15L, 16L, 17L, 300L}) {
+    CAPTURE(n);
+    const auto r0 = random_matrix(n, rng), r1 = random_matrix(n, rng);
+    std::vector<std::uint32_t> both(static_cast<std::size_t>(n) + 1, 7u), one(static_cast<std::size_t>(n), 7u);
+    bf16::pair_rows_into(r0.data(), r1.data(), static_cast<std::size_t>(n), both.data());
+    bf16::pair_rows_into(r0.data(), nullptr, static_cast<std::size_t>(n), one.data());
+    for (long i = 0; i < n; ++i) {
+      const auto at = static_cast<std::size_t>(i);
+      CHECK(both[at] == (std::uint32_t{bf16::round_bits(r0[at])} | std::uint32_t{bf16::round_bits(r1[at])} << 16));
+      CHECK(one[at] == bf16::round_bits(r0[at]));
+    }
+    CHECK(both.back() == 7u);  // nothing written past n
+  }
+  for (bf16::Path path : paths()) {
+    CAPTURE(bf16::name(path));
+    // A conv weight gradient's shapes (288 x 64 over a chunk of pixels), odd depths (the last pair's high half
+    // zero), depth blocks (384), rows past a block of 96 and strides above the rows.
+    const long shapes[][4] = {{1, 1, 1, 1}, {288, 64, 392, 288}, {288, 64, 785, 300}, {97, 31, 385, 97},
+                              {33, 530, 70, 48}};
+    for (const auto& s : shapes) {
+      const long rows = s[0], cols = s[1], depth = s[2], stride = s[3];
+      CAPTURE(rows);
+      CAPTURE(cols);
+      CAPTURE(depth);
+      CAPTURE(stride);
+      // at: a's transpose (depth, rows), row-major, as a weight gradient's patches are stored
+      const auto at = random_matrix(depth * rows, rng), b = random_matrix(depth * cols, rng, 0.1f);
+      const auto c0 = random_matrix(rows * cols, rng);
+      std::vector<std::uint32_t> pairs(static_cast<std::size_t>((depth + 1) / 2 * stride), 0xFFC1FFC1u);
+      for (long p = 0; p < (depth + 1) / 2; ++p)
+        bf16::pair_rows_into(at.data() + 2 * p * rows, 2 * p + 1 < depth ? at.data() + (2 * p + 1) * rows : nullptr,
+                             static_cast<std::size_t>(rows), pairs.data() + p * stride);
+      std::vector<unsigned char> pack(bf16::gemm_pack_bytes(rows, cols, depth));
+      for (bool accumulate : {false, true}) {
+        CAPTURE(accumulate);
+        std::vector<float> want = c0, got = c0;
+        bf16::gemm(path, rows, cols, depth, {at.data(), true}, {b.data()}, want.data(), accumulate, pack.data(),
+                   pack.size());
+        bf16::gemm(path, rows, cols, depth, bf16::PairedTranspose{pairs.data(), stride}, {b.data()}, got.data(),
+                   accumulate, pack.data(), pack.size());
+        CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
+      }
+    }
+    std::vector<std::uint32_t> pairs(20 * 32);
+    std::vector<float> b(40 * 8), c(32 * 8);
+    std::vector<unsigned char> pack(bf16::gemm_pack_bytes(32, 8, 40));
+    CHECK_THROWS_WITH_AS(bf16::gemm(path, 32, 8, 40, bf16::PairedTranspose{pairs.data(), 31}, {b.data()}, c.data(),
+                                    false, pack.data(), pack.size()),
+                         doctest::Contains("a stride of at least its 32 rows; got stride 31"), pmap::ValueError);
+    CHECK_THROWS_AS(bf16::gemm(path, 32, 8, 40, bf16::PairedTranspose{nullptr, 32}, {b.data()}, c.data(), false,
+                               pack.data(), pack.size()),
+                    pmap::ValueError);
+  }
+}

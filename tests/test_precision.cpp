@@ -132,14 +132,16 @@ TEST_CASE("bf16 conv and dense ops are the fp32 ops on bf16-rounded operands, to
     const Results fwd = run_dense(d, rounded(x), rounded(w), b, rounded(dy));
     check_against_fp32("dense", bf, fwd, run_dense(d, x, w, b, dy));
 
-    // The first layer (a 3x3 patch of one channel: fp32 takes the direct path, bf16 the GEMM) and a deeper
-    // one, strided with valid padding.
-    for (int layer = 0; layer < 2; ++layer) {
+    // The first layer (a 3x3 patch of one channel: fp32 takes the direct path, bf16 the GEMM) and deeper
+    // ones, strided with valid padding; the last with an odd number of patch rows per backward chunk (25
+    // images of 3 x 3 pixels, then a ragged 2), whose last pair of rows has no second row.
+    for (int layer = 0; layer < 3; ++layer) {
       CAPTURE(layer);
       k::Conv2dParams c;
-      c.members = 2, c.batch = 3, c.height = c.width = layer == 0 ? 12 : 9, c.in_channels = layer == 0 ? 1 : 5;
+      c.members = 2, c.batch = layer == 2 ? 27 : 3, c.height = c.width = layer == 0 ? 12 : layer == 1 ? 9 : 7;
+      c.in_channels = layer == 0 ? 1 : layer == 1 ? 5 : 64;
       c.out_channels = 7, c.shared_input = shared;
-      if (layer == 1) c.stride_h = c.stride_w = 2, c.padding = k::Padding::valid;
+      if (layer > 0) c.stride_h = c.stride_w = 2, c.padding = k::Padding::valid;
       const k::ConvGeometry g = k::conv2d_geometry(c);
       const std::size_t cx = static_cast<std::size_t>((shared ? 1 : c.members) * c.batch * c.height * c.width *
                                                       c.in_channels);

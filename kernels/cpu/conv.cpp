@@ -1,6 +1,7 @@
 // CPU conv2d forward and backward: im2col a chunk of images, then GEMMs against HWIO weights seen as
 // (KH*KW*Cin, Cout) matrices. A shared input is im2col'ed once per chunk for all members. In bf16 the
-// forward's im2col writes bf16 rows that the bf16 GEMM reads without packing them again.
+// forward's im2col writes bf16 rows, and the backward's the pairs of dw's transposed patches, that the bf16
+// GEMM reads without packing them again.
 #include <algorithm>
 #include <cstdint>
 
@@ -106,7 +107,14 @@ void backward(const ConvPlan& plan, const float* x, const float* w, const float*
       const Index image0 = (p.shared_input ? 0 : Index{m} * p.batch) + c.first;
       const float* dym = dy + (Index{m} * p.batch + c.first) * plan.out_image;
       const float* wm = w == nullptr ? nullptr : w + m * plan.patch * cout;
-      if (dw != nullptr) {
+      if (dw != nullptr && plan.paired_patches) {  // bf16: the patches rounded into pairs while gathered
+        auto* pairs = reinterpret_cast<std::uint32_t*>(buf.col);
+        if (m == 0 || !p.shared_input)
+          detail::im2col_paired(plan, x + image0 * plan.in_image, c.images, pairs,
+                                buf.col + detail::paired_patch_floats(plan, c.images) - 2 * plan.patch);
+        bf16::gemm(plan.patch, cout, rows, bf16::PairedTranspose{pairs, plan.patch}, {dym}, dw + m * plan.patch * cout,
+                   c.first > 0, buf.pack, plan.pack_floats * sizeof(float));
+      } else if (dw != nullptr) {
         if (m == 0 || !p.shared_input)
           patches = chunk_patches(plan, x + image0 * plan.in_image, c.images, buf.col);
         // dw_m (patch, Cout) (+)= patches^T @ dy_m

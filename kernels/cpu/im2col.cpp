@@ -44,6 +44,11 @@ ConvPlan make_conv_plan(const Conv2dParams& p) {
 
   plan.bwd_images = images_per_chunk(plan.out_pixels * plan.patch * 2, p.batch);
   plan.bwd_floats = static_cast<std::size_t>(plan.out_pixels * plan.bwd_images * plan.patch * 2);
+  // The AMX path keeps dw on float patches: it runs a weight gradient as its transposed product, which packs
+  // the patches as rows rather than reading pairs.
+  plan.paired_patches = plan.rounded_patches && bf16::active_path() != bf16::Path::amx;
+  if (plan.paired_patches)  // the patches' pairs, and the patch gradients beside them in as much space
+    plan.bwd_floats = std::max(plan.bwd_floats, 2 * paired_patch_floats(plan, plan.bwd_images));
 
   plan.direct = !plan.identity && plan.patch <= kDirectMaxPatch;
   if (plan.direct) {
@@ -149,6 +154,28 @@ void im2col_rounded(const ConvPlan& plan, const float* x, int images, std::uint1
 std::size_t rounded_patch_floats(const ConvPlan& plan, int images) {
   const Index bits = bf16::rounded_rows(Index{images} * plan.out_pixels) * bf16::rounded_stride(plan.patch);
   return static_cast<std::size_t>((bits + 1) / 2);
+}
+
+void im2col_paired(const ConvPlan& plan, const float* x, int images, std::uint32_t* pairs, float* scratch) {
+  const Index rows = Index{images} * plan.out_pixels;
+  float* rows2[2] = {scratch, scratch + plan.patch};
+  Index row = 0;  // the chunk's patch row, image by image, pixel by pixel
+  for (int n = 0; n < images; ++n) {
+    const float* image = x + n * plan.in_image;
+    for (int oy = 0; oy < plan.g.out_height; ++oy) {
+      for (int ox = 0; ox < plan.g.out_width; ++ox, ++row) {
+        patch_row(plan, image, oy, ox, rows2[row % 2]);
+        if (row % 2 == 1 || row == rows - 1)
+          bf16::pair_rows_into(rows2[0], row % 2 == 1 ? rows2[1] : nullptr, static_cast<std::size_t>(plan.patch),
+                               pairs + row / 2 * plan.patch);
+      }
+    }
+  }
+}
+
+std::size_t paired_patch_floats(const ConvPlan& plan, int images) {
+  const Index pair_rows = (Index{images} * plan.out_pixels + 1) / 2;
+  return static_cast<std::size_t>((pair_rows + 2) * plan.patch);
 }
 
 void col2im_add(const ConvPlan& plan, const float* dcol, int images, float* dx) {

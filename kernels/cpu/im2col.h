@@ -19,6 +19,7 @@ struct ConvPlan {
   Index out_image = 0;          // OH*OW*Cout floats per output image
   bool identity = false;        // 1x1 kernel, stride 1, no padding: the patch matrix is x itself
   bool rounded_patches = false;  // bf16 GEMM path: the forward's patches are bf16 rows (im2col_rounded)
+  bool paired_patches = false;   // bf16 on the vector or fma path: dw's patches are bf16 pairs (im2col_paired)
   int fwd_images = 1;           // images per forward chunk
   int bwd_images = 1;           // images per backward chunk (never depends on members: dw sums over chunks)
   std::size_t pack_floats = 0;  // GEMM packing space: the most any of the op's GEMMs needs
@@ -53,6 +54,13 @@ void im2col(const ConvPlan& plan, const float* x, int images, float* col);
 void im2col_rounded(const ConvPlan& plan, const float* x, int images, std::uint16_t* bits);
 // Floats of space im2col_rounded needs for that many images.
 std::size_t rounded_patch_floats(const ConvPlan& plan, int images);
+
+// The same patches as the transposed left operand of dw's bf16 GEMM (bf16::PairedTranspose, stride KH*KW*Cin):
+// pair p of column r is patch rows 2p and 2p + 1 at r (rounded; zero past the last row). scratch: 2 * KH*KW*Cin
+// floats.
+void im2col_paired(const ConvPlan& plan, const float* x, int images, std::uint32_t* pairs, float* scratch);
+// Floats of space im2col_paired needs for that many images: the pairs, then the scratch.
+std::size_t paired_patch_floats(const ConvPlan& plan, int images);
 
 // dx (images, H, W, Cin) += the patch gradients dcol (images*OH*OW, KH*KW*Cin), scattered back.
 void col2im_add(const ConvPlan& plan, const float* dcol, int images, float* dx);
