@@ -610,8 +610,10 @@ void pair_rows_into(const float* r0, const float* r1, std::size_t n, std::uint32
     pair_rows_vector(r0, r1, n, out);
     return;
   }
-  for (std::size_t i = 0; i < n; ++i)
-    out[i] = static_cast<Pair>(round_bits(r0[i])) | (r1 == nullptr ? Pair{0} : static_cast<Pair>(round_bits(r1[i])) << 16);
+  for (std::size_t i = 0; i < n; ++i) {
+    const Pair high = r1 == nullptr ? Pair{0} : static_cast<Pair>(round_bits(r1[i])) << 16;
+    out[i] = static_cast<Pair>(round_bits(r0[i])) | high;
+  }
 }
 
 bool supported(Path path) noexcept {
