@@ -152,12 +152,8 @@ PMAPCC_BF16_TARGET void round_vector(const float* x, std::size_t n, float* out) 
 // `width` pairs (zeros past the given columns).
 PMAPCC_BF16_TARGET void interleave(const float* m, I ld, I k0, I k_end, I j0, I columns, Pair* out, I width) {
   const float* r0 = m + k0 * ld + j0;
-  const float* r1 = k0 + 1 < k_end ? r0 + ld : nullptr;
-  for (I j = 0; j < width; j += 16) {
-    const I n = std::min<I>(16, columns - j);
-    const __m512i v = n > 0 ? pairs16(r0 + j, r1 == nullptr ? nullptr : r1 + j, n) : _mm512_setzero_si512();
-    _mm512_storeu_si512(out + j, v);
-  }
+  pair_rows_vector(r0, k0 + 1 < k_end ? r0 + ld : nullptr, static_cast<std::size_t>(columns), out);
+  std::fill(out + columns, out + width, Pair{0});
 }
 
 // b's block (depth [k0, k0 + kc), columns [j0, j0 + nc)) as panels of kNR columns: panel q holds, for each

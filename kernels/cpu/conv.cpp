@@ -108,10 +108,9 @@ void backward(const ConvPlan& plan, const float* x, const float* w, const float*
       const float* dym = dy + (Index{m} * p.batch + c.first) * plan.out_image;
       const float* wm = w == nullptr ? nullptr : w + m * plan.patch * cout;
       if (dw != nullptr && plan.paired_patches) {  // bf16: the patches rounded into pairs while gathered
-        auto* pairs = reinterpret_cast<std::uint32_t*>(buf.col);
+        const auto* pairs = reinterpret_cast<const std::uint32_t*>(buf.col);
         if (m == 0 || !p.shared_input)
-          detail::im2col_paired(plan, x + image0 * plan.in_image, c.images, pairs,
-                                buf.col + detail::paired_patch_floats(plan, c.images) - 2 * plan.patch);
+          pairs = detail::im2col_paired(plan, x + image0 * plan.in_image, c.images, buf.col);
         bf16::gemm(plan.patch, cout, rows, bf16::PairedTranspose{pairs, plan.patch}, {dym}, dw + m * plan.patch * cout,
                    c.first > 0, buf.pack, plan.pack_floats * sizeof(float));
       } else if (dw != nullptr) {

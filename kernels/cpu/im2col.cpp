@@ -156,8 +156,10 @@ std::size_t rounded_patch_floats(const ConvPlan& plan, int images) {
   return static_cast<std::size_t>((bits + 1) / 2);
 }
 
-void im2col_paired(const ConvPlan& plan, const float* x, int images, std::uint32_t* pairs, float* scratch) {
+const std::uint32_t* im2col_paired(const ConvPlan& plan, const float* x, int images, float* space) {
   const Index rows = Index{images} * plan.out_pixels;
+  auto* pairs = reinterpret_cast<std::uint32_t*>(space);
+  float* scratch = space + (rows + 1) / 2 * plan.patch;  // after the pairs: two patch rows
   float* rows2[2] = {scratch, scratch + plan.patch};
   Index row = 0;  // the chunk's patch row, image by image, pixel by pixel
   for (int n = 0; n < images; ++n) {
@@ -171,6 +173,7 @@ void im2col_paired(const ConvPlan& plan, const float* x, int images, std::uint32
       }
     }
   }
+  return pairs;
 }
 
 std::size_t paired_patch_floats(const ConvPlan& plan, int images) {

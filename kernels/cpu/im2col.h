@@ -56,10 +56,9 @@ void im2col_rounded(const ConvPlan& plan, const float* x, int images, std::uint1
 std::size_t rounded_patch_floats(const ConvPlan& plan, int images);
 
 // The same patches as the transposed left operand of dw's bf16 GEMM (bf16::PairedTranspose, stride KH*KW*Cin):
-// pair p of column r is patch rows 2p and 2p + 1 at r (rounded; zero past the last row). scratch: 2 * KH*KW*Cin
-// floats.
-void im2col_paired(const ConvPlan& plan, const float* x, int images, std::uint32_t* pairs, float* scratch);
-// Floats of space im2col_paired needs for that many images: the pairs, then the scratch.
+// pair p of column r is patch rows 2p and 2p + 1 at r (rounded; zero past the last row), written at the start
+// of space (paired_patch_floats(plan, images) floats: the pairs, then two rows of scratch), which it returns.
+const std::uint32_t* im2col_paired(const ConvPlan& plan, const float* x, int images, float* space);
 std::size_t paired_patch_floats(const ConvPlan& plan, int images);
 
 // dx (images, H, W, Cin) += the patch gradients dcol (images*OH*OW, KH*KW*Cin), scattered back.
