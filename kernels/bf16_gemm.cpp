@@ -10,6 +10,7 @@
 // the functions marked with a target attribute use AVX-512, AVX512_BF16 or AMX; gemm() checks the CPU
 // before it calls them.
 #include <pmapcc/kernels/bf16_gemm.h>
+#include <pmapcc/kernels/cpu_threads.h>
 
 #include <pmap/error.h>
 
@@ -741,6 +742,28 @@ void checked_gemm(Path path, I rows, I cols, I depth, const Left& left, const Op
 
 }  // namespace
 
+namespace {
+
+// A product over cpu::threads() threads (kernels/cpu_threads.h), by ranges of whole row tiles (kTR rows; the
+// AMX path's row blocks, kMC, there); each range runs part(first, count, packing space, its bytes): the caller's space on the calling
+// thread, a helper's own on a helper. A pack too small for the whole fails as the whole would, before any
+// range runs.
+template <class Part>
+void split(Path path, I rows, I cols, I depth, void* pack, std::size_t pack_bytes, const Part& part) {
+  if (pack == nullptr || pack_bytes < gemm_pack_bytes(rows, cols, depth)) {
+    part(0, rows, pack, pack_bytes);
+    return;
+  }
+  const I align = path == Path::amx ? kMC : kTR;  // RoundedRows' ranges read up to a whole kTR past their rows
+  cpu::detail::split_rows(rows, cols, depth, align, [&](I first, I count, bool helper) {
+    if (!helper) return part(first, count, pack, pack_bytes);
+    const std::size_t bytes = gemm_pack_bytes(count, cols, depth);
+    part(first, count, cpu::detail::helper_scratch(bytes), bytes);
+  });
+}
+
+}  // namespace
+
 void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, Operand a, Operand b, float* c,
           bool accumulate, void* pack, std::size_t pack_bytes) {
   checked_gemm(path, rows, cols, depth, Left{a}, b, c, accumulate, pack, pack_bytes);
@@ -748,7 +771,14 @@ void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, O
 
 void gemm(std::int64_t rows, std::int64_t cols, std::int64_t depth, Operand a, Operand b, float* c, bool accumulate,
           void* pack, std::size_t pack_bytes) {
-  gemm(active_path(), rows, cols, depth, a, b, c, accumulate, pack, pack_bytes);
+  const Path path = active_path();
+  if (a.transposed || a.data == nullptr) {  // rows of c are columns of a's buffer: not split
+    gemm(path, rows, cols, depth, a, b, c, accumulate, pack, pack_bytes);
+    return;
+  }
+  split(path, rows, cols, depth, pack, pack_bytes, [&](I first, I count, void* space, std::size_t bytes) {
+    gemm(path, count, cols, depth, Operand{a.data + first * depth}, b, c + first * cols, accumulate, space, bytes);
+  });
 }
 
 void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, RoundedRows a, Operand b, float* c,
@@ -758,7 +788,15 @@ void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, R
 
 void gemm(std::int64_t rows, std::int64_t cols, std::int64_t depth, RoundedRows a, Operand b, float* c,
           bool accumulate, void* pack, std::size_t pack_bytes) {
-  gemm(active_path(), rows, cols, depth, a, b, c, accumulate, pack, pack_bytes);
+  const Path path = active_path();
+  if (a.bits == nullptr) {
+    gemm(path, rows, cols, depth, a, b, c, accumulate, pack, pack_bytes);
+    return;
+  }
+  split(path, rows, cols, depth, pack, pack_bytes, [&](I first, I count, void* space, std::size_t bytes) {
+    gemm(path, count, cols, depth, RoundedRows{a.bits + first * a.stride, a.stride}, b, c + first * cols, accumulate,
+         space, bytes);
+  });
 }
 
 void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, PairedTranspose a, Operand b, float* c,
@@ -768,7 +806,15 @@ void gemm(Path path, std::int64_t rows, std::int64_t cols, std::int64_t depth, P
 
 void gemm(std::int64_t rows, std::int64_t cols, std::int64_t depth, PairedTranspose a, Operand b, float* c,
           bool accumulate, void* pack, std::size_t pack_bytes) {
-  gemm(active_path(), rows, cols, depth, a, b, c, accumulate, pack, pack_bytes);
+  const Path path = active_path();
+  if (a.pairs == nullptr || a.stride < rows) {
+    gemm(path, rows, cols, depth, a, b, c, accumulate, pack, pack_bytes);
+    return;
+  }
+  split(path, rows, cols, depth, pack, pack_bytes, [&](I first, I count, void* space, std::size_t bytes) {
+    gemm(path, count, cols, depth, PairedTranspose{a.pairs + first, a.stride}, b, c + first * cols, accumulate, space,
+         bytes);
+  });
 }
 
 }  // namespace pmap::kernels::bf16

@@ -114,7 +114,10 @@ void set_isa(std::string_view name) { g_active.store(backend_for_isa(name, "set_
 
 }  // namespace cpu
 
-const CpuBackend& cpu_backend() { return cpu::active_backend(); }
+const CpuBackend& cpu_backend() {
+  cpu::threads();  // a bad PMAPCC_CPU_THREADS is reported here, before any op runs
+  return cpu::active_backend();
+}
 
 void CpuBackend::copy(void* dst, const void* src, std::size_t bytes) const {
   if (bytes != 0 && dst != src) std::memmove(dst, src, bytes);

@@ -41,7 +41,8 @@ class CpuBackend : public Backend {
 // The active variant (backend_for(DeviceKind::cpu) returns it too), choosing it first if none is. Throws
 // pmap::ValueError when PMAPCC_CPU_ISA is not one of generic, avx2, avx512, auto (or empty), and
 // pmap::NotAvailable when it names a variant that was not built or that this CPU cannot run (e.g. avx2
-// without AVX2 or FMA); every call throws the same until the variable is fixed.
+// without AVX2 or FMA), or as cpu::threads() for a bad PMAPCC_CPU_THREADS; every call throws the same until
+// the variable is fixed.
 const CpuBackend& cpu_backend();
 
 namespace cpu {
@@ -58,6 +59,18 @@ std::string isa();
 // a Backend reference taken before keeps its variant. Throws as cpu_backend() does for a bad or
 // unavailable name.
 void set_isa(std::string_view name);
+
+// Threads one CPU op call may use for its large products: the calling thread and up to threads() - 1 helper
+// threads of that caller's own, started on first use and parked between calls. 1 (the default) runs every
+// op on the calling thread alone. A pmap CPU device runs its ops on one worker thread, so where the machine
+// has more cores than the mesh has CPU devices, cores / devices puts the spare cores to work (one device on
+// two cores: 2). The conv and dense products (forward, input and weight gradients) split by rows of their
+// result, and every row is summed as in the whole product, so the thread count never changes a result's
+// bits. PMAPCC_CPU_THREADS sets it at
+// start-up; threads() throws pmap::ValueError naming the variable when it is not an integer from 1 to 64,
+// every call until it is fixed. set_threads(n) (1 to 64, else ValueError) applies from the next op.
+int threads();
+void set_threads(int n);
 
 }  // namespace cpu
 }  // namespace pmap::kernels

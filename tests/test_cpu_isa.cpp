@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "kernel_checks.h"
+#include <pmapcc/kernels/bf16_gemm.h>
 #include <pmapcc/kernels/cpu_backend.h>
+#include <pmapcc/kernels/cpu_threads.h>
 
 namespace kc = kernel_checks;
 namespace cpu = pmap::kernels::cpu;
@@ -210,6 +212,87 @@ TEST_CASE("matmul in every variant and layout matches the definition, and repeat
         CHECK(kc::same_bits(c.data(), again.data(), c.size()));
       }
     }
+}
+
+namespace {
+
+// Restores the helper-thread count that was set when the test began.
+class ThreadsGuard {
+ public:
+  ThreadsGuard() : saved_(cpu::threads()) {}
+  ~ThreadsGuard() { cpu::set_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+// Products large enough to be split over helper threads (kernels/cpu_threads.h), in the active variant:
+// matmul in both layouts of b, accumulating into c, at row counts on and off the split's units, then a conv
+// layer (its forward and input gradient split; weight gradient not) and a dense layer, forward and backward.
+std::vector<float> split_outputs(Precision precision) {
+  std::vector<float> out;
+  const auto append = [&](const std::vector<float>& v) { out.insert(out.end(), v.begin(), v.end()); };
+  if (precision == Precision::fp32) {
+    for (const int rows : {997, 1024, 50})
+      for (const bool transpose_b : {false, true}) {
+        MatmulParams p;
+        p.members = 2, p.rows = rows, p.cols = 70, p.depth = 300, p.transpose_b = transpose_b, p.accumulate = true;
+        const auto a = kc::random_floats(std::size_t(2) * rows * 300, 61), b = kc::random_floats(2 * 300 * 70, 62);
+        std::vector<float> c = kc::random_floats(std::size_t(2) * rows * 70, 63);
+        cpu_ops().matmul(p, a.data(), b.data(), c.data(), nullptr);
+        append(c);
+      }
+  }
+  Conv2dParams p = conv(2, 7, 14, 32, 64, false);
+  p.precision = precision;
+  const auto x = kc::random_floats(conv_x(p), 64), w = kc::random_floats(conv_w(p), 65, 0.3f);
+  const auto b = kc::random_floats(std::size_t(p.members) * p.out_channels, 66), dy = kc::random_floats(conv_y(p), 67);
+  std::vector<float> y(conv_y(p)), dx(conv_x(p)), dw(conv_w(p)), db(b.size());
+  cpu_ops().conv().conv2d_forward(p, x.data(), w.data(), b.data(), y.data(), nullptr);
+  cpu_ops().conv().conv2d_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), nullptr);
+  append(y), append(dx), append(dw), append(db);
+  DenseParams d;
+  d.members = 2, d.batch = 300, d.in_features = 500, d.out_features = 130, d.precision = precision;
+  const auto dxin = kc::random_floats(2 * 300 * 500, 68), dwt = kc::random_floats(2 * 500 * 130, 69, 0.1f);
+  const auto dbias = kc::random_floats(2 * 130, 70), ddy = kc::random_floats(2 * 300 * 130, 71);
+  std::vector<float> dyo(2 * 300 * 130), ddx(dxin.size()), ddw(dwt.size()), ddb(dbias.size());
+  cpu_ops().dense().dense_forward(d, dxin.data(), dwt.data(), dbias.data(), dyo.data(), nullptr);
+  cpu_ops().dense().dense_backward(d, dxin.data(), dwt.data(), ddy.data(), ddx.data(), ddw.data(), ddb.data(), nullptr);
+  append(dyo), append(ddx), append(ddw), append(ddb);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("CPU ops split over helper threads (cpu::set_threads) give the bits of one thread, in every variant") {
+  IsaGuard isa_guard;
+  ThreadsGuard threads_guard;
+  for (const std::string& isa : cpu::available_isas()) {
+    CAPTURE(isa);
+    cpu::set_isa(isa);
+    std::vector<Precision> precisions{Precision::fp32};
+    if (isa == "avx512" && pmap::kernels::bf16::supported()) precisions.push_back(Precision::bf16);
+    for (const Precision precision : precisions) {
+      CAPTURE(static_cast<int>(precision));
+      cpu::set_threads(1);
+      const std::vector<float> one = split_outputs(precision);
+      for (const int threads : {2, 3, 2}) {  // 2 again: the team of the first call, reused
+        CAPTURE(threads);
+        cpu::set_threads(threads);
+        CHECK(cpu::threads() == threads);
+        const std::uint64_t before = pmap::kernels::cpu::detail::helper_ranges();
+        const std::vector<float> many = split_outputs(precision);
+        CHECK(pmap::kernels::cpu::detail::helper_ranges() > before);  // the products were split
+        REQUIRE(many.size() == one.size());
+        CHECK(kc::same_bits(many.data(), one.data(), one.size()));
+      }
+    }
+  }
+  cpu::set_threads(1);
+  CHECK_THROWS_WITH_AS(cpu::set_threads(0), doctest::Contains("set_threads: 0 is not a thread count"),
+                       pmap::ValueError);
+  CHECK_THROWS_WITH_AS(cpu::set_threads(65), doctest::Contains("expected 1 to 64"), pmap::ValueError);
+  CHECK(cpu::threads() == 1);
 }
 
 TEST_CASE("conv2d and dense with relu equal the op then relu_forward, bitwise (GEMM and direct paths)") {

@@ -5,6 +5,7 @@
 
 #include <pmap/error.h>
 #include <pmapcc/kernels/bf16_gemm.h>
+#include <pmapcc/kernels/cpu_threads.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -13,6 +14,9 @@
 
 namespace PMAPCC_CPU_NS::detail {
 namespace {
+
+// Rows per split unit when a product runs on several threads (cpu::detail::split_rows).
+constexpr Index kSplitAlign = 16;
 
 void gemm_public(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand b, float* c,
                  bool accumulate) {
@@ -24,6 +28,17 @@ void gemm_public(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand
       out.noalias() = lhs * rhs;
     }
   };
+  using Strided = Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>>;
+  if (a.stride != 0) {  // a range of rows of a larger a (gemm's split): a strided view
+    const Strided a_rows(a.data, rows, depth, Eigen::OuterStride<>(a.stride));
+    const Strided a_cols(a.data, depth, rows, Eigen::OuterStride<>(a.stride));
+    const ConstMatrixView b_rows(b.data, depth, cols), b_cols(b.data, cols, depth);
+    if (!a.transposed && !b.transposed) run(a_rows, b_rows);
+    if (!a.transposed && b.transposed) run(a_rows, b_cols.transpose());
+    if (a.transposed && !b.transposed) run(a_cols.transpose(), b_rows);
+    if (a.transposed && b.transposed) run(a_cols.transpose(), b_cols.transpose());
+    return;
+  }
   const ConstMatrixView a_rows(a.data, rows, depth), a_cols(a.data, depth, rows);
   const ConstMatrixView b_rows(b.data, depth, cols), b_cols(b.data, cols, depth);
   if (!a.transposed && !b.transposed) run(a_rows, b_rows);
@@ -46,7 +61,15 @@ std::size_t gemm_pack_floats(Index rows, Index cols, Index depth, Precision prec
 void gemm(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand b, float* c, bool accumulate,
           float* pack, std::size_t pack_floats, Precision precision) {
   if (precision == Precision::fp32) {
-    fp32_gemm(rows, cols, depth, a, b, c, accumulate, pack, pack_floats);
+    // A range of c's rows is a range of a's rows, or of its buffer's columns when a is transposed.
+    const Index stride = a.stride != 0 ? a.stride : a.transposed ? rows : depth;
+    cpu::detail::split_rows(rows, cols, depth, kSplitAlign, [&](Index first, Index count, bool helper) {
+      if (!helper && count == rows) return fp32_gemm(rows, cols, depth, a, b, c, accumulate, pack, pack_floats);
+      const std::size_t floats = helper ? fp32_pack_floats(count, cols, depth) : pack_floats;
+      float* space = helper ? static_cast<float*>(cpu::detail::helper_scratch(floats * sizeof(float))) : pack;
+      const GemmOperand part{a.data + (a.transposed ? first : first * stride), a.transposed, stride};
+      fp32_gemm(count, cols, depth, part, b, c + first * cols, accumulate, space, floats);
+    });
     return;
   }
   bf16::gemm(rows, cols, depth, {a.data, a.transposed}, {b.data, b.transposed}, c, accumulate, pack,
@@ -100,11 +123,11 @@ class WorkspaceBlocking : public Eigen::internal::level3_blocking<float, float> 
 };
 
 template <int AOrder, int BOrder>
-void run_gemm(Index rows, Index cols, Index depth, const float* a, const float* b, float* c,
+void run_gemm(Index rows, Index cols, Index depth, const float* a, Index a_stride, const float* b, float* c,
               WorkspaceBlocking& blocking) {
   using Product = Eigen::internal::general_matrix_matrix_product<Index, float, AOrder, false, float, BOrder,
                                                                  false, Eigen::RowMajor, 1>;
-  const Index lda = AOrder == Eigen::RowMajor ? depth : rows;
+  const Index lda = a_stride != 0 ? a_stride : AOrder == Eigen::RowMajor ? depth : rows;
   const Index ldb = BOrder == Eigen::RowMajor ? cols : depth;
   Product::run(rows, cols, depth, a, lda, b, ldb, c, 1, cols, 1.0f, blocking, nullptr);
 }
@@ -150,10 +173,10 @@ void fp32_gemm(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand b
   }
   blocking.use(pack);
   constexpr int R = Eigen::RowMajor, C = Eigen::ColMajor;
-  if (!a.transposed && !b.transposed) run_gemm<R, R>(rows, cols, depth, a.data, b.data, c, blocking);
-  if (!a.transposed && b.transposed) run_gemm<R, C>(rows, cols, depth, a.data, b.data, c, blocking);
-  if (a.transposed && !b.transposed) run_gemm<C, R>(rows, cols, depth, a.data, b.data, c, blocking);
-  if (a.transposed && b.transposed) run_gemm<C, C>(rows, cols, depth, a.data, b.data, c, blocking);
+  if (!a.transposed && !b.transposed) run_gemm<R, R>(rows, cols, depth, a.data, a.stride, b.data, c, blocking);
+  if (!a.transposed && b.transposed) run_gemm<R, C>(rows, cols, depth, a.data, a.stride, b.data, c, blocking);
+  if (a.transposed && !b.transposed) run_gemm<C, R>(rows, cols, depth, a.data, a.stride, b.data, c, blocking);
+  if (a.transposed && b.transposed) run_gemm<C, C>(rows, cols, depth, a.data, a.stride, b.data, c, blocking);
 }
 
 }  // namespace

@@ -9,10 +9,13 @@
 
 namespace PMAPCC_CPU_NS::detail {
 
-// An operand of gemm: a row-major buffer holding the matrix itself, or (transposed) its transpose.
+// An operand of gemm: a row-major buffer holding the matrix itself, or (transposed) its transpose, whose
+// rows lie `stride` floats apart (0: contiguous rows, as wide as the matrix stored). Only a's stride may be
+// set (gemm splits its rows over helper threads this way).
 struct GemmOperand {
   const float* data;
   bool transposed = false;
+  Index stride = 0;
 };
 
 // Floats of packing space gemm needs for C (rows, cols) = A (rows, depth) @ B (depth, cols): Eigen's

@@ -105,7 +105,8 @@ bool avx512_gemm_suits(Index rows, Index cols, Index depth, GemmOperand b) {
 }
 
 void avx512_gemm(Index rows, Index cols, Index depth, GemmOperand a, const float* b, float* c, bool accumulate) {
-  const Lhs lhs = a.transposed ? Lhs{a.data, 1, rows} : Lhs{a.data, depth, 1};
+  const Index stride = a.stride != 0 ? a.stride : a.transposed ? rows : depth;
+  const Lhs lhs = a.transposed ? Lhs{a.data, 1, stride} : Lhs{a.data, stride, 1};
   const Index depth_block = even_block(depth, kMaxDepthBlock, 1);  // 288 deep: 3 x 96; 392: 5 x 79 (+ 76)
   // Row blocks for a row-major A only (24: a multiple of every tile height). Measured: 588x64x288 172 ->
   // 186-196 GFLOP/s with blocks of 294 rows, but 3136x256x128 with A transposed 141 -> 128 with blocks of 480.

@@ -257,6 +257,12 @@ few=(--epochs 1 --train-limit 128 --test-limit 100)
 expect "bad PMAPCC_BF16_PATH" 1 "PMAPCC_BF16_PATH: unknown bf16 GEMM path 'dpbf16'|lacks AVX512_BF16" -- \
   env PMAPCC_BF16_PATH=dpbf16 "${run[@]}" "${few[@]}" --precision bf16
 ! grep -q "epoch" "$work/out" && pass "bad PMAPCC_BF16_PATH: nothing trained" || fail "bad PMAPCC_BF16_PATH: nothing trained"
+# Helper threads for the CPU ops: a bad PMAPCC_CPU_THREADS is refused before anything trains; a good one
+# trains (kernels/cpu_backend.h: the same bits as one thread, which the unit tests check).
+expect "bad PMAPCC_CPU_THREADS" 1 "PMAPCC_CPU_THREADS: 'two' is not a thread count" -- \
+  env PMAPCC_CPU_THREADS=two "${run[@]}" "${few[@]}"
+! grep -q "epoch" "$work/out" && pass "bad PMAPCC_CPU_THREADS: nothing trained" || fail "bad PMAPCC_CPU_THREADS: nothing trained"
+expect "PMAPCC_CPU_THREADS=2" 0 "ensemble" -- env PMAPCC_CPU_THREADS=2 "${run[@]}" "${few[@]}"
 # The CUDA kernels run on the host (CPU devices): the same training to float reassociation (2 steps: the
 # host GEMM is a plain reference loop, slow under the sanitizers).
 expect "cuda kernels on the host" 0 "CUDA kernels run on the host" -- "${run[@]}" "${few[@]}" --kernels cuda-on-host \
