@@ -5,6 +5,8 @@
 //                     [--warmup W] [--batch B] [--isa generic|avx2|avx512] [--pin] [--member-group G]
 //                     [--model flax-cnn|keras-convnet] (the model's recipe: optimizer, batch unless --batch)
 //                     [--precision fp32|bf16] (of the conv and dense products)
+//                     [--cpu-threads T] (threads per device for the CPU ops' products: cpu::set_threads;
+//                     also in every mode below, default PMAPCC_CPU_THREADS or 1)
 //   bench_train paired --data DIR [--members-a 1] [--members-b 8] [--group-a G] [--group-b G] [--rounds R]
 //                      [--steps-a S] [--steps-b S] [--batch B] [--isa ...]
 //   bench_train sgemm [--threads T] [--size N] [--reps R] [--isa ...]
@@ -130,6 +132,7 @@ Dataset head(const Dataset& all, std::int64_t count) {
 
 void set_isa(const Args& a) {
   if (a.flags.count("isa")) kernels::cpu::set_isa(a.get("isa", "auto"));
+  if (a.flags.count("cpu-threads")) kernels::cpu::set_threads(a.get_int("cpu-threads", 1));
 }
 
 // Trains warm-up + timed steps of one configuration on the first (warm-up + steps) batches of the real
@@ -176,6 +179,7 @@ Json run_train(const Args& a) {
   j["mode"] = to_string(c.mode);
   j["model"] = c.model;
   j["isa"] = kernels::cpu::isa();
+  j["cpu_threads"] = kernels::cpu::threads();
   j["precision"] = kernels::name(c.precision);
   j["pin_threads"] = c.pin_threads;
   j["member_group"] = trainer.member_group();

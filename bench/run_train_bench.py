@@ -51,6 +51,9 @@ def parse_args():
                     help="our conv and dense products' precision(s), comma-separated (fp32|bf16); bf16 also runs "
                          "PyTorch under autocast bf16")
     ap.add_argument("--pin", action="store_true", help="pin our device threads to cores")
+    ap.add_argument("--cpu-threads", default="1",
+                    help="threads per device for our CPU ops' products (bench_train --cpu-threads): a count, or "
+                         "'auto' for the cores divided by the row's devices (one device on two cores: 2)")
     ap.add_argument("--torch-python", default="/usr/bin/python3")
     ap.add_argument("--torch-script", default=os.path.join(REPO, "bench", "torch_flax_cnn.py"))
     ap.add_argument("--torch-threads", default="1,2")
@@ -70,6 +73,8 @@ def parse_args():
     for v in a.isas:
         if v not in ("auto", "generic", "avx2", "avx512"):
             ap.error(f"--isa: unknown variant '{v}' (expected generic, avx2 or avx512)")
+    if a.cpu_threads != "auto" and not (a.cpu_threads.isdigit() and 1 <= int(a.cpu_threads) <= 64):
+        ap.error(f"--cpu-threads: '{a.cpu_threads}' is not a thread count (expected 1 to 64, or auto)")
     a.precisions = [v for v in a.precision.split(",") if v] or ["fp32"]
     for v in a.precisions:
         if v not in ("fp32", "bf16"):
@@ -160,6 +165,11 @@ def median(values):
     return statistics.median(values) if values else None
 
 
+def cpu_threads(a, devices):
+    """Our threads per device in a row with `devices` devices (--cpu-threads)."""
+    return max(1, (os.cpu_count() or 1) // devices) if a.cpu_threads == "auto" else int(a.cpu_threads)
+
+
 class Bench:
     def __init__(self, a):
         self.a = a
@@ -189,10 +199,12 @@ class Bench:
             cmd += ["--precision", precision]
         if self.a.pin:
             cmd += ["--pin"]
+        threads = cpu_threads(self.a, devices)
+        cmd += ["--cpu-threads", str(threads)]
         config = {"members": members, "devices": devices, "mode": mode, "isa": isa, "precision": precision}
         r = self.record("pmapcc", config, cmd, "", rnd)
         if r:
-            print(f"  pmapcc  m={members} d={devices} {mode:13s} {r['isa']:7s} {precision} "
+            print(f"  pmapcc  m={members} d={devices} {mode:13s} {r['isa']:7s} {precision} t={threads} "
                   f"{r['model_images_per_s']:8.1f} img/s  {r['gflops']:5.1f} GFLOP/s  RSS {r['peak_rss_mb']:.0f} MB",
                   flush=True)
 
@@ -275,7 +287,7 @@ def summarize(b, flops_info, members_list, devices_list, torch_variants, isas, v
         return median(b.values(what, config, key))
 
     sgemm = {(t, isa): med("sgemm", {"threads": t, "isa": isa}, "gflops") for isa in isas
-             for t in sorted(set(devices_list))}
+             for t in sorted({d * cpu_threads(b.a, d) for d in devices_list})}
     sgemm_cpu = {isa: med("sgemm", {"threads": 1, "isa": isa}, "gflops_per_cpu_second") for isa in isas}
     peak_core = peak["best_fp32_gflops"] if peak else None
     torch_best = {}  # (members, autocast): PyTorch's best configuration
@@ -313,8 +325,10 @@ def summarize(b, flops_info, members_list, devices_list, torch_variants, isas, v
                           (m, d) + variants[0]), None)
             images_per_cpu_gflop = images_per_cpu_s * flops_info["train_mflop_per_image"] / 1e3 \
                 if images_per_cpu_s else None
+            cores = d * cpu_threads(b.a, d)  # the row's threads: its peak is that many cores'
             rows.append({
                 "members": m, "devices": d, "mode": mode, "isa": isa, "precision": precision,
+                "cpu_threads": cpu_threads(b.a, d),
                 "pmapcc_images_per_s": ips,
                 "over_first_isa": ips / first["pmapcc_images_per_s"] if first and (isa, precision) != variants[0]
                 else None,
@@ -324,9 +338,9 @@ def summarize(b, flops_info, members_list, devices_list, torch_variants, isas, v
                 "ratio_to_torch_fp32": ips / theirs_fp32[0] if theirs_fp32 else None,
                 "gflops": gflops,
                 "sgemm_gflops": sgemm.get((d, isa)) if precision == "fp32" else None,  # fp32 GEMMs only
-                "of_sgemm": gflops / sgemm[(d, isa)] if sgemm.get((d, isa)) and precision == "fp32" else None,
-                "peak_fp32_gflops": peak_core * d if peak_core else None,
-                "roofline": gflops / (peak_core * d) if peak_core else None,
+                "of_sgemm": gflops / sgemm[(cores, isa)] if sgemm.get((cores, isa)) and precision == "fp32" else None,
+                "peak_fp32_gflops": peak_core * cores if peak_core else None,
+                "roofline": gflops / (peak_core * cores) if peak_core else None,
                 "cores_used": cpu,
                 "roofline_cpu_time": images_per_cpu_gflop / peak_core if peak_core and images_per_cpu_gflop else None,
                 "peak_rss_mb": med("pmapcc", cfg, "peak_rss_mb"),
@@ -348,6 +362,7 @@ def table(rows, sgemm, sgemm_cpu, isas, variants, peak):
         torch = "-" if r["torch_best_images_per_s"] is None else \
             f"{r['torch_best_images_per_s']:.0f} ({r['torch_best_config']})"
         label = r["isa"] + (" " + r["precision"] if r["precision"] != "fp32" else "")
+        label += f" ({r['cpu_threads']} threads/device)" if r.get("cpu_threads", 1) != 1 else ""
         out.append(f"| {r['members']} | {r['devices']} | {r['mode']} | {label} | {r['pmapcc_images_per_s']:.0f} | "
                    f"{torch} | {fmt(r['ratio'], '.2f')}x | {r['gflops']:.1f} | {pct(r['roofline'])} | "
                    f"{pct(r['roofline_cpu_time'])} | {pct(r['of_sgemm'])} | {r['peak_rss_mb']:.0f} | {r['budget_mb']:.0f} |")
@@ -355,7 +370,7 @@ def table(rows, sgemm, sgemm_cpu, isas, variants, peak):
     if peak:
         notes.append(f"fp32 peak (bench_peak, register-resident FMA chains, one core, median of {peak['reps']}): "
                      f"{peak['best_fp32_gflops']:.1f} GFLOP/s per core (AVX2 {peak['fma_avx2_gflops']}, AVX-512 "
-                     f"{peak['fma_avx512_gflops']}); a row's peak is that times its devices")
+                     f"{peak['fma_avx512_gflops']}); a row's peak is that times its cores (devices x --cpu-threads)")
     for isa in isas:
         notes.append(f"sgemm ({isa}; our kernels, 1536^3, sustained, median): " +
                      ", ".join(f"{t} thread{'s' if t > 1 else ''} {fmt(v, '.1f')} GFLOP/s"
@@ -440,7 +455,7 @@ def main():
         for rnd in range(a.runs):
             print(f"round {rnd + 1}/{a.runs} (load average {loadavg()})", flush=True)
             for isa in a.isas:
-                for t in sorted(set(devices_list)):
+                for t in sorted({d * cpu_threads(a, d) for d in devices_list}):  # the cores a row uses
                     b.sgemm(t, isa, rnd)
             for isa, precision in a.variants:
                 b.layers(isa, precision, rnd)
