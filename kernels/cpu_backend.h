@@ -1,5 +1,7 @@
-// The CPU backends: host pointers; blocking; single-threaded (each pmap CPU device calls from its own
-// worker thread), and safe to call from several threads at once on distinct outputs and workspaces.
+// The CPU backends: host pointers; blocking; each call runs on its calling thread (a pmap CPU device calls
+// from its own worker thread), joined for large products by that thread's own helpers when
+// cpu::set_threads asks for more than one; safe to call from several threads at once on distinct outputs
+// and workspaces.
 //
 // The ops are compiled once per ISA variant (kernels/cpu, cmake/pmapccCpuVariants.cmake): for the baseline
 // ISA ("generic") and, on x86-64 with GCC/Clang and GNU binutils, again with AVX2+FMA ("avx2") and with

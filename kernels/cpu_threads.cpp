@@ -51,7 +51,10 @@ template <class Ready> bool spin(const Ready& ready) {
   const auto until = std::chrono::steady_clock::now() + kSpin;
   for (int i = 1;; ++i) {
     if (ready()) return true;
-    if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) return ready();
+    if (i % 16 == 0) {
+      if (std::chrono::steady_clock::now() >= until) return ready();
+      std::this_thread::yield();  // more threads than cores: let the one we wait for run
+    }
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif

@@ -196,7 +196,8 @@ void data_flags(CLI::App& a, CliOptions& o) {
       ->check(integer_in(1, kMaxCount))->default_str("all");
 }
 
-void device_flags(CLI::App& a, TrainConfig& t) {
+void device_flags(CLI::App& a, CliOptions& o) {
+  TrainConfig& t = o.train;
   flag(a, "--backend", [&t](const std::string& v) { t.backend = parse_device_kind(v); }, "cpu|cuda", "Devices",
        "device kind")->check(one_of({"cpu", "cuda"}))->default_str("cpu");
   flag(a, "--devices", t.devices, "N", "Devices",
@@ -213,6 +214,15 @@ void device_flags(CLI::App& a, TrainConfig& t) {
        "optimizer state stay fp32;\nCPU devices with AVX512_BF16, AMX where the CPU has it; CUDA\n"
        "through cuBLAS's bf16 GEMMs)")
       ->check(one_of({"fp32", "bf16"}))->default_str("fp32");
+  flag(a, "--cpu-threads", [&o](const std::string& v) { o.cpu_threads = v == "auto" ? 0 : std::stoi(v); }, "T",
+       "Devices",
+       "threads per CPU device for the conv and dense products (the same\nbits for any T); auto: the cores "
+       "divided by this process's devices")
+      ->check(check([](const std::string& v) -> std::string {
+        const auto n = number<long long>(v);
+        return v == "auto" || (n && *n >= 1 && *n <= 64) ? "" : "'" + v + "' is not a thread count (1..64) or auto";
+      }))
+      ->default_str("PMAPCC_CPU_THREADS, else auto");
   flag(a, "--members", t.members, "N", "Devices",
        "ensemble members, a multiple of the devices\n(of the A along 'ensemble' with --mesh AxM)")
       ->check(integer_in(1, kMaxCount))->default_str("one per device");
@@ -369,7 +379,7 @@ std::unique_ptr<CLI::App> make_app(CliOptions& o) {
   app->allow_extras();   // unknown flags and stray words: reported by parse_cli in its own words
   app->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   data_flags(*app, o);
-  device_flags(*app, o.train);
+  device_flags(*app, o);
   layout_flags(*app, o.layouts);
   training_flags(*app, o.train);
   optimizer_flags(*app, o.train.optimizer);

@@ -27,6 +27,7 @@ struct CliOptions {
   int export_member = -1;             // --export-member: that member alone (-1: the ensemble)
   std::vector<int> members_subset;  // with --evaluate: the checkpoint's members to evaluate
   std::vector<std::string> layouts;  // --layout NAME=SPEC, as given (train.layout holds them, then the defaults)
+  int cpu_threads = -1;  // --cpu-threads: threads per CPU device (0: auto; -1: not given)
   std::string progress = "auto";
   bool summary = false;     // --summary: print the model's table (training prints it anyway)
   bool no_summary = false;  // --no-summary: training does not print it at the start

@@ -9,6 +9,7 @@
 #include <exception>
 #include <limits>
 #include <new>
+#include <thread>
 
 #include <pmap/backends.h>
 #include <pmap/distributed.h>
@@ -17,6 +18,7 @@
 #include "progress.h"
 #include "report.h"
 #include <pmapcc/ensemble/trainer.h>
+#include <pmapcc/kernels/cpu_backend.h>
 #ifdef PMAPCC_HAVE_ONNX
 #include <pmapcc/ensemble/onnx/export.h>
 #endif
@@ -170,10 +172,23 @@ void print_size_curve(const std::vector<SizePoint>& curve) {
     std::printf("%8d  %11.2f %%  %7.4f  %7.4f\n", p.members, 100 * p.accuracy, p.calibration.nll, p.calibration.ece);
 }
 
+// --cpu-threads (kernels/cpu_backend.h's cpu::set_threads): auto gives each of this process's CPU devices
+// its share of the cores; without the flag a set PMAPCC_CPU_THREADS stands. Results are the same bits either
+// way; only the speed differs.
+void apply_cpu_threads(const CliOptions& o, const Trainer& t) {
+  if (t.config().backend != pmap::DeviceKind::cpu || t.config().cuda_kernels_on_host) return;
+  const char* env = std::getenv("PMAPCC_CPU_THREADS");
+  if (o.cpu_threads < 0 && env != nullptr && *env != '\0') return;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int share = std::max(1, cores / std::max(1, t.mesh().local_size()));
+  pmap::kernels::cpu::set_threads(o.cpu_threads > 0 ? o.cpu_threads : std::min(share, 64));
+}
+
 int run_training(const CliOptions& o) {
   const Dataset train = load_mnist(o.data, Split::train, o.train.train_limit);
   const Dataset test = load_mnist(o.data, Split::test, o.train.test_limit);
   Trainer trainer(o.train, train, test);
+  apply_cpu_threads(o, trainer);
   if (!o.resume.empty()) trainer.load_checkpoint(o.resume);
   const TrainConfig& c = trainer.config();
   const bool main_process = trainer.is_main_process();
@@ -251,6 +266,7 @@ int run_evaluation(const CliOptions& o) {
   if (const auto batch = saved.config.find("batch_size"); batch != saved.config.end() && batch->is_number_integer())
     c.batch_size = batch->get<int>();
   Trainer trainer(c, test, test);  // trains nothing: the test set stands in for the training set
+  apply_cpu_threads(o, trainer);
   trainer.load_members(o.evaluate, o.members_subset);
   if (o.summary && trainer.is_main_process()) std::printf("%s\n", trainer.model().summary().c_str());
   EpochMetrics m;

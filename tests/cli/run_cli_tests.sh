@@ -263,6 +263,18 @@ expect "bad PMAPCC_CPU_THREADS" 1 "PMAPCC_CPU_THREADS: 'two' is not a thread cou
   env PMAPCC_CPU_THREADS=two "${run[@]}" "${few[@]}"
 ! grep -q "epoch" "$work/out" && pass "bad PMAPCC_CPU_THREADS: nothing trained" || fail "bad PMAPCC_CPU_THREADS: nothing trained"
 expect "PMAPCC_CPU_THREADS=2" 0 "ensemble" -- env PMAPCC_CPU_THREADS=2 "${run[@]}" "${few[@]}"
+expect "--cpu-threads 0" 2 "--cpu-threads: '0' is not a thread count \(1..64\) or auto" -- "${run[@]}" "${few[@]}" \
+  --cpu-threads 0
+expect "--cpu-threads many" 2 "--cpu-threads: 'many' is not a thread count" -- "${run[@]}" "${few[@]}" --cpu-threads many
+# The thread count changes no bit: one device on 1 and on 3 threads per device, the same metrics.
+one=("$bin" --data "$work/data" --devices 1 --members 1 --batch-size 64 --progress none --epochs 1)
+if "${one[@]}" --cpu-threads 1 --metrics-json "$work/t1.json" >/dev/null 2>&1 \
+    && "${one[@]}" --cpu-threads 3 --metrics-json "$work/t3.json" >/dev/null 2>&1 \
+    && python3 "$here/same_metrics.py" "$work/t1.json" "$work/t3.json"; then
+  pass "--cpu-threads 1 and 3: the same metrics"
+else
+  fail "--cpu-threads 1 and 3: the same metrics"
+fi
 # The CUDA kernels run on the host (CPU devices): the same training to float reassociation (2 steps: the
 # host GEMM is a plain reference loop, slow under the sanitizers).
 expect "cuda kernels on the host" 0 "CUDA kernels run on the host" -- "${run[@]}" "${few[@]}" --kernels cuda-on-host \
