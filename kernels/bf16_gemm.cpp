@@ -745,9 +745,9 @@ void checked_gemm(Path path, I rows, I cols, I depth, const Left& left, const Op
 namespace {
 
 // A product over cpu::threads() threads (kernels/cpu_threads.h), by ranges of whole row tiles (kTR rows; the
-// AMX path's row blocks, kMC, there); each range runs part(first, count, packing space, its bytes): the caller's space on the calling
-// thread, a helper's own on a helper. A pack too small for the whole fails as the whole would, before any
-// range runs.
+// AMX path's row blocks, kMC, there); each range runs part(first, count, packing space, its bytes): the
+// caller's space on the calling thread, a helper's own on a helper. A pack too small for the whole fails as
+// the whole would, before any range runs.
 template <class Part>
 void split(Path path, I rows, I cols, I depth, void* pack, std::size_t pack_bytes, const Part& part) {
   if (pack == nullptr || pack_bytes < gemm_pack_bytes(rows, cols, depth)) {

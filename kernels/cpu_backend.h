@@ -68,9 +68,9 @@ void set_isa(std::string_view name);
 // has more cores than the mesh has CPU devices, cores / devices puts the spare cores to work (one device on
 // two cores: 2). The conv and dense products (forward, input and weight gradients) split by rows of their
 // result, and every row is summed as in the whole product, so the thread count never changes a result's
-// bits. PMAPCC_CPU_THREADS sets it at
-// start-up; threads() throws pmap::ValueError naming the variable when it is not an integer from 1 to 64,
-// every call until it is fixed. set_threads(n) (1 to 64, else ValueError) applies from the next op.
+// bits. PMAPCC_CPU_THREADS sets it at start-up; threads() throws pmap::ValueError naming the variable when
+// it is not an integer from 1 to 64, every call until it is fixed. set_threads(n) (1 to 64, else
+// ValueError) applies from the next op.
 int threads();
 void set_threads(int n);
 

@@ -197,6 +197,7 @@ std::uint64_t helper_ranges() noexcept { return g_helper_ranges.load(std::memory
 void* helper_scratch(std::size_t bytes) {
   if (bytes > t_scratch_bytes) {
     t_scratch.reset();
+    t_scratch_bytes = 0;  // (stays 0 if the allocation throws)
     t_scratch.reset(::operator new(bytes, std::align_val_t{64}));
     t_scratch_bytes = bytes;
   }

@@ -261,11 +261,13 @@ expect "bad PMAPCC_BF16_PATH" 1 "PMAPCC_BF16_PATH: unknown bf16 GEMM path 'dpbf1
 # trains (kernels/cpu_backend.h: the same bits as one thread, which the unit tests check).
 expect "bad PMAPCC_CPU_THREADS" 1 "PMAPCC_CPU_THREADS: 'two' is not a thread count" -- \
   env PMAPCC_CPU_THREADS=two "${run[@]}" "${few[@]}"
-! grep -q "epoch" "$work/out" && pass "bad PMAPCC_CPU_THREADS: nothing trained" || fail "bad PMAPCC_CPU_THREADS: nothing trained"
+! grep -q "epoch" "$work/out" && pass "bad PMAPCC_CPU_THREADS: nothing trained" \
+  || fail "bad PMAPCC_CPU_THREADS: nothing trained"
 expect "PMAPCC_CPU_THREADS=2" 0 "ensemble" -- env PMAPCC_CPU_THREADS=2 "${run[@]}" "${few[@]}"
 expect "--cpu-threads 0" 2 "--cpu-threads: '0' is not a thread count \(1..64\) or auto" -- "${run[@]}" "${few[@]}" \
   --cpu-threads 0
-expect "--cpu-threads many" 2 "--cpu-threads: 'many' is not a thread count" -- "${run[@]}" "${few[@]}" --cpu-threads many
+expect "--cpu-threads many" 2 "--cpu-threads: 'many' is not a thread count" -- "${run[@]}" "${few[@]}" \
+  --cpu-threads many
 # The thread count changes no bit: one device on 1 and on 3 threads per device, the same metrics.
 one=("$bin" --data "$work/data" --devices 1 --members 1 --batch-size 64 --progress none --epochs 1)
 if "${one[@]}" --cpu-threads 1 --metrics-json "$work/t1.json" >/dev/null 2>&1 \
