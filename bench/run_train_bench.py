@@ -288,7 +288,8 @@ def summarize(b, flops_info, members_list, devices_list, torch_variants, isas, v
 
     sgemm = {(t, isa): med("sgemm", {"threads": t, "isa": isa}, "gflops") for isa in isas
              for t in sorted({d * cpu_threads(b.a, d) for d in devices_list})}
-    sgemm_cpu = {isa: med("sgemm", {"threads": 1, "isa": isa}, "gflops_per_cpu_second") for isa in isas}
+    fewest = min(d * cpu_threads(b.a, d) for d in devices_list)  # per CPU-second: the fewest threads measured
+    sgemm_cpu = {isa: med("sgemm", {"threads": fewest, "isa": isa}, "gflops_per_cpu_second") for isa in isas}
     peak_core = peak["best_fp32_gflops"] if peak else None
     torch_best = {}  # (members, autocast): PyTorch's best configuration
     coretypes = sorted({t[3] for t in torch_variants})
@@ -337,7 +338,7 @@ def summarize(b, flops_info, members_list, devices_list, torch_variants, isas, v
                 "ratio": ips / theirs[0] if theirs else None,
                 "ratio_to_torch_fp32": ips / theirs_fp32[0] if theirs_fp32 else None,
                 "gflops": gflops,
-                "sgemm_gflops": sgemm.get((d, isa)) if precision == "fp32" else None,  # fp32 GEMMs only
+                "sgemm_gflops": sgemm.get((cores, isa)) if precision == "fp32" else None,  # fp32 GEMMs only
                 "of_sgemm": gflops / sgemm[(cores, isa)] if sgemm.get((cores, isa)) and precision == "fp32" else None,
                 "peak_fp32_gflops": peak_core * cores if peak_core else None,
                 "roofline": gflops / (peak_core * cores) if peak_core else None,
