@@ -1,14 +1,18 @@
-# Installs headers and libraries and exports pmapcc::{pmapcc,runtime,kernels,io,ensemble} (and ::onnx) for
+# Installs headers and libraries and exports pmapcc::{pmapcc,runtime,kernels,core,nn,optim,io,ensemble} (and ::onnx) for
 # find_package(pmapcc CONFIG).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set_target_properties(pmapcc_runtime PROPERTIES EXPORT_NAME runtime)
 set_target_properties(pmapcc_kernels PROPERTIES EXPORT_NAME kernels)
+set_target_properties(pmapcc_core PROPERTIES EXPORT_NAME core)
+set_target_properties(pmapcc_nn PROPERTIES EXPORT_NAME nn)
+set_target_properties(pmapcc_optim PROPERTIES EXPORT_NAME optim)
 set_target_properties(pmapcc_io PROPERTIES EXPORT_NAME io)
 set_target_properties(pmapcc_ensemble PROPERTIES EXPORT_NAME ensemble)
 
-install(TARGETS pmapcc pmapcc_runtime pmapcc_kernels pmapcc_io pmapcc_ensemble
+install(TARGETS pmapcc pmapcc_runtime pmapcc_kernels pmapcc_core pmapcc_nn pmapcc_optim pmapcc_io
+                pmapcc_ensemble
         EXPORT pmapccTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})  # include paths: each target's $<INSTALL_INTERFACE:...>
@@ -17,7 +21,7 @@ if(PMAPCC_HAVE_ONNX)  # pmapcc::onnx, the exporter, where it was built
   install(TARGETS pmapcc_onnx EXPORT pmapccTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 endif()
 install(DIRECTORY include/pmap DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(DIRECTORY kernels io ensemble DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pmapcc  # <pmapcc/kernels/...>
+install(DIRECTORY kernels core nn optim io ensemble DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pmapcc  # <pmapcc/kernels/...>
         FILES_MATCHING PATTERN "*.h"
         PATTERN "cpu" EXCLUDE PATTERN "cuda" EXCLUDE)  # the backends' internal headers
 install(EXPORT pmapccTargets NAMESPACE pmapcc:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/pmapcc)

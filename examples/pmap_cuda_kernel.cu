@@ -11,7 +11,7 @@
 #include <cstdlib>
 
 #include <pmap/pmap.h>
-#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/core/ops.h>
 
 namespace {
 

@@ -1,7 +1,7 @@
-// pmap_mlp: computing inside pmap with pmapcc's ops (pmapcc/kernels/array_ops.h). A two-layer MLP learns a
-// fixed "teacher" function by synchronous data-parallel SGD: every device takes its block of the batch,
-// computes the loss and the gradients by hand-written backpropagation with ops::matmul, ops::linear and the
-// activations, averages the gradients with pmean and updates its replica of the parameters. The same code
+// pmap_mlp: computing inside pmap with pmapcc's ops (pmapcc/core/ops.h) and grad (pmapcc/core/grad.h). A
+// two-layer MLP learns a fixed "teacher" function by synchronous data-parallel SGD: every device takes its
+// block of the batch, computes the loss and its gradients with pmap::value_and_grad, averages the gradients
+// with pmean and updates its replica of the parameters. The same code
 // runs on CPU devices and, with --backend cuda, on GPUs (the ops then queue on each device's CUDA stream).
 // Equal blocks make the averaged gradient the whole batch's, so any device count trains the same model (to
 // rounding); the same seed and device count give the same bits run after run on CPU devices.
@@ -17,7 +17,8 @@
 #include <CLI/CLI.hpp>
 
 #include <pmap/pmap.h>
-#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/core/grad.h>
+#include <pmapcc/core/ops.h>
 
 namespace ops = pmap::ops;
 using pmap::Array;
@@ -35,22 +36,17 @@ Array normal(pmap::Key key, pmap::Shape shape, float stddev) {
   return a;
 }
 
-// One device's step on its block (x, y): returns its loss; leaves the replica updated with the gradients
-// averaged over the "data" axis. MSE loss, ReLU hidden layer.
-float train_step(Mlp& p, const Array& x, const Array& y, float lr) {
-  const float rows = static_cast<float>(x.dim(0));
+// The MSE of the MLP (ReLU hidden layer) on a block (x, y).
+Array loss_fn(const Mlp& p, const Array& x, const Array& y) {
   Array h = ops::linear(x, p.w1, p.b1, /*relu=*/true);  // (N, H)
   Array out = ops::linear(h, p.w2, p.b2);               // (N, 1)
-  Array err = ops::subtract(out, y);
-  Array loss = ops::mean(ops::square(err));
-  // backward: d(loss)/d(out) = 2 err / N
-  Array dout = ops::scale(err, 2.0f / rows);
-  Mlp grad;
-  grad.w2 = ops::matmul(h, dout, /*transpose_a=*/true);                               // h^T dout
-  grad.b2 = ops::sum_rows(dout);
-  Array dh = ops::relu_grad(h, ops::matmul(dout, p.w2, false, /*transpose_b=*/true));  // dout w2^T, through ReLU
-  grad.w1 = ops::matmul(x, dh, true);
-  grad.b1 = ops::sum_rows(dh);
+  return ops::mean(ops::square(ops::subtract(out, y)));
+}
+
+// One device's step on its block (x, y): returns the batch's loss; leaves the replica updated with the
+// gradients averaged over the "data" axis.
+float train_step(Mlp& p, const Array& x, const Array& y, float lr) {
+  auto [loss, grad] = pmap::value_and_grad(loss_fn, "loss_fn")(p, x, y);
   pmap::pmean_inplace(grad, "data");  // the whole batch's gradient on every device
   for (auto [param, g] : {std::pair{&p.w1, &grad.w1}, {&p.b1, &grad.b1}, {&p.w2, &grad.w2}, {&p.b2, &grad.b2}}) {
     *param = ops::subtract(*param, ops::scale(*g, lr));

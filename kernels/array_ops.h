@@ -1,12 +1,7 @@
-// Computing on Arrays inside pmap: pmapcc's kernels as functions of Arrays, run on the arrays' device, so
-// one pmapped function computes on CPU devices and on CUDA devices alike (JAX's jnp and jax.nn inside a
-// pmapped function). Part of pmapcc::kernels (and so of pmapcc::pmapcc).
-//
-//   auto step = pmap::pmap([&](const Array& x, const Array& y, const Array& w) {
-//     Array err = ops::subtract(ops::matmul(x, w), y);          // on this device, CPU or GPU
-//     Array grad = ops::matmul(x, err, /*transpose_a=*/true);
-//     return pmap::pmean(ops::scale(grad, 2.0f / x.dim(0)), "data");
-//   }, mesh);
+// The kernels as functions of Arrays, computed at once (pmap::ops::eager): each checks its operands,
+// allocates its result on their device and calls one op of the device's backend. They are what the
+// differentiable primitives of pmapcc/core (pmap::ops, pmapcc/core/ops.h: the functions a user calls)
+// evaluate with; use those in user code, where grad follows them. Part of pmapcc::kernels.
 //
 // Rules, for every function:
 // - Operands are f32 (labels i32) on one device; the result is a new array on that device. A dtype, shape or
@@ -28,7 +23,7 @@ namespace pmap::kernels {
 class Backend;
 }
 
-namespace pmap::ops {
+namespace pmap::ops::eager {
 
 // ---- linear algebra ----------------------------------------------------------------------------------------
 // a (..., K) @ b (K, O) -> (..., O): a's leading axes are rows (as a Dense layer applies to every row).
@@ -89,7 +84,71 @@ struct SoftmaxCrossEntropy {
 // logits (N, K) f32 and labels (N) i32 in [0, K).
 SoftmaxCrossEntropy softmax_cross_entropy(const Array& logits, const Array& labels);
 
-namespace detail {
+// ---- images (N, H, W, C), channels last -----------------------------------------------------------------
+struct Conv2dOptions {
+  int stride_h = 1, stride_w = 1;
+  bool same = true;  // "SAME" padding as XLA/Flax/Keras (the extra pixel after), or "VALID" (none)
+  bool relu = false;  // max(conv + bias, 0), fused
+};
+// x (N, H, W, Cin) conv w (KH, KW, Cin, Cout) [+ bias (Cout): an empty Array for none] -> (N, OH, OW, Cout),
+// cross-correlation as Flax's Conv.
+Array conv2d(const Array& x, const Array& w, const Array& bias, Conv2dOptions options = {});
+struct Conv2dGrads {
+  Array dx, dw, dbias;  // each empty when not asked for
+};
+// The gradients of conv2d (without its relu: dy is the gradient of the pre-activation) given x, w, dy.
+Conv2dGrads conv2d_backward(const Array& x, const Array& w, const Array& dy, Conv2dOptions options, bool want_dx,
+                            bool want_dw, bool want_dbias);
+// Window means, VALID padding (Flax's avg_pool): x (N, H, W, C) -> (N, OH, OW, C); and its gradient, dy spread
+// evenly over each window (dx of x's shape, 0 outside every window).
+Array avg_pool(const Array& x, int window_h, int window_w, int stride_h, int stride_w);
+Array avg_pool_backward(const Array& dy, const Shape& x_shape, int window_h, int window_w, int stride_h,
+                        int stride_w);
+
+// ---- BatchNormalization over x (..., C): every axis but the last is a row ---------------------------------
+// sums (2, C) f64: each channel's sum of x and of x^2 over the rows, in row order.
+Array batch_norm_sums(const Array& x);
+// stats (2, C) f32: the mean and 1 / sqrt(variance + epsilon). From sums over `count` rows (training): the
+// moving statistics (C) f32 are updated in place with momentum (Keras's convention); from the moving
+// statistics (sums an empty Array: inference), which stay as they are.
+Array batch_norm_statistics(const Array& sums, double count, Array& moving_mean, Array& moving_variance,
+                            float epsilon, float momentum);
+// (x - mean) * inv_std * gamma + beta, gamma and beta (C) optional (empty Arrays), relu fused optionally.
+Array batch_norm_apply(const Array& x, const Array& stats, const Array& gamma, const Array& beta, bool relu = false);
+struct BatchNormBackwardSums {
+  Array sums;          // (2, C) f64: the sums of dy and of dy * x_hat over the rows
+  Array dgamma, dbeta;  // (C) f32: the same sums as floats (this device's share)
+};
+BatchNormBackwardSums batch_norm_backward_sums(const Array& x, const Array& dy, const Array& stats);
+// dx from the whole batch's backward sums over `count` rows; gamma optional.
+Array batch_norm_backward(const Array& x, const Array& dy, const Array& stats, const Array& sums, double count,
+                          const Array& gamma);
+
+// Inverted dropout: x (N, F...) with each element kept (and scaled by 1 / (1 - rate)) or zeroed by the mask
+// drawn from (key (2) u32, *step (1) i64, example_offset + row, feature, stream) only, so it does not
+// depend on the device count or the batch's split; the same call on a cotangent gives its gradient.
+struct DropoutOptions {
+  float rate = 0.5f;
+  std::int64_t example_offset = 0;  // the global index of row 0
+  std::uint32_t stream = 0;         // which dropout layer of the model
+};
+Array dropout(const Array& x, const Array& key, const Array& step, DropoutOptions options);
+
+// The index of each row's largest value along the last axis (first on ties): x (..., K) f32 -> (...) i32.
+Array argmax(const Array& x);
+
+// x's elements in `shape` (the same count), copied: a new array on x's device.
+Array reshape(const Array& x, const Shape& shape);
+// Zeros of x's shape, dtype and device; ones (f32) of a shape on a device.
+Array zeros_like(const Array& x);
+Array ones(const Shape& shape, const Device& device);
+// x's rows summed over its leading axes down to `shape`, a trailing part of x's shape or one element (the
+// transpose of add's broadcasting of b against a); added in row order as floats.
+Array sum_to(const Array& x, const Shape& shape);
+
+}  // namespace pmap::ops::eager
+
+namespace pmap::ops::detail {
 // For tests: while one lives, CPU arrays on the calling thread are computed by `backend` (whose kind() must
 // be cpu: a CPU variant, or kernels::cuda_backend_on_host(), which runs the CUDA kernels on the host). Scopes
 // nest; not shared between threads.
@@ -103,6 +162,4 @@ class ScopedBackend {
  private:
   const kernels::Backend* previous_;
 };
-}  // namespace detail
-
-}  // namespace pmap::ops
+}  // namespace pmap::ops::detail

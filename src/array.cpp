@@ -83,8 +83,9 @@ Array Array::pinned(Shape shape, DType dtype) {
 
 Array::Array(Array&& o) noexcept
     : shape_(std::move(o.shape_)), size_(o.size_), dtype_(o.dtype_), dtype_set_(o.dtype_set_),
-      device_(o.device_), pinned_(o.pinned_), owned_(o.owned_), data_(o.data_) {
+      device_(o.device_), pinned_(o.pinned_), owned_(o.owned_), data_(o.data_), trace_(o.trace_) {
   o.data_ = nullptr;
+  o.trace_ = 0;
   o.owned_ = true;
   o.size_ = 0;
   o.dtype_set_ = false;
@@ -102,7 +103,9 @@ Array& Array::operator=(Array&& o) noexcept {
     pinned_ = o.pinned_;
     owned_ = o.owned_;
     data_ = o.data_;
+    trace_ = o.trace_;
     o.data_ = nullptr;
+    o.trace_ = 0;
     o.owned_ = true;
     o.size_ = 0;
     o.dtype_set_ = false;
@@ -129,6 +132,7 @@ void Array::allocate() {
 }
 
 void Array::release() noexcept {
+  trace_ = 0;
   if (data_ == nullptr) return;
   if (!owned_) {  // borrowed: the memory is the caller's
     data_ = nullptr;
@@ -202,7 +206,11 @@ void Array::copy_prefix_from_host(const void* src, std::size_t n) {
   copy_bytes(data_, device_, src, Device{}, n);
 }
 
-Array Array::copy() const { return to(device_); }
+Array Array::copy() const {
+  Array out = to(device_);
+  out.trace_ = trace_;  // the same value: a transformation follows it through the copy
+  return out;
+}
 
 Array Array::to(const Device& device) const {
   Array out(shape_, dtype_, device);
@@ -228,6 +236,9 @@ void Array::fill_zero() {
 }
 
 Array Array::reshape(Shape shape) && {
+  if (trace_ != 0)
+    throw ValueError("Array::reshape of " + str() + ", a value inside a function being differentiated: use "
+                     "pmap::ops::reshape there (the gradient follows it)");
   for (auto d : shape)
     if (d < 0) throw ShapeError("reshape: negative dimension in " + shape_str(shape));
   if (num_elements(shape) != size_)
@@ -250,6 +261,11 @@ Array Array::slice_rows(std::int64_t begin, std::int64_t end, const Device& devi
              device_, out.nbytes());
   return out;
 }
+
+namespace detail {
+std::uint64_t trace_tag(const Array& a) noexcept { return a.trace_; }
+void set_trace_tag(Array& a, std::uint64_t tag) noexcept { a.trace_ = tag; }
+}  // namespace detail
 
 std::string Array::signature() const { return std::string(name(dtype_)) + shape_str(shape_); }
 

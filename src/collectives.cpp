@@ -3,12 +3,14 @@
 // host for the host hub, host arrays (scalars) onto the device for NCCL and the device hub.
 #include <pmap/collectives.h>
 
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <set>
 
 #include <pmap/detail/capture.h>
 #include <pmap/detail/hash.h>
+#include <pmap/detail/trace.h>
 
 #include "cuda_seam.h"
 #include "mesh_impl.h"
@@ -98,7 +100,27 @@ void check_floating(const char* name, const Array& x) {
     throw ValueError(std::string(name) + " of " + describe(x) + ": needs a floating dtype (f32 or f64)");
 }
 
+std::atomic<detail::TracedCollectiveHandler> traced_handler{nullptr};
+
+// A traced operand goes to the transformation tracing it (which calls back here on an untagged view).
+bool traced(const Array& x) { return detail::trace_tag(x) != 0 && detail::traced_collective_handler() != nullptr; }
+
+Array hand_over(detail::TracedCollective call, const Array& x) {
+  return detail::traced_collective_handler()(call, x);
+}
+
+void refuse_traced_inplace(const char* name, const Array& x) {
+  if (detail::trace_tag(x) != 0)
+    throw ValueError(std::string(name) + "_inplace of " + x.str() + ", a value inside a function being "
+                     "differentiated: use " + name + " there (it returns a new array the gradient follows)");
+}
+
 }  // namespace
+
+namespace detail {
+void set_traced_collective_handler(TracedCollectiveHandler handler) noexcept { traced_handler.store(handler); }
+TracedCollectiveHandler traced_collective_handler() noexcept { return traced_handler.load(); }
+}  // namespace detail
 
 int axis_index(const AxisNames& axes) {
   auto& ctx = detail::current_context("axis_index");
@@ -124,24 +146,28 @@ void* cuda_stream() {
 }
 
 Array psum(const Array& x, const AxisNames& axes) {
+  if (traced(x)) return hand_over({detail::TracedCollectiveKind::psum, axes, 0, false, {}}, x);
   Array out(x.shape(), x.dtype(), x.device());
   reduce_into("psum", x, out, axes, ReduceOp::sum);
   return out;
 }
 
 Array pmax(const Array& x, const AxisNames& axes) {
+  if (traced(x)) return hand_over({detail::TracedCollectiveKind::pmax, axes, 0, false, {}}, x);
   Array out(x.shape(), x.dtype(), x.device());
   reduce_into("pmax", x, out, axes, ReduceOp::max);
   return out;
 }
 
 Array pmin(const Array& x, const AxisNames& axes) {
+  if (traced(x)) return hand_over({detail::TracedCollectiveKind::pmin, axes, 0, false, {}}, x);
   Array out(x.shape(), x.dtype(), x.device());
   reduce_into("pmin", x, out, axes, ReduceOp::min);
   return out;
 }
 
 Array pmean(const Array& x, const AxisNames& axes) {
+  if (traced(x)) return hand_over({detail::TracedCollectiveKind::pmean, axes, 0, false, {}}, x);
   check_floating("pmean", x);
   Array out(x.shape(), x.dtype(), x.device());
   reduce_into("pmean", x, out, axes, ReduceOp::sum);
@@ -149,17 +175,28 @@ Array pmean(const Array& x, const AxisNames& axes) {
   return out;
 }
 
-void psum_inplace(Array& x, const AxisNames& axes) { reduce_into("psum", x, x, axes, ReduceOp::sum); }
-void pmax_inplace(Array& x, const AxisNames& axes) { reduce_into("pmax", x, x, axes, ReduceOp::max); }
-void pmin_inplace(Array& x, const AxisNames& axes) { reduce_into("pmin", x, x, axes, ReduceOp::min); }
+void psum_inplace(Array& x, const AxisNames& axes) {
+  refuse_traced_inplace("psum", x);
+  reduce_into("psum", x, x, axes, ReduceOp::sum);
+}
+void pmax_inplace(Array& x, const AxisNames& axes) {
+  refuse_traced_inplace("pmax", x);
+  reduce_into("pmax", x, x, axes, ReduceOp::max);
+}
+void pmin_inplace(Array& x, const AxisNames& axes) {
+  refuse_traced_inplace("pmin", x);
+  reduce_into("pmin", x, x, axes, ReduceOp::min);
+}
 
 void pmean_inplace(Array& x, const AxisNames& axes) {
+  refuse_traced_inplace("pmean", x);
   check_floating("pmean", x);
   reduce_into("pmean", x, x, axes, ReduceOp::sum);
   divide_by(x, axis_size(axes));
 }
 
 Array all_gather(const Array& x, const AxisNames& axes, bool tiled) {
+  if (traced(x)) return hand_over({detail::TracedCollectiveKind::all_gather, axes, 0, tiled, {}}, x);
   Target t = target("all_gather", axes);
   const int n = t.comm->size();
   Shape shape = x.shape();
@@ -178,6 +215,7 @@ Array all_gather(const Array& x, const AxisNames& axes, bool tiled) {
 }
 
 Array all_gather(const Array& x, const AxisNames& axes, int axis, bool tiled) {
+  if (traced(x)) return hand_over({detail::TracedCollectiveKind::all_gather, axes, axis, tiled, {}}, x);
   const int positions = x.ndim() + (tiled ? 0 : 1);  // where the gathered axis may go
   const int a = axis < 0 ? axis + positions : axis;
   if (a < 0 || a >= positions)
@@ -210,6 +248,7 @@ Array all_gather(const Array& x, const AxisNames& axes, int axis, bool tiled) {
 }
 
 Array psum_scatter(const Array& x, const AxisNames& axes, bool tiled) {
+  if (traced(x)) return hand_over({detail::TracedCollectiveKind::psum_scatter, axes, 0, tiled, {}}, x);
   Target t = target("psum_scatter", axes);
   const int n = t.comm->size();
   if (x.ndim() == 0) throw ShapeError("psum_scatter of " + describe(x) + ": a scalar has no leading axis");
@@ -232,6 +271,7 @@ Array psum_scatter(const Array& x, const AxisNames& axes, bool tiled) {
 }
 
 Array ppermute(const Array& x, const AxisNames& axes, const std::vector<std::pair<int, int>>& perm) {
+  if (traced(x)) return hand_over({detail::TracedCollectiveKind::ppermute, axes, 0, false, perm}, x);
   Target t = target("ppermute", axes);
   const int n = t.comm->size();
   const int me = t.comm->rank();

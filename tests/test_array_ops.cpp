@@ -1,5 +1,5 @@
-// pmap::ops (kernels/array_ops.h): every function against a loop written here, on the CPU backend and on the
-// CUDA kernels run on the host (ops::detail::ScopedBackend), the two bitwise equal where the header says so;
+// pmap::ops::eager (kernels/array_ops.h): every function against a loop written here, on the CPU backend and on the
+// CUDA kernels run on the host (pmap::ops::detail::ScopedBackend), the two bitwise equal where the header says so;
 // inside pmap on CPU devices (a data-parallel gradient equal to the one-device one); every error path; and,
 // when a GPU is usable, the same functions on CUDA devices inside pmap against the CPU.
 #include "cuda_testing.h"
@@ -22,7 +22,7 @@ using cuda_testing::random_labels;
 using cuda_testing::relative_error;
 using pmap::Array;
 using pmap::Shape;
-namespace ops = pmap::ops;
+namespace ops = pmap::ops::eager;
 
 Array host(const std::vector<float>& v, Shape shape, const pmap::Device& d = {}) {
   return Array::from_host(v, std::move(shape), d);
@@ -73,7 +73,7 @@ TEST_CASE("ops::matmul and ops::linear equal a double-precision loop, in all thr
   const auto bias = random_floats(static_cast<std::size_t>(o), 5);
   for (const auto& hb : host_backends()) {
     CAPTURE(hb.name);
-    ops::detail::ScopedBackend scope(*hb.backend);
+    pmap::ops::detail::ScopedBackend scope(*hb.backend);
     Array y = ops::matmul(host(a, {n, k}), host(b, {k, o}));
     CHECK(y.shape() == Shape{n, o});
     CHECK(relative_error(values(y), naive_matmul(a, false, b, false, n, k, o)) < 1e-6);
@@ -113,7 +113,7 @@ TEST_CASE("ops element-wise functions equal the formula, broadcast as numpy does
   std::vector<std::vector<float>> runs;
   for (const auto& hb : host_backends()) {
     CAPTURE(hb.name);
-    ops::detail::ScopedBackend scope(*hb.backend);
+    pmap::ops::detail::ScopedBackend scope(*hb.backend);
     Array a = host(x, {10, 6}), p = host(pos, {10, 6}), r = host(row, {6});
     std::vector<float> all;
     const auto each = [&](const Array& got, auto f, const std::vector<float>& in) {
@@ -161,7 +161,7 @@ TEST_CASE("ops::maximum and ops::minimum propagate NaN from either side; relu ke
   Array a = host({nan, 1.0f, 2.0f, nan}, {4}), b = host({0.0f, nan, 3.0f, nan}, {4});
   for (const auto& hb : host_backends()) {
     CAPTURE(hb.name);
-    ops::detail::ScopedBackend scope(*hb.backend);
+    pmap::ops::detail::ScopedBackend scope(*hb.backend);
     for (const auto& v : {values(ops::maximum(a, b)), values(ops::minimum(a, b))}) {
       CHECK(std::isnan(v[0]));
       CHECK(std::isnan(v[1]));
@@ -183,7 +183,7 @@ TEST_CASE("ops reductions: sum and mean in double, rounded once; sum_rows and me
   }
   for (const auto& hb : host_backends()) {
     CAPTURE(hb.name);
-    ops::detail::ScopedBackend scope(*hb.backend);
+    pmap::ops::detail::ScopedBackend scope(*hb.backend);
     Array a = host(x, {5, 7, 3});
     Array s = ops::sum(a);
     CHECK(s.shape() == Shape{});
@@ -229,7 +229,7 @@ TEST_CASE("ops::softmax and ops::softmax_cross_entropy equal a stable double-pre
   loss /= n;
   for (const auto& hb : host_backends()) {
     CAPTURE(hb.name);
-    ops::detail::ScopedBackend scope(*hb.backend);
+    pmap::ops::detail::ScopedBackend scope(*hb.backend);
     Array lg = host(logits, {n, kc});
     CHECK(relative_error(values(ops::softmax(lg)), probs) < 1e-6);
     const auto out = ops::softmax_cross_entropy(lg, Array::from_host(labels, {n}));
@@ -278,7 +278,7 @@ TEST_CASE("ops raise clear errors for bad operands") {
                   pmap::ValueError);
   // the host run of the CUDA kernels skips and counts a bad label, as a GPU does
   {
-    ops::detail::ScopedBackend scope(pmap::kernels::cuda_backend_on_host());
+    pmap::ops::detail::ScopedBackend scope(pmap::kernels::cuda_backend_on_host());
     const auto out = ops::softmax_cross_entropy(logits, Array::from_host(std::vector<std::int32_t>{0, 3}, {2}));
     CHECK(out.bad_labels.item<std::int32_t>() == 1);
     CHECK(values(out.grad)[3] == 0.0f);

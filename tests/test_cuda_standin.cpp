@@ -25,7 +25,7 @@
 #include <pmap/detail/cuda_stream.h>
 #include <pmap/feed.h>
 
-#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/core/ops.h>
 
 #include "src/cuda_seam.h"
 

@@ -17,6 +17,14 @@
 namespace pmap {
 
 using Shape = std::vector<std::int64_t>;
+class Array;
+
+namespace detail {
+// The trace tag of an Array (include/pmap/detail/trace.h): 0 for every array no transformation traces.
+// A tagged array is a value inside a function being differentiated; its storage belongs to that trace.
+std::uint64_t trace_tag(const Array& a) noexcept;
+void set_trace_tag(Array& a, std::uint64_t tag) noexcept;
+}  // namespace detail
 
 std::int64_t num_elements(const Shape& shape);  // product of dims; 1 for a scalar shape ()
 std::string shape_str(const Shape& shape);      // "(2, 3)", "(1003,)", "()" (Python's tuples)
@@ -98,11 +106,13 @@ class Array {
     return to_vector<T>()[0];
   }
 
-  Array copy() const;                       // same device
-  Array to(const Device& device) const;     // a copy on `device`
+  Array copy() const;                       // same device (inside grad: the same value, differentiated)
+  Array to(const Device& device) const;     // a copy on `device`; no transformation follows it there
   void copy_from(const Array& src);         // same shape and dtype, any devices; blocking
   void fill_zero();
-  Array reshape(Shape shape) &&;            // same element count; moves the storage
+  // Same element count; moves the storage. An array inside a function being differentiated raises
+  // ValueError: reshape it with pmap::ops::reshape there, which the gradient follows.
+  Array reshape(Shape shape) &&;
   // Rows [begin, end) of the leading axis, copied to `device`.
   Array slice_rows(std::int64_t begin, std::int64_t end, const Device& device) const;
   std::string signature() const;  // "f32(2, 3)", "f32(1003,)", "f32()": dtype and shape
@@ -112,6 +122,8 @@ class Array {
   void check_dtype(DType want) const;
   void allocate();
   void release() noexcept;
+  friend std::uint64_t detail::trace_tag(const Array& a) noexcept;
+  friend void detail::set_trace_tag(Array& a, std::uint64_t tag) noexcept;
 
   Shape shape_;
   std::int64_t size_ = 0;
@@ -121,6 +133,7 @@ class Array {
   bool pinned_ = false;
   bool owned_ = true;
   void* data_ = nullptr;
+  std::uint64_t trace_ = 0;  // detail::trace_tag
 };
 
 // Concatenates arrays (same dtype, same trailing dims) along the leading axis onto `device`.

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include <pmapcc/io/idx.h>
-#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/core/ops.h>
 #include <pmap/pmap.h>
 
 int main() {

@@ -1,0 +1,94 @@
+// The runtime's collectives as primitives: pmap::psum and the others hand a traced operand here
+// (include/pmap/detail/trace.h), and grad transposes them as pmapcc/core/grad.h documents.
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <pmap/collectives.h>
+#include <pmap/detail/trace.h>
+#include <pmap/error.h>
+
+#include <pmapcc/core/ops.h>
+#include <pmapcc/core/primitive.h>
+
+namespace pmap::core {
+namespace {
+
+using detail::TracedCollective;
+using Kind = detail::TracedCollectiveKind;
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::psum: return "psum";
+    case Kind::pmean: return "pmean";
+    case Kind::pmax: return "pmax";
+    case Kind::pmin: return "pmin";
+    case Kind::all_gather: return "all_gather";
+    case Kind::psum_scatter: return "psum_scatter";
+    case Kind::ppermute: return "ppermute";
+  }
+  return "collective";
+}
+
+class Collective final : public Primitive {
+ public:
+  explicit Collective(TracedCollective call) : call_(std::move(call)) {}
+  std::string name() const override { return kind_name(call_.kind); }
+
+  std::vector<Array> eval(Arrays in) const override {
+    const Array& x = *in[0];
+    std::vector<Array> out;
+    switch (call_.kind) {
+      case Kind::psum: out.push_back(psum(x, call_.axes)); break;
+      case Kind::pmean: out.push_back(pmean(x, call_.axes)); break;
+      case Kind::pmax: out.push_back(pmax(x, call_.axes)); break;
+      case Kind::pmin: out.push_back(pmin(x, call_.axes)); break;
+      case Kind::all_gather: out.push_back(all_gather(x, call_.axes, call_.axis, call_.tiled)); break;
+      case Kind::psum_scatter: out.push_back(psum_scatter(x, call_.axes, call_.tiled)); break;
+      case Kind::ppermute: out.push_back(ppermute(x, call_.axes, call_.perm)); break;
+    }
+    return out;
+  }
+
+  std::vector<Array> vjp(Arrays in, Arrays, Arrays cts, const std::vector<bool>& wanted) const override {
+    std::vector<Array> g(1);
+    if (!wanted[0]) return g;
+    const Array& ct = *cts[0];
+    switch (call_.kind) {
+      case Kind::psum: g[0] = ct.copy(); break;  // the result is replicated: its cotangent passes through
+      case Kind::pmean: g[0] = ops::scale(ct, 1.0f / static_cast<float>(axis_size(call_.axes))); break;
+      case Kind::all_gather: g[0] = psum_scatter(ct, call_.axes, call_.tiled); break;
+      case Kind::psum_scatter: g[0] = all_gather(ct, call_.axes, call_.tiled); break;
+      case Kind::ppermute: {
+        std::vector<std::pair<int, int>> inverse;
+        for (const auto& [src, dst] : call_.perm) inverse.emplace_back(dst, src);
+        g[0] = ppermute(ct, call_.axes, inverse);
+        break;
+      }
+      case Kind::pmax:
+      case Kind::pmin:
+        throw NotAvailable(std::string("grad through ") + kind_name(call_.kind) + " of " + in[0]->signature() +
+                           " over " + call_.axes.str() + " is not defined (as in JAX); apply stop_gradient");
+    }
+    return g;
+  }
+
+ private:
+  TracedCollective call_;
+};
+
+Array traced_collective(const TracedCollective& call, const Array& x) {
+  if (call.kind == Kind::all_gather && call.axis != 0) {
+    throw NotAvailable("grad through all_gather(axis=" + std::to_string(call.axis) + ") over " + call.axes.str() +
+                       " of " + x.signature() + " is not supported yet: gather along axis 0 and reshape");
+  }
+  return apply1(std::make_shared<Collective>(call), {&x});
+}
+
+}  // namespace
+
+// Called by every Trace (so that this file is linked whenever grad is used).
+void register_traced_collectives() noexcept { detail::set_traced_collective_handler(&traced_collective); }
+
+}  // namespace pmap::core

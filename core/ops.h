@@ -1,0 +1,113 @@
+// pmap::ops: the differentiable operations on Arrays a user writes programs with, inside pmap or outside
+// it, on any device (JAX's jnp and jax.nn). Each is a primitive (pmapcc/core/primitive.h): evaluated at
+// once through the operands' device's kernels (the rules of pmapcc/kernels/array_ops.h hold: f32 operands
+// on one device, results on that device, CUDA arrays only inside pmap, the same bits run after run), and
+// followed by grad and value_and_grad (pmapcc/core/grad.h). Collectives (pmap::psum, pmean, all_gather,
+// psum_scatter, ppermute of pmap/collectives.h) are differentiable too; their transposes are in grad.h.
+//
+//   auto [loss, grads] = pmap::value_and_grad([&](const Mlp& p) {
+//     Array h = ops::linear(x, p.w1, p.b1, /*relu=*/true);
+//     return ops::mean(ops::square(ops::subtract(ops::linear(h, p.w2, p.b2), y)));
+//   })(params);
+#pragma once
+
+#include <pmap/array.h>
+#include <pmap/mesh.h>
+
+#include <pmapcc/kernels/array_ops.h>
+
+namespace pmap::ops {
+
+// ---- linear algebra ----------------------------------------------------------------------------------------
+// a (..., K) @ b (K, O) -> (..., O): a's leading axes are rows (as a Dense layer applies to every row).
+// transpose_b: a (..., K) @ b^T with b (O, K) -> (..., O). transpose_a: a^T @ b with a (N..., K) and
+// b (N..., O) -> (K, O) (the same leading axes, taken as rows). Both transposed: ValueError.
+Array matmul(const Array& a, const Array& b, bool transpose_a = false, bool transpose_b = false);
+// A fully connected layer, fused: x (..., I) @ w (I, O) + bias (O) -> (..., O), then max(., 0) with relu.
+Array linear(const Array& x, const Array& w, const Array& bias, bool relu = false);
+
+// ---- element-wise ------------------------------------------------------------------------------------------
+// b is a's shape, one element, or a's trailing axes (numpy's broadcasting of b against a's trailing axes);
+// the result has a's shape. The gradient for b is summed over the axes it was broadcast along.
+Array add(const Array& a, const Array& b);
+Array subtract(const Array& a, const Array& b);
+Array multiply(const Array& a, const Array& b);
+Array divide(const Array& a, const Array& b);
+Array maximum(const Array& a, const Array& b);  // NaN where either is NaN; on ties the gradient goes to b
+Array minimum(const Array& a, const Array& b);  // on ties the gradient goes to a
+Array scale(const Array& x, float factor, float offset = 0.0f);  // x * factor + offset
+Array negative(const Array& x);
+Array abs(const Array& x);  // gradient 0 at 0
+Array square(const Array& x);
+Array sqrt(const Array& x);
+Array exp(const Array& x);
+Array log(const Array& x);
+
+// ---- activations -------------------------------------------------------------------------------------------
+Array relu(const Array& x);  // gradient 0 at 0, as jax.nn.relu
+Array sigmoid(const Array& x);
+Array tanh(const Array& x);
+// jax.nn.gelu's default (approximate=True): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+Array gelu(const Array& x);
+
+// ---- reductions and shapes ---------------------------------------------------------------------------------
+// Of all elements: shape (), accumulated in double in index order and rounded once. mean of an empty array:
+// ValueError.
+Array sum(const Array& x);
+Array mean(const Array& x);
+// Over the leading axis: x (N, ...) -> (...), added in row order as floats.
+Array sum_rows(const Array& x);
+Array mean_rows(const Array& x);
+// x's elements in `shape` (the same count, row-major), a new array.
+Array reshape(const Array& x, const Shape& shape);
+// x itself, through which no gradient flows (jax.lax.stop_gradient).
+Array stop_gradient(const Array& x);
+
+// ---- images (N, H, W, C), channels last -------------------------------------------------------------------
+// Conv2dOptions: strides, "SAME" (same = true; Keras's and Flax's split, the extra pixel after) or "VALID"
+// padding, and a fused ReLU.
+using eager::Conv2dOptions;
+// x (N, H, W, Cin) conv w (KH, KW, Cin, Cout) + bias (Cout; an empty Array for none) -> (N, OH, OW, Cout):
+// cross-correlation as Flax's nn.Conv. Differentiable in x, w and bias.
+Array conv2d(const Array& x, const Array& w, const Array& bias = Array(), Conv2dOptions options = {});
+// Window means with VALID padding (flax.linen.avg_pool): x (N, H, W, C) -> (N, OH, OW, C).
+Array avg_pool(const Array& x, int window_h, int window_w, int stride_h, int stride_w);
+// The mean over H and W: x (N, H, W, C) -> (N, C) (Keras's GlobalAveragePooling2D).
+Array global_avg_pool(const Array& x);
+
+// ---- normalization and dropout ----------------------------------------------------------------------------
+struct BatchNormOptions {
+  bool train = true;        // the batch's statistics (and updated moving ones), else the moving statistics
+  AxisNames axis_name = {}; // training: the statistics of the batch over these devices (Flax's axis_name)
+  float epsilon = 1e-3f;    // Keras's default (Flax's is 1e-5)
+  float momentum = 0.99f;   // moving = moving * momentum + batch * (1 - momentum)
+  bool relu = false;        // max(y, 0), fused
+};
+struct BatchNormResult {
+  Array y;                                // x's shape
+  Array moving_mean, moving_variance;     // the updated state (C): what to keep for the next step
+};
+// BatchNormalization over x (..., C) (every axis but the last is a row), with gamma and beta (C) each optional
+// (an empty Array: Keras's scale=False / center=False) and the moving statistics (C). Differentiable in x,
+// gamma and beta; the moving statistics are state, not differentiated. With axis_name, every device's
+// batch must have the same rows; the gradients are each device's share (pmean them as the step does).
+BatchNormResult batch_norm(const Array& x, const Array& gamma, const Array& beta, const Array& moving_mean,
+                           const Array& moving_variance, const BatchNormOptions& options = {});
+// Inverted dropout with a mask drawn from (key (2) u32, step (1) i64, example_offset + row, feature, stream):
+// it does not depend on the device count or on how the batch is split. Differentiable in x (the same mask).
+using eager::DropoutOptions;
+Array dropout(const Array& x, const Array& key, const Array& step, DropoutOptions options);
+
+// The index of each row's largest value along the last axis (first on ties, as jnp.argmax): x (..., K) f32
+// -> (...) i32. Not differentiable (its result is an integer): no gradient flows through it.
+Array argmax(const Array& x);
+
+// ---- softmax and the loss ----------------------------------------------------------------------------------
+// Along the last axis: logits (..., K) -> probabilities (..., K), each row computed stably (max subtracted).
+Array softmax(const Array& logits);
+// The mean over rows of -log softmax(logits)[label], shape (): logits (N, K) f32, labels (N) i32 in [0, K)
+// (optax.softmax_cross_entropy_with_integer_labels, averaged). Differentiable in the logits (not the labels).
+// A label out of range: ValueError on CPU devices; on CUDA devices the row counts 0 (a kernel cannot raise).
+Array softmax_cross_entropy(const Array& logits, const Array& labels);
+
+}  // namespace pmap::ops

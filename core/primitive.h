@@ -1,0 +1,44 @@
+// Primitive: one differentiable operation, defined once (MLX's Primitive): its name, how it is evaluated
+// (through the kernels of the operands' device: pmap::ops::eager, the runtime's collectives), and its
+// vector-Jacobian product written in other ops, so grad can differentiate any program built from
+// primitives. core::apply is the one way an op runs: it evaluates the primitive and, while a function is
+// being differentiated on the calling thread (pmapcc/core/grad.h), records it for the backward pass.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <pmap/array.h>
+
+namespace pmap::core {
+
+using Arrays = std::span<const Array* const>;
+
+class Primitive {
+ public:
+  virtual ~Primitive() = default;
+  // "matmul", "psum": what error messages and the trace name.
+  virtual std::string name() const = 0;
+  // The outputs of the inputs, new arrays on the inputs' device. Inputs are untagged views (no trace
+  // follows them). Checks shapes and dtypes: ShapeError / ValueError naming the op and the operand.
+  virtual std::vector<Array> eval(Arrays inputs) const = 0;
+  // The cotangents of the inputs for which wanted[i] is true, given the inputs, the outputs and one
+  // cotangent per output (zeros where nothing flowed back), each of its output's shape; written in
+  // pmap::ops (run eagerly: the backward pass is not itself traced). Entries not wanted may be left
+  // empty (Array()). An input that is not differentiable (i32 labels) is never wanted.
+  virtual std::vector<Array> vjp(Arrays inputs, Arrays outputs, Arrays cotangents,
+                                 const std::vector<bool>& wanted) const = 0;
+};
+
+// Evaluates p on inputs (all on one device, in the order p expects) and returns its outputs. While the
+// calling thread differentiates a function and an input is one of its traced values, the call is recorded
+// and the outputs are traced values too (their storage belongs to the trace until the differentiated
+// function returns). An input traced by a function that has already returned raises ValueError.
+std::vector<Array> apply(std::shared_ptr<const Primitive> p, std::vector<const Array*> inputs);
+// apply for a primitive of one output.
+Array apply1(std::shared_ptr<const Primitive> p, std::vector<const Array*> inputs);
+
+}  // namespace pmap::core

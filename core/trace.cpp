@@ -1,0 +1,217 @@
+// The trace of a differentiated call: recording primitives applied to traced values, and the backward
+// pass that runs their VJPs in reverse order, adding cotangents of a value used more than once in a fixed
+// order (the order of the uses, last first), so gradients are the same bits run after run.
+#include <pmapcc/core/trace.h>
+
+#include <atomic>
+#include <utility>
+
+#include <pmap/detail/trace.h>
+#include <pmap/error.h>
+
+#include <pmapcc/kernels/array_ops.h>
+
+namespace pmap::core {
+
+void register_traced_collectives() noexcept;  // core/collectives.cpp
+
+namespace {
+
+thread_local Trace* tls_active = nullptr;
+std::atomic<std::uint64_t> next_serial{1};
+
+constexpr std::uint64_t tag_of(std::uint64_t serial, std::size_t slot) {
+  return serial << 32 | (static_cast<std::uint64_t>(slot) + 1);
+}
+
+// A view of x's storage that no trace follows: what primitives evaluate on.
+Array untagged(const Array& x) {
+  return Array::borrow(const_cast<void*>(x.raw_data()), x.shape(), x.dtype(), x.device());
+}
+
+// Pauses the calling thread's trace (the backward pass and evaluation are not recorded).
+class Paused {
+ public:
+  Paused() : trace_(tls_active) { tls_active = nullptr; }
+  ~Paused() { tls_active = trace_; }
+  Paused(const Paused&) = delete;
+  Paused& operator=(const Paused&) = delete;
+
+ private:
+  Trace* trace_;
+};
+
+}  // namespace
+
+struct Trace::Node {
+  std::shared_ptr<const Primitive> primitive;
+  std::vector<std::size_t> inputs;  // slot, or kConstant
+  std::vector<Array> constants;     // copies of the untraced inputs, in input order
+  std::vector<std::size_t> outputs;
+  static constexpr std::size_t kConstant = static_cast<std::size_t>(-1);
+};
+
+Trace::Trace(std::string function) : function_(std::move(function)), serial_(next_serial++) {
+  if (tls_active != nullptr) {
+    throw NotAvailable("grad of '" + function_ + "' inside '" + tls_active->function_ +
+                       "', itself being differentiated: higher-order derivatives are not supported yet");
+  }
+  if (serial_ >= (std::uint64_t{1} << 31)) throw Error("grad: trace counter exhausted");
+  register_traced_collectives();
+  tls_active = this;
+}
+
+Trace::~Trace() {
+  if (tls_active == this) tls_active = nullptr;
+}
+
+Trace* Trace::active() { return tls_active; }
+
+Array Trace::view(std::size_t slot) const {
+  Array v = untagged(values_[slot]);
+  detail::set_trace_tag(v, tag_of(serial_, slot));
+  return v;
+}
+
+Array Trace::input(const Array& leaf, const std::string& where) {
+  if (!leaf.valid()) throw ValueError("grad of '" + function_ + "': " + where + " is an empty Array handle");
+  if (leaf.dtype() != DType::f32) {
+    throw ValueError("grad of '" + function_ + "': " + where + " is " + leaf.str() +
+                     ", which is not differentiable (only f32 leaves are); pass it as an argument not "
+                     "differentiated (argnums), as JAX does for integer inputs such as labels");
+  }
+  if (detail::trace_tag(leaf) != 0) {
+    throw ValueError("grad of '" + function_ + "': " + where + " is a value of another differentiated function");
+  }
+  values_.push_back(untagged(leaf));
+  return view(values_.size() - 1);
+}
+
+std::size_t Trace::slot_of(const Array& x) const {
+  return static_cast<std::size_t>(detail::trace_tag(x) & 0xffffffffu) - 1;
+}
+
+bool Trace::traces(const Array& x, const std::string& op, std::size_t operand) const {
+  const std::uint64_t tag = detail::trace_tag(x);
+  if (tag == 0) return false;
+  if (tag >> 32 == serial_ && slot_of(x) < values_.size()) return true;
+  throw ValueError(op + ": operand " + std::to_string(operand) + " (" + x.str() +
+                   ") is a value computed inside a differentiated function after that function returned; "
+                   "keep only what the function returns");
+}
+
+std::vector<Array> Trace::record(std::shared_ptr<const Primitive> p, const std::vector<const Array*>& inputs,
+                                 std::vector<Array> outputs) {
+  if (done_) throw Error("grad of '" + function_ + "': a primitive recorded after the backward pass");
+  Node node;
+  node.primitive = std::move(p);
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    if (traces(*inputs[i], node.primitive->name(), i)) {
+      node.inputs.push_back(slot_of(*inputs[i]));
+    } else {
+      node.inputs.push_back(Node::kConstant);
+      Paused paused;
+      node.constants.push_back(untagged(*inputs[i]).copy());  // the caller may free it before backward
+    }
+  }
+  std::vector<Array> views;
+  for (Array& out : outputs) {
+    values_.push_back(std::move(out));
+    node.outputs.push_back(values_.size() - 1);
+    views.push_back(view(values_.size() - 1));
+  }
+  nodes_.push_back(std::move(node));
+  return views;
+}
+
+void Trace::backward(const Array& value) {
+  if (done_) throw Error("grad of '" + function_ + "': backward twice");
+  done_ = true;
+  Paused paused;
+  gradients_.clear();
+  gradients_.resize(values_.size());
+  if (detail::trace_tag(value) == 0) return;  // the value does not depend on the differentiated inputs
+  traces(value, "grad of '" + function_ + "'", 0);
+  gradients_[slot_of(value)] = ops::eager::ones(value.shape(), value.device());
+  for (auto n = nodes_.rbegin(); n != nodes_.rend(); ++n) {
+    bool any = false;
+    for (std::size_t s : n->outputs) any = any || gradients_[s].valid();
+    if (!any) continue;
+    std::vector<Array> zeros;  // cotangents of outputs nothing flowed back to
+    std::vector<const Array*> ins, outs, cts;
+    std::vector<bool> wanted;
+    std::size_t c = 0;
+    for (std::size_t s : n->inputs) {
+      ins.push_back(s == Node::kConstant ? &n->constants[c++] : &values_[s]);
+      wanted.push_back(s != Node::kConstant);
+    }
+    zeros.reserve(n->outputs.size());
+    for (std::size_t s : n->outputs) {
+      outs.push_back(&values_[s]);
+      if (!gradients_[s].valid()) zeros.push_back(ops::eager::zeros_like(values_[s]));
+      cts.push_back(gradients_[s].valid() ? &gradients_[s] : &zeros.back());
+    }
+    std::vector<Array> in_cts = n->primitive->vjp(ins, outs, cts, wanted);
+    for (std::size_t s : n->outputs) {
+      if (!n->inputs.empty()) gradients_[s] = Array();  // consumed: free it early (inputs are earlier slots)
+    }
+    for (std::size_t i = 0; i < n->inputs.size(); ++i) {
+      const std::size_t s = n->inputs[i];
+      if (!wanted[i] || i >= in_cts.size() || !in_cts[i].valid()) continue;
+      if (in_cts[i].shape() != values_[s].shape()) {
+        throw Error("grad: the VJP of " + n->primitive->name() + " gave " + in_cts[i].signature() +
+                    " for operand " + std::to_string(i) + " of shape " + values_[s].signature());
+      }
+      gradients_[s] = gradients_[s].valid() ? ops::eager::add(gradients_[s], in_cts[i]) : std::move(in_cts[i]);
+    }
+  }
+}
+
+Array Trace::gradient(const Array& traced_input) const {
+  const std::size_t s = slot_of(traced_input);
+  if (!done_ || s >= gradients_.size()) throw Error("grad of '" + function_ + "': no backward pass ran");
+  Paused paused;
+  return gradients_[s].valid() ? untagged(gradients_[s]).copy() : ops::eager::zeros_like(values_[s]);
+}
+
+void Trace::release(Array& result) const {
+  if (detail::trace_tag(result) == 0) return;
+  traces(result, "grad of '" + function_ + "'", 0);
+  Paused paused;
+  result = untagged(result).copy();
+}
+
+std::vector<Array> apply(std::shared_ptr<const Primitive> p, std::vector<const Array*> inputs) {
+  Trace* trace = Trace::active();
+  bool traced = false;
+  std::vector<Array> views;
+  views.reserve(inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i]->valid()) {
+      throw ValueError("ops::" + p->name() + ": operand " + std::to_string(i) + " is an empty Array handle");
+    }
+    const bool mine = trace != nullptr && trace->traces(*inputs[i], "ops::" + p->name(), i);
+    if (!mine && detail::trace_tag(*inputs[i]) != 0) {
+      throw ValueError("ops::" + p->name() + ": operand " + std::to_string(i) + " (" + inputs[i]->str() +
+                       ") is a value computed inside a differentiated function after that function returned");
+    }
+    traced = traced || mine;
+    views.push_back(untagged(*inputs[i]));
+  }
+  std::vector<const Array*> ptrs;
+  for (const Array& v : views) ptrs.push_back(&v);
+  std::vector<Array> outputs;
+  {
+    Paused paused;
+    outputs = p->eval(ptrs);
+  }
+  if (!traced) return outputs;
+  return trace->record(std::move(p), inputs, std::move(outputs));
+}
+
+Array apply1(std::shared_ptr<const Primitive> p, std::vector<const Array*> inputs) {
+  auto out = apply(std::move(p), std::move(inputs));
+  return std::move(out.at(0));
+}
+
+}  // namespace pmap::core

@@ -1,0 +1,64 @@
+// Trace: the record of one differentiated call on one thread (reverse mode, as JAX's linearize-and-transpose
+// or a tape): the differentiated leaves, every primitive applied to a traced value, and their values, kept
+// until the call returns. pmapcc/core/grad.h drives it; users call grad and value_and_grad, not this.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <pmap/array.h>
+
+#include <pmapcc/core/primitive.h>
+
+namespace pmap::core {
+
+class Trace {
+ public:
+  // Begins tracing on the calling thread. `function` names the differentiated function in errors. A trace
+  // already active on this thread (grad inside a differentiated function: higher-order derivatives) raises
+  // NotAvailable.
+  explicit Trace(std::string function);
+  ~Trace();  // ends tracing; every traced value's storage is freed
+  Trace(const Trace&) = delete;
+  Trace& operator=(const Trace&) = delete;
+
+  const std::string& function() const { return function_; }
+  // A traced view of a leaf to differentiate with respect to (f32; `where` names it in errors: "argument 0,
+  // leaf 'w1'"). The leaf must outlive the trace; its bits are not copied.
+  Array input(const Array& leaf, const std::string& where);
+  // The backward pass from the function's value: a traced scalar f32, or an untraced one (every gradient
+  // is then zero). Once per trace.
+  void backward(const Array& value);
+  // After backward: the gradient of a value input() returned (zeros of its shape where nothing flowed).
+  Array gradient(const Array& traced_input) const;
+  // A result of the function made independent of the trace: a traced value is replaced by an untraced
+  // copy; anything else is left as it is.
+  void release(Array& result) const;
+
+  // ---- for core::apply --------------------------------------------------------------------------------
+  // The trace active on the calling thread, or null.
+  static Trace* active();
+  // Whether x is a value of this trace. A value of a trace that has ended raises ValueError (`op` and
+  // `operand` name the call in the message).
+  bool traces(const Array& x, const std::string& op, std::size_t operand) const;
+  // Records p applied to inputs with outputs; returns the traced views of the outputs handed to the user.
+  std::vector<Array> record(std::shared_ptr<const Primitive> p, const std::vector<const Array*>& inputs,
+                            std::vector<Array> outputs);
+
+ private:
+  struct Node;
+  std::size_t slot_of(const Array& x) const;
+  Array view(std::size_t slot) const;
+
+  std::string function_;
+  std::uint64_t serial_;
+  Trace* outer_ = nullptr;
+  std::vector<Array> values_;  // slot i: the value tagged serial_ << 32 | (i + 1) (owned, or a leaf's view)
+  std::vector<Node> nodes_;
+  std::vector<Array> gradients_;  // per slot, after backward
+  bool done_ = false;
+};
+
+}  // namespace pmap::core

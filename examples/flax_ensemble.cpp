@@ -1,0 +1,274 @@
+// flax_ensemble: Flax's ensembling how-to ("Ensembling on multiple devices") written in C++ as the how-to
+// writes it in Python: the CNN as a function of modules, create_train_state pmapped over the members'
+// keys, apply_model pmapped with value_and_grad (has_aux: the logits) and the ensemble's probabilities
+// pmean'd over "ensemble", update_model applying optax-style SGD, the epoch loop, and each member's and
+// the ensemble's test accuracy. Several members per device run one after another on it (vmap will batch
+// them). The keys, the data order and the arithmetic are mnist_ensemble's (--model flax-cnn), so the two
+// programs train the same models from the same seed.
+//
+//   flax_ensemble --data data/mnist [--devices D] [--members M] [--epochs E] [--seed S] [--metrics-json F]
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <pmap/pmap.h>
+#include <pmapcc/core/grad.h>
+#include <pmapcc/core/ops.h>
+#include <pmapcc/ensemble/data.h>
+#include <pmapcc/nn/layers.h>
+#include <pmapcc/optim/sgd.h>
+
+namespace ops = pmap::ops;
+namespace nn = pmap::nn;
+using pmap::Array;
+
+// ---- class CNN(nn.Module) ----------------------------------------------------------------------------------
+struct CnnParams {
+  nn::ConvParams Conv_0, Conv_1;
+  nn::DenseParams Dense_0, Dense_1;
+};
+PMAPCC_TREE(CnnParams, Conv_0, Conv_1, Dense_0, Dense_1)
+
+const nn::Conv conv0{.features = 32}, conv1{.features = 64};
+const nn::Dense dense0{.features = 256}, dense1{.features = 10};
+
+Array cnn(const CnnParams& p, const Array& x) {  // x (N, 28, 28, 1) -> logits (N, 10)
+  Array h = ops::avg_pool(conv0(p.Conv_0, x, /*relu=*/true), 2, 2, 2, 2);
+  h = ops::avg_pool(conv1(p.Conv_1, h, /*relu=*/true), 2, 2, 2, 2);
+  h = dense0(p.Dense_0, ops::reshape(h, {h.dim(0), h.size() / h.dim(0)}), /*relu=*/true);
+  return dense1(p.Dense_1, h);
+}
+
+// cnn.init(key, ones([1, 28, 28, 1])): each kernel from the key folded with its tensor's index in the
+// model (as mnist_ensemble derives them), the biases zero.
+CnnParams init_cnn(pmap::Key key, const pmap::Device& d) {
+  return {conv0.init(pmap::fold_in(key, 0), 1, d), conv1.init(pmap::fold_in(key, 2), 32, d),
+          dense0.init(pmap::fold_in(key, 4), 7 * 7 * 64, d), dense1.init(pmap::fold_in(key, 6), 256, d)};
+}
+
+// ---- flax.training.train_state.TrainState and the pmapped steps --------------------------------------------
+struct TrainState {
+  CnnParams params;
+  pmap::optim::SgdState opt_state;
+};
+PMAPCC_TREE(TrainState, params, opt_state)
+
+struct Config {
+  std::string data, backend = "cpu", metrics_json;
+  std::int64_t train_limit = -1, test_limit = -1;
+  int epochs = 10, devices = 0, members = 0, batch = 128;
+  std::uint64_t seed = 0;
+  float lr = 0.1f, momentum = 0.9f;
+};
+
+struct Applied {  // apply_model's results on one device
+  std::vector<CnnParams> grads;  // one per member here
+  float loss = 0;                // the sum of this device's members' losses
+  std::vector<std::int32_t> predicted;  // the ensemble's argmax, after pmean over "ensemble"
+};
+
+Applied apply_model(const std::vector<TrainState>& states, const Array& images, const Array& labels) {
+  Applied out;
+  Array probs;
+  for (const TrainState& state : states) {
+    auto loss_fn = [&](const CnnParams& params) {
+      Array logits = cnn(params, images);
+      return std::make_pair(ops::softmax_cross_entropy(logits, labels), std::move(logits));
+    };
+    auto [loss_and_logits, grads] = pmap::value_and_grad(loss_fn, "loss_fn")(state.params);
+    out.grads.push_back(std::move(grads));
+    out.loss += loss_and_logits.first.item<float>();
+    Array p = ops::softmax(loss_and_logits.second);
+    probs = probs.valid() ? ops::add(probs, p) : std::move(p);
+  }
+  Array mean = pmap::pmean(ops::scale(probs, 1.0f / static_cast<float>(states.size())), "ensemble");
+  out.predicted = ops::argmax(mean).to_vector<std::int32_t>();
+  return out;
+}
+
+void update_model(std::vector<TrainState>& states, const Applied& applied, const pmap::optim::Sgd& tx) {
+  for (std::size_t m = 0; m < states.size(); ++m) {  // state.apply_gradients(grads=grads)
+    auto [updates, opt_state] = tx.update(applied.grads[m], std::move(states[m].opt_state), states[m].params);
+    states[m].params = pmap::optim::apply_updates(states[m].params, updates);
+    states[m].opt_state = std::move(opt_state);
+  }
+}
+
+// ---- the epoch loop and the evaluation ----------------------------------------------------------------------
+double hits(const std::vector<std::int32_t>& predicted, const std::vector<std::int32_t>& labels) {
+  double n = 0;
+  for (std::size_t i = 0; i < labels.size(); ++i) n += predicted[i] == labels[i] ? 1 : 0;
+  return n;
+}
+
+struct Epoch {
+  double train_loss = 0, train_accuracy = 0, seconds = 0;
+};
+
+// One pass over the training set in the order permutation(key) (full batches; the rest is dropped).
+Epoch train_epoch(pmap::Sharded<std::vector<TrainState>>& states, const pmap::ensemble::Dataset& train,
+                  const Config& c, pmap::Key key, const pmap::Mesh& mesh, const pmap::optim::Sgd& tx) {
+  const auto order = pmap::permutation(key, static_cast<std::uint32_t>(train.count));
+  const auto steps = pmap::ensemble::steps_per_epoch(train.count, c.batch);
+  auto apply = pmap::pmap(apply_model, mesh, "ensemble");
+  auto update = pmap::pmap([&](std::vector<TrainState>& s, const Applied& a) { update_model(s, a, tx); }, mesh);
+  std::vector<float> images(static_cast<std::size_t>(c.batch) * 784);
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(c.batch));
+  Epoch e;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::int64_t s = 0; s < steps; ++s) {
+    pmap::ensemble::gather_batch(train, std::span(order).subspan(static_cast<std::size_t>(s * c.batch),
+                                                                 static_cast<std::size_t>(c.batch)),
+                                 images.data(), labels.data());
+    auto x = pmap::replicate(Array::from_host(images, {c.batch, 28, 28, 1}), mesh);
+    auto y = pmap::replicate(Array::from_host(labels, {c.batch}), mesh);
+    auto applied = apply(states, x, y);
+    for (const Applied& a : applied) e.train_loss += a.loss / c.members;
+    e.train_accuracy += hits(applied[0].predicted, labels) / c.batch;
+    update(states, applied);
+  }
+  e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  e.train_loss /= static_cast<double>(steps);
+  e.train_accuracy /= static_cast<double>(steps);
+  return e;
+}
+
+struct Predicted {
+  std::vector<std::vector<std::int32_t>> members;  // this device's members' argmax
+  std::vector<std::int32_t> ensemble;
+};
+
+// Each member's and the ensemble's test accuracy, in chunks of 1000 images.
+std::pair<std::vector<double>, double> evaluate(const pmap::Sharded<std::vector<TrainState>>& states,
+                                                const pmap::ensemble::Dataset& test, const pmap::Mesh& mesh) {
+  auto predict = pmap::pmap([](const std::vector<TrainState>& s, const Array& x) {
+    Predicted out;
+    Array probs;
+    for (const TrainState& state : s) {
+      Array p = ops::softmax(cnn(state.params, x));
+      out.members.push_back(ops::argmax(p).to_vector<std::int32_t>());
+      probs = probs.valid() ? ops::add(probs, p) : std::move(p);
+    }
+    out.ensemble = ops::argmax(pmap::pmean(ops::scale(probs, 1.0f / static_cast<float>(s.size())), "ensemble"))
+                       .to_vector<std::int32_t>();
+    return out;
+  }, mesh, "ensemble");
+  std::vector<double> member_hits;
+  double ensemble_hits = 0;
+  for (std::int64_t at = 0; at < test.count; at += 1000) {
+    const std::int64_t n = std::min<std::int64_t>(1000, test.count - at);
+    std::vector<std::uint32_t> rows(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) rows[static_cast<std::size_t>(i)] = static_cast<std::uint32_t>(at + i);
+    std::vector<float> images(static_cast<std::size_t>(n) * 784);
+    std::vector<std::int32_t> labels(static_cast<std::size_t>(n));
+    pmap::ensemble::gather_batch(test, rows, images.data(), labels.data());
+    auto out = predict(states, pmap::replicate(Array::from_host(images, {n, 28, 28, 1}), mesh));
+    std::size_t m = 0;
+    for (const Predicted& p : out) {
+      for (const auto& member : p.members) {
+        if (member_hits.size() <= m) member_hits.push_back(0);
+        member_hits[m++] += hits(member, labels);
+      }
+    }
+    ensemble_hits += hits(out[0].ensemble, labels);
+  }
+  for (double& h : member_hits) h /= static_cast<double>(test.count);
+  return {member_hits, ensemble_hits / static_cast<double>(test.count)};
+}
+
+Config parse(int argc, char** argv) {
+  Config c;
+  CLI::App app{"flax_ensemble: Flax's ensembling how-to in C++ (pmap, value_and_grad, pmean of probabilities)"};
+  app.add_option("--data", c.data, "directory of the MNIST IDX files")->required();
+  app.add_option("--train-limit", c.train_limit, "use the first N training examples (-1: all)");
+  app.add_option("--test-limit", c.test_limit, "use the first N test examples (-1: all)");
+  app.add_option("--epochs", c.epochs, "epochs")->check(CLI::NonNegativeNumber);
+  app.add_option("--devices", c.devices, "devices along 'ensemble' (0: every local device)")->check(CLI::NonNegativeNumber);
+  app.add_option("--members", c.members, "ensemble members, a multiple of --devices (0: one per device)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--backend", c.backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--batch", c.batch, "batch size")->check(CLI::PositiveNumber);
+  app.add_option("--lr", c.lr, "SGD learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--momentum", c.momentum, "SGD momentum")->check(CLI::Range(0.0f, 1.0f));
+  app.add_option("--seed", c.seed, "the PRNG seed: members' keys and the data order");
+  app.add_option("--metrics-json", c.metrics_json, "write the per-epoch and final metrics here");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e));
+  }
+  return c;
+}
+
+void write_metrics(const Config& c, const nlohmann::json& epochs, const nlohmann::json& final_metrics) {
+  if (c.metrics_json.empty()) return;
+  const nlohmann::json doc{{"program", "flax_ensemble"},
+                           {"config", {{"members", c.members}, {"devices", c.devices}, {"epochs", c.epochs},
+                                       {"batch", c.batch}, {"lr", c.lr}, {"momentum", c.momentum}, {"seed", c.seed}}},
+                           {"epochs", epochs}, {"final", final_metrics}};
+  const std::string tmp = c.metrics_json + ".tmp";
+  std::ofstream(tmp) << doc.dump(2) << "\n";
+  if (std::rename(tmp.c_str(), c.metrics_json.c_str()) != 0)
+    throw pmap::IoError("--metrics-json: cannot write " + c.metrics_json);
+}
+
+int main(int argc, char** argv) {
+  Config c = parse(argc, argv);
+  try {
+    const auto kind = pmap::parse_device_kind(c.backend);
+    pmap::Mesh mesh(pmap::local_devices(kind, c.devices > 0 ? c.devices : -1), "ensemble");
+    c.devices = mesh.size();
+    if (c.members == 0) c.members = c.devices;
+    if (c.members % c.devices != 0) {
+      std::cerr << "flax_ensemble: --members " << c.members << " is not a multiple of --devices " << c.devices << "\n";
+      return 2;
+    }
+    const auto train = pmap::ensemble::load_mnist(c.data, pmap::ensemble::Split::train, c.train_limit);
+    const auto test = pmap::ensemble::load_mnist(c.data, pmap::ensemble::Split::test, c.test_limit);
+    const auto root = pmap::split(pmap::key(c.seed), 2);  // (init_rng, the data's key)
+    const auto member_keys = pmap::split(root[0], c.members);
+    const pmap::optim::Sgd tx{.learning_rate = c.lr, .momentum = c.momentum};
+    const int per_device = c.members / c.devices;
+    auto states = pmap::pmap([&](int) {  // create_train_state, pmapped over the members' keys
+      std::vector<TrainState> s;
+      for (int j = 0; j < per_device; ++j) {
+        CnnParams params = init_cnn(member_keys[static_cast<std::size_t>(pmap::axis_index("ensemble") * per_device + j)],
+                                    pmap::current_device());
+        auto opt_state = tx.init(params);
+        s.push_back({std::move(params), std::move(opt_state)});
+      }
+      return s;
+    }, mesh, "ensemble")(0);
+    std::printf("%s, %d members, %lld training and %lld test images\n", mesh.str().c_str(), c.members,
+                static_cast<long long>(train.count), static_cast<long long>(test.count));
+    nlohmann::json epochs = nlohmann::json::array(), final_metrics;
+    for (int epoch = 1; epoch <= c.epochs; ++epoch) {
+      const Epoch e = train_epoch(states, train, c, pmap::fold_in(root[1], static_cast<std::uint32_t>(epoch - 1)),
+                                  mesh, tx);
+      const auto [members, ensemble] = evaluate(states, test, mesh);
+      const double rate = static_cast<double>(c.members) * c.batch *
+                          static_cast<double>(pmap::ensemble::steps_per_epoch(train.count, c.batch)) / e.seconds;
+      std::printf("epoch %d  train_loss %.4f  train_accuracy %.4f  ensemble_test_accuracy %.4f  %.0f model-images/s\n",
+                  epoch, e.train_loss, e.train_accuracy, ensemble, rate);
+      final_metrics = {{"epoch", epoch}, {"train_loss", e.train_loss}, {"train_accuracy", e.train_accuracy},
+                       {"member_test_accuracy", members}, {"ensemble_test_accuracy", ensemble},
+                       {"model_images_per_second", rate}, {"seconds", e.seconds}};
+      epochs.push_back(final_metrics);
+    }
+    if (!final_metrics.is_null()) {
+      for (std::size_t m = 0; m < final_metrics["member_test_accuracy"].size(); ++m)
+        std::printf("member %zu test accuracy %.4f\n", m, final_metrics["member_test_accuracy"][m].get<double>());
+    }
+    write_metrics(c, epochs, final_metrics);
+  } catch (const pmap::Error& e) {
+    std::cerr << "flax_ensemble: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,33 @@
+// The seam between the runtime and pmapcc's transformations (grad, in pmapcc/core): an Array being traced
+// by a transformation carries a tag, and the runtime's differentiable operations (the collectives) hand a
+// tagged operand to the transformation that registered itself here instead of computing on it directly.
+// The runtime knows nothing else of tracing; with no transformation linked in, no Array is ever tagged.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include <pmap/array.h>
+#include <pmap/mesh.h>
+
+namespace pmap::detail {
+
+// The collectives a transformation may see; their evaluation and their transposes are the core's.
+enum class TracedCollectiveKind : std::uint8_t { psum, pmean, pmax, pmin, all_gather, psum_scatter, ppermute };
+
+struct TracedCollective {
+  TracedCollectiveKind kind = TracedCollectiveKind::psum;
+  AxisNames axes;
+  int axis = 0;        // all_gather: where the gathered axis goes
+  bool tiled = false;  // all_gather, psum_scatter
+  std::vector<std::pair<int, int>> perm;  // ppermute
+};
+
+// Called with a collective whose operand carries a trace tag; returns the (tagged) result. Set once by the
+// core when it is first used; null until then.
+using TracedCollectiveHandler = Array (*)(const TracedCollective& call, const Array& x);
+void set_traced_collective_handler(TracedCollectiveHandler handler) noexcept;
+TracedCollectiveHandler traced_collective_handler() noexcept;
+
+}  // namespace pmap::detail

@@ -1,0 +1,355 @@
+// pmap::grad and pmap::value_and_grad (pmapcc/core/grad.h) over pmap::ops (pmapcc/core/ops.h): every
+// primitive's VJP against central differences of the same f32 function, on the CPU ops and on the CUDA
+// kernels run on the host; argnums, auxiliary results, trees, accumulation, determinism; every error.
+#include "cuda_testing.h"
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <pmap/pmap.h>
+
+#include <pmapcc/core/grad.h>
+#include <pmapcc/core/ops.h>
+#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/backend.h>
+
+namespace {
+
+using cuda_testing::random_floats;
+using cuda_testing::random_labels;
+using pmap::Array;
+using pmap::Shape;
+namespace ops = pmap::ops;
+
+Array host(const std::vector<float>& v, Shape shape) { return Array::from_host(v, std::move(shape)); }
+
+// A scalar function of some f32 arrays, and the shapes and values to differentiate it at.
+struct Case {
+  std::string name;
+  std::vector<Shape> shapes;
+  std::function<Array(const std::vector<Array>&)> f;
+  float lo = -1.0f, hi = 1.0f;  // the inputs' range
+  bool away_from_ties = false;  // inputs whose pairwise differences and values stay > 0.05 from 0
+};
+
+std::vector<std::vector<float>> inputs_of(const Case& c, std::uint32_t seed) {
+  std::vector<std::vector<float>> in;
+  for (std::size_t i = 0; i < c.shapes.size(); ++i) {
+    auto v = random_floats(static_cast<std::size_t>(pmap::num_elements(c.shapes[i])), seed + 31 * i, c.lo, c.hi);
+    if (c.away_from_ties) {  // spread the values on a grid offset per input, so no kink lies within h
+      for (std::size_t k = 0; k < v.size(); ++k) v[k] = std::round(v[k] * 8.0f) / 8.0f + 0.03f * (i + 1);
+    }
+    in.push_back(std::move(v));
+  }
+  return in;
+}
+
+std::vector<Array> arrays(const Case& c, const std::vector<std::vector<float>>& in) {
+  std::vector<Array> a;
+  for (std::size_t i = 0; i < in.size(); ++i) a.push_back(host(in[i], c.shapes[i]));
+  return a;
+}
+
+double eval(const Case& c, const std::vector<std::vector<float>>& in) {
+  return c.f(arrays(c, in)).item<float>();
+}
+
+// grad of the case's function at seeded inputs against central differences (h = 1e-2, in f32).
+void check_against_differences(const Case& c) {
+  CAPTURE(c.name);
+  const auto in = inputs_of(c, 7);
+  auto [value, grads] = pmap::value_and_grad(
+      [&](const std::vector<Array>& xs) { return c.f(xs); }, c.name)(arrays(c, in));
+  CHECK(value.item<float>() == doctest::Approx(eval(c, in)).epsilon(1e-6));
+  REQUIRE(grads.size() == in.size());
+  const float h = 1e-2f;
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    const auto g = grads[i].to_vector<float>();
+    REQUIRE(grads[i].shape() == c.shapes[i]);
+    for (std::size_t k = 0; k < in[i].size(); ++k) {
+      auto plus = in, minus = in;
+      plus[i][k] += h;
+      minus[i][k] -= h;
+      const double fd = (eval(c, plus) - eval(c, minus)) / (2.0 * h);
+      CAPTURE(i);
+      CAPTURE(k);
+      CHECK(g[k] == doctest::Approx(fd).epsilon(2e-2).scale(1.0));
+    }
+  }
+}
+
+// sum(op(...) * weights): a scalar that weighs every output element differently.
+Array weighted(const Array& y) {
+  const auto w = random_floats(static_cast<std::size_t>(y.size()), 99, 0.5f, 1.5f);
+  return ops::sum(ops::multiply(y, Array::from_host(w, y.shape(), y.device())));
+}
+
+std::vector<Case> cases() {
+  using V = const std::vector<Array>&;
+  std::vector<Case> out{
+      {"add", {{3, 4}, {3, 4}}, [](V x) { return weighted(ops::add(x[0], x[1])); }},
+      {"add (b trailing)", {{2, 3, 4}, {4}}, [](V x) { return weighted(ops::add(x[0], x[1])); }},
+      {"subtract (b scalar)", {{3, 4}, {}}, [](V x) { return weighted(ops::subtract(x[0], x[1])); }},
+      {"multiply (b trailing)", {{3, 4}, {4}}, [](V x) { return weighted(ops::multiply(x[0], x[1])); }},
+      {"divide", {{3, 4}, {3, 4}}, [](V x) { return weighted(ops::divide(x[0], x[1])); }, 0.5f, 2.0f},
+      {"divide (b scalar)", {{5}, {1}}, [](V x) { return weighted(ops::divide(x[0], x[1])); }, 0.5f, 2.0f},
+      {"maximum", {{3, 4}, {3, 4}}, [](V x) { return weighted(ops::maximum(x[0], x[1])); }, -1, 1, true},
+      {"minimum (b trailing)", {{3, 4}, {4}}, [](V x) { return weighted(ops::minimum(x[0], x[1])); }, -1, 1, true},
+      {"scale", {{6}}, [](V x) { return weighted(ops::scale(x[0], -1.5f, 0.25f)); }},
+      {"negative", {{6}}, [](V x) { return weighted(ops::negative(x[0])); }},
+      {"abs", {{6}}, [](V x) { return weighted(ops::abs(x[0])); }, -1, 1, true},
+      {"square", {{6}}, [](V x) { return weighted(ops::square(x[0])); }},
+      {"sqrt", {{6}}, [](V x) { return weighted(ops::sqrt(x[0])); }, 0.5f, 2.0f},
+      {"exp", {{6}}, [](V x) { return weighted(ops::exp(x[0])); }},
+      {"log", {{6}}, [](V x) { return weighted(ops::log(x[0])); }, 0.5f, 2.0f},
+      {"relu", {{8}}, [](V x) { return weighted(ops::relu(x[0])); }, -1, 1, true},
+      {"sigmoid", {{6}}, [](V x) { return weighted(ops::sigmoid(x[0])); }, -3, 3},
+      {"tanh", {{6}}, [](V x) { return weighted(ops::tanh(x[0])); }, -2, 2},
+      {"gelu", {{8}}, [](V x) { return weighted(ops::gelu(x[0])); }, -3, 3},
+      {"matmul", {{2, 3, 4}, {4, 5}}, [](V x) { return weighted(ops::matmul(x[0], x[1])); }},
+      {"matmul (transpose_b)", {{3, 4}, {5, 4}}, [](V x) { return weighted(ops::matmul(x[0], x[1], false, true)); }},
+      {"matmul (transpose_a)", {{6, 3}, {6, 2}}, [](V x) { return weighted(ops::matmul(x[0], x[1], true)); }},
+      {"linear", {{3, 4}, {4, 5}, {5}}, [](V x) { return weighted(ops::linear(x[0], x[1], x[2])); }},
+      {"linear (relu)", {{3, 4}, {4, 5}, {5}}, [](V x) { return weighted(ops::linear(x[0], x[1], x[2], true)); }},
+      {"linear (one row)", {{4}, {4, 3}, {3}}, [](V x) { return weighted(ops::linear(x[0], x[1], x[2])); }},
+      {"sum", {{3, 4}}, [](V x) { return ops::multiply(ops::sum(ops::square(x[0])), ops::sum(x[0])); }},
+      {"mean", {{3, 4}}, [](V x) { return ops::mean(ops::multiply(x[0], x[0])); }},
+      {"sum_rows", {{3, 2, 2}}, [](V x) { return weighted(ops::sum_rows(x[0])); }},
+      {"mean_rows", {{4, 3}}, [](V x) { return weighted(ops::mean_rows(x[0])); }},
+      {"reshape", {{3, 4}}, [](V x) { return weighted(ops::reshape(ops::square(x[0]), {2, 6})); }},
+      {"conv2d (same, bias)", {{2, 5, 5, 2}, {3, 3, 2, 3}, {3}},
+       [](V x) { return weighted(ops::conv2d(x[0], x[1], x[2])); }},
+      {"conv2d (valid, stride 2)", {{1, 6, 5, 2}, {2, 3, 2, 2}},
+       [](V x) { return weighted(ops::conv2d(x[0], x[1], Array(), {.stride_h = 2, .stride_w = 2, .same = false})); }},
+      {"conv2d (relu, active)", {{1, 4, 4, 1}, {3, 3, 1, 2}, {2}},
+       [](V x) { return weighted(ops::conv2d(x[0], x[1], x[2], {.relu = true})); }, 0.1f, 1.0f},
+      {"avg_pool", {{2, 5, 5, 2}}, [](V x) { return weighted(ops::avg_pool(ops::square(x[0]), 2, 2, 2, 2)); }},
+      {"global_avg_pool", {{2, 3, 4, 3}}, [](V x) { return weighted(ops::global_avg_pool(ops::exp(x[0]))); }},
+      {"batch_norm (train)", {{4, 2, 3}, {3}, {3}},
+       [](V x) {
+         auto r = ops::batch_norm(x[0], x[1], x[2], pmap::Array(Shape{3}, pmap::DType::f32), host({1, 1, 1}, {3}));
+         return weighted(r.y);
+       }},
+      {"batch_norm (train, no gamma, relu)", {{6, 2}, {2}},
+       [](V x) {
+         auto r = ops::batch_norm(x[0], Array(), x[1], host({0.1f, -0.2f}, {2}), host({1, 2}, {2}), {.relu = true});
+         return weighted(ops::square(r.y));
+       }},
+      {"batch_norm (inference)", {{5, 3}, {3}, {3}},
+       [](V x) {
+         auto r = ops::batch_norm(x[0], x[1], x[2], host({0.1f, 0.2f, -0.3f}, {3}), host({0.5f, 1.0f, 2.0f}, {3}),
+                                  {.train = false});
+         return weighted(r.y);
+       }},
+      {"softmax", {{3, 5}}, [](V x) { return weighted(ops::softmax(x[0])); }, -2, 2},
+      {"softmax_cross_entropy", {{4, 5}},
+       [](V x) {
+         return ops::softmax_cross_entropy(x[0], Array::from_host(random_labels(4, 5, 3), {4}));
+       },
+       -2, 2},
+  };
+  return out;
+}
+
+TEST_CASE("grad: every primitive's VJP against central differences") {
+  for (const Case& c : cases()) check_against_differences(c);
+}
+
+TEST_CASE("grad: a fused ReLU (linear, conv2d) has the gradients of relu after the unfused op, bit for bit") {
+  const Array x = host(random_floats(2 * 5 * 5 * 2, 3), {2, 5, 5, 2}), w = host(random_floats(3 * 3 * 2 * 4, 4), {3, 3, 2, 4});
+  const Array b = host(random_floats(4, 5), {4});
+  auto fused = pmap::grad<0, 1, 2>([](const Array& xs, const Array& ws, const Array& bs) {
+    return weighted(ops::conv2d(xs, ws, bs, {.relu = true}));
+  })(x, w, b);
+  auto plain = pmap::grad<0, 1, 2>([](const Array& xs, const Array& ws, const Array& bs) {
+    return weighted(ops::relu(ops::conv2d(xs, ws, bs)));
+  })(x, w, b);
+  CHECK(std::get<0>(fused).to_vector<float>() == std::get<0>(plain).to_vector<float>());
+  CHECK(std::get<1>(fused).to_vector<float>() == std::get<1>(plain).to_vector<float>());
+  CHECK(std::get<2>(fused).to_vector<float>() == std::get<2>(plain).to_vector<float>());
+  const Array xl = host(random_floats(15, 6), {5, 3}), wl = host(random_floats(12, 7), {3, 4}), bl = host(random_floats(4, 8), {4});
+  auto lf = pmap::grad<0, 1, 2>([](const Array& a, const Array& m, const Array& c) { return weighted(ops::linear(a, m, c, true)); })(xl, wl, bl);
+  auto lp = pmap::grad<0, 1, 2>([](const Array& a, const Array& m, const Array& c) {
+    return weighted(ops::relu(ops::linear(a, m, c)));
+  })(xl, wl, bl);
+  CHECK(std::get<0>(lf).to_vector<float>() == std::get<0>(lp).to_vector<float>());
+  CHECK(std::get<1>(lf).to_vector<float>() == std::get<1>(lp).to_vector<float>());
+  CHECK(std::get<2>(lf).to_vector<float>() == std::get<2>(lp).to_vector<float>());
+}
+
+TEST_CASE("grad: batch_norm's state and dropout's mask") {
+  const Array x = host(random_floats(24, 31), {8, 3});
+  Array mean(Shape{3}, pmap::DType::f32), var = host({1, 1, 1}, {3});
+  // the moving statistics move toward the batch's (biased variance), momentum 0.9
+  auto r = ops::batch_norm(x, Array(), Array(), mean, var, {.momentum = 0.9f});
+  const auto xs = x.to_vector<float>();
+  for (int c = 0; c < 3; ++c) {
+    double s = 0, q = 0;
+    for (int i = 0; i < 8; ++i) s += xs[static_cast<std::size_t>(i * 3 + c)], q += xs[static_cast<std::size_t>(i * 3 + c)] * xs[static_cast<std::size_t>(i * 3 + c)];
+    const double m = s / 8, v = q / 8 - m * m;
+    CHECK(r.moving_mean.to_vector<float>()[static_cast<std::size_t>(c)] == doctest::Approx(0.1 * m).epsilon(1e-5));
+    CHECK(r.moving_variance.to_vector<float>()[static_cast<std::size_t>(c)] == doctest::Approx(0.9 + 0.1 * v).epsilon(1e-5));
+  }
+  CHECK(mean.to_vector<float>() == std::vector<float>(3, 0.0f));  // the inputs are left as they are
+  // through grad, the new state comes back as the auxiliary result
+  auto [value_aux, g] = pmap::value_and_grad([&](const Array& xx) {
+    auto b = ops::batch_norm(xx, Array(), Array(), mean, var, {.momentum = 0.9f});
+    return std::make_pair(ops::sum(ops::square(b.y)), std::vector<Array>{});
+  })(x);
+  CHECK(g.shape() == x.shape());
+  // dropout: the gradient is the same mask applied to the cotangent; the mask of a row depends on its
+  // global index only (two halves with offsets equal the whole)
+  const Array key = Array::from_host(std::vector<std::uint32_t>{7, 9}, {2});
+  const Array step = Array::from_host(std::vector<std::int64_t>{3}, {1});
+  const Array w = host(random_floats(24, 32), {8, 3});
+  auto gd = pmap::grad([&](const Array& xx) {
+    return ops::sum(ops::multiply(ops::dropout(xx, key, step, {.rate = 0.5f}), w));
+  })(x);
+  CHECK(gd.to_vector<float>() == pmap::ops::eager::dropout(w, key, step, {.rate = 0.5f}).to_vector<float>());
+  const auto whole = ops::dropout(x, key, step, {.rate = 0.5f}).to_vector<float>();
+  auto half = [&](std::int64_t first) {
+    std::vector<float> v(xs.begin() + first * 3, xs.begin() + (first + 4) * 3);
+    return ops::dropout(host(v, {4, 3}), key, step, {.rate = 0.5f, .example_offset = first}).to_vector<float>();
+  };
+  auto a = half(0), b = half(4);
+  a.insert(a.end(), b.begin(), b.end());
+  CHECK(a == whole);
+  int zeros = 0;
+  for (float v : whole) zeros += v == 0.0f;
+  CHECK(zeros > 0);
+  CHECK(zeros < 24);
+  CHECK_THROWS_AS(ops::dropout(x, key, step, {.rate = 1.0f}), pmap::ValueError);
+}
+
+TEST_CASE("grad: the CUDA kernels run on the host give the CPU ops' gradients") {
+  for (const Case& c : cases()) {
+    CAPTURE(c.name);
+    const auto in = inputs_of(c, 11);
+    auto g = pmap::grad([&](const std::vector<Array>& xs) { return c.f(xs); })(arrays(c, in));
+    pmap::ops::detail::ScopedBackend scope(pmap::kernels::cuda_backend_on_host());
+    auto h = pmap::grad([&](const std::vector<Array>& xs) { return c.f(xs); })(arrays(c, in));
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      CHECK(cuda_testing::relative_error(h[i].to_vector<float>(), g[i].to_vector<float>()) <= 1e-5);
+    }
+  }
+}
+
+struct Mlp {
+  Array w1, b1, w2;
+  float temperature = 1.0f;  // a scalar leaf: its gradient is 0
+};
+PMAPCC_TREE(Mlp, w1, b1, w2, temperature)
+
+Mlp make_mlp() {
+  return {host(random_floats(12, 1), {4, 3}), host(random_floats(3, 2), {3}), host(random_floats(6, 3), {3, 2}), 2.0f};
+}
+
+Array mlp_loss(const Mlp& p, const Array& x, const Array& labels) {
+  Array h = ops::linear(x, p.w1, p.b1, true);
+  return ops::softmax_cross_entropy(ops::matmul(h, p.w2), labels);
+}
+
+TEST_CASE("grad over trees: a struct's leaves, argnums, the auxiliary result, scalar leaves") {
+  const Mlp p = make_mlp();
+  const Array x = host(random_floats(20, 4), {5, 4});
+  const Array labels = Array::from_host(random_labels(5, 2, 5), {5});
+  auto [loss, g] = pmap::value_and_grad(mlp_loss, "mlp_loss")(p, x, labels);
+  CHECK(loss.item<float>() == mlp_loss(p, x, labels).item<float>());
+  CHECK(g.w1.shape() == Shape{4, 3});
+  CHECK(g.b1.shape() == Shape{3});
+  CHECK(g.w2.shape() == Shape{3, 2});
+  CHECK(g.temperature == 0.0f);
+  // the same gradient through grad, and w.r.t. x too (argnums 0 and 1)
+  Mlp g2 = pmap::grad(mlp_loss)(p, x, labels);
+  CHECK(g2.w2.to_vector<float>() == g.w2.to_vector<float>());
+  auto [v3, gs] = pmap::value_and_grad<0, 1>(mlp_loss)(p, x, labels);
+  CHECK(std::get<0>(gs).w1.to_vector<float>() == g.w1.to_vector<float>());
+  CHECK(std::get<1>(gs).shape() == Shape{5, 4});
+  // has_aux: (value, aux) and (grads, aux)
+  auto with_aux = [](const Mlp& q, const Array& xs) {
+    Array h = ops::linear(xs, q.w1, q.b1, true);
+    std::vector<Array> aux;
+    aux.push_back(ops::scale(h, 2.0f));
+    return std::make_pair(ops::mean(h), std::move(aux));
+  };
+  auto [va, ga] = pmap::value_and_grad(with_aux)(p, x);
+  CHECK(va.second.size() == 1);
+  CHECK(pmap::detail::trace_tag(va.second[0]) == 0);  // results are plain arrays
+  CHECK(va.second[0].shape() == Shape{5, 3});
+  auto [gg, aux] = pmap::grad(with_aux)(p, x);
+  CHECK(gg.b1.to_vector<float>() == ga.b1.to_vector<float>());
+  // a leaf nothing flows to gets zeros
+  CHECK(ga.w2.to_vector<float>() == std::vector<float>(6, 0.0f));
+}
+
+TEST_CASE("grad: a value used several times accumulates; maps; repeated runs give the same bits") {
+  std::map<std::string, Array> params;
+  params.emplace("a", host({0.5f, -1.0f, 2.0f}, {3}));
+  params.emplace("b", host({1.5f}, {}));
+  auto f = [](const std::map<std::string, Array>& q) {
+    const Array& a = q.at("a");
+    Array y = ops::add(ops::multiply(a, a), ops::multiply(a, q.at("b")));  // a^2 + a b
+    return ops::sum(ops::add(y, a));                                      // + a
+  };
+  auto g = pmap::grad(f)(params);
+  // d/da = 2a + b + 1, d/db = sum(a)
+  CHECK(g.at("a").to_vector<float>() == std::vector<float>{1.0f + 1.5f + 1.0f, -2.0f + 1.5f + 1.0f, 4.0f + 2.5f});
+  CHECK(g.at("b").item<float>() == doctest::Approx(1.5));
+  const auto again = pmap::grad(f)(params);
+  CHECK(std::memcmp(again.at("a").to_vector<float>().data(), g.at("a").to_vector<float>().data(), 12) == 0);
+  // stop_gradient: no gradient flows through
+  auto h = pmap::grad([](const Array& a) { return ops::sum(ops::multiply(a, ops::stop_gradient(a))); })(params.at("a"));
+  CHECK(h.to_vector<float>() == params.at("a").to_vector<float>());
+  // a function that ignores its argument: zeros
+  auto z = pmap::grad([](const Array&) { return Array::scalar(1.0f); })(params.at("a"));
+  CHECK(z.to_vector<float>() == std::vector<float>(3, 0.0f));
+}
+
+TEST_CASE("grad: bad input raises pmap::Error naming the function and what is wrong") {
+  const Array a = host({1.0f, 2.0f}, {2});
+  auto message = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const pmap::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string vector_valued = message([&] { pmap::grad([](const Array& x) { return ops::square(x); }, "sq")(a); });
+  CHECK(vector_valued.find("grad of 'sq'") != std::string::npos);
+  CHECK(vector_valued.find("f32(2,)") != std::string::npos);
+  CHECK(vector_valued.find("scalar f32") != std::string::npos);
+  const Array labels = Array::from_host(std::vector<std::int32_t>{1, 0}, {2});
+  const std::string int_valued = message([&] {
+    pmap::grad([&](const Array&) { return Array::scalar(std::int32_t{3}); }, "count")(a);
+  });
+  CHECK(int_valued.find("i32()") != std::string::npos);
+  // labels asked for
+  std::vector<Array> mixed;
+  mixed.push_back(a.copy());
+  mixed.push_back(labels.copy());
+  const std::string labels_asked =
+      message([&] { pmap::grad([](const std::vector<Array>& v) { return ops::sum(v[0]); }, "loss")(mixed); });
+  CHECK(labels_asked.find("leaf '1'") != std::string::npos);
+  CHECK(labels_asked.find("not differentiable") != std::string::npos);
+  // in-place changes of a traced value, and a leaked value
+  CHECK(message([&] { pmap::grad([](const Array& x) { return ops::sum(ops::square(x).reshape({2, 1})); })(a); })
+            .find("ops::reshape") != std::string::npos);
+  Array leaked;
+  pmap::grad([&](const Array& x) {
+    leaked = ops::square(x);
+    return ops::sum(x);
+  })(a);
+  CHECK(message([&] { ops::add(leaked, a); }).find("after that function returned") != std::string::npos);
+  // higher order
+  CHECK_THROWS_AS(pmap::grad([](const Array& x) { return ops::sum(pmap::grad([](const Array& y) {
+                                                                  return ops::sum(ops::square(y));
+                                                                })(x)); })(a),
+                  pmap::NotAvailable);
+}
+
+}  // namespace
