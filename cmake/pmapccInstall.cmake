@@ -23,7 +23,7 @@ endif()
 install(DIRECTORY include/pmap DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY kernels core nn optim io ensemble DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pmapcc  # <pmapcc/kernels/...>
         FILES_MATCHING PATTERN "*.h"
-        PATTERN "cpu" EXCLUDE PATTERN "cuda" EXCLUDE)  # the backends' internal headers
+        PATTERN "cpu" EXCLUDE PATTERN "cuda" EXCLUDE PATTERN "array_ops_checks.h" EXCLUDE)  # internal headers
 install(EXPORT pmapccTargets NAMESPACE pmapcc:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/pmapcc)
 
 # Where the CUDA toolkit was found (the directory above nvcc's bin/), a hint for the installed config.

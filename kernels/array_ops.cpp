@@ -12,10 +12,17 @@
 
 #include <pmapcc/kernels/backend.h>
 
+#include "array_ops_checks.h"
+
 namespace pmap::ops::eager {
+using namespace detail;  // the checks of array_ops_checks.h
 namespace {
 
 thread_local const kernels::Backend* tls_override = nullptr;
+
+}  // namespace
+
+namespace detail {
 
 void require_valid(const char* fn, const char* name, const Array& x) {
   if (!x.valid()) throw ValueError(std::string("ops::") + fn + ": " + name + " is an empty Array handle");
@@ -76,6 +83,10 @@ Array workspace(std::size_t bytes, const Device& device) {
   return Array(Shape{static_cast<std::int64_t>(bytes)}, DType::u8, device);
 }
 void* ptr(Array& ws) { return ws.size() == 0 ? nullptr : ws.raw_data(); }
+
+}  // namespace detail
+
+namespace {
 
 Array unary(kernels::UnaryOp op, const Array& x) {
   const char* fn = kernels::to_string(op);
@@ -330,255 +341,6 @@ SoftmaxCrossEntropy softmax_cross_entropy(const Array& logits, const Array& labe
                                   out.grad.data<float>(), nullptr, out.correct.data<std::int32_t>(),
                                   out.bad_labels.data<std::int32_t>(), ptr(ws));
   return out;
-}
-
-namespace {
-
-kernels::Conv2dParams conv_params(const char* fn, const Array& x, const Array& w, Conv2dOptions o) {
-  const auto shapes = [&] { return " (x " + x.signature() + ", w " + w.signature() + ")"; };
-  if (x.ndim() != 4 || w.ndim() != 4 || w.dim(2) != x.dim(3)) {
-    throw ShapeError(std::string("ops::") + fn + ": x must be (N, H, W, Cin) and w (KH, KW, Cin, Cout)" + shapes());
-  }
-  kernels::Conv2dParams p;
-  p.batch = as_int(fn, "N", x.dim(0));
-  p.height = as_int(fn, "H", x.dim(1));
-  p.width = as_int(fn, "W", x.dim(2));
-  p.in_channels = as_int(fn, "Cin", x.dim(3));
-  p.kernel_h = as_int(fn, "KH", w.dim(0));
-  p.kernel_w = as_int(fn, "KW", w.dim(1));
-  p.out_channels = as_int(fn, "Cout", w.dim(3));
-  p.stride_h = o.stride_h;
-  p.stride_w = o.stride_w;
-  p.padding = o.same ? kernels::Padding::same : kernels::Padding::valid;
-  p.relu = o.relu;
-  return p;
-}
-
-}  // namespace
-
-Array conv2d(const Array& x, const Array& w, const Array& bias, Conv2dOptions options) {
-  const char* fn = "conv2d";
-  require_dtype(fn, "x", x, DType::f32);
-  require_dtype(fn, "w", w, DType::f32);
-  require_same_device(fn, x, "x", w, "w");
-  kernels::Conv2dParams p = conv_params(fn, x, w, options);
-  const bool has_bias = bias.valid();
-  if (has_bias) {
-    require_dtype(fn, "bias", bias, DType::f32);
-    require_same_device(fn, x, "x", bias, "bias");
-    if (bias.shape() != Shape{w.dim(3)})
-      throw ShapeError("ops::conv2d: bias " + bias.signature() + " must be (Cout) = (" + std::to_string(w.dim(3)) + ",)");
-  }
-  const kernels::ConvGeometry g = kernels::conv2d_geometry(p);
-  const kernels::Backend& be = backend_of(fn, x.device());
-  Array y(Shape{x.dim(0), g.out_height, g.out_width, w.dim(3)}, DType::f32, x.device());
-  if (y.size() == 0) return y;
-  Array ws = workspace(be.conv().conv2d_workspace_bytes(p), x.device());
-  be.conv().conv2d_forward(p, x.data<float>(), w.data<float>(), has_bias ? bias.data<float>() : nullptr,
-                           y.data<float>(), ptr(ws));
-  return y;
-}
-
-Conv2dGrads conv2d_backward(const Array& x, const Array& w, const Array& dy, Conv2dOptions options, bool want_dx,
-                            bool want_dw, bool want_dbias) {
-  const char* fn = "conv2d_backward";
-  require_dtype(fn, "x", x, DType::f32);
-  require_dtype(fn, "w", w, DType::f32);
-  require_dtype(fn, "dy", dy, DType::f32);
-  options.relu = false;
-  kernels::Conv2dParams p = conv_params(fn, x, w, options);
-  const kernels::ConvGeometry g = kernels::conv2d_geometry(p);
-  if (dy.shape() != Shape{x.dim(0), g.out_height, g.out_width, w.dim(3)})
-    throw ShapeError("ops::conv2d_backward: dy " + dy.signature() + " is not the convolution's output shape");
-  const kernels::Backend& be = backend_of(fn, x.device());
-  Conv2dGrads out;
-  out.dx = Array(x.shape(), DType::f32, x.device());
-  out.dw = Array(w.shape(), DType::f32, x.device());
-  out.dbias = Array(Shape{w.dim(3)}, DType::f32, x.device());
-  if (dy.size() > 0 && x.size() > 0 && w.size() > 0) {
-    Array ws = workspace(be.conv().conv2d_workspace_bytes(p), x.device());
-    be.conv().conv2d_backward(p, x.data<float>(), w.data<float>(), dy.data<float>(),
-                              want_dx ? out.dx.data<float>() : nullptr, want_dw ? out.dw.data<float>() : nullptr,
-                              want_dbias ? out.dbias.data<float>() : nullptr, ptr(ws));
-  }
-  if (!want_dx) out.dx = Array();
-  if (!want_dw) out.dw = Array();
-  if (!want_dbias) out.dbias = Array();
-  return out;
-}
-
-namespace {
-
-kernels::AvgPoolParams pool_params(const char* fn, const Shape& x, int wh, int ww, int sh, int sw) {
-  if (x.size() != 4) throw ShapeError(std::string("ops::") + fn + ": x " + shape_str(x) + " must be (N, H, W, C)");
-  kernels::AvgPoolParams p;
-  p.batch = as_int(fn, "N", x[0]);
-  p.height = as_int(fn, "H", x[1]);
-  p.width = as_int(fn, "W", x[2]);
-  p.channels = as_int(fn, "C", x[3]);
-  p.window_h = wh;
-  p.window_w = ww;
-  p.stride_h = sh;
-  p.stride_w = sw;
-  return p;
-}
-
-}  // namespace
-
-Array avg_pool(const Array& x, int window_h, int window_w, int stride_h, int stride_w) {
-  require_dtype("avg_pool", "x", x, DType::f32);
-  const kernels::AvgPoolParams p = pool_params("avg_pool", x.shape(), window_h, window_w, stride_h, stride_w);
-  const kernels::PoolGeometry g = kernels::avg_pool_geometry(p);
-  const kernels::Backend& be = backend_of("avg_pool", x.device());
-  Array y(Shape{x.dim(0), g.out_height, g.out_width, x.dim(3)}, DType::f32, x.device());
-  if (y.size() > 0) be.conv().avg_pool_forward(p, x.data<float>(), y.data<float>());
-  return y;
-}
-
-Array avg_pool_backward(const Array& dy, const Shape& x_shape, int window_h, int window_w, int stride_h,
-                        int stride_w) {
-  require_dtype("avg_pool_backward", "dy", dy, DType::f32);
-  const kernels::AvgPoolParams p = pool_params("avg_pool_backward", x_shape, window_h, window_w, stride_h, stride_w);
-  const kernels::PoolGeometry g = kernels::avg_pool_geometry(p);
-  if (dy.shape() != Shape{x_shape[0], g.out_height, g.out_width, x_shape[3]})
-    throw ShapeError("ops::avg_pool_backward: dy " + dy.signature() + " is not the pool's output shape");
-  const kernels::Backend& be = backend_of("avg_pool_backward", dy.device());
-  Array dx(x_shape, DType::f32, dy.device());
-  if (dx.size() > 0) be.conv().avg_pool_backward(p, dy.data<float>(), dx.data<float>());
-  return dx;
-}
-
-namespace {
-
-kernels::BatchNormParams bn_params(const char* fn, const Array& x) {
-  require_dtype(fn, "x", x, DType::f32);
-  if (x.ndim() < 1 || x.dim(-1) == 0)
-    throw ShapeError(std::string("ops::") + fn + ": x " + x.signature() + " needs a channel axis (the last)");
-  kernels::BatchNormParams p;
-  p.rows = rows_of(x);
-  p.channels = as_int(fn, "C", x.dim(-1));
-  return p;
-}
-
-void require_channels(const char* fn, const char* name, const Array& a, std::int64_t c, DType dtype) {
-  require_dtype(fn, name, a, dtype);
-  if (a.shape() != Shape{c}) {
-    throw ShapeError(std::string("ops::") + fn + ": " + name + " " + a.signature() + " must be (" + std::to_string(c) +
-                     ",), one per channel");
-  }
-}
-
-void require_pair(const char* fn, const char* name, const Array& a, std::int64_t c, DType dtype) {
-  require_dtype(fn, name, a, dtype);
-  if (a.shape() != Shape{2, c}) {
-    throw ShapeError(std::string("ops::") + fn + ": " + name + " " + a.signature() + " must be (2, " +
-                     std::to_string(c) + ")");
-  }
-}
-
-}  // namespace
-
-Array batch_norm_sums(const Array& x) {
-  const kernels::BatchNormParams p = bn_params("batch_norm_sums", x);
-  Array sums(Shape{2, x.dim(-1)}, DType::f64, x.device());
-  if (p.rows > 0) backend_of("batch_norm_sums", x.device()).layers().batch_norm_sums(p, x.data<float>(), sums.data<double>());
-  return sums;
-}
-
-Array batch_norm_statistics(const Array& sums, double count, Array& moving_mean, Array& moving_variance,
-                            float epsilon, float momentum) {
-  const char* fn = "batch_norm_statistics";
-  require_dtype(fn, "moving_mean", moving_mean, DType::f32);
-  const std::int64_t c = moving_mean.size();
-  require_channels(fn, "moving_mean", moving_mean, c, DType::f32);
-  require_channels(fn, "moving_variance", moving_variance, c, DType::f32);
-  if (sums.valid()) require_pair(fn, "sums", sums, c, DType::f64);
-  if (sums.valid() && !(count > 0)) throw ValueError("ops::batch_norm_statistics: count must be positive");
-  kernels::BatchNormParams p;
-  p.channels = as_int(fn, "C", c);
-  p.epsilon = epsilon;
-  p.momentum = momentum;
-  Array stats(Shape{2, c}, DType::f32, moving_mean.device());
-  backend_of(fn, moving_mean.device()).layers().batch_norm_statistics(
-      p, sums.valid() ? sums.data<double>() : nullptr, count, moving_mean.data<float>(),
-      moving_variance.data<float>(), stats.data<float>());
-  return stats;
-}
-
-Array batch_norm_apply(const Array& x, const Array& stats, const Array& gamma, const Array& beta, bool relu) {
-  const char* fn = "batch_norm_apply";
-  kernels::BatchNormParams p = bn_params(fn, x);
-  p.relu = relu;
-  require_pair(fn, "stats", stats, p.channels, DType::f32);
-  if (gamma.valid()) require_channels(fn, "gamma", gamma, p.channels, DType::f32);
-  if (beta.valid()) require_channels(fn, "beta", beta, p.channels, DType::f32);
-  Array y(x.shape(), DType::f32, x.device());
-  if (p.rows > 0) {
-    backend_of(fn, x.device()).layers().batch_norm_apply(p, x.data<float>(), stats.data<float>(),
-                                                         gamma.valid() ? gamma.data<float>() : nullptr,
-                                                         beta.valid() ? beta.data<float>() : nullptr, y.data<float>());
-  }
-  return y;
-}
-
-BatchNormBackwardSums batch_norm_backward_sums(const Array& x, const Array& dy, const Array& stats) {
-  const char* fn = "batch_norm_backward_sums";
-  const kernels::BatchNormParams p = bn_params(fn, x);
-  require_pair(fn, "stats", stats, p.channels, DType::f32);
-  require_dtype(fn, "dy", dy, DType::f32);
-  if (dy.shape() != x.shape()) throw ShapeError("ops::batch_norm_backward_sums: dy " + dy.signature() + " is not x's shape");
-  const std::int64_t c = p.channels;
-  BatchNormBackwardSums out{Array(Shape{2, c}, DType::f64, x.device()), Array(Shape{c}, DType::f32, x.device()),
-                            Array(Shape{c}, DType::f32, x.device())};
-  if (p.rows > 0) {
-    backend_of(fn, x.device()).layers().batch_norm_backward_sums(p, x.data<float>(), dy.data<float>(),
-                                                                 stats.data<float>(), out.sums.data<double>(),
-                                                                 out.dgamma.data<float>(), out.dbeta.data<float>());
-  }
-  return out;
-}
-
-Array batch_norm_backward(const Array& x, const Array& dy, const Array& stats, const Array& sums, double count,
-                          const Array& gamma) {
-  const char* fn = "batch_norm_backward";
-  const kernels::BatchNormParams p = bn_params(fn, x);
-  require_pair(fn, "stats", stats, p.channels, DType::f32);
-  require_pair(fn, "sums", sums, p.channels, DType::f64);
-  if (gamma.valid()) require_channels(fn, "gamma", gamma, p.channels, DType::f32);
-  if (dy.shape() != x.shape()) throw ShapeError("ops::batch_norm_backward: dy " + dy.signature() + " is not x's shape");
-  Array dx(x.shape(), DType::f32, x.device());
-  if (p.rows > 0) {
-    backend_of(fn, x.device()).layers().batch_norm_backward(p, x.data<float>(), dy.data<float>(), stats.data<float>(),
-                                                            sums.data<double>(), count,
-                                                            gamma.valid() ? gamma.data<float>() : nullptr,
-                                                            dx.data<float>());
-  }
-  return dx;
-}
-
-Array dropout(const Array& x, const Array& key, const Array& step, DropoutOptions o) {
-  const char* fn = "dropout";
-  require_dtype(fn, "x", x, DType::f32);
-  require_dtype(fn, "key", key, DType::u32);
-  require_dtype(fn, "step", step, DType::i64);
-  if (key.size() != 2 || step.size() != 1)
-    throw ShapeError("ops::dropout: key " + key.signature() + " must hold 2 words and step " + step.signature() + " one");
-  if (x.ndim() < 1) throw ShapeError("ops::dropout: x " + x.signature() + " needs a leading (example) axis");
-  if (!(o.rate >= 0.0f && o.rate < 1.0f))
-    throw ValueError("ops::dropout: rate must be in [0, 1), got " + std::to_string(o.rate));
-  require_same_device(fn, x, "x", key, "key");
-  require_same_device(fn, x, "x", step, "step");
-  Array y(x.shape(), DType::f32, x.device());
-  if (x.size() == 0) return y;
-  kernels::DropoutParams p;
-  p.rows = x.dim(0);
-  p.features = x.size() / x.dim(0);
-  p.rate = o.rate;
-  p.example_offset = o.example_offset;
-  p.stream = o.stream;
-  backend_of(fn, x.device()).layers().dropout(p, key.data<std::uint32_t>(), step.data<std::int64_t>(),
-                                               x.data<float>(), y.data<float>());
-  return y;
 }
 
 Array argmax(const Array& x) {
