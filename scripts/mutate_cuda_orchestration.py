@@ -53,6 +53,9 @@ MUTANTS = [
     # NCCL (src/nccl): waiting for the collective, the communicator's readiness and init barrier, the
     # send/receive group, the capture refusal
     ("src/nccl/nccl_clique.cpp", "  enqueue(op, stream);\n  wait(op, stream);", "  enqueue(op, stream);"),
+    # pmax/pmin's keys turned back into floats before NCCL's thread has put the all-reduce on the stream
+    # (review N1): the stand-in's nonblocking communicators launch later, as NCCL 2.28's do
+    ("src/nccl/nccl_clique.cpp", "        wait(op, stream, Until::enqueued);\n", ""),
     ("src/nccl/nccl_clique.cpp", '    out->await_ready("ncclCommSplit");\n', ""),
     ("src/nccl/nccl_clique.cpp", "    out->run(barrier);\n", "    (void)barrier;\n"),
     ("src/nccl/nccl_clique.cpp",

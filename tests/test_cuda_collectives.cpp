@@ -1,9 +1,12 @@
-// Collectives on CUDA meshes, with computed expectations (device r contributes r + 1): NCCL over all GPUs
-// (one device per GPU), and virtual devices sharing one GPU (the device hub), whose results are bitwise
-// those of CPU devices. Each case skips itself without a GPU.
+// Collectives on CUDA meshes, with computed expectations (device r contributes r + 1; for pmax and pmin,
+// also negatives, infinities and NaN): NCCL over all GPUs (one device per GPU), and virtual devices sharing
+// one GPU (the device hub), whose results are bitwise those of CPU devices. Each case skips itself without
+// a GPU.
 #include "cuda_testing.h"
 
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 
 namespace {
 
@@ -13,8 +16,45 @@ pmap::Array filled_on(const pmap::Device& d, std::int64_t n, float v) {
   return pmap::Array::from_host(std::vector<float>(static_cast<std::size_t>(n), v), {n}, d);
 }
 
-// psum, pmean, pmax, pmin, all_gather (stacked and tiled), psum_scatter, ppermute and a scalar psum on
-// every device of `mesh` along axis "i", checked against exact expectations.
+// What device r of n contributes to the pmax/pmin check: values whose order NCCL's order keys must keep
+// (review F2, N1): all negative (pmax -1, pmin -n), NaN on the last or the first device, +inf on the last,
+// -inf on the first, and signs mixed across the devices.
+template <class F> std::vector<F> max_min_values(int r, int n) {
+  const F nan = std::numeric_limits<F>::quiet_NaN(), inf = std::numeric_limits<F>::infinity();
+  const F fr = static_cast<F>(r), fn = static_cast<F>(n);
+  return {-(fr + 1), r == n - 1 ? nan : fr, r == 0 ? nan : -fr, r == n - 1 ? inf : -(fr + 1),
+          r == 0 ? -inf : fr - F(0.5), fr - fn / 2 - F(0.25)};
+}
+
+// a max b (or min), NaN propagating as the CPU devices' pmax and pmin do (src/reduce.h).
+template <class F> F max_or_min(F a, F b, bool max) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) ? a : b;
+  return max ? (a < b ? b : a) : (b < a ? b : a);
+}
+
+// pmax and pmin over "i" of max_min_values<F>, on device r of n, against their fold on the host.
+template <class F> void check_max_min(const pmap::Device& here, int r, int n) {
+  std::vector<std::vector<F>> all;
+  for (int k = 0; k < n; ++k) all.push_back(max_min_values<F>(k, n));
+  const std::vector<F>& mine = all[static_cast<std::size_t>(r)];
+  const auto x = pmap::Array::from_host(mine, {static_cast<std::int64_t>(mine.size())}, here);
+  for (const bool max : {true, false}) {
+    const std::vector<F> got = (max ? pmap::pmax(x, "i") : pmap::pmin(x, "i")).template to_vector<F>();
+    REQUIRE(got.size() == mine.size());
+    CHECK(got[0] == (max ? F(-1) : -static_cast<F>(n)));
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      F want = all[0][i];
+      for (int k = 1; k < n; ++k) want = max_or_min(want, all[static_cast<std::size_t>(k)][i], max);
+      const bool same = std::isnan(want) ? std::isnan(got[i]) : got[i] == want;
+      CHECK_MESSAGE(same, (max ? "pmax" : "pmin") << " of element " << i << " on device " << r << " of " << n
+                                                  << ": " << got[i] << ", expected " << want);
+    }
+  }
+}
+
+// psum, pmean, pmax, pmin (on negatives, infinities and NaN too, in f32 and f64), all_gather (stacked and
+// tiled), psum_scatter, ppermute and a scalar psum on every device of `mesh` along axis "i", checked against
+// exact expectations.
 void check_collectives(const pmap::Mesh& mesh) {
   const int n = mesh.size();
   const float tri = static_cast<float>(n * (n + 1) / 2);
@@ -26,6 +66,8 @@ void check_collectives(const pmap::Mesh& mesh) {
     CHECK(pmap::pmean(x, "i").to_vector<float>() == std::vector<float>(1000, tri / static_cast<float>(n)));
     CHECK(pmap::pmax(x, "i").to_vector<float>() == std::vector<float>(1000, static_cast<float>(n)));
     CHECK(pmap::pmin(x, "i").to_vector<float>() == std::vector<float>(1000, 1.0f));
+    check_max_min<float>(here, r, n);
+    check_max_min<double>(here, r, n);
     pmap::psum_inplace(x, "i");
     CHECK(x.to_vector<float>() == std::vector<float>(1000, tri));
     CHECK(pmap::psum(r + 1, "i") == n * (n + 1) / 2);  // a host scalar, staged onto the device
@@ -59,6 +101,10 @@ std::vector<std::vector<float>> psum_of(const pmap::Mesh& mesh, const std::vecto
 }
 
 }  // namespace
+
+TEST_CASE("collectives on CPU devices: the expectations of the CUDA collective checks hold") {
+  for (int n : {1, 3}) check_collectives(pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cpu, n), "i"));
+}
 
 TEST_CASE("cuda NCCL collectives over every GPU, one device per GPU") {
   PMAPCC_REQUIRE_GPU();

@@ -514,6 +514,9 @@ TEST_CASE("cuda stand-in rules: NCCL ranks join by unique id, meet on their stre
     out.push_back(std::make_unique<DeviceBuffer>(16 * sizeof(float)));
     REQUIRE(cudaMemcpy(in[r]->p, host[r].data(), 4 * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
   }
+  // A group on both ranks, then NCCL's rule for nonblocking communicators: nothing more on their streams
+  // until they read ncclSuccess (NCCL 2.28 puts a group of a nonblocking communicator of several ranks on
+  // the streams later, from its own thread: the group end returns ncclInProgress; review N1).
   auto both = [&](auto call) {
     REQUIRE(ncclGroupStart() == ncclSuccess);
     for (int r = 0; r < 2; ++r) {
@@ -521,8 +524,8 @@ TEST_CASE("cuda stand-in rules: NCCL ranks join by unique id, meet on their stre
       const ncclResult_t got = call(r);
       REQUIRE((got == ncclSuccess || got == ncclInProgress));
     }
-    const ncclResult_t end = ncclGroupEnd();
-    REQUIRE((end == ncclSuccess || end == ncclInProgress));
+    CHECK(ncclGroupEnd() == ncclInProgress);
+    for (int r = 0; r < 2; ++r) TwoRanks::wait_ready(t.comm[r]);
     t.sync();
   };
   both([&](int r) { return ncclAllReduce(in[r]->p, out[r]->p, 4, ncclFloat32, ncclSum, t.comm[r], t.stream[r]); });
@@ -601,9 +604,52 @@ TEST_CASE("cuda stand-in rules (stand-in only): a collective waits for its peers
   REQUIRE(cudaSetDevice(0) == cudaSuccess);
   DeviceBuffer x(4 * sizeof(float));
   REQUIRE(cudaMemsetAsync(x.p, 0, 4 * sizeof(float), t.stream[0]) == cudaSuccess);
-  REQUIRE(ncclAllReduce(x.p, x.p, 4, ncclFloat32, ncclSum, t.comm[0], t.stream[0]) == ncclSuccess);
+  // Nonblocking, two ranks: NCCL's thread puts it on the stream later (NCCL 2.28).
+  REQUIRE(ncclAllReduce(x.p, x.p, 4, ncclFloat32, ncclSum, t.comm[0], t.stream[0]) == ncclInProgress);
+  TwoRanks::wait_ready(t.comm[0]);
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
   CHECK(cudaStreamQuery(t.stream[0]) == cudaErrorNotReady);  // rank 1 never came: a hang on a GPU too
+  REQUIRE(ncclCommAbort(t.comm[0]) == ncclSuccess);
+  t.comm[0] = nullptr;
+  CHECK(cudaStreamSynchronize(t.stream[0]) == cudaSuccess);
+}
+
+TEST_CASE("cuda stand-in rules (stand-in only): NCCL's thread launches later, in issue order; abort drops it") {
+  if (!two_gpus()) return;
+  std::vector<std::unique_ptr<DeviceBuffer>> x;
+  {
+    TwoRanks t;
+    for (int r = 0; r < 2; ++r) {
+      REQUIRE(cudaSetDevice(r) == cudaSuccess);
+      x.push_back(std::make_unique<DeviceBuffer>(sizeof(float)));
+      const float v = static_cast<float>(r + 1);
+      REQUIRE(cudaMemcpy(x[r]->p, &v, sizeof v, cudaMemcpyHostToDevice) == cudaSuccess);
+    }
+    // Three groups issued back to back, none waited for: sum, product, sum, in place. Launched in issue
+    // order they give ((1 + 2)^2) * 2 = 18; any other order gives another number (or a hang).
+    for (ncclRedOp_t op : {ncclSum, ncclProd, ncclSum}) {
+      REQUIRE(ncclGroupStart() == ncclSuccess);
+      for (int r = 0; r < 2; ++r) {
+        REQUIRE(cudaSetDevice(r) == cudaSuccess);
+        REQUIRE(ncclAllReduce(x[r]->p, x[r]->p, 1, ncclFloat32, op, t.comm[r], t.stream[r]) == ncclSuccess);
+      }
+      CHECK(ncclGroupEnd() == ncclInProgress);
+    }
+    for (int r = 0; r < 2; ++r) TwoRanks::wait_ready(t.comm[r]);
+    t.sync();
+    for (int r = 0; r < 2; ++r) CHECK(floats_of(x[r]->p, 1) == std::vector<float>{18.0f});
+    // Teardown with launches pending: destroy waits for them (~TwoRanks), so none reaches a stream after.
+    REQUIRE(ncclGroupStart() == ncclSuccess);
+    for (int r = 0; r < 2; ++r) {
+      REQUIRE(cudaSetDevice(r) == cudaSuccess);
+      REQUIRE(ncclAllReduce(x[r]->p, x[r]->p, 1, ncclFloat32, ncclSum, t.comm[r], t.stream[r]) == ncclSuccess);
+    }
+    CHECK(ncclGroupEnd() == ncclInProgress);
+  }
+  // Abort with a launch pending on one rank only: it is dropped or, if already launched, gives up.
+  TwoRanks t;
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  REQUIRE(ncclAllReduce(x[0]->p, x[0]->p, 1, ncclFloat32, ncclSum, t.comm[0], t.stream[0]) == ncclInProgress);
   REQUIRE(ncclCommAbort(t.comm[0]) == ncclSuccess);
   t.comm[0] = nullptr;
   CHECK(cudaStreamSynchronize(t.stream[0]) == cudaSuccess);

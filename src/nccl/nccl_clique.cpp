@@ -116,8 +116,13 @@ class NcclCommunicator final : public Communicator {
   void await_ready(const char* what);
 
  private:
+  // How far wait() waits for what was issued last: until NCCL has put it on the stream, or until the stream
+  // has run it.
+  enum class Until { enqueued, done };
   void enqueue(const CollectiveOp& op, cudaStream_t stream);
-  void wait(const CollectiveOp& op, cudaStream_t stream);
+  // Polls the communicator (and then the stream) until `until`; an NCCL or CUDA error, a peer's failure
+  // or the timeout aborts the communicator and raises (see the file's opening).
+  void wait(const CollectiveOp& op, cudaStream_t stream, Until until = Until::done);
   // Aborts the communicator (once) and tells the group's other communicators in this process.
   void abort_comm() noexcept;
   // Aborts the communicator and raises E with `message`.
@@ -208,11 +213,15 @@ void NcclCommunicator::enqueue(const CollectiveOp& op, cudaStream_t stream) {
     case CollectiveKind::all_reduce:
       if (op.reduce != ReduceOp::sum && is_floating(op.dtype)) {
         // NCCL's float max/min drop NaN (fmaxf/fminf): reduce the floats as order keys, NaN winning, as every
-        // other path does (review F2; src/device_kernels.h). The three steps queue in order on `stream`.
+        // other path does (review F2; src/device_kernels.h). On a nonblocking communicator of several ranks
+        // the all-reduce returns ncclInProgress and NCCL's own thread puts it on `stream` later: the keys are
+        // turned back into floats only once it is there (review N1; NCCL: no work on the stream before the
+        // communicator reads ncclSuccess).
         const bool max = op.reduce == ReduceOp::max;
         const ncclDataType_t keys = op.dtype == DType::f32 ? ncclInt32 : ncclInt64;
         cuda_to_order_keys(op.recv, op.send, op.count, op.dtype, max, stream);
         PMAPCC_NCCL_ISSUE(ncclAllReduce(op.recv, op.recv, op.count, keys, max ? ncclMax : ncclMin, comm_, stream));
+        wait(op, stream, Until::enqueued);
         cuda_from_order_keys(op.recv, op.count, op.dtype, stream);
       } else {
         PMAPCC_NCCL_ISSUE(ncclAllReduce(op.send, op.recv, op.count, type, nccl_op(op.reduce), comm_, stream));
@@ -228,12 +237,15 @@ void NcclCommunicator::enqueue(const CollectiveOp& op, cudaStream_t stream) {
       PMAPCC_NCCL_ISSUE(ncclBroadcast(op.send, op.recv, op.count, type, op.root, comm_, stream));
       break;
     case CollectiveKind::permute: {
+      // A device no one sends to gets zeros. The fill goes on the stream before the group, not after it:
+      // NCCL may put the group on the stream later, from its own thread (review N1), and the fill needs no
+      // ordering against it (ppermute's output is a new buffer, which NCCL neither reads nor writes here).
+      if (op.recv_from < 0 && op.count > 0)
+        PMAPCC_CUDA_CHECK(cudaMemsetAsync(op.recv, 0, op.count * size_of(op.dtype), stream));
       OpenGroup group;
       if (op.send_to >= 0) PMAPCC_NCCL_ISSUE(ncclSend(op.send, op.count, type, op.send_to, comm_, stream));
       if (op.recv_from >= 0) PMAPCC_NCCL_ISSUE(ncclRecv(op.recv, op.count, type, op.recv_from, comm_, stream));
       group.close();
-      if (op.recv_from < 0 && op.count > 0)
-        PMAPCC_CUDA_CHECK(cudaMemsetAsync(op.recv, 0, op.count * size_of(op.dtype), stream));
       break;
     }
     case CollectiveKind::barrier:
@@ -242,7 +254,7 @@ void NcclCommunicator::enqueue(const CollectiveOp& op, cudaStream_t stream) {
   }
 }
 
-void NcclCommunicator::wait(const CollectiveOp& op, cudaStream_t stream) {
+void NcclCommunicator::wait(const CollectiveOp& op, cudaStream_t stream, Until until) {
   const auto start = Clock::now();
   auto deadline = start + timeout_;
   bool peer_failed = false;
@@ -252,6 +264,7 @@ void NcclCommunicator::wait(const CollectiveOp& op, cudaStream_t stream) {
     if (state != ncclSuccess && state != ncclInProgress)
       fail<NcclError>(who(op) + " failed: " + ncclGetErrorString(state) + last_error(comm_));
     if (state == ncclSuccess) {  // enqueued: now wait for the stream
+      if (until == Until::enqueued) return;
       const cudaError_t done = cudaStreamQuery(stream);
       if (done == cudaSuccess) return;
       if (done != cudaErrorNotReady) {

@@ -3,8 +3,10 @@
 // work on the caller's stream that meets its peers' (the n-th collective of every rank of a communicator
 // meets the others' n-th), so a rank that never arrives is a real hang that pmapcc's watchdog must report;
 // NCCL's reductions (fmaxf/fminf for floating max/min), summed in rank order; sends and receives fused per
-// group; abort and asynchronous errors. Ranks in several processes (PMAPCC_STANDIN_NODE, e.g. under mpirun)
-// meet through files instead of memory (see "Across processes" below).
+// group; abort and asynchronous errors; a nonblocking communicator of several ranks putting its work on the
+// streams later, from a thread of its own, as NCCL 2.28 does (see "Launches from NCCL's own thread"). Ranks
+// in several processes (PMAPCC_STANDIN_NODE, e.g. under mpirun) meet through files instead of memory (see
+// "Across processes" below).
 #include <nccl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -19,10 +21,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -75,6 +79,7 @@ struct ncclComm {
   bool blocking = true;
   std::atomic<bool> aborted{false};
   std::atomic<int> pending_split{0};   // splits issued and not complete
+  std::atomic<int> pending_launches{0};  // units issued, not on their streams yet (under the launcher's lock)
   bool finalizing = false;             // caller side
   std::uint64_t collectives = 0;       // issued (caller side)
   std::uint64_t splits = 0;
@@ -470,15 +475,126 @@ ncclResult_t launch(std::vector<Call> calls) {
       continue;
     }
     const Call copy = k;
-    if (pmapcc_standin::enqueue(k.stream, [copy] { run_collective(copy); }) != cudaSuccess)
+    if (pmapcc_standin::enqueue(k.stream, [copy] { run_collective(copy); }, k.comm->device) != cudaSuccess)
       return usage("the stream of a collective is not a valid stream");
   }
   for (auto& [comm, list] : p2p) {
     const std::vector<Call> fused = list;
-    if (pmapcc_standin::enqueue(list.front().stream, [fused] { run_p2p(fused); }) != cudaSuccess)
+    if (pmapcc_standin::enqueue(list.front().stream, [fused] { run_p2p(fused); }, comm->device) != cudaSuccess)
       return usage("the stream of a send or receive is not a valid stream");
   }
   return ncclSuccess;
+}
+
+// ---- Launches from NCCL's own thread -------------------------------------------------------------------
+// NCCL 2.28 runs a call on a nonblocking communicator of several ranks (a collective outside a group, or a
+// whole group) as a group that a thread of NCCL's puts on the streams later: the call returns
+// ncclInProgress, ncclCommGetAsyncError reads ncclInProgress until the work is on its streams, and whatever
+// the caller queues on a stream meanwhile runs before it (review N1). Here one launcher thread, started
+// when there is work and gone after kLinger without any, puts each such unit on its streams a random delay
+// of up to kMaxLaunchDelay after its issue, the units in issue order (so a communicator's collectives reach
+// their streams in the order they were issued). Blocking and one-rank communicators launch at the call, as
+// NCCL's do. PMAPCC_STANDIN_NCCL_SEED seeds the delays (default: a random seed per process).
+
+constexpr std::chrono::microseconds kMaxLaunchDelay{2000};
+constexpr std::chrono::milliseconds kLinger{50};
+
+struct Unit {
+  std::vector<Call> calls;
+  std::chrono::steady_clock::time_point due;
+};
+
+std::uint32_t launch_seed() {
+  const char* s = std::getenv("PMAPCC_STANDIN_NCCL_SEED");
+  if (s != nullptr && *s != '\0') return static_cast<std::uint32_t>(std::strtoul(s, nullptr, 10));
+  return std::random_device{}();
+}
+
+struct Launcher {
+  std::mutex mutex;
+  std::condition_variable changed;  // a unit issued, launched or cancelled, or the thread gone
+  std::deque<Unit> queue;           // issued, not yet taken by the thread
+  bool running = false;             // a launcher thread is alive
+  std::minstd_rand delays{launch_seed()};
+};
+
+Launcher& launcher() {
+  static auto* l = new Launcher;  // never destroyed: its thread may still linger at exit
+  return *l;
+}
+
+std::vector<ncclComm*> comms_of(const std::vector<Call>& calls) {
+  std::vector<ncclComm*> out;
+  for (const Call& k : calls)
+    if (std::find(out.begin(), out.end(), k.comm) == out.end()) out.push_back(k.comm);
+  return out;
+}
+
+// The launcher thread: each unit at its due time, in issue order; a failed launch is its communicators'
+// asynchronous error. Every pending count changes under the lock, last (release: a caller that reads it
+// zero sees the work on its streams).
+void run_launches() {
+  Launcher& l = launcher();
+  std::unique_lock lock(l.mutex);
+  for (;;) {
+    if (l.queue.empty() && !l.changed.wait_for(lock, kLinger, [&] { return !l.queue.empty(); })) break;
+    const auto due = l.queue.front().due;
+    if (std::chrono::steady_clock::now() < due) {
+      l.changed.wait_until(lock, due);
+      continue;
+    }
+    Unit unit = std::move(l.queue.front());
+    l.queue.pop_front();
+    lock.unlock();
+    const ncclResult_t result = unit.calls.empty() ? ncclSuccess : launch(unit.calls);
+    lock.lock();
+    for (ncclComm* c : comms_of(unit.calls)) {
+      if (result != ncclSuccess) c->async_error.store(result);
+      c->pending_launches.fetch_sub(1, std::memory_order_release);
+    }
+    l.changed.notify_all();
+  }
+  l.running = false;
+  l.changed.notify_all();
+}
+
+// Queues `calls` (one unit) for the launcher thread; ncclInProgress.
+ncclResult_t defer(std::vector<Call> calls) {
+  Launcher& l = launcher();
+  std::lock_guard lock(l.mutex);
+  const std::chrono::microseconds delay(
+      std::uniform_int_distribution<long>(0, static_cast<long>(kMaxLaunchDelay.count()))(l.delays));
+  for (ncclComm* c : comms_of(calls)) c->pending_launches.fetch_add(1, std::memory_order_relaxed);
+  l.queue.push_back(Unit{std::move(calls), std::chrono::steady_clock::now() + delay});
+  if (!l.running) {
+    l.running = true;
+    std::thread(run_launches).detach();
+  }
+  l.changed.notify_all();
+  return ncclInProgress;
+}
+
+// A collective outside a group, or a group's calls: launched now, or by the launcher thread when a
+// communicator among them is nonblocking and has several ranks.
+ncclResult_t submit(std::vector<Call> calls) {
+  for (const Call& k : calls)
+    if (!k.comm->blocking && k.comm->clique->nranks > 1) return defer(std::move(calls));
+  return launch(std::move(calls));
+}
+
+// Waits until none of c's calls is waiting for the launcher thread; with `cancel` (an abort), first drops
+// those it has not taken yet. Teardown calls it, so that no launch reaches a communicator's streams after
+// it is gone.
+void settle_launches(ncclComm* c, bool cancel) {
+  if (!cancel && c->pending_launches.load(std::memory_order_acquire) == 0) return;
+  Launcher& l = launcher();
+  std::unique_lock lock(l.mutex);
+  if (cancel) {
+    for (Unit& unit : l.queue)
+      if (std::erase_if(unit.calls, [&](const Call& k) { return k.comm == c; }) > 0)
+        c->pending_launches.fetch_sub(1, std::memory_order_release);
+  }
+  l.changed.wait(lock, [&] { return c->pending_launches.load(std::memory_order_acquire) == 0; });
 }
 
 ncclResult_t issue(Call k, const char* api) {
@@ -501,7 +617,7 @@ ncclResult_t issue(Call k, const char* api) {
     group_calls.push_back(k);
     return ncclSuccess;
   }
-  return launch({k});
+  return submit({k});
 }
 
 // Read without the clique's lock: a caller polling a communicator must not be ordered after the ranks'
@@ -604,6 +720,10 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
     *state = static_cast<ncclResult_t>(e);
     return ncclSuccess;
   }
+  if (comm->pending_launches.load(std::memory_order_acquire) > 0) {  // not on its streams yet
+    *state = ncclInProgress;
+    return ncclSuccess;
+  }
   bool done = initialized(comm) && comm->pending_split.load(std::memory_order_acquire) == 0;
   if (done && comm->finalizing) done = finalized(comm);
   *state = done ? ncclSuccess : ncclInProgress;
@@ -637,7 +757,7 @@ ncclResult_t ncclGroupEnd() {
   if (--group_depth > 0) return ncclSuccess;
   std::vector<Call> calls;
   calls.swap(group_calls);
-  return launch(std::move(calls));
+  return submit(std::move(calls));
 }
 
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
@@ -706,6 +826,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
 ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   if (ncclResult_t e = injected("ncclCommFinalize"); e != ncclSuccess) return e;
   if (!live(comm)) return usage("ncclCommFinalize: the communicator is NULL, destroyed or aborted");
+  settle_launches(comm, false);  // NCCL's finalize flushes what is queued
   comm->finalizing = true;
   if (!comm->dir.empty()) {
     if (!put(part(comm, "finalize", comm->rank), nullptr, 0)) return ncclSystemError;
@@ -725,6 +846,7 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (!live(comm)) return usage("ncclCommDestroy: the communicator is NULL, destroyed or aborted");
+  settle_launches(comm, false);
   comm->aborted.store(true);  // the handle is dead; work queued on it has run (or gives up)
   std::lock_guard lock(comm->clique->mutex);
   comm->clique->changed.notify_all();
@@ -734,6 +856,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (comm == nullptr) return ncclSuccess;
   comm->aborted.store(true);  // its collectives waiting for peers give up; the peers keep waiting, as NCCL's
+  settle_launches(comm, true);  // what NCCL's thread has not launched yet never will be
   std::lock_guard lock(comm->clique->mutex);
   comm->clique->changed.notify_all();
   return ncclSuccess;

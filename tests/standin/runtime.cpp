@@ -512,10 +512,13 @@ int pointer_device(const void* p, std::size_t bytes) {
   return ptr.device;
 }
 
-cudaError_t enqueue(cudaStream_t stream, std::function<void()> op) {
+cudaError_t enqueue(cudaStream_t stream, std::function<void()> op, int device) {
   Registry& r = registry();
   std::shared_lock lock(r.mutex);
-  CUstream_st* s = resolve(r, stream);
+  const bool legacy = stream == nullptr || stream == cudaStreamLegacy;
+  CUstream_st* s = !legacy || device < 0 ? resolve(r, stream)
+                   : valid_device(r, device) ? r.legacy[static_cast<std::size_t>(device)]
+                                             : nullptr;
   if (s == nullptr) return cudaErrorInvalidResourceHandle;
   return submit(r, s, std::move(op));
 }

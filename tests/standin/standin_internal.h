@@ -1,4 +1,4 @@
-// What the stand-in's cuBLAS (cublas.cpp) uses of its runtime (runtime.cpp).
+// What the stand-in's cuBLAS (cublas.cpp) and NCCL (nccl.cpp) use of its runtime (runtime.cpp).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -26,7 +26,8 @@ struct StreamInfo {
 StreamInfo stream_info(cudaStream_t stream);
 // The GPU whose device memory holds [p, p + bytes), or -1 when it is not one allocation of device memory.
 int pointer_device(const void* p, std::size_t bytes);
-// Queues op on `stream` (or records it into the stream's capture).
-cudaError_t enqueue(cudaStream_t stream, std::function<void()> op);
+// Queues op on `stream` (or records it into the stream's capture). `device`: the GPU whose legacy stream a
+// null `stream` names (-1: the calling thread's current device; NCCL's launcher thread has none of its own).
+cudaError_t enqueue(cudaStream_t stream, std::function<void()> op, int device = -1);
 
 }  // namespace pmapcc_standin
