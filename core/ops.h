@@ -11,6 +11,9 @@
 //   })(params);
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include <pmap/array.h>
 #include <pmap/mesh.h>
 
@@ -63,6 +66,33 @@ Array reshape(const Array& x, const Shape& shape);
 // x itself, through which no gradient flows (jax.lax.stop_gradient).
 Array stop_gradient(const Array& x);
 
+// ---- axes and layout (core/layout.cpp) ---------------------------------------------------------------------
+// Axes count from the end when negative (-1: the last); one out of range or given twice raises ValueError
+// naming the op and the argument; shapes that do not fit raise ShapeError (the contracts are
+// pmapcc/kernels/array_ops.h's). At most 8 axes. Results are new contiguous arrays, the same bits on every
+// backend.
+//
+// Over the given axes (x's shape without them, or 1 in their place with keepdims), e.g. ops::sum(x, {0, 2}).
+// sum and mean: in double in index order, rounded once; their gradients spread the cotangent (/ count).
+// max: NaN when any element is; its gradient goes to the maxima, split evenly among ties (as jnp.max and
+// torch.amax: two equal maxima get half each).
+Array sum(const Array& x, const std::vector<int>& axes, bool keepdims = false);
+Array mean(const Array& x, const std::vector<int>& axes, bool keepdims = false);
+Array max(const Array& x, const std::vector<int>& axes, bool keepdims = false);
+// y.shape[k] = x.shape[permutation[k]] (jnp.transpose); the gradient transposes back.
+Array transpose(const Array& x, const std::vector<int>& permutation);
+// x repeated to `shape` by numpy's rules (jnp.broadcast_to); the gradient sums over the repeated axes.
+Array broadcast_to(const Array& x, const Shape& shape);
+// x[start_0:stop_0, start_1:stop_1, ...] (step 1), 0 <= start <= stop <= dim per axis; the gradient is the
+// cotangent padded with zeros to x's shape.
+Array slice(const Array& x, const std::vector<std::int64_t>& start, const std::vector<std::int64_t>& stop);
+// The arrays joined along `axis` (jnp.concatenate), given by pointer (Arrays are move-only):
+// ops::concatenate({&a, &b}, 1). Each gradient is its slice of the cotangent.
+Array concatenate(const std::vector<const Array*>& xs, int axis);
+// log(softmax(x)) along the last axis, stably (x - max - log(sum(exp(x - max)))) (jax.nn.log_softmax); the
+// gradient is g - softmax(x) * sum(g) per row.
+Array log_softmax(const Array& x);
+
 // ---- images (N, H, W, C), channels last -------------------------------------------------------------------
 // Conv2dOptions: strides, "SAME" (same = true; Keras's and Flax's split, the extra pixel after) or "VALID"
 // padding, and a fused ReLU.
@@ -74,6 +104,12 @@ Array conv2d(const Array& x, const Array& w, const Array& bias = Array(), Conv2d
 Array avg_pool(const Array& x, int window_h, int window_w, int stride_h, int stride_w);
 // The mean over H and W: x (N, H, W, C) -> (N, C) (Keras's GlobalAveragePooling2D).
 Array global_avg_pool(const Array& x);
+// Window maxima (Keras's MaxPooling2D, pool_size, strides, padding "valid" by default or "same" with
+// MaxPoolOptions::same): x (N, H, W, C) -> (N, OH, OW, C). Each window's chosen element is its first NaN, else
+// its first maximum in window order (rows, then columns); the gradient goes to that element alone (ties: the
+// first in window order, as the forward chose), the cotangents of overlapping windows added.
+using eager::MaxPoolOptions;
+Array max_pool(const Array& x, MaxPoolOptions options = {});
 
 // ---- normalization and dropout ----------------------------------------------------------------------------
 struct BatchNormOptions {

@@ -17,6 +17,9 @@
 //   on a GPU, matmul sums in cuBLAS's order, and exp, log, tanh and sigmoid use CUDA's math library.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include <pmap/array.h>
 
 namespace pmap::kernels {
@@ -136,6 +139,45 @@ Array dropout(const Array& x, const Array& key, const Array& step, DropoutOption
 
 // The index of each row's largest value along the last axis (first on ties): x (..., K) f32 -> (...) i32.
 Array argmax(const Array& x);
+
+// ---- axes and layout (kernels/array_ops_layout.cpp, LayoutOps) ----------------------------------------------
+// Axes count from the end when negative (numpy's -1: the last); an axis out of range or given twice raises
+// ValueError naming the op and the axis. At most 8 axes (kernels::kMaxLayoutAxes). Every result is a new
+// contiguous array; copies are exact and sums run in double in a fixed order, rounded once, so the results
+// are the same bits on every backend (but log_softmax on a GPU, through CUDA's exp and log).
+
+// Over the given axes (their elements in row-major order): x's shape without them, or with 1 in their place
+// with keepdims. Axes {} reduce nothing (a copy). sum over no elements is 0; mean and max of no elements
+// raise ValueError. max: NaN when any element is NaN.
+Array sum(const Array& x, const std::vector<int>& axes, bool keepdims = false);
+Array mean(const Array& x, const std::vector<int>& axes, bool keepdims = false);
+Array max(const Array& x, const std::vector<int>& axes, bool keepdims = false);
+// y.shape[k] = x.shape[permutation[k]] (numpy's transpose): the permutation has one entry per axis of x.
+Array transpose(const Array& x, const std::vector<int>& permutation);
+// x repeated to `shape` by numpy's rules: x's axes align with shape's trailing ones, each equal or 1 (then
+// repeated); shape's extra leading axes repeat the whole. Shapes that do not broadcast: ShapeError.
+Array broadcast_to(const Array& x, const Shape& shape);
+// x[start_0:stop_0, ...] with step 1: one start and stop per axis, 0 <= start <= stop <= dim (ShapeError
+// otherwise, naming the axis). And its transpose: dy (the slice's shape) placed at `start` in zeros of x_shape.
+Array slice(const Array& x, const std::vector<std::int64_t>& start, const std::vector<std::int64_t>& stop);
+Array slice_backward(const Array& dy, const Shape& x_shape, const std::vector<std::int64_t>& start);
+// The arrays joined along `axis`, in order: one dtype (f32), device and rank, the same dims but along the
+// axis (ShapeError naming the first that differs). At least one array (ValueError).
+Array concatenate(const std::vector<const Array*>& xs, int axis);
+// Along the last axis, stably: x - max - log(sum(exp(x - max))), each row's max and sum as max and sum above.
+Array log_softmax(const Array& x);
+
+// Max pooling over x (N, H, W, C) as Keras's MaxPooling2D: window, strides, and VALID (the default, as
+// Keras's) or "same" padding (same = true: out = ceil(in / stride), the extra pixel after; padding is never
+// chosen). Each output is its window's first NaN, else its first maximum in window order (rows, then columns).
+struct MaxPoolOptions {
+  int window_h = 2, window_w = 2;
+  int stride_h = 2, stride_w = 2;
+  bool same = false;
+};
+Array max_pool(const Array& x, MaxPoolOptions options = {});
+// The gradient: dx of x's shape, each dy (the pool's output shape) added to the element its window chose.
+Array max_pool_backward(const Array& x, const Array& dy, MaxPoolOptions options = {});
 
 // x's elements in `shape` (the same count), copied: a new array on x's device.
 Array reshape(const Array& x, const Shape& shape);

@@ -1,5 +1,6 @@
 // Backend: a device kind's numeric ops, as op families (conv, dense, layers, loss, optimizer, metrics,
-// elementwise) behind one aggregate, so the training layer runs the same step on CPU devices and CUDA devices.
+// elementwise, layout) behind one aggregate, so the training layer runs the same step on CPU devices and
+// CUDA devices.
 // Backend itself holds only what every family shares: the device kind, memory copies, and graph capture.
 // There is one dispatch, the families' virtual calls: each CPU ISA variant is a Backend of its own
 // (kernels/cpu_backend.h), and so is the CUDA code (kernels/cuda/backend.h).
@@ -32,6 +33,7 @@
 #include <pmapcc/kernels/elementwise_ops.h>
 #include <pmapcc/kernels/graph.h>
 #include <pmapcc/kernels/layer_ops.h>
+#include <pmapcc/kernels/layout_ops.h>
 #include <pmapcc/kernels/loss_ops.h>
 #include <pmapcc/kernels/metric_ops.h>
 #include <pmapcc/kernels/optimizer_ops.h>
@@ -63,6 +65,9 @@ class Backend {
   virtual const MetricOps& metrics() const = 0;
   // Element-wise arithmetic and activations (kernels/elementwise_ops.h): what kernels/array_ops.h runs on.
   virtual const ElementwiseOps& elementwise() const = 0;
+  // Strided copies and reductions, max pooling (kernels/layout_ops.h): transpose, broadcast_to, slice,
+  // concatenate, the axis reductions and max_pool of kernels/array_ops.h.
+  virtual const LayoutOps& layout() const = 0;
 
   // ---- memory -------------------------------------------------------------------------------------------
 

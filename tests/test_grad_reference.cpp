@@ -82,6 +82,25 @@ Array batchnorm(V x) {
   return ops::mean(ops::square(ops::add(ops::relu(r.y), ops::scale(r.y, 0.3f))));
 }
 
+// transpose, max_pool (VALID and Keras's "same"), slice, concatenate, axis reductions, broadcast_to, log_softmax.
+Array layout(V x) {
+  Array h = ops::transpose(x[0], {0, 2, 1, 3});                                   // (2, 5, 4, 3)
+  Array p = ops::max_pool(h, {.window_h = 2, .window_w = 2, .stride_h = 1, .stride_w = 1});  // (2, 4, 3, 3)
+  Array q = ops::max_pool(h, {.window_h = 3, .window_w = 3, .stride_h = 2, .stride_w = 2, .same = true});
+  Array ps = ops::slice(p, {0, 1, 0, 0}, {2, 3, 2, 3}), qs = ops::slice(q, {0, 0, 0, 0}, {2, 2, 2, 3});
+  Array z = ops::linear(ops::sum(ops::concatenate({&ps, &qs}, 1), {2}), x[1], x[2]);  // (2, 4, 4)
+  z = ops::subtract(z, ops::scale(ops::broadcast_to(ops::max(z, {0}, true), {2, 4, 4}), 0.5f));
+  return ops::negative(ops::sum(ops::mean(ops::log_softmax(z), {0, 1})));
+}
+
+Array reductions(V x) {
+  Array a = ops::max(x[0], {1, 2});
+  Array c = ops::square(ops::subtract(x[0], ops::broadcast_to(ops::mean(x[0], {-1}, true), {3, 4, 5})));
+  Array d = ops::multiply(ops::broadcast_to(x[1], {3, 4, 5}), c);
+  Array e = ops::slice(ops::transpose(x[0], {2, 0, 1}), {1, 0, 2}, {4, 3, 4});
+  return ops::add(ops::add(ops::scale(ops::sum(ops::sum(d, {0, 2})), 0.1f), ops::sum(ops::square(a))), ops::sum(e));
+}
+
 struct Case {
   const char* name;
   std::function<Array(V)> f;
@@ -100,7 +119,9 @@ TEST_CASE("grad: PyTorch's autograd gives the same values and gradients") {
                                 {"matmuls", matmuls, {{6, 4}, {6, 3}, {2, 3}}},
                                 {"residual", residual, {{4, 5}, {5, 5}, {5}}},
                                 {"batchnorm", batchnorm, {{4, 2, 3}, {3}, {3}}},
-                                {"cnn", cnn, {{2, 6, 6, 1}, {3, 3, 1, 4}, {4}, {2, 2, 4, 3}}}};
+                                {"cnn", cnn, {{2, 6, 6, 1}, {3, 3, 1, 4}, {4}, {2, 2, 4, 3}}},
+                                {"layout", layout, {{2, 4, 5, 3}, {3, 4}, {4}}},
+                                {"reductions", reductions, {{3, 4, 5}, {4, 1}}}};
   REQUIRE(ref.size() == cases.size());
   for (std::size_t c = 0; c < cases.size(); ++c) {
     CAPTURE(cases[c].name);

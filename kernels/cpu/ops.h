@@ -98,6 +98,15 @@ class ElementwiseOpsImpl final : public ElementwiseOps {
   void binary(BinaryOp op, std::size_t n, const float* a, std::size_t nb, const float* b, float* y) const override;
 };
 
+// layout.cpp
+class LayoutOpsImpl final : public LayoutOps {
+ public:
+  void strided_copy(StridedCopyParams p, const float* src, float* dst) const override;
+  void strided_reduce(ReduceOp op, StridedReduceParams p, const float* x, float* y) const override;
+  void max_pool_forward(MaxPoolParams p, const float* x, float* y) const override;
+  void max_pool_backward(MaxPoolParams p, const float* x, const float* dy, float* dx) const override;
+};
+
 class Ops final : public CpuBackend {
  public:
   std::string isa() const override;                                   // backend.cpp
@@ -109,6 +118,7 @@ class Ops final : public CpuBackend {
   const OptimizerOps& optimizer() const override { return optimizer_; }
   const LayerOps& layers() const override { return layers_; }
   const ElementwiseOps& elementwise() const override { return elementwise_; }
+  const LayoutOps& layout() const override { return layout_; }
 
  private:
   ConvOpsImpl conv_;
@@ -117,6 +127,7 @@ class Ops final : public CpuBackend {
   OptimizerOpsImpl optimizer_;
   LayerOpsImpl layers_;
   ElementwiseOpsImpl elementwise_;
+  LayoutOpsImpl layout_;
 };
 
 }  // namespace PMAPCC_CPU_NS

@@ -145,10 +145,24 @@ class CudaElementwiseOps final : public ElementwiseOps {
   Exec ex_;
 };
 
+// layout.cu: one item per output element (per input element for max_pool_backward), no atomics.
+class CudaLayoutOps final : public LayoutOps {
+ public:
+  explicit CudaLayoutOps(Exec ex) : ex_(ex) {}
+  void strided_copy(StridedCopyParams p, const float* src, float* dst) const override;
+  void strided_reduce(ReduceOp op, StridedReduceParams p, const float* x, float* y) const override;
+  void max_pool_forward(MaxPoolParams p, const float* x, float* y) const override;
+  void max_pool_backward(MaxPoolParams p, const float* x, const float* dy, float* dx) const override;
+
+ private:
+  Exec ex_;
+};
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(Exec ex)
-      : ex_(ex), conv_(ex), dense_(ex), loss_(ex), optimizer_(ex), layers_(ex), metrics_(ex), elementwise_(ex) {}
+      : ex_(ex), conv_(ex), dense_(ex), loss_(ex), optimizer_(ex), layers_(ex), metrics_(ex), elementwise_(ex),
+        layout_(ex) {}
   std::string name() const override { return ex_.on_host() ? "cuda-on-host" : "cuda"; }
   DeviceKind kind() const override { return ex_.on_host() ? DeviceKind::cpu : DeviceKind::cuda; }
 
@@ -159,6 +173,7 @@ class CudaBackend final : public Backend {
   const LayerOps& layers() const override { return layers_; }
   const MetricOps& metrics() const override { return metrics_; }
   const ElementwiseOps& elementwise() const override { return elementwise_; }
+  const LayoutOps& layout() const override { return layout_; }
   void copy(void* dst, const void* src, std::size_t bytes) const override { ex_.copy(dst, src, bytes); }
   void fill_zero(void* dst, std::size_t bytes) const override { ex_.fill_zero(dst, bytes); }
   void prepare() const override { ex_.prepare(); }
@@ -174,6 +189,7 @@ class CudaBackend final : public Backend {
   CudaLayerOps layers_;
   CudaMetricOps metrics_;
   CudaElementwiseOps elementwise_;
+  CudaLayoutOps layout_;
 };
 
 }  // namespace pmap::kernels::gpu

@@ -71,6 +71,29 @@ def batchnorm(x, gamma, beta):  # training: the batch's statistics, Keras's epsi
     return torch.mean(torch.square(torch.relu(y) + 0.3 * y))
 
 
+def nhwc_max_pool(h, window, stride, pads=(0, 0, 0, 0)):  # NHWC as pmapcc; pads (left, right, top, bottom)
+    h = torch.nn.functional.pad(h.permute(0, 3, 1, 2), pads, value=-math.inf)
+    return torch.nn.functional.max_pool2d(h, window, stride).permute(0, 2, 3, 1)
+
+
+def layout(x, w, b):  # transpose, max_pool (VALID and Keras's "same"), slice, concatenate, axis reductions
+    h = x.permute(0, 2, 1, 3)                         # (2, 5, 4, 3)
+    p = nhwc_max_pool(h, 2, 1)                        # (2, 4, 3, 3)
+    q = nhwc_max_pool(h, 3, 2, (0, 1, 1, 1))          # "same": H pads 1 + 1, W 0 + 1 (the extra after): (2, 3, 2, 3)
+    c = torch.cat([p[:, 1:3, 0:2, :], q[:, 0:2]], 1)  # (2, 4, 2, 3)
+    z = c.sum(2) @ w + b                              # (2, 4, 4)
+    z = z - 0.5 * torch.amax(z, 0, keepdim=True).expand(2, 4, 4)
+    return -torch.log_softmax(z, -1).mean((0, 1)).sum()
+
+
+def reductions(x, y):  # max, mean with keepdims, broadcast_to, axis sums, transpose and slice
+    a = torch.amax(x, (1, 2))                                     # (3,)
+    c = torch.square(x - x.mean(-1, keepdim=True).expand(3, 4, 5))
+    d = y.expand(3, 4, 5) * c                                     # y (4, 1)
+    e = x.permute(2, 0, 1)[1:4, 0:3, 2:4]
+    return 0.1 * d.sum((0, 2)).sum() + torch.sum(a * a) + e.sum()
+
+
 CASES = {
     "mlp": (mlp, [(5, 4), (4, 6), (6,), (6, 3)]),
     "elementwise": (elementwise, [(3, 4), (4,)]),
@@ -79,6 +102,8 @@ CASES = {
     "residual": (residual, [(4, 5), (5, 5), (5,)]),
     "batchnorm": (batchnorm, [(4, 2, 3), (3,), (3,)]),
     "cnn": (cnn, [(2, 6, 6, 1), (3, 3, 1, 4), (4,), (2, 2, 4, 3)]),
+    "layout": (layout, [(2, 4, 5, 3), (3, 4), (4,)]),
+    "reductions": (reductions, [(3, 4, 5), (4, 1)]),
 }
 
 

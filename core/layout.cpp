@@ -1,0 +1,230 @@
+// The axis and layout primitives of pmap::ops (pmapcc/core/ops.h): reductions over axes, transpose,
+// broadcast_to, slice, concatenate, log_softmax and max_pool, evaluated through pmap::ops::eager (the
+// kernels' LayoutOps); VJPs written in pmap::ops (slice's and max_pool's are the eager kernels' transposes).
+#include <pmapcc/core/ops.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <pmap/error.h>
+
+#include <pmapcc/core/primitive.h>
+#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/layout_ops.h>
+
+namespace pmap::ops {
+namespace {
+
+using core::Arrays;
+using kernels::ReduceOp;
+
+std::vector<Array> one(Array a) {
+  std::vector<Array> v;
+  v.push_back(std::move(a));
+  return v;
+}
+
+// x's shape with 1 at the reduced axes (the axes were checked by eval).
+Shape kept_shape(const Shape& x, const std::vector<int>& axes) {
+  Shape s = x;
+  for (int a : axes) s[static_cast<std::size_t>(a < 0 ? a + static_cast<int>(s.size()) : a)] = 1;
+  return s;
+}
+
+class ReduceAxes final : public core::Primitive {
+ public:
+  ReduceAxes(ReduceOp op, std::vector<int> axes, bool keepdims)
+      : op_(op), axes_(std::move(axes)), keep_(keepdims) {}
+  std::string name() const override { return kernels::to_string(op_); }
+  std::vector<Array> eval(Arrays in) const override {
+    switch (op_) {
+      case ReduceOp::sum: return one(eager::sum(*in[0], axes_, keep_));
+      case ReduceOp::mean: return one(eager::mean(*in[0], axes_, keep_));
+      case ReduceOp::max: break;
+    }
+    return one(eager::max(*in[0], axes_, keep_));
+  }
+  std::vector<Array> vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& w) const override {
+    std::vector<Array> g(1);
+    if (!w[0]) return g;
+    const Array& x = *in[0];
+    const Shape kept = kept_shape(x.shape(), axes_);
+    Array ct = reshape(*cts[0], kept);
+    if (op_ == ReduceOp::sum) {
+      g[0] = broadcast_to(ct, x.shape());
+    } else if (op_ == ReduceOp::mean) {
+      const std::int64_t count = x.size() / std::max<std::int64_t>(num_elements(kept), 1);
+      g[0] = scale(broadcast_to(ct, x.shape()), 1.0f / static_cast<float>(std::max<std::int64_t>(count, 1)));
+    } else {
+      g[0] = max_vjp(x, *out[0], ct, kept);
+    }
+    return g;
+  }
+
+ private:
+  // The cotangent split evenly among each group's maxima: at_max is 1 where x equals its group's max (the
+  // ReLU gradient passes ones where max - x > 0, i.e. below it), then ct / (the maxima's count) spread there.
+  Array max_vjp(const Array& x, const Array& y, const Array& ct, const Shape& kept) const {
+    Array peak = broadcast_to(reshape(y, kept), x.shape());
+    Array below = eager::relu_grad(subtract(peak, x), eager::ones(x.shape(), x.device()));
+    Array at_max = scale(below, -1.0f, 1.0f);
+    Array share = divide(ct, sum(at_max, axes_, true));
+    return multiply(at_max, broadcast_to(share, x.shape()));
+  }
+
+  ReduceOp op_;
+  std::vector<int> axes_;
+  bool keep_;
+};
+
+class Transpose final : public core::Primitive {
+ public:
+  explicit Transpose(std::vector<int> perm) : perm_(std::move(perm)) {}
+  std::string name() const override { return "transpose"; }
+  std::vector<Array> eval(Arrays in) const override { return one(eager::transpose(*in[0], perm_)); }
+  std::vector<Array> vjp(Arrays in, Arrays, Arrays cts, const std::vector<bool>& w) const override {
+    std::vector<Array> g(1);
+    if (!w[0]) return g;
+    const int n = in[0]->ndim();
+    std::vector<int> inverse(perm_.size());
+    for (int k = 0; k < n; ++k) {
+      const int a = perm_[static_cast<std::size_t>(k)];
+      inverse[static_cast<std::size_t>(a < 0 ? a + n : a)] = k;
+    }
+    g[0] = transpose(*cts[0], inverse);
+    return g;
+  }
+
+ private:
+  std::vector<int> perm_;
+};
+
+class BroadcastTo final : public core::Primitive {
+ public:
+  explicit BroadcastTo(Shape shape) : shape_(std::move(shape)) {}
+  std::string name() const override { return "broadcast_to"; }
+  std::vector<Array> eval(Arrays in) const override { return one(eager::broadcast_to(*in[0], shape_)); }
+  std::vector<Array> vjp(Arrays in, Arrays, Arrays cts, const std::vector<bool>& w) const override {
+    std::vector<Array> g(1);
+    if (!w[0]) return g;
+    const Shape& xs = in[0]->shape();
+    const std::size_t lead = shape_.size() - xs.size();
+    std::vector<int> repeated;  // the new leading axes, and x's axes of 1 that were repeated
+    for (std::size_t k = 0; k < shape_.size(); ++k) {
+      if (k < lead || (xs[k - lead] == 1 && shape_[k] != 1)) repeated.push_back(static_cast<int>(k));
+    }
+    g[0] = reshape(sum(*cts[0], repeated), xs);
+    return g;
+  }
+
+ private:
+  Shape shape_;
+};
+
+class Slice final : public core::Primitive {
+ public:
+  Slice(std::vector<std::int64_t> start, std::vector<std::int64_t> stop)
+      : start_(std::move(start)), stop_(std::move(stop)) {}
+  std::string name() const override { return "slice"; }
+  std::vector<Array> eval(Arrays in) const override { return one(eager::slice(*in[0], start_, stop_)); }
+  std::vector<Array> vjp(Arrays in, Arrays, Arrays cts, const std::vector<bool>& w) const override {
+    std::vector<Array> g(1);
+    if (w[0]) g[0] = eager::slice_backward(*cts[0], in[0]->shape(), start_);
+    return g;
+  }
+
+ private:
+  std::vector<std::int64_t> start_, stop_;
+};
+
+class Concatenate final : public core::Primitive {
+ public:
+  explicit Concatenate(int axis) : axis_(axis) {}
+  std::string name() const override { return "concatenate"; }
+  std::vector<Array> eval(Arrays in) const override {
+    return one(eager::concatenate(std::vector<const Array*>(in.begin(), in.end()), axis_));
+  }
+  std::vector<Array> vjp(Arrays in, Arrays, Arrays cts, const std::vector<bool>& w) const override {
+    const Array& ct = *cts[0];
+    const auto a = static_cast<std::size_t>(axis_ < 0 ? axis_ + ct.ndim() : axis_);
+    std::vector<Array> g(in.size());
+    std::vector<std::int64_t> start(ct.shape().size(), 0), stop(ct.shape());
+    for (std::size_t i = 0; i < in.size(); ++i) {  // each input's part of the cotangent along the axis
+      stop[a] = start[a] + in[i]->shape()[a];
+      if (w[i]) g[i] = slice(ct, start, stop);
+      start[a] = stop[a];
+    }
+    return g;
+  }
+
+ private:
+  int axis_;
+};
+
+// y = log_softmax(x); dx = g - softmax(x) * rowsum(g), softmax(x) = exp(y).
+class LogSoftmax final : public core::Primitive {
+ public:
+  std::string name() const override { return "log_softmax"; }
+  std::vector<Array> eval(Arrays in) const override { return one(eager::log_softmax(*in[0])); }
+  std::vector<Array> vjp(Arrays, Arrays out, Arrays cts, const std::vector<bool>& w) const override {
+    std::vector<Array> g(1);
+    if (!w[0]) return g;
+    const Array &y = *out[0], &ct = *cts[0];
+    g[0] = subtract(ct, multiply(exp(y), broadcast_to(sum(ct, {-1}, true), y.shape())));
+    return g;
+  }
+};
+
+class MaxPool final : public core::Primitive {
+ public:
+  explicit MaxPool(MaxPoolOptions o) : o_(o) {}
+  std::string name() const override { return o_.same ? "max_pool(same)" : "max_pool"; }
+  std::vector<Array> eval(Arrays in) const override { return one(eager::max_pool(*in[0], o_)); }
+  std::vector<Array> vjp(Arrays in, Arrays, Arrays cts, const std::vector<bool>& w) const override {
+    std::vector<Array> g(1);
+    if (w[0]) g[0] = eager::max_pool_backward(*in[0], *cts[0], o_);
+    return g;
+  }
+
+ private:
+  MaxPoolOptions o_;
+};
+
+Array reduce(ReduceOp op, const Array& x, const std::vector<int>& axes, bool keepdims) {
+  return core::apply1(std::make_shared<ReduceAxes>(op, axes, keepdims), {&x});
+}
+
+}  // namespace
+
+Array sum(const Array& x, const std::vector<int>& axes, bool keepdims) {
+  return reduce(ReduceOp::sum, x, axes, keepdims);
+}
+Array mean(const Array& x, const std::vector<int>& axes, bool keepdims) {
+  return reduce(ReduceOp::mean, x, axes, keepdims);
+}
+Array max(const Array& x, const std::vector<int>& axes, bool keepdims) {
+  return reduce(ReduceOp::max, x, axes, keepdims);
+}
+Array transpose(const Array& x, const std::vector<int>& permutation) {
+  return core::apply1(std::make_shared<Transpose>(permutation), {&x});
+}
+Array broadcast_to(const Array& x, const Shape& shape) {
+  return core::apply1(std::make_shared<BroadcastTo>(shape), {&x});
+}
+Array slice(const Array& x, const std::vector<std::int64_t>& start, const std::vector<std::int64_t>& stop) {
+  return core::apply1(std::make_shared<Slice>(start, stop), {&x});
+}
+Array concatenate(const std::vector<const Array*>& xs, int axis) {
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    if (xs[i] == nullptr) throw ValueError("ops::concatenate: xs[" + std::to_string(i) + "] is null");
+  }
+  return core::apply1(std::make_shared<Concatenate>(axis), xs);
+}
+Array log_softmax(const Array& x) { return core::apply1(std::make_shared<LogSoftmax>(), {&x}); }
+Array max_pool(const Array& x, MaxPoolOptions options) {
+  return core::apply1(std::make_shared<MaxPool>(options), {&x});
+}
+
+}  // namespace pmap::ops
