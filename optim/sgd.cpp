@@ -1,20 +1,41 @@
-// What the optimizers (optim/sgd.h) check outside their templates.
+// optim::Sgd's leaf functions (optim/sgd.h), in kernels::sgd_element's order.
 #include <pmapcc/optim/sgd.h>
 
-namespace pmap::optim::detail {
+#include <pmapcc/kernels/array_ops_optim.h>
 
-void check_same(const char* fn, const std::vector<const Array*>& a, const char* an, const std::vector<const Array*>& b,
-                const char* bn) {
-  if (a.size() != b.size()) {
-    throw ShapeError(std::string(fn) + ": " + an + " has " + std::to_string(a.size()) + " arrays and " + bn + " " +
-                     std::to_string(b.size()) + " (trees of different structure)");
-  }
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (a[i]->shape() != b[i]->shape() || a[i]->dtype() != b[i]->dtype()) {
-      throw ShapeError(std::string(fn) + ": leaf " + std::to_string(i) + " is " + a[i]->signature() + " in " + an +
-                       " and " + b[i]->signature() + " in " + bn);
-    }
-  }
+namespace pmap::optim {
+
+void Sgd::validate() const {
+  detail::check_schedule(kName, "learning_rate", learning_rate);
+  detail::require_finite_nonnegative(kName, "momentum", momentum);
 }
 
-}  // namespace pmap::optim::detail
+SgdState Sgd::init_leaves(const Leaves& params) const {
+  validate();
+  SgdState s;
+  s.count = detail::zero_count("optim::Sgd::init", params);
+  s.trace = detail::zeros_like(params);
+  return s;
+}
+
+std::vector<Array> Sgd::update_leaves(const Leaves& grads, SgdState& state, const Leaves& params) const {
+  validate();
+  detail::check_count("optim::Sgd::update", state.count, params);
+  detail::check_same("optim::Sgd::update", grads, "grads", detail::pointers(state.trace), "the state's trace");
+  const Array lr = detail::learning_rate_at(learning_rate, state.count);
+  std::vector<Array> updates;
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    const Array& g = *grads[i];
+    Array next = ops::add(ops::scale(state.trace[i], momentum), g);        // momentum * m + g
+    if (nesterov) {
+      updates.push_back(ops::negative(ops::multiply(ops::add(g, ops::scale(next, momentum)), lr)));
+    } else {
+      updates.push_back(ops::negative(ops::multiply(next, lr)));          // -(lr * m)
+    }
+    state.trace[i] = std::move(next);
+  }
+  state.count = ops::eager::increment(state.count);
+  return updates;
+}
+
+}  // namespace pmap::optim

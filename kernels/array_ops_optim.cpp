@@ -1,0 +1,87 @@
+// pmap::ops::eager's optimizer scalars (kernels/array_ops_optim.h): each checks its operands and runs the
+// device's OptimizerOps (kernels/optimizer_ops.h) on one member.
+#include <pmapcc/kernels/array_ops_optim.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include <pmap/error.h>
+
+#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/backend.h>
+
+#include "array_ops_checks.h"
+
+namespace pmap::ops::eager {
+using namespace detail;  // the checks of array_ops_checks.h
+namespace {
+
+void require_step(const char* fn, const Array& step) {
+  require_dtype(fn, "step", step, DType::i64);
+  if (step.size() != 1) {
+    throw ShapeError(std::string("ops::") + fn + ": step is " + step.signature() + "; it must be one i64 value");
+  }
+}
+
+void require_one_float(const char* fn, const char* arg, const Array& x, const Array& step) {
+  require_dtype(fn, arg, x, DType::f32);
+  require_same_device(fn, x, arg, step, "step");
+  if (x.size() != 1) {
+    throw ShapeError(std::string("ops::") + fn + ": " + arg + " is " + x.signature() + "; it must be one f32 value");
+  }
+}
+
+}  // namespace
+
+Array schedule_lr(const kernels::ScheduleParams& schedule, float learning_rate, const Array& step) {
+  require_step("schedule_lr", step);
+  kernels::validate(schedule);
+  const kernels::Backend& be = backend_of("schedule_lr", step.device());
+  Array base = scale(Array(Shape{1}, DType::f32, step.device()), 0.0f, learning_rate);  // 0 * 0 + lr, exact
+  Array lr(Shape{1}, DType::f32, step.device());
+  be.optimizer().schedule_lr(schedule, 1, step.data<std::int64_t>(), base.data<float>(), lr.data<float>());
+  return lr;
+}
+
+Array adam_step_size(const kernels::AdamParams& params, const Array& step, const Array& lr) {
+  require_step("adam_step_size", step);
+  require_one_float("adam_step_size", "lr", lr, step);
+  kernels::validate(params);
+  const kernels::Backend& be = backend_of("adam_step_size", step.device());
+  Array alpha(Shape{1}, DType::f32, step.device());
+  be.optimizer().adam_step_size(params, 1, step.data<std::int64_t>(), lr.data<float>(), alpha.data<float>());
+  return alpha;
+}
+
+Array clip_factor(const std::vector<const Array*>& xs, float max_norm) {
+  if (xs.empty()) throw ValueError("ops::clip_factor: no arrays to take the norm of");
+  if (!(max_norm > 0) || !std::isfinite(max_norm)) {
+    throw ValueError("ops::clip_factor: max_norm must be a positive number, got " + std::to_string(max_norm));
+  }
+  for (const Array* x : xs) {
+    require_dtype("clip_factor", "x", *x, DType::f32);
+    require_same_device("clip_factor", *x, "x", *xs.front(), "the first array");
+  }
+  const Device device = xs.front()->device();
+  const kernels::Backend& be = backend_of("clip_factor", device);
+  Array sumsq(Shape{1}, DType::f64, device);  // zero-filled: every tensor accumulates into it
+  for (const Array* x : xs) {
+    if (x->size() == 0) continue;
+    be.optimizer().sum_squares(1, static_cast<std::size_t>(x->size()), x->data<float>(), sumsq.data<double>(), true);
+  }
+  Array factor(Shape{1}, DType::f32, device);
+  be.optimizer().clip_factor(1, sumsq.data<double>(), max_norm, factor.data<float>());
+  return factor;
+}
+
+Array increment(const Array& step) {
+  require_step("increment", step);
+  const kernels::Backend& be = backend_of("increment", step.device());
+  Array next(Shape{1}, DType::i64, step.device());
+  be.copy(next.data<std::int64_t>(), step.data<std::int64_t>(), sizeof(std::int64_t));
+  be.optimizer().increment(next.data<std::int64_t>());
+  return next;
+}
+
+}  // namespace pmap::ops::eager

@@ -1,0 +1,33 @@
+// The optimizer family's per-step scalars as functions of Arrays (pmap::ops::eager), for pmapcc/optim: the
+// learning rate from a schedule, Adam's step size, the clipping factor and the next step counter, each
+// computed on the device from the (1) i64 step counter in its memory, so a step never waits for the host.
+// The rules of kernels/array_ops.h hold (results on the operands' device; CUDA arrays only inside pmap).
+// Not differentiable and not primitives: they compute optimizer state, never a value grad follows.
+#pragma once
+
+#include <vector>
+
+#include <pmap/array.h>
+
+#include <pmapcc/kernels/optimizer_ops.h>
+
+namespace pmap::ops::eager {
+
+// lr (1) f32 = learning_rate * schedule_factor(schedule, *step), rounded to float once (learning_rate bit for
+// bit for a constant schedule without warmup); step: (1) i64, the updates already made. The schedule is
+// checked (kernels::validate: ValueError naming the field).
+Array schedule_lr(const kernels::ScheduleParams& schedule, float learning_rate, const Array& step);
+
+// alpha (1) f32 = Adam's bias-corrected step size kernels::adam_alpha(params, *lr, *step): lr (1) f32 on
+// step's device.
+Array adam_step_size(const kernels::AdamParams& params, const Array& step, const Array& lr);
+
+// factor (1) f32 = optax's clip_by_global_norm factor for the f32 arrays xs together (one device): 1 when
+// sqrt(sum of x^2) <= max_norm, else max_norm / that norm; the squares summed in double, array by array in
+// order, each in index order (as the Trainer's clipping). max_norm > 0 (ValueError otherwise); xs not empty.
+Array clip_factor(const std::vector<const Array*>& xs, float max_norm);
+
+// A new (1) i64 array on step's device holding *step + 1 (step itself is left as it is).
+Array increment(const Array& step);
+
+}  // namespace pmap::ops::eager

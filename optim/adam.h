@@ -1,0 +1,83 @@
+// Adam and AdamW as Keras computes them (keras.optimizers.Adam / AdamW), the Trainer's kernels'
+// arithmetic: the step size's bias correction is computed on the device from the state's step counter.
+//
+//   optim::Adam tx{.learning_rate = 1e-3f};
+//   auto state = tx.init(params);
+//   auto [updates, next] = tx.update(grads, std::move(state), params);
+//   params = optim::apply_updates(params, updates);  // the Trainer's kernels::adam_element, bit for bit
+#pragma once
+
+#include <utility>
+#include <vector>
+
+#include <pmap/array.h>
+#include <pmap/tree.h>
+
+#include <pmapcc/optim/base.h>
+#include <pmapcc/optim/schedules.h>
+
+namespace pmap::optim {
+
+// The first and second moments, one f32 array per parameter leaf (tree order), and the steps taken:
+// (1) i64 on the parameters' device.
+struct AdamState {
+  std::vector<Array> mu, nu;
+  Array count;
+};
+PMAPCC_TREE(AdamState, mu, nu, count)
+
+// With t = count + 1 and lr the schedule's rate at count (both on the device):
+//   mu <- mu + (g - mu) * (1 - beta_1);  nu <- nu + (g^2 - nu) * (1 - beta_2)
+//   updates = -((mu * alpha) / (sqrt(nu) + epsilon)),  alpha = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t)
+// epsilon is added to sqrt(nu) after the bias correction (Keras's "epsilon hat"; optax adds it to the
+// corrected sqrt); 1 - beta and alpha are computed in double and rounded to float (kernels::adam_alpha).
+// params + updates is kernels::adam_element's p -= (m alpha) / (sqrt(v) + epsilon) bit for bit.
+// beta_1, beta_2 in [0, 1); epsilon > 0; the rate finite and >= 0.
+struct Adam {
+  static constexpr const char* kName = "optim::Adam";
+  using State = AdamState;
+
+  Schedule learning_rate = 1e-3f;
+  double beta_1 = 0.9;
+  double beta_2 = 0.999;
+  float epsilon = 1e-7f;
+
+  template <class P> State init(const P& params) const { return detail::init_tree(*this, params); }
+  template <class P> std::pair<P, State> update(const P& grads, State state, const P& params) const {
+    return detail::update_tree(*this, grads, std::move(state), params);
+  }
+
+  // The leaf forms (optim/base.h), what chain composes. ValueError naming the field for a bad one.
+  State init_leaves(const Leaves& params) const;
+  std::vector<Array> update_leaves(const Leaves& grads, State& state, const Leaves& params) const;
+  void validate() const;
+};
+
+// Adam with decoupled weight decay as Keras's AdamW and the Trainer's kernel apply it: each parameter is
+// first decayed with the step's rate, p1 = p - (p * weight_decay) * lr, then Adam's step is taken from p1,
+// p2 = p1 - (mu alpha) / (sqrt(nu) + epsilon); the updates are p2 - p, rounded. params + updates is p2 (the
+// kernel's bits) wherever p2 - p is exact in float, which holds whenever p2 is within a factor 2 of p
+// (Sterbenz); elsewhere (p changing sign, say: about 0.3% of elements in a first step at lr 0.05) no float
+// u makes p + u round to p2 for every p, and params + updates is within one ulp of p2 - p of it. Use
+// the Trainer's fused kernel when every bit must match. weight_decay finite and >= 0 (Keras's default).
+struct AdamW {
+  static constexpr const char* kName = "optim::AdamW";
+  using State = AdamState;
+
+  Schedule learning_rate = 1e-3f;
+  double beta_1 = 0.9;
+  double beta_2 = 0.999;
+  float epsilon = 1e-7f;
+  float weight_decay = 0.004f;
+
+  template <class P> State init(const P& params) const { return detail::init_tree(*this, params); }
+  template <class P> std::pair<P, State> update(const P& grads, State state, const P& params) const {
+    return detail::update_tree(*this, grads, std::move(state), params);
+  }
+
+  State init_leaves(const Leaves& params) const;
+  std::vector<Array> update_leaves(const Leaves& grads, State& state, const Leaves& params) const;
+  void validate() const;
+};
+
+}  // namespace pmap::optim

@@ -1,0 +1,89 @@
+// What every transformation of pmap::optim shares: the Array leaves of a parameter tree, the step counter
+// in device memory, the checks that name the optimizer and field, and apply_updates (optax's).
+//
+// A transformation Tx has `using State`, `State init(params)` and `std::pair<P, State> update(grads,
+// state, params)`, written once over the leaves: `init_leaves` and `update_leaves` on the trees' f32 Array
+// leaves in tree order (scalar leaves are not parameters: updates keep the grads' scalars, apply_updates
+// the params'). The step's arithmetic runs on the parameters' device, on CPU devices at once and on CUDA
+// devices inside pmap (the rules of pmapcc/kernels/array_ops.h); nothing reads a value back to the host.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <pmap/array.h>
+#include <pmap/error.h>
+#include <pmap/tree.h>
+
+#include <pmapcc/core/ops.h>
+
+namespace pmap::optim {
+
+using Leaves = std::vector<const Array*>;
+
+namespace detail {
+// Each f32 Array leaf of a tree, in tree order (scalar leaves are not parameters).
+template <class T> Leaves leaves(const T& tree) {
+  Leaves out;
+  tree_for_each(tree, [&](const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) out.push_back(&leaf);
+  });
+  return out;
+}
+inline Leaves pointers(const std::vector<Array>& v) {
+  Leaves out;
+  for (const Array& a : v) out.push_back(&a);
+  return out;
+}
+// A tree of t's type whose Array leaves are `values` in order (scalar leaves kept).
+template <class T> T with_leaves(const T& t, std::vector<Array>& values) {
+  std::size_t k = 0;
+  return tree_map(t, [&](const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+      return std::move(values.at(k++));
+    } else {
+      return leaf;
+    }
+  });
+}
+// ShapeError naming fn when a and b differ in leaf count (trees of different structure), a leaf's shape or
+// dtype; ValueError when a leaf is an empty handle or not f32.
+void check_same(const char* fn, const Leaves& a, const char* an, const Leaves& b, const char* bn);
+// The device of the parameters (all on one, f32, at least one leaf: ValueError naming fn otherwise).
+Device params_device(const char* fn, const Leaves& params);
+// Zeros (f32) of each leaf's shape on its device: a moment's initial value.
+std::vector<Array> zeros_like(const Leaves& params);
+// The step counter: (1) i64 zero on the parameters' device, and its check (ValueError naming fn).
+Array zero_count(const char* fn, const Leaves& params);
+void check_count(const char* fn, const Array& count, const Leaves& params);
+// ValueError "<who>: <field> must be ..., got <v>" unless the check holds.
+void require_finite_nonnegative(const char* who, const char* field, double v);
+void require_positive(const char* who, const char* field, double v);
+void require_unit_interval(const char* who, const char* field, double v);  // [0, 1)
+
+// The tree form of a transformation's leaf functions.
+template <class Tx, class P> typename Tx::State init_tree(const Tx& tx, const P& params) {
+  return tx.init_leaves(leaves(params));
+}
+template <class Tx, class P>
+std::pair<P, typename Tx::State> update_tree(const Tx& tx, const P& grads, typename Tx::State state, const P& params) {
+  const Leaves g = leaves(grads), p = leaves(params);
+  check_same((std::string(Tx::kName) + "::update").c_str(), g, "grads", p, "params");
+  std::vector<Array> updates = tx.update_leaves(g, state, p);
+  return {with_leaves(grads, updates), std::move(state)};
+}
+}  // namespace detail
+
+// params + updates, leaf by leaf, new arrays (optax.apply_updates); scalar leaves are params'.
+template <class P> P apply_updates(const P& params, const P& updates) {
+  const Leaves p = detail::leaves(params), u = detail::leaves(updates);
+  detail::check_same("optim::apply_updates", p, "params", u, "updates");
+  std::vector<Array> out;
+  for (std::size_t i = 0; i < p.size(); ++i) out.push_back(ops::add(*p[i], *u[i]));
+  return detail::with_leaves(params, out);
+}
+
+}  // namespace pmap::optim

@@ -1,0 +1,55 @@
+// clip_by_global_norm's and add_decayed_weights' leaf functions (optim/transforms.h).
+#include <pmapcc/optim/transforms.h>
+
+#include <pmapcc/kernels/array_ops_optim.h>
+
+namespace pmap::optim {
+
+void ClipByGlobalNorm::validate() const { detail::require_positive(kName, "max_norm", max_norm); }
+
+EmptyState ClipByGlobalNorm::init_leaves(const Leaves& params) const {
+  validate();
+  detail::params_device("optim::clip_by_global_norm::init", params);
+  return {};
+}
+
+std::vector<Array> ClipByGlobalNorm::update_leaves(const Leaves& grads, EmptyState&, const Leaves& params) const {
+  validate();
+  detail::params_device("optim::clip_by_global_norm::update", params);
+  const Array factor = ops::eager::clip_factor(grads, max_norm);
+  std::vector<Array> updates;
+  for (const Array* g : grads) updates.push_back(ops::multiply(*g, factor));  // the kernels' g *= grad_scale
+  return updates;
+}
+
+ClipByGlobalNorm clip_by_global_norm(float max_norm) {
+  ClipByGlobalNorm tx{.max_norm = max_norm};
+  tx.validate();
+  return tx;
+}
+
+void AddDecayedWeights::validate() const { detail::require_finite_nonnegative(kName, "weight_decay", weight_decay); }
+
+EmptyState AddDecayedWeights::init_leaves(const Leaves& params) const {
+  validate();
+  detail::params_device("optim::add_decayed_weights::init", params);
+  return {};
+}
+
+std::vector<Array> AddDecayedWeights::update_leaves(const Leaves& grads, EmptyState&, const Leaves& params) const {
+  validate();
+  detail::check_same("optim::add_decayed_weights::update", grads, "grads", params, "params");
+  std::vector<Array> updates;
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    updates.push_back(ops::add(*grads[i], ops::scale(*params[i], weight_decay)));
+  }
+  return updates;
+}
+
+AddDecayedWeights add_decayed_weights(float weight_decay) {
+  AddDecayedWeights tx{.weight_decay = weight_decay};
+  tx.validate();
+  return tx;
+}
+
+}  // namespace pmap::optim
