@@ -9,13 +9,10 @@
 //   flax_ensemble --data data/mnist [--devices D] [--members M] [--epochs E] [--seed S] [--metrics-json F]
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include <pmap/pmap.h>
 #include <pmapcc/core/grad.h>
@@ -23,6 +20,8 @@
 #include <pmapcc/ensemble/data.h>
 #include <pmapcc/nn/layers.h>
 #include <pmapcc/optim/sgd.h>
+
+#include "example_flags.h"
 
 namespace ops = pmap::ops;
 namespace nn = pmap::nn;
@@ -58,14 +57,6 @@ struct TrainState {
   pmap::optim::SgdState opt_state;
 };
 PMAPCC_TREE(TrainState, params, opt_state)
-
-struct Config {
-  std::string data, backend = "cpu", metrics_json;
-  std::int64_t train_limit = -1, test_limit = -1;
-  int epochs = 10, devices = 0, members = 0, batch = 128;
-  std::uint64_t seed = 0;
-  float lr = 0.1f, momentum = 0.9f;
-};
 
 struct Applied {  // apply_model's results on one device
   std::vector<CnnParams> grads;  // one per member here
@@ -113,7 +104,7 @@ struct Epoch {
 
 // One pass over the training set in the order permutation(key) (full batches; the rest is dropped).
 Epoch train_epoch(pmap::Sharded<std::vector<TrainState>>& states, const pmap::ensemble::Dataset& train,
-                  const Config& c, pmap::Key key, const pmap::Mesh& mesh, const pmap::optim::Sgd& tx) {
+                  const examples::Flags& c, pmap::Key key, const pmap::Mesh& mesh, const pmap::optim::Sgd& tx) {
   const auto order = pmap::permutation(key, static_cast<std::uint32_t>(train.count));
   const auto steps = pmap::ensemble::steps_per_epoch(train.count, c.batch);
   auto apply = pmap::pmap(apply_model, mesh, "ensemble");
@@ -182,44 +173,10 @@ std::pair<std::vector<double>, double> evaluate(const pmap::Sharded<std::vector<
   return {member_hits, ensemble_hits / static_cast<double>(test.count)};
 }
 
-Config parse(int argc, char** argv) {
-  Config c;
-  CLI::App app{"flax_ensemble: Flax's ensembling how-to in C++ (pmap, value_and_grad, pmean of probabilities)"};
-  app.add_option("--data", c.data, "directory of the MNIST IDX files")->required();
-  app.add_option("--train-limit", c.train_limit, "use the first N training examples (-1: all)");
-  app.add_option("--test-limit", c.test_limit, "use the first N test examples (-1: all)");
-  app.add_option("--epochs", c.epochs, "epochs")->check(CLI::NonNegativeNumber);
-  app.add_option("--devices", c.devices, "devices along 'ensemble' (0: every local device)")->check(CLI::NonNegativeNumber);
-  app.add_option("--members", c.members, "ensemble members, a multiple of --devices (0: one per device)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--backend", c.backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--batch", c.batch, "batch size")->check(CLI::PositiveNumber);
-  app.add_option("--lr", c.lr, "SGD learning rate")->check(CLI::PositiveNumber);
-  app.add_option("--momentum", c.momentum, "SGD momentum")->check(CLI::Range(0.0f, 1.0f));
-  app.add_option("--seed", c.seed, "the PRNG seed: members' keys and the data order");
-  app.add_option("--metrics-json", c.metrics_json, "write the per-epoch and final metrics here");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    std::exit(app.exit(e));
-  }
-  return c;
-}
-
-void write_metrics(const Config& c, const nlohmann::json& epochs, const nlohmann::json& final_metrics) {
-  if (c.metrics_json.empty()) return;
-  const nlohmann::json doc{{"program", "flax_ensemble"},
-                           {"config", {{"members", c.members}, {"devices", c.devices}, {"epochs", c.epochs},
-                                       {"batch", c.batch}, {"lr", c.lr}, {"momentum", c.momentum}, {"seed", c.seed}}},
-                           {"epochs", epochs}, {"final", final_metrics}};
-  const std::string tmp = c.metrics_json + ".tmp";
-  std::ofstream(tmp) << doc.dump(2) << "\n";
-  if (std::rename(tmp.c_str(), c.metrics_json.c_str()) != 0)
-    throw pmap::IoError("--metrics-json: cannot write " + c.metrics_json);
-}
-
 int main(int argc, char** argv) {
-  Config c = parse(argc, argv);
+  examples::Flags c;  // the how-to's recipe: SGD, lr 0.1, momentum 0.9, batch 128
+  c.program = "flax_ensemble", c.axis = "ensemble", c.momentum = 0.9f;
+  examples::parse(c, argc, argv, "Flax's ensembling how-to in C++ (pmap, value_and_grad, pmean of probabilities)");
   try {
     const auto kind = pmap::parse_device_kind(c.backend);
     pmap::Mesh mesh(pmap::local_devices(kind, c.devices > 0 ? c.devices : -1), "ensemble");
@@ -247,25 +204,18 @@ int main(int argc, char** argv) {
     }, mesh, "ensemble")(0);
     std::printf("%s, %d members, %lld training and %lld test images\n", mesh.str().c_str(), c.members,
                 static_cast<long long>(train.count), static_cast<long long>(test.count));
-    nlohmann::json epochs = nlohmann::json::array(), final_metrics;
+    examples::Metrics metrics(c);
     for (int epoch = 1; epoch <= c.epochs; ++epoch) {
       const Epoch e = train_epoch(states, train, c, pmap::fold_in(root[1], static_cast<std::uint32_t>(epoch - 1)),
                                   mesh, tx);
       const auto [members, ensemble] = evaluate(states, test, mesh);
       const double rate = static_cast<double>(c.members) * c.batch *
                           static_cast<double>(pmap::ensemble::steps_per_epoch(train.count, c.batch)) / e.seconds;
-      std::printf("epoch %d  train_loss %.4f  train_accuracy %.4f  ensemble_test_accuracy %.4f  %.0f model-images/s\n",
-                  epoch, e.train_loss, e.train_accuracy, ensemble, rate);
-      final_metrics = {{"epoch", epoch}, {"train_loss", e.train_loss}, {"train_accuracy", e.train_accuracy},
-                       {"member_test_accuracy", members}, {"ensemble_test_accuracy", ensemble},
-                       {"model_images_per_second", rate}, {"seconds", e.seconds}};
-      epochs.push_back(final_metrics);
+      metrics.epoch({.epoch = epoch, .train_loss = e.train_loss, .train_accuracy = e.train_accuracy,
+                     .member_test_accuracy = members, .ensemble_test_accuracy = ensemble,
+                     .model_images_per_second = rate, .seconds = e.seconds});
     }
-    if (!final_metrics.is_null()) {
-      for (std::size_t m = 0; m < final_metrics["member_test_accuracy"].size(); ++m)
-        std::printf("member %zu test accuracy %.4f\n", m, final_metrics["member_test_accuracy"][m].get<double>());
-    }
-    write_metrics(c, epochs, final_metrics);
+    metrics.finish();
   } catch (const pmap::Error& e) {
     std::cerr << "flax_ensemble: " << e.what() << "\n";
     return 1;

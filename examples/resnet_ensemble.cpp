@@ -8,13 +8,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include <pmap/pmap.h>
 #include <pmapcc/core/grad.h>
@@ -22,6 +19,8 @@
 #include <pmapcc/ensemble/data.h>
 #include <pmapcc/nn/layers.h>
 #include <pmapcc/optim/sgd.h>
+
+#include "example_flags.h"
 
 namespace ops = pmap::ops;
 namespace nn = pmap::nn;
@@ -93,41 +92,11 @@ Predictions predict(const std::vector<Member>& members, const Array& images) {
   return out;
 }
 
-struct Config {
-  std::string data, metrics_json;
-  std::int64_t train_limit = -1, test_limit = -1;
-  int epochs = 2, devices = 0, members = 0, batch = 128;
-  std::uint64_t seed = 0;
-  float lr = 0.1f, momentum = 0.9f;
-};
-
-Config parse(int argc, char** argv) {
-  Config c;
-  CLI::App app{"resnet_ensemble: an ensemble of small residual networks (grad inside pmap) on Fashion-MNIST"};
-  app.add_option("--data", c.data, "directory of the (Fashion-)MNIST IDX files")->required();
-  app.add_option("--train-limit", c.train_limit, "use the first N training examples (-1: all)");
-  app.add_option("--test-limit", c.test_limit, "use the first N test examples (-1: all)");
-  app.add_option("--epochs", c.epochs, "epochs")->check(CLI::NonNegativeNumber);
-  app.add_option("--devices", c.devices, "CPU devices along 'ensemble' (0: every core)")->check(CLI::NonNegativeNumber);
-  app.add_option("--members", c.members, "members, a multiple of --devices (0: one per device)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--batch", c.batch, "batch size")->check(CLI::PositiveNumber);
-  app.add_option("--lr", c.lr, "SGD learning rate")->check(CLI::PositiveNumber);
-  app.add_option("--seed", c.seed, "the PRNG seed: members' keys and the data order");
-  app.add_option("--metrics-json", c.metrics_json, "write the final metrics here");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    std::exit(app.exit(e));
-  }
-  return c;
-}
-
 using Dataset = pmap::ensemble::Dataset;
 
 // (loss, model-images/s) of one epoch over the data in the order permutation(key).
 std::pair<double, double> train_epoch(pmap::Sharded<std::vector<Member>>& members, const Dataset& train,
-                                      const Config& c, pmap::Key key, const pmap::Mesh& mesh) {
+                                      const examples::Flags& c, pmap::Key key, const pmap::Mesh& mesh) {
   const pmap::optim::Sgd tx{.learning_rate = c.lr, .momentum = c.momentum};
   auto step = pmap::pmap([&](std::vector<Member>& m, const Array& x, const Array& y) { return train_step(m, x, y, tx); },
                          mesh, "ensemble");
@@ -183,9 +152,11 @@ std::pair<std::vector<double>, double> evaluate(const pmap::Sharded<std::vector<
 }
 
 int main(int argc, char** argv) {
-  Config c = parse(argc, argv);
+  examples::Flags c;  // SGD with momentum 0.9, lr 0.1, batch 128, two epochs
+  c.program = "resnet_ensemble", c.axis = "ensemble", c.epochs = 2, c.momentum = 0.9f;
+  examples::parse(c, argc, argv, "an ensemble of small residual networks (grad inside pmap) on Fashion-MNIST");
   try {
-    pmap::Mesh mesh(pmap::local_devices(pmap::DeviceKind::cpu, c.devices > 0 ? c.devices : -1), "ensemble");
+    pmap::Mesh mesh(pmap::local_devices(pmap::parse_device_kind(c.backend), c.devices > 0 ? c.devices : -1), "ensemble");
     c.devices = mesh.size();
     if (c.members == 0) c.members = c.devices;
     if (c.members % c.devices != 0) {
@@ -209,21 +180,16 @@ int main(int argc, char** argv) {
     }, mesh, "ensemble")(0);
     std::printf("%s, %d residual networks, %lld training and %lld test images\n", mesh.str().c_str(), c.members,
                 static_cast<long long>(train.count), static_cast<long long>(test.count));
-    nlohmann::json final_metrics;
+    examples::Metrics metrics(c);
     for (int epoch = 1; epoch <= c.epochs; ++epoch) {
+      const auto t0 = std::chrono::steady_clock::now();
       const auto [loss, rate] = train_epoch(members, train, c, pmap::fold_in(root[1], static_cast<std::uint32_t>(epoch - 1)), mesh);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const auto [member_accuracy, ensemble] = evaluate(members, test, mesh);
-      std::printf("epoch %d  train_loss %.4f  ensemble_test_accuracy %.4f  %.0f model-images/s\n", epoch, loss,
-                  ensemble, rate);
-      final_metrics = {{"epoch", epoch}, {"train_loss", loss}, {"member_test_accuracy", member_accuracy},
-                       {"ensemble_test_accuracy", ensemble}, {"model_images_per_second", rate}};
+      metrics.epoch({.epoch = epoch, .train_loss = loss, .train_accuracy = -1, .member_test_accuracy = member_accuracy,
+                     .ensemble_test_accuracy = ensemble, .model_images_per_second = rate, .seconds = seconds});
     }
-    if (!c.metrics_json.empty()) {
-      const std::string tmp = c.metrics_json + ".tmp";
-      std::ofstream(tmp) << nlohmann::json{{"program", "resnet_ensemble"}, {"final", final_metrics}}.dump(2) << "\n";
-      if (std::rename(tmp.c_str(), c.metrics_json.c_str()) != 0)
-        throw pmap::IoError("--metrics-json: cannot write " + c.metrics_json);
-    }
+    metrics.finish();
   } catch (const pmap::Error& e) {
     std::cerr << "resnet_ensemble: " << e.what() << "\n";
     return 1;

@@ -30,18 +30,26 @@ Array Dense::operator()(const DenseParams& p, const Array& x, bool relu) const {
   return ops::linear(x, p.kernel, p.bias, relu);
 }
 
-ConvParams Conv::init(Key key, std::int64_t in_channels, const Device& device) const {
+ConvKernel Conv::init_kernel(Key key, std::int64_t in_channels, const Device& device) const {
   check_positive("Conv", "features", features);
   check_positive("Conv", "the input channels", in_channels);
-  check_positive("Conv", "the kernel size", std::int64_t{kernel_h} * kernel_w);
+  check_positive("Conv", "the kernel height", kernel_h);
+  check_positive("Conv", "the kernel width", kernel_w);
   const std::int64_t area = std::int64_t{kernel_h} * kernel_w;
   return {kernel(kernel_init, key, {kernel_h, kernel_w, in_channels, features}, area * in_channels, area * features,
-                 device),
-          zeros({features}, device)};
+                 device)};
+}
+
+ConvParams Conv::init(Key key, std::int64_t in_channels, const Device& device) const {
+  return {init_kernel(key, in_channels, device).kernel, zeros({features}, device)};
 }
 
 Array Conv::operator()(const ConvParams& p, const Array& x, bool relu) const {
   return ops::conv2d(x, p.kernel, p.bias, {.stride_h = stride_h, .stride_w = stride_w, .same = same, .relu = relu});
+}
+
+Array Conv::operator()(const ConvKernel& p, const Array& x, bool relu) const {
+  return ops::conv2d(x, p.kernel, Array(), {.stride_h = stride_h, .stride_w = stride_w, .same = same, .relu = relu});
 }
 
 }  // namespace pmap::nn

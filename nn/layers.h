@@ -49,6 +49,12 @@ struct ConvParams {
 };
 PMAPCC_TREE(ConvParams, kernel, bias)
 
+// A convolution without a bias (Keras's Conv2D(use_bias=False), before a BatchNorm that centres).
+struct ConvKernel {
+  Array kernel;  // (KH, KW, Cin, features), HWIO
+};
+PMAPCC_TREE(ConvKernel, kernel)
+
 // flax.linen.Conv over NHWC images: cross-correlation with "SAME" (default) or "VALID" padding.
 struct Conv {
   int features = 0;
@@ -58,7 +64,10 @@ struct Conv {
   Init kernel_init = Init::lecun_normal;
 
   ConvParams init(Key key, std::int64_t in_channels, const Device& device = {}) const;
+  // The kernel alone, drawn as init draws it: for a convolution without a bias.
+  ConvKernel init_kernel(Key key, std::int64_t in_channels, const Device& device = {}) const;
   Array operator()(const ConvParams& p, const Array& x, bool relu = false) const;
+  Array operator()(const ConvKernel& p, const Array& x, bool relu = false) const;
 };
 
 }  // namespace pmap::nn

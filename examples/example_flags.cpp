@@ -1,0 +1,74 @@
+// The training examples' flags and metrics (example_flags.h).
+#include "example_flags.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+
+#include <CLI/CLI.hpp>
+
+#include <pmap/error.h>
+
+namespace examples {
+
+void parse(Flags& f, int argc, char** argv, const std::string& description) {
+  CLI::App app{f.program + ": " + description};
+  app.add_option("--data", f.data, "directory of the (Fashion-)MNIST IDX files")->required();
+  app.add_option("--train-limit", f.train_limit, "use the first N training examples (-1: all)");
+  app.add_option("--test-limit", f.test_limit, "use the first N test examples (-1: all)");
+  app.add_option("--epochs", f.epochs, "epochs")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--devices", f.devices, "devices along '" + f.axis + "' (0: every local device)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--members", f.members, "models trained side by side (0: the program's default)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--backend", f.backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  app.add_option("--batch", f.batch, "global batch size")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--lr", f.lr, "learning rate")->check(CLI::PositiveNumber)->capture_default_str();
+  if (f.momentum >= 0)
+    app.add_option("--momentum", f.momentum, "SGD momentum")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
+  app.add_option("--seed", f.seed, "the PRNG seed: the models' keys and the data order")->capture_default_str();
+  app.add_option("--metrics-json", f.metrics_json, "write the per-epoch and final metrics here");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e));
+  }
+}
+
+void Metrics::epoch(const EpochReport& r) {
+  std::printf("epoch %d  train_loss %.4f", r.epoch, r.train_loss);
+  if (r.train_accuracy >= 0) std::printf("  train_accuracy %.4f", r.train_accuracy);
+  std::printf("  ensemble_test_accuracy %.4f  %.0f model-images/s\n", r.ensemble_test_accuracy,
+              r.model_images_per_second);
+  std::fflush(stdout);
+  nlohmann::json e{{"epoch", r.epoch}, {"train_loss", r.train_loss}, {"member_test_accuracy", r.member_test_accuracy},
+                   {"ensemble_test_accuracy", r.ensemble_test_accuracy},
+                   {"model_images_per_second", r.model_images_per_second}, {"seconds", r.seconds}};
+  if (r.train_accuracy >= 0) e["train_accuracy"] = r.train_accuracy;
+  epochs_.push_back(std::move(e));
+}
+
+void Metrics::finish() const {
+  const nlohmann::json last = epochs_.empty() ? nlohmann::json() : epochs_.back();
+  if (!epochs_.empty()) {
+    for (std::size_t m = 0; m < last["member_test_accuracy"].size(); ++m)
+      std::printf("member %zu test accuracy %.4f\n", m, last["member_test_accuracy"][m].get<double>());
+    std::printf("ensemble test accuracy %.4f\n", last["ensemble_test_accuracy"].get<double>());
+  }
+  if (f_.metrics_json.empty()) return;
+  nlohmann::json doc{{"program", f_.program},
+                           {"config", {{"members", f_.members}, {"devices", f_.devices}, {"epochs", f_.epochs},
+                                       {"batch", f_.batch}, {"lr", f_.lr}, {"seed", f_.seed}}},
+                           {"epochs", epochs_}, {"final", last}};
+  if (f_.momentum >= 0) doc["config"]["momentum"] = f_.momentum;
+  const std::string tmp = f_.metrics_json + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << doc.dump(2) << "\n";
+    if (!out) throw pmap::IoError("--metrics-json: cannot write " + tmp);
+  }
+  if (std::rename(tmp.c_str(), f_.metrics_json.c_str()) != 0)
+    throw pmap::IoError("--metrics-json: cannot write " + f_.metrics_json);
+}
+
+}  // namespace examples

@@ -1,0 +1,187 @@
+// The modules of pmap::nn (pmapcc/nn/layers.h, pmapcc/nn/normalization.h): their variables as init draws
+// them, their calls against the ops they stand for and against host arithmetic, BatchNorm's state in
+// training and inference and over a data axis, Dropout's masks, gradients through them, and every error.
+#include "cuda_testing.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <pmap/pmap.h>
+
+#include <pmapcc/core/grad.h>
+#include <pmapcc/core/ops.h>
+#include <pmapcc/nn/init.h>
+#include <pmapcc/nn/layers.h>
+#include <pmapcc/nn/normalization.h>
+
+namespace {
+
+using cuda_testing::random_floats;
+using pmap::Array;
+using pmap::Shape;
+namespace nn = pmap::nn;
+namespace ops = pmap::ops;
+
+Array host(const std::vector<float>& v, Shape shape) { return Array::from_host(v, std::move(shape)); }
+
+// Per channel of x (rows, C): the mean and the biased variance, in double.
+std::pair<std::vector<double>, std::vector<double>> moments(const std::vector<float>& x, int rows, int c) {
+  std::vector<double> mean(static_cast<std::size_t>(c)), var(static_cast<std::size_t>(c));
+  for (int k = 0; k < c; ++k) {
+    double s = 0, q = 0;
+    for (int i = 0; i < rows; ++i) {
+      const double v = x[static_cast<std::size_t>(i * c + k)];
+      s += v, q += v * v;
+    }
+    mean[static_cast<std::size_t>(k)] = s / rows;
+    var[static_cast<std::size_t>(k)] = q / rows - (s / rows) * (s / rows);
+  }
+  return {mean, var};
+}
+
+}  // namespace
+
+TEST_CASE("nn: Dense and Conv draw their kernels as the initializers do, and call the ops they stand for") {
+  const pmap::Key key = pmap::key(11);
+  const nn::Dense dense{.features = 5};
+  const auto dp = dense.init(key, 4);
+  CHECK(dp.kernel.shape() == Shape{4, 5});
+  CHECK(dp.kernel.to_vector<float>() == nn::lecun_normal(key, {4, 5}, 4).to_vector<float>());
+  CHECK(dp.bias.to_vector<float>() == std::vector<float>(5, 0.0f));
+  const Array x = host(random_floats(12, 3), {3, 4});
+  CHECK(dense(dp, x, true).to_vector<float>() == ops::linear(x, dp.kernel, dp.bias, true).to_vector<float>());
+
+  const nn::Conv conv{.features = 6, .kernel_h = 2, .kernel_w = 3, .stride_h = 2, .same = false,
+                      .kernel_init = nn::Init::glorot_uniform};
+  const auto full = conv.init(key, 2);
+  const auto bare = conv.init_kernel(key, 2);
+  CHECK(full.kernel.shape() == Shape{2, 3, 2, 6});
+  CHECK(bare.kernel.to_vector<float>() == full.kernel.to_vector<float>());  // the same draw, without the bias
+  const double limit = std::sqrt(6.0 / (6 * 2 + 6 * 6));
+  for (float w : bare.kernel.to_vector<float>()) CHECK(std::abs(w) <= limit);
+  const Array img = host(random_floats(2 * 5 * 6 * 2, 4), {2, 5, 6, 2});
+  const auto with_zero_bias = conv(full, img).to_vector<float>();
+  CHECK(conv(bare, img).to_vector<float>() == with_zero_bias);
+  CHECK(conv(bare, img).shape() == Shape{2, 2, 4, 6});
+}
+
+TEST_CASE("nn: BatchNorm normalizes with the batch in training and moves its state; inference uses the state") {
+  const int rows = 16, c = 3;
+  const auto xs = random_floats(rows * c, 21, -2.0f, 3.0f);
+  const Array x = host(xs, {4, 4, c});  // every axis but the last is a row
+  const nn::BatchNorm bn{.momentum = 0.9f, .epsilon = 1e-3f};
+  auto p = bn.init(c);
+  CHECK(p.gamma.to_vector<float>() == std::vector<float>(3, 1.0f));
+  CHECK(p.beta.to_vector<float>() == std::vector<float>(3, 0.0f));
+  p.gamma = host({1.0f, 2.0f, 0.5f}, {3});
+  p.beta = host({0.0f, -1.0f, 0.25f}, {3});
+  const auto s0 = bn.init_state(c);
+  CHECK(s0.moving_mean.to_vector<float>() == std::vector<float>(3, 0.0f));
+  CHECK(s0.moving_variance.to_vector<float>() == std::vector<float>(3, 1.0f));
+
+  auto [y, s1] = bn(p, s0, x, {.train = true});
+  const auto [mean, var] = moments(xs, rows, c);
+  const auto ys = y.to_vector<float>();
+  const std::vector<double> gamma{1, 2, 0.5}, beta{0, -1, 0.25};
+  for (int i = 0; i < rows; ++i) {
+    for (int k = 0; k < c; ++k) {
+      const auto j = static_cast<std::size_t>(i * c + k), kk = static_cast<std::size_t>(k);
+      const double want = (xs[j] - mean[kk]) / std::sqrt(var[kk] + 1e-3) * gamma[kk] + beta[kk];
+      CHECK(ys[j] == doctest::Approx(want).epsilon(1e-5));
+    }
+  }
+  for (int k = 0; k < c; ++k) {
+    const auto kk = static_cast<std::size_t>(k);
+    CHECK(s1.moving_mean.to_vector<float>()[kk] == doctest::Approx(0.1 * mean[kk]).epsilon(1e-5));
+    CHECK(s1.moving_variance.to_vector<float>()[kk] == doctest::Approx(0.9 + 0.1 * var[kk]).epsilon(1e-5));
+  }
+  // inference: the moving statistics, returned unchanged; the fused ReLU
+  auto [yi, s2] = bn(p, s1, x, {.train = false, .relu = true});
+  CHECK(s2.moving_mean.to_vector<float>() == s1.moving_mean.to_vector<float>());
+  const auto mm = s1.moving_mean.to_vector<float>(), mv = s1.moving_variance.to_vector<float>();
+  const auto yis = yi.to_vector<float>();
+  for (int i = 0; i < rows; ++i) {
+    for (int k = 0; k < c; ++k) {
+      const auto j = static_cast<std::size_t>(i * c + k), kk = static_cast<std::size_t>(k);
+      const double want = std::max(0.0, (xs[j] - mm[kk]) / std::sqrt(mv[kk] + 1e-3) * gamma[kk] + beta[kk]);
+      CHECK(yis[j] == doctest::Approx(want).epsilon(1e-5).scale(1e-6));
+    }
+  }
+  // center only (Keras's scale=False): the offset's gradient of sum(y) is the row count per channel
+  const nn::BatchNorm keras{};
+  const auto center = keras.init_center(c);
+  auto g = pmap::grad([&](const nn::BatchNormCenter& pc) {
+    return ops::sum(keras(pc, keras.init_state(c), x, {.train = true}).first);
+  })(center);
+  for (float v : g.beta.to_vector<float>()) CHECK(v == doctest::Approx(rows));
+}
+
+TEST_CASE("nn: BatchNorm over a data axis normalizes with the global batch on 1, 2 and 4 devices") {
+  const int rows = 8, c = 2;
+  const auto xs = random_floats(rows * c, 41);
+  const nn::BatchNorm bn{.axis_name = {"data"}};
+  auto [whole, whole_state] = nn::BatchNorm{}(bn.init(c), bn.init_state(c), host(xs, {rows, c}), {.train = true});
+  for (int n : {1, 2, 4}) {
+    CAPTURE(n);
+    pmap::Mesh mesh(pmap::local_devices(pmap::DeviceKind::cpu, n), "data");
+    auto out = pmap::pmap([&](const Array& x) {
+      const pmap::Device d = pmap::current_device();
+      auto [y, s] = bn(bn.init(c, d), bn.init_state(c, d), x, {.train = true});
+      return std::make_pair(y.to_vector<float>(), s.moving_variance.to_vector<float>());
+    }, mesh)(pmap::shard(host(xs, {rows, c}), mesh));
+    std::vector<float> y;
+    for (const auto& [part, state] : out) {
+      y.insert(y.end(), part.begin(), part.end());
+      CHECK(cuda_testing::relative_error(state, whole_state.moving_variance.to_vector<float>()) < 1e-6);
+    }
+    CHECK(cuda_testing::relative_error(y, whole.to_vector<float>()) < 1e-5);
+  }
+}
+
+TEST_CASE("nn: Dropout keeps or scales each value, by the step's key and the example's global index") {
+  const auto xs = random_floats(40, 51, 0.5f, 1.5f);
+  const Array x = host(xs, {10, 4});
+  const Array key = Array::from_host(std::vector<std::uint32_t>{3, 4}, {2});
+  const Array step = Array::from_host(std::vector<std::int64_t>{7}, {1});
+  const nn::Rng rng{&key, &step, 0};
+  const nn::Dropout drop{.rate = 0.25f};
+  CHECK(drop(x, {}).to_vector<float>() == xs);  // inference: x itself
+  const auto y = drop(x, {.train = true, .rng = rng}).to_vector<float>();
+  int zeros = 0;
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    if (y[i] == 0.0f) {
+      ++zeros;
+    } else {
+      CHECK(y[i] == doctest::Approx(xs[i] / 0.75f));
+    }
+  }
+  CHECK(zeros > 0);
+  CHECK(zeros < 40);
+  CHECK(drop(x, {.train = true, .rng = rng}).to_vector<float>() == y);  // the same masks again
+  CHECK(nn::Dropout{.rate = 0.25f, .stream = 1}(x, {.train = true, .rng = rng}).to_vector<float>() != y);
+  nn::Rng later = rng;
+  later.example_offset = 5;  // rows 5..9 alone draw what they draw inside the whole batch
+  const auto tail = drop(host(std::vector<float>(xs.begin() + 20, xs.end()), {5, 4}), {.train = true, .rng = later});
+  CHECK(tail.to_vector<float>() == std::vector<float>(y.begin() + 20, y.end()));
+  const nn::DropoutCall training_without_rng{.train = true, .rng = {}};
+  CHECK(nn::Dropout{.rate = 0.0f}(x, training_without_rng).to_vector<float>() == xs);
+}
+
+TEST_CASE("nn: bad hyper-parameters and missing randomness raise ValueError naming the module") {
+  CHECK_THROWS_WITH_AS(nn::Dense{}.init(pmap::key(0), 3), doctest::Contains("nn::Dense: features must be positive"),
+                       pmap::ValueError);
+  const nn::Conv narrow{.features = 2, .kernel_w = 0};
+  CHECK_THROWS_WITH_AS(narrow.init_kernel(pmap::key(0), 3),
+                       doctest::Contains("nn::Conv: the kernel width must be positive"), pmap::ValueError);
+  CHECK_THROWS_WITH_AS(nn::BatchNorm{}.init_state(0), doctest::Contains("nn::BatchNorm: the channels"),
+                       pmap::ValueError);
+  CHECK_THROWS_WITH_AS(nn::BatchNorm{}.init_center(-2), doctest::Contains("got -2"), pmap::ValueError);
+  const Array x = host({1, 2, 3, 4}, {2, 2});
+  const nn::Dropout all{.rate = 1.0f};
+  CHECK_THROWS_WITH_AS(all(x, nn::DropoutCall{}), doctest::Contains("nn::Dropout: rate must be in [0, 1)"),
+                       pmap::ValueError);
+  const nn::DropoutCall training_without_rng{.train = true, .rng = {}};
+  CHECK_THROWS_WITH_AS(nn::Dropout{}(x, training_without_rng), doctest::Contains("needs DropoutCall::rng's key"),
+                       pmap::ValueError);
+}
