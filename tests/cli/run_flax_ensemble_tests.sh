@@ -8,14 +8,7 @@ set -u
 flax=$1
 program=$2
 here=$(cd "$(dirname "$0")" && pwd)
-fails=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-check() {  # check NAME COMMAND...: a named assertion
-  local name=$1
-  shift
-  if "$@"; then echo "ok   $name"; else echo "FAIL $name"; fails=$((fails + 1)); fi
-}
+. "$here/example_checks.sh"
 python3 "$here/make_idx.py" "$tmp/data" 640 300 0.1 || exit 1
 common=(--data "$tmp/data" --epochs 2 --seed 3)
 
@@ -43,18 +36,8 @@ for shape in "2 2" "4 2"; do
     python3 "$tmp/same.py" "$tmp/flax-$1.json" "$tmp/prog-$1.json"
 done
 "$flax" "${common[@]}" --members 4 --devices 2 --metrics-json "$tmp/again.json" >/dev/null 2>&1
-check "a run repeats bit for bit (timings aside)" python3 -c "
-import json, sys
-a, b = (json.load(open(p)) for p in sys.argv[1:])
-for d in (a, b):
-    for e in d['epochs'] + [d['final']]:
-        e.pop('seconds'); e.pop('model_images_per_second')
-sys.exit(a != b)" "$tmp/flax-4.json" "$tmp/again.json"
-check "the final metrics hold the program's keys" python3 -c "
-import json, sys
-f = json.load(open(sys.argv[1]))['final']
-sys.exit(not all(k in f for k in ('train_loss', 'member_test_accuracy', 'ensemble_test_accuracy', 'model_images_per_second')))
-" "$tmp/flax-4.json"
+check "a run repeats bit for bit (timings aside)" same_runs "$tmp/flax-4.json" "$tmp/again.json"
+check "the final metrics hold the program's keys" has_final_keys "$tmp/flax-4.json"
 
 "$flax" "${common[@]}" --members 3 --devices 2 >"$tmp/bad" 2>&1
 check "members not a multiple of the devices exits 2" test $? -eq 2

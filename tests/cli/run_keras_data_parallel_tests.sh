@@ -9,14 +9,7 @@ set -u
 keras=$1
 program=$2
 here=$(cd "$(dirname "$0")" && pwd)
-fails=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-check() {  # check NAME COMMAND...: a named assertion
-  local name=$1
-  shift
-  if "$@"; then echo "ok   $name"; else echo "FAIL $name"; fails=$((fails + 1)); fi
-}
+. "$here/example_checks.sh"
 python3 "$here/make_idx.py" "$tmp/data" 640 300 0.1 || exit 1
 common=(--data "$tmp/data" --epochs 2 --seed 5)
 
@@ -47,13 +40,7 @@ done
 check "2 devices train what 1 does (loss to 1e-4: the global batch's sums reassociate)" \
   python3 "$tmp/close.py" "$tmp/keras-2.json" "$tmp/keras-1.json" 1e-4
 "$keras" "${common[@]}" --devices 2 --metrics-json "$tmp/again.json" >/dev/null 2>&1
-check "a run repeats bit for bit (timings aside)" python3 -c "
-import json, sys
-a, b = (json.load(open(p)) for p in sys.argv[1:])
-for d in (a, b):
-    for e in d['epochs'] + [d['final']]:
-        e.pop('seconds'); e.pop('model_images_per_second')
-sys.exit(a != b)" "$tmp/keras-2.json" "$tmp/again.json"
+check "a run repeats bit for bit (timings aside)" same_runs "$tmp/keras-2.json" "$tmp/again.json"
 "$keras" --data "$tmp/data" --seed 5 --epochs 1 --devices 2 --members 2 --metrics-json "$tmp/two.json" >"$tmp/two.out" 2>&1
 check "two models side by side train" test $? -eq 0
 check "... and report two members, the ensemble and the program's final keys" python3 -c "

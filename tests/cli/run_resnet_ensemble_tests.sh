@@ -6,15 +6,7 @@
 set -u
 bin=$1
 here=$(cd "$(dirname "$0")" && pwd)
-fails=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-check() {  # check NAME COMMAND...: a named assertion
-  local name=$1
-  shift
-  if "$@"; then echo "ok   $name"; else echo "FAIL $name"; fails=$((fails + 1)); fi
-}
-final() { python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['final'][sys.argv[2]])" "$1" "$2"; }
+. "$here/example_checks.sh"
 python3 "$here/make_idx.py" "$tmp/data" 1280 300 0.05 || exit 1
 common=(--data "$tmp/data" --seed 5 --batch 64)
 
@@ -23,11 +15,7 @@ check "2 members on 2 devices train" test $? -eq 0
 check "... and learn (ensemble test accuracy above 0.5; chance is 0.1)" \
   awk -v a="$(final "$tmp/a.json" ensemble_test_accuracy)" 'BEGIN { exit !(a > 0.5) }'
 "$bin" "${common[@]}" --epochs 3 --members 2 --devices 2 --metrics-json "$tmp/b.json" >/dev/null 2>&1
-check "a run repeats bit for bit (timings aside)" python3 -c "
-import json, sys
-a, b = (json.load(open(p))['final'] for p in sys.argv[1:])
-for d in (a, b): d.pop('model_images_per_second'); d.pop('seconds')
-sys.exit(a != b)" "$tmp/a.json" "$tmp/b.json"
+check "a run repeats bit for bit (timings aside)" same_runs "$tmp/a.json" "$tmp/b.json"
 "$bin" "${common[@]}" --members 4 --devices 2 --epochs 1 --metrics-json "$tmp/c.json" >"$tmp/c.out" 2>&1
 check "4 members on 2 devices run" test $? -eq 0
 check "... reporting 4 members" test "$(python3 -c "import json, sys; print(len(json.load(open(sys.argv[1]))['final']['member_test_accuracy']))" "$tmp/c.json")" = 4
