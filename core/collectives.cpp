@@ -73,8 +73,20 @@ class Collective final : public Primitive {
     }
     return g;
   }
+  // psum, pmean, pmax and pmin combine element by element: each member with the same member of the other
+  // devices, all of them in one collective. The others member by member (the same order on every device).
+  std::vector<Array> batch(Arrays in, const std::vector<bool>& batched, std::int64_t members) const override {
+    return elementwise() ? eval(in) : Primitive::batch(in, batched, members);
+  }
+  std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& wanted,
+                               const std::vector<bool>& batched, std::int64_t members) const override {
+    return elementwise() ? vjp(in, out, cts, wanted) : Primitive::batch_vjp(in, out, cts, wanted, batched, members);
+  }
 
  private:
+  bool elementwise() const {
+    return call_.kind == Kind::psum || call_.kind == Kind::pmean || call_.kind == Kind::pmax || call_.kind == Kind::pmin;
+  }
   TracedCollective call_;
 };
 

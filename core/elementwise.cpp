@@ -2,11 +2,13 @@
 // VJPs written in pmap::ops. A broadcast operand's cotangent is summed back to its shape (ops::eager::sum_to).
 #include <pmapcc/core/ops.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <numbers>
 #include <vector>
 
+#include <pmapcc/core/batching.h>
 #include <pmapcc/core/primitive.h>
 #include <pmapcc/kernels/array_ops.h>
 #include <pmapcc/kernels/elementwise_ops.h>
@@ -24,6 +26,12 @@ class Unary final : public core::Primitive {
   std::string name() const override { return kernels::to_string(op_); }
   std::vector<Array> eval(Arrays in) const override;
   std::vector<Array> vjp(Arrays in, Arrays out, Arrays ct, const std::vector<bool>& wanted) const override;
+  // Element-wise: the stacked members are one bigger array.
+  std::vector<Array> batch(Arrays in, const std::vector<bool>&, std::int64_t) const override { return eval(in); }
+  std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& wanted,
+                               const std::vector<bool>&, std::int64_t) const override {
+    return vjp(in, out, cts, wanted);
+  }
 
  private:
   UnaryOp op_;
@@ -72,6 +80,9 @@ class Binary final : public core::Primitive {
   std::string name() const override { return kernels::to_string(op_); }
   std::vector<Array> eval(Arrays in) const override;
   std::vector<Array> vjp(Arrays in, Arrays out, Arrays ct, const std::vector<bool>& wanted) const override;
+  std::vector<Array> batch(Arrays in, const std::vector<bool>& batched, std::int64_t members) const override;
+  std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& wanted,
+                               const std::vector<bool>& batched, std::int64_t members) const override;
 
  private:
   BinaryOp op_;
@@ -129,6 +140,47 @@ std::vector<Array> Binary::vjp(Arrays in, Arrays out, Arrays cts, const std::vec
   return g;
 }
 
+// One member's shape of an operand.
+Shape member_shape(const Array& x, bool batched) {
+  return batched ? Shape(x.shape().begin() + 1, x.shape().end()) : x.shape();
+}
+
+// Whether b broadcasts against a as the element-wise ops allow: a's shape, one element, or a's trailing axes.
+bool broadcasts(const Shape& a, const Shape& b) {
+  if (num_elements(b) == 1 && b.size() <= a.size()) return true;
+  return b.size() <= a.size() && std::equal(b.begin(), b.end(), a.end() - static_cast<std::ptrdiff_t>(b.size()));
+}
+
+// The members' a and b in one call: a stacked (repeated when every member reads it), and b as it is when it
+// broadcasts against the stacked a, else stacked to a's stacked shape.
+std::vector<Array> Binary::batch(Arrays in, const std::vector<bool>& batched, std::int64_t members) const {
+  const Shape a = member_shape(*in[0], batched[0]), b = member_shape(*in[1], batched[1]);
+  if (!broadcasts(a, b)) return Primitive::batch(in, batched, members);  // the op's own error, member by member
+  Array full_a = batched[0] ? core::plain_view(*in[0]) : core::broadcast_members(*in[0], members);
+  Array full_b;
+  if (!batched[1] || a == b) {
+    full_b = core::plain_view(*in[1]);
+  } else {  // (members, b) with b shorter: its axes moved to the end of a's, then repeated
+    Shape lifted(a.size() + 1, 1);
+    lifted[0] = members;
+    if (num_elements(b) != 1) std::copy(b.begin(), b.end(), lifted.end() - static_cast<std::ptrdiff_t>(b.size()));
+    Shape target = a;
+    target.insert(target.begin(), members);
+    full_b = eager::broadcast_to(Array::borrow(const_cast<void*>(in[1]->raw_data()), lifted, in[1]->dtype(), in[1]->device()),
+                                 target);
+  }
+  const Array* ptrs[] = {&full_a, &full_b};
+  return eval(ptrs);
+}
+
+// Operands of one shape, both stacked: element by element, as one array. Otherwise member by member (a
+// broadcast operand's cotangent is summed, as vjp sums it for one member).
+std::vector<Array> Binary::batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& wanted,
+                                     const std::vector<bool>& batched, std::int64_t members) const {
+  if (batched[0] && batched[1] && in[0]->shape() == in[1]->shape()) return vjp(in, out, cts, wanted);
+  return Primitive::batch_vjp(in, out, cts, wanted, batched, members);
+}
+
 class Scale final : public core::Primitive {
  public:
   Scale(float factor, float offset) : factor_(factor), offset_(offset) {}
@@ -142,6 +194,11 @@ class Scale final : public core::Primitive {
     std::vector<Array> g(1);
     if (wanted[0]) g[0] = scale(*cts[0], factor_);
     return g;
+  }
+  std::vector<Array> batch(Arrays in, const std::vector<bool>&, std::int64_t) const override { return eval(in); }
+  std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& wanted,
+                               const std::vector<bool>&, std::int64_t) const override {
+    return vjp(in, out, cts, wanted);
   }
 
  private:

@@ -8,6 +8,7 @@
 
 #include <pmap/error.h>
 
+#include <pmapcc/core/batching.h>
 #include <pmapcc/core/primitive.h>
 
 namespace pmap::ops {
@@ -36,8 +37,51 @@ class Conv2d final : public core::Primitive {
     if (bias_) grads.push_back(std::move(g.dbias));
     return grads;
   }
+  // Stacked weights (and bias): the kernels' member count, x stacked or one x every member reads. Shared
+  // weights: the members' images are more images. Otherwise member by member.
+  std::vector<Array> batch(Arrays in, const std::vector<bool>& batched, std::int64_t members) const override {
+    switch (form(in, batched)) {
+      case Form::members: return eval(in);
+      case Form::images: {
+        Array x = core::merge_members(*in[0]);
+        std::vector<const Array*> ptrs(in.begin(), in.end());
+        ptrs[0] = &x;
+        std::vector<Array> y = eval(ptrs);
+        y[0] = core::split_members(std::move(y[0]), members);
+        return y;
+      }
+      case Form::each: break;
+    }
+    return Primitive::batch(in, batched, members);
+  }
+  std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& wanted,
+                               const std::vector<bool>& batched, std::int64_t members) const override {
+    switch (form(in, batched)) {
+      case Form::members: return vjp(in, out, cts, wanted);
+      case Form::images: {
+        Array x = core::merge_members(*in[0]), y = core::merge_members(*out[0]), ct = core::merge_members(*cts[0]);
+        std::vector<const Array*> ins(in.begin(), in.end());
+        ins[0] = &x;
+        const Array* o[] = {&y};
+        const Array* c[] = {&ct};
+        std::vector<Array> g = vjp(ins, o, c, wanted);
+        if (g[0].valid()) g[0] = core::split_members(std::move(g[0]), members);
+        return g;
+      }
+      case Form::each: break;
+    }
+    return Primitive::batch_vjp(in, out, cts, wanted, batched, members);
+  }
 
  private:
+  enum class Form { members, images, each };
+  Form form(Arrays in, const std::vector<bool>& batched) const {
+    const bool bias_batched = !bias_ || batched[2];
+    if (batched[1] && bias_batched && in[0]->ndim() == (batched[0] ? 5 : 4)) return Form::members;
+    if (batched[0] && !batched[1] && !(bias_ && batched[2]) && in[0]->ndim() == 5) return Form::images;
+    return Form::each;
+  }
+
   Conv2dOptions o_;
   bool bias_;
 };
@@ -55,6 +99,14 @@ class AvgPool final : public core::Primitive {
     std::vector<Array> g(1);
     if (w[0]) g[0] = eager::avg_pool_backward(*cts[0], in[0]->shape(), wh_, ww_, sh_, sw_);
     return g;
+  }
+  // The members' images are more images.
+  std::vector<Array> batch(Arrays in, const std::vector<bool>& batched, std::int64_t members) const override {
+    return core::batch_images(*this, in, batched, members);
+  }
+  std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& wanted,
+                               const std::vector<bool>& batched, std::int64_t members) const override {
+    return core::batch_images_vjp(*this, in, out, cts, wanted, batched, members);
   }
 
  private:

@@ -10,6 +10,7 @@
 
 #include <pmap/error.h>
 
+#include <pmapcc/core/batching.h>
 #include <pmapcc/core/primitive.h>
 #include <pmapcc/kernels/array_ops.h>
 #include <pmapcc/kernels/layout_ops.h>
@@ -31,6 +32,25 @@ Shape kept_shape(const Shape& x, const std::vector<int>& axes) {
   Shape s = x;
   for (int a : axes) s[static_cast<std::size_t>(a < 0 ? a + static_cast<int>(s.size()) : a)] = 1;
   return s;
+}
+
+// An axis of one member's array (ndim axes; negative from the end) as an axis of the stacked array, or -1
+// when it is out of range (the member-by-member rule then raises the op's own error).
+int stacked_axis(int axis, int ndim) {
+  const int a = axis < 0 ? axis + ndim : axis;
+  return a < 0 || a >= ndim ? -1 : a + 1;
+}
+
+// The batching rules of a primitive whose stacked form is the same primitive with its axes moved past the
+// members' (q), or the member-by-member rules where there is none (q null).
+std::vector<Array> batch_as(const core::Primitive& p, const core::Primitive* q, Arrays in,
+                            const std::vector<bool>& batched, std::int64_t members) {
+  return q != nullptr ? q->eval(in) : p.Primitive::batch(in, batched, members);
+}
+std::vector<Array> batch_vjp_as(const core::Primitive& p, const core::Primitive* q, Arrays in, Arrays out,
+                                Arrays cts, const std::vector<bool>& w, const std::vector<bool>& batched,
+                                std::int64_t members) {
+  return q != nullptr ? q->vjp(in, out, cts, w) : p.Primitive::batch_vjp(in, out, cts, w, batched, members);
 }
 
 class ReduceAxes final : public core::Primitive {
@@ -74,6 +94,25 @@ class ReduceAxes final : public core::Primitive {
     return multiply(at_max, broadcast_to(share, x.shape()));
   }
 
+ public:
+  std::vector<Array> batch(Arrays in, const std::vector<bool>& batched, std::int64_t members) const override {
+    return batch_as(*this, shifted(in[0]->ndim() - 1).get(), in, batched, members);
+  }
+  std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& w,
+                               const std::vector<bool>& batched, std::int64_t members) const override {
+    return batch_vjp_as(*this, shifted(in[0]->ndim() - 1).get(), in, out, cts, w, batched, members);
+  }
+
+ private:
+  std::unique_ptr<ReduceAxes> shifted(int ndim) const {
+    std::vector<int> axes;
+    for (int a : axes_) {
+      axes.push_back(stacked_axis(a, ndim));
+      if (axes.back() < 0) return nullptr;
+    }
+    return std::make_unique<ReduceAxes>(op_, axes, keep_);
+  }
+
   ReduceOp op_;
   std::vector<int> axes_;
   bool keep_;
@@ -96,8 +135,24 @@ class Transpose final : public core::Primitive {
     g[0] = transpose(*cts[0], inverse);
     return g;
   }
+  std::vector<Array> batch(Arrays in, const std::vector<bool>& batched, std::int64_t members) const override {
+    return batch_as(*this, shifted(in[0]->ndim() - 1).get(), in, batched, members);
+  }
+  std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& w,
+                               const std::vector<bool>& batched, std::int64_t members) const override {
+    return batch_vjp_as(*this, shifted(in[0]->ndim() - 1).get(), in, out, cts, w, batched, members);
+  }
 
  private:
+  std::unique_ptr<Transpose> shifted(int ndim) const {  // the members' axis stays first
+    if (perm_.size() != static_cast<std::size_t>(ndim)) return nullptr;
+    std::vector<int> perm{0};
+    for (int a : perm_) {
+      perm.push_back(stacked_axis(a, ndim));
+      if (perm.back() < 0) return nullptr;
+    }
+    return std::make_unique<Transpose>(perm);
+  }
   std::vector<int> perm_;
 };
 
@@ -118,8 +173,37 @@ class BroadcastTo final : public core::Primitive {
     g[0] = reshape(sum(*cts[0], repeated), xs);
     return g;
   }
+  // x (members, s) as (members, 1..., s) with shape's rank, then repeated to (members, shape).
+  std::vector<Array> batch(Arrays in, const std::vector<bool>& batched, std::int64_t members) const override {
+    if (in[0]->ndim() - 1 > static_cast<int>(shape_.size())) return Primitive::batch(in, batched, members);
+    Array x = lifted(*in[0]);
+    const Array* ptrs[] = {&x};
+    return stacked(members).eval(ptrs);
+  }
+  std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& w,
+                               const std::vector<bool>& batched, std::int64_t members) const override {
+    if (in[0]->ndim() - 1 > static_cast<int>(shape_.size())) {
+      return Primitive::batch_vjp(in, out, cts, w, batched, members);
+    }
+    Array x = lifted(*in[0]);
+    const Array* ptrs[] = {&x};
+    std::vector<Array> g = stacked(members).vjp(ptrs, out, cts, w);
+    if (g[0].valid()) g[0] = std::move(g[0]).reshape(in[0]->shape());
+    return g;
+  }
 
  private:
+  Array lifted(const Array& x) const {
+    Shape s(shape_.size() + 1, 1);
+    s[0] = x.dim(0);
+    std::copy(x.shape().begin() + 1, x.shape().end(), s.end() - (x.ndim() - 1));
+    return Array::borrow(const_cast<void*>(x.raw_data()), s, x.dtype(), x.device());
+  }
+  BroadcastTo stacked(std::int64_t members) const {
+    Shape s = shape_;
+    s.insert(s.begin(), members);
+    return BroadcastTo(s);
+  }
   Shape shape_;
 };
 
@@ -134,8 +218,23 @@ class Slice final : public core::Primitive {
     if (w[0]) g[0] = eager::slice_backward(*cts[0], in[0]->shape(), start_);
     return g;
   }
+  std::vector<Array> batch(Arrays in, const std::vector<bool>& batched, std::int64_t members) const override {
+    return batch_as(*this, shifted(in[0]->ndim() - 1, members).get(), in, batched, members);
+  }
+  std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& w,
+                               const std::vector<bool>& batched, std::int64_t members) const override {
+    return batch_vjp_as(*this, shifted(in[0]->ndim() - 1, members).get(), in, out, cts, w, batched, members);
+  }
 
  private:
+  std::unique_ptr<Slice> shifted(int ndim, std::int64_t members) const {  // every member, whole
+    if (start_.size() != static_cast<std::size_t>(ndim) || stop_.size() != start_.size()) return nullptr;
+    std::vector<std::int64_t> start{0}, stop{members};
+    start.insert(start.end(), start_.begin(), start_.end());
+    stop.insert(stop.end(), stop_.begin(), stop_.end());
+    return std::make_unique<Slice>(start, stop);
+  }
+
   std::vector<std::int64_t> start_, stop_;
 };
 
@@ -158,8 +257,23 @@ class Concatenate final : public core::Primitive {
     }
     return g;
   }
+  // Every input stacked: along the axis past the members'. Otherwise member by member.
+  std::vector<Array> batch(Arrays in, const std::vector<bool>& batched, std::int64_t members) const override {
+    return batch_as(*this, shifted(in, batched).get(), in, batched, members);
+  }
+  std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& w,
+                               const std::vector<bool>& batched, std::int64_t members) const override {
+    return batch_vjp_as(*this, shifted(in, batched).get(), in, out, cts, w, batched, members);
+  }
 
  private:
+  std::unique_ptr<Concatenate> shifted(Arrays in, const std::vector<bool>& batched) const {
+    for (bool b : batched) {
+      if (!b) return nullptr;
+    }
+    const int a = stacked_axis(axis_, in[0]->ndim() - 1);
+    return a < 0 ? nullptr : std::make_unique<Concatenate>(a);
+  }
   int axis_;
 };
 
@@ -175,6 +289,12 @@ class LogSoftmax final : public core::Primitive {
     g[0] = subtract(ct, multiply(exp(y), broadcast_to(sum(ct, {-1}, true), y.shape())));
     return g;
   }
+  // Row by row along the last axis: the members are more rows.
+  std::vector<Array> batch(Arrays in, const std::vector<bool>&, std::int64_t) const override { return eval(in); }
+  std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& w,
+                               const std::vector<bool>&, std::int64_t) const override {
+    return vjp(in, out, cts, w);
+  }
 };
 
 class MaxPool final : public core::Primitive {
@@ -186,6 +306,13 @@ class MaxPool final : public core::Primitive {
     std::vector<Array> g(1);
     if (w[0]) g[0] = eager::max_pool_backward(*in[0], *cts[0], o_);
     return g;
+  }
+  std::vector<Array> batch(Arrays in, const std::vector<bool>& batched, std::int64_t members) const override {
+    return core::batch_images(*this, in, batched, members);
+  }
+  std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& w,
+                               const std::vector<bool>& batched, std::int64_t members) const override {
+    return core::batch_images_vjp(*this, in, out, cts, w, batched, members);
   }
 
  private:

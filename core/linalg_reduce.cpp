@@ -9,6 +9,7 @@
 
 #include <pmap/error.h>
 
+#include <pmapcc/core/batching.h>
 #include <pmapcc/core/primitive.h>
 #include <pmapcc/kernels/array_ops.h>
 
@@ -43,8 +44,20 @@ class MatMul final : public core::Primitive {
     }
     return g;
   }
+  // Stacked a's leading axes are rows too: one product for every member when b is shared (b's cotangent,
+  // a^T ct over every member's rows, is the members' sum). Otherwise member by member.
+  std::vector<Array> batch(Arrays in, const std::vector<bool>& batched, std::int64_t members) const override {
+    if (shared_b(batched)) return eval(in);
+    return Primitive::batch(in, batched, members);
+  }
+  std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& wanted,
+                               const std::vector<bool>& batched, std::int64_t members) const override {
+    if (shared_b(batched)) return vjp(in, out, cts, wanted);
+    return Primitive::batch_vjp(in, out, cts, wanted, batched, members);
+  }
 
  private:
+  bool shared_b(const std::vector<bool>& batched) const { return batched[0] && !batched[1] && !ta_; }
   bool ta_, tb_;
 };
 
@@ -63,8 +76,45 @@ class Linear final : public core::Primitive {
     if (w[2]) g[2] = eager::sum_to(through, bias.shape());
     return g;
   }
+  // Shared weights: stacked x's leading axes are rows, one call. Stacked weights and bias: the kernels' member
+  // count (x stacked, or one x every member reads), one call. Otherwise member by member.
+  std::vector<Array> batch(Arrays in, const std::vector<bool>& batched, std::int64_t members) const override {
+    if (batched[0] && !batched[1] && !batched[2]) return eval(in);
+    if (!(batched[1] && batched[2]) || in[0]->ndim() < (batched[0] ? 2 : 1) || in[0]->dim(-1) == 0) {
+      return Primitive::batch(in, batched, members);
+    }
+    const Array& x = *in[0];
+    Shape y_shape = x.shape();
+    y_shape.back() = in[1]->dim(2);
+    if (!batched[0]) y_shape.insert(y_shape.begin(), members);
+    return one(std::move(eager::linear_members(as_rows(x, batched[0]), *in[1], *in[2], relu_)).reshape(y_shape));
+  }
+  std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& wanted,
+                               const std::vector<bool>& batched, std::int64_t members) const override {
+    if (batched[0] && !batched[1] && !batched[2]) return vjp(in, out, cts, wanted);
+    if (!(batched[1] && batched[2]) || in[0]->ndim() < (batched[0] ? 2 : 1) || in[0]->dim(-1) == 0) {
+      return Primitive::batch_vjp(in, out, cts, wanted, batched, members);
+    }
+    const Array& x = *in[0];
+    Array through = relu_ ? eager::relu_grad(*out[0], *cts[0]) : cts[0]->copy();
+    const Shape dy_rows{members, num_elements(x.shape()) / (batched[0] ? members : 1) / x.dim(-1), in[1]->dim(2)};
+    auto r = eager::linear_members_backward(as_rows(x, batched[0]), *in[1], std::move(through).reshape(dy_rows),
+                                            wanted[0], wanted[1], wanted[2]);
+    std::vector<Array> g;
+    g.push_back(wanted[0] ? std::move(r.dx).reshape(x.shape()) : Array());
+    g.push_back(std::move(r.dw));
+    g.push_back(std::move(r.dbias));
+    return g;
+  }
 
  private:
+  // x as linear_members takes it: (members, rows, I) stacked, (rows, I) shared; a view.
+  static Array as_rows(const Array& x, bool stacked) {
+    const std::int64_t i = x.dim(-1), lead = stacked ? x.dim(0) : 1;
+    const std::int64_t rows = i == 0 ? 0 : x.size() / lead / i;
+    const Shape s = stacked ? Shape{lead, rows, i} : Shape{rows, i};
+    return Array::borrow(const_cast<void*>(x.raw_data()), s, x.dtype(), x.device());
+  }
   bool relu_;
 };
 
@@ -86,6 +136,26 @@ class Reduce final : public core::Primitive {
     g[0] = mean_ ? scale(spread, 1.0f / static_cast<float>(count)) : std::move(spread);
     return g;
   }
+  // Of all elements: over every axis but the members' (the same sums, in double in index order). Over
+  // the leading axis: member by member (those add as floats in row order).
+  std::vector<Array> batch(Arrays in, const std::vector<bool>& batched, std::int64_t members) const override {
+    if (rows_) return Primitive::batch(in, batched, members);
+    std::vector<int> axes;
+    for (int a = 1; a < in[0]->ndim(); ++a) axes.push_back(a);
+    return one(mean_ ? eager::mean(*in[0], axes) : eager::sum(*in[0], axes));
+  }
+  std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& wanted,
+                               const std::vector<bool>& batched, std::int64_t members) const override {
+    if (rows_ || !wanted[0]) return Primitive::batch_vjp(in, out, cts, wanted, batched, members);
+    const Array& x = *in[0];
+    Shape lifted(static_cast<std::size_t>(x.ndim()), 1);
+    lifted[0] = members;
+    Array spread = eager::broadcast_to(Array::borrow(const_cast<void*>(cts[0]->raw_data()), lifted, DType::f32,
+                                                     x.device()), x.shape());
+    std::vector<Array> g(1);
+    g[0] = mean_ ? scale(spread, 1.0f / static_cast<float>(x.size() / members)) : std::move(spread);
+    return g;
+  }
 
  private:
   bool rows_, mean_;
@@ -101,6 +171,15 @@ class Reshape final : public core::Primitive {
     if (w[0]) g[0] = reshape(*cts[0], in[0]->shape());
     return g;
   }
+  std::vector<Array> batch(Arrays in, const std::vector<bool>&, std::int64_t members) const override {
+    Shape s = shape_;
+    s.insert(s.begin(), members);
+    return one(eager::reshape(*in[0], s));
+  }
+  std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& w,
+                               const std::vector<bool>&, std::int64_t) const override {
+    return vjp(in, out, cts, w);  // back to the stacked input's shape
+  }
 
  private:
   Shape shape_;
@@ -112,6 +191,12 @@ class StopGradient final : public core::Primitive {
   std::vector<Array> eval(Arrays in) const override { return one(in[0]->copy()); }
   std::vector<Array> vjp(Arrays, Arrays, Arrays, const std::vector<bool>&) const override {
     return std::vector<Array>(1);
+  }
+  // Row by row along the last axis (argmax), or element by element (stop_gradient): the members are rows.
+  std::vector<Array> batch(Arrays in, const std::vector<bool>&, std::int64_t) const override { return eval(in); }
+  std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& w,
+                               const std::vector<bool>&, std::int64_t) const override {
+    return vjp(in, out, cts, w);
   }
 };
 
@@ -133,6 +218,12 @@ class Softmax final : public core::Primitive {
     g[0] = multiply(y, subtract(ct, spread));
     return g;
   }
+  // Row by row along the last axis: the members are more rows.
+  std::vector<Array> batch(Arrays in, const std::vector<bool>&, std::int64_t) const override { return eval(in); }
+  std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& w,
+                               const std::vector<bool>&, std::int64_t) const override {
+    return vjp(in, out, cts, w);
+  }
 };
 
 class ArgMax final : public core::Primitive {
@@ -141,6 +232,12 @@ class ArgMax final : public core::Primitive {
   std::vector<Array> eval(Arrays in) const override { return one(eager::argmax(*in[0])); }
   std::vector<Array> vjp(Arrays, Arrays, Arrays, const std::vector<bool>&) const override {
     return std::vector<Array>(1);
+  }
+  // Row by row along the last axis (argmax), or element by element (stop_gradient): the members are rows.
+  std::vector<Array> batch(Arrays in, const std::vector<bool>&, std::int64_t) const override { return eval(in); }
+  std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& w,
+                               const std::vector<bool>&, std::int64_t) const override {
+    return vjp(in, out, cts, w);
   }
 };
 

@@ -2,7 +2,8 @@
 // (through the kernels of the operands' device: pmap::ops::eager, the runtime's collectives), and its
 // vector-Jacobian product written in other ops, so grad can differentiate any program built from
 // primitives. core::apply is the one way an op runs: it evaluates the primitive and, while a function is
-// being differentiated on the calling thread (pmapcc/core/grad.h), records it for the backward pass.
+// being differentiated on the calling thread (pmapcc/core/grad.h), records it for the backward pass; inside
+// vmap (pmapcc/core/vmap.h) it evaluates the primitive's batching rule over the members instead.
 #pragma once
 
 #include <cstdint>
@@ -31,12 +32,28 @@ class Primitive {
   // empty (Array()). An input that is not differentiable (i32 labels) is never wanted.
   virtual std::vector<Array> vjp(Arrays inputs, Arrays outputs, Arrays cotangents,
                                  const std::vector<bool>& wanted) const = 0;
+
+  // ---- vmap's batching rules (pmapcc/core/vmap.h) -------------------------------------------------------
+  // The outputs of `members` members at once: inputs[i] is stacked, (members, its shape), where batched[i],
+  // else one value every member reads; each output stacked (members, its shape). The default evaluates
+  // member by member on views of each member's part and stacks the results (always right, one kernel call
+  // per member); a primitive overrides it when one call can do every member (its kernels take a member
+  // count, or a leading axis changes nothing: element-wise ops, rows of a pool).
+  virtual std::vector<Array> batch(Arrays inputs, const std::vector<bool>& batched, std::int64_t members) const;
+  // The VJP of batch(): inputs as for batch, outputs and cotangents stacked; the cotangent of a batched input
+  // is stacked, that of an input every member reads is the sum of the members' (added in member order, as
+  // grad of the members' summed values gives). The default runs vjp member by member.
+  virtual std::vector<Array> batch_vjp(Arrays inputs, Arrays outputs, Arrays cotangents,
+                                       const std::vector<bool>& wanted, const std::vector<bool>& batched,
+                                       std::int64_t members) const;
 };
 
 // Evaluates p on inputs (all on one device, in the order p expects) and returns its outputs. While the
 // calling thread differentiates a function and an input is one of its traced values, the call is recorded
 // and the outputs are traced values too (their storage belongs to the trace until the differentiated
-// function returns). An input traced by a function that has already returned raises ValueError.
+// function returns). An input traced by a function that has already returned raises ValueError. An input
+// that is one member's value inside vmap makes the call the primitive's batching rule over every member;
+// the outputs are then members' values too.
 std::vector<Array> apply(std::shared_ptr<const Primitive> p, std::vector<const Array*> inputs);
 // apply for a primitive of one output.
 Array apply1(std::shared_ptr<const Primitive> p, std::vector<const Array*> inputs);

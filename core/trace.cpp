@@ -3,6 +3,8 @@
 // order (the order of the uses, last first), so gradients are the same bits run after run.
 #include <pmapcc/core/trace.h>
 
+#include <pmapcc/core/batching.h>
+
 #include <atomic>
 #include <utility>
 
@@ -80,11 +82,21 @@ Array Trace::input(const Array& leaf, const std::string& where) {
                      ", which is not differentiable (only f32 leaves are); pass it as an argument not "
                      "differentiated (argnums), as JAX does for integer inputs such as labels");
   }
-  if (detail::trace_tag(leaf) != 0) {
+  BatchLevel* level = BatchLevel::active();
+  const bool member = level != nullptr && level->holds(leaf, "grad of '" + function_ + "'", 0);
+  const Array& value = member ? level->stacked(leaf) : leaf;  // inside vmap: every member's, stacked
+  if (detail::trace_tag(value) != 0) {
     throw ValueError("grad of '" + function_ + "': " + where + " is a value of another differentiated function");
   }
-  values_.push_back(untagged(leaf));
-  return view(values_.size() - 1);
+  if (level == nullptr) {
+    values_.push_back(untagged(value));
+    return view(values_.size() - 1);
+  }
+  // Inside vmap each member has its own gradient (JAX's per-example gradients): a value every member reads
+  // is differentiated as if each member had its own copy.
+  Paused paused;
+  values_.push_back(member ? untagged(value) : broadcast_members(value, level->members()));
+  return level->wrap(view(values_.size() - 1));
 }
 
 std::size_t Trace::slot_of(const Array& x) const {
@@ -124,8 +136,12 @@ std::vector<Array> Trace::record(std::shared_ptr<const Primitive> p, const std::
   return views;
 }
 
-void Trace::backward(const Array& value) {
+void Trace::backward(const Array& result) {
   if (done_) throw Error("grad of '" + function_ + "': backward twice");
+  // Inside vmap, each member's value: their sum is differentiated, which gives each member its gradient.
+  BatchLevel* level = BatchLevel::active();
+  const Array& value =
+      level != nullptr && level->holds(result, "grad of '" + function_ + "'", 0) ? level->stacked(result) : result;
   done_ = true;
   Paused paused;
   gradients_.clear();
@@ -167,29 +183,42 @@ void Trace::backward(const Array& value) {
   }
 }
 
-Array Trace::gradient(const Array& traced_input) const {
-  const std::size_t s = slot_of(traced_input);
+Array Trace::gradient(const Array& input) const {
+  BatchLevel* level = BatchLevel::active();
+  const bool member = level != nullptr && level->holds(input, "grad of '" + function_ + "'", 0);
+  const std::size_t s = slot_of(member ? level->stacked(input) : input);
   if (!done_ || s >= gradients_.size()) throw Error("grad of '" + function_ + "': no backward pass ran");
   Paused paused;
-  return gradients_[s].valid() ? untagged(gradients_[s]).copy() : ops::eager::zeros_like(values_[s]);
+  Array g = gradients_[s].valid() ? untagged(gradients_[s]).copy() : ops::eager::zeros_like(values_[s]);
+  return member ? level->wrap(std::move(g)) : std::move(g);
 }
 
 void Trace::release(Array& result) const {
+  BatchLevel* level = BatchLevel::active();
+  if (level != nullptr && level->holds(result, "grad of '" + function_ + "'", 0)) {
+    const Array& stacked = level->stacked(result);
+    if (detail::trace_tag(stacked) == 0) return;  // computed without the differentiated inputs: vmap's own
+    traces(stacked, "grad of '" + function_ + "'", 0);
+    Paused paused;
+    result = level->wrap(untagged(stacked).copy());
+    return;
+  }
   if (detail::trace_tag(result) == 0) return;
   traces(result, "grad of '" + function_ + "'", 0);
   Paused paused;
   result = untagged(result).copy();
 }
 
-std::vector<Array> apply(std::shared_ptr<const Primitive> p, std::vector<const Array*> inputs) {
+namespace {
+
+// apply for inputs that are not members' views inside vmap: evaluated at once, recorded when grad traces an
+// input.
+std::vector<Array> apply_traced(std::shared_ptr<const Primitive> p, const std::vector<const Array*>& inputs) {
   Trace* trace = Trace::active();
   bool traced = false;
   std::vector<Array> views;
   views.reserve(inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i]->valid()) {
-      throw ValueError("ops::" + p->name() + ": operand " + std::to_string(i) + " is an empty Array handle");
-    }
     const bool mine = trace != nullptr && trace->traces(*inputs[i], "ops::" + p->name(), i);
     if (!mine && detail::trace_tag(*inputs[i]) != 0) {
       throw ValueError("ops::" + p->name() + ": operand " + std::to_string(i) + " (" + inputs[i]->str() +
@@ -207,6 +236,31 @@ std::vector<Array> apply(std::shared_ptr<const Primitive> p, std::vector<const A
   }
   if (!traced) return outputs;
   return trace->record(std::move(p), inputs, std::move(outputs));
+}
+
+}  // namespace
+
+std::vector<Array> apply(std::shared_ptr<const Primitive> p, std::vector<const Array*> inputs) {
+  BatchLevel* level = BatchLevel::active();
+  std::vector<bool> batched(inputs.size(), false);
+  bool any = false;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i]->valid()) {
+      throw ValueError("ops::" + p->name() + ": operand " + std::to_string(i) + " is an empty Array handle");
+    }
+    if ((detail::trace_tag(*inputs[i]) & detail::kBatchedTag) == 0) continue;
+    if (level == nullptr || !level->holds(*inputs[i], "ops::" + p->name(), i)) {
+      throw ValueError("ops::" + p->name() + ": operand " + std::to_string(i) + " (" + inputs[i]->signature() +
+                       ") is a value computed inside vmap after that vmap returned; keep only what it returns");
+    }
+    inputs[i] = &level->stacked(*inputs[i]);
+    batched[i] = any = true;
+  }
+  if (!any) return apply_traced(std::move(p), inputs);
+  std::vector<Array> stacked = apply_traced(batched_primitive(std::move(p), std::move(batched), level->members()), inputs);
+  std::vector<Array> views;
+  for (Array& s : stacked) views.push_back(level->wrap(std::move(s)));
+  return views;
 }
 
 Array apply1(std::shared_ptr<const Primitive> p, std::vector<const Array*> inputs) {

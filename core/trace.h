@@ -29,10 +29,11 @@ class Trace {
   // leaf 'w1'"). The leaf must outlive the trace; its bits are not copied.
   Array input(const Array& leaf, const std::string& where);
   // The backward pass from the function's value: a traced scalar f32, or an untraced one (every gradient
-  // is then zero). Once per trace.
+  // is then zero). Once per trace. Inside vmap (pmapcc/core/batching.h) the value is each member's, and
+  // input() gives every member its own copy of a leaf the members share, so each gets its own gradient.
   void backward(const Array& value);
   // After backward: the gradient of a value input() returned (zeros of its shape where nothing flowed).
-  Array gradient(const Array& traced_input) const;
+  Array gradient(const Array& input) const;
   // A result of the function made independent of the trace: a traced value is replaced by an untraced
   // copy; anything else is left as it is.
   void release(Array& result) const;

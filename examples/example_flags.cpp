@@ -4,10 +4,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <span>
 
 #include <CLI/CLI.hpp>
 
 #include <pmap/error.h>
+#include <pmapcc/io/safetensors.h>
 
 namespace examples {
 
@@ -28,6 +30,7 @@ void parse(Flags& f, int argc, char** argv, const std::string& description) {
     app.add_option("--momentum", f.momentum, "SGD momentum")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
   app.add_option("--seed", f.seed, "the PRNG seed: the models' keys and the data order")->capture_default_str();
   app.add_option("--metrics-json", f.metrics_json, "write the per-epoch and final metrics here");
+  if (f.can_save) app.add_option("--save", f.save, "write the trained parameters here (safetensors)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -69,6 +72,19 @@ void Metrics::finish() const {
   }
   if (std::rename(tmp.c_str(), f_.metrics_json.c_str()) != 0)
     throw pmap::IoError("--metrics-json: cannot write " + f_.metrics_json);
+}
+
+void save_params(const std::string& path, const std::vector<std::string>& names,
+                 const std::vector<std::vector<const pmap::Array*>>& leaves) {
+  std::vector<pmap::io::TensorEntry> tensors;
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    std::vector<const pmap::Array*> parts;
+    for (const auto& device : leaves) parts.push_back(device.at(k));
+    const pmap::Array all = pmap::concatenate(parts, pmap::Device{});  // members of every device, in order
+    const std::vector<float> values = all.to_vector<float>();
+    tensors.push_back(pmap::io::make_tensor("params/" + names[k], all.shape(), std::span<const float>(values)));
+  }
+  pmap::io::save_safetensors(path, tensors, {});
 }
 
 }  // namespace examples

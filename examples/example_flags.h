@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <pmap/array.h>
+
 namespace examples {
 
 // The Trainer's dropout stream: a member's dropout key is fold_in(its key, kDropoutStream).
@@ -23,6 +25,8 @@ struct Flags {
   std::uint64_t seed = 0;
   float lr = 0.1f;
   float momentum = -1.0f;  // SGD's momentum: a --momentum flag with this default when >= 0
+  bool can_save = false;   // a --save flag: the trained parameters written there
+  std::string save;
 };
 
 // One epoch's figures; train_accuracy < 0: not measured (left out of the line and the file).
@@ -49,5 +53,11 @@ class Metrics {
   const Flags& f_;
   nlohmann::json epochs_ = nlohmann::json::array();
 };
+
+// Writes every member's parameters to `path` as mnist_ensemble's checkpoints name them ("params/<tensor>",
+// the members stacked in device order), so the two programs' models can be compared: leaves[d] are device
+// d's (members, ...) tensors, in the order of `names`. IoError naming --save when it cannot be written.
+void save_params(const std::string& path, const std::vector<std::string>& names,
+                 const std::vector<std::vector<const pmap::Array*>>& leaves);
 
 }  // namespace examples

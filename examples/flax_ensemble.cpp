@@ -2,14 +2,17 @@
 // writes it in Python: the CNN as a function of modules, create_train_state pmapped over the members'
 // keys, apply_model pmapped with value_and_grad (has_aux: the logits) and the ensemble's probabilities
 // pmean'd over "ensemble", update_model applying optax-style SGD, the epoch loop, and each member's and
-// the ensemble's test accuracy. Several members per device run one after another on it (vmap will batch
-// them). The keys, the data order and the arithmetic are mnist_ensemble's (--model flax-cnn), so the two
-// programs train the same models from the same seed.
+// the ensemble's test accuracy. A device's members (more members than devices) are one vmap over their
+// stacked parameters, as JAX would batch them: one kernel call per layer for all of them. The keys, the
+// data order and the arithmetic are mnist_ensemble's (--model flax-cnn), so the two programs train the same
+// models from the same seed.
 //
 //   flax_ensemble --data data/mnist [--devices D] [--members M] [--epochs E] [--seed S] [--metrics-json F]
+//                 [--save F]
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -17,6 +20,7 @@
 #include <pmap/pmap.h>
 #include <pmapcc/core/grad.h>
 #include <pmapcc/core/ops.h>
+#include <pmapcc/core/vmap.h>
 #include <pmapcc/ensemble/data.h>
 #include <pmapcc/nn/layers.h>
 #include <pmapcc/optim/sgd.h>
@@ -52,6 +56,8 @@ CnnParams init_cnn(pmap::Key key, const pmap::Device& d) {
 }
 
 // ---- flax.training.train_state.TrainState and the pmapped steps --------------------------------------------
+// One per device: its members' parameters stacked (members, ...), and SGD's state of them (the momentum
+// element by element, so the stacked members step as each would alone; one step counter).
 struct TrainState {
   CnnParams params;
   pmap::optim::SgdState opt_state;
@@ -59,40 +65,36 @@ struct TrainState {
 PMAPCC_TREE(TrainState, params, opt_state)
 
 struct Applied {  // apply_model's results on one device
-  std::vector<CnnParams> grads;  // one per member here
-  float loss = 0;                // the sum of this device's members' losses
+  CnnParams grads;                      // stacked, one per member
+  float loss = 0;                       // the sum of this device's members' losses
   std::vector<std::int32_t> predicted;  // the ensemble's argmax, after pmean over "ensemble"
 };
 
-Applied apply_model(const std::vector<TrainState>& states, const Array& images, const Array& labels) {
-  Applied out;
-  Array probs;
-  for (const TrainState& state : states) {
-    auto loss_fn = [&](const CnnParams& params) {
-      Array logits = cnn(params, images);
+Applied apply_model(const TrainState& state, const Array& images, const Array& labels) {
+  auto loss_and_grads = pmap::vmap([&](const CnnParams& params) {  // each member's loss and gradients
+    auto loss_fn = [&](const CnnParams& p) {
+      Array logits = cnn(p, images);
       return std::make_pair(ops::softmax_cross_entropy(logits, labels), std::move(logits));
     };
-    auto [loss_and_logits, grads] = pmap::value_and_grad(loss_fn, "loss_fn")(state.params);
-    out.grads.push_back(std::move(grads));
-    out.loss += loss_and_logits.first.item<float>();
-    Array p = ops::softmax(loss_and_logits.second);
-    probs = probs.valid() ? ops::add(probs, p) : std::move(p);
-  }
-  Array mean = pmap::pmean(ops::scale(probs, 1.0f / static_cast<float>(states.size())), "ensemble");
-  out.predicted = ops::argmax(mean).to_vector<std::int32_t>();
+    return pmap::value_and_grad(loss_fn, "loss_fn")(params);
+  }, {0}, "apply_model");
+  auto [loss_and_logits, grads] = loss_and_grads(state.params);
+  Applied out;
+  for (float loss : loss_and_logits.first.to_vector<float>()) out.loss += loss;
+  Array probs = ops::mean(ops::softmax(loss_and_logits.second), {0});  // this device's members' mean
+  out.predicted = ops::argmax(pmap::pmean(probs, "ensemble")).to_vector<std::int32_t>();
+  out.grads = std::move(grads);
   return out;
 }
 
-void update_model(std::vector<TrainState>& states, const Applied& applied, const pmap::optim::Sgd& tx) {
-  for (std::size_t m = 0; m < states.size(); ++m) {  // state.apply_gradients(grads=grads)
-    auto [updates, opt_state] = tx.update(applied.grads[m], std::move(states[m].opt_state), states[m].params);
-    states[m].params = pmap::optim::apply_updates(states[m].params, updates);
-    states[m].opt_state = std::move(opt_state);
-  }
+void update_model(TrainState& state, const Applied& applied, const pmap::optim::Sgd& tx) {
+  auto [updates, opt_state] = tx.update(applied.grads, std::move(state.opt_state), state.params);
+  state.params = pmap::optim::apply_updates(state.params, updates);  // state.apply_gradients(grads=grads)
+  state.opt_state = std::move(opt_state);
 }
 
 // ---- the epoch loop and the evaluation ----------------------------------------------------------------------
-double hits(const std::vector<std::int32_t>& predicted, const std::vector<std::int32_t>& labels) {
+double hits(std::span<const std::int32_t> predicted, const std::vector<std::int32_t>& labels) {
   double n = 0;
   for (std::size_t i = 0; i < labels.size(); ++i) n += predicted[i] == labels[i] ? 1 : 0;
   return n;
@@ -103,12 +105,12 @@ struct Epoch {
 };
 
 // One pass over the training set in the order permutation(key) (full batches; the rest is dropped).
-Epoch train_epoch(pmap::Sharded<std::vector<TrainState>>& states, const pmap::ensemble::Dataset& train,
+Epoch train_epoch(pmap::Sharded<TrainState>& states, const pmap::ensemble::Dataset& train,
                   const examples::Flags& c, pmap::Key key, const pmap::Mesh& mesh, const pmap::optim::Sgd& tx) {
   const auto order = pmap::permutation(key, static_cast<std::uint32_t>(train.count));
   const auto steps = pmap::ensemble::steps_per_epoch(train.count, c.batch);
   auto apply = pmap::pmap(apply_model, mesh, "ensemble");
-  auto update = pmap::pmap([&](std::vector<TrainState>& s, const Applied& a) { update_model(s, a, tx); }, mesh);
+  auto update = pmap::pmap([&](TrainState& s, const Applied& a) { update_model(s, a, tx); }, mesh);
   std::vector<float> images(static_cast<std::size_t>(c.batch) * 784);
   std::vector<std::int32_t> labels(static_cast<std::size_t>(c.batch));
   Epoch e;
@@ -131,24 +133,17 @@ Epoch train_epoch(pmap::Sharded<std::vector<TrainState>>& states, const pmap::en
 }
 
 struct Predicted {
-  std::vector<std::vector<std::int32_t>> members;  // this device's members' argmax
+  std::vector<std::int32_t> members;  // this device's members' argmax, member after member
   std::vector<std::int32_t> ensemble;
 };
 
 // Each member's and the ensemble's test accuracy, in chunks of 1000 images.
-std::pair<std::vector<double>, double> evaluate(const pmap::Sharded<std::vector<TrainState>>& states,
+std::pair<std::vector<double>, double> evaluate(const pmap::Sharded<TrainState>& states,
                                                 const pmap::ensemble::Dataset& test, const pmap::Mesh& mesh) {
-  auto predict = pmap::pmap([](const std::vector<TrainState>& s, const Array& x) {
-    Predicted out;
-    Array probs;
-    for (const TrainState& state : s) {
-      Array p = ops::softmax(cnn(state.params, x));
-      out.members.push_back(ops::argmax(p).to_vector<std::int32_t>());
-      probs = probs.valid() ? ops::add(probs, p) : std::move(p);
-    }
-    out.ensemble = ops::argmax(pmap::pmean(ops::scale(probs, 1.0f / static_cast<float>(s.size())), "ensemble"))
-                       .to_vector<std::int32_t>();
-    return out;
+  auto predict = pmap::pmap([](const TrainState& s, const Array& x) {
+    Array probs = ops::softmax(pmap::vmap(cnn, {0, pmap::none}, "cnn")(s.params, x));  // (members, N, 10)
+    return Predicted{ops::argmax(probs).to_vector<std::int32_t>(),
+                     ops::argmax(pmap::pmean(ops::mean(probs, {0}), "ensemble")).to_vector<std::int32_t>()};
   }, mesh, "ensemble");
   std::vector<double> member_hits;
   double ensemble_hits = 0;
@@ -162,9 +157,9 @@ std::pair<std::vector<double>, double> evaluate(const pmap::Sharded<std::vector<
     auto out = predict(states, pmap::replicate(Array::from_host(images, {n, 28, 28, 1}), mesh));
     std::size_t m = 0;
     for (const Predicted& p : out) {
-      for (const auto& member : p.members) {
+      for (std::size_t from = 0; from < p.members.size(); from += labels.size(), ++m) {
         if (member_hits.size() <= m) member_hits.push_back(0);
-        member_hits[m++] += hits(member, labels);
+        member_hits[m] += hits(std::span(p.members).subspan(from, labels.size()), labels);
       }
     }
     ensemble_hits += hits(out[0].ensemble, labels);
@@ -173,9 +168,21 @@ std::pair<std::vector<double>, double> evaluate(const pmap::Sharded<std::vector<
   return {member_hits, ensemble_hits / static_cast<double>(test.count)};
 }
 
+// --save: every member's parameters, as mnist_ensemble's checkpoints name them.
+void save(const pmap::Sharded<TrainState>& states, const std::string& path) {
+  std::vector<std::string> names;
+  pmap::tree_for_each_with_path(states[0].params, [&](const std::string& name, const Array&) { names.push_back(name); });
+  std::vector<std::vector<const Array*>> leaves;
+  for (const TrainState& s : states) {
+    leaves.emplace_back();
+    pmap::tree_for_each(s.params, [&](const Array& a) { leaves.back().push_back(&a); });
+  }
+  examples::save_params(path, names, leaves);
+}
+
 int main(int argc, char** argv) {
   examples::Flags c;  // the how-to's recipe: SGD, lr 0.1, momentum 0.9, batch 128
-  c.program = "flax_ensemble", c.axis = "ensemble", c.momentum = 0.9f;
+  c.program = "flax_ensemble", c.axis = "ensemble", c.momentum = 0.9f, c.can_save = true;
   examples::parse(c, argc, argv, "Flax's ensembling how-to in C++ (pmap, value_and_grad, pmean of probabilities)");
   try {
     const auto kind = pmap::parse_device_kind(c.backend);
@@ -193,14 +200,14 @@ int main(int argc, char** argv) {
     const pmap::optim::Sgd tx{.learning_rate = c.lr, .momentum = c.momentum};
     const int per_device = c.members / c.devices;
     auto states = pmap::pmap([&](int) {  // create_train_state, pmapped over the members' keys
-      std::vector<TrainState> s;
+      std::vector<CnnParams> members;
       for (int j = 0; j < per_device; ++j) {
-        CnnParams params = init_cnn(member_keys[static_cast<std::size_t>(pmap::axis_index("ensemble") * per_device + j)],
-                                    pmap::current_device());
-        auto opt_state = tx.init(params);
-        s.push_back({std::move(params), std::move(opt_state)});
+        const auto k = static_cast<std::size_t>(pmap::axis_index("ensemble") * per_device + j);
+        members.push_back(init_cnn(member_keys[k], pmap::current_device()));
       }
-      return s;
+      CnnParams params = pmap::stack_trees(members);
+      auto opt_state = tx.init(params);
+      return TrainState{std::move(params), std::move(opt_state)};
     }, mesh, "ensemble")(0);
     std::printf("%s, %d members, %lld training and %lld test images\n", mesh.str().c_str(), c.members,
                 static_cast<long long>(train.count), static_cast<long long>(test.count));
@@ -216,6 +223,7 @@ int main(int argc, char** argv) {
                      .model_images_per_second = rate, .seconds = e.seconds});
     }
     metrics.finish();
+    if (!c.save.empty()) save(states, c.save);
   } catch (const pmap::Error& e) {
     std::cerr << "flax_ensemble: " << e.what() << "\n";
     return 1;

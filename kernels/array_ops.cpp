@@ -266,6 +266,81 @@ Array linear(const Array& x, const Array& w, const Array& bias, bool relu) {
   return y;
 }
 
+namespace {
+
+// linear_members's parameters, after checking its operands: w (M, I, O), x (M, N, I) or shared (N, I), and
+// the optional bias (M, O).
+kernels::DenseParams members_params(const char* fn, const Array& x, const Array& w, const Array* bias) {
+  require_dtype(fn, "x", x, DType::f32);
+  require_dtype(fn, "w", w, DType::f32);
+  require_same_device(fn, x, "x", w, "w");
+  const auto shapes = [&] {
+    return " (x " + x.signature() + ", w " + w.signature() + (bias ? ", bias " + bias->signature() : "") + ")";
+  };
+  const bool shared = x.ndim() == 2;
+  if (w.ndim() != 3 || !(shared || (x.ndim() == 3 && x.dim(0) == w.dim(0))) || x.dim(-1) != w.dim(1)) {
+    throw ShapeError(std::string("ops::") + fn + ": w must be (M, I, O) and x (M, N, I) or (N, I)" + shapes());
+  }
+  if (bias != nullptr) {
+    require_dtype(fn, "bias", *bias, DType::f32);
+    require_same_device(fn, x, "x", *bias, "bias");
+    if (bias->shape() != Shape{w.dim(0), w.dim(2)}) throw ShapeError(std::string("ops::") + fn + ": bias must be (M, O)" + shapes());
+  }
+  kernels::DenseParams p;
+  p.members = as_int(fn, "M", w.dim(0));
+  p.batch = as_int(fn, "N", x.dim(-2));
+  p.in_features = as_int(fn, "I", w.dim(1));
+  p.out_features = as_int(fn, "O", w.dim(2));
+  p.shared_input = shared;
+  return p;
+}
+
+}  // namespace
+
+Array linear_members(const Array& x, const Array& w, const Array& bias, bool relu) {
+  const char* fn = "linear_members";
+  kernels::DenseParams p = members_params(fn, x, w, &bias);
+  p.relu = relu;
+  const kernels::Backend& be = backend_of(fn, x.device());
+  Array y(Shape{w.dim(0), x.dim(-2), w.dim(2)}, DType::f32, x.device());
+  if (y.size() == 0) return y;
+  if (p.in_features == 0) {  // no inputs: each member's bias alone
+    Array b = binary(kernels::BinaryOp::add, y, reshape(bias, {w.dim(0), 1, w.dim(2)}));
+    return relu ? unary(kernels::UnaryOp::relu, b) : std::move(b);
+  }
+  Array ws = workspace(be.dense().dense_workspace_bytes(p), x.device());
+  be.dense().dense_forward(p, x.data<float>(), w.data<float>(), bias.data<float>(), y.data<float>(), ptr(ws));
+  return y;
+}
+
+LinearGrads linear_members_backward(const Array& x, const Array& w, const Array& dy, bool want_dx, bool want_dw,
+                                    bool want_dbias) {
+  const char* fn = "linear_members_backward";
+  const kernels::DenseParams p = members_params(fn, x, w, nullptr);
+  require_dtype(fn, "dy", dy, DType::f32);
+  if (dy.shape() != Shape{w.dim(0), x.dim(-2), w.dim(2)}) {
+    throw ShapeError("ops::linear_members_backward: dy " + dy.signature() + " is not the output's shape (M, N, O) = " +
+                     shape_str({w.dim(0), x.dim(-2), w.dim(2)}));
+  }
+  const kernels::Backend& be = backend_of(fn, x.device());
+  LinearGrads g;
+  g.dx = Array(x.shape(), DType::f32, x.device());
+  g.dw = Array(w.shape(), DType::f32, x.device());
+  g.dbias = Array(Shape{w.dim(0), w.dim(2)}, DType::f32, x.device());
+  if (dy.size() > 0 && p.in_features > 0) {
+    Array ws = workspace(be.dense().dense_workspace_bytes(p), x.device());
+    be.dense().dense_backward(p, x.data<float>(), w.data<float>(), dy.data<float>(),
+                              want_dx ? g.dx.data<float>() : nullptr, want_dw ? g.dw.data<float>() : nullptr,
+                              want_dbias ? g.dbias.data<float>() : nullptr, ptr(ws));
+  } else if (want_dbias && dy.size() > 0) {
+    g.dbias = sum_rows(transpose(dy, {1, 0, 2}));
+  }
+  if (!want_dx) g.dx = Array();
+  if (!want_dw) g.dw = Array();
+  if (!want_dbias) g.dbias = Array();
+  return g;
+}
+
 Array add(const Array& a, const Array& b) { return binary(kernels::BinaryOp::add, a, b); }
 Array subtract(const Array& a, const Array& b) { return binary(kernels::BinaryOp::subtract, a, b); }
 Array multiply(const Array& a, const Array& b) { return binary(kernels::BinaryOp::multiply, a, b); }

@@ -36,6 +36,16 @@ namespace pmap::ops::eager {
 Array matmul(const Array& a, const Array& b, bool transpose_a = false, bool transpose_b = false);
 // A fully connected layer, fused: x (..., I) @ w (I, O) + bias (O) -> (..., O), then max(., 0) with relu.
 Array linear(const Array& x, const Array& w, const Array& bias, bool relu = false);
+// M members' layers in one call (vmap's batching rule): w (M, I, O), bias (M, O), and x (M, N, I), or one
+// (N, I) that every member reads -> (M, N, O).
+Array linear_members(const Array& x, const Array& w, const Array& bias, bool relu = false);
+struct LinearGrads {
+  Array dx, dw, dbias;  // each empty when not asked for
+};
+// The gradients of linear_members (without its relu: dy (M, N, O) is the gradient of the pre-activation):
+// dx of x's shape (summed over members when x is shared), dw (M, I, O), dbias (M, O).
+LinearGrads linear_members_backward(const Array& x, const Array& w, const Array& dy, bool want_dx, bool want_dw,
+                                    bool want_dbias);
 
 // ---- element-wise ------------------------------------------------------------------------------------------
 // b is a's shape, a scalar (one element), or a's trailing axes (numpy's broadcasting against a's trailing
@@ -94,7 +104,9 @@ struct Conv2dOptions {
   bool relu = false;  // max(conv + bias, 0), fused
 };
 // x (N, H, W, Cin) conv w (KH, KW, Cin, Cout) [+ bias (Cout): an empty Array for none] -> (N, OH, OW, Cout),
-// cross-correlation as Flax's Conv.
+// cross-correlation as Flax's Conv. M members in one call (vmap's batching rule): w stacked (M, KH, KW, Cin,
+// Cout), bias (M, Cout), and x (M, N, H, W, Cin), or one (N, H, W, Cin) that every member reads -> (M, N, OH,
+// OW, Cout); conv2d_backward's dx then has x's shape (summed over members for a shared x).
 Array conv2d(const Array& x, const Array& w, const Array& bias, Conv2dOptions options = {});
 struct Conv2dGrads {
   Array dx, dw, dbias;  // each empty when not asked for

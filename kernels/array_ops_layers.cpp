@@ -19,22 +19,37 @@ namespace {
 
 kernels::Conv2dParams conv_params(const char* fn, const Array& x, const Array& w, Conv2dOptions o) {
   const auto shapes = [&] { return " (x " + x.signature() + ", w " + w.signature() + ")"; };
-  if (x.ndim() != 4 || w.ndim() != 4 || w.dim(2) != x.dim(3)) {
-    throw ShapeError(std::string("ops::") + fn + ": x must be (N, H, W, Cin) and w (KH, KW, Cin, Cout)" + shapes());
+  const bool members = w.ndim() == 5;  // stacked weights: M members in one call
+  const int wo = members ? 1 : 0;      // where w's (KH, KW, Cin, Cout) start
+  const bool shared = members && x.ndim() == 4;
+  const int xo = members && !shared ? 1 : 0;
+  const bool fits = members ? (x.ndim() == 4 || (x.ndim() == 5 && x.dim(0) == w.dim(0))) : (x.ndim() == 4 && w.ndim() == 4);
+  if (!fits || w.dim(wo + 2) != x.dim(xo + 3)) {
+    throw ShapeError(std::string("ops::") + fn + ": x must be (N, H, W, Cin) and w (KH, KW, Cin, Cout), or w (M, KH, "
+                     "KW, Cin, Cout) with x (M, N, H, W, Cin) or (N, H, W, Cin)" + shapes());
   }
   kernels::Conv2dParams p;
-  p.batch = as_int(fn, "N", x.dim(0));
-  p.height = as_int(fn, "H", x.dim(1));
-  p.width = as_int(fn, "W", x.dim(2));
-  p.in_channels = as_int(fn, "Cin", x.dim(3));
-  p.kernel_h = as_int(fn, "KH", w.dim(0));
-  p.kernel_w = as_int(fn, "KW", w.dim(1));
-  p.out_channels = as_int(fn, "Cout", w.dim(3));
+  p.members = members ? as_int(fn, "M", w.dim(0)) : 1;
+  p.shared_input = shared;
+  p.batch = as_int(fn, "N", x.dim(xo));
+  p.height = as_int(fn, "H", x.dim(xo + 1));
+  p.width = as_int(fn, "W", x.dim(xo + 2));
+  p.in_channels = as_int(fn, "Cin", x.dim(xo + 3));
+  p.kernel_h = as_int(fn, "KH", w.dim(wo));
+  p.kernel_w = as_int(fn, "KW", w.dim(wo + 1));
+  p.out_channels = as_int(fn, "Cout", w.dim(wo + 3));
   p.stride_h = o.stride_h;
   p.stride_w = o.stride_w;
   p.padding = o.same ? kernels::Padding::same : kernels::Padding::valid;
   p.relu = o.relu;
   return p;
+}
+
+// The convolution's output shape (members first when its weights are stacked) and its bias's.
+Shape conv_output(const kernels::Conv2dParams& p, const kernels::ConvGeometry& g, bool members) {
+  Shape y{p.batch, g.out_height, g.out_width, p.out_channels};
+  if (members) y.insert(y.begin(), p.members);
+  return y;
 }
 
 }  // namespace
@@ -45,16 +60,19 @@ Array conv2d(const Array& x, const Array& w, const Array& bias, Conv2dOptions op
   require_dtype(fn, "w", w, DType::f32);
   require_same_device(fn, x, "x", w, "w");
   kernels::Conv2dParams p = conv_params(fn, x, w, options);
+  const bool members = w.ndim() == 5;
   const bool has_bias = bias.valid();
   if (has_bias) {
     require_dtype(fn, "bias", bias, DType::f32);
     require_same_device(fn, x, "x", bias, "bias");
-    if (bias.shape() != Shape{w.dim(3)})
-      throw ShapeError("ops::conv2d: bias " + bias.signature() + " must be (Cout) = (" + std::to_string(w.dim(3)) + ",)");
+    const Shape want = members ? Shape{w.dim(0), w.dim(-1)} : Shape{w.dim(-1)};
+    if (bias.shape() != want)
+      throw ShapeError("ops::conv2d: bias " + bias.signature() + " must be " + shape_str(want) +
+                       (members ? " (M, Cout)" : " (Cout)"));
   }
   const kernels::ConvGeometry g = kernels::conv2d_geometry(p);
   const kernels::Backend& be = backend_of(fn, x.device());
-  Array y(Shape{x.dim(0), g.out_height, g.out_width, w.dim(3)}, DType::f32, x.device());
+  Array y(conv_output(p, g, members), DType::f32, x.device());
   if (y.size() == 0) return y;
   Array ws = workspace(be.conv().conv2d_workspace_bytes(p), x.device());
   be.conv().conv2d_forward(p, x.data<float>(), w.data<float>(), has_bias ? bias.data<float>() : nullptr,
@@ -71,13 +89,14 @@ Conv2dGrads conv2d_backward(const Array& x, const Array& w, const Array& dy, Con
   options.relu = false;
   kernels::Conv2dParams p = conv_params(fn, x, w, options);
   const kernels::ConvGeometry g = kernels::conv2d_geometry(p);
-  if (dy.shape() != Shape{x.dim(0), g.out_height, g.out_width, w.dim(3)})
+  const bool members = w.ndim() == 5;
+  if (dy.shape() != conv_output(p, g, members))
     throw ShapeError("ops::conv2d_backward: dy " + dy.signature() + " is not the convolution's output shape");
   const kernels::Backend& be = backend_of(fn, x.device());
   Conv2dGrads out;
   out.dx = Array(x.shape(), DType::f32, x.device());
   out.dw = Array(w.shape(), DType::f32, x.device());
-  out.dbias = Array(Shape{w.dim(3)}, DType::f32, x.device());
+  out.dbias = Array(members ? Shape{w.dim(0), w.dim(-1)} : Shape{w.dim(-1)}, DType::f32, x.device());
   if (dy.size() > 0 && x.size() > 0 && w.size() > 0) {
     Array ws = workspace(be.conv().conv2d_workspace_bytes(p), x.device());
     be.conv().conv2d_backward(p, x.data<float>(), w.data<float>(), dy.data<float>(),

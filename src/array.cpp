@@ -10,11 +10,13 @@
 
 #include "availability.h"
 #include "cuda_seam.h"
+#include "host_cache.h"
 
 namespace pmap {
 namespace {
 
 constexpr std::size_t kAlign = 64;
+std::size_t rounded_bytes(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 // Every blocking copy of an Array goes through here (`what` names it for a capture error).
 void copy_bytes(void* dst, const Device& dd, const void* src, const Device& sd, std::size_t n,
@@ -123,9 +125,7 @@ void Array::allocate() {
   if (pinned_) {
     data_ = detail::cuda_host_alloc(bytes);
   } else if (device_.is_cpu()) {
-    std::size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
-    data_ = std::aligned_alloc(kAlign, rounded);
-    if (data_ == nullptr) throw std::bad_alloc();
+    data_ = detail::host_alloc(rounded_bytes(bytes));
   } else {
     data_ = detail::cuda_alloc(device_.ordinal, bytes);
   }
@@ -148,7 +148,7 @@ void Array::release() noexcept {
     }
     const bool kept =
         pinned_ ? detail::free_after_capture([](int, void* p) noexcept { detail::cuda_host_free(p); }, 0, data_)
-        : device_.is_cpu() ? detail::free_after_capture([](int, void* p) noexcept { std::free(p); }, 0, data_)
+        : device_.is_cpu() ? detail::free_after_capture([](int, void* p) noexcept { std::free(p); }, 0, data_)  // not cached
                            : detail::free_after_capture(detail::cuda_free, device_.ordinal, data_);
     if (kept) {
       data_ = nullptr;
@@ -158,7 +158,7 @@ void Array::release() noexcept {
   if (pinned_) {
     detail::cuda_host_free(data_);
   } else if (device_.is_cpu()) {
-    std::free(data_);
+    detail::host_free(data_, rounded_bytes(nbytes()));
   } else {
     detail::cuda_free(device_.ordinal, data_);
   }
@@ -179,6 +179,7 @@ void Array::check_dtype(DType want) const {
 }
 
 void Array::copy_to_host(void* dst, std::size_t n) const {
+  check_storage();
   if (n != nbytes())
     throw ShapeError("copy_to_host: " + str() + " holds " + std::to_string(nbytes()) + " bytes, destination has " +
                      std::to_string(n));
@@ -186,6 +187,7 @@ void Array::copy_to_host(void* dst, std::size_t n) const {
 }
 
 void Array::copy_from_host(const void* src, std::size_t n) {
+  check_storage();
   if (n != nbytes())
     throw ShapeError("copy_from_host: " + str() + " holds " + std::to_string(nbytes()) + " bytes, source has " +
                      std::to_string(n));
@@ -193,6 +195,7 @@ void Array::copy_from_host(const void* src, std::size_t n) {
 }
 
 void Array::copy_prefix_to_host(void* dst, std::size_t n) const {
+  check_storage();
   if (n > nbytes())
     throw ShapeError("copy_prefix_to_host: " + str() + " holds " + std::to_string(nbytes()) + " bytes, asked for " +
                      std::to_string(n));
@@ -200,6 +203,7 @@ void Array::copy_prefix_to_host(void* dst, std::size_t n) const {
 }
 
 void Array::copy_prefix_from_host(const void* src, std::size_t n) {
+  check_storage();
   if (n > nbytes())
     throw ShapeError("copy_prefix_from_host: " + str() + " holds " + std::to_string(nbytes()) + " bytes, given " +
                      std::to_string(n));
@@ -207,6 +211,11 @@ void Array::copy_prefix_from_host(const void* src, std::size_t n) {
 }
 
 Array Array::copy() const {
+  if ((trace_ & detail::kBatchedTag) != 0) {  // a value inside vmap: the same value, an alias of its storage
+    Array out = borrow(data_, shape_, dtype_, device_);
+    out.trace_ = trace_;
+    return out;
+  }
   Array out = to(device_);
   out.trace_ = trace_;  // the same value: a transformation follows it through the copy
   return out;
@@ -219,12 +228,15 @@ Array Array::to(const Device& device) const {
 }
 
 void Array::copy_from(const Array& src) {
+  check_storage();
+  src.check_storage();
   if (src.shape_ != shape_ || src.dtype_ != dtype_)
     throw ShapeError("copy_from: destination " + str() + " does not match source " + src.str());
   copy_bytes(data_, device_, src.data_, src.device_, nbytes());
 }
 
 void Array::fill_zero() {
+  check_storage();
   if (detail::capturing() != nullptr)
     detail::check_not_capturing("Array::fill_zero of " + str(), "synchronizes with the host");
   if (nbytes() == 0) return;
@@ -233,6 +245,12 @@ void Array::fill_zero() {
   } else {
     detail::cuda_memset_zero(device_.ordinal, data_, nbytes());
   }
+}
+
+void Array::no_storage() const {
+  throw ValueError(str() + " is one member's value inside vmap, which has no storage of its own: compute with "
+                   "pmap::ops (whose batching rules see every member), or return it from the vmapped function and "
+                   "read the stacked result");
 }
 
 Array Array::reshape(Shape shape) && {
@@ -249,6 +267,7 @@ Array Array::reshape(Shape shape) && {
 }
 
 Array Array::slice_rows(std::int64_t begin, std::int64_t end, const Device& device) const {
+  check_storage();
   if (ndim() == 0) throw ShapeError("slice_rows: " + str() + " has no leading axis");
   if (begin < 0 || end < begin || end > shape_[0])
     throw ShapeError("slice_rows: rows [" + std::to_string(begin) + ", " + std::to_string(end) +

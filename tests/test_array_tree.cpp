@@ -1,11 +1,14 @@
 // Tests of Devices, Arrays and trees (pytrees in C++).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <tuple>
 
 #include <pmap/pmap.h>
+
+#include "src/host_cache.h"
 
 namespace {
 
@@ -153,4 +156,28 @@ TEST_CASE("trees: containers, structs, paths, map") {
   std::array<pmap::Array, 2> arr{iota(1), iota(2)};
   auto arr2 = pmap::tree_copy(arr);
   CHECK(arr2[1].to_vector<float>() == std::vector<float>{0, 1});
+}
+
+TEST_CASE("large host blocks are reused, zero-filled again, and never shared by two live arrays") {
+  const pmap::Shape big{512, 1024};  // 2 MiB: above the cache's threshold
+  const auto before = pmap::detail::host_cache_stats();
+  const void* first = nullptr;
+  {
+    pmap::Array a(big, pmap::DType::f32);
+    first = a.raw_data();
+    std::vector<float> ones(static_cast<std::size_t>(a.size()), 1.0f);
+    a.copy_from_host(ones.data(), a.nbytes());
+  }
+  CHECK(pmap::detail::host_cache_stats().cached_bytes >= std::size_t{2} << 20);
+  pmap::Array b(big, pmap::DType::f32);  // the block a held, zeroed
+  CHECK(b.raw_data() == first);
+  CHECK(pmap::detail::host_cache_stats().reused == before.reused + 1);
+  const auto v = b.to_vector<float>();
+  CHECK(std::all_of(v.begin(), v.end(), [](float x) { return x == 0.0f; }));
+  pmap::Array c(big, pmap::DType::f32);  // b is alive: a new block
+  CHECK(c.raw_data() != b.raw_data());
+  pmap::detail::host_cache_clear();
+  CHECK(pmap::detail::host_cache_stats().cached_bytes == 0);
+  pmap::Array small({4}, pmap::DType::f32);  // small blocks are malloc's, not counted
+  CHECK(pmap::detail::host_cache_stats().allocated == before.allocated + 2);
 }

@@ -22,6 +22,10 @@ class Array;
 namespace detail {
 // The trace tag of an Array (include/pmap/detail/trace.h): 0 for every array no transformation traces.
 // A tagged array is a value inside a function being differentiated; its storage belongs to that trace.
+// A tag with kBatchedTag set is a value inside vmap: it stands for one member's value of a stacked array
+// the transformation holds, has the member's shape and no storage of its own (reading or writing its
+// elements raises ValueError; the ops that see every member are the transformation's).
+inline constexpr std::uint64_t kBatchedTag = std::uint64_t{1} << 63;
 std::uint64_t trace_tag(const Array& a) noexcept;
 void set_trace_tag(Array& a, std::uint64_t tag) noexcept;
 }  // namespace detail
@@ -75,15 +79,23 @@ class Array {
   DType dtype() const { return dtype_; }
   const Device& device() const { return device_; }
 
-  // Raw storage (a device pointer for CUDA arrays).
-  void* raw_data() { return data_; }
-  const void* raw_data() const { return data_; }
+  // Raw storage (a device pointer for CUDA arrays). A value inside vmap has none: ValueError.
+  void* raw_data() {
+    check_storage();
+    return data_;
+  }
+  const void* raw_data() const {
+    check_storage();
+    return data_;
+  }
   // Typed storage; throws ShapeError when T is not this array's dtype.
   template <Element T> T* data() {
+    check_storage();
     check_dtype(dtype_of<T>);
     return static_cast<T*>(data_);
   }
   template <Element T> const T* data() const {
+    check_storage();
     check_dtype(dtype_of<T>);
     return static_cast<const T*>(data_);
   }
@@ -106,7 +118,7 @@ class Array {
     return to_vector<T>()[0];
   }
 
-  Array copy() const;                       // same device (inside grad: the same value, differentiated)
+  Array copy() const;  // same device (inside grad or vmap: the same value, which the transformation follows)
   Array to(const Device& device) const;     // a copy on `device`; no transformation follows it there
   void copy_from(const Array& src);         // same shape and dtype, any devices; blocking
   void fill_zero();
@@ -120,6 +132,10 @@ class Array {
 
  private:
   void check_dtype(DType want) const;
+  void check_storage() const {
+    if ((trace_ & detail::kBatchedTag) != 0) [[unlikely]] no_storage();
+  }
+  [[noreturn]] void no_storage() const;
   void allocate();
   void release() noexcept;
   friend std::uint64_t detail::trace_tag(const Array& a) noexcept;

@@ -1,5 +1,5 @@
 // Trees of Arrays, JAX's pytrees in C++: a leaf is an Array or an arithmetic scalar; containers are
-// std::vector, std::array, std::tuple, std::map and structs that declare their fields once with
+// std::vector, std::array, std::tuple, std::pair, std::map and structs that declare their fields once with
 // PMAPCC_TREE(Type, field, ...). Leaves are visited in one fixed order: containers in element order,
 // maps in key order, structs in declaration order.
 #pragma once
@@ -29,6 +29,8 @@ template <class T> struct is_std_array : std::false_type {};
 template <class T, std::size_t N> struct is_std_array<std::array<T, N>> : std::true_type {};
 template <class T> struct is_tuple : std::false_type {};
 template <class... Ts> struct is_tuple<std::tuple<Ts...>> : std::true_type {};
+template <class T> struct is_pair : std::false_type {};
+template <class A, class B> struct is_pair<std::pair<A, B>> : std::true_type {};
 template <class T> struct is_map : std::false_type {};
 template <class K, class V, class C, class A> struct is_map<std::map<K, V, C, A>> : std::true_type {};
 
@@ -60,13 +62,16 @@ template <class T, class F> void for_each_with_path(T&& t, const std::string& pa
   } else if constexpr (is_tuple<U>::value) {
     std::size_t i = 0;
     std::apply([&](auto&&... xs) { (for_each_with_path(xs, join(std::to_string(i++)), f), ...); }, t);
+  } else if constexpr (is_pair<U>::value) {
+    for_each_with_path(t.first, join("0"), f);
+    for_each_with_path(t.second, join("1"), f);
   } else if constexpr (HasTreeFields<U>) {
     auto names = split_field_names(pmapcc_tree_field_names(static_cast<const U*>(nullptr)));
     std::size_t i = 0;
     std::apply([&](auto&&... xs) { (for_each_with_path(xs, join(names[i++]), f), ...); },
                pmapcc_tree_fields(t));
   } else {
-    static_assert(always_false<U>, "not a pmapcc tree: use Array, a scalar, std::vector/array/tuple/map of "
+    static_assert(always_false<U>, "not a pmapcc tree: use Array, a scalar, std::vector/array/tuple/pair/map of "
                                    "trees, or a struct declared with PMAPCC_TREE");
   }
 }
@@ -88,6 +93,9 @@ template <class T, class F> T map_tree(const T& t, F& f) {
     return out;
   } else if constexpr (is_tuple<T>::value) {
     return std::apply([&](const auto&... xs) { return T{map_tree(xs, f)...}; }, t);
+  } else if constexpr (is_pair<T>::value) {
+    auto first = map_tree(t.first, f);  // in tree order
+    return T{std::move(first), map_tree(t.second, f)};
   } else if constexpr (HasTreeFields<T>) {
     T out{};
     auto dst = pmapcc_tree_fields(out);

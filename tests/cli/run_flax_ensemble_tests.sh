@@ -35,6 +35,47 @@ for shape in "2 2" "4 2"; do
   check "... and trains the same models (loss to 1e-5, the same accuracies)" \
     python3 "$tmp/same.py" "$tmp/flax-$1.json" "$tmp/prog-$1.json"
 done
+
+# params.py A B: every parameter of the two safetensors files ("params/..." tensors, members stacked) agrees to
+# 1e-5 of its tensor's largest magnitude, and both hold the same tensors; prints the largest difference.
+cat >"$tmp/params.py" <<'PY'
+import array, json, struct, sys
+def load(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for name, t in header.items():
+        if not name.startswith("params/"):
+            continue
+        lo, hi = t["data_offsets"]
+        values = array.array("f")
+        values.frombytes(raw[8 + n + lo:8 + n + hi])
+        out[name] = (t["shape"], values)
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+ok = sorted(a) == sorted(b) and len(a) > 0
+worst = 0.0
+for name in sorted(set(a) & set(b)):
+    (sa, va), (sb, vb) = a[name], b[name]
+    if sa != sb:
+        print(name, "shapes", sa, sb); ok = False; continue
+    scale = max(abs(x) for x in vb) or 1.0
+    worst = max(worst, max(abs(x - y) for x, y in zip(va, vb)) / scale)
+print("largest parameter difference (relative to each tensor's largest value): %.2e over %d tensors" % (worst, len(a)))
+sys.exit(0 if ok and worst <= 1e-5 else 1)
+PY
+# 20 steps (640 images, batch 128, 4 epochs), then the parameters of both programs compared.
+twenty=(--data "$tmp/data" --epochs 4 --seed 3 --members 4 --devices 2)
+"$flax" "${twenty[@]}" --save "$tmp/flax.safetensors" >"$tmp/flax-save.out" 2>&1
+check "--save writes the parameters" test -s "$tmp/flax.safetensors"
+"$program" "${twenty[@]}" --model flax-cnn --save "$tmp/prog.safetensors" >"$tmp/prog-save.out" 2>&1
+check "... and after 20 steps they are mnist_ensemble's to 1e-5" \
+  python3 "$tmp/params.py" "$tmp/flax.safetensors" "$tmp/prog.safetensors"
+"$flax" "${twenty[@]}" --save "$tmp/no/such/dir/x.safetensors" >"$tmp/nosave" 2>&1
+check "an unwritable --save exits 1" test $? -eq 1
+check "... naming the path" grep -q "no/such/dir" "$tmp/nosave"
+
 "$flax" "${common[@]}" --members 4 --devices 2 --metrics-json "$tmp/again.json" >/dev/null 2>&1
 check "a run repeats bit for bit (timings aside)" same_runs "$tmp/flax-4.json" "$tmp/again.json"
 check "the final metrics hold the program's keys" has_final_keys "$tmp/flax-4.json"

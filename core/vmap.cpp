@@ -1,0 +1,42 @@
+// What vmap (pmapcc/core/vmap.h) does outside its templates.
+#include <pmapcc/core/vmap.h>
+
+namespace pmap::vmap_detail {
+
+std::vector<bool> mapped_arguments(const std::string& function, const InAxes& in_axes, std::size_t arity) {
+  if (in_axes.empty()) return std::vector<bool>(arity, true);
+  if (in_axes.size() != arity) {
+    throw ValueError("vmap of '" + function + "': in_axes has " + std::to_string(in_axes.size()) +
+                     " entries for a call with " + std::to_string(arity) + " arguments");
+  }
+  std::vector<bool> mapped;
+  for (std::size_t i = 0; i < arity; ++i) {
+    if (in_axes[i].has_value() && *in_axes[i] != 0) {
+      throw NotAvailable("vmap of '" + function + "': in_axes " + std::to_string(*in_axes[i]) + " for argument " +
+                         std::to_string(i) + ": only 0 (mapped over the leading axis) and none are supported; "
+                         "move the axis first with ops::transpose");
+    }
+    mapped.push_back(in_axes[i].has_value());
+  }
+  return mapped;
+}
+
+Array alias(const Array& x) {
+  if (!x.valid()) return Array();
+  Array a = core::plain_view(x);
+  detail::set_trace_tag(a, detail::trace_tag(x));
+  return a;
+}
+
+Array stacked_leaf(core::BatchLevel& level, const Array& leaf) {
+  if (!leaf.valid()) return Array();
+  if (level.holds(leaf, "vmap of '" + level.function() + "'", 0)) return level.take(leaf);
+  // Computed without the mapped arguments: the same for every member.
+  if (detail::trace_tag(leaf) == 0) return core::broadcast_members(leaf, level.members());
+  Shape one = leaf.shape(), all = leaf.shape();
+  one.insert(one.begin(), 1);
+  all.insert(all.begin(), level.members());
+  return ops::broadcast_to(ops::reshape(leaf, one), all);
+}
+
+}  // namespace pmap::vmap_detail

@@ -1,0 +1,166 @@
+// vmap: JAX's vectorizing map of a C++ function of trees of Arrays built from pmap::ops and the collectives.
+//
+//   auto step = pmap::vmap(apply_model, {0, pmap::none, pmap::none}, "apply_model");
+//   auto [loss_and_logits, grads] = step(states, images, labels);   // states' leaves (M, ...): M members
+//
+// - in_axes: per argument, 0 (mapped: every Array leaf is stacked over the members along axis 0, all of the
+//   same length M) or pmap::none (every member reads the same value). Left out: every argument mapped.
+// - The function runs once. It sees one member's view of each mapped leaf (its shape without axis 0) and
+//   the unmapped arguments as given; each op on a member's view is its primitive's batching rule over all
+//   M members at once (pmapcc/core/primitive.h), one kernel call for the members where the kernels take a
+//   member count (linear, conv2d) or a leading axis changes nothing (element-wise ops, pooling, softmax),
+//   else member by member on views of each member's part.
+// - The result is the function's, each Array leaf stacked over the members (out_axes 0); a leaf that does
+//   not depend on a mapped argument is repeated M times.
+// - A member's view has no storage of its own: reading it (item(), to_vector(), to()), writing it, or an
+//   eager kernel call on it (pmap::ops::eager, the optimizers' eager helpers) raises ValueError; return it
+//   and read the stacked result. A view kept after vmap returns raises when used.
+// - Composes with grad: vmap(value_and_grad(f)) gives each member the gradient of its own value (JAX's
+//   per-example gradients), grad(vmap(f)) differentiates through the batched call; inside pmap, the
+//   collectives over a pmap axis combine each member with the same member of the other devices.
+// - Not yet: vmap inside vmap (NotAvailable), in_axes other than 0, out_axes other than 0.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <pmap/array.h>
+#include <pmap/detail/trace.h>
+#include <pmap/error.h>
+#include <pmap/tree.h>
+
+#include <pmapcc/core/batching.h>
+#include <pmapcc/core/ops.h>
+
+namespace pmap {
+
+// vmap's in_axes: 0 (mapped) or none (read by every member).
+using InAxes = std::vector<std::optional<int>>;
+inline constexpr std::nullopt_t none = std::nullopt;
+
+namespace vmap_detail {
+
+// Checks in_axes against the function's arity (an empty list maps every argument); whether argument i is mapped.
+std::vector<bool> mapped_arguments(const std::string& function, const InAxes& in_axes, std::size_t arity);
+// A view of x's storage that keeps its tag (a value grad traces stays traced).
+Array alias(const Array& x);
+
+// Every Array leaf of a mapped argument: its length along axis 0, which must agree.
+template <class T>
+void count_members(const std::string& function, const T& tree, std::size_t argnum, std::int64_t& members,
+                   std::string& first) {
+  tree_for_each_with_path(tree, [&](const std::string& path, const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+      const std::string where = "argument " + std::to_string(argnum) + (path.empty() ? "" : ", leaf '" + path + "'");
+      if (!leaf.valid()) throw ValueError("vmap of '" + function + "': " + where + " is an empty Array handle");
+      if (leaf.ndim() == 0) {
+        throw ValueError("vmap of '" + function + "': " + where + " is " + leaf.signature() +
+                         ", which has no axis 0 to map over (give the argument in_axes none)");
+      }
+      if (members < 0) {
+        members = leaf.dim(0);
+        first = where;
+      } else if (leaf.dim(0) != members) {
+        throw ValueError("vmap of '" + function + "': " + where + " has " + std::to_string(leaf.dim(0)) +
+                         " along axis 0 but " + first + " has " + std::to_string(members) +
+                         "; every mapped leaf must have the same number of members");
+      }
+    }
+  });
+}
+
+template <class T> T member_tree(core::BatchLevel& level, const T& tree) {
+  return tree_map(tree, [&](const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+      return level.wrap(alias(leaf));
+    } else {
+      return leaf;
+    }
+  });
+}
+
+Array stacked_leaf(core::BatchLevel& level, const Array& leaf);  // core/vmap.cpp
+
+template <class R> R stacked_result(core::BatchLevel& level, const R& result) {
+  return tree_map(result, [&](const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+      return stacked_leaf(level, leaf);
+    } else {
+      return leaf;
+    }
+  });
+}
+
+template <class T> struct Held {
+  T value;
+  const T& get() const { return value; }
+};
+
+// An unmapped argument, its Arrays aliased (the function reads them as given).
+template <class T> T aliased(const T& tree) {
+  return tree_map(tree, [](const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+      return alias(leaf);
+    } else {
+      return leaf;
+    }
+  });
+}
+
+}  // namespace vmap_detail
+
+// Trees of one structure stacked leaf by leaf along a new leading axis (jax.tree.map(jnp.stack, *trees)):
+// the mapped form of several members' values, on their leaves' device. Scalar leaves are the first tree's.
+// No trees, or trees whose structures or leaf shapes differ: ValueError / ShapeError.
+template <class T> T stack_trees(const std::vector<T>& trees) {
+  if (trees.empty()) throw ValueError("stack_trees: no trees to stack");
+  std::vector<std::vector<const Array*>> leaves(trees.size());
+  for (std::size_t t = 0; t < trees.size(); ++t) {
+    tree_for_each(trees[t], [&](const auto& leaf) {
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) leaves[t].push_back(&leaf);
+    });
+    if (leaves[t].size() != leaves[0].size()) {
+      throw ValueError("stack_trees: tree " + std::to_string(t) + " has " + std::to_string(leaves[t].size()) +
+                       " arrays, tree 0 has " + std::to_string(leaves[0].size()));
+    }
+  }
+  std::size_t k = 0;
+  return tree_map(trees[0], [&](const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+      std::vector<const Array*> parts;
+      for (const auto& l : leaves) parts.push_back(l[k]);
+      ++k;
+      return concatenate(parts, leaf.device(), /*stacked=*/true);
+    } else {
+      return leaf;
+    }
+  });
+}
+
+// vmap(f, in_axes, name)(args...) -> f's result stacked over the members: see above. `name` names f in errors.
+template <class F> auto vmap(F f, InAxes in_axes = {}, std::string name = "the function") {
+  return [f = std::move(f), in_axes = std::move(in_axes), name = std::move(name)](const auto&... args) {
+    const std::vector<bool> mapped = vmap_detail::mapped_arguments(name, in_axes, sizeof...(args));
+    std::int64_t members = -1;
+    std::string first;
+    std::size_t argnum = 0;
+    ((mapped[argnum] ? vmap_detail::count_members(name, args, argnum, members, first) : void(), ++argnum), ...);
+    if (members < 0) throw ValueError("vmap of '" + name + "': no mapped argument holds an Array");
+    core::BatchLevel level(name, members);
+    std::size_t i = 0;
+    std::tuple<vmap_detail::Held<std::remove_cvref_t<decltype(args)>>...> held{
+        [&]() -> vmap_detail::Held<std::remove_cvref_t<decltype(args)>> {
+          const bool m = mapped[i++];
+          return {m ? vmap_detail::member_tree(level, args) : vmap_detail::aliased(args)};
+        }()...};
+    auto result = std::apply([&](const auto&... h) { return f(h.get()...); }, held);
+    return vmap_detail::stacked_result(level, result);
+  };
+}
+
+}  // namespace pmap

@@ -1,0 +1,107 @@
+// The host block cache (host_cache.h).
+#include "host_cache.h"
+
+#include <cstdlib>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+#include <vector>
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PMAPCC_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define PMAPCC_ASAN 1
+#endif
+#ifdef PMAPCC_ASAN
+#include <sanitizer/asan_interface.h>
+#define PMAPCC_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define PMAPCC_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define PMAPCC_POISON(p, n) ((void)(p), (void)(n))
+#define PMAPCC_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+namespace pmap::detail {
+namespace {
+
+struct Cache {
+  std::mutex mutex;
+  std::unordered_map<std::size_t, std::vector<void*>> free;  // by size
+  std::size_t bytes = 0;
+  HostCacheStats stats;
+};
+
+Cache& cache() {
+  static Cache* c = new Cache;  // never destroyed: Arrays may be freed during static destruction
+  return *c;
+}
+
+}  // namespace
+
+void* host_alloc(std::size_t bytes) {
+  if (bytes >= kMinCachedBytes) {
+    Cache& c = cache();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    auto it = c.free.find(bytes);
+    if (it != c.free.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      c.bytes -= bytes;
+      ++c.stats.reused;
+      PMAPCC_UNPOISON(p, bytes);
+      return p;
+    }
+    ++c.stats.allocated;
+  }
+  void* p = std::aligned_alloc(64, bytes);
+  if (p == nullptr) {
+    host_cache_clear();  // what the cache holds may be what is missing
+    p = std::aligned_alloc(64, bytes);
+    if (p == nullptr) throw std::bad_alloc();
+  }
+  return p;
+}
+
+void host_free(void* p, std::size_t bytes) noexcept {
+  if (p == nullptr) return;
+  if (bytes >= kMinCachedBytes) {
+    Cache& c = cache();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    if (c.bytes + bytes <= kMaxCachedBytes) {
+      try {
+        c.free[bytes].push_back(p);
+        c.bytes += bytes;
+        PMAPCC_POISON(p, bytes);
+        return;
+      } catch (...) {  // no memory for the bookkeeping: free it instead
+      }
+    }
+  }
+  std::free(p);
+}
+
+HostCacheStats host_cache_stats() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  HostCacheStats s = c.stats;
+  s.cached_bytes = c.bytes;
+  return s;
+}
+
+void host_cache_clear() noexcept {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  for (auto& [bytes, blocks] : c.free) {
+    for (void* p : blocks) {
+      PMAPCC_UNPOISON(p, bytes);
+      std::free(p);
+    }
+  }
+  c.free.clear();
+  c.bytes = 0;
+}
+
+}  // namespace pmap::detail
