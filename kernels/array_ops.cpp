@@ -323,10 +323,10 @@ LinearGrads linear_members_backward(const Array& x, const Array& w, const Array&
                      shape_str({w.dim(0), x.dim(-2), w.dim(2)}));
   }
   const kernels::Backend& be = backend_of(fn, x.device());
-  LinearGrads g;
-  g.dx = Array(x.shape(), DType::f32, x.device());
-  g.dw = Array(w.shape(), DType::f32, x.device());
-  g.dbias = Array(Shape{w.dim(0), w.dim(2)}, DType::f32, x.device());
+  LinearGrads g;  // only what is asked for
+  if (want_dx) g.dx = Array(x.shape(), DType::f32, x.device());
+  if (want_dw) g.dw = Array(w.shape(), DType::f32, x.device());
+  if (want_dbias) g.dbias = Array(Shape{w.dim(0), w.dim(2)}, DType::f32, x.device());
   if (dy.size() > 0 && p.in_features > 0) {
     Array ws = workspace(be.dense().dense_workspace_bytes(p), x.device());
     be.dense().dense_backward(p, x.data<float>(), w.data<float>(), dy.data<float>(),
@@ -335,9 +335,6 @@ LinearGrads linear_members_backward(const Array& x, const Array& w, const Array&
   } else if (want_dbias && dy.size() > 0) {
     g.dbias = sum_rows(transpose(dy, {1, 0, 2}));
   }
-  if (!want_dx) g.dx = Array();
-  if (!want_dw) g.dw = Array();
-  if (!want_dbias) g.dbias = Array();
   return g;
 }
 

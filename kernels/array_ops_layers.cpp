@@ -93,19 +93,18 @@ Conv2dGrads conv2d_backward(const Array& x, const Array& w, const Array& dy, Con
   if (dy.shape() != conv_output(p, g, members))
     throw ShapeError("ops::conv2d_backward: dy " + dy.signature() + " is not the convolution's output shape");
   const kernels::Backend& be = backend_of(fn, x.device());
-  Conv2dGrads out;
-  out.dx = Array(x.shape(), DType::f32, x.device());
-  out.dw = Array(w.shape(), DType::f32, x.device());
-  out.dbias = Array(members ? Shape{w.dim(0), w.dim(-1)} : Shape{w.dim(-1)}, DType::f32, x.device());
+  Conv2dGrads out;  // only what is asked for (each zero-filled, then written)
+  if (want_dx) out.dx = Array(x.shape(), DType::f32, x.device());
+  if (want_dw) out.dw = Array(w.shape(), DType::f32, x.device());
+  if (want_dbias) {
+    out.dbias = Array(members ? Shape{w.dim(0), w.dim(-1)} : Shape{w.dim(-1)}, DType::f32, x.device());
+  }
   if (dy.size() > 0 && x.size() > 0 && w.size() > 0) {
     Array ws = workspace(be.conv().conv2d_workspace_bytes(p), x.device());
     be.conv().conv2d_backward(p, x.data<float>(), w.data<float>(), dy.data<float>(),
                               want_dx ? out.dx.data<float>() : nullptr, want_dw ? out.dw.data<float>() : nullptr,
                               want_dbias ? out.dbias.data<float>() : nullptr, ptr(ws));
   }
-  if (!want_dx) out.dx = Array();
-  if (!want_dw) out.dw = Array();
-  if (!want_dbias) out.dbias = Array();
   return out;
 }
 
