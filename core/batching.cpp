@@ -57,7 +57,6 @@ Array BatchLevel::wrap(Array stacked) {
   Array view = Array::borrow(stacked.size() == 0 ? nullptr : const_cast<void*>(plain_view(stacked).raw_data()),
                              member_shape(stacked), stacked.dtype(), stacked.device());
   values_.push_back(std::move(stacked));
-  taken_.push_back(false);
   detail::set_trace_tag(view, tag_of(serial_, values_.size() - 1));
   return view;
 }
@@ -77,10 +76,8 @@ bool BatchLevel::holds(const Array& x, const std::string& op, std::size_t operan
 const Array& BatchLevel::stacked(const Array& view) const { return values_.at(slot_of(view)); }
 
 Array BatchLevel::take(const Array& view) {
-  const std::size_t s = slot_of(view);
-  if (taken_.at(s)) return values_[s].copy();  // the same value returned twice (a traced copy stays traced)
-  taken_[s] = true;
-  return std::move(values_[s]);
+  // A copy: the stored value may be an argument's borrowed storage, or be returned twice.
+  return values_.at(slot_of(view)).copy();
 }
 
 // ---- helpers ------------------------------------------------------------------------------------------------

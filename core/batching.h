@@ -36,8 +36,8 @@ class BatchLevel {
   bool holds(const Array& x, const std::string& op, std::size_t operand) const;
   // The stacked value behind one of this call's views.
   const Array& stacked(const Array& view) const;
-  // The stacked value behind a view, handed out (the function's result); a second take of the same value
-  // copies it.
+  // A copy of the stacked value behind a view (the function's result: it may be an argument's storage, or
+  // be returned twice); a copy of a value grad traces stays traced.
   Array take(const Array& view);
 
  private:
@@ -47,7 +47,6 @@ class BatchLevel {
   std::int64_t members_;
   std::uint64_t serial_;
   std::vector<Array> values_;
-  std::vector<bool> taken_;
 };
 
 // The primitive a call of p on `batched` inputs over `members` members is: its evaluation is p's batching

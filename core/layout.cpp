@@ -289,11 +289,13 @@ class LogSoftmax final : public core::Primitive {
     g[0] = subtract(ct, multiply(exp(y), broadcast_to(sum(ct, {-1}, true), y.shape())));
     return g;
   }
-  // Row by row along the last axis: the members are more rows.
-  std::vector<Array> batch(Arrays in, const std::vector<bool>&, std::int64_t) const override { return eval(in); }
+  // Row by row along the last axis: the members are more rows (a member without an axis: its own error).
+  std::vector<Array> batch(Arrays in, const std::vector<bool>& b, std::int64_t m) const override {
+    return in[0]->ndim() < 2 ? Primitive::batch(in, b, m) : eval(in);
+  }
   std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& w,
-                               const std::vector<bool>&, std::int64_t) const override {
-    return vjp(in, out, cts, w);
+                               const std::vector<bool>& b, std::int64_t m) const override {
+    return in[0]->ndim() < 2 ? Primitive::batch_vjp(in, out, cts, w, b, m) : vjp(in, out, cts, w);
   }
 };
 

@@ -47,12 +47,12 @@ class MatMul final : public core::Primitive {
   // Stacked a's leading axes are rows too: one product for every member when b is shared (b's cotangent,
   // a^T ct over every member's rows, is the members' sum). Otherwise member by member.
   std::vector<Array> batch(Arrays in, const std::vector<bool>& batched, std::int64_t members) const override {
-    if (shared_b(batched)) return eval(in);
+    if (shared_b(batched) && in[0]->ndim() >= 2) return eval(in);
     return Primitive::batch(in, batched, members);
   }
   std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& wanted,
                                const std::vector<bool>& batched, std::int64_t members) const override {
-    if (shared_b(batched)) return vjp(in, out, cts, wanted);
+    if (shared_b(batched) && in[0]->ndim() >= 2) return vjp(in, out, cts, wanted);
     return Primitive::batch_vjp(in, out, cts, wanted, batched, members);
   }
 
@@ -79,7 +79,7 @@ class Linear final : public core::Primitive {
   // Shared weights: stacked x's leading axes are rows, one call. Stacked weights and bias: the kernels' member
   // count (x stacked, or one x every member reads), one call. Otherwise member by member.
   std::vector<Array> batch(Arrays in, const std::vector<bool>& batched, std::int64_t members) const override {
-    if (batched[0] && !batched[1] && !batched[2]) return eval(in);
+    if (batched[0] && !batched[1] && !batched[2] && in[0]->ndim() >= 2) return eval(in);
     if (!(batched[1] && batched[2]) || in[0]->ndim() < (batched[0] ? 2 : 1) || in[0]->dim(-1) == 0) {
       return Primitive::batch(in, batched, members);
     }
@@ -91,7 +91,7 @@ class Linear final : public core::Primitive {
   }
   std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& wanted,
                                const std::vector<bool>& batched, std::int64_t members) const override {
-    if (batched[0] && !batched[1] && !batched[2]) return vjp(in, out, cts, wanted);
+    if (batched[0] && !batched[1] && !batched[2] && in[0]->ndim() >= 2) return vjp(in, out, cts, wanted);
     if (!(batched[1] && batched[2]) || in[0]->ndim() < (batched[0] ? 2 : 1) || in[0]->dim(-1) == 0) {
       return Primitive::batch_vjp(in, out, cts, wanted, batched, members);
     }
@@ -218,11 +218,13 @@ class Softmax final : public core::Primitive {
     g[0] = multiply(y, subtract(ct, spread));
     return g;
   }
-  // Row by row along the last axis: the members are more rows.
-  std::vector<Array> batch(Arrays in, const std::vector<bool>&, std::int64_t) const override { return eval(in); }
+  // Row by row along the last axis: the members are more rows (a member without an axis: its own error).
+  std::vector<Array> batch(Arrays in, const std::vector<bool>& b, std::int64_t m) const override {
+    return in[0]->ndim() < 2 ? Primitive::batch(in, b, m) : eval(in);
+  }
   std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& w,
-                               const std::vector<bool>&, std::int64_t) const override {
-    return vjp(in, out, cts, w);
+                               const std::vector<bool>& b, std::int64_t m) const override {
+    return in[0]->ndim() < 2 ? Primitive::batch_vjp(in, out, cts, w, b, m) : vjp(in, out, cts, w);
   }
 };
 

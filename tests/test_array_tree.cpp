@@ -160,6 +160,7 @@ TEST_CASE("trees: containers, structs, paths, map") {
 
 TEST_CASE("large host blocks are reused, zero-filled again, and never shared by two live arrays") {
   const pmap::Shape big{512, 1024};  // 2 MiB: above the cache's threshold
+  pmap::detail::host_cache_clear();  // blocks earlier tests left
   const auto before = pmap::detail::host_cache_stats();
   const void* first = nullptr;
   {

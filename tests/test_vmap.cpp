@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <pmap/error.h>
@@ -475,4 +476,24 @@ TEST_CASE("vmap: results that do not depend on the mapped arguments are repeated
   CHECK(same.to_vector<float>() == std::vector<float>{7, 8, 7, 8, 7, 8});
   auto [e2, t2, s2] = f(a, c);
   CHECK(e.to_vector<float>() == e2.to_vector<float>());
+}
+
+TEST_CASE("vmap: a result that is an argument, or returned twice, is a copy of its own") {
+  std::vector<float> v{1, 2, 3, 4, 5, 6};
+  Array y, z, w;
+  {
+    Array x = host(v, {3, 2});
+    std::tie(y, z, w) = pmap::vmap([](const Array& a) {
+      Array r = ops::relu(a);
+      return std::make_tuple(a.copy(), r.copy(), std::move(r));
+    }, {}, "f")(x);
+    CHECK(y.owns_data());
+    CHECK(y.raw_data() != x.raw_data());
+  }  // x freed: y keeps its values
+  CHECK(y.to_vector<float>() == v);
+  CHECK(z.to_vector<float>() == v);
+  CHECK(w.to_vector<float>() == v);
+  // a member without an axis: softmax raises its own error instead of mixing the members
+  CHECK_THROWS_AS(pmap::vmap([](const Array& a) { return ops::softmax(ops::mean(a)); }, {}, "f")(host(v, {3, 2})),
+                  pmap::Error);
 }
