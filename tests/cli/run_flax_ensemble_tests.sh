@@ -63,7 +63,7 @@ for name in sorted(set(a) & set(b)):
     scale = max((abs(x) for x in vb), default=0.0) or 1.0
     for x, y in zip(va, vb):
         d = abs(x - y) / scale
-        worst = d if not (d <= worst) else worst  # NaN counts as the worst
+        worst = float("inf") if d != d else max(worst, d)  # NaN counts as the worst
 print("largest parameter difference (relative to each tensor's largest value): %.2e over %d tensors" % (worst, len(a)))
 sys.exit(0 if ok and worst <= 1e-5 else 1)
 PY
