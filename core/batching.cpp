@@ -82,9 +82,10 @@ Array BatchLevel::take(const Array& view) {
 
 // ---- helpers ------------------------------------------------------------------------------------------------
 
-Array plain_view(const Array& x) {
-  Array v = Array::borrow(const_cast<void*>(x.raw_data()), x.shape(), x.dtype(), x.device());
-  return v;
+Array plain_view(const Array& x) { return view_as(x, x.shape()); }
+
+Array view_as(const Array& x, Shape shape) {
+  return Array::borrow(const_cast<void*>(x.raw_data()), std::move(shape), x.dtype(), x.device());
 }
 
 Array member_view(const Array& stacked, std::int64_t m) {
@@ -104,13 +105,13 @@ Array broadcast_members(const Array& x, std::int64_t members) {
   Shape one = x.shape(), all = x.shape();
   one.insert(one.begin(), 1);
   all.insert(all.begin(), members);
-  return ops::eager::broadcast_to(Array::borrow(const_cast<void*>(x.raw_data()), one, x.dtype(), x.device()), all);
+  return ops::eager::broadcast_to(view_as(x, one), all);
 }
 
 Array merge_members(const Array& stacked) {
   Shape s(stacked.shape().begin() + 1, stacked.shape().end());
   s.at(0) *= stacked.dim(0);
-  return Array::borrow(const_cast<void*>(stacked.raw_data()), s, stacked.dtype(), stacked.device());
+  return view_as(stacked, s);
 }
 
 Array split_members(Array merged, std::int64_t members) {

@@ -54,8 +54,10 @@ class BatchLevel {
 std::shared_ptr<const Primitive> batched_primitive(std::shared_ptr<const Primitive> p, std::vector<bool> batched,
                                                    std::int64_t members);
 
-// The view of a value that no transformation follows, as the batching rules compute on (shares storage).
+// The view of a value that no transformation follows, as the batching rules compute on (shares storage);
+// view_as: the same elements seen in another shape of the same count.
 Array plain_view(const Array& x);
+Array view_as(const Array& x, Shape shape);
 // Member m's part of a stacked array (members, ...), as a view of its storage.
 Array member_view(const Array& stacked, std::int64_t m);
 // Arrays of the same shape stacked along a new leading axis, on their device.

@@ -166,8 +166,7 @@ std::vector<Array> Binary::batch(Arrays in, const std::vector<bool>& batched, st
     if (num_elements(b) != 1) std::copy(b.begin(), b.end(), lifted.end() - static_cast<std::ptrdiff_t>(b.size()));
     Shape target = a;
     target.insert(target.begin(), members);
-    full_b = eager::broadcast_to(Array::borrow(const_cast<void*>(in[1]->raw_data()), lifted, in[1]->dtype(), in[1]->device()),
-                                 target);
+    full_b = eager::broadcast_to(core::view_as(*in[1], lifted), target);
   }
   const Array* ptrs[] = {&full_a, &full_b};
   return eval(ptrs);

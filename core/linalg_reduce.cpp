@@ -113,7 +113,7 @@ class Linear final : public core::Primitive {
     const std::int64_t i = x.dim(-1), lead = stacked ? x.dim(0) : 1;
     const std::int64_t rows = i == 0 ? 0 : x.size() / lead / i;
     const Shape s = stacked ? Shape{lead, rows, i} : Shape{rows, i};
-    return Array::borrow(const_cast<void*>(x.raw_data()), s, x.dtype(), x.device());
+    return core::view_as(x, s);
   }
   bool relu_;
 };
@@ -150,8 +150,7 @@ class Reduce final : public core::Primitive {
     const Array& x = *in[0];
     Shape lifted(static_cast<std::size_t>(x.ndim()), 1);
     lifted[0] = members;
-    Array spread = eager::broadcast_to(Array::borrow(const_cast<void*>(cts[0]->raw_data()), lifted, DType::f32,
-                                                     x.device()), x.shape());
+    Array spread = eager::broadcast_to(core::view_as(*cts[0], lifted), x.shape());
     std::vector<Array> g(1);
     g[0] = mean_ ? scale(spread, 1.0f / static_cast<float>(x.size() / members)) : std::move(spread);
     return g;

@@ -27,9 +27,7 @@ constexpr std::uint64_t tag_of(std::uint64_t serial, std::size_t slot) {
 }
 
 // A view of x's storage that no trace follows: what primitives evaluate on.
-Array untagged(const Array& x) {
-  return Array::borrow(const_cast<void*>(x.raw_data()), x.shape(), x.dtype(), x.device());
-}
+Array untagged(const Array& x) { return plain_view(x); }
 
 // Pauses the calling thread's trace (the backward pass and evaluation are not recorded).
 class Paused {
@@ -94,7 +92,6 @@ Array Trace::input(const Array& leaf, const std::string& where) {
   }
   // Inside vmap each member has its own gradient (JAX's per-example gradients): a value every member reads
   // is differentiated as if each member had its own copy.
-  Paused paused;
   values_.push_back(member ? untagged(value) : broadcast_members(value, level->members()));
   return level->wrap(view(values_.size() - 1));
 }
