@@ -3,7 +3,8 @@
 // keys, apply_model pmapped with value_and_grad (has_aux: the logits) and the ensemble's probabilities
 // pmean'd over "ensemble", update_model applying optax-style SGD, the epoch loop, and each member's and
 // the ensemble's test accuracy. A device's members (more members than devices) are one vmap over their
-// stacked parameters, as JAX would batch them: one kernel call per layer for all of them. The keys, the
+// stacked parameters, as JAX would batch them: one kernel call per layer for all of them. Both steps are
+// jitted inside pmap: each device plans its buffers on the first step and replays the plan. The keys, the
 // data order and the arithmetic are mnist_ensemble's (--model flax-cnn), so the two programs train the same
 // models from the same seed.
 //
@@ -19,6 +20,7 @@
 
 #include <pmap/pmap.h>
 #include <pmapcc/core/grad.h>
+#include <pmapcc/core/jit.h>
 #include <pmapcc/core/ops.h>
 #include <pmapcc/core/vmap.h>
 #include <pmapcc/ensemble/data.h>
@@ -65,10 +67,11 @@ struct TrainState {
 PMAPCC_TREE(TrainState, params, opt_state)
 
 struct Applied {  // apply_model's results on one device
-  CnnParams grads;                      // stacked, one per member
-  float loss = 0;                       // the sum of this device's members' losses
-  std::vector<std::int32_t> predicted;  // the ensemble's argmax, after pmean over "ensemble"
+  CnnParams grads;  // stacked, one per member
+  Array loss;       // the sum of this device's members' losses
+  Array predicted;  // the ensemble's argmax, after pmean over "ensemble"
 };
+PMAPCC_TREE(Applied, grads, loss, predicted)
 
 Applied apply_model(const TrainState& state, const Array& images, const Array& labels) {
   auto loss_and_grads = pmap::vmap([&](const CnnParams& params) {  // each member's loss and gradients
@@ -79,18 +82,13 @@ Applied apply_model(const TrainState& state, const Array& images, const Array& l
     return pmap::value_and_grad(loss_fn, "loss_fn")(params);
   }, {0}, "apply_model");
   auto [loss_and_logits, grads] = loss_and_grads(state.params);
-  Applied out;
-  for (float loss : loss_and_logits.first.to_vector<float>()) out.loss += loss;
   Array probs = ops::mean(ops::softmax(loss_and_logits.second), {0});  // this device's members' mean
-  out.predicted = ops::argmax(pmap::pmean(probs, "ensemble")).to_vector<std::int32_t>();
-  out.grads = std::move(grads);
-  return out;
+  return {std::move(grads), ops::sum(loss_and_logits.first), ops::argmax(pmap::pmean(probs, "ensemble"))};
 }
 
-void update_model(TrainState& state, const Applied& applied, const pmap::optim::Sgd& tx) {
-  auto [updates, opt_state] = tx.update(applied.grads, std::move(state.opt_state), state.params);
-  state.params = pmap::optim::apply_updates(state.params, updates);  // state.apply_gradients(grads=grads)
-  state.opt_state = std::move(opt_state);
+TrainState update_model(const TrainState& state, const CnnParams& grads, const pmap::optim::Sgd& tx) {
+  auto [updates, opt_state] = tx.update(grads, state.opt_state, state.params);
+  return {pmap::optim::apply_updates(state.params, updates), std::move(opt_state)};  // state.apply_gradients
 }
 
 // ---- the epoch loop and the evaluation ----------------------------------------------------------------------
@@ -109,8 +107,14 @@ Epoch train_epoch(pmap::Sharded<TrainState>& states, const pmap::ensemble::Datas
                   const examples::Flags& c, pmap::Key key, const pmap::Mesh& mesh, const pmap::optim::Sgd& tx) {
   const auto order = pmap::permutation(key, static_cast<std::uint32_t>(train.count));
   const auto steps = pmap::ensemble::steps_per_epoch(train.count, c.batch);
-  auto apply = pmap::pmap(apply_model, mesh, "ensemble");
-  auto update = pmap::pmap([&](TrainState& s, const Applied& a) { update_model(s, a, tx); }, mesh);
+  // jax.pmap compiles the steps; here jit plans each device's buffers on the first step and replays the plan,
+  // so a step allocates only its results.
+  auto apply_jit = pmap::jit(apply_model, "apply_model");
+  auto update_jit = pmap::jit([&](const TrainState& s, const CnnParams& g) { return update_model(s, g, tx); },
+                              "update_model");
+  auto apply = pmap::pmap([&](const TrainState& s, const Array& x, const Array& y) { return apply_jit(s, x, y); },
+                          mesh, "ensemble");
+  auto update = pmap::pmap([&](TrainState& s, const Applied& a) { s = update_jit(s, a.grads); }, mesh);
   std::vector<float> images(static_cast<std::size_t>(c.batch) * 784);
   std::vector<std::int32_t> labels(static_cast<std::size_t>(c.batch));
   Epoch e;
@@ -122,11 +126,18 @@ Epoch train_epoch(pmap::Sharded<TrainState>& states, const pmap::ensemble::Datas
     auto x = pmap::replicate(Array::from_host(images, {c.batch, 28, 28, 1}), mesh);
     auto y = pmap::replicate(Array::from_host(labels, {c.batch}), mesh);
     auto applied = apply(states, x, y);
-    for (const Applied& a : applied) e.train_loss += a.loss / c.members;
-    e.train_accuracy += hits(applied[0].predicted, labels) / c.batch;
+    for (const Applied& a : applied) e.train_loss += a.loss.item<float>() / c.members;
+    e.train_accuracy += hits(applied[0].predicted.to_vector<std::int32_t>(), labels) / c.batch;
     update(states, applied);
   }
   e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (const auto& [name, j] : {std::pair{"apply_model", apply_jit.stats()}, {"update_model", update_jit.stats()}}) {
+    std::printf("jit %s: %llu trace(s), %llu replays (%llu left the plan), arenas %.1f MB; the latest call "
+                "allocated %llu arrays besides its %llu results\n", name, static_cast<unsigned long long>(j.traces),
+                static_cast<unsigned long long>(j.replays), static_cast<unsigned long long>(j.diverged),
+                static_cast<double>(j.arena_bytes) / 1e6, static_cast<unsigned long long>(j.last_allocations),
+                static_cast<unsigned long long>(j.last_result_allocations));
+  }
   e.train_loss /= static_cast<double>(steps);
   e.train_accuracy /= static_cast<double>(steps);
   return e;

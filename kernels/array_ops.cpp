@@ -80,7 +80,7 @@ Shape with_last(const Shape& s, std::int64_t last) {
 
 // Device scratch of `bytes` bytes (none for 0).
 Array workspace(std::size_t bytes, const Device& device) {
-  return Array(Shape{static_cast<std::int64_t>(bytes)}, DType::u8, device);
+  return Array::uninitialized(Shape{static_cast<std::int64_t>(bytes)}, DType::u8, device);  // scratch
 }
 void* ptr(Array& ws) { return ws.size() == 0 ? nullptr : ws.raw_data(); }
 
@@ -92,7 +92,7 @@ Array unary(kernels::UnaryOp op, const Array& x) {
   const char* fn = kernels::to_string(op);
   require_dtype(fn, "x", x, DType::f32);
   const kernels::Backend& be = backend_of(fn, x.device());
-  Array y(x.shape(), DType::f32, x.device());
+  Array y = Array::uninitialized(x.shape(), DType::f32, x.device());  // written whole
   be.elementwise().unary(op, static_cast<std::size_t>(x.size()), x.data<float>(), y.data<float>());
   return y;
 }
@@ -106,7 +106,7 @@ Array activation_grad(kernels::UnaryOp op, const char* fn, const Array& y, const
                      " must have one shape");
   }
   const kernels::Backend& be = backend_of(fn, y.device());
-  Array dx(y.shape(), DType::f32, y.device());
+  Array dx = Array::uninitialized(y.shape(), DType::f32, y.device());  // written whole
   be.elementwise().activation_backward(op, static_cast<std::size_t>(y.size()), y.data<float>(), dy.data<float>(),
                                        dx.data<float>());
   return dx;
@@ -133,7 +133,7 @@ Array binary(kernels::BinaryOp op, const Array& a, const Array& b) {
                      a.signature() + " (b must be a's shape, one element, or a's trailing axes)");
   }
   const kernels::Backend& be = backend_of(fn, a.device());
-  Array y(a.shape(), DType::f32, a.device());
+  Array y = Array::uninitialized(a.shape(), DType::f32, a.device());  // written whole
   be.elementwise().binary(op, static_cast<std::size_t>(a.size()), a.data<float>(),
                           static_cast<std::size_t>(b.size()), b.data<float>(), y.data<float>());
   return y;
@@ -196,9 +196,12 @@ Array matmul(const Array& a, const Array& b, bool transpose_a, bool transpose_b)
                        (transpose_b ? "last" : "first") + " (" + std::to_string(bk) + ")" + shapes());
     }
     const std::int64_t out_cols = transpose_b ? b.dim(0) : b.dim(1);
-    Array y(with_last(a.shape(), out_cols), DType::f32, a.device());
+    Array y = Array::uninitialized(with_last(a.shape(), out_cols), DType::f32, a.device());  // written whole
     const std::int64_t rows = rows_of(a);
-    if (y.size() == 0 || k == 0) return y;  // an empty product, or sums of nothing: zeros
+    if (y.size() == 0 || k == 0) {  // an empty product, or sums of nothing: zeros
+      y.fill_zero();
+      return y;
+    }
     p.batch = as_int(fn, "rows", rows);
     Array ws;
     if (!transpose_b) {
@@ -223,8 +226,11 @@ Array matmul(const Array& a, const Array& b, bool transpose_a, bool transpose_b)
     throw ShapeError("ops::matmul: with transpose_a, a and b must have the same leading axes" + shapes());
   }
   const std::int64_t k = a.dim(-1), o = b.dim(-1), rows = rows_of(a);
-  Array y(Shape{k, o}, DType::f32, a.device());
-  if (y.size() == 0 || rows == 0) return y;
+  Array y = Array::uninitialized(Shape{k, o}, DType::f32, a.device());  // written whole
+  if (y.size() == 0 || rows == 0) {  // sums of nothing: zeros
+    y.fill_zero();
+    return y;
+  }
   p.batch = as_int(fn, "rows", rows);
   p.in_features = as_int(fn, "K", k);
   p.out_features = as_int(fn, "O", o);
@@ -250,7 +256,7 @@ Array linear(const Array& x, const Array& w, const Array& bias, bool relu) {
     throw ShapeError("ops::linear: x's last axis must be w's first and bias's length w's second" + shapes());
   }
   const kernels::Backend& be = backend_of(fn, x.device());
-  Array y(with_last(x.shape(), w.dim(1)), DType::f32, x.device());
+  Array y = Array::uninitialized(with_last(x.shape(), w.dim(1)), DType::f32, x.device());  // written whole
   if (y.size() == 0) return y;
   kernels::DenseParams p;
   p.batch = as_int(fn, "rows", rows_of(x));
@@ -258,6 +264,7 @@ Array linear(const Array& x, const Array& w, const Array& bias, bool relu) {
   p.out_features = as_int(fn, "O", w.dim(1));
   p.relu = relu;
   if (p.in_features == 0) {  // no inputs: the bias alone
+    y.fill_zero();
     Array b = binary(kernels::BinaryOp::add, y, bias);
     return relu ? unary(kernels::UnaryOp::relu, b) : std::move(b);
   }
@@ -302,9 +309,10 @@ Array linear_members(const Array& x, const Array& w, const Array& bias, bool rel
   kernels::DenseParams p = members_params(fn, x, w, &bias);
   p.relu = relu;
   const kernels::Backend& be = backend_of(fn, x.device());
-  Array y(Shape{w.dim(0), x.dim(-2), w.dim(2)}, DType::f32, x.device());
+  Array y = Array::uninitialized(Shape{w.dim(0), x.dim(-2), w.dim(2)}, DType::f32, x.device());  // written whole
   if (y.size() == 0) return y;
   if (p.in_features == 0) {  // no inputs: each member's bias alone
+    y.fill_zero();
     Array b = binary(kernels::BinaryOp::add, y, reshape(bias, {w.dim(0), 1, w.dim(2)}));
     return relu ? unary(kernels::UnaryOp::relu, b) : std::move(b);
   }
@@ -324,10 +332,15 @@ LinearGrads linear_members_backward(const Array& x, const Array& w, const Array&
   }
   const kernels::Backend& be = backend_of(fn, x.device());
   LinearGrads g;  // only what is asked for
-  if (want_dx) g.dx = Array(x.shape(), DType::f32, x.device());
-  if (want_dw) g.dw = Array(w.shape(), DType::f32, x.device());
-  if (want_dbias) g.dbias = Array(Shape{w.dim(0), w.dim(2)}, DType::f32, x.device());
-  if (dy.size() > 0 && p.in_features > 0) {
+  const bool computed = dy.size() > 0 && p.in_features > 0;  // the kernel writes each gradient whole
+  const auto grad = [&](Shape shape) {
+    return computed ? Array::uninitialized(std::move(shape), DType::f32, x.device())
+                    : Array(std::move(shape), DType::f32, x.device());
+  };
+  if (want_dx) g.dx = grad(x.shape());
+  if (want_dw) g.dw = grad(w.shape());
+  if (want_dbias) g.dbias = grad(Shape{w.dim(0), w.dim(2)});
+  if (computed) {
     Array ws = workspace(be.dense().dense_workspace_bytes(p), x.device());
     be.dense().dense_backward(p, x.data<float>(), w.data<float>(), dy.data<float>(),
                               want_dx ? g.dx.data<float>() : nullptr, want_dw ? g.dw.data<float>() : nullptr,
@@ -348,7 +361,7 @@ Array minimum(const Array& a, const Array& b) { return binary(kernels::BinaryOp:
 Array scale(const Array& x, float factor, float offset) {
   require_dtype("scale", "x", x, DType::f32);
   const kernels::Backend& be = backend_of("scale", x.device());
-  Array y(x.shape(), DType::f32, x.device());
+  Array y = Array::uninitialized(x.shape(), DType::f32, x.device());  // written whole
   if (x.size() == 0) return y;
   be.layers().scale_shift(static_cast<std::size_t>(x.size()), x.data<float>(), factor, offset, y.data<float>());
   return y;

@@ -72,7 +72,7 @@ Array conv2d(const Array& x, const Array& w, const Array& bias, Conv2dOptions op
   }
   const kernels::ConvGeometry g = kernels::conv2d_geometry(p);
   const kernels::Backend& be = backend_of(fn, x.device());
-  Array y(conv_output(p, g, members), DType::f32, x.device());
+  Array y = Array::uninitialized(conv_output(p, g, members), DType::f32, x.device());  // written whole
   if (y.size() == 0) return y;
   Array ws = workspace(be.conv().conv2d_workspace_bytes(p), x.device());
   be.conv().conv2d_forward(p, x.data<float>(), w.data<float>(), has_bias ? bias.data<float>() : nullptr,
@@ -93,13 +93,16 @@ Conv2dGrads conv2d_backward(const Array& x, const Array& w, const Array& dy, Con
   if (dy.shape() != conv_output(p, g, members))
     throw ShapeError("ops::conv2d_backward: dy " + dy.signature() + " is not the convolution's output shape");
   const kernels::Backend& be = backend_of(fn, x.device());
-  Conv2dGrads out;  // only what is asked for (each zero-filled, then written)
-  if (want_dx) out.dx = Array(x.shape(), DType::f32, x.device());
-  if (want_dw) out.dw = Array(w.shape(), DType::f32, x.device());
-  if (want_dbias) {
-    out.dbias = Array(members ? Shape{w.dim(0), w.dim(-1)} : Shape{w.dim(-1)}, DType::f32, x.device());
-  }
-  if (dy.size() > 0 && x.size() > 0 && w.size() > 0) {
+  Conv2dGrads out;  // only what is asked for: written whole by the kernel, zeros when there is nothing to sum
+  const bool computed = dy.size() > 0 && x.size() > 0 && w.size() > 0;
+  const auto grad = [&](Shape shape) {
+    return computed ? Array::uninitialized(std::move(shape), DType::f32, x.device())
+                    : Array(std::move(shape), DType::f32, x.device());
+  };
+  if (want_dx) out.dx = grad(x.shape());
+  if (want_dw) out.dw = grad(w.shape());
+  if (want_dbias) out.dbias = grad(members ? Shape{w.dim(0), w.dim(-1)} : Shape{w.dim(-1)});
+  if (computed) {
     Array ws = workspace(be.conv().conv2d_workspace_bytes(p), x.device());
     be.conv().conv2d_backward(p, x.data<float>(), w.data<float>(), dy.data<float>(),
                               want_dx ? out.dx.data<float>() : nullptr, want_dw ? out.dw.data<float>() : nullptr,
@@ -131,7 +134,7 @@ Array avg_pool(const Array& x, int window_h, int window_w, int stride_h, int str
   const kernels::AvgPoolParams p = pool_params("avg_pool", x.shape(), window_h, window_w, stride_h, stride_w);
   const kernels::PoolGeometry g = kernels::avg_pool_geometry(p);
   const kernels::Backend& be = backend_of("avg_pool", x.device());
-  Array y(Shape{x.dim(0), g.out_height, g.out_width, x.dim(3)}, DType::f32, x.device());
+  Array y = Array::uninitialized(Shape{x.dim(0), g.out_height, g.out_width, x.dim(3)}, DType::f32, x.device());
   if (y.size() > 0) be.conv().avg_pool_forward(p, x.data<float>(), y.data<float>());
   return y;
 }
@@ -144,7 +147,7 @@ Array avg_pool_backward(const Array& dy, const Shape& x_shape, int window_h, int
   if (dy.shape() != Shape{x_shape[0], g.out_height, g.out_width, x_shape[3]})
     throw ShapeError("ops::avg_pool_backward: dy " + dy.signature() + " is not the pool's output shape");
   const kernels::Backend& be = backend_of("avg_pool_backward", dy.device());
-  Array dx(x_shape, DType::f32, dy.device());
+  Array dx = Array::uninitialized(x_shape, DType::f32, dy.device());  // written whole
   if (dx.size() > 0) be.conv().avg_pool_backward(p, dy.data<float>(), dx.data<float>());
   return dx;
 }

@@ -154,7 +154,7 @@ Array transpose(const Array& x, const std::vector<int>& permutation) {
     src_strides.push_back(xs[k]);
   }
   const kernels::Backend& be = backend_of(fn, x.device());
-  Array y(out, DType::f32, x.device());
+  Array y = Array::uninitialized(out, DType::f32, x.device());  // every element copied
   copy_into(be, out, src_strides, 0, strides_of(out), 0, x, y);
   return y;
 }
@@ -181,7 +181,7 @@ Array broadcast_to(const Array& x, const Shape& shape) {
            " (numpy's rules: equal, or 1)");
   }
   const kernels::Backend& be = backend_of(fn, x.device());
-  Array y(shape, DType::f32, x.device());
+  Array y = Array::uninitialized(shape, DType::f32, x.device());  // every element copied
   copy_into(be, shape, src_strides, 0, strides_of(shape), 0, x, y);
   return y;
 }
@@ -207,7 +207,7 @@ Array slice(const Array& x, const std::vector<std::int64_t>& start, const std::v
     offset += start[k] * xs[k];
   }
   const kernels::Backend& be = backend_of(fn, x.device());
-  Array y(out, DType::f32, x.device());
+  Array y = Array::uninitialized(out, DType::f32, x.device());  // every element copied
   copy_into(be, out, xs, offset, strides_of(out), 0, x, y);
   return y;
 }

@@ -43,8 +43,8 @@ struct Adam {
   float epsilon = 1e-7f;
 
   template <class P> State init(const P& params) const { return detail::init_tree(*this, params); }
-  template <class P> std::pair<P, State> update(const P& grads, State state, const P& params) const {
-    return detail::update_tree(*this, grads, std::move(state), params);
+  template <class P> std::pair<P, State> update(const P& grads, const State& state, const P& params) const {
+    return detail::update_tree(*this, grads, state, params);
   }
 
   // The leaf forms (optim/base.h), what chain composes. ValueError naming the field for a bad one.
@@ -71,8 +71,8 @@ struct AdamW {
   float weight_decay = 0.004f;
 
   template <class P> State init(const P& params) const { return detail::init_tree(*this, params); }
-  template <class P> std::pair<P, State> update(const P& grads, State state, const P& params) const {
-    return detail::update_tree(*this, grads, std::move(state), params);
+  template <class P> std::pair<P, State> update(const P& grads, const State& state, const P& params) const {
+    return detail::update_tree(*this, grads, state, params);
   }
 
   State init_leaves(const Leaves& params) const;

@@ -6,6 +6,8 @@
 // leaves in tree order (scalar leaves are not parameters: updates keep the grads' scalars, apply_updates
 // the params'). The step's arithmetic runs on the parameters' device, on CPU devices at once and on CUDA
 // devices inside pmap (the rules of pmapcc/kernels/array_ops.h); nothing reads a value back to the host.
+// update reads the state it is given and returns a new one (optax's pure functions): a const state works,
+// as inside a jitted step.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +21,7 @@
 #include <pmap/tree.h>
 
 #include <pmapcc/core/ops.h>
+#include <pmapcc/core/vmap.h>
 
 namespace pmap::optim {
 
@@ -68,12 +71,27 @@ void require_unit_interval(const char* who, const char* field, double v);  // [0
 template <class Tx, class P> typename Tx::State init_tree(const Tx& tx, const P& params) {
   return tx.init_leaves(leaves(params));
 }
+// The state is read, never written: update_leaves works on views of its leaves and replaces each leaf it
+// updates with a new array; a leaf it leaves as it was is copied, so the new state owns all its storage.
 template <class Tx, class P>
-std::pair<P, typename Tx::State> update_tree(const Tx& tx, const P& grads, typename Tx::State state, const P& params) {
+std::pair<P, typename Tx::State> update_tree(const Tx& tx, const P& grads, const typename Tx::State& state,
+                                             const P& params) {
   const Leaves g = leaves(grads), p = leaves(params);
   check_same((std::string(Tx::kName) + "::update").c_str(), g, "grads", p, "params");
-  std::vector<Array> updates = tx.update_leaves(g, state, p);
-  return {with_leaves(grads, updates), std::move(state)};
+  typename Tx::State next = tree_map(state, [](const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+      return vmap_detail::alias(leaf);
+    } else {
+      return leaf;
+    }
+  });
+  std::vector<Array> updates = tx.update_leaves(g, next, p);
+  tree_for_each(next, [](auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+      if (leaf.valid() && !leaf.owns_data()) leaf = leaf.copy();
+    }
+  });
+  return {with_leaves(grads, updates), std::move(next)};
 }
 }  // namespace detail
 

@@ -41,8 +41,8 @@ struct RmsProp {
   float epsilon = 1e-7f;
 
   template <class P> State init(const P& params) const { return detail::init_tree(*this, params); }
-  template <class P> std::pair<P, State> update(const P& grads, State state, const P& params) const {
-    return detail::update_tree(*this, grads, std::move(state), params);
+  template <class P> std::pair<P, State> update(const P& grads, const State& state, const P& params) const {
+    return detail::update_tree(*this, grads, state, params);
   }
 
   // The leaf forms (optim/base.h), what chain composes. ValueError naming the field for a bad one.

@@ -6,7 +6,7 @@
 //
 //   optim::Sgd tx{.learning_rate = 0.1f, .momentum = 0.9f};      // optax.sgd(0.1, momentum=0.9)
 //   auto opt_state = tx.init(params);
-//   auto [updates, next] = tx.update(grads, std::move(opt_state), params);
+//   auto [updates, next] = tx.update(grads, opt_state, params);   // opt_state is only read
 //   params = optim::apply_updates(params, updates);
 #pragma once
 
@@ -41,8 +41,8 @@ struct Sgd {
   bool nesterov = false;
 
   template <class P> State init(const P& params) const { return detail::init_tree(*this, params); }
-  template <class P> std::pair<P, State> update(const P& grads, State state, const P& params) const {
-    return detail::update_tree(*this, grads, std::move(state), params);
+  template <class P> std::pair<P, State> update(const P& grads, const State& state, const P& params) const {
+    return detail::update_tree(*this, grads, state, params);
   }
 
   // The leaf forms (optim/base.h), what chain composes. ValueError naming the field for a bad one.

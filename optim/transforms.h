@@ -31,8 +31,8 @@ struct ClipByGlobalNorm {
   float max_norm = 1.0f;
 
   template <class P> State init(const P& params) const { return detail::init_tree(*this, params); }
-  template <class P> std::pair<P, State> update(const P& grads, State state, const P& params) const {
-    return detail::update_tree(*this, grads, std::move(state), params);
+  template <class P> std::pair<P, State> update(const P& grads, const State& state, const P& params) const {
+    return detail::update_tree(*this, grads, state, params);
   }
   State init_leaves(const Leaves& params) const;
   std::vector<Array> update_leaves(const Leaves& grads, State& state, const Leaves& params) const;
@@ -50,8 +50,8 @@ struct AddDecayedWeights {
   float weight_decay = 0.0f;
 
   template <class P> State init(const P& params) const { return detail::init_tree(*this, params); }
-  template <class P> std::pair<P, State> update(const P& grads, State state, const P& params) const {
-    return detail::update_tree(*this, grads, std::move(state), params);
+  template <class P> std::pair<P, State> update(const P& grads, const State& state, const P& params) const {
+    return detail::update_tree(*this, grads, state, params);
   }
   State init_leaves(const Leaves& params) const;
   std::vector<Array> update_leaves(const Leaves& grads, State& state, const Leaves& params) const;
@@ -69,8 +69,8 @@ template <class... Txs> struct Chain {
   std::tuple<Txs...> transforms;
 
   template <class P> State init(const P& params) const { return detail::init_tree(*this, params); }
-  template <class P> std::pair<P, State> update(const P& grads, State state, const P& params) const {
-    return detail::update_tree(*this, grads, std::move(state), params);
+  template <class P> std::pair<P, State> update(const P& grads, const State& state, const P& params) const {
+    return detail::update_tree(*this, grads, state, params);
   }
 
   State init_leaves(const Leaves& params) const {

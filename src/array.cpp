@@ -5,7 +5,10 @@
 #include <cstring>
 #include <new>
 #include <sstream>
+#include <string>
+#include <vector>
 
+#include <pmap/detail/allocation.h>
 #include <pmap/detail/capture.h>
 
 #include "availability.h"
@@ -17,6 +20,9 @@ namespace {
 
 constexpr std::size_t kAlign = 64;
 std::size_t rounded_bytes(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+thread_local detail::AllocationHook* tls_hook = nullptr;
+thread_local std::uint64_t tls_allocations = 0;
 
 // Every blocking copy of an Array goes through here (`what` names it for a capture error).
 void copy_bytes(void* dst, const Device& dd, const void* src, const Device& sd, std::size_t n,
@@ -69,6 +75,33 @@ Array Array::borrow(void* data, Shape shape, DType dtype, Device device) {
   return a;
 }
 
+Array Array::uninitialized(Shape shape, DType dtype, Device device) {
+  Array a;
+  a.shape_ = std::move(shape);
+  a.dtype_ = dtype;
+  a.dtype_set_ = true;
+  a.device_ = device;
+  for (auto d : a.shape_)
+    if (d < 0) throw ShapeError("Array::uninitialized: negative dimension in shape " + shape_str(a.shape_));
+  a.size_ = num_elements(a.shape_);
+  a.allocate();
+  static const bool poison = [] {
+    const char* v = std::getenv("PMAPCC_POISON_UNINITIALIZED");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  if (poison && a.nbytes() > 0) {
+    if (detail::capturing() != nullptr)
+      detail::check_not_capturing("Array::uninitialized " + a.str(), "synchronizes with the host");
+    if (a.device_.is_cpu()) {
+      std::memset(a.data_, 0xff, a.nbytes());
+    } else {
+      std::vector<unsigned char> ff(a.nbytes(), 0xff);
+      a.copy_from_host(ff.data(), ff.size());
+    }
+  }
+  return a;
+}
+
 Array Array::pinned(Shape shape, DType dtype) {
   Array a;
   a.shape_ = std::move(shape);
@@ -85,10 +118,12 @@ Array Array::pinned(Shape shape, DType dtype) {
 
 Array::Array(Array&& o) noexcept
     : shape_(std::move(o.shape_)), size_(o.size_), dtype_(o.dtype_), dtype_set_(o.dtype_set_),
-      device_(o.device_), pinned_(o.pinned_), owned_(o.owned_), data_(o.data_), trace_(o.trace_) {
+      device_(o.device_), pinned_(o.pinned_), owned_(o.owned_), provided_(o.provided_), data_(o.data_),
+      trace_(o.trace_) {
   o.data_ = nullptr;
   o.trace_ = 0;
   o.owned_ = true;
+  o.provided_ = false;
   o.size_ = 0;
   o.dtype_set_ = false;
   o.shape_.clear();
@@ -104,11 +139,13 @@ Array& Array::operator=(Array&& o) noexcept {
     device_ = o.device_;
     pinned_ = o.pinned_;
     owned_ = o.owned_;
+    provided_ = o.provided_;
     data_ = o.data_;
     trace_ = o.trace_;
     o.data_ = nullptr;
     o.trace_ = 0;
     o.owned_ = true;
+    o.provided_ = false;
     o.size_ = 0;
     o.dtype_set_ = false;
     o.shape_.clear();
@@ -121,6 +158,14 @@ Array::~Array() { release(); }
 void Array::allocate() {
   std::size_t bytes = nbytes();
   if (bytes == 0) return;
+  detail::AllocationHook* hook = tls_hook;
+  if (hook != nullptr && !pinned_) {
+    if (void* p = hook->provide(bytes, device_)) {
+      data_ = p;
+      provided_ = true;
+      return;
+    }
+  }
   if (detail::capturing() != nullptr) detail::check_not_capturing("Array " + str(), "allocates memory");
   if (pinned_) {
     data_ = detail::cuda_host_alloc(bytes);
@@ -129,12 +174,20 @@ void Array::allocate() {
   } else {
     data_ = detail::cuda_alloc(device_.ordinal, bytes);
   }
+  ++tls_allocations;
+  if (hook != nullptr && !pinned_) hook->allocated(data_, bytes);
 }
 
 void Array::release() noexcept {
   trace_ = 0;
   if (data_ == nullptr) return;
   if (!owned_) {  // borrowed: the memory is the caller's
+    data_ = nullptr;
+    return;
+  }
+  if (tls_hook != nullptr && !pinned_) tls_hook->released(data_, provided_);
+  if (provided_) {  // the hook's memory
+    provided_ = false;
     data_ = nullptr;
     return;
   }
@@ -282,6 +335,14 @@ Array Array::slice_rows(std::int64_t begin, std::int64_t end, const Device& devi
 }
 
 namespace detail {
+AllocationHook* set_allocation_hook(AllocationHook* hook) noexcept {
+  AllocationHook* previous = tls_hook;
+  tls_hook = hook;
+  return previous;
+}
+std::uint64_t allocation_count() noexcept { return tls_allocations; }
+bool is_provided(const Array& a) noexcept { return a.provided_; }
+
 std::uint64_t trace_tag(const Array& a) noexcept { return a.trace_; }
 void set_trace_tag(Array& a, std::uint64_t tag) noexcept { a.trace_ = tag; }
 }  // namespace detail

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include <pmap/pmap.h>
+#include <pmap/detail/allocation.h>
 
 #include "src/host_cache.h"
 
@@ -181,4 +182,20 @@ TEST_CASE("large host blocks are reused, zero-filled again, and never shared by 
   CHECK(pmap::detail::host_cache_stats().cached_bytes == 0);
   pmap::Array small({4}, pmap::DType::f32);  // small blocks are malloc's, not counted
   CHECK(pmap::detail::host_cache_stats().allocated == before.allocated + 2);
+}
+
+TEST_CASE("Array::uninitialized: poisoned in the tests (NaN floats), counted, and checked like the constructor") {
+  // The test binary sets PMAPCC_POISON_UNINITIALIZED=1 (tests/main.cpp) unless the environment chose.
+  const char* env = std::getenv("PMAPCC_POISON_UNINITIALIZED");
+  const std::uint64_t before = pmap::detail::allocation_count();
+  pmap::Array a = pmap::Array::uninitialized({3, 5}, pmap::DType::f32);
+  CHECK(pmap::detail::allocation_count() == before + 1);
+  CHECK(a.shape() == pmap::Shape{3, 5});
+  CHECK(a.dtype() == pmap::DType::f32);
+  if (env != nullptr && std::string(env) == "1") {
+    const auto v = a.to_vector<float>();
+    CHECK(std::all_of(v.begin(), v.end(), [](float x) { return x != x; }));
+  }
+  CHECK(pmap::Array::uninitialized({0, 4}, pmap::DType::i32).size() == 0);
+  CHECK_THROWS_AS(pmap::Array::uninitialized({2, -1}, pmap::DType::f32), pmap::ShapeError);
 }

@@ -28,6 +28,7 @@ namespace detail {
 inline constexpr std::uint64_t kBatchedTag = std::uint64_t{1} << 63;
 std::uint64_t trace_tag(const Array& a) noexcept;
 void set_trace_tag(Array& a, std::uint64_t tag) noexcept;
+bool is_provided(const Array& a) noexcept;  // pmap/detail/allocation.h
 }  // namespace detail
 
 std::int64_t num_elements(const Shape& shape);  // product of dims; 1 for a scalar shape ()
@@ -41,6 +42,10 @@ class Array {
   // A zero-filled host array in pinned memory (cudaHostAlloc) when a GPU is usable, else in ordinary host
   // memory: the staging buffer of asynchronous host <-> GPU copies. Its device is the host (cpu:0).
   static Array pinned(Shape shape, DType dtype);
+  // An array whose elements are not set (torch.empty): for outputs a kernel writes whole. Where the
+  // environment sets PMAPCC_POISON_UNINITIALIZED=1 (the test suite does) every byte is 0xff instead (NaN
+  // as floats), so an element left unwritten shows.
+  static Array uninitialized(Shape shape, DType dtype, Device device = {});
   // An array over memory it does not own: `data` (nbytes() bytes on `device`, or pinned host memory as a
   // cpu array) stays the caller's, and freeing the array frees nothing. The caller keeps the memory alive
   // for the array's lifetime. For handing a buffer planned elsewhere (a layer's activations) to the
@@ -140,6 +145,7 @@ class Array {
   void release() noexcept;
   friend std::uint64_t detail::trace_tag(const Array& a) noexcept;
   friend void detail::set_trace_tag(Array& a, std::uint64_t tag) noexcept;
+  friend bool detail::is_provided(const Array& a) noexcept;
 
   Shape shape_;
   std::int64_t size_ = 0;
@@ -148,6 +154,7 @@ class Array {
   Device device_;
   bool pinned_ = false;
   bool owned_ = true;
+  bool provided_ = false;  // the storage is an AllocationHook's (pmap/detail/allocation.h): never freed here
   void* data_ = nullptr;
   std::uint64_t trace_ = 0;  // detail::trace_tag
 };

@@ -34,7 +34,21 @@ for shape in "2 2" "4 2"; do
   check "... mnist_ensemble --model flax-cnn runs" test $? -eq 0
   check "... and trains the same models (loss to 1e-5, the same accuracies)" \
     python3 "$tmp/same.py" "$tmp/flax-$1.json" "$tmp/prog-$1.json"
+  check "... its jitted steps traced once per device and replayed, nothing allocated inside but the results" \
+    test "$(grep -cE "^jit (apply|update)_model: $2 trace\(s\), [0-9]+ replays \(0 left the plan\).* allocated 0 arrays besides" \
+            "$tmp/flax-$1.out")" -eq $((2 * 2))
 done
+
+# The paired benchmark (bench/run_flax_bench.py) on this data, one round: the table and the count of
+# allocations inside a replayed step; a bad --configs entry is refused.
+build=$(cd "$(dirname "$flax")/.." && pwd)
+python3 "$here/../../bench/run_flax_bench.py" --build "$build" --data "$tmp/data" --rounds 1 --configs 2x2 \
+  --train-limit 512 >"$tmp/bench.out" 2>&1
+check "the paired benchmark runs" test $? -eq 0
+check "... and counts no allocation inside a replayed step" grep -q "besides its results: 0 (target 0: met)" "$tmp/bench.out"
+python3 "$here/../../bench/run_flax_bench.py" --build "$build" --data "$tmp/data" --configs 3x2 >"$tmp/bench-bad" 2>&1
+check "... a --configs entry whose members are not a multiple of the devices exits 1" test $? -eq 1
+check "... naming it" grep -q "configs entry '3x2'" "$tmp/bench-bad"
 
 # params.py A B: every parameter of the two safetensors files ("params/..." tensors, members stacked) agrees to
 # 1e-5 of its tensor's largest magnitude, and both hold the same tensors; prints the largest difference.
