@@ -106,7 +106,7 @@ class Recorder final : public detail::AllocationHook {
   }
   void allocated(void* data, std::size_t) noexcept override {
     try {
-      live_.emplace(data, pending_);
+      live_.insert_or_assign(data, pending_);  // (an address freed on another thread, unheard, comes back)
       events_.push_back({true, pending_});
     } catch (...) {
       failed_ = true;
@@ -231,8 +231,23 @@ struct State {
 
 namespace {
 
-// Gives up an entry's arenas; retire: a value that escaped still points into them, so they are kept.
+// No allocation hook on the calling thread for the scope: an arena is the jit's own memory, never part of an
+// enclosing jitted function's plan (a jit called inside another).
+class NoHook {
+ public:
+  NoHook() : previous_(detail::set_allocation_hook(nullptr)) {}
+  ~NoHook() { detail::set_allocation_hook(previous_); }
+  NoHook(const NoHook&) = delete;
+  NoHook& operator=(const NoHook&) = delete;
+
+ private:
+  detail::AllocationHook* previous_;
+};
+
+// Gives up an entry's arenas; retire: a value that escaped still points into them, so they are kept (for
+// as long as the jitted function lives).
 void drop_arenas(State& state, Entry& entry, bool retire) {
+  NoHook no_hook;
   for (Arena& a : entry.arenas) {
     state.arena_bytes -= a.bytes;
     if (retire) entry.retired.push_back(std::move(a.storage));
@@ -406,11 +421,12 @@ void Call::finish(const std::vector<Array*>& results) {
     entry->blocks.clear();
     return;
   }
+  NoHook no_hook;
   for (const auto& [device, bytes] : rec.place()) {
     Arena a;
     a.device = device;
     a.bytes = bytes;
-    a.storage = Array(Shape{static_cast<std::int64_t>(bytes / sizeof(float))}, DType::f32, device);
+    a.storage = Array::uninitialized(Shape{static_cast<std::int64_t>(bytes / sizeof(float))}, DType::f32, device);
     entry->arenas.push_back(std::move(a));
     state_.arena_bytes += bytes;
   }

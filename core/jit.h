@@ -22,7 +22,10 @@
 // - Values computed inside the function must not outlive the call except as results (a buffer kept by a
 //   reference would be overwritten by the next replay): one that does raises ValueError naming the function.
 // - On the calling thread only: inside pmap, call the jitted function from the per-device function (each
-//   device has its own plan); a pmap inside the jitted function runs unplanned on its devices' threads.
+//   device has its own plan); a pmap inside the jitted function runs unplanned on its devices' threads. An
+//   Array the function makes must be freed on its thread (one freed elsewhere looks kept: ValueError).
+//   A jit called inside another keeps its own plan (its results come from the heap on every call). A value that escaped a replay keeps its arena for as
+//   long as the jitted function lives.
 //   Inside grad or vmap (a traced argument) the function simply runs, as JAX inlines an inner jit. A
 //   jitted function called again while it runs on the same signature (recursion) runs unplanned.
 // - Not yet: a replay on a GPU is the function's kernels launched again, not one CUDA graph launch; host

@@ -23,6 +23,7 @@ std::vector<bool> mapped_arguments(const std::string& function, const InAxes& in
 
 Array alias(const Array& x) {
   if (!x.valid()) return Array();
+  if ((detail::trace_tag(x) & detail::kBatchedTag) != 0) return x.copy();  // a member's view: its alias
   Array a = core::plain_view(x);
   detail::set_trace_tag(a, detail::trace_tag(x));
   return a;

@@ -74,6 +74,14 @@ void Metrics::finish() const {
     throw pmap::IoError("--metrics-json: cannot write " + f_.metrics_json);
 }
 
+void print_jit(const char* name, const pmap::JitStats& s) {
+  std::printf("jit %s: %llu trace(s), %llu replays (%llu left the plan), arenas %.1f MB; the latest call allocated %llu "
+              "arrays besides its %llu results\n", name, static_cast<unsigned long long>(s.traces),
+              static_cast<unsigned long long>(s.replays), static_cast<unsigned long long>(s.diverged),
+              static_cast<double>(s.arena_bytes) / 1e6, static_cast<unsigned long long>(s.last_allocations),
+              static_cast<unsigned long long>(s.last_result_allocations));
+}
+
 void save_params(const std::string& path, const std::vector<std::string>& names,
                  const std::vector<std::vector<const pmap::Array*>>& leaves) {
   std::vector<pmap::io::TensorEntry> tensors;

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <pmap/array.h>
+#include <pmapcc/core/jit.h>
 
 namespace examples {
 
@@ -53,6 +54,10 @@ class Metrics {
   const Flags& f_;
   nlohmann::json epochs_ = nlohmann::json::array();
 };
+
+// One line of what a jitted step counted: "jit NAME: T trace(s), R replays (D left the plan), arenas X MB;
+// the latest call allocated A arrays besides its N results" (the CLI tests read it).
+void print_jit(const char* name, const pmap::JitStats& s);
 
 // Writes every member's parameters to `path` as mnist_ensemble's checkpoints name them ("params/<tensor>",
 // the members stacked in device order), so the two programs' models can be compared: leaves[d] are device

@@ -131,13 +131,8 @@ Epoch train_epoch(pmap::Sharded<TrainState>& states, const pmap::ensemble::Datas
     update(states, applied);
   }
   e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (const auto& [name, j] : {std::pair{"apply_model", apply_jit.stats()}, {"update_model", update_jit.stats()}}) {
-    std::printf("jit %s: %llu trace(s), %llu replays (%llu left the plan), arenas %.1f MB; the latest call "
-                "allocated %llu arrays besides its %llu results\n", name, static_cast<unsigned long long>(j.traces),
-                static_cast<unsigned long long>(j.replays), static_cast<unsigned long long>(j.diverged),
-                static_cast<double>(j.arena_bytes) / 1e6, static_cast<unsigned long long>(j.last_allocations),
-                static_cast<unsigned long long>(j.last_result_allocations));
-  }
+  examples::print_jit("apply_model", apply_jit.stats());
+  examples::print_jit("update_model", update_jit.stats());
   e.train_loss /= static_cast<double>(steps);
   e.train_accuracy /= static_cast<double>(steps);
   return e;

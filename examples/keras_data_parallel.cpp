@@ -15,6 +15,7 @@
 
 #include <pmap/pmap.h>
 #include <pmapcc/core/grad.h>
+#include <pmapcc/core/jit.h>
 #include <pmapcc/core/ops.h>
 #include <pmapcc/ensemble/data.h>
 #include <pmapcc/nn/layers.h>
@@ -86,23 +87,30 @@ struct Member {  // (trainable_variables, non_trainable_variables, optimizer_var
 };
 PMAPCC_TREE(Member, params, stats, opt, dropout_key)
 
-// train_step on this device's block of the global batch: returns the members' summed global mean loss.
-float train_step(std::vector<Member>& members, const Array& x, const Array& y, const pmap::optim::Adam& tx) {
+// One member's train_step on this device's block of the global batch: the member's new state and the global
+// mean loss. Jitted inside pmap (the guide's jax.jit): each device plans the step's buffers once.
+std::pair<Member, Array> member_step(const Member& m, const Array& x, const Array& y, const pmap::optim::Adam& tx) {
+  const nn::Rng rng{&m.dropout_key, &m.opt.count, std::int64_t{pmap::axis_index("data")} * x.dim(0)};
+  auto compute_loss_and_updates = [&](const Params& params, const Stats& stats) {
+    auto [logits, new_stats] = convnet(params, stats, x, /*training=*/true, rng);
+    return std::make_pair(ops::softmax_cross_entropy(logits, y), std::move(new_stats));
+  };
+  auto [loss_and_stats, grads] = pmap::value_and_grad(compute_loss_and_updates, "compute_loss_and_updates")(
+      m.params, m.stats);
+  pmap::pmean_inplace(grads, "data");  // each device's share of the global batch's mean gradient
+  auto [updates, opt] = tx.update(grads, m.opt, m.params);
+  Member next{pmap::optim::apply_updates(m.params, updates), std::move(loss_and_stats.second), std::move(opt),
+              m.dropout_key.copy()};
+  return {std::move(next), pmap::pmean(loss_and_stats.first, "data")};
+}
+
+template <class Step>
+float train_step(std::vector<Member>& members, const Array& x, const Array& y, const Step& step) {
   float loss_sum = 0;
   for (Member& m : members) {
-    const nn::Rng rng{&m.dropout_key, &m.opt.count, std::int64_t{pmap::axis_index("data")} * x.dim(0)};
-    auto compute_loss_and_updates = [&](const Params& params, const Stats& stats) {
-      auto [logits, new_stats] = convnet(params, stats, x, /*training=*/true, rng);
-      return std::make_pair(ops::softmax_cross_entropy(logits, y), std::move(new_stats));
-    };
-    auto [loss_and_stats, grads] = pmap::value_and_grad(compute_loss_and_updates, "compute_loss_and_updates")(
-        m.params, m.stats);
-    pmap::pmean_inplace(grads, "data");  // each device's share of the global batch's mean gradient
-    auto [updates, opt] = tx.update(grads, std::move(m.opt), m.params);
-    m.params = pmap::optim::apply_updates(m.params, updates);
-    m.opt = std::move(opt);
-    m.stats = std::move(loss_and_stats.second);
-    loss_sum += pmap::pmean(loss_and_stats.first, "data").item<float>();
+    auto [next, loss] = step(m, x, y);
+    m = std::move(next);
+    loss_sum += loss.template item<float>();
   }
   return loss_sum;
 }
@@ -161,8 +169,10 @@ Epoch train_epoch(pmap::Sharded<std::vector<Member>>& state, const pmap::ensembl
                   const examples::Flags& f, pmap::Key key, const pmap::Mesh& mesh, const pmap::optim::Adam& tx) {
   const auto order = pmap::permutation(key, static_cast<std::uint32_t>(train.count));
   const auto steps = pmap::ensemble::steps_per_epoch(train.count, f.batch);
-  auto step = pmap::pmap([&](std::vector<Member>& m, const Array& x, const Array& y) { return train_step(m, x, y, tx); },
-                         mesh);
+  auto member_jit = pmap::jit([&](const Member& m, const Array& x, const Array& y) { return member_step(m, x, y, tx); },
+                              "train_step");
+  auto step = pmap::pmap(
+      [&](std::vector<Member>& m, const Array& x, const Array& y) { return train_step(m, x, y, member_jit); }, mesh);
   std::vector<float> images(static_cast<std::size_t>(f.batch) * 784);
   std::vector<std::int32_t> labels(static_cast<std::size_t>(f.batch));
   Epoch e;
@@ -176,6 +186,7 @@ Epoch train_epoch(pmap::Sharded<std::vector<Member>>& state, const pmap::ensembl
     e.train_loss += losses[0] / f.members;
   }
   e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  examples::print_jit("train_step", member_jit.stats());
   e.train_loss /= static_cast<double>(steps);
   return e;
 }

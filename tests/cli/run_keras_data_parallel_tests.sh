@@ -36,6 +36,9 @@ for devices in 1 2; do
   check "... mnist_ensemble --model keras-convnet --mode data-parallel runs" test $? -eq 0
   check "... and trains the same model (loss to 1e-5, the same accuracies)" \
     python3 "$tmp/close.py" "$tmp/keras-$devices.json" "$tmp/prog-$devices.json" 1e-5 accuracy
+  check "... its jitted step traced once per device, replayed, nothing allocated inside but the results" \
+    grep -qE "^jit train_step: $devices trace\(s\), [1-9][0-9]* replays \(0 left the plan\).* allocated 0 arrays besides" \
+      "$tmp/keras-$devices.out"
 done
 check "2 devices train what 1 does (loss to 1e-4: the global batch's sums reassociate)" \
   python3 "$tmp/close.py" "$tmp/keras-2.json" "$tmp/keras-1.json" 1e-4
