@@ -15,8 +15,38 @@
 #include <pmapcc/core/batching.h>
 #include <pmapcc/core/trace.h>
 
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PMAPCC_JIT_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define PMAPCC_JIT_ASAN 1
+#endif
+#ifdef PMAPCC_JIT_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace pmap::jit_detail {
 namespace {
+
+// Under AddressSanitizer a host arena's places are poisoned while no Array holds them, and a held place is
+// open for its Array's bytes only (rounded to 64, as a host Array's own block): a replay's use after free
+// or overflow is reported as the heap's would be.
+void poison(const Device& d, void* p, std::size_t n) {
+#ifdef PMAPCC_JIT_ASAN
+  if (d.is_cpu() && p != nullptr) ASAN_POISON_MEMORY_REGION(p, n);
+#else
+  (void)d, (void)p, (void)n;
+#endif
+}
+void unpoison(const Device& d, void* p, std::size_t n) {
+#ifdef PMAPCC_JIT_ASAN
+  if (d.is_cpu() && p != nullptr) ASAN_UNPOISON_MEMORY_REGION(p, n);
+#else
+  (void)d, (void)p, (void)n;
+#endif
+}
 
 constexpr std::size_t kPlanAlign = 256;  // every place starts on 256 bytes (cudaMalloc's alignment)
 std::size_t planned_bytes(std::size_t bytes) { return (bytes + kPlanAlign - 1) / kPlanAlign * kPlanAlign; }
@@ -38,6 +68,17 @@ struct Arena {
 };
 
 struct Entry {
+  Entry() = default;
+  Entry(const Entry&) = delete;
+  Entry& operator=(const Entry&) = delete;
+  ~Entry() {  // the arenas go back to the heap whole
+    for (Arena& a : arenas) {
+      if (a.bytes > 0) unpoison(a.device, a.base(), a.bytes);
+    }
+    for (Array& r : retired) {
+      if (r.nbytes() > 0) unpoison(r.device(), r.raw_data(), r.nbytes());
+    }
+  }
   std::mutex mutex;
   std::vector<Block> blocks;  // in allocation order
   std::vector<Arena> arenas;
@@ -199,11 +240,24 @@ class Replayer final : public detail::AllocationHook {
       diverged_ = true;
       return nullptr;
     }
+    unpoison(device, start, (bytes + 63) / 64 * 64);  // as much as a host Array's own block (64-byte rounded)
     return start;
   }
   void allocated(void*, std::size_t) noexcept override {}
   void released(void* data, bool provided) noexcept override {
-    if (provided) live_.erase(static_cast<char*>(data));
+    if (!provided) return;
+    auto it = live_.find(static_cast<char*>(data));
+    if (it == live_.end()) return;  // another jit's place
+    if (it->first != it->second) {
+      // (which arena: the one whose range holds it; poisoning is only for host memory, so any CPU arena)
+      for (Arena& a : entry_.arenas) {
+        if (a.bytes > 0 && it->first >= a.base() && it->first < a.base() + a.bytes) {
+          poison(a.device, it->first, static_cast<std::size_t>(it->second - it->first));
+          break;
+        }
+      }
+    }
+    live_.erase(it);
   }
   bool diverged() const { return diverged_ || next_ != entry_.blocks.size(); }
   std::size_t alive() const { return live_.size(); }
@@ -250,6 +304,7 @@ void drop_arenas(State& state, Entry& entry, bool retire) {
   NoHook no_hook;
   for (Arena& a : entry.arenas) {
     state.arena_bytes -= a.bytes;
+    if (!retire && a.bytes > 0) unpoison(a.device, a.base(), a.bytes);  // (a retired arena keeps its marks)
     if (retire) entry.retired.push_back(std::move(a.storage));
   }
   entry.arenas.clear();
@@ -427,6 +482,7 @@ void Call::finish(const std::vector<Array*>& results) {
     a.device = device;
     a.bytes = bytes;
     a.storage = Array::uninitialized(Shape{static_cast<std::int64_t>(bytes / sizeof(float))}, DType::f32, device);
+    if (bytes > 0) poison(device, a.base(), bytes);
     entry->arenas.push_back(std::move(a));
     state_.arena_bytes += bytes;
   }
