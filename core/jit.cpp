@@ -33,20 +33,20 @@ namespace {
 // Under AddressSanitizer a host arena's places are poisoned while no Array holds them, and a held place is
 // open for its Array's bytes only (rounded to 64, as a host Array's own block): a replay's use after free
 // or overflow is reported as the heap's would be.
-void poison(const Device& d, void* p, std::size_t n) {
+void mark(const Device& d, void* p, std::size_t n, bool poisoned) {
 #ifdef PMAPCC_JIT_ASAN
-  if (d.is_cpu() && p != nullptr) ASAN_POISON_MEMORY_REGION(p, n);
+  if (!d.is_cpu() || p == nullptr) return;
+  if (poisoned) {
+    ASAN_POISON_MEMORY_REGION(p, n);
+  } else {
+    ASAN_UNPOISON_MEMORY_REGION(p, n);
+  }
 #else
-  (void)d, (void)p, (void)n;
+  (void)d, (void)p, (void)n, (void)poisoned;
 #endif
 }
-void unpoison(const Device& d, void* p, std::size_t n) {
-#ifdef PMAPCC_JIT_ASAN
-  if (d.is_cpu() && p != nullptr) ASAN_UNPOISON_MEMORY_REGION(p, n);
-#else
-  (void)d, (void)p, (void)n;
-#endif
-}
+void poison(const Device& d, void* p, std::size_t n) { mark(d, p, n, true); }
+void unpoison(const Device& d, void* p, std::size_t n) { mark(d, p, n, false); }
 
 constexpr std::size_t kPlanAlign = 256;  // every place starts on 256 bytes (cudaMalloc's alignment)
 std::size_t planned_bytes(std::size_t bytes) { return (bytes + kPlanAlign - 1) / kPlanAlign * kPlanAlign; }
@@ -285,14 +285,14 @@ struct State {
 
 namespace {
 
-// No allocation hook on the calling thread for the scope: an arena is the jit's own memory, never part of an
-// enclosing jitted function's plan (a jit called inside another).
-class NoHook {
+// `hook` (nullptr: none) as the calling thread's allocation hook for the scope. With none, an arena is the
+// jit's own memory, never part of an enclosing jitted function's plan (a jit called inside another).
+class HookScope {
  public:
-  NoHook() : previous_(detail::set_allocation_hook(nullptr)) {}
-  ~NoHook() { detail::set_allocation_hook(previous_); }
-  NoHook(const NoHook&) = delete;
-  NoHook& operator=(const NoHook&) = delete;
+  explicit HookScope(detail::AllocationHook* hook) : previous_(detail::set_allocation_hook(hook)) {}
+  ~HookScope() { detail::set_allocation_hook(previous_); }
+  HookScope(const HookScope&) = delete;
+  HookScope& operator=(const HookScope&) = delete;
 
  private:
   detail::AllocationHook* previous_;
@@ -301,7 +301,7 @@ class NoHook {
 // Gives up an entry's arenas; retire: a value that escaped still points into them, so they are kept (for
 // as long as the jitted function lives).
 void drop_arenas(State& state, Entry& entry, bool retire) {
-  NoHook no_hook;
+  HookScope no_hook(nullptr);
   for (Arena& a : entry.arenas) {
     state.arena_bytes -= a.bytes;
     if (!retire && a.bytes > 0) unpoison(a.device, a.base(), a.bytes);  // (a retired arena keeps its marks)
@@ -432,15 +432,11 @@ void Call::finish(const std::vector<Array*>& results) {
     if (in.replay && leaf->owns_data() && !detail::is_provided(*leaf)) continue;  // the heap's already
     // A view, or a place in the arena (a replay that left its plan): copied out, outside the plan; the
     // original is freed under the hook, which hears of it.
-    detail::set_allocation_hook(in.previous);
     Array copy;
-    try {
+    {
+      HookScope outside(in.previous);
       copy = leaf->copy();
-    } catch (...) {
-      detail::set_allocation_hook(in.hook);
-      throw;
     }
-    detail::set_allocation_hook(in.hook);
     ++result_allocations;
     *leaf = std::move(copy);
   }
@@ -476,7 +472,7 @@ void Call::finish(const std::vector<Array*>& results) {
     entry->blocks.clear();
     return;
   }
-  NoHook no_hook;
+  HookScope no_hook(nullptr);
   for (const auto& [device, bytes] : rec.place()) {
     Arena a;
     a.device = device;

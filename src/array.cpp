@@ -59,15 +59,20 @@ Array::Array(Shape shape, DType dtype, Device device)
   fill_zero();
 }
 
-Array Array::borrow(void* data, Shape shape, DType dtype, Device device) {
+Array Array::header(Shape shape, DType dtype, Device device, const char* who) {
   Array a;
   a.shape_ = std::move(shape);
   a.dtype_ = dtype;
   a.dtype_set_ = true;
   a.device_ = device;
   for (auto d : a.shape_)
-    if (d < 0) throw ShapeError("Array::borrow: negative dimension in shape " + shape_str(a.shape_));
+    if (d < 0) throw ShapeError(std::string(who) + ": negative dimension in shape " + shape_str(a.shape_));
   a.size_ = num_elements(a.shape_);
+  return a;
+}
+
+Array Array::borrow(void* data, Shape shape, DType dtype, Device device) {
+  Array a = header(std::move(shape), dtype, device, "Array::borrow");
   if (data == nullptr && a.size_ > 0)
     throw ValueError("Array::borrow: null data for " + a.signature() + " on " + device.str());
   a.owned_ = false;
@@ -76,14 +81,7 @@ Array Array::borrow(void* data, Shape shape, DType dtype, Device device) {
 }
 
 Array Array::uninitialized(Shape shape, DType dtype, Device device) {
-  Array a;
-  a.shape_ = std::move(shape);
-  a.dtype_ = dtype;
-  a.dtype_set_ = true;
-  a.device_ = device;
-  for (auto d : a.shape_)
-    if (d < 0) throw ShapeError("Array::uninitialized: negative dimension in shape " + shape_str(a.shape_));
-  a.size_ = num_elements(a.shape_);
+  Array a = header(std::move(shape), dtype, device, "Array::uninitialized");
   a.allocate();
   static const bool poison = [] {
     const char* v = std::getenv("PMAPCC_POISON_UNINITIALIZED");
@@ -103,13 +101,7 @@ Array Array::uninitialized(Shape shape, DType dtype, Device device) {
 }
 
 Array Array::pinned(Shape shape, DType dtype) {
-  Array a;
-  a.shape_ = std::move(shape);
-  a.dtype_ = dtype;
-  a.dtype_set_ = true;
-  for (auto d : a.shape_)
-    if (d < 0) throw ShapeError("Array::pinned: negative dimension in shape " + shape_str(a.shape_));
-  a.size_ = num_elements(a.shape_);
+  Array a = header(std::move(shape), dtype, Device{}, "Array::pinned");
   a.pinned_ = detail::cuda_device_count() > 0;
   a.allocate();
   a.fill_zero();

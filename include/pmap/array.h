@@ -136,6 +136,9 @@ class Array {
   std::string str() const;        // "f32(2, 3) on cpu:0"
 
  private:
+  // An array of this shape, dtype and device with no storage yet (`who` names the caller when a dimension
+  // is negative): what the named constructors start from.
+  static Array header(Shape shape, DType dtype, Device device, const char* who);
   void check_dtype(DType want) const;
   void check_storage() const {
     if ((trace_ & detail::kBatchedTag) != 0) [[unlikely]] no_storage();
