@@ -18,10 +18,16 @@
 #include <pmap/mesh.h>
 
 #include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/ops.h>
 
 namespace pmap::ops {
 
 // ---- linear algebra ----------------------------------------------------------------------------------------
+// The products (matmul, linear, conv2d, forward and VJP) run at fp32 unless a DefaultPrecision scope on the
+// calling thread says bf16 (kernels/array_ops.h), as jax.default_matmul_precision does:
+//   pmap::pmap([&](...) { ops::DefaultPrecision bf16(pmap::kernels::Precision::bf16); return step(...); }, mesh);
+using eager::DefaultPrecision;
+using eager::default_precision;
 // a (..., K) @ b (K, O) -> (..., O): a's leading axes are rows (as a Dense layer applies to every row).
 // transpose_b: a (..., K) @ b^T with b (O, K) -> (..., O). transpose_a: a^T @ b with a (N..., K) and
 // b (N..., O) -> (K, O) (the same leading axes, taken as rows). Both transposed: ValueError.

@@ -1,15 +1,18 @@
 // The training examples' flags and metrics (example_flags.h).
 #include "example_flags.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <span>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 
 #include <pmap/error.h>
 #include <pmapcc/io/safetensors.h>
+#include <pmapcc/kernels/cpu_backend.h>
 
 namespace examples {
 
@@ -29,13 +32,33 @@ void parse(Flags& f, int argc, char** argv, const std::string& description) {
   if (f.momentum >= 0)
     app.add_option("--momentum", f.momentum, "SGD momentum")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
   app.add_option("--seed", f.seed, "the PRNG seed: the models' keys and the data order")->capture_default_str();
+  app.add_option("--cpu-threads", f.cpu_threads,
+                 "threads per CPU device for the conv and dense products (the same bits for any count; 0: the "
+                 "cores divided by the devices, the default unless PMAPCC_CPU_THREADS is set)")
+      ->check(CLI::Range(0, 64));
   app.add_option("--metrics-json", f.metrics_json, "write the per-epoch and final metrics here");
+  std::string precision = pmap::kernels::name(f.precision);
+  if (f.has_precision)
+    app.add_option("--precision", precision, "the products' arithmetic: fp32, or bf16 (operands rounded, fp32 sums)")
+        ->check(CLI::IsMember({"fp32", "bf16"}))
+        ->capture_default_str();
   if (f.can_save) app.add_option("--save", f.save, "write the trained parameters here (safetensors)");
   try {
     app.parse(argc, argv);
+    f.precision = pmap::kernels::parse_precision(precision.c_str(), "--precision");
   } catch (const CLI::ParseError& e) {
-    std::exit(app.exit(e));
+    const int code = app.exit(e);  // prints the help, or the message naming the flag
+    std::exit(code == 0 ? 0 : 2);  // (CLI11's own codes differ by error: 105 for a value out of range)
   }
+}
+
+void share_cores(const Flags& f, const pmap::Mesh& mesh) {
+  if (f.backend != "cpu") return;
+  const char* env = std::getenv("PMAPCC_CPU_THREADS");
+  if (f.cpu_threads < 0 && env != nullptr && *env != '\0') return;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int share = std::max(1, cores / std::max(1, mesh.local_size()));
+  pmap::kernels::cpu::set_threads(f.cpu_threads > 0 ? f.cpu_threads : std::min(share, 64));
 }
 
 void Metrics::epoch(const EpochReport& r) {
@@ -64,6 +87,7 @@ void Metrics::finish() const {
                                        {"batch", f_.batch}, {"lr", f_.lr}, {"seed", f_.seed}}},
                            {"epochs", epochs_}, {"final", last}};
   if (f_.momentum >= 0) doc["config"]["momentum"] = f_.momentum;
+  if (f_.has_precision) doc["config"]["precision"] = pmap::kernels::name(f_.precision);
   const std::string tmp = f_.metrics_json + ".tmp";
   {
     std::ofstream out(tmp);

@@ -10,7 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include <pmap/array.h>
+#include <pmap/mesh.h>
 #include <pmapcc/core/jit.h>
+#include <pmapcc/kernels/ops.h>
 
 namespace examples {
 
@@ -28,6 +30,9 @@ struct Flags {
   float momentum = -1.0f;  // SGD's momentum: a --momentum flag with this default when >= 0
   bool can_save = false;   // a --save flag: the trained parameters written there
   std::string save;
+  int cpu_threads = -1;    // --cpu-threads: -1 not given, 0 auto, else the count
+  bool has_precision = false;  // a --precision flag (fp32 | bf16): the products' arithmetic, into `precision`
+  pmap::kernels::Precision precision = pmap::kernels::Precision::fp32;
 };
 
 // One epoch's figures; train_accuracy < 0: not measured (left out of the line and the file).
@@ -41,6 +46,11 @@ struct EpochReport {
 // Fills f from the command line (f's values are the defaults). --help prints the usage and exits 0; a bad
 // flag prints CLI11's message naming it and exits 2 (before the program has started anything).
 void parse(Flags& f, int argc, char** argv, const std::string& description);
+
+// --cpu-threads, as mnist_ensemble applies it (kernels/cpu_backend.h's cpu::set_threads): on CPU devices,
+// auto (0) gives each of the mesh's local devices its share of the cores; without the flag a set
+// PMAPCC_CPU_THREADS stands, else auto. The thread count never changes a result's bits, only the speed.
+void share_cores(const Flags& f, const pmap::Mesh& mesh);
 
 // Prints an epoch's line and keeps it; finish() prints each member's test accuracy and writes
 // --metrics-json ({"program", "config", "epochs": [...], "final": the last epoch}) atomically.

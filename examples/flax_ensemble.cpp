@@ -9,7 +9,7 @@
 // models from the same seed.
 //
 //   flax_ensemble --data data/mnist [--devices D] [--members M] [--epochs E] [--seed S] [--metrics-json F]
-//                 [--save F]
+//                 [--save F] [--precision fp32|bf16] [--cpu-threads T]
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -112,8 +112,10 @@ Epoch train_epoch(pmap::Sharded<TrainState>& states, const pmap::ensemble::Datas
   auto apply_jit = pmap::jit(apply_model, "apply_model");
   auto update_jit = pmap::jit([&](const TrainState& s, const CnnParams& g) { return update_model(s, g, tx); },
                               "update_model");
-  auto apply = pmap::pmap([&](const TrainState& s, const Array& x, const Array& y) { return apply_jit(s, x, y); },
-                          mesh, "ensemble");
+  auto apply = pmap::pmap([&](const TrainState& s, const Array& x, const Array& y) {
+    ops::DefaultPrecision precision(c.precision);  // --precision: the products' arithmetic on this device
+    return apply_jit(s, x, y);
+  }, mesh, "ensemble");
   auto update = pmap::pmap([&](TrainState& s, const Applied& a) { s = update_jit(s, a.grads); }, mesh);
   std::vector<float> images(static_cast<std::size_t>(c.batch) * 784);
   std::vector<std::int32_t> labels(static_cast<std::size_t>(c.batch));
@@ -145,8 +147,10 @@ struct Predicted {
 
 // Each member's and the ensemble's test accuracy, in chunks of 1000 images.
 std::pair<std::vector<double>, double> evaluate(const pmap::Sharded<TrainState>& states,
-                                                const pmap::ensemble::Dataset& test, const pmap::Mesh& mesh) {
-  auto predict = pmap::pmap([](const TrainState& s, const Array& x) {
+                                                const pmap::ensemble::Dataset& test, const pmap::Mesh& mesh,
+                                                pmap::kernels::Precision precision) {
+  auto predict = pmap::pmap([&](const TrainState& s, const Array& x) {
+    ops::DefaultPrecision scope(precision);
     Array probs = ops::softmax(pmap::vmap(cnn, {0, pmap::none}, "cnn")(s.params, x));  // (members, N, 10)
     return Predicted{ops::argmax(probs).to_vector<std::int32_t>(),
                      ops::argmax(pmap::pmean(ops::mean(probs, {0}), "ensemble")).to_vector<std::int32_t>()};
@@ -189,11 +193,13 @@ void save(const pmap::Sharded<TrainState>& states, const std::string& path) {
 int main(int argc, char** argv) {
   examples::Flags c;  // the how-to's recipe: SGD, lr 0.1, momentum 0.9, batch 128
   c.program = "flax_ensemble", c.axis = "ensemble", c.momentum = 0.9f, c.can_save = true;
+  c.has_precision = true;
   examples::parse(c, argc, argv, "Flax's ensembling how-to in C++ (pmap, value_and_grad, pmean of probabilities)");
   try {
     const auto kind = pmap::parse_device_kind(c.backend);
     pmap::Mesh mesh(pmap::local_devices(kind, c.devices > 0 ? c.devices : -1), "ensemble");
     c.devices = mesh.size();
+    examples::share_cores(c, mesh);
     if (c.members == 0) c.members = c.devices;
     if (c.members % c.devices != 0) {
       std::cerr << "flax_ensemble: --members " << c.members << " is not a multiple of --devices " << c.devices << "\n";
@@ -221,7 +227,7 @@ int main(int argc, char** argv) {
     for (int epoch = 1; epoch <= c.epochs; ++epoch) {
       const Epoch e = train_epoch(states, train, c, pmap::fold_in(root[1], static_cast<std::uint32_t>(epoch - 1)),
                                   mesh, tx);
-      const auto [members, ensemble] = evaluate(states, test, mesh);
+      const auto [members, ensemble] = evaluate(states, test, mesh, c.precision);
       const double rate = static_cast<double>(c.members) * c.batch *
                           static_cast<double>(pmap::ensemble::steps_per_epoch(train.count, c.batch)) / e.seconds;
       metrics.epoch({.epoch = epoch, .train_loss = e.train_loss, .train_accuracy = e.train_accuracy,

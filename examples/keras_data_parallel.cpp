@@ -198,6 +198,7 @@ int main(int argc, char** argv) {
   try {
     pmap::Mesh mesh(pmap::local_devices(pmap::parse_device_kind(f.backend), f.devices > 0 ? f.devices : -1), "data");
     f.devices = mesh.size();
+    examples::share_cores(f, mesh);
     if (f.members == 0) f.members = 1;  // --members 0: the default, one model
     if (f.batch % f.devices != 0) {
       std::cerr << "keras_data_parallel: --batch " << f.batch << " does not split over " << f.devices << " devices\n";

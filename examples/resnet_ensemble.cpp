@@ -158,6 +158,7 @@ int main(int argc, char** argv) {
   try {
     pmap::Mesh mesh(pmap::local_devices(pmap::parse_device_kind(c.backend), c.devices > 0 ? c.devices : -1), "ensemble");
     c.devices = mesh.size();
+    examples::share_cores(c, mesh);
     if (c.members == 0) c.members = c.devices;
     if (c.members % c.devices != 0) {
       std::cerr << "resnet_ensemble: --members " << c.members << " is not a multiple of --devices " << c.devices << "\n";

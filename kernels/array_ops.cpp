@@ -19,8 +19,15 @@ using namespace detail;  // the checks of array_ops_checks.h
 namespace {
 
 thread_local const kernels::Backend* tls_override = nullptr;
+thread_local kernels::Precision tls_precision = kernels::Precision::fp32;
 
 }  // namespace
+
+DefaultPrecision::DefaultPrecision(kernels::Precision precision) : previous_(tls_precision) {
+  tls_precision = precision;
+}
+DefaultPrecision::~DefaultPrecision() { tls_precision = previous_; }
+kernels::Precision default_precision() noexcept { return tls_precision; }
 
 namespace detail {
 
@@ -187,6 +194,7 @@ Array matmul(const Array& a, const Array& b, bool transpose_a, bool transpose_b)
   if (a.ndim() < 1 || b.ndim() < 1) throw ShapeError("ops::matmul: operands need at least one axis" + shapes());
   const kernels::Backend& be = backend_of(fn, a.device());
   kernels::DenseParams p;
+  p.precision = tls_precision;
   if (!transpose_a) {
     if (b.ndim() != 2) throw ShapeError("ops::matmul: b must be 2-d" + shapes());
     const std::int64_t k = a.dim(-1);
@@ -259,6 +267,7 @@ Array linear(const Array& x, const Array& w, const Array& bias, bool relu) {
   Array y = Array::uninitialized(with_last(x.shape(), w.dim(1)), DType::f32, x.device());  // written whole
   if (y.size() == 0) return y;
   kernels::DenseParams p;
+  p.precision = tls_precision;
   p.batch = as_int(fn, "rows", rows_of(x));
   p.in_features = as_int(fn, "I", w.dim(0));
   p.out_features = as_int(fn, "O", w.dim(1));
@@ -299,6 +308,7 @@ kernels::DenseParams members_params(const char* fn, const Array& x, const Array&
   p.in_features = as_int(fn, "I", w.dim(1));
   p.out_features = as_int(fn, "O", w.dim(2));
   p.shared_input = shared;
+  p.precision = tls_precision;
   return p;
 }
 
@@ -446,7 +456,7 @@ Array reshape(const Array& x, const Shape& shape) {
     if (d < 0) throw ShapeError("ops::reshape: negative dimension in " + shape_str(shape));
   if (num_elements(shape) != x.size())
     throw ShapeError("ops::reshape: cannot reshape " + x.signature() + " to " + shape_str(shape));
-  Array y(shape, x.dtype(), x.device());
+  Array y = Array::uninitialized(shape, x.dtype(), x.device());  // every byte is copied over
   if (x.nbytes() == 0) return y;
   const kernels::Backend& be = backend_of("reshape", x.device());
   be.copy(y.raw_data(), x.raw_data(), x.nbytes());

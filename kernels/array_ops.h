@@ -24,9 +24,31 @@
 
 namespace pmap::kernels {
 class Backend;
+enum class Precision;  // kernels/ops.h: fp32, bf16
 }
 
 namespace pmap::ops::eager {
+
+// ---- the products' precision ----------------------------------------------------------------------------------
+// The arithmetic of the products the calling thread's ops compute (matmul, linear, linear_members, conv2d and
+// their backward ops, so their VJPs too) while the scope lives: fp32 (the default), or bf16 mixed precision
+// (each operand rounded to bf16, products summed in fp32; kernels/ops.h), as jax.default_matmul_precision
+// sets it for a block of code. Thread-local, as pmap runs each device's function on its own thread: open it
+// inside the per-device function (a jitted function's replays then run at it too). Scopes nest; the
+// element-wise ops, reductions and pools are fp32 whatever the scope. A backend that cannot run bf16 (a CPU
+// without AVX512_BF16) raises ValueError from the first product.
+class DefaultPrecision {
+ public:
+  explicit DefaultPrecision(kernels::Precision precision);
+  ~DefaultPrecision();
+  DefaultPrecision(const DefaultPrecision&) = delete;
+  DefaultPrecision& operator=(const DefaultPrecision&) = delete;
+
+ private:
+  kernels::Precision previous_;
+};
+// The calling thread's current precision of the products.
+kernels::Precision default_precision() noexcept;
 
 // ---- linear algebra ----------------------------------------------------------------------------------------
 // a (..., K) @ b (K, O) -> (..., O): a's leading axes are rows (as a Dense layer applies to every row).

@@ -42,6 +42,7 @@ kernels::Conv2dParams conv_params(const char* fn, const Array& x, const Array& w
   p.stride_w = o.stride_w;
   p.padding = o.same ? kernels::Padding::same : kernels::Padding::valid;
   p.relu = o.relu;
+  p.precision = default_precision();
   return p;
 }
 

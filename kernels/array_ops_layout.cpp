@@ -259,7 +259,7 @@ Array concatenate(const std::vector<const Array*>& xs, int axis) {
     out[static_cast<std::size_t>(a)] += x.dim(a);
   }
   const kernels::Backend& be = backend_of(fn, first.device());
-  Array y(out, DType::f32, first.device());
+  Array y = Array::uninitialized(out, DType::f32, first.device());  // the parts cover it
   const Shape ys = strides_of(out);
   std::int64_t along = 0;
   for (const Array* x : xs) {

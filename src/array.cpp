@@ -267,7 +267,8 @@ Array Array::copy() const {
 }
 
 Array Array::to(const Device& device) const {
-  Array out(shape_, dtype_, device);
+  check_storage();
+  Array out = uninitialized(shape_, dtype_, device);  // every byte is copied over
   out.copy_from(*this);
   return out;
 }
@@ -361,7 +362,7 @@ Array concatenate(const std::vector<const Array*>& parts, const Device& device, 
   }
   Shape out_shape = tail;
   out_shape.insert(out_shape.begin(), rows);
-  Array out(out_shape, first.dtype(), device);
+  Array out = Array::uninitialized(out_shape, first.dtype(), device);  // the parts cover it
   char* dst = static_cast<char*>(out.raw_data());
   for (const Array* p : parts) {
     copy_bytes(dst, device, p->raw_data(), p->device(), p->nbytes());

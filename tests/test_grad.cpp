@@ -4,11 +4,13 @@
 #include "cuda_testing.h"
 #include "grad_checks.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <pmap/pmap.h>
@@ -17,6 +19,8 @@
 #include <pmapcc/core/ops.h>
 #include <pmapcc/kernels/array_ops.h>
 #include <pmapcc/kernels/backend.h>
+#include <pmapcc/kernels/bf16_gemm.h>
+#include <pmapcc/kernels/cpu_backend.h>
 
 namespace {
 
@@ -298,3 +302,65 @@ TEST_CASE("grad: bad input raises pmap::Error naming the function and what is wr
 }
 
 }  // namespace
+
+namespace {
+
+std::vector<float> rounded_bf16(std::vector<float> v) {
+  for (float& x : v) x = pmap::kernels::bf16::round(x);
+  return v;
+}
+
+// The largest |a - b| over the largest |b|.
+double relative_gap(const std::vector<float>& a, const std::vector<float>& b) {
+  double gap = 0, scale = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    gap = std::max(gap, static_cast<double>(std::fabs(a[i] - b[i])));
+    scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
+  }
+  return scale == 0 ? gap : gap / scale;
+}
+
+}  // namespace
+
+TEST_CASE("ops::DefaultPrecision: bf16 products (forward and VJP) are fp32 products of bf16-rounded operands") {
+  using pmap::kernels::Precision;
+  namespace ops = pmap::ops;
+  const auto a = cuda_testing::random_floats(6 * 40, 71), b = cuda_testing::random_floats(40 * 5, 72);
+  const auto x = cuda_testing::random_floats(2 * 6 * 6 * 3, 73), w = cuda_testing::random_floats(3 * 3 * 3 * 4, 74);
+  CHECK(ops::default_precision() == Precision::fp32);
+  const bool runs = pmap::kernels::cpu::isa() == "avx512" && pmap::kernels::bf16::supported();
+  if (!runs) {  // this CPU (or the generic variant) has no bf16 products: the first product says so
+    ops::DefaultPrecision bf16(Precision::bf16);
+    CHECK_THROWS_AS(ops::matmul(host(a, {6, 40}), host(b, {40, 5})), pmap::ValueError);
+    return;
+  }
+  const std::vector<float> fp32 = ops::matmul(host(a, {6, 40}), host(b, {40, 5})).to_vector<float>();
+  const std::vector<float> expected =
+      ops::matmul(host(rounded_bf16(a), {6, 40}), host(rounded_bf16(b), {40, 5})).to_vector<float>();
+  std::vector<float> got, conv, conv_expected, dw, dw_expected;
+  {
+    ops::DefaultPrecision bf16(Precision::bf16);
+    CHECK(ops::default_precision() == Precision::bf16);
+    {
+      ops::DefaultPrecision inner(Precision::fp32);  // scopes nest
+      CHECK(ops::default_precision() == Precision::fp32);
+    }
+    CHECK(ops::default_precision() == Precision::bf16);
+    Precision elsewhere = Precision::bf16;
+    std::thread([&] { elsewhere = ops::default_precision(); }).join();
+    CHECK(elsewhere == Precision::fp32);  // the scope is the calling thread's
+    got = ops::matmul(host(a, {6, 40}), host(b, {40, 5})).to_vector<float>();
+    conv = ops::conv2d(host(x, {2, 6, 6, 3}), host(w, {3, 3, 3, 4})).to_vector<float>();
+    // d sum(linear(x, w, 0)) / dw = x^T ones: the VJP's product is bf16 too (its ones are exact in bf16).
+    dw = pmap::grad([&](const Array& wt) { return ops::sum(ops::linear(host(a, {6, 40}), wt, host(std::vector<float>(5, 0.0f), {5}))); },
+                    "loss")(host(b, {40, 5}))
+             .to_vector<float>();
+  }
+  CHECK(ops::default_precision() == Precision::fp32);
+  conv_expected = ops::conv2d(host(rounded_bf16(x), {2, 6, 6, 3}), host(rounded_bf16(w), {3, 3, 3, 4})).to_vector<float>();
+  dw_expected = ops::matmul(host(rounded_bf16(a), {6, 40}), host(std::vector<float>(30, 1.0f), {6, 5}), true).to_vector<float>();
+  CHECK(relative_gap(got, expected) < 1e-5);  // the same products, summed in another order
+  CHECK(relative_gap(got, fp32) > 1e-4);      // and not the fp32 ones
+  CHECK(relative_gap(conv, conv_expected) < 1e-5);
+  CHECK(relative_gap(dw, dw_expected) < 1e-5);
+}

@@ -2,7 +2,8 @@
 # The flax_ensemble example (Flax's ensembling how-to in C++) end to end on a small synthetic IDX dataset:
 # it trains the models mnist_ensemble --model flax-cnn trains from the same seed (the same losses to 1e-5
 # relative, the same member and ensemble test accuracies), for one member per device and for two; a run
-# repeats bit for bit; bad flags and a missing data directory are refused with a clear message.
+# repeats bit for bit; --precision bf16 trains mnist_ensemble --precision bf16's models; --cpu-threads keeps the
+# bits; bad flags (exit 2) and a missing data directory (exit 1) are refused with a clear message.
 #   run_flax_ensemble_tests.sh PATH/TO/flax_ensemble PATH/TO/mnist_ensemble
 set -u
 flax=$1
@@ -39,16 +40,41 @@ for shape in "2 2" "4 2"; do
             "$tmp/flax-$1.out")" -eq $((2 * 2))
 done
 
+# --precision bf16: the products' operands rounded to bf16 (ops::DefaultPrecision), as mnist_ensemble's
+# --precision bf16 rounds them: the same models again. Only where this CPU runs bf16 products.
+precisions=fp32
+"$program" "${common[@]}" --model flax-cnn --members 2 --devices 2 --precision bf16 --metrics-json "$tmp/prog-bf16.json" \
+  >"$tmp/prog-bf16.out" 2>&1
+if [ $? -eq 0 ]; then
+  precisions=fp32,bf16
+  "$flax" "${common[@]}" --members 2 --devices 2 --precision bf16 --metrics-json "$tmp/flax-bf16.json" \
+    >"$tmp/flax-bf16.out" 2>&1
+  check "--precision bf16 trains" test $? -eq 0
+  check "... the models mnist_ensemble --precision bf16 trains" python3 "$tmp/same.py" "$tmp/flax-bf16.json" "$tmp/prog-bf16.json"
+  check "... not the fp32 ones" test "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["final"]["train_loss"] == json.load(open(sys.argv[2]))["final"]["train_loss"])' "$tmp/flax-bf16.json" "$tmp/flax-2.json")" = False
+else
+  echo "skipped: --precision bf16 (mnist_ensemble refuses it on this CPU: $(tail -1 "$tmp/prog-bf16.out"))"
+fi
+"$flax" "${common[@]}" --precision fp16 >"$tmp/badprec" 2>&1
+check "a bad --precision exits 2" test $? -eq 2
+check "... naming the flag" grep -q -- "--precision" "$tmp/badprec"
+# --cpu-threads: the products split over helper threads give the same bits.
+"$flax" --data "$tmp/data" --epochs 1 --seed 3 --members 2 --devices 1 --cpu-threads 1 --metrics-json "$tmp/t1.json" >/dev/null 2>&1
+"$flax" --data "$tmp/data" --epochs 1 --seed 3 --members 2 --devices 1 --cpu-threads 3 --metrics-json "$tmp/t3.json" >/dev/null 2>&1
+check "--cpu-threads 1 and 3 train the same bits" same_runs "$tmp/t1.json" "$tmp/t3.json"
+
 # The paired benchmark (bench/run_flax_bench.py) on this data, one round: the table and the count of
 # allocations inside a replayed step; a bad --configs entry is refused.
 build=$(cd "$(dirname "$flax")/.." && pwd)
 python3 "$here/../../bench/run_flax_bench.py" --build "$build" --data "$tmp/data" --rounds 1 --configs 2x2 \
-  --train-limit 512 >"$tmp/bench.out" 2>&1
+  --precisions "$precisions" --train-limit 512 >"$tmp/bench.out" 2>&1
 check "the paired benchmark runs" test $? -eq 0
 check "... and counts no allocation inside a replayed step" grep -q "besides its results: 0 (target 0: met)" "$tmp/bench.out"
 python3 "$here/../../bench/run_flax_bench.py" --build "$build" --data "$tmp/data" --configs 3x2 >"$tmp/bench-bad" 2>&1
 check "... a --configs entry whose members are not a multiple of the devices exits 1" test $? -eq 1
 check "... naming it" grep -q "configs entry '3x2'" "$tmp/bench-bad"
+python3 "$here/../../bench/run_flax_bench.py" --build "$build" --data "$tmp/data" --precisions fp16 >"$tmp/bench-bad" 2>&1
+check "... so is a --precisions entry that is not fp32 or bf16" grep -q "precisions entry 'fp16'" "$tmp/bench-bad"
 
 # params.py A B: every parameter of the two safetensors files ("params/..." tensors, members stacked) agrees to
 # 1e-5 of its tensor's largest magnitude, and both hold the same tensors; prints the largest difference.
@@ -103,6 +129,6 @@ check "... naming both flags" grep -q -- "--members 3 is not a multiple of --dev
 check "a missing data directory exits 1" test $? -eq 1
 check "... naming the file it looked for" grep -q "nowhere" "$tmp/missing"
 "$flax" --data "$tmp/data" --epochs -1 >"$tmp/neg" 2>&1
-check "a negative --epochs is refused" test $? -ne 0
+check "a negative --epochs exits 2" test $? -eq 2
 [ $fails -eq 0 ] || { echo "$fails failed"; cat "$tmp/flax-2.out" "$tmp/prog-2.out"; exit 1; }
 echo "all passed"

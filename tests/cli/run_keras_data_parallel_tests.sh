@@ -60,6 +60,6 @@ check "... naming both flags" grep -q -- "--batch 64 does not split over 3 devic
 check "a missing data directory exits 1" test $? -eq 1
 check "... naming the file it looked for" grep -q "nowhere" "$tmp/missing"
 "$keras" --data "$tmp/data" --lr -1 >"$tmp/neg" 2>&1
-check "a negative --lr is refused" test $? -ne 0
+check "a negative --lr exits 2" test $? -eq 2
 [ $fails -eq 0 ] || { echo "$fails failed"; cat "$tmp/keras-1.out" "$tmp/prog-1.out"; exit 1; }
 echo "all passed"
