@@ -217,8 +217,14 @@ class Batched final : public Primitive {
   std::vector<Array> vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& wanted) const override {
     return p_->batch_vjp(in, out, cts, wanted, batched_, members_);
   }
+  bool output_is_relu() const override { return p_->output_is_relu(); }
+  std::shared_ptr<const Primitive> masking_input() const override { return rewrap(p_->masking_input()); }
+  std::shared_ptr<const Primitive> premasked() const override { return rewrap(p_->premasked()); }
 
  private:
+  std::shared_ptr<const Primitive> rewrap(std::shared_ptr<const Primitive> p) const {
+    return p ? std::make_shared<Batched>(std::move(p), batched_, members_) : nullptr;
+  }
   std::shared_ptr<const Primitive> p_;
   std::vector<bool> batched_;
   std::int64_t members_;

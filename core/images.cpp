@@ -18,8 +18,12 @@ using core::Arrays;
 
 class Conv2d final : public core::Primitive {
  public:
-  Conv2d(Conv2dOptions o, bool bias) : o_(o), bias_(bias) {}
+  Conv2d(Conv2dOptions o, bool bias, bool premasked = false) : o_(o), bias_(bias), premasked_(premasked) {}
   std::string name() const override { return o_.relu ? "conv2d(relu)" : "conv2d"; }
+  bool output_is_relu() const override { return o_.relu; }
+  std::shared_ptr<const Primitive> premasked() const override {
+    return o_.relu ? std::make_shared<Conv2d>(o_, bias_, true) : nullptr;
+  }
   std::vector<Array> eval(Arrays in) const override {
     const Array none;
     std::vector<Array> out;
@@ -27,9 +31,10 @@ class Conv2d final : public core::Primitive {
     return out;
   }
   std::vector<Array> vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& w) const override {
-    Array masked;  // the pre-activation's cotangent
-    if (o_.relu) masked = eager::relu_grad(*out[0], *cts[0]);
-    const Array& dy = o_.relu ? masked : *cts[0];
+    Array masked;  // the pre-activation's cotangent (premasked: the cotangent already is)
+    const bool mask = o_.relu && !premasked_;
+    if (mask) masked = eager::relu_grad(*out[0], *cts[0]);
+    const Array& dy = mask ? masked : *cts[0];
     auto g = eager::conv2d_backward(*in[0], *in[1], dy, o_, w[0], w[1], bias_ && w[2]);
     std::vector<Array> grads;
     grads.push_back(std::move(g.dx));
@@ -84,12 +89,17 @@ class Conv2d final : public core::Primitive {
 
   Conv2dOptions o_;
   bool bias_;
+  bool premasked_;
 };
 
 class AvgPool final : public core::Primitive {
  public:
-  AvgPool(int wh, int ww, int sh, int sw) : wh_(wh), ww_(ww), sh_(sh), sw_(sw) {}
+  AvgPool(int wh, int ww, int sh, int sw, bool masking = false)
+      : wh_(wh), ww_(ww), sh_(sh), sw_(sw), masking_(masking) {}
   std::string name() const override { return "avg_pool"; }
+  std::shared_ptr<const Primitive> masking_input() const override {
+    return std::make_shared<AvgPool>(wh_, ww_, sh_, sw_, true);
+  }
   std::vector<Array> eval(Arrays in) const override {
     std::vector<Array> out;
     out.push_back(eager::avg_pool(*in[0], wh_, ww_, sh_, sw_));
@@ -97,7 +107,11 @@ class AvgPool final : public core::Primitive {
   }
   std::vector<Array> vjp(Arrays in, Arrays, Arrays cts, const std::vector<bool>& w) const override {
     std::vector<Array> g(1);
-    if (w[0]) g[0] = eager::avg_pool_backward(*cts[0], in[0]->shape(), wh_, ww_, sh_, sw_);
+    if (w[0] && masking_) {  // x = relu(...): dx where x > 0, in the same pass
+      g[0] = eager::avg_pool_relu_backward(*in[0], *cts[0], wh_, ww_, sh_, sw_);
+    } else if (w[0]) {
+      g[0] = eager::avg_pool_backward(*cts[0], in[0]->shape(), wh_, ww_, sh_, sw_);
+    }
     return g;
   }
   // The members' images are more images.
@@ -111,6 +125,7 @@ class AvgPool final : public core::Primitive {
 
  private:
   int wh_, ww_, sh_, sw_;
+  bool masking_;
 };
 
 }  // namespace

@@ -63,12 +63,16 @@ class MatMul final : public core::Primitive {
 
 class Linear final : public core::Primitive {
  public:
-  explicit Linear(bool relu) : relu_(relu) {}
+  explicit Linear(bool relu, bool premasked = false) : relu_(relu), premasked_(premasked) {}
   std::string name() const override { return relu_ ? "linear(relu)" : "linear"; }
+  bool output_is_relu() const override { return relu_; }
+  std::shared_ptr<const Primitive> premasked() const override {
+    return relu_ ? std::make_shared<Linear>(true, true) : nullptr;
+  }
   std::vector<Array> eval(Arrays in) const override { return one(eager::linear(*in[0], *in[1], *in[2], relu_)); }
   std::vector<Array> vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& w) const override {
     const Array &x = *in[0], &wt = *in[1], &bias = *in[2];
-    Array through = relu_ ? eager::relu_grad(*out[0], *cts[0]) : cts[0]->copy();  // d(pre-activation)
+    Array through = relu_ && !premasked_ ? eager::relu_grad(*out[0], *cts[0]) : cts[0]->copy();  // d(pre-activation)
     std::vector<Array> g(3);
     if (w[0]) g[0] = matmul(through, wt, false, true);
     if (w[1]) g[1] = x.ndim() == 1 ? matmul(reshape(x, {1, x.dim(0)}), reshape(through, {1, wt.dim(1)}), true)
@@ -96,7 +100,7 @@ class Linear final : public core::Primitive {
       return Primitive::batch_vjp(in, out, cts, wanted, batched, members);
     }
     const Array& x = *in[0];
-    Array through = relu_ ? eager::relu_grad(*out[0], *cts[0]) : cts[0]->copy();
+    Array through = relu_ && !premasked_ ? eager::relu_grad(*out[0], *cts[0]) : cts[0]->copy();
     const Shape dy_rows{members, num_elements(x.shape()) / (batched[0] ? members : 1) / x.dim(-1), in[1]->dim(2)};
     auto r = eager::linear_members_backward(as_rows(x, batched[0]), *in[1], std::move(through).reshape(dy_rows),
                                             wanted[0], wanted[1], wanted[2]);
@@ -116,6 +120,7 @@ class Linear final : public core::Primitive {
     return core::view_as(x, s);
   }
   bool relu_;
+  bool premasked_;  // the output's cotangent comes masked (Primitive::premasked)
 };
 
 // sum / mean over all elements or over the leading axis.

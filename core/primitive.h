@@ -46,6 +46,16 @@ class Primitive {
   virtual std::vector<Array> batch_vjp(Arrays inputs, Arrays outputs, Arrays cotangents,
                                        const std::vector<bool>& wanted, const std::vector<bool>& batched,
                                        std::int64_t members) const;
+
+  // ---- a ReLU's mask fused into the VJP before it (the Trainer's avg_pool_relu_backward) --------------------
+  // grad's backward pass, for a value r made by a primitive whose output_is_relu() (r = max(pre, 0)) when
+  // every primitive that reads r reads it as input 0 and has a masking_input(): each of those runs its VJP
+  // as that copy, which gives input 0's cotangent already multiplied by (r > 0), and r's maker runs as its
+  // premasked() copy, which takes the cotangent of its output as the pre-activation's (no mask pass of its
+  // own). The mask is idempotent, so the gradients are the unfused ones, bit for bit; one pass over r fewer.
+  virtual bool output_is_relu() const { return false; }
+  virtual std::shared_ptr<const Primitive> masking_input() const { return nullptr; }  // nullptr: cannot
+  virtual std::shared_ptr<const Primitive> premasked() const { return nullptr; }
 };
 
 // Evaluates p on inputs (all on one device, in the order p expects) and returns its outputs. While the

@@ -21,6 +21,7 @@ namespace {
 
 thread_local Trace* tls_active = nullptr;
 std::atomic<std::uint64_t> next_serial{1};
+std::atomic<std::uint64_t> fused_masks{0};
 
 constexpr std::uint64_t tag_of(std::uint64_t serial, std::size_t slot) {
   return serial << 32 | (static_cast<std::uint64_t>(slot) + 1);
@@ -133,6 +134,38 @@ std::vector<Array> Trace::record(std::shared_ptr<const Primitive> p, const std::
   return views;
 }
 
+void Trace::fuse_relu_masks(std::size_t differentiated) {
+  std::vector<std::size_t> maker(values_.size(), Node::kConstant);  // slot -> the node that made it
+  std::vector<std::vector<std::size_t>> readers(values_.size());    // slot -> the nodes that read it
+  std::vector<bool> fusable(values_.size(), true);                  // every reader masks it as its input 0
+  for (std::size_t k = 0; k < nodes_.size(); ++k) {
+    for (std::size_t s : nodes_[k].outputs) maker[s] = k;
+    for (std::size_t i = 0; i < nodes_[k].inputs.size(); ++i) {
+      const std::size_t s = nodes_[k].inputs[i];
+      if (s == Node::kConstant) continue;
+      readers[s].push_back(k);
+      if (i != 0) fusable[s] = false;  // (a node reading it twice, too)
+    }
+  }
+  for (std::size_t s = 0; s < values_.size(); ++s) {
+    if (s == differentiated || maker[s] == Node::kConstant || readers[s].empty() || !fusable[s]) continue;
+    Node& made = nodes_[maker[s]];
+    if (made.outputs.size() != 1 || !made.primitive->output_is_relu()) continue;
+    std::vector<std::shared_ptr<const Primitive>> masking;
+    for (std::size_t k : readers[s]) {
+      masking.push_back(nodes_[k].primitive->masking_input());
+      if (!masking.back()) break;
+    }
+    auto premasked = masking.size() == readers[s].size() && masking.back() ? made.primitive->premasked() : nullptr;
+    if (!premasked) continue;
+    for (std::size_t j = 0; j < readers[s].size(); ++j) nodes_[readers[s][j]].primitive = std::move(masking[j]);
+    made.primitive = std::move(premasked);
+    ++fused_masks;
+  }
+}
+
+std::uint64_t Trace::fused_relu_masks() noexcept { return fused_masks; }
+
 void Trace::backward(const Array& result) {
   if (done_) throw Error("grad of '" + function_ + "': backward twice");
   // Inside vmap, each member's value: their sum is differentiated, which gives each member its gradient.
@@ -146,6 +179,7 @@ void Trace::backward(const Array& result) {
   if (detail::trace_tag(value) == 0) return;  // the value does not depend on the differentiated inputs
   traces(value, "grad of '" + function_ + "'", 0);
   gradients_[slot_of(value)] = ops::eager::ones(value.shape(), value.device());
+  fuse_relu_masks(slot_of(value));
   for (auto n = nodes_.rbegin(); n != nodes_.rend(); ++n) {
     bool any = false;
     for (std::size_t s : n->outputs) any = any || gradients_[s].valid();

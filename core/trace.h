@@ -38,6 +38,10 @@ class Trace {
   // copy; anything else is left as it is.
   void release(Array& result) const;
 
+  // How many values' ReLU masks backward passes have fused into the VJP that reads them (Primitive::
+  // masking_input), in the whole process: tests check that a fusion happened.
+  static std::uint64_t fused_relu_masks() noexcept;
+
   // ---- for core::apply --------------------------------------------------------------------------------
   // The trace active on the calling thread, or null.
   static Trace* active();
@@ -51,6 +55,8 @@ class Trace {
  private:
   struct Node;
   std::size_t slot_of(const Array& x) const;
+  // Primitive::output_is_relu / masking_input / premasked: swaps in the fused copies where they apply.
+  void fuse_relu_masks(std::size_t differentiated);
   Array view(std::size_t slot) const;
 
   std::string function_;

@@ -141,6 +141,10 @@ Conv2dGrads conv2d_backward(const Array& x, const Array& w, const Array& dy, Con
 Array avg_pool(const Array& x, int window_h, int window_w, int stride_h, int stride_w);
 Array avg_pool_backward(const Array& dy, const Shape& x_shape, int window_h, int window_w, int stride_h,
                         int stride_w);
+// The gradient through a ReLU and then avg_pool in one pass: r = relu(x), the pool's input; dy the pool's
+// output's cotangent -> avg_pool_backward's dx where r > 0, else 0 (the same bits as the two passes).
+Array avg_pool_relu_backward(const Array& r, const Array& dy, int window_h, int window_w, int stride_h,
+                             int stride_w);
 
 // ---- BatchNormalization over x (..., C): every axis but the last is a row ---------------------------------
 // sums (2, C) f64: each channel's sum of x and of x^2 over the rows, in row order.

@@ -153,6 +153,22 @@ Array avg_pool_backward(const Array& dy, const Shape& x_shape, int window_h, int
   return dx;
 }
 
+Array avg_pool_relu_backward(const Array& r, const Array& dy, int window_h, int window_w, int stride_h,
+                             int stride_w) {
+  const char* fn = "avg_pool_relu_backward";
+  require_dtype(fn, "r", r, DType::f32);
+  require_dtype(fn, "dy", dy, DType::f32);
+  require_same_device(fn, r, "r", dy, "dy");
+  const kernels::AvgPoolParams p = pool_params(fn, r.shape(), window_h, window_w, stride_h, stride_w);
+  const kernels::PoolGeometry g = kernels::avg_pool_geometry(p);
+  if (dy.shape() != Shape{r.dim(0), g.out_height, g.out_width, r.dim(3)})
+    throw ShapeError("ops::avg_pool_relu_backward: dy " + dy.signature() + " is not the pool's output shape");
+  const kernels::Backend& be = backend_of(fn, dy.device());
+  Array dx = Array::uninitialized(r.shape(), DType::f32, dy.device());  // written whole
+  if (dx.size() > 0) be.conv().avg_pool_relu_backward(p, r.data<float>(), dy.data<float>(), dx.data<float>());
+  return dx;
+}
+
 namespace {
 
 kernels::BatchNormParams bn_params(const char* fn, const Array& x) {

@@ -17,6 +17,8 @@
 
 #include <pmapcc/core/grad.h>
 #include <pmapcc/core/ops.h>
+#include <pmapcc/core/trace.h>
+#include <pmapcc/core/vmap.h>
 #include <pmapcc/kernels/array_ops.h>
 #include <pmapcc/kernels/backend.h>
 #include <pmapcc/kernels/bf16_gemm.h>
@@ -128,6 +130,71 @@ TEST_CASE("grad: a fused ReLU (linear, conv2d) has the gradients of relu after t
   CHECK(std::get<0>(lf).to_vector<float>() == std::get<0>(lp).to_vector<float>());
   CHECK(std::get<1>(lf).to_vector<float>() == std::get<1>(lp).to_vector<float>());
   CHECK(std::get<2>(lf).to_vector<float>() == std::get<2>(lp).to_vector<float>());
+}
+
+TEST_CASE("grad: a ReLU's mask fused into avg_pool's VJP gives the unfused gradients, bit for bit") {
+  using pmap::core::Trace;
+  const Array b = host(random_floats(4, 25), {4});
+  struct Shape4 {
+    std::int64_t h;
+    int window, stride;
+  };
+  // (5x5 with 2x2 windows of stride 2: the last row and column are in no window; 6x6 stride 1: overlapping)
+  for (const Shape4& g : {Shape4{5, 2, 2}, Shape4{6, 2, 1}, Shape4{6, 3, 3}}) {
+    CAPTURE(g.h);
+    CAPTURE(g.window);
+    CAPTURE(g.stride);
+    const Array x = host(random_floats(static_cast<std::size_t>(2 * g.h * g.h * 2), 21), {2, g.h, g.h, 2});
+    const Array w = host(random_floats(3 * 3 * 2 * 4, 22), {3, 3, 2, 4});
+    const auto pool = [&](const Array& r) { return ops::avg_pool(r, g.window, g.window, g.stride, g.stride); };
+    const std::uint64_t before = Trace::fused_relu_masks();
+    auto fused = pmap::grad<0, 1, 2>([&](const Array& xs, const Array& ws, const Array& bs) {
+      return weighted(pool(ops::conv2d(xs, ws, bs, {.relu = true})));
+    })(x, w, b);
+    CHECK(Trace::fused_relu_masks() == before + 1);
+    auto plain = pmap::grad<0, 1, 2>([&](const Array& xs, const Array& ws, const Array& bs) {
+      return weighted(pool(ops::relu(ops::conv2d(xs, ws, bs))));
+    })(x, w, b);
+    CHECK(Trace::fused_relu_masks() == before + 1);  // a separate relu: nothing to fuse into
+    CHECK(std::get<0>(fused).to_vector<float>() == std::get<0>(plain).to_vector<float>());
+    CHECK(std::get<1>(fused).to_vector<float>() == std::get<1>(plain).to_vector<float>());
+    CHECK(std::get<2>(fused).to_vector<float>() == std::get<2>(plain).to_vector<float>());
+    // The ReLU's output read twice (the pool and a sum): not fused, and still the unfused gradients.
+    auto twice = pmap::grad<1>([&](const Array& xs, const Array& ws) {
+      Array r = ops::conv2d(xs, ws, Array(), {.relu = true});
+      return ops::add(weighted(pool(r)), ops::sum(r));
+    })(x, w);
+    auto twice_plain = pmap::grad<1>([&](const Array& xs, const Array& ws) {
+      Array r = ops::relu(ops::conv2d(xs, ws));
+      return ops::add(weighted(pool(r)), ops::sum(r));
+    })(x, w);
+    CHECK(Trace::fused_relu_masks() == before + 1);
+    CHECK(twice.to_vector<float>() == twice_plain.to_vector<float>());
+    // linear's fused ReLU over the channels of images, then the pool.
+    const Array wl = host(random_floats(2 * 3, 23), {2, 3}), bl = host(random_floats(3, 24), {3});
+    auto lf = pmap::grad<0, 1>([&](const Array& ws, const Array& bs) { return weighted(pool(ops::linear(x, ws, bs, true))); })(wl, bl);
+    CHECK(Trace::fused_relu_masks() == before + 2);
+    auto lp = pmap::grad<0, 1>([&](const Array& ws, const Array& bs) {
+      return weighted(pool(ops::relu(ops::linear(x, ws, bs))));
+    })(wl, bl);
+    CHECK(std::get<0>(lf).to_vector<float>() == std::get<0>(lp).to_vector<float>());
+    CHECK(std::get<1>(lf).to_vector<float>() == std::get<1>(lp).to_vector<float>());
+  }
+  // Inside vmap (stacked weights: one conv call for both members), each member's gradient as without fusion.
+  const Array x = host(random_floats(2 * 6 * 6 * 2, 26), {2, 6, 6, 2});
+  const Array ws = host(random_floats(2 * 3 * 3 * 2 * 4, 27), {2, 3, 3, 2, 4});
+  const std::uint64_t before = Trace::fused_relu_masks();
+  const auto member_grad = [&](bool fuse) {
+    return pmap::vmap([&](const Array& w) {
+      return pmap::grad([&](const Array& v) {
+        Array r = fuse ? ops::conv2d(x, v, Array(), {.relu = true}) : ops::relu(ops::conv2d(x, v));
+        return weighted(ops::avg_pool(r, 2, 2, 2, 2));
+      }, "member")(w);
+    }, {0}, "members")(ws).to_vector<float>();
+  };
+  const std::vector<float> vf = member_grad(true);
+  CHECK(Trace::fused_relu_masks() == before + 1);
+  CHECK(vf == member_grad(false));
 }
 
 TEST_CASE("grad: batch_norm's state and dropout's mask") {
