@@ -18,19 +18,23 @@ using core::Arrays;
 
 class Conv2d final : public core::Primitive {
  public:
-  Conv2d(Conv2dOptions o, bool bias, bool premasked = false) : o_(o), bias_(bias), premasked_(premasked) {}
+  Conv2d(Conv2dOptions o, bool bias, bool premasked = false,
+         kernels::Precision precision = eager::default_precision())
+      : o_(o), bias_(bias), premasked_(premasked), precision_(precision) {}
   std::string name() const override { return o_.relu ? "conv2d(relu)" : "conv2d"; }
   bool output_is_relu() const override { return o_.relu; }
   std::shared_ptr<const Primitive> premasked() const override {
-    return o_.relu ? std::make_shared<Conv2d>(o_, bias_, true) : nullptr;
+    return o_.relu ? std::make_shared<Conv2d>(o_, bias_, true, precision_) : nullptr;
   }
   std::vector<Array> eval(Arrays in) const override {
+    eager::DefaultPrecision scope(precision_);
     const Array none;
     std::vector<Array> out;
     out.push_back(eager::conv2d(*in[0], *in[1], bias_ ? *in[2] : none, o_));
     return out;
   }
   std::vector<Array> vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& w) const override {
+    eager::DefaultPrecision scope(precision_);  // the forward's, wherever the backward pass runs
     Array masked;  // the pre-activation's cotangent (premasked: the cotangent already is)
     const bool mask = o_.relu && !premasked_;
     if (mask) masked = eager::relu_grad(*out[0], *cts[0]);
@@ -90,6 +94,7 @@ class Conv2d final : public core::Primitive {
   Conv2dOptions o_;
   bool bias_;
   bool premasked_;
+  kernels::Precision precision_;  // the caller's at the call (ops::DefaultPrecision)
 };
 
 class AvgPool final : public core::Primitive {

@@ -28,8 +28,12 @@ class MatMul final : public core::Primitive {
  public:
   MatMul(bool ta, bool tb) : ta_(ta), tb_(tb) {}
   std::string name() const override { return "matmul"; }
-  std::vector<Array> eval(Arrays in) const override { return one(eager::matmul(*in[0], *in[1], ta_, tb_)); }
+  std::vector<Array> eval(Arrays in) const override {
+    eager::DefaultPrecision scope(precision_);
+    return one(eager::matmul(*in[0], *in[1], ta_, tb_));
+  }
   std::vector<Array> vjp(Arrays in, Arrays, Arrays cts, const std::vector<bool>& w) const override {
+    eager::DefaultPrecision scope(precision_);  // the forward's, wherever the backward pass runs
     const Array &a = *in[0], &b = *in[1], &ct = *cts[0];
     std::vector<Array> g(2);
     if (ta_) {  // y (K, O) = a^T b: da = b ct^T, db = a ct
@@ -59,20 +63,27 @@ class MatMul final : public core::Primitive {
  private:
   bool shared_b(const std::vector<bool>& batched) const { return batched[0] && !batched[1] && !ta_; }
   bool ta_, tb_;
+  kernels::Precision precision_ = eager::default_precision();  // the caller's at the call (ops::DefaultPrecision)
 };
 
 class Linear final : public core::Primitive {
  public:
-  explicit Linear(bool relu, bool premasked = false) : relu_(relu), premasked_(premasked) {}
+  explicit Linear(bool relu, bool premasked = false, kernels::Precision precision = eager::default_precision())
+      : relu_(relu), premasked_(premasked), precision_(precision) {}
   std::string name() const override { return relu_ ? "linear(relu)" : "linear"; }
   bool output_is_relu() const override { return relu_; }
   std::shared_ptr<const Primitive> premasked() const override {
-    return relu_ ? std::make_shared<Linear>(true, true) : nullptr;
+    return relu_ ? std::make_shared<Linear>(true, true, precision_) : nullptr;
   }
-  std::vector<Array> eval(Arrays in) const override { return one(eager::linear(*in[0], *in[1], *in[2], relu_)); }
+  std::vector<Array> eval(Arrays in) const override {
+    eager::DefaultPrecision scope(precision_);
+    return one(eager::linear(*in[0], *in[1], *in[2], relu_));
+  }
   std::vector<Array> vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& w) const override {
+    eager::DefaultPrecision scope(precision_);  // the forward's, wherever the backward pass runs
     const Array &x = *in[0], &wt = *in[1], &bias = *in[2];
-    Array through = relu_ && !premasked_ ? eager::relu_grad(*out[0], *cts[0]) : cts[0]->copy();  // d(pre-activation)
+    Array masked;
+    const Array& through = pre_activation(*out[0], *cts[0], masked);
     std::vector<Array> g(3);
     if (w[0]) g[0] = matmul(through, wt, false, true);
     if (w[1]) g[1] = x.ndim() == 1 ? matmul(reshape(x, {1, x.dim(0)}), reshape(through, {1, wt.dim(1)}), true)
@@ -83,6 +94,7 @@ class Linear final : public core::Primitive {
   // Shared weights: stacked x's leading axes are rows, one call. Stacked weights and bias: the kernels' member
   // count (x stacked, or one x every member reads), one call. Otherwise member by member.
   std::vector<Array> batch(Arrays in, const std::vector<bool>& batched, std::int64_t members) const override {
+    eager::DefaultPrecision scope(precision_);
     if (batched[0] && !batched[1] && !batched[2] && in[0]->ndim() >= 2) return eval(in);
     if (!(batched[1] && batched[2]) || in[0]->ndim() < (batched[0] ? 2 : 1) || in[0]->dim(-1) == 0) {
       return Primitive::batch(in, batched, members);
@@ -95,14 +107,16 @@ class Linear final : public core::Primitive {
   }
   std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& wanted,
                                const std::vector<bool>& batched, std::int64_t members) const override {
+    eager::DefaultPrecision scope(precision_);
     if (batched[0] && !batched[1] && !batched[2] && in[0]->ndim() >= 2) return vjp(in, out, cts, wanted);
     if (!(batched[1] && batched[2]) || in[0]->ndim() < (batched[0] ? 2 : 1) || in[0]->dim(-1) == 0) {
       return Primitive::batch_vjp(in, out, cts, wanted, batched, members);
     }
     const Array& x = *in[0];
-    Array through = relu_ && !premasked_ ? eager::relu_grad(*out[0], *cts[0]) : cts[0]->copy();
+    Array masked;
+    const Array& through = pre_activation(*out[0], *cts[0], masked);
     const Shape dy_rows{members, num_elements(x.shape()) / (batched[0] ? members : 1) / x.dim(-1), in[1]->dim(2)};
-    auto r = eager::linear_members_backward(as_rows(x, batched[0]), *in[1], std::move(through).reshape(dy_rows),
+    auto r = eager::linear_members_backward(as_rows(x, batched[0]), *in[1], core::view_as(through, dy_rows),
                                             wanted[0], wanted[1], wanted[2]);
     std::vector<Array> g;
     g.push_back(wanted[0] ? std::move(r.dx).reshape(x.shape()) : Array());
@@ -119,8 +133,15 @@ class Linear final : public core::Primitive {
     const Shape s = stacked ? Shape{lead, rows, i} : Shape{rows, i};
     return core::view_as(x, s);
   }
+  // The pre-activation's cotangent: the output's, masked by the ReLU into `masked` unless it came masked.
+  const Array& pre_activation(const Array& y, const Array& ct, Array& masked) const {
+    if (!relu_ || premasked_) return ct;
+    masked = eager::relu_grad(y, ct);
+    return masked;
+  }
   bool relu_;
   bool premasked_;  // the output's cotangent comes masked (Primitive::premasked)
+  kernels::Precision precision_;  // the caller's at the call (ops::DefaultPrecision)
 };
 
 // sum / mean over all elements or over the leading axis.

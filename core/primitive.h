@@ -52,7 +52,8 @@ class Primitive {
   // every primitive that reads r reads it as input 0 and has a masking_input(): each of those runs its VJP
   // as that copy, which gives input 0's cotangent already multiplied by (r > 0), and r's maker runs as its
   // premasked() copy, which takes the cotangent of its output as the pre-activation's (no mask pass of its
-  // own). The mask is idempotent, so the gradients are the unfused ones, bit for bit; one pass over r fewer.
+  // own). The mask is idempotent, so the gradients are the unfused ones (bit for bit but for the sign of a
+  // zero: the fused pass writes +0 where a -0 cotangent passes the mask); one pass over r fewer.
   virtual bool output_is_relu() const { return false; }
   virtual std::shared_ptr<const Primitive> masking_input() const { return nullptr; }  // nullptr: cannot
   virtual std::shared_ptr<const Primitive> premasked() const { return nullptr; }

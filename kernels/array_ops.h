@@ -34,7 +34,9 @@ namespace pmap::ops::eager {
 // their backward ops, so their VJPs too) while the scope lives: fp32 (the default), or bf16 mixed precision
 // (each operand rounded to bf16, products summed in fp32; kernels/ops.h), as jax.default_matmul_precision
 // sets it for a block of code. Thread-local, as pmap runs each device's function on its own thread: open it
-// inside the per-device function (a jitted function's replays then run at it too). Scopes nest; the
+// inside the per-device function (a jitted function's replays then run at it too). The differentiable ops
+// (pmap::ops) keep the precision they were called at, so their VJPs run at it even when grad's backward
+// pass runs after the scope has closed (a scope inside the differentiated function). Scopes nest; the
 // element-wise ops, reductions and pools are fp32 whatever the scope. A backend that cannot run bf16 (a CPU
 // without AVX512_BF16) raises ValueError from the first product.
 class DefaultPrecision {

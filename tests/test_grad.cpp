@@ -424,6 +424,13 @@ TEST_CASE("ops::DefaultPrecision: bf16 products (forward and VJP) are fp32 produ
              .to_vector<float>();
   }
   CHECK(ops::default_precision() == Precision::fp32);
+  // The scope inside the differentiated function: the backward pass runs after it has closed, and the VJP's
+  // products are bf16 all the same (each op keeps the precision it was called at).
+  const std::vector<float> dw_inside = pmap::grad([&](const Array& wt) {
+    ops::DefaultPrecision bf16(Precision::bf16);
+    return ops::sum(ops::linear(host(a, {6, 40}), wt, host(std::vector<float>(5, 0.0f), {5})));
+  }, "loss")(host(b, {40, 5})).to_vector<float>();
+  CHECK(dw_inside == dw);
   conv_expected = ops::conv2d(host(rounded_bf16(x), {2, 6, 6, 3}), host(rounded_bf16(w), {3, 3, 3, 4})).to_vector<float>();
   dw_expected = ops::matmul(host(rounded_bf16(a), {6, 40}), host(std::vector<float>(30, 1.0f), {6, 5}), true).to_vector<float>();
   CHECK(relative_gap(got, expected) < 1e-5);  // the same products, summed in another order

@@ -74,7 +74,8 @@ python3 "$here/../../bench/run_flax_bench.py" --build "$build" --data "$tmp/data
 check "... a --configs entry whose members are not a multiple of the devices exits 1" test $? -eq 1
 check "... naming it" grep -q "configs entry '3x2'" "$tmp/bench-bad"
 python3 "$here/../../bench/run_flax_bench.py" --build "$build" --data "$tmp/data" --precisions fp16 >"$tmp/bench-bad" 2>&1
-check "... so is a --precisions entry that is not fp32 or bf16" grep -q "precisions entry 'fp16'" "$tmp/bench-bad"
+check "... so is a --precisions entry that is not fp32 or bf16 (exit 1)" test $? -eq 1
+check "... naming it" grep -q "precisions entry 'fp16'" "$tmp/bench-bad"
 
 # params.py A B: every parameter of the two safetensors files ("params/..." tensors, members stacked) agrees to
 # 1e-5 of its tensor's largest magnitude, and both hold the same tensors; prints the largest difference.
