@@ -1,12 +1,10 @@
 // The training examples' flags and metrics (example_flags.h).
 #include "example_flags.h"
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <span>
-#include <thread>
 
 #include <CLI/CLI.hpp>
 
@@ -53,12 +51,7 @@ void parse(Flags& f, int argc, char** argv, const std::string& description) {
 }
 
 void share_cores(const Flags& f, const pmap::Mesh& mesh) {
-  if (f.backend != "cpu") return;
-  const char* env = std::getenv("PMAPCC_CPU_THREADS");
-  if (f.cpu_threads < 0 && env != nullptr && *env != '\0') return;
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int share = std::max(1, cores / std::max(1, mesh.local_size()));
-  pmap::kernels::cpu::set_threads(f.cpu_threads > 0 ? f.cpu_threads : std::min(share, 64));
+  if (f.backend == "cpu") pmap::kernels::cpu::share_cores(mesh.local_size(), f.cpu_threads);
 }
 
 void Metrics::epoch(const EpochReport& r) {

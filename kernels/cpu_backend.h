@@ -73,6 +73,10 @@ void set_isa(std::string_view name);
 // ValueError) applies from the next op.
 int threads();
 void set_threads(int n);
+// The programs' --cpu-threads rule: `requested` > 0 sets that count; 0 (auto) gives each of this process's
+// `local_devices` CPU devices its share of the cores (cores / devices, at least 1); -1 (not given) leaves a
+// set PMAPCC_CPU_THREADS standing, else auto. ValueError as set_threads for a count above 64.
+void share_cores(int local_devices, int requested);
 
 }  // namespace cpu
 }  // namespace pmap::kernels

@@ -169,6 +169,14 @@ void set_threads(int n) {
   g_threads.store(n, std::memory_order_release);
 }
 
+void share_cores(int local_devices, int requested) {
+  const char* env = std::getenv("PMAPCC_CPU_THREADS");
+  if (requested < 0 && env != nullptr && *env != '\0') return;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int share = std::max(1, cores / std::max(1, local_devices));
+  set_threads(requested > 0 ? requested : std::min(share, kMaxThreads));
+}
+
 namespace detail {
 
 void split_rows(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::int64_t align,

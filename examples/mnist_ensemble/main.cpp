@@ -177,11 +177,7 @@ void print_size_curve(const std::vector<SizePoint>& curve) {
 // way; only the speed differs.
 void apply_cpu_threads(const CliOptions& o, const Trainer& t) {
   if (t.config().backend != pmap::DeviceKind::cpu || t.config().cuda_kernels_on_host) return;
-  const char* env = std::getenv("PMAPCC_CPU_THREADS");
-  if (o.cpu_threads < 0 && env != nullptr && *env != '\0') return;
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int share = std::max(1, cores / std::max(1, t.mesh().local_size()));
-  pmap::kernels::cpu::set_threads(o.cpu_threads > 0 ? o.cpu_threads : std::min(share, 64));
+  pmap::kernels::cpu::share_cores(t.mesh().local_size(), o.cpu_threads);
 }
 
 int run_training(const CliOptions& o) {
