@@ -10,6 +10,7 @@
 #include <pmap/error.h>
 
 #include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/backend.h>
 
 namespace pmap::core {
 
@@ -77,7 +78,7 @@ const Array& BatchLevel::stacked(const Array& view) const { return values_.at(sl
 
 Array BatchLevel::take(const Array& view) {
   // A copy: the stored value may be an argument's borrowed storage, or be returned twice.
-  return values_.at(slot_of(view)).copy();
+  return ops::eager::copy(values_.at(slot_of(view)));
 }
 
 // ---- helpers ------------------------------------------------------------------------------------------------
@@ -96,9 +97,29 @@ Array member_view(const Array& stacked, std::int64_t m) {
 }
 
 Array stack(const std::vector<Array>& parts) {
+  const Array& first = parts.at(0);
+  bool one_device = true;
+  for (const Array& p : parts) one_device = one_device && p.device() == first.device();
   std::vector<const Array*> ptrs;
   for (const Array& p : parts) ptrs.push_back(&p);
-  return pmap::concatenate(ptrs, parts.at(0).device(), /*stacked=*/true);
+  if (!one_device) return pmap::concatenate(ptrs, first.device(), /*stacked=*/true);
+  // The backend's copies, queued with its other work (pmap::concatenate's wait for a GPU, and a graph
+  // capture refuses them).
+  for (const Array& p : parts) {
+    if (p.dtype() != first.dtype() || p.shape() != first.shape())
+      throw ShapeError("stack: " + p.str() + " does not fit " + first.str());
+  }
+  Shape shape = first.shape();
+  shape.insert(shape.begin(), static_cast<std::int64_t>(parts.size()));
+  Array out = Array::uninitialized(shape, first.dtype(), first.device());  // the parts cover it
+  if (out.nbytes() == 0) return out;
+  const kernels::Backend& be = ops::detail::backend_of("stack", first.device());
+  char* dst = static_cast<char*>(out.raw_data());
+  for (const Array& p : parts) {
+    be.copy(dst, p.raw_data(), p.nbytes());
+    dst += p.nbytes();
+  }
+  return out;
 }
 
 Array broadcast_members(const Array& x, std::int64_t members) {

@@ -56,7 +56,7 @@ class Collective final : public Primitive {
     if (!wanted[0]) return g;
     const Array& ct = *cts[0];
     switch (call_.kind) {
-      case Kind::psum: g[0] = ct.copy(); break;  // the result is replicated: its cotangent passes through
+      case Kind::psum: g[0] = ops::eager::copy(ct); break;  // the result is replicated: its cotangent passes through
       case Kind::pmean: g[0] = ops::scale(ct, 1.0f / static_cast<float>(axis_size(call_.axes))); break;
       case Kind::all_gather: g[0] = psum_scatter(ct, call_.axes, call_.tiled); break;
       case Kind::psum_scatter: g[0] = all_gather(ct, call_.axes, call_.tiled); break;

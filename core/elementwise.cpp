@@ -108,11 +108,11 @@ std::vector<Array> Binary::vjp(Arrays in, Arrays out, Arrays cts, const std::vec
   Array ga, gb;  // gb in a's shape, before it is summed to b's
   switch (op_) {
     case BinaryOp::add:
-      ga = ct.copy();
-      if (wanted[1]) gb = ct.copy();
+      ga = eager::copy(ct);
+      if (wanted[1]) gb = eager::copy(ct);
       break;
     case BinaryOp::subtract:
-      ga = ct.copy();
+      ga = eager::copy(ct);
       if (wanted[1]) gb = negative(ct);
       break;
     case BinaryOp::multiply:

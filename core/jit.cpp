@@ -10,10 +10,14 @@
 #include <unordered_map>
 
 #include <pmap/detail/allocation.h>
+#include <pmap/detail/capture.h>
 #include <pmap/error.h>
 
 #include <pmapcc/core/batching.h>
 #include <pmapcc/core/trace.h>
+#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/backend.h>
+#include <pmapcc/kernels/graph.h>
 
 #if defined(__has_feature)
 #if __has_feature(address_sanitizer)
@@ -57,8 +61,47 @@ struct Block {
   std::size_t arena = 0;
   std::size_t offset = 0;
   bool placed = false;  // false: the trace never allocated it (an allocation that failed), or a result
-  bool result = false;  // one of the function's results: the heap's, handed to the caller
+  bool result = false;  // one of the function's results: the heap's, handed to the caller (placed too
+                        // in a graph's plan, and copied out)
 };
+
+// A result leaf of a captured graph: where the graph leaves it.
+struct ResultPlace {
+  bool valid = false;
+  const void* data = nullptr;
+  Shape shape;
+  DType dtype = DType::f32;
+  Device device;
+};
+
+// The graph of a signature, once captured.
+struct GraphPlan {
+  bool planned = false;  // the plan places the results too (one device, a backend that captures)
+  const kernels::Backend* backend = nullptr;
+  Device device;
+  std::unique_ptr<kernels::Graph> graph;
+  std::string key;             // the static arguments and scalar leaves it was captured with
+  std::uint64_t thread = 0;    // the capturing thread's token
+  std::uint64_t warm = 0;      // the thread that last ran the function (its handles and scratch exist)
+  const std::type_info* result_type = nullptr;
+  std::vector<Array> stage;    // one place per argument leaf (an empty Array for an empty leaf)
+  std::vector<ResultPlace> results;
+  std::shared_ptr<void> result_template;
+  void drop() {
+    graph.reset();
+    stage.clear();
+    results.clear();
+    result_template.reset();
+  }
+};
+
+// A token per thread, never reused (a thread id can be): a graph holds the capturing thread's scratch
+// memory and cuBLAS workspace, so it is launched on that thread only.
+std::uint64_t thread_token() noexcept {
+  static std::atomic<std::uint64_t> next{0};
+  thread_local const std::uint64_t token = ++next;
+  return token;
+}
 
 struct Arena {
   Device device;
@@ -78,11 +121,14 @@ struct Entry {
     for (Array& r : retired) {
       if (r.nbytes() > 0) unpoison(r.device(), r.raw_data(), r.nbytes());
     }
+    graph.drop();  // before the arenas it points into
   }
   std::mutex mutex;
   std::vector<Block> blocks;  // in allocation order
   std::vector<Arena> arenas;
   std::vector<Array> retired;  // arenas a value that escaped a replay still points into
+  GraphPlan graph;
+  bool graph_refused = false;  // a capture was refused: traced again without a graph's plan, for good
   bool planned = false;
   bool stale = false;  // the last replay left its plan: trace again
 };
@@ -173,9 +219,17 @@ class Recorder final : public detail::AllocationHook {
   }
   std::size_t alive() const { return live_.size(); }
   bool failed() const { return failed_; }
+  // The devices of the blocks allocated.
+  std::vector<Device> devices() const {
+    std::vector<Device> out;
+    for (const Block& b : blocks_) {
+      if (std::find(out.begin(), out.end(), b.device) == out.end()) out.push_back(b.device);
+    }
+    return out;
+  }
 
   // Places every block; returns the arenas' sizes (by device, in order of first use).
-  std::vector<std::pair<Device, std::size_t>> place() {
+  std::vector<std::pair<Device, std::size_t>> place(bool keep_results) {
     std::vector<std::pair<Device, Placer>> placers;
     auto placer_of = [&](const Device& d) -> std::size_t {
       for (std::size_t i = 0; i < placers.size(); ++i) {
@@ -186,7 +240,7 @@ class Recorder final : public detail::AllocationHook {
     };
     for (const auto& [alloc, k] : events_) {
       Block& b = blocks_[k];
-      if (b.result) continue;
+      if (b.result && !keep_results) continue;
       if (alloc) {
         b.arena = placer_of(b.device);
         b.offset = placers[b.arena].second.place(b.bytes);
@@ -223,7 +277,7 @@ class Replayer final : public detail::AllocationHook {
       diverged_ = true;
       return nullptr;
     }
-    if (b.result) {
+    if (b.result && !b.placed) {
       ++results_;
       return nullptr;
     }
@@ -260,6 +314,7 @@ class Replayer final : public detail::AllocationHook {
     live_.erase(it);
   }
   bool diverged() const { return diverged_ || next_ != entry_.blocks.size(); }
+  bool diverged_early() const { return diverged_; }  // an allocation so far left the plan
   std::size_t alive() const { return live_.size(); }
   std::uint64_t results() const { return results_; }  // allocations the plan left to the heap as results
 
@@ -281,6 +336,8 @@ struct State {
   std::atomic<std::uint64_t> traces{0}, retraces{0}, replays{0}, diverged{0}, unplanned{0};
   std::atomic<std::uint64_t> last_allocations{0}, last_result_allocations{0};
   std::atomic<std::size_t> arena_bytes{0};
+  std::atomic<std::uint64_t> graph_captures{0}, graph_launches{0}, graph_refusals{0};
+  std::string graph_refusal;  // (mutex)
 };
 
 namespace {
@@ -302,6 +359,8 @@ class HookScope {
 // as long as the jitted function lives).
 void drop_arenas(State& state, Entry& entry, bool retire) {
   HookScope no_hook(nullptr);
+  entry.graph.drop();  // a graph points into the arenas and holds the staged arguments
+  entry.graph.planned = false;
   for (Arena& a : entry.arenas) {
     state.arena_bytes -= a.bytes;
     if (!retire && a.bytes > 0) unpoison(a.device, a.base(), a.bytes);  // (a retired arena keeps its marks)
@@ -327,13 +386,27 @@ JitStats stats_of(const State& state) {
   s.last_allocations = state.last_allocations;
   s.last_result_allocations = state.last_result_allocations;
   s.arena_bytes = state.arena_bytes;
+  s.graph_captures = state.graph_captures;
+  s.graph_launches = state.graph_launches;
+  s.graph_refusals = state.graph_refusals;
   std::lock_guard lock(state.mutex);
   s.signatures = state.entries.size();
+  s.graph_refusal = state.graph_refusal;
   return s;
 }
 
 bool inside_transformation() noexcept {
   return core::Trace::active() != nullptr || core::BatchLevel::active() != nullptr;
+}
+
+void add_key_bytes(std::string& out, const void* data, std::size_t n) {
+  out.append(static_cast<const char*>(data), n);
+}
+
+void add_key_string(std::string& out, std::string_view s) {
+  const std::size_t n = s.size();
+  add_key_bytes(out, &n, sizeof(n));
+  out.append(s);
 }
 
 void add_signature(std::string& out, const std::string& where, const Array& a) {
@@ -349,17 +422,23 @@ void add_signature(std::string& out, const std::string& where, const Array& a) {
   out += ',';
 }
 
+enum class Mode { trace, replay, capture, launch };
+
 struct Call::Impl {
   std::unique_lock<std::mutex> lock;
-  bool replay = false;
+  Mode mode = Mode::trace;
+  bool replay = false;  // replay, capture or launch: the entry's plan is used
   bool finished = false;
   bool retrace = false;
+  bool staged = false;  // the arguments are at their places for this call
+  GraphRequest* request = nullptr;
   std::unique_ptr<Recorder> recorder;
   std::unique_ptr<Replayer> replayer;
   detail::AllocationHook* hook = nullptr;
   detail::AllocationHook* previous = nullptr;
   bool installed = false;
   std::uint64_t allocations_at_start = 0;
+  std::shared_ptr<void> (*make_template)(void*) = nullptr;
 
   void install() {
     previous = detail::set_allocation_hook(hook);
@@ -371,7 +450,41 @@ struct Call::Impl {
   }
 };
 
-Call::Call(State& state, std::string signature) : state_(state) {
+namespace {
+
+// The backend computing on `device` on this thread, or nullptr (a CUDA device outside its pmap).
+const kernels::Backend* backend_here(const Device& device) noexcept {
+  try {
+    return &ops::detail::backend_of("jit", device);
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void note_refusal(State& state, const std::string& why) {
+  ++state.graph_refusals;
+  std::lock_guard lock(state.mutex);
+  state.graph_refusal = "jit of '" + state.name + "': " + why;
+}
+
+// Copies the call's argument leaves to their places (made the first time).
+void stage_inputs(GraphPlan& g, const GraphRequest& request) {
+  HookScope own(nullptr);  // the places are the jit's own memory, outside any plan
+  if (g.stage.size() != request.inputs.size()) {
+    g.stage.clear();
+    for (const Array* a : request.inputs) {
+      g.stage.push_back(a->valid() ? Array::uninitialized(a->shape(), a->dtype(), a->device()) : Array());
+    }
+  }
+  for (std::size_t i = 0; i < request.inputs.size(); ++i) {
+    const Array& a = *request.inputs[i];
+    if (a.valid() && a.nbytes() > 0) g.backend->copy(g.stage[i].raw_data(), a.raw_data(), a.nbytes());
+  }
+}
+
+}  // namespace
+
+Call::Call(State& state, std::string signature, GraphRequest* graph) : state_(state) {
   Entry* entry = nullptr;
   {
     std::lock_guard lock(state.mutex);
@@ -386,23 +499,50 @@ Call::Call(State& state, std::string signature) : state_(state) {
     return;
   }
   entry_ = entry;
+  impl->request = graph;
+  if (graph != nullptr) {  // the thread's default precision is read at the capture as an argument would be
+    graph->key += static_cast<char>(ops::eager::default_precision());
+  }
   if (entry->planned && !entry->stale) {
     impl->replay = true;
+    impl->mode = Mode::replay;
     ++state.replays;
-    impl->replayer = std::make_unique<Replayer>(*entry);
-    impl->hook = impl->replayer.get();
+    GraphPlan& g = entry->graph;
+    // (inside another capture a launch or a capture cannot nest: the plain replay, whose results the outer
+    // plan places)
+    if (graph != nullptr && g.planned && graph->why_not.empty() && detail::capturing() == nullptr &&
+        backend_here(g.device) == g.backend) {
+      const std::uint64_t here = thread_token();
+      const bool same = g.graph != nullptr && g.key == graph->key && g.thread == here &&
+                        g.result_type != nullptr && *g.result_type == *graph->result_type;
+      if (same) {
+        impl->mode = Mode::launch;
+      } else if (g.warm == here) {
+        impl->mode = Mode::capture;
+        g.graph.reset();
+        stage_inputs(g, *graph);
+        impl->staged = true;
+      } else {
+        g.warm = here;  // a thread's first call runs as a replay: it makes the handles and scratch a capture
+      }                 // cannot (they allocate), and the next call captures
+    }
+    if (impl->mode != Mode::launch) {
+      impl->replayer = std::make_unique<Replayer>(*entry);
+      impl->hook = impl->replayer.get();
+    }
   } else {
     impl->retrace = entry->planned || entry->stale;
     ++state.traces;
     if (impl->retrace) ++state.retraces;
     drop_arenas(state, *entry, false);
     entry->blocks.clear();
+    entry->graph = GraphPlan{};
     impl->recorder = std::make_unique<Recorder>(entry->blocks);
     impl->hook = impl->recorder.get();
   }
   impl_ = std::move(impl);
   impl_->allocations_at_start = detail::allocation_count();
-  impl_->install();
+  if (impl_->hook != nullptr) impl_->install();
 }
 
 Call::~Call() {
@@ -411,12 +551,154 @@ Call::~Call() {
   if (!impl_->finished && entry_ != nullptr) {  // the function threw: trace again next time
     auto* entry = static_cast<Entry*>(entry_);
     if (impl_->replay) {
-      if (impl_->replayer->alive() != 0) drop_arenas(state_, *entry, true);  // (an escaped value keeps its place)
+      if (impl_->replayer != nullptr && impl_->replayer->alive() != 0) {
+        drop_arenas(state_, *entry, true);  // (an escaped value keeps its place)
+      }
       entry->stale = true;
     } else {
       entry->blocks.clear();
     }
   }
+}
+
+bool Call::launching() const { return impl_ != nullptr && impl_->mode == Mode::launch; }
+bool Call::capturing() const { return impl_ != nullptr && impl_->mode == Mode::capture; }
+
+const void* Call::result_template() const { return static_cast<Entry*>(entry_)->graph.result_template.get(); }
+
+Array Call::staged(std::size_t i) const {
+  GraphPlan& g = static_cast<Entry*>(entry_)->graph;
+  const Array& a = *impl_->request->inputs.at(i);
+  if (!a.valid()) return Array();
+  return Array::borrow(g.stage.at(i).raw_data(), a.shape(), a.dtype(), a.device());
+}
+
+void Call::captured_results(const std::vector<Array*>& results, void* result) {
+  auto* entry = static_cast<Entry*>(entry_);
+  GraphPlan& g = entry->graph;
+  g.results.clear();
+  // A launch copies each result out of where the capture left it: that must be the plan's or an argument's
+  // place, which live as long as the graph (not memory of the closure, which may be gone by then).
+  const auto owned = [&](const Array& a) {
+    const char* p = static_cast<const char*>(a.raw_data());
+    for (Arena& ar : entry->arenas) {
+      if (ar.bytes > 0 && p >= ar.base() && p + a.nbytes() <= ar.base() + ar.bytes) return true;
+    }
+    for (const Array& s : g.stage) {
+      const char* b = static_cast<const char*>(s.raw_data());
+      if (s.valid() && p >= b && p + a.nbytes() <= b + s.nbytes()) return true;
+    }
+    return false;
+  };
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const Array& a = *results[i];
+    if (a.valid() && a.nbytes() > 0 && !owned(a))
+      throw CaptureError("result " + std::to_string(i) + " (" + a.str() +
+                         ") is memory the function did not compute in its plan (an Array of its closure?)");
+  }
+  for (const Array* leaf : results) {
+    ResultPlace r;
+    if (leaf->valid()) {
+      r.valid = true;
+      r.data = leaf->raw_data();
+      r.shape = leaf->shape();
+      r.dtype = leaf->dtype();
+      r.device = leaf->device();
+    }
+    g.results.push_back(std::move(r));
+  }
+  g.result_template = impl_->make_template(result);
+}
+
+bool Call::capture(const std::function<void()>& body, std::shared_ptr<void> (*make_template)(void*)) {
+  auto* entry = static_cast<Entry*>(entry_);
+  GraphPlan& g = entry->graph;
+  Impl& in = *impl_;
+  in.make_template = make_template;
+  // Back to a plain replay of this call: a fresh replayer (the capture's allocations were all freed).
+  const auto plain = [&] {
+    g.graph.reset();
+    g.results.clear();
+    g.result_template.reset();
+    in.uninstall();
+    in.replayer = std::make_unique<Replayer>(*entry);
+    in.hook = in.replayer.get();
+    in.mode = Mode::replay;
+    in.install();
+  };
+  std::unique_ptr<kernels::Graph> graph;
+  try {
+    graph = g.backend->capture(body);
+  } catch (const CaptureError& e) {
+    const bool diverged = in.replayer->diverged_early();
+    plain();
+    // Trace again next time: after an allocation off the plan (the capture refuses the heap), or without
+    // the graph's plan for good (the results left to the heap, not copied out of it on every call).
+    entry->stale = true;
+    if (!diverged) {
+      entry->graph_refused = true;
+      note_refusal(state_, e.what());
+    }
+    return false;
+  }
+  if (in.replayer->alive() != 0) {
+    const std::size_t n = in.replayer->alive();
+    in.uninstall();
+    drop_arenas(state_, *entry, true);
+    entry->stale = true;
+    in.finished = true;
+    throw ValueError("jit of '" + state_.name + "': " + std::to_string(n) +
+                     " array(s) computed inside the function outlived the call (kept by a reference or a "
+                     "global?); a replay would overwrite them: return them as results instead");
+  }
+  if (in.replayer->diverged()) {  // fewer allocations than the plan: keep no graph, trace again next time
+    entry->stale = true;  // (counted as diverged by the plain replay's finish)
+    plain();
+    return false;
+  }
+  in.uninstall();
+  for (Arena& a : entry->arenas) {  // the graph writes every place at each launch
+    if (a.bytes > 0) unpoison(a.device, a.base(), a.bytes);
+  }
+  g.graph = std::move(graph);
+  g.key = in.request->key;
+  g.thread = thread_token();
+  g.result_type = in.request->result_type;
+  ++state_.graph_captures;
+  in.mode = Mode::launch;
+  return true;
+}
+
+std::vector<Array> Call::launch() {
+  auto* entry = static_cast<Entry*>(entry_);
+  GraphPlan& g = entry->graph;
+  Impl& in = *impl_;
+  if (!in.staged) stage_inputs(g, *in.request);
+  for (Arena& a : entry->arenas) {  // (a plain replay since the capture may have marked places free)
+    if (a.bytes > 0) unpoison(a.device, a.base(), a.bytes);
+  }
+  g.graph->launch();
+  std::vector<Array> out;
+  out.reserve(g.results.size());
+  std::uint64_t result_allocations = 0;
+  for (const ResultPlace& r : g.results) {
+    if (!r.valid) {
+      out.emplace_back();
+      continue;
+    }
+    Array a = Array::uninitialized(r.shape, r.dtype, r.device);
+    if (a.nbytes() > 0) {
+      g.backend->copy(a.raw_data(), r.data, a.nbytes());
+      ++result_allocations;
+    }
+    out.push_back(std::move(a));
+  }
+  const std::uint64_t total = detail::allocation_count() - in.allocations_at_start;
+  state_.last_result_allocations = result_allocations;
+  state_.last_allocations = total - std::min(total, result_allocations);
+  ++state_.graph_launches;
+  in.finished = true;
+  return out;
 }
 
 void Call::finish(const std::vector<Array*>& results) {
@@ -435,7 +717,7 @@ void Call::finish(const std::vector<Array*>& results) {
     Array copy;
     {
       HookScope outside(in.previous);
-      copy = leaf->copy();
+      copy = ops::eager::copy(*leaf);  // (queued: inside an outer capture too)
     }
     ++result_allocations;
     *leaf = std::move(copy);
@@ -472,8 +754,32 @@ void Call::finish(const std::vector<Array*>& results) {
     entry->blocks.clear();
     return;
   }
+  // A graph's plan: one device whose backend (on this thread) records graphs; the results are placed too.
+  GraphPlan& g = entry->graph;
+  if (in.request != nullptr && !entry->graph_refused) {
+    std::vector<Device> devices = rec.devices();
+    for (const Array* a : in.request->inputs) {
+      if (a->valid() && std::find(devices.begin(), devices.end(), a->device()) == devices.end())
+        devices.push_back(a->device());
+    }
+    const kernels::Backend* backend = devices.size() == 1 ? backend_here(devices[0]) : nullptr;
+    if (backend != nullptr && backend->captures()) {
+      if (in.request->why_not.empty()) {
+        g.planned = true;
+        g.backend = backend;
+        g.device = devices[0];
+        g.warm = thread_token();
+      } else {
+        note_refusal(state_, in.request->why_not);
+      }
+    }
+  }
   HookScope no_hook(nullptr);
-  for (const auto& [device, bytes] : rec.place()) {
+  if (g.planned) {  // the arguments' places, made with the arenas (a capture allocates nothing)
+    for (const Array* a : in.request->inputs)
+      g.stage.push_back(a->valid() ? Array::uninitialized(a->shape(), a->dtype(), a->device()) : Array());
+  }
+  for (const auto& [device, bytes] : rec.place(g.planned)) {
     Arena a;
     a.device = device;
     a.bytes = bytes;

@@ -213,7 +213,7 @@ class Reshape final : public core::Primitive {
 class StopGradient final : public core::Primitive {
  public:
   std::string name() const override { return "stop_gradient"; }
-  std::vector<Array> eval(Arrays in) const override { return one(in[0]->copy()); }
+  std::vector<Array> eval(Arrays in) const override { return one(eager::copy(*in[0])); }
   std::vector<Array> vjp(Arrays, Arrays, Arrays, const std::vector<bool>&) const override {
     return std::vector<Array>(1);
   }

@@ -69,6 +69,9 @@ Array sum_rows(const Array& x);
 Array mean_rows(const Array& x);
 // x's elements in `shape` (the same count, row-major), a new array.
 Array reshape(const Array& x, const Shape& shape);
+// A new array with x's values (differentiable, queued with the device's other work: inside a jitted
+// function on a GPU, where Array::copy() is a blocking copy that a graph capture refuses).
+inline Array copy(const Array& x) { return reshape(x, x.shape()); }
 // x itself, through which no gradient flows (jax.lax.stop_gradient).
 Array stop_gradient(const Array& x);
 

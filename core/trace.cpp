@@ -121,7 +121,7 @@ std::vector<Array> Trace::record(std::shared_ptr<const Primitive> p, const std::
     } else {
       node.inputs.push_back(Node::kConstant);
       Paused paused;
-      node.constants.push_back(untagged(*inputs[i]).copy());  // the caller may free it before backward
+      node.constants.push_back(ops::eager::copy(untagged(*inputs[i])));  // the caller may free it before backward
     }
   }
   std::vector<Array> views;
@@ -220,7 +220,7 @@ Array Trace::gradient(const Array& input) const {
   const std::size_t s = slot_of(member ? level->stacked(input) : input);
   if (!done_ || s >= gradients_.size()) throw Error("grad of '" + function_ + "': no backward pass ran");
   Paused paused;
-  Array g = gradients_[s].valid() ? untagged(gradients_[s]).copy() : ops::eager::zeros_like(values_[s]);
+  Array g = gradients_[s].valid() ? ops::eager::copy(untagged(gradients_[s])) : ops::eager::zeros_like(values_[s]);
   return member ? level->wrap(std::move(g)) : std::move(g);
 }
 
@@ -231,13 +231,13 @@ void Trace::release(Array& result) const {
     if (detail::trace_tag(stacked) == 0) return;  // computed without the differentiated inputs: vmap's own
     traces(stacked, "grad of '" + function_ + "'", 0);
     Paused paused;
-    result = level->wrap(untagged(stacked).copy());
+    result = level->wrap(ops::eager::copy(untagged(stacked)));
     return;
   }
   if (detail::trace_tag(result) == 0) return;
   traces(result, "grad of '" + function_ + "'", 0);
   Paused paused;
-  result = untagged(result).copy();
+  result = ops::eager::copy(untagged(result));
 }
 
 namespace {

@@ -97,6 +97,12 @@ void print_jit(const char* name, const pmap::JitStats& s) {
               static_cast<unsigned long long>(s.replays), static_cast<unsigned long long>(s.diverged),
               static_cast<double>(s.arena_bytes) / 1e6, static_cast<unsigned long long>(s.last_allocations),
               static_cast<unsigned long long>(s.last_result_allocations));
+  if (s.graph_captures > 0 || s.graph_refusals > 0) {
+    std::printf("jit %s: %llu graph capture(s), %llu graph launches", name,
+                static_cast<unsigned long long>(s.graph_captures), static_cast<unsigned long long>(s.graph_launches));
+    if (s.graph_refusals > 0) std::printf("; %llu without a graph: %s", static_cast<unsigned long long>(s.graph_refusals), s.graph_refusal.c_str());
+    std::printf("\n");
+  }
 }
 
 void save_params(const std::string& path, const std::vector<std::string>& names,

@@ -61,6 +61,21 @@ const kernels::Backend& backend_of(const char* fn, const Device& device) {
   return kernels::backend_for(DeviceKind::cuda);
 }
 
+Array zeros_on(const char* fn, Shape shape, DType dtype, const Device& device) {
+  if (!device.is_cpu()) {  // outside the pmap of its GPU (an optimizer's init): Array's own zeroing
+    bool here = false;
+    try {
+      here = current_device() == device;
+    } catch (const Error&) {
+    }
+    if (!here) return Array(std::move(shape), dtype, device);
+  }
+  const kernels::Backend& be = backend_of(fn, device);
+  Array z = Array::uninitialized(std::move(shape), dtype, device);
+  be.fill_zero(z.raw_data(), z.nbytes());
+  return z;
+}
+
 void require_same_device(const char* fn, const Array& a, const char* an, const Array& b, const char* bn) {
   if (a.device() != b.device()) {
     throw ValueError(std::string("ops::") + fn + ": " + an + " is " + a.str() + " and " + bn + " is " + b.str() +
@@ -149,7 +164,7 @@ Array binary(kernels::BinaryOp op, const Array& a, const Array& b) {
 Array reduce_all(const char* fn, const Array& x, bool mean) {
   require_dtype(fn, "x", x, DType::f32);
   const kernels::Backend& be = backend_of(fn, x.device());
-  Array out(Shape{}, DType::f32, x.device());
+  Array out = zeros_on(fn, Shape{}, DType::f32, x.device());
   if (x.size() == 0) {
     if (mean) throw ValueError(std::string("ops::mean: x ") + x.signature() + " has no elements");
     return out;
@@ -168,7 +183,7 @@ Array reduce_rows(const char* fn, const Array& x, bool mean) {
   const std::int64_t rows = x.dim(0);
   const kernels::Backend& be = backend_of(fn, x.device());
   Shape rest(x.shape().begin() + 1, x.shape().end());
-  Array out(rest, DType::f32, x.device());
+  Array out = zeros_on(fn, rest, DType::f32, x.device());
   if (rows == 0) {
     if (mean) throw ValueError(std::string("ops::mean_rows: x ") + x.signature() + " has no rows");
     return out;
@@ -403,7 +418,7 @@ Array softmax(const Array& logits) {
   require_dtype(fn, "logits", logits, DType::f32);
   if (logits.ndim() < 1) throw ShapeError("ops::softmax: logits " + logits.signature() + " need a class axis");
   const kernels::Backend& be = backend_of(fn, logits.device());
-  Array probs(logits.shape(), DType::f32, logits.device());
+  Array probs = zeros_on(fn, logits.shape(), DType::f32, logits.device());
   if (probs.size() == 0) return probs;
   kernels::SoftmaxXentParams p;
   p.batch = as_int(fn, "rows", rows_of(logits));
@@ -426,8 +441,8 @@ SoftmaxCrossEntropy softmax_cross_entropy(const Array& logits, const Array& labe
   }
   const kernels::Backend& be = backend_of(fn, logits.device());
   const Device& d = logits.device();
-  SoftmaxCrossEntropy out{Array(Shape{}, DType::f32, d), Array(logits.shape(), DType::f32, d),
-                          Array(Shape{}, DType::i32, d), Array(Shape{}, DType::i32, d)};
+  SoftmaxCrossEntropy out{zeros_on(fn, Shape{}, DType::f32, d), zeros_on(fn, logits.shape(), DType::f32, d),
+                          zeros_on(fn, Shape{}, DType::i32, d), zeros_on(fn, Shape{}, DType::i32, d)};
   kernels::SoftmaxXentParams p;
   p.batch = as_int(fn, "N", logits.dim(0));
   p.classes = as_int(fn, "K", logits.dim(1));
@@ -443,7 +458,7 @@ Array argmax(const Array& x) {
   if (x.ndim() < 1 || x.dim(-1) == 0)
     throw ShapeError("ops::argmax: x " + x.signature() + " needs a last axis of at least one element");
   const kernels::Backend& be = backend_of("argmax", x.device());
-  Array out(Shape(x.shape().begin(), x.shape().end() - 1), DType::i32, x.device());
+  Array out = zeros_on(__func__, Shape(x.shape().begin(), x.shape().end() - 1), DType::i32, x.device());
   if (out.size() == 0) return out;
   be.metrics().predictions(as_int("argmax", "rows", rows_of(x)), as_int("argmax", "K", x.dim(-1)), x.data<float>(),
                            out.data<std::int32_t>(), nullptr, nullptr);
@@ -463,13 +478,22 @@ Array reshape(const Array& x, const Shape& shape) {
   return y;
 }
 
+Array copy(const Array& x) {
+  require_valid("copy", "x", x);
+  const std::uint64_t tag = pmap::detail::trace_tag(x);
+  if ((tag & pmap::detail::kBatchedTag) != 0) return x.copy();  // a member's view: its alias, as Array::copy
+  Array y = reshape(x, x.shape());
+  pmap::detail::set_trace_tag(y, tag);  // the same value: a transformation follows it, as through Array::copy
+  return y;
+}
+
 Array zeros_like(const Array& x) {
   require_valid("zeros_like", "x", x);
-  return Array(x.shape(), x.dtype(), x.device());
+  return zeros_on("zeros_like", x.shape(), x.dtype(), x.device());
 }
 
 Array ones(const Shape& shape, const Device& device) {
-  Array z(shape, DType::f32, device);
+  Array z = zeros_on("ones", shape, DType::f32, device);
   return scale(z, 0.0f, 1.0f);
 }
 
@@ -479,7 +503,7 @@ Array sum_to(const Array& x, const Shape& shape) {
     throw ShapeError("ops::sum_to: " + shape_str(shape) + " is not one element or a trailing part of x " +
                      x.signature());
   }
-  if (x.shape() == shape) return x.copy();
+  if (x.shape() == shape) return copy(x);
   const std::int64_t width = num_elements(shape);
   Array rows = reshape(x, Shape{width == 0 ? 0 : x.size() / width, width});
   return reshape(sum_rows(rows), shape);
@@ -499,5 +523,7 @@ ScopedBackend::ScopedBackend(const kernels::Backend& backend) : previous_(tls_ov
 }
 
 ScopedBackend::~ScopedBackend() { tls_override = previous_; }
+
+const kernels::Backend& backend_of(const char* fn, const Device& device) { return eager::detail::backend_of(fn, device); }
 
 }  // namespace pmap::ops::detail

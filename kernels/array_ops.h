@@ -221,6 +221,9 @@ Array max_pool_backward(const Array& x, const Array& dy, MaxPoolOptions options 
 
 // x's elements in `shape` (the same count), copied: a new array on x's device.
 Array reshape(const Array& x, const Shape& shape);
+// A new array with x's values, queued with the backend's other work (Array::copy() waits for a GPU, and a
+// graph capture refuses it); like Array::copy() it keeps x's trace tag (a member's view: its alias).
+Array copy(const Array& x);
 // Zeros of x's shape, dtype and device; ones (f32) of a shape on a device.
 Array zeros_like(const Array& x);
 Array ones(const Shape& shape, const Device& device);
@@ -234,6 +237,10 @@ namespace pmap::ops::detail {
 // For tests: while one lives, CPU arrays on the calling thread are computed by `backend` (whose kind() must
 // be cpu: a CPU variant, or kernels::cuda_backend_on_host(), which runs the CUDA kernels on the host). Scopes
 // nest; not shared between threads.
+// The backend that computes on arrays of `device` on the calling thread (the ScopedBackend's for CPU
+// devices); a CUDA device outside the pmap that runs on it throws ValueError naming ops::<fn>.
+const kernels::Backend& backend_of(const char* fn, const Device& device);
+
 class ScopedBackend {
  public:
   explicit ScopedBackend(const kernels::Backend& backend);

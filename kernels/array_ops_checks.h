@@ -18,6 +18,9 @@ void require_valid(const char* fn, const char* name, const Array& x);
 void require_dtype(const char* fn, const char* arg, const Array& x, DType want);
 // The backend that computes on arrays of `device`, after checking the calling thread may queue work there.
 const kernels::Backend& backend_of(const char* fn, const Device& device);
+// Zeros of a shape on a device, filled by the backend (queued with its other work: Array's own zeroing
+// constructor waits for a GPU, and a graph capture refuses it).
+Array zeros_on(const char* fn, Shape shape, DType dtype, const Device& device);
 void require_same_device(const char* fn, const Array& a, const char* an, const Array& b, const char* bn);
 // v as an int, or ValueError naming `what` when it exceeds the kernels' int range.
 int as_int(const char* fn, const char* what, std::int64_t v);

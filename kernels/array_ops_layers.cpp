@@ -201,7 +201,7 @@ void require_pair(const char* fn, const char* name, const Array& a, std::int64_t
 
 Array batch_norm_sums(const Array& x) {
   const kernels::BatchNormParams p = bn_params("batch_norm_sums", x);
-  Array sums(Shape{2, x.dim(-1)}, DType::f64, x.device());
+  Array sums = zeros_on(__func__, Shape{2, x.dim(-1)}, DType::f64, x.device());
   if (p.rows > 0) backend_of("batch_norm_sums", x.device()).layers().batch_norm_sums(p, x.data<float>(), sums.data<double>());
   return sums;
 }
@@ -219,7 +219,7 @@ Array batch_norm_statistics(const Array& sums, double count, Array& moving_mean,
   p.channels = as_int(fn, "C", c);
   p.epsilon = epsilon;
   p.momentum = momentum;
-  Array stats(Shape{2, c}, DType::f32, moving_mean.device());
+  Array stats = zeros_on(fn, Shape{2, c}, DType::f32, moving_mean.device());
   backend_of(fn, moving_mean.device()).layers().batch_norm_statistics(
       p, sums.valid() ? sums.data<double>() : nullptr, count, moving_mean.data<float>(),
       moving_variance.data<float>(), stats.data<float>());
@@ -233,7 +233,7 @@ Array batch_norm_apply(const Array& x, const Array& stats, const Array& gamma, c
   require_pair(fn, "stats", stats, p.channels, DType::f32);
   if (gamma.valid()) require_channels(fn, "gamma", gamma, p.channels, DType::f32);
   if (beta.valid()) require_channels(fn, "beta", beta, p.channels, DType::f32);
-  Array y(x.shape(), DType::f32, x.device());
+  Array y = zeros_on(fn, x.shape(), DType::f32, x.device());
   if (p.rows > 0) {
     backend_of(fn, x.device()).layers().batch_norm_apply(p, x.data<float>(), stats.data<float>(),
                                                          gamma.valid() ? gamma.data<float>() : nullptr,
@@ -249,8 +249,9 @@ BatchNormBackwardSums batch_norm_backward_sums(const Array& x, const Array& dy, 
   require_dtype(fn, "dy", dy, DType::f32);
   if (dy.shape() != x.shape()) throw ShapeError("ops::batch_norm_backward_sums: dy " + dy.signature() + " is not x's shape");
   const std::int64_t c = p.channels;
-  BatchNormBackwardSums out{Array(Shape{2, c}, DType::f64, x.device()), Array(Shape{c}, DType::f32, x.device()),
-                            Array(Shape{c}, DType::f32, x.device())};
+  BatchNormBackwardSums out{zeros_on(__func__, Shape{2, c}, DType::f64, x.device()),
+                            zeros_on(__func__, Shape{c}, DType::f32, x.device()),
+                            zeros_on(__func__, Shape{c}, DType::f32, x.device())};
   if (p.rows > 0) {
     backend_of(fn, x.device()).layers().batch_norm_backward_sums(p, x.data<float>(), dy.data<float>(),
                                                                  stats.data<float>(), out.sums.data<double>(),
@@ -267,7 +268,7 @@ Array batch_norm_backward(const Array& x, const Array& dy, const Array& stats, c
   require_pair(fn, "sums", sums, p.channels, DType::f64);
   if (gamma.valid()) require_channels(fn, "gamma", gamma, p.channels, DType::f32);
   if (dy.shape() != x.shape()) throw ShapeError("ops::batch_norm_backward: dy " + dy.signature() + " is not x's shape");
-  Array dx(x.shape(), DType::f32, x.device());
+  Array dx = zeros_on(fn, x.shape(), DType::f32, x.device());
   if (p.rows > 0) {
     backend_of(fn, x.device()).layers().batch_norm_backward(p, x.data<float>(), dy.data<float>(), stats.data<float>(),
                                                             sums.data<double>(), count,
@@ -289,7 +290,7 @@ Array dropout(const Array& x, const Array& key, const Array& step, DropoutOption
     throw ValueError("ops::dropout: rate must be in [0, 1), got " + std::to_string(o.rate));
   require_same_device(fn, x, "x", key, "key");
   require_same_device(fn, x, "x", step, "step");
-  Array y(x.shape(), DType::f32, x.device());
+  Array y = zeros_on(fn, x.shape(), DType::f32, x.device());
   if (x.size() == 0) return y;
   kernels::DropoutParams p;
   p.rows = x.dim(0);

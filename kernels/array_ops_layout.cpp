@@ -91,7 +91,7 @@ Array reduce_axes(kernels::ReduceOp op, const Array& x, const std::vector<int>& 
     if (!inner || keepdims) out.push_back(inner ? 1 : x.dim(k));
   }
   const kernels::Backend& be = backend_of(fn, x.device());
-  Array y(out, DType::f32, x.device());
+  Array y = zeros_on(fn, out, DType::f32, x.device());
   if (y.size() == 0) return y;
   if (count == 0) {
     if (op == kernels::ReduceOp::sum) return y;
@@ -227,7 +227,7 @@ Array slice_backward(const Array& dy, const Shape& x_shape, const std::vector<st
   std::int64_t offset = 0;
   for (std::size_t k = 0; k < start.size(); ++k) offset += start[k] * xs[k];
   const kernels::Backend& be = backend_of(fn, dy.device());
-  Array dx(x_shape, DType::f32, dy.device());  // zeros
+  Array dx = zeros_on(fn, x_shape, DType::f32, dy.device());  // zeros
   copy_into(be, dy.shape(), strides_of(dy.shape()), 0, xs, offset, dy, dx);
   return dx;
 }
@@ -283,7 +283,7 @@ Array max_pool(const Array& x, MaxPoolOptions options) {
   const kernels::MaxPoolParams p = pool_params("max_pool", x.shape(), options);
   const kernels::MaxPoolGeometry g = pool_geometry(p);
   const kernels::Backend& be = backend_of("max_pool", x.device());
-  Array y(Shape{x.dim(0), g.out_height, g.out_width, x.dim(3)}, DType::f32, x.device());
+  Array y = zeros_on("max_pool", Shape{x.dim(0), g.out_height, g.out_width, x.dim(3)}, DType::f32, x.device());
   be.layout().max_pool_forward(p, x.data<float>(), y.data<float>());
   return y;
 }
@@ -298,7 +298,7 @@ Array max_pool_backward(const Array& x, const Array& dy, MaxPoolOptions options)
   if (dy.shape() != Shape{x.dim(0), g.out_height, g.out_width, x.dim(3)})
     throw ShapeError("ops::max_pool_backward: dy " + dy.signature() + " is not the pool's output shape");
   const kernels::Backend& be = backend_of(fn, x.device());
-  Array dx(x.shape(), DType::f32, x.device());
+  Array dx = zeros_on(fn, x.shape(), DType::f32, x.device());
   be.layout().max_pool_backward(p, x.data<float>(), dy.data<float>(), dx.data<float>());
   return dx;
 }

@@ -38,8 +38,8 @@ Array schedule_lr(const kernels::ScheduleParams& schedule, float learning_rate, 
   require_step("schedule_lr", step);
   kernels::validate(schedule);
   const kernels::Backend& be = backend_of("schedule_lr", step.device());
-  Array base = scale(Array(Shape{1}, DType::f32, step.device()), 0.0f, learning_rate);  // 0 * 0 + lr, exact
-  Array lr(Shape{1}, DType::f32, step.device());
+  Array base = scale(zeros_on(__func__, Shape{1}, DType::f32, step.device()), 0.0f, learning_rate);  // 0 * 0 + lr, exact
+  Array lr = zeros_on(__func__, Shape{1}, DType::f32, step.device());
   be.optimizer().schedule_lr(schedule, 1, step.data<std::int64_t>(), base.data<float>(), lr.data<float>());
   return lr;
 }
@@ -49,7 +49,7 @@ Array adam_step_size(const kernels::AdamParams& params, const Array& step, const
   require_one_float("adam_step_size", "lr", lr, step);
   kernels::validate(params);
   const kernels::Backend& be = backend_of("adam_step_size", step.device());
-  Array alpha(Shape{1}, DType::f32, step.device());
+  Array alpha = zeros_on(__func__, Shape{1}, DType::f32, step.device());
   be.optimizer().adam_step_size(params, 1, step.data<std::int64_t>(), lr.data<float>(), alpha.data<float>());
   return alpha;
 }
@@ -65,12 +65,12 @@ Array clip_factor(const std::vector<const Array*>& xs, float max_norm) {
   }
   const Device device = xs.front()->device();
   const kernels::Backend& be = backend_of("clip_factor", device);
-  Array sumsq(Shape{1}, DType::f64, device);  // zero-filled: every tensor accumulates into it
+  Array sumsq = zeros_on(__func__, Shape{1}, DType::f64, device);  // zero-filled: every tensor accumulates into it
   for (const Array* x : xs) {
     if (x->size() == 0) continue;
     be.optimizer().sum_squares(1, static_cast<std::size_t>(x->size()), x->data<float>(), sumsq.data<double>(), true);
   }
-  Array factor(Shape{1}, DType::f32, device);
+  Array factor = zeros_on(__func__, Shape{1}, DType::f32, device);
   be.optimizer().clip_factor(1, sumsq.data<double>(), max_norm, factor.data<float>());
   return factor;
 }
@@ -78,7 +78,7 @@ Array clip_factor(const std::vector<const Array*>& xs, float max_norm) {
 Array increment(const Array& step) {
   require_step("increment", step);
   const kernels::Backend& be = backend_of("increment", step.device());
-  Array next(Shape{1}, DType::i64, step.device());
+  Array next = zeros_on(__func__, Shape{1}, DType::i64, step.device());
   be.copy(next.data<std::int64_t>(), step.data<std::int64_t>(), sizeof(std::int64_t));
   be.optimizer().increment(next.data<std::int64_t>());
   return next;

@@ -88,7 +88,7 @@ std::pair<P, typename Tx::State> update_tree(const Tx& tx, const P& grads, const
   std::vector<Array> updates = tx.update_leaves(g, next, p);
   tree_for_each(next, [](auto& leaf) {
     if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
-      if (leaf.valid() && !leaf.owns_data()) leaf = leaf.copy();
+      if (leaf.valid() && !leaf.owns_data()) leaf = ops::copy(leaf);  // (queued: a graph capture takes it)
     }
   });
   return {with_leaves(grads, updates), std::move(next)};

@@ -147,21 +147,21 @@ void* cuda_stream() {
 
 Array psum(const Array& x, const AxisNames& axes) {
   if (traced(x)) return hand_over({detail::TracedCollectiveKind::psum, axes, 0, false, {}}, x);
-  Array out(x.shape(), x.dtype(), x.device());
+  Array out = Array::uninitialized(x.shape(), x.dtype(), x.device());  // the reduction writes it all
   reduce_into("psum", x, out, axes, ReduceOp::sum);
   return out;
 }
 
 Array pmax(const Array& x, const AxisNames& axes) {
   if (traced(x)) return hand_over({detail::TracedCollectiveKind::pmax, axes, 0, false, {}}, x);
-  Array out(x.shape(), x.dtype(), x.device());
+  Array out = Array::uninitialized(x.shape(), x.dtype(), x.device());  // the reduction writes it all
   reduce_into("pmax", x, out, axes, ReduceOp::max);
   return out;
 }
 
 Array pmin(const Array& x, const AxisNames& axes) {
   if (traced(x)) return hand_over({detail::TracedCollectiveKind::pmin, axes, 0, false, {}}, x);
-  Array out(x.shape(), x.dtype(), x.device());
+  Array out = Array::uninitialized(x.shape(), x.dtype(), x.device());  // the reduction writes it all
   reduce_into("pmin", x, out, axes, ReduceOp::min);
   return out;
 }
@@ -169,7 +169,7 @@ Array pmin(const Array& x, const AxisNames& axes) {
 Array pmean(const Array& x, const AxisNames& axes) {
   if (traced(x)) return hand_over({detail::TracedCollectiveKind::pmean, axes, 0, false, {}}, x);
   check_floating("pmean", x);
-  Array out(x.shape(), x.dtype(), x.device());
+  Array out = Array::uninitialized(x.shape(), x.dtype(), x.device());  // the reduction writes it all
   reduce_into("pmean", x, out, axes, ReduceOp::sum);
   divide_by(out, axis_size(axes));
   return out;

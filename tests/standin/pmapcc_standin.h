@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 
 namespace pmapcc_standin {
@@ -24,6 +25,11 @@ cudaError_t launch(cudaStream_t stream, std::function<void()> body);
 // PMAPCC_STANDIN_FAIL="api=error[@skip][xtimes],..." (error as a number) does the same for a whole run.
 void inject_fault(const char* api, int error, int times = 1, int skip = 0);
 void clear_faults();
+
+// How many kernel launches and graph launches have been queued to run (not recorded into a capture) since
+// the process started, on every fake GPU: a replayed step's count of each, for tests.
+std::uint64_t kernel_launches();
+std::uint64_t graph_launches();
 
 // How many bytes of freed device memory are quarantined (mapped with no access) right now.
 std::size_t quarantined_bytes();

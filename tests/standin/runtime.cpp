@@ -196,6 +196,7 @@ struct Registry {
   std::map<std::uintptr_t, std::size_t> pinned;        // base -> bytes
   std::deque<std::pair<void*, std::size_t>> quarantine;
   std::size_t quarantine_bytes = 0;
+  std::atomic<std::uint64_t> kernel_launches{0}, graph_launches{0};  // run, not recorded into a capture
   std::vector<std::vector<bool>> peer;               // peer[a][b]: a may access b
   std::set<Capture*> captures;
   std::mutex fault_mutex;
@@ -532,7 +533,10 @@ cudaError_t launch(cudaStream_t stream, std::function<void()> body) {
   if (!valid_device(r, tls.device)) return fail(cudaErrorNoDevice);
   CUstream_st* s = resolve(r, stream);
   if (s == nullptr || s->device != tls.device) return fail(cudaErrorInvalidResourceHandle);
-  return fail(submit(r, s, std::move(body)));
+  const bool recorded = capturing(s) != nullptr;
+  const cudaError_t e = submit(r, s, std::move(body));
+  if (e == cudaSuccess && !recorded) ++r.kernel_launches;
+  return fail(e);
 }
 
 void inject_fault(const char* api, int error, int times, int skip) {
@@ -546,6 +550,9 @@ void clear_faults() {
   std::lock_guard lock(r.fault_mutex);
   r.faults.clear();
 }
+
+std::uint64_t kernel_launches() { return registry().kernel_launches; }
+std::uint64_t graph_launches() { return registry().graph_launches; }
 
 std::size_t quarantined_bytes() {
   Registry& r = registry();
@@ -1109,9 +1116,12 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   if (exec == nullptr || r.execs.count(exec) == 0) return fail(cudaErrorInvalidValue);
   if (exec->device != s->device) return fail(cudaErrorInvalidValue);  // a graph runs on its own GPU's streams
   std::shared_ptr<const std::vector<std::function<void()>>> nodes = exec->nodes;
-  return fail(submit(r, s, [nodes] {
+  const bool recorded = capturing(s) != nullptr;
+  const cudaError_t e = submit(r, s, [nodes] {
     for (const auto& node : *nodes) node();
-  }));
+  });
+  if (e == cudaSuccess && !recorded) ++r.graph_launches;
+  return fail(e);
 }
 
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
