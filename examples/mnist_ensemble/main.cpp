@@ -250,6 +250,17 @@ int run_evaluation(const CliOptions& o) {
   c.members = o.members_subset.empty() ? saved.members : static_cast<int>(o.members_subset.size());
   c.mode = Mode::ensemble;
   c.epochs = 0;
+  // Without --devices (or --mesh) in one process: the default device count, or the largest below it that
+  // divides the members (a one-member checkpoint on a two-core machine evaluates on one device).
+  if (c.devices == 0 && c.mesh_axis == 0 && pmap::distributed::process_count() == 1) {
+    int n = 0;
+    try {
+      n = static_cast<int>(pmap::local_devices(c.backend, -1).size());
+    } catch (const pmap::Error&) {  // (no GPU: the Trainer says so)
+    }
+    while (n > 1 && c.members % n != 0) --n;
+    c.devices = n;
+  }
   // The checkpoint's model (before models were recorded: the Flax CNN, the only one), if the program knows it.
   if (const auto model = saved.config.find("model"); model != saved.config.end() && model->is_string()) {
     const auto names = model_names();

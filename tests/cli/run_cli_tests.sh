@@ -135,6 +135,13 @@ expect "subset out of range" 1 "--members-subset: member 5 is not among the chec
   "${ev[@]}" --devices 1 --evaluate "$work/ck2.safetensors" --members-subset 0,5
 expect "subset not a multiple of the devices" 1 "--members 1 is not a multiple of --devices 2" -- \
   "${ev[@]}" --evaluate "$work/ck2.safetensors" --members-subset 1
+# Without --devices, a device count that divides the members: one member on the two default devices runs
+# on one, with the --devices 1 evaluation's numbers.
+expect "evaluate one member without --devices" 0 "ensemble" -- env PMAPCC_CPU_DEVICES=2 "$bin" --data "$work/data" \
+  --progress plain --evaluate "$work/ck2.safetensors" --members-subset 1 --metrics-json "$work/sub_auto.json"
+python3 -c "import json,sys; a=json.load(open(sys.argv[1]))['evaluation']; b=json.load(open(sys.argv[2]))['evaluation']; \
+assert a['member_test_accuracy'] == b['member_test_accuracy'] and a['ensemble_test_nll'] == b['ensemble_test_nll']" \
+  "$work/sub.json" "$work/sub_auto.json" && pass "without --devices: the same numbers" || fail "without --devices: the same numbers"
 expect "subset without evaluate" 2 "--members-subset picks members of the checkpoint given with --evaluate" -- \
   "$bin" --members-subset 0
 expect "subset twice" 2 "--members-subset: member 1 is named twice" -- "$bin" --evaluate x --members-subset 1,1
