@@ -82,7 +82,8 @@ struct GraphPlan {
   std::unique_ptr<kernels::Graph> graph;
   std::string key;             // the static arguments and scalar leaves it was captured with
   std::uint64_t thread = 0;    // the capturing thread's token
-  std::uint64_t warm = 0;      // the thread that last ran the function (its handles and scratch exist)
+  std::uint64_t warm = 0;      // the thread that last ran the function (its handles and scratch exist),
+  std::string warm_key;        // with these static arguments, scalar leaves and precision
   const std::type_info* result_type = nullptr;
   std::vector<Array> stage;    // one place per argument leaf (an empty Array for an empty leaf)
   std::vector<ResultPlace> results;
@@ -498,6 +499,12 @@ Call::Call(State& state, std::string signature, GraphRequest* graph) : state_(st
     ++state.unplanned;
     return;
   }
+  // Inside another jitted function's capture: that graph would keep pointing into this plan's arenas,
+  // which a retrace of this one frees. Refused (the outer function replays without a graph).
+  if (detail::capturing() != nullptr) {
+    throw CaptureError("jit of '" + state.name + "' called inside the capture of another jitted function (its " +
+                       "plan's memory is its own)");
+  }
   entry_ = entry;
   impl->request = graph;
   if (graph != nullptr) {  // the thread's default precision is read at the capture as an argument would be
@@ -508,23 +515,24 @@ Call::Call(State& state, std::string signature, GraphRequest* graph) : state_(st
     impl->mode = Mode::replay;
     ++state.replays;
     GraphPlan& g = entry->graph;
-    // (inside another capture a launch or a capture cannot nest: the plain replay, whose results the outer
-    // plan places)
-    if (graph != nullptr && g.planned && graph->why_not.empty() && detail::capturing() == nullptr &&
-        backend_here(g.device) == g.backend) {
+    if (graph != nullptr && g.planned && graph->why_not.empty() && backend_here(g.device) == g.backend) {
       const std::uint64_t here = thread_token();
       const bool same = g.graph != nullptr && g.key == graph->key && g.thread == here &&
                         g.result_type != nullptr && *g.result_type == *graph->result_type;
       if (same) {
         impl->mode = Mode::launch;
-      } else if (g.warm == here) {
+      } else if (g.warm == here && g.warm_key == graph->key) {
         impl->mode = Mode::capture;
         g.graph.reset();
         stage_inputs(g, *graph);
         impl->staged = true;
       } else {
-        g.warm = here;  // a thread's first call runs as a replay: it makes the handles and scratch a capture
-      }                 // cannot (they allocate), and the next call captures
+        // A thread's first call with these static values runs as a replay: it makes the handles and scratch
+        // a capture cannot (they allocate), and the next such call captures. (A value that changes on every
+        // call so never captures, where capturing every time would be slower than no graph.)
+        g.warm = here;
+        g.warm_key = graph->key;
+      }
     }
     if (impl->mode != Mode::launch) {
       impl->replayer = std::make_unique<Replayer>(*entry);
@@ -627,9 +635,7 @@ bool Call::capture(const std::function<void()>& body, std::shared_ptr<void> (*ma
     in.install();
   };
   std::unique_ptr<kernels::Graph> graph;
-  try {
-    graph = g.backend->capture(body);
-  } catch (const CaptureError& e) {
+  const auto refuse = [&](const std::string& why) {
     const bool diverged = in.replayer->diverged_early();
     plain();
     // Trace again next time: after an allocation off the plan (the capture refuses the heap), or without
@@ -637,8 +643,16 @@ bool Call::capture(const std::function<void()>& body, std::shared_ptr<void> (*ma
     entry->stale = true;
     if (!diverged) {
       entry->graph_refused = true;
-      note_refusal(state_, e.what());
+      note_refusal(state_, why);
     }
+  };
+  try {
+    graph = g.backend->capture(body);
+  } catch (const CudaError& e) {  // CUDA ended or could not instantiate the capture: a plain replay follows
+    refuse(e.what());             // (which raises the error again if it is the function's own)
+    return false;
+  } catch (const CaptureError& e) {
+    refuse(e.what());
     return false;
   }
   if (in.replayer->alive() != 0) {
@@ -769,6 +783,7 @@ void Call::finish(const std::vector<Array*>& results) {
         g.backend = backend;
         g.device = devices[0];
         g.warm = thread_token();
+        g.warm_key = in.request->key;
       } else {
         note_refusal(state_, in.request->why_not);
       }

@@ -30,21 +30,23 @@
 //   Inside grad or vmap (a traced argument) the function simply runs, as JAX inlines an inner jit. A
 //   jitted function called again while it runs on the same signature (recursion) runs unplanned.
 // - Graphs: on a backend that records graphs (CUDA devices; the host run of the CUDA kernels), the plan
-//   also places the results, and a signature's second call on a thread captures the function into a graph
-//   on copies of its arguments (fixed places, one per Array leaf). Later calls on that thread copy their
+//   also places the results, and a signature's second call on a thread with the same static values (below)
+//   captures the function into a graph on copies of its arguments (fixed places, one per Array leaf). Later calls on that thread copy their
 //   arguments there, launch the graph and copy the results out: the function's C++ does not run again (it
 //   ran at the trace and at the capture; JAX runs a jitted function's Python once). So the function must
 //   be pure: an Array of its closure is read where it was at the capture, so it must stay unchanged and
 //   alive for as long as the jitted function is used (pass what changes as an argument); a result that is
 //   such an Array is refused. Scalar leaves and the static arguments (a bool, a number, an enum, a string)
-//   are compared on every call: a new value captures again (stats().graph_captures), and so does another
-//   ops::DefaultPrecision; a value that changes on every call (a host-side schedule) captures on every
-//   call, slower than no graph: pass it as an Array. A function the capture refuses (a collective, a random
-//   draw into an array, a copy to the host: CaptureError) is traced again without a graph's plan and
-//   replays without a graph from then on, counted in stats().graph_refusals with the reason in
-//   stats().graph_refusal; so is one with a static argument of another type, once per trace. A graph is
-//   launched on the thread that captured it: another thread's first call replays (making its handles and
-//   scratch), its second captures a graph of its own. JitOptions{.graphs = false} turns graphs off.
+//   are compared on every call, and so is the ops::DefaultPrecision: a new value replays once without a
+//   graph (making the handles and scratch it needs, which a capture cannot allocate), and the next call
+//   with it captures again (stats().graph_captures), so a value that changes on every call (a host-side
+//   schedule: pass it as an Array instead) never captures. A function the capture refuses (a collective, a
+//   random draw into an array, a copy to the host, a jitted function called inside: CaptureError; or CUDA
+//   ending the capture) is traced again without a graph's plan and replays without a graph from then on,
+//   counted in stats().graph_refusals with the reason in stats().graph_refusal; so is one with a static
+//   argument of another type, once per trace. A graph is launched on the thread that captured it: another
+//   thread's first call replays, its second captures a graph of its own (one graph per signature: two
+//   threads taking turns capture on every other call). JitOptions{.graphs = false} turns graphs off.
 #pragma once
 
 #include <cstddef>

@@ -258,7 +258,10 @@ int run_evaluation(const CliOptions& o) {
       n = static_cast<int>(pmap::local_devices(c.backend, -1).size());
     } catch (const pmap::Error&) {  // (no GPU: the Trainer says so)
     }
+    const int all = n;
     while (n > 1 && c.members % n != 0) --n;
+    if (n < all)
+      std::printf("evaluating on %d of the %d devices: the %d member(s) do not divide over %d\n", n, all, c.members, all);
     c.devices = n;
   }
   // The checkpoint's model (before models were recorded: the Flax CNN, the only one), if the program knows it.

@@ -137,7 +137,7 @@ expect "subset not a multiple of the devices" 1 "--members 1 is not a multiple o
   "${ev[@]}" --evaluate "$work/ck2.safetensors" --members-subset 1
 # Without --devices, a device count that divides the members: one member on the two default devices runs
 # on one, with the --devices 1 evaluation's numbers.
-expect "evaluate one member without --devices" 0 "ensemble" -- env PMAPCC_CPU_DEVICES=2 "$bin" --data "$work/data" \
+expect "evaluate one member without --devices" 0 "evaluating on 1 of the 2 devices" -- env PMAPCC_CPU_DEVICES=2 "$bin" --data "$work/data" \
   --progress plain --evaluate "$work/ck2.safetensors" --members-subset 1 --metrics-json "$work/sub_auto.json"
 python3 -c "import json,sys; a=json.load(open(sys.argv[1]))['evaluation']; b=json.load(open(sys.argv[2]))['evaluation']; \
 assert a['member_test_accuracy'] == b['member_test_accuracy'] and a['ensemble_test_nll'] == b['ensemble_test_nll']" \
