@@ -77,8 +77,16 @@ bool BatchLevel::holds(const Array& x, const std::string& op, std::size_t operan
 const Array& BatchLevel::stacked(const Array& view) const { return values_.at(slot_of(view)); }
 
 Array BatchLevel::take(const Array& view) {
-  // A copy: the stored value may be an argument's borrowed storage, or be returned twice.
-  return ops::eager::copy(values_.at(slot_of(view)));
+  // A value of this call's own that no transformation follows is moved out, and a borrowed view of it stays
+  // behind, so that a second take (the value returned twice) copies it. An argument's storage (borrowed) or a
+  // value grad traces is copied.
+  Array& held = values_.at(slot_of(view));
+  if (held.owns_data() && detail::trace_tag(held) == 0) {
+    Array out = std::move(held);
+    held = plain_view(out);
+    return out;
+  }
+  return ops::eager::copy(held);
 }
 
 // ---- helpers ------------------------------------------------------------------------------------------------

@@ -36,8 +36,9 @@ class BatchLevel {
   bool holds(const Array& x, const std::string& op, std::size_t operand) const;
   // The stacked value behind one of this call's views.
   const Array& stacked(const Array& view) const;
-  // A copy of the stacked value behind a view (the function's result: it may be an argument's storage, or
-  // be returned twice); a copy of a value grad traces stays traced.
+  // The stacked value behind a view, as the function's result: moved out when it is this call's own and
+  // untraced (a later take of it copies), else a copy (an argument's storage; a copy of a value grad traces
+  // stays traced). The result must outlive this level's later takes.
   Array take(const Array& view);
 
  private:

@@ -91,7 +91,7 @@ template <class T> T traced_tree(core::Trace& trace, const T& tree, std::size_t 
   });
 }
 
-template <class T> T gradient_tree(const core::Trace& trace, const T& traced) {
+template <class T> T gradient_tree(core::Trace& trace, const T& traced) {
   return tree_map(traced, [&](const auto& leaf) {
     using L = std::remove_cvref_t<decltype(leaf)>;
     if constexpr (std::is_same_v<L, Array>) {

@@ -214,13 +214,22 @@ void Trace::backward(const Array& result) {
   }
 }
 
-Array Trace::gradient(const Array& input) const {
+Array Trace::gradient(const Array& input) {
   BatchLevel* level = BatchLevel::active();
   const bool member = level != nullptr && level->holds(input, "grad of '" + function_ + "'", 0);
   const std::size_t s = slot_of(member ? level->stacked(input) : input);
   if (!done_ || s >= gradients_.size()) throw Error("grad of '" + function_ + "': no backward pass ran");
   Paused paused;
-  Array g = gradients_[s].valid() ? ops::eager::copy(untagged(gradients_[s])) : ops::eager::zeros_like(values_[s]);
+  Array& held = gradients_[s];
+  Array g;
+  if (!held.valid()) {
+    g = ops::eager::zeros_like(values_[s]);
+  } else if (held.owns_data() && detail::trace_tag(held) == 0) {
+    g = std::move(held);  // the backward pass's own buffer: moved out, a borrowed view left for a second call
+    held = untagged(g);
+  } else {
+    g = ops::eager::copy(untagged(held));  // borrowed storage, or a value an outer grad traces
+  }
   return member ? level->wrap(std::move(g)) : std::move(g);
 }
 

@@ -32,8 +32,10 @@ class Trace {
   // is then zero). Once per trace. Inside vmap (pmapcc/core/batching.h) the value is each member's, and
   // input() gives every member its own copy of a leaf the members share, so each gets its own gradient.
   void backward(const Array& value);
-  // After backward: the gradient of a value input() returned (zeros of its shape where nothing flowed).
-  Array gradient(const Array& input) const;
+  // After backward: the gradient of a value input() returned (zeros of its shape where nothing flowed). The
+  // backward pass's own buffer is moved out (a second call for the same input copies it, so the first
+  // result must outlive it); borrowed storage or a value an outer grad traces is copied.
+  Array gradient(const Array& input);
   // A result of the function made independent of the trace: a traced value is replaced by an untraced
   // copy; anything else is left as it is.
   void release(Array& result) const;

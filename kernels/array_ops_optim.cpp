@@ -75,6 +75,32 @@ Array clip_factor(const std::vector<const Array*>& xs, float max_norm) {
   return factor;
 }
 
+std::pair<Array, Array> sgd_trace(const kernels::SgdParams& params, const Array& grads, const Array& trace,
+                                  const Array& lr) {
+  require_dtype("sgd_trace", "grads", grads, DType::f32);
+  require_dtype("sgd_trace", "trace", trace, DType::f32);
+  require_dtype("sgd_trace", "lr", lr, DType::f32);
+  require_same_device("sgd_trace", trace, "trace", grads, "grads");
+  require_same_device("sgd_trace", lr, "lr", grads, "grads");
+  if (trace.shape() != grads.shape()) {
+    throw ShapeError("ops::sgd_trace: trace is " + trace.signature() + " but grads is " + grads.signature() +
+                     "; they must have one shape");
+  }
+  if (lr.size() != 1) {
+    throw ShapeError("ops::sgd_trace: lr is " + lr.signature() + "; it must be one f32 value");
+  }
+  kernels::validate(params);
+  const kernels::Backend& be = backend_of("sgd_trace", grads.device());
+  std::pair<Array, Array> out{Array::uninitialized(grads.shape(), DType::f32, grads.device()),
+                              Array::uninitialized(grads.shape(), DType::f32, grads.device())};
+  if (grads.size() > 0) {
+    be.optimizer().sgd_trace(params, 1, static_cast<std::size_t>(grads.size()), lr.data<float>(),
+                             grads.data<float>(), trace.data<float>(), out.first.data<float>(),
+                             out.second.data<float>());
+  }
+  return out;
+}
+
 Array increment(const Array& step) {
   require_step("increment", step);
   const kernels::Backend& be = backend_of("increment", step.device());

@@ -5,6 +5,7 @@
 // Not differentiable and not primitives: they compute optimizer state, never a value grad follows.
 #pragma once
 
+#include <utility>
 #include <vector>
 
 #include <pmap/array.h>
@@ -26,6 +27,13 @@ Array adam_step_size(const kernels::AdamParams& params, const Array& step, const
 // sqrt(sum of x^2) <= max_norm, else max_norm / that norm; the squares summed in double, array by array in
 // order, each in index order (as the Trainer's clipping). max_norm > 0 (ValueError otherwise); xs not empty.
 Array clip_factor(const std::vector<const Array*>& xs, float max_norm);
+
+// optim::Sgd's update of one leaf in one pass (kernels::OptimizerOps::sgd_trace): {next, updates}, new arrays
+// in grads' shape on its device, next = momentum * trace + grads and updates = -(lr * next) (nesterov:
+// -(lr * (grads + momentum * next))). grads and trace: f32 of one shape; lr: one f32 value (schedule_lr's);
+// all on one device. ShapeError / TypeError / DeviceError naming the argument otherwise.
+std::pair<Array, Array> sgd_trace(const kernels::SgdParams& params, const Array& grads, const Array& trace,
+                                  const Array& lr);
 
 // A new (1) i64 array on step's device holding *step + 1 (step itself is left as it is).
 Array increment(const Array& step);

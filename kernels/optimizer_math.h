@@ -46,6 +46,13 @@ PMAPCC_HD inline void sgd_element(const SgdMember& k, float& p, float& m, float 
   p -= k.nesterov ? k.lr * (g + k.momentum * m) : k.lr * m;
 }
 
+// optax.sgd's trace and update of one element (OptimizerOps::sgd_trace): sgd_element's arithmetic, with the
+// update kept apart from the parameter, so p + u equals sgd_element's p - lr * ... exactly.
+PMAPCC_HD inline void sgd_trace_element(const SgdParams& p, float lr, float g, float m, float& next, float& u) {
+  next = p.momentum * m + g;
+  u = -(p.nesterov ? lr * (g + p.momentum * next) : lr * next);
+}
+
 // One member's scalars for an Adam update; one_minus_beta_* are 1 - beta computed in double.
 struct AdamMember {
   float lr, alpha, one_minus_beta_1, one_minus_beta_2, epsilon, weight_decay, grad_scale;

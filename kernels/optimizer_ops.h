@@ -134,6 +134,13 @@ class OptimizerOps {
   virtual void sgd_update(SgdParams p, int members, std::size_t n, UpdateScalars s, float* params, float* momentum,
                           const float* grads) const = 0;
 
+  // optax.sgd's update without the parameters (optim::Sgd in one pass), each (M, n): next = momentum * trace +
+  // grads; updates = -(lr[m] * next), or -(lr[m] * (grads + momentum * next)) with nesterov. params +
+  // updates is sgd_update's params bit for bit. next and updates are written (neither aliases an input),
+  // the rest is read; lr: (M) f32 in device memory.
+  virtual void sgd_trace(SgdParams p, int members, std::size_t n, const float* lr, const float* grads,
+                         const float* trace, float* next, float* updates) const = 0;
+
   // Adam on params, m and v (M, n) in place, from grads (M, n); alpha: adam_step_size's (M) output.
   virtual void adam_update(AdamParams p, int members, std::size_t n, UpdateScalars s, const float* alpha, float* params,
                            float* m, float* v, const float* grads) const = 0;

@@ -24,8 +24,18 @@ std::vector<Array> Sgd::update_leaves(const Leaves& grads, SgdState& state, cons
   detail::check_same("optim::Sgd::update", grads, "grads", detail::pointers(state.trace), "the state's trace");
   const Array lr = detail::learning_rate_at(learning_rate, state.count);
   std::vector<Array> updates;
+  const kernels::SgdParams fused{.momentum = momentum, .nesterov = nesterov};
   for (std::size_t i = 0; i < grads.size(); ++i) {
     const Array& g = *grads[i];
+    // Outside grad and vmap (no operand traced), one pass (kernels::OptimizerOps::sgd_trace, the same bits as
+    // the ops below); inside them, the ops, so that a transformation follows the update.
+    if (pmap::detail::trace_tag(g) == 0 && pmap::detail::trace_tag(state.trace[i]) == 0 &&
+        pmap::detail::trace_tag(lr) == 0) {
+      auto [trace, update] = ops::eager::sgd_trace(fused, g, state.trace[i], lr);
+      updates.push_back(std::move(update));
+      state.trace[i] = std::move(trace);
+      continue;
+    }
     Array next = ops::add(ops::scale(state.trace[i], momentum), g);        // momentum * m + g
     if (nesterov) {
       updates.push_back(ops::negative(ops::multiply(ops::add(g, ops::scale(next, momentum)), lr)));

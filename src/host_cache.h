@@ -13,6 +13,10 @@ namespace pmap::detail {
 
 inline constexpr std::size_t kMinCachedBytes = std::size_t{256} << 10;
 inline constexpr std::size_t kMaxCachedBytes = std::size_t{1} << 30;
+// Fresh blocks of at least kHugeBytes are kHugePage aligned, rounded up to whole huge pages and advised for
+// transparent huge pages (Linux): one fault per 2 MiB on the first touch.
+inline constexpr std::size_t kHugePage = std::size_t{2} << 20;
+inline constexpr std::size_t kHugeBytes = std::size_t{4} << 20;
 
 // `bytes` (a multiple of 64) of 64-byte aligned host memory, uninitialised; std::bad_alloc when there is none.
 void* host_alloc(std::size_t bytes);
@@ -24,6 +28,8 @@ struct HostCacheStats {
   std::size_t cached_bytes = 0;             // held now
 };
 HostCacheStats host_cache_stats();
+// Whether fresh blocks of kHugeBytes or more are huge-page aligned and advised (Linux, not under a sanitizer).
+bool huge_blocks();
 // Frees every cached block (tests; a program that wants its memory back).
 void host_cache_clear() noexcept;
 

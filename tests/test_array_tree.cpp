@@ -182,6 +182,16 @@ TEST_CASE("large host blocks are reused, zero-filled again, and never shared by 
   CHECK(pmap::detail::host_cache_stats().cached_bytes == 0);
   pmap::Array small({4}, pmap::DType::f32);  // small blocks are malloc's, not counted
   CHECK(pmap::detail::host_cache_stats().allocated == before.allocated + 2);
+  // A fresh block of kHugeBytes or more starts on a huge page (where huge_blocks()), is zero-filled and holds
+  // what is written to it to its last element.
+  pmap::Array huge({static_cast<std::int64_t>(pmap::detail::kHugeBytes / 4) + 5}, pmap::DType::f32);
+  if (pmap::detail::huge_blocks())
+    CHECK(reinterpret_cast<std::uintptr_t>(huge.raw_data()) % pmap::detail::kHugePage == 0);
+  std::vector<float> h = huge.to_vector<float>();
+  CHECK(std::all_of(h.begin(), h.end(), [](float x) { return x == 0.0f; }));
+  for (std::size_t i = 0; i < h.size(); ++i) h[i] = static_cast<float>(i % 1000);
+  huge.copy_from_host(h.data(), huge.nbytes());
+  CHECK(huge.to_vector<float>() == h);
 }
 
 TEST_CASE("Array::uninitialized: poisoned in the tests (NaN floats), counted, and checked like the constructor") {

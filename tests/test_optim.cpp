@@ -216,6 +216,36 @@ TEST_CASE("optim sgd: momentum and Nesterov follow optax.sgd in float over 4 ste
   }
 }
 
+TEST_CASE("optim sgd: one pass outside grad (ops::eager::sgd_trace), the ops inside it, so grad follows the update") {
+  // Outside any transformation the update is one kernel; the bits are the ops' (the case above) and the
+  // Trainer's. Inside grad: f(p) = sum(p + sgd's update with g = p and a zero trace) = (1 - lr) sum(p).
+  const optim::Sgd tx{.learning_rate = 0.1f, .momentum = 0.9f};
+  const Net p0 = net_of(initial_params());
+  const auto state = tx.init(p0);
+  Net g = pmap::grad([&](const Net& p) {
+    auto [updates, next] = tx.update(p, state, p);
+    const Net q = optim::apply_updates(p, updates);
+    return ops::add(ops::sum(q.w), ops::sum(q.b));
+  }, "sgd inside grad")(p0);
+  for (const Host::value_type& leaf : host_of(g))
+    for (float x : leaf) CHECK(x == doctest::Approx(0.9).epsilon(1e-6));
+  // The one-pass op's own checks.
+  const Array a = Array::from_host(std::vector<float>(6, 1.0f), Shape{2, 3}),
+              b = Array::from_host(std::vector<float>(3, 1.0f), Shape{3}),
+              lr = Array::from_host(std::vector<float>{0.1f}, Shape{1}),
+              lr2 = Array::from_host(std::vector<float>{0.1f, 0.2f}, Shape{2});
+  const kernels::SgdParams sp{0.9f, false};
+  CHECK_THROWS_WITH_AS(ops::eager::sgd_trace(sp, a, b, lr), doctest::Contains("trace is"), pmap::ShapeError);
+  CHECK_THROWS_WITH_AS(ops::eager::sgd_trace(sp, a, a, lr2), doctest::Contains("lr is"), pmap::ShapeError);
+  CHECK_THROWS_WITH_AS(ops::eager::sgd_trace(sp, a, a, Array::from_host(std::vector<std::int32_t>{1}, Shape{1})), doctest::Contains("lr"),
+                       pmap::Error);
+  CHECK_THROWS_WITH_AS(ops::eager::sgd_trace({.momentum = -1.0f}, a, a, lr), doctest::Contains("momentum"),
+                       pmap::ValueError);
+  auto [next, u] = ops::eager::sgd_trace(sp, a, a, lr);  // next = 0.9 + 1, u = -(0.1 * next)
+  CHECK(next.to_vector<float>() == std::vector<float>(6, 0.9f * 1.0f + 1.0f));
+  CHECK(u.to_vector<float>() == std::vector<float>(6, -(0.1f * (0.9f * 1.0f + 1.0f))));
+}
+
 // Adam in double with the bias correction as the paper's epsilon-hat form, at each step's scheduled rate.
 Host adam_reference(const optim::Schedule& lr, double b1, double b2, double eps, double wd, int steps) {
   Host p = initial_params();

@@ -71,6 +71,42 @@ TEST_CASE("optimizer ops: sgd_update follows optax per member, with decoupled we
   CHECK(p[0] == doctest::Approx(-0.1 * (2.0 + 3.0 + 3.5)));
 }
 
+TEST_CASE("optimizer ops: sgd_trace keeps the update apart; params + updates is sgd_update's params, zeros' signs too") {
+  const int members = 3;
+  const std::size_t n = 41;
+  const std::vector<float> lr{0.1f, 0.05f, 0.0f};  // a zero rate makes signed-zero updates
+  for (bool nesterov : {false, true}) {
+    CAPTURE(nesterov);
+    const k::SgdParams sp{0.9f, nesterov};
+    std::vector<float> p = random_floats(members * n, 61), m(members * n, 0.0f), ours_p = p, trace = m;
+    p[3] = -0.0f, ours_p[3] = -0.0f;  // a negative-zero parameter keeps its sign only when u is -0 too
+    for (int step = 0; step < 4; ++step) {
+      std::vector<float> g = random_floats(members * n, 62 + static_cast<std::uint32_t>(step));
+      g[5] = 0.0f, g[6] = -0.0f;
+      cpu_optimizer().sgd_update(sp, members, n, k::UpdateScalars{lr.data()}, p.data(), m.data(), g.data());
+      std::vector<float> next(members * n, 7.0f), u(members * n, 7.0f);
+      cpu_optimizer().sgd_trace(sp, members, n, lr.data(), g.data(), trace.data(), next.data(), u.data());
+      for (std::size_t i = 0; i < u.size(); ++i) {  // the formula written out
+        const float r = lr[i / n], want_next = 0.9f * trace[i] + g[i];
+        CHECK(std::memcmp(&next[i], &want_next, sizeof(float)) == 0);
+        const float want_u = -(nesterov ? r * (g[i] + 0.9f * want_next) : r * want_next);
+        CHECK(std::memcmp(&u[i], &want_u, sizeof(float)) == 0);
+        ours_p[i] += u[i];
+      }
+      trace = next;
+      CHECK(same_bits(trace, m));
+      CHECK(same_bits(ours_p, p));
+    }
+  }
+  std::vector<float> x(4), lr1(1, 0.1f);
+  CHECK_THROWS_WITH_AS(cpu_optimizer().sgd_trace(k::SgdParams{}, 1, 4, lr1.data(), x.data(), nullptr, x.data(),
+                                                 x.data()),
+                       doctest::Contains("trace"), pmap::Error);
+  CHECK_THROWS_WITH_AS(cpu_optimizer().sgd_trace(k::SgdParams{}, 0, 4, lr1.data(), x.data(), x.data(), x.data(),
+                                                 x.data()),
+                       doctest::Contains("members"), pmap::ValueError);
+}
+
 TEST_CASE("optimizer ops: adam_update is Keras's Adam (epsilon before the bias correction), AdamW's decay first") {
   const int members = 2;
   const std::size_t n = 41;
@@ -177,6 +213,8 @@ TEST_CASE("cuda optimizer ops are bitwise the CPU ops") {
     auto g = buffer(grads), sp = buffer(params), sm = buffer(std::vector<float>(members * n));
     auto ap = buffer(params), am = buffer(std::vector<float>(members * n)),
          av = buffer(std::vector<float>(members * n));
+    auto tt = buffer(std::vector<float>(members * n)), tn = buffer(std::vector<float>(members * n)),
+         tu = buffer(std::vector<float>(members * n));
     for (int iteration = 0; iteration < 3; ++iteration) {
       ops.schedule_lr(sched, members, step.template data<std::int64_t>(), b.template data<float>(),
                       lr.template data<float>());
@@ -189,10 +227,14 @@ TEST_CASE("cuda optimizer ops are bitwise the CPU ops") {
                      g.template data<float>());
       ops.adam_update(k::AdamParams{}, members, n, s, alpha.template data<float>(), ap.template data<float>(),
                       am.template data<float>(), av.template data<float>(), g.template data<float>());
+      ops.sgd_trace(k::SgdParams{0.9f, iteration % 2 == 1}, members, n, lr.template data<float>(),
+                    g.template data<float>(), tt.template data<float>(), tn.template data<float>(),
+                    tu.template data<float>());
+      std::swap(tt, tn);
       ops.increment(step.template data<std::int64_t>());
     }
-    return std::vector<std::vector<float>>{read(lr), read(alpha), read(clip), read(sp),
-                                           read(sm), read(ap),    read(am),   read(av)};
+    return std::vector<std::vector<float>>{read(lr), read(alpha), read(clip), read(sp), read(sm),
+                                           read(ap), read(am),    read(av),   read(tt), read(tu)};
   };
   const pmap::Device host{pmap::DeviceKind::cpu, 0, 0};
   auto host_buffer = [&](auto v) { return on(host, v); };

@@ -14,10 +14,13 @@
 #include <tuple>
 #include <vector>
 
+#include <pmap/detail/allocation.h>
+#include <pmap/detail/allocation.h>
 #include <pmap/error.h>
 #include <pmap/pmap.h>
 
 #include <pmapcc/core/grad.h>
+#include <pmapcc/core/trace.h>
 #include <pmapcc/core/ops.h>
 #include <pmapcc/core/vmap.h>
 #include <pmapcc/kernels/array_ops.h>
@@ -478,7 +481,7 @@ TEST_CASE("vmap: results that do not depend on the mapped arguments are repeated
   CHECK(e.to_vector<float>() == e2.to_vector<float>());
 }
 
-TEST_CASE("vmap: a result that is an argument, or returned twice, is a copy of its own") {
+TEST_CASE("vmap: a result that is an argument, or returned twice, is a copy of its own; the members' own results and grad's gradients are moved out") {
   std::vector<float> v{1, 2, 3, 4, 5, 6};
   Array y, z, w;
   {
@@ -493,6 +496,37 @@ TEST_CASE("vmap: a result that is an argument, or returned twice, is a copy of i
   CHECK(y.to_vector<float>() == v);
   CHECK(z.to_vector<float>() == v);
   CHECK(w.to_vector<float>() == v);
+  CHECK(z.raw_data() != w.raw_data());  // the first is the members' result moved out, the second a copy of it
+  CHECK(z.owns_data());
+  CHECK(w.owns_data());
+  // A result the members' ops made is moved out, not copied: one allocation, the batched relu's.
+  {
+    Array x = host(v, {3, 2});
+    const std::uint64_t before = pmap::detail::allocation_count();
+    Array r = pmap::vmap([](const Array& a) { return ops::relu(a); }, {}, "f")(x);
+    CHECK(pmap::detail::allocation_count() - before == 1);
+    CHECK(r.to_vector<float>() == v);
+    // A trace's gradient is its backward pass's buffer, moved out; asked for again, a copy of it.
+    Array g1, g2;
+    {
+      pmap::core::Trace trace("sq");
+      Array in = trace.input(x, "x");
+      trace.backward(ops::sum(ops::multiply(in, in)));
+      const std::uint64_t count = pmap::detail::allocation_count();
+      g1 = trace.gradient(in);
+      CHECK(pmap::detail::allocation_count() == count);
+      g2 = trace.gradient(in);
+      CHECK(pmap::detail::allocation_count() == count + 1);
+    }
+    CHECK(g1.raw_data() != g2.raw_data());
+    CHECK(g1.to_vector<float>() == std::vector<float>{2, 4, 6, 8, 10, 12});
+    CHECK(g2.to_vector<float>() == g1.to_vector<float>());
+    // Inside vmap, the members' gradients, each its own 2a.
+    Array gm = pmap::vmap([](const Array& a) {
+      return pmap::grad([](const Array& b) { return ops::sum(ops::multiply(b, b)); }, "sq")(a);
+    }, {}, "f")(x);
+    CHECK(gm.to_vector<float>() == g1.to_vector<float>());
+  }
   // a member without an axis: softmax raises its own error instead of mixing the members
   CHECK_THROWS_AS(pmap::vmap([](const Array& a) { return ops::softmax(ops::mean(a)); }, {}, "f")(host(v, {3, 2})),
                   pmap::Error);

@@ -31,6 +31,8 @@ class OptimizerOpsImpl final : public OptimizerOps {
   void clip_factor(int members, const double* sumsq, float max_norm, float* factor) const override;
   void sgd_update(SgdParams p, int members, std::size_t n, UpdateScalars s, float* params, float* momentum,
                   const float* grads) const override;
+  void sgd_trace(SgdParams p, int members, std::size_t n, const float* lr, const float* grads, const float* trace,
+                 float* next, float* updates) const override;
   void adam_update(AdamParams p, int members, std::size_t n, UpdateScalars s, const float* alpha, float* params,
                    float* m, float* v, const float* grads) const override;
   void increment(std::int64_t* step) const override;

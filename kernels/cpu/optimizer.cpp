@@ -78,6 +78,22 @@ void OptimizerOpsImpl::sgd_update(SgdParams p, int members, std::size_t n, Updat
   }
 }
 
+void OptimizerOpsImpl::sgd_trace(SgdParams p, int members, std::size_t n, const float* lr, const float* grads,
+                                 const float* trace, float* next, float* updates) const {
+  validate(p);
+  check_members("sgd_trace", members);
+  detail::require(lr, "sgd_trace", "lr");
+  detail::require(grads, "sgd_trace", "grads");
+  detail::require(trace, "sgd_trace", "trace");
+  detail::require(next, "sgd_trace", "next");
+  detail::require(updates, "sgd_trace", "updates");
+  for (int mb = 0; mb < members; ++mb) {
+    const std::size_t o = static_cast<std::size_t>(mb) * n;
+    const float r = lr[mb];
+    for (std::size_t i = o; i < o + n; ++i) sgd_trace_element(p, r, grads[i], trace[i], next[i], updates[i]);
+  }
+}
+
 void OptimizerOpsImpl::adam_update(AdamParams p, int members, std::size_t n, UpdateScalars s, const float* alpha,
                                    float* params, float* m, float* v, const float* grads) const {
   validate(p);

@@ -65,6 +65,19 @@ struct SgdUpdate {
   }
 };
 
+struct SgdTrace {
+  SgdParams p;
+  std::size_t n;
+  const float* lr;
+  const float* grads;
+  const float* trace;
+  float* next;
+  float* updates;
+  PMAPCC_HD void operator()(std::size_t i) const {
+    sgd_trace_element(p, lr[i / n], grads[i], trace[i], next[i], updates[i]);
+  }
+};
+
 struct AdamUpdate {
   AdamParams p;
   std::size_t n;
@@ -135,6 +148,17 @@ void CudaOptimizerOps::sgd_update(SgdParams p, int members, std::size_t n, Updat
   check_update("sgd_update", s, params, grads);
   require(momentum, "sgd_update", "momentum");
   ex_.launch(SgdUpdate{p, n, s, params, momentum, grads}, items(members) * n);
+}
+
+void CudaOptimizerOps::sgd_trace(SgdParams p, int members, std::size_t n, const float* lr, const float* grads,
+                                 const float* trace, float* next, float* updates) const {
+  validate(p);
+  require(lr, "sgd_trace", "lr");
+  require(grads, "sgd_trace", "grads");
+  require(trace, "sgd_trace", "trace");
+  require(next, "sgd_trace", "next");
+  require(updates, "sgd_trace", "updates");
+  ex_.launch(SgdTrace{p, n, lr, grads, trace, next, updates}, items(members) * n);
 }
 
 void CudaOptimizerOps::adam_update(AdamParams p, int members, std::size_t n, UpdateScalars s, const float* alpha,
