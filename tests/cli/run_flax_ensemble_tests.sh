@@ -63,12 +63,14 @@ check "... naming the flag" grep -q -- "--precision" "$tmp/badprec"
 "$flax" --data "$tmp/data" --epochs 1 --seed 3 --members 2 --devices 1 --cpu-threads 3 --metrics-json "$tmp/t3.json" >/dev/null 2>&1
 check "--cpu-threads 1 and 3 train the same bits" same_runs "$tmp/t1.json" "$tmp/t3.json"
 
-# The paired benchmark (bench/run_flax_bench.py) on this data, one round: the table and the count of
-# allocations inside a replayed step; a bad --configs entry is refused.
+# The paired benchmark (bench/run_flax_bench.py) on this data, one round: the table (the whole epoch and after
+# the warm-up) and the count of allocations inside a replayed step; bad --configs, --precisions and
+# --warmup-limit values are refused.
 build=$(cd "$(dirname "$flax")/.." && pwd)
 python3 "$here/../../bench/run_flax_bench.py" --build "$build" --data "$tmp/data" --rounds 1 --configs 2x2 \
-  --precisions "$precisions" --train-limit 512 >"$tmp/bench.out" 2>&1
+  --precisions "$precisions" --train-limit 512 --warmup-limit 256 >"$tmp/bench.out" 2>&1
 check "the paired benchmark runs" test $? -eq 0
+check "... and gives the rates after the warm-up" grep -q "after warm-up" "$tmp/bench.out"
 check "... and counts no allocation inside a replayed step" grep -q "besides its results: 0 (target 0: met)" "$tmp/bench.out"
 python3 "$here/../../bench/run_flax_bench.py" --build "$build" --data "$tmp/data" --configs 3x2 >"$tmp/bench-bad" 2>&1
 check "... a --configs entry whose members are not a multiple of the devices exits 1" test $? -eq 1
@@ -76,6 +78,10 @@ check "... naming it" grep -q "configs entry '3x2'" "$tmp/bench-bad"
 python3 "$here/../../bench/run_flax_bench.py" --build "$build" --data "$tmp/data" --precisions fp16 >"$tmp/bench-bad" 2>&1
 check "... so is a --precisions entry that is not fp32 or bf16 (exit 1)" test $? -eq 1
 check "... naming it" grep -q "precisions entry 'fp16'" "$tmp/bench-bad"
+python3 "$here/../../bench/run_flax_bench.py" --build "$build" --data "$tmp/data" --train-limit 512 \
+  --warmup-limit 512 >"$tmp/bench-bad" 2>&1
+check "... so is a --warmup-limit not below --train-limit (exit 1)" test $? -eq 1
+check "... naming it" grep -q "warmup-limit 512 must be" "$tmp/bench-bad"
 
 # params.py A B: every parameter of the two safetensors files ("params/..." tensors, members stacked) agrees to
 # 1e-5 of its tensor's largest magnitude, and both hold the same tensors; prints the largest difference.
