@@ -36,9 +36,10 @@ std::vector<Array> Sgd::update_leaves(const Leaves& grads, SgdState& state, cons
       state.trace[i] = std::move(trace);
       continue;
     }
-    Array next = ops::add(ops::scale(state.trace[i], momentum), g);        // momentum * m + g
+    // scale's offset is -0, which adds nothing to any value (+0 would turn a -0 product into +0).
+    Array next = ops::add(ops::scale(state.trace[i], momentum, -0.0f), g);  // momentum * m + g
     if (nesterov) {
-      updates.push_back(ops::negative(ops::multiply(ops::add(g, ops::scale(next, momentum)), lr)));
+      updates.push_back(ops::negative(ops::multiply(ops::add(g, ops::scale(next, momentum, -0.0f)), lr)));
     } else {
       updates.push_back(ops::negative(ops::multiply(next, lr)));          // -(lr * m)
     }

@@ -1,6 +1,7 @@
 // The host block cache (host_cache.h).
 #include "host_cache.h"
 
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
 #if defined(__linux__)
@@ -60,7 +61,7 @@ Cache& cache() {
 
 void* fresh_block(std::size_t bytes) {
 #ifdef PMAPCC_HUGE_BLOCKS
-  if (bytes >= kHugeBytes) {
+  if (bytes >= kHugeBytes && bytes <= SIZE_MAX - kHugePage) {  // (a larger size fails below as it always did)
     void* p = std::aligned_alloc(kHugePage, (bytes + kHugePage - 1) / kHugePage * kHugePage);
     if (p != nullptr) madvise(p, (bytes + kHugePage - 1) / kHugePage * kHugePage, MADV_HUGEPAGE);  // advice only
     return p;

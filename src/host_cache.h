@@ -14,7 +14,9 @@ namespace pmap::detail {
 inline constexpr std::size_t kMinCachedBytes = std::size_t{256} << 10;
 inline constexpr std::size_t kMaxCachedBytes = std::size_t{1} << 30;
 // Fresh blocks of at least kHugeBytes are kHugePage aligned, rounded up to whole huge pages and advised for
-// transparent huge pages (Linux): one fault per 2 MiB on the first touch.
+// transparent huge pages (Linux): one fault per 2 MiB on the first touch. The price: up to 2 MiB more
+// resident memory per block (its last huge page whole; the cache counts the requested bytes), and where THP
+// defrag is "madvise" a first touch may wait for the kernel to compact memory into a huge page.
 inline constexpr std::size_t kHugePage = std::size_t{2} << 20;
 inline constexpr std::size_t kHugeBytes = std::size_t{4} << 20;
 

@@ -7,6 +7,9 @@
 #include <tuple>
 
 #include <pmap/pmap.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <pmap/detail/allocation.h>
 
 #include "src/host_cache.h"
@@ -185,8 +188,14 @@ TEST_CASE("large host blocks are reused, zero-filled again, and never shared by 
   // A fresh block of kHugeBytes or more starts on a huge page (where huge_blocks()), is zero-filled and holds
   // what is written to it to its last element.
   pmap::Array huge({static_cast<std::int64_t>(pmap::detail::kHugeBytes / 4) + 5}, pmap::DType::f32);
-  if (pmap::detail::huge_blocks())
+  if (pmap::detail::huge_blocks()) {
     CHECK(reinterpret_cast<std::uintptr_t>(huge.raw_data()) % pmap::detail::kHugePage == 0);
+#if defined(__GLIBC__)
+    // the block holds whole huge pages: its last one is the block's own
+    const std::size_t pages = (huge.nbytes() + pmap::detail::kHugePage - 1) / pmap::detail::kHugePage;
+    CHECK(malloc_usable_size(huge.raw_data()) >= pages * pmap::detail::kHugePage);
+#endif
+  }
   std::vector<float> h = huge.to_vector<float>();
   CHECK(std::all_of(h.begin(), h.end(), [](float x) { return x == 0.0f; }));
   for (std::size_t i = 0; i < h.size(); ++i) h[i] = static_cast<float>(i % 1000);

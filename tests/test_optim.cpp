@@ -11,9 +11,11 @@
 #include <string>
 #include <vector>
 
+#include <pmap/detail/allocation.h>
 #include <pmap/pmap.h>
 
 #include <pmapcc/core/grad.h>
+#include <pmapcc/core/vmap.h>
 #include <pmapcc/kernels/array_ops.h>
 #include <pmapcc/kernels/array_ops_optim.h>
 #include <pmapcc/kernels/backend.h>
@@ -39,6 +41,11 @@ struct Net {
 PMAPCC_TREE(Net, w, b, temperature)
 
 const Shape kW{3, 4}, kB{4};
+
+struct One {  // a tree of one f32 leaf
+  Array w;
+};
+PMAPCC_TREE(One, w)
 
 Net net_of(const Host& h, const Device& d = {}) {
   return Net{Array::from_host(h[0], kW, d), Array::from_host(h[1], kB, d), 1.0f};
@@ -229,6 +236,41 @@ TEST_CASE("optim sgd: one pass outside grad (ops::eager::sgd_trace), the ops ins
   }, "sgd inside grad")(p0);
   for (const Host::value_type& leaf : host_of(g))
     for (float x : leaf) CHECK(x == doctest::Approx(0.9).epsilon(1e-6));
+  // Outside grad the update is the one pass: each leaf costs two arrays (its trace and its update), where the
+  // ops would make four.
+  {
+    const One one{Array::from_host(std::vector<float>(4, 1.0f), Shape{4})};
+    const auto one_state = tx.init(one);
+    std::uint64_t c = pmap::detail::allocation_count();
+    auto r1 = tx.update(one, one_state, one);
+    const std::uint64_t for_one = pmap::detail::allocation_count() - c;
+    c = pmap::detail::allocation_count();
+    auto r2 = tx.update(p0, state, p0);
+    CHECK(pmap::detail::allocation_count() - c == for_one + 2);
+  }
+  // The ops (inside vmap, where the gradient is traced) and the one pass give the same bits, signed zeros
+  // included: with momentum 0, a negative trace and a -0 gradient make a -0 trace.
+  for (float momentum : {0.0f, 0.9f}) {
+    for (bool nesterov : {false, true}) {
+      CAPTURE(momentum);
+      CAPTURE(nesterov);
+      const optim::Sgd sgd{.learning_rate = 0.1f, .momentum = momentum, .nesterov = nesterov};
+      const One params{Array::from_host(std::vector<float>{-0.0f, 1.0f, -0.0f, 2.0f}, Shape{4})};
+      const One g0{Array::from_host(std::vector<float>{-1.0f, 0.5f, -1.0f, -0.0f}, Shape{4})};
+      auto [u0, s0] = sgd.update(g0, sgd.init(params), params);  // the trace: momentum 0 or 0.9 times g0
+      const std::vector<float> g1{-0.0f, 0.0f, -0.0f, -0.0f};
+      auto [u1, s1] = sgd.update(One{Array::from_host(g1, Shape{4})}, s0, params);
+      auto [vu, vtrace] = pmap::vmap([&](const One& gm) {
+        auto [u, next] = sgd.update(gm, s0, params);
+        return std::make_pair(std::move(u), std::move(next.trace));
+      }, {0}, "sgd in vmap")(One{Array::from_host(g1, Shape{1, 4})});
+      const std::vector<float> fu = u1.w.to_vector<float>(), ft = s1.trace[0].to_vector<float>(),
+                               ou = vu.w.to_vector<float>(), ot = vtrace.at(0).to_vector<float>();
+      CHECK(std::memcmp(fu.data(), ou.data(), 4 * sizeof(float)) == 0);
+      CHECK(std::memcmp(ft.data(), ot.data(), 4 * sizeof(float)) == 0);
+      if (momentum == 0.0f) CHECK(std::signbit(ft[0]));  // the -0 trace was made
+    }
+  }
   // The one-pass op's own checks.
   const Array a = Array::from_host(std::vector<float>(6, 1.0f), Shape{2, 3}),
               b = Array::from_host(std::vector<float>(3, 1.0f), Shape{3}),

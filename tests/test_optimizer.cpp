@@ -75,28 +75,37 @@ TEST_CASE("optimizer ops: sgd_trace keeps the update apart; params + updates is 
   const int members = 3;
   const std::size_t n = 41;
   const std::vector<float> lr{0.1f, 0.05f, 0.0f};  // a zero rate makes signed-zero updates
+  const std::size_t z = 2 * n;  // the zero-rate member's first element
+  for (float momentum : {0.9f, 0.0f})
   for (bool nesterov : {false, true}) {
+    CAPTURE(momentum);
     CAPTURE(nesterov);
-    const k::SgdParams sp{0.9f, nesterov};
+    const k::SgdParams sp{momentum, nesterov};
     std::vector<float> p = random_floats(members * n, 61), m(members * n, 0.0f), ours_p = p, trace = m;
-    p[3] = -0.0f, ours_p[3] = -0.0f;  // a negative-zero parameter keeps its sign only when u is -0 too
+    p[z + 3] = -0.0f, ours_p[z + 3] = -0.0f;  // a -0 parameter keeps its sign only where u is -0 too
     for (int step = 0; step < 4; ++step) {
       std::vector<float> g = random_floats(members * n, 62 + static_cast<std::uint32_t>(step));
-      g[5] = 0.0f, g[6] = -0.0f;
+      // Signed zeros: a gradient of -0 after a negative one makes a -0 trace (momentum 0: 0 * -1 + -0), and
+      // +-0 gradients meet +-0 traces in the zero-rate member.
+      g[z + 5] = 0.0f;
+      g[z + 6] = step == 0 ? -1.0f : -0.0f;
+      g[6] = step == 0 ? -1.0f : -0.0f;
       cpu_optimizer().sgd_update(sp, members, n, k::UpdateScalars{lr.data()}, p.data(), m.data(), g.data());
       std::vector<float> next(members * n, 7.0f), u(members * n, 7.0f);
       cpu_optimizer().sgd_trace(sp, members, n, lr.data(), g.data(), trace.data(), next.data(), u.data());
       for (std::size_t i = 0; i < u.size(); ++i) {  // the formula written out
-        const float r = lr[i / n], want_next = 0.9f * trace[i] + g[i];
+        const float r = lr[i / n], want_next = momentum * trace[i] + g[i];
         CHECK(std::memcmp(&next[i], &want_next, sizeof(float)) == 0);
-        const float want_u = -(nesterov ? r * (g[i] + 0.9f * want_next) : r * want_next);
+        const float want_u = -(nesterov ? r * (g[i] + momentum * want_next) : r * want_next);
         CHECK(std::memcmp(&u[i], &want_u, sizeof(float)) == 0);
         ours_p[i] += u[i];
       }
       trace = next;
       CHECK(same_bits(trace, m));
       CHECK(same_bits(ours_p, p));
+      if (momentum == 0.0f && step > 0) CHECK(std::signbit(trace[z + 6]));  // the -0 trace was made
     }
+    CHECK(std::signbit(p[z + 3]) == std::signbit(ours_p[z + 3]));
   }
   std::vector<float> x(4), lr1(1, 0.1f);
   CHECK_THROWS_WITH_AS(cpu_optimizer().sgd_trace(k::SgdParams{}, 1, 4, lr1.data(), x.data(), nullptr, x.data(),

@@ -15,7 +15,6 @@
 #include <vector>
 
 #include <pmap/detail/allocation.h>
-#include <pmap/detail/allocation.h>
 #include <pmap/error.h>
 #include <pmap/pmap.h>
 

@@ -68,7 +68,7 @@ check "--cpu-threads 1 and 3 train the same bits" same_runs "$tmp/t1.json" "$tmp
 # --warmup-limit values are refused.
 build=$(cd "$(dirname "$flax")/.." && pwd)
 python3 "$here/../../bench/run_flax_bench.py" --build "$build" --data "$tmp/data" --rounds 1 --configs 2x2 \
-  --precisions "$precisions" --train-limit 512 --warmup-limit 256 >"$tmp/bench.out" 2>&1
+  --precisions "$precisions" --train-limit 640 --warmup-limit 384 >"$tmp/bench.out" 2>&1
 check "the paired benchmark runs" test $? -eq 0
 check "... and gives the rates after the warm-up" grep -q "after warm-up" "$tmp/bench.out"
 check "... and counts no allocation inside a replayed step" grep -q "besides its results: 0 (target 0: met)" "$tmp/bench.out"
@@ -82,6 +82,8 @@ python3 "$here/../../bench/run_flax_bench.py" --build "$build" --data "$tmp/data
   --warmup-limit 512 >"$tmp/bench-bad" 2>&1
 check "... so is a --warmup-limit not below --train-limit (exit 1)" test $? -eq 1
 check "... naming it" grep -q "warmup-limit 512 must be" "$tmp/bench-bad"
+python3 "$here/../../bench/run_flax_bench.py" --build "$build" --data "$tmp/data" --warmup-limit 256 >"$tmp/bench-bad" 2>&1
+check "... and one of fewer than 3 batches (exit 1)" test $? -eq 1
 
 # params.py A B: every parameter of the two safetensors files ("params/..." tensors, members stacked) agrees to
 # 1e-5 of its tensor's largest magnitude, and both hold the same tensors; prints the largest difference.
