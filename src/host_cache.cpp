@@ -62,8 +62,9 @@ Cache& cache() {
 void* fresh_block(std::size_t bytes) {
 #ifdef PMAPCC_HUGE_BLOCKS
   if (bytes >= kHugeBytes && bytes <= SIZE_MAX - kHugePage) {  // (a larger size fails below as it always did)
-    void* p = std::aligned_alloc(kHugePage, (bytes + kHugePage - 1) / kHugePage * kHugePage);
-    if (p != nullptr) madvise(p, (bytes + kHugePage - 1) / kHugePage * kHugePage, MADV_HUGEPAGE);  // advice only
+    const std::size_t whole = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+    void* p = std::aligned_alloc(kHugePage, whole);
+    if (p != nullptr) madvise(p, whole, MADV_HUGEPAGE);  // advice only
     return p;
   }
 #endif
