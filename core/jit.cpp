@@ -9,6 +9,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include <pmap/communicator.h>
 #include <pmap/detail/allocation.h>
 #include <pmap/detail/capture.h>
 #include <pmap/error.h>
@@ -74,12 +75,29 @@ struct ResultPlace {
   Device device;
 };
 
+// A graph holding collectives (NCCL's): its communicators drop it (detail::drop_graphs) before NCCL tears
+// them down, from whichever thread aborts or destroys them; a launch holds the lock while it queues the graph.
+struct SharedGraph final : detail::HeldGraph {
+  std::mutex mutex;
+  std::unique_ptr<kernels::Graph> graph;
+  void drop() noexcept override {
+    std::lock_guard lock(mutex);
+    graph.reset();
+  }
+  bool alive() {
+    std::lock_guard lock(mutex);
+    return graph != nullptr;
+  }
+};
+
 // The graph of a signature, once captured.
 struct GraphPlan {
   bool planned = false;  // the plan places the results too (one device, a backend that captures)
   const kernels::Backend* backend = nullptr;
   Device device;
-  std::unique_ptr<kernels::Graph> graph;
+  std::unique_ptr<kernels::Graph> graph;  // a graph without collectives
+  std::shared_ptr<SharedGraph> shared;    // ... or with them, over these communicators (launches meet the peers)
+  std::vector<detail::CollectiveLog::Use> collectives;
   std::string key;             // the static arguments and scalar leaves it was captured with
   std::uint64_t thread = 0;    // the capturing thread's token
   std::uint64_t warm = 0;      // the thread that last ran the function (its handles and scratch exist),
@@ -88,8 +106,14 @@ struct GraphPlan {
   std::vector<Array> stage;    // one place per argument leaf (an empty Array for an empty leaf)
   std::vector<ResultPlace> results;
   std::shared_ptr<void> result_template;
-  void drop() {
+  bool has_graph() const { return graph != nullptr || (shared != nullptr && shared->alive()); }
+  void reset_graph() {
     graph.reset();
+    shared.reset();
+    collectives.clear();
+  }
+  void drop() {
+    reset_graph();
     stage.clear();
     results.clear();
     result_template.reset();
@@ -517,13 +541,13 @@ Call::Call(State& state, std::string signature, GraphRequest* graph) : state_(st
     GraphPlan& g = entry->graph;
     if (graph != nullptr && g.planned && graph->why_not.empty() && backend_here(g.device) == g.backend) {
       const std::uint64_t here = thread_token();
-      const bool same = g.graph != nullptr && g.key == graph->key && g.thread == here &&
+      const bool same = g.has_graph() && g.key == graph->key && g.thread == here &&
                         g.result_type != nullptr && *g.result_type == *graph->result_type;
       if (same) {
         impl->mode = Mode::launch;
       } else if (g.warm == here && g.warm_key == graph->key) {
         impl->mode = Mode::capture;
-        g.graph.reset();
+        g.reset_graph();
         stage_inputs(g, *graph);
         impl->staged = true;
       } else {
@@ -625,7 +649,7 @@ bool Call::capture(const std::function<void()>& body, std::shared_ptr<void> (*ma
   in.make_template = make_template;
   // Back to a plain replay of this call: a fresh replayer (the capture's allocations were all freed).
   const auto plain = [&] {
-    g.graph.reset();
+    g.reset_graph();
     g.results.clear();
     g.result_template.reset();
     in.uninstall();
@@ -646,6 +670,8 @@ bool Call::capture(const std::function<void()>& body, std::shared_ptr<void> (*ma
       note_refusal(state_, why);
     }
   };
+  // NCCL's collectives are recorded too, the launches meeting the peers (Communicator::graph_meet).
+  detail::CollectiveLog log;
   try {
     graph = g.backend->capture(body);
   } catch (const CudaError& e) {  // CUDA ended or could not instantiate the capture: a plain replay follows
@@ -674,7 +700,18 @@ bool Call::capture(const std::function<void()>& body, std::shared_ptr<void> (*ma
   for (Arena& a : entry->arenas) {  // the graph writes every place at each launch
     if (a.bytes > 0) unpoison(a.device, a.base(), a.bytes);
   }
-  g.graph = std::move(graph);
+  if (log.uses().empty()) {
+    g.graph = std::move(graph);
+  } else {
+    // Graphs are launched on the capturing thread only (g.thread), a worker of the mesh whose communicators
+    // these are: they live as long as it does. One with peers drops the graph before NCCL tears it down.
+    g.collectives = log.uses();
+    auto shared = std::make_shared<SharedGraph>();
+    shared->graph = std::move(graph);
+    for (const auto& use : g.collectives)
+      if (use.comm->size() > 1) detail::hold_graph(use.comm, shared);
+    g.shared = std::move(shared);
+  }
   g.key = in.request->key;
   g.thread = thread_token();
   g.result_type = in.request->result_type;
@@ -691,7 +728,21 @@ std::vector<Array> Call::launch() {
   for (Arena& a : entry->arenas) {  // (a plain replay since the capture may have marked places free)
     if (a.bytes > 0) unpoison(a.device, a.base(), a.bytes);
   }
-  g.graph->launch();
+  if (g.shared == nullptr) {
+    g.graph->launch();
+  } else {
+    // Collective, as NCCL requires of a graph holding its operations: every rank meets the others first
+    // (one of them doing something else raises instead of hanging on the device), and waits after.
+    for (const auto& use : g.collectives) use.comm->graph_meet(use.ops, use.signature);
+    {
+      std::lock_guard lock(g.shared->mutex);
+      if (g.shared->graph == nullptr)
+        throw Aborted("jit of '" + state_.name + "': its graph was dropped by its communicators (aborted or "
+                      "destroyed) before this launch");
+      g.shared->graph->launch();
+    }
+    for (const auto& use : g.collectives) use.comm->graph_wait();  // (one with peers at most: target())
+  }
   std::vector<Array> out;
   out.reserve(g.results.size());
   std::uint64_t result_allocations = 0;

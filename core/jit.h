@@ -40,8 +40,14 @@
 //   are compared on every call, and so is the ops::DefaultPrecision: a new value replays once without a
 //   graph (making the handles and scratch it needs, which a capture cannot allocate), and the next call
 //   with it captures again (stats().graph_captures), so a value that changes on every call (a host-side
-//   schedule: pass it as an Array instead) never captures. A function the capture refuses (a collective, a
-//   random draw into an array, a copy to the host, a jitted function called inside: CaptureError; or CUDA
+//   schedule: pass it as an Array instead) never captures. Collectives are captured where the devices'
+//   communicators can record them: NCCL (one device per GPU), and a one-device group's local copies; each
+//   launch of such a graph then meets the group's other devices on the host first (a device doing
+//   something else raises CollectiveMismatch instead of hanging on the GPU) and waits for the graph after,
+//   with the mesh's collective timeout, and the mesh's communicators drop the graph before they are torn
+//   down (NCCL waits for such graphs). A function the capture refuses (a collective over the host or the
+//   virtual devices' hub, a random draw into an array, a copy to the host, a jitted function called
+//   inside: CaptureError; or CUDA
 //   ending the capture) is traced again without a graph's plan and replays without a graph from then on,
 //   counted in stats().graph_refusals with the reason in stats().graph_refusal; so is one with a static
 //   argument of another type, once per trace. A graph is launched on the thread that captured it: another

@@ -27,7 +27,15 @@ thread_local std::uint64_t tls_allocations = 0;
 // Every blocking copy of an Array goes through here (`what` names it for a capture error).
 void copy_bytes(void* dst, const Device& dd, const void* src, const Device& sd, std::size_t n,
                 const char* what = "a blocking copy") {
-  if (detail::capturing() != nullptr) detail::check_not_capturing(what, "synchronizes with the host");
+  if (detail::capturing() != nullptr) {
+    // Within one GPU, the copy is recorded on the capturing stream, which a replay repeats in order; any
+    // other copy waits for the host.
+    if (!dd.is_cpu() && !sd.is_cpu() && dd.ordinal == sd.ordinal) {
+      if (n > 0) detail::cuda_copy_async(dst, src, n, detail::cuda_thread_stream(), dd.ordinal);
+      return;
+    }
+    detail::check_not_capturing(what, "synchronizes with the host");
+  }
   if (n == 0) return;
   if (dd.is_cpu() && sd.is_cpu()) {
     std::memcpy(dst, src, n);

@@ -27,11 +27,22 @@ struct Target {
 
 Target target(const char* what, const AxisNames& axes) {
   auto& ctx = detail::current_context(what);
-  if (detail::capturing() != nullptr)
-    detail::check_not_capturing(std::string(what) + " over " + axes.str(),
-                                "meets the other devices on the host (a collective)");
-  ++ctx.collectives;
   const auto ep = ctx.mesh->endpoint(ctx.device, axes);
+  if (detail::capturing() != nullptr) {
+    // Recorded into the graph when the communicator can be (NCCL on the device's own memory) and the
+    // capturer meets the peers at each launch (jit's CollectiveLog); refused otherwise.
+    detail::CollectiveLog* log = detail::CollectiveLog::current();
+    if (log == nullptr || !ep.comm->captures() || !ep.device_memory) {
+      detail::check_not_capturing(std::string(what) + " over " + axes.str(),
+                                  "meets the other devices on the host (a collective)");
+    } else if (const Communicator* peers = log->with_peers();
+               ep.comm->size() > 1 && peers != nullptr && peers != ep.comm) {
+      detail::check_not_capturing(std::string(what) + " over " + axes.str(),
+                                  "is a collective over a second axis with several devices (a graph records "
+                                  "one such axis's collectives)");
+    }
+  }
+  ++ctx.collectives;
   return Target{ctx.mesh, ctx.device, ep.comm,
                 ep.device_memory ? ctx.mesh->devices()[static_cast<std::size_t>(ctx.device)] : Device{}};
 }
@@ -206,7 +217,7 @@ Array all_gather(const Array& x, const AxisNames& axes, bool tiled) {
   } else {
     shape.insert(shape.begin(), n);
   }
-  Array out(shape, x.dtype(), x.device());
+  Array out = Array::uninitialized(shape, x.dtype(), x.device());  // every rank's block is written
   run(t,
       make(CollectiveKind::all_gather, tiled ? "all_gather(tiled)" : "all_gather", x,
            static_cast<std::size_t>(x.size())),
@@ -233,7 +244,7 @@ Array all_gather(const Array& x, const AxisNames& axes, int axis, bool tiled) {
   std::size_t outer = 1;
   for (int d = 0; d < a; ++d) outer *= static_cast<std::size_t>(x.shape()[static_cast<std::size_t>(d)]);
   const std::size_t block = outer == 0 ? 0 : x.nbytes() / outer;  // bytes of one device's inner block
-  Array out(shape, x.dtype(), x.device());                        // (outer, n, inner)
+  Array out = Array::uninitialized(shape, x.dtype(), x.device());  // (outer, n, inner), every block written
   if (block == 0) return out;  // nothing to move (an empty array's pointers may be null)
   if (x.device().is_cpu()) {
     const auto* src = static_cast<const char*>(stacked.raw_data());
@@ -264,7 +275,7 @@ Array psum_scatter(const Array& x, const AxisNames& axes, bool tiled) {
                        std::to_string(n) + " devices (or pass tiled=true)");
     shape.erase(shape.begin());
   }
-  Array out(shape, x.dtype(), x.device());
+  Array out = Array::uninitialized(shape, x.dtype(), x.device());  // the reduction writes it all
   CollectiveOp op = make(CollectiveKind::reduce_scatter, "psum_scatter", x, static_cast<std::size_t>(out.size()));
   run(t, op, x, out);
   return out;
@@ -290,7 +301,7 @@ Array ppermute(const Array& x, const AxisNames& axes, const std::vector<std::pai
     id = detail::fnv1a_word(id, static_cast<std::uint64_t>(s) * 4099 + static_cast<std::uint64_t>(d));
   }
   op.perm_id = id;
-  Array out(x.shape(), x.dtype(), x.device());
+  Array out = Array::uninitialized(x.shape(), x.dtype(), x.device());  // received, or zeroed by the communicator
   run(t, op, x, out);
   return out;
 }
@@ -300,6 +311,13 @@ void barrier(const AxisNames& axes) {
   CollectiveOp op;
   op.name = "barrier";
   t.comm->run(op);
+}
+
+void Communicator::graph_meet(std::size_t, std::uint64_t) {
+  throw ValueError("this communicator does not record collectives into graphs (captures() is false)");
+}
+void Communicator::graph_wait() {
+  throw ValueError("this communicator does not record collectives into graphs (captures() is false)");
 }
 
 }  // namespace pmap

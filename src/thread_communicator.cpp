@@ -1,6 +1,7 @@
 // ThreadCommunicator: a device's collectives through the thread hub.
 #include "thread_communicator.h"
 
+#include <pmap/detail/capture.h>
 #include <pmap/error.h>
 
 #include "cuda_seam.h"
@@ -17,7 +18,12 @@ ThreadCommunicator::ThreadCommunicator(ThreadHub& hub, const Group& group, int d
 }
 
 void ThreadCommunicator::run(const CollectiveOp& op) {
-  // (Under a capture, the collective was refused before it got here: src/collectives.cpp's target().)
+  // Under a capture only when captures() (src/collectives.cpp's target() refuses the rest): this device's
+  // own data movement, recorded, with no peer to meet or synchronize for.
+  if (capturing() != nullptr) {
+    if (CollectiveLog* log = CollectiveLog::current()) log->note(this, op);
+    return device_execute(op, {op.send}, {op.recv}, 0, /*synchronize=*/false);
+  }
   if (device_memory_) cuda_sync_current_stream();  // peers read our send buffer from their streams
   hub_.collective(device_, group_, local_rank_, op, device_memory_ ? DataPath::device : DataPath::host);
 }

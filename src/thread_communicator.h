@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include <pmap/communicator.h>
@@ -24,6 +25,11 @@ class ThreadCommunicator final : public Communicator {
   int size() const override { return group_.size; }
   void run(const CollectiveOp& op) override;
   void abort(const std::string& reason) override { hub_.abort(reason); }
+  // A group of one device in device memory (a one-GPU mesh): its collectives are copies and kernels on the
+  // device's stream, which a graph records; there is no peer to meet or wait for at a launch.
+  bool captures() const override { return device_memory_ && group_.size == 1 && group_.remote == nullptr; }
+  void graph_meet(std::size_t, std::uint64_t) override {}
+  void graph_wait() override {}
 
  private:
   ThreadHub& hub_;

@@ -16,7 +16,8 @@ namespace {
 
 bool same_signature(const CollectiveOp& a, const Group* ga, const CollectiveOp& b, const Group* gb) {
   return a.kind == b.kind && a.reduce == b.reduce && a.dtype == b.dtype && a.count == b.count &&
-         a.root == b.root && a.perm_id == b.perm_id && std::strcmp(a.name, b.name) == 0 && ga->axes == gb->axes;
+         a.root == b.root && a.perm_id == b.perm_id && a.recorded == b.recorded && std::strcmp(a.name, b.name) == 0 &&
+         ga->axes == gb->axes;
 }
 
 }  // namespace
@@ -88,7 +89,7 @@ std::string ThreadHub::describe(const std::string& device_name, const Posted& s)
   if (s.op.kind == CollectiveKind::all_reduce || s.op.kind == CollectiveKind::reduce_scatter)
     d += std::string(", ") + reduce_name(s.op.reduce);
   if (s.op.kind == CollectiveKind::broadcast) d += ", root " + std::to_string(s.op.root);
-  return d + ") over " + s.group->axes;
+  return d + ") over " + s.group->axes + (s.op.recorded ? " (recording it into a CUDA graph)" : "");
 }
 
 // The first difference between this device's collective #seq and another device's: any device of the

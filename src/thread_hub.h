@@ -120,11 +120,12 @@ class ThreadHub {
 
 // Rank `rank`'s share of the data movement of a collective whose buffers (sends, recvs: every rank's, in
 // rank order) are device memory the calling thread's GPU can reach (its own, or peers' with peer access
-// enabled): kernels and copies on its current stream, which is then synchronized. Reductions combine
+// enabled): kernels and copies on its current stream, which is then synchronized (unless `synchronize` is
+// false: a one-rank group's collective recorded into a graph, which no peer reads). Reductions combine
 // ranks in order 0..n-1, as the host path does, so the results are bitwise those of CPU devices. Only
 // for groups within one process (the whole group is local, so local ranks are group ranks).
 // src/cuda/device_hub.cu; the stub throws NotAvailable.
 void device_execute(const CollectiveOp& op, const std::vector<const void*>& sends, const std::vector<void*>& recvs,
-                    int rank);
+                    int rank, bool synchronize = true);
 
 }  // namespace pmap::detail

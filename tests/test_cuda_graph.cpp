@@ -122,6 +122,25 @@ TEST_CASE("cuda graphs: warm-up, capture and replays give bitwise the results of
   }
 }
 
+TEST_CASE("cuda graphs: a copy within one GPU is recorded, and each replay repeats it") {
+  for (const Target& t : targets()) {
+    if (t.device.is_cpu()) continue;  // (a host run's arrays are host memory: a copy there is refused, below)
+    CAPTURE(t.name);
+    on_device(t, [&] {
+      auto src = zeros(t.device, 4);
+      auto dst = zeros(t.device, 4);
+      k::StepGraph g(*t.backend);
+      for (int i = 0; i < 4; ++i) {
+        const std::vector<float> v{1.0f * i, 2.0f * i, 3.0f + i, -1.0f * i};
+        src.copy_from_host(v.data(), v.size() * sizeof(float));  // eager, between the launches
+        g.run([&] { dst.copy_from(src); });
+        CHECK(g.captured() == (i >= 1));
+        CHECK(dst.to_vector<float>() == v);
+      }
+    });
+  }
+}
+
 TEST_CASE("cuda graphs refuse what a captured step must not do, naming it, and leave no capture open") {
   for (const Target& t : targets()) {
     CAPTURE(t.name);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #if defined(PMAPCC_CUDA_STANDIN)
+#include <cuda_runtime.h>
 #include <pmapcc_standin.h>
 #endif
 
@@ -320,3 +321,197 @@ TEST_CASE("jit graphs on cuda devices: inside pmap one graph launch per step, wi
   CHECK(kernels == eager_run / kSteps * 2);
 #endif
 }
+
+namespace {
+
+// A data-parallel SGD step with a collective of every kind NCCL runs: the gradients pmean'd, the loss
+// pmax'd (NCCL's max through order keys), and a checksum of the first bias through all_gather,
+// psum_scatter and a ring ppermute. Returns (params, {max loss, checksum}).
+std::pair<Mlp, std::vector<Array>> dp_step(const Mlp& p, const Array& x, const Array& y, float lr) {
+  auto [loss, g] = pmap::value_and_grad(loss_of, "loss_of")(p, x, y);
+  auto update = [&](const Array& w, const Array& gw) {
+    return ops::subtract(w, ops::scale(pmap::pmean(gw, "data"), lr));
+  };
+  const int n = pmap::axis_size("data");
+  std::vector<std::pair<int, int>> ring;
+  for (int i = 0; i < n; ++i) ring.emplace_back(i, (i + 1) % n);
+  const Array gathered = pmap::all_gather(p.b1, "data");  // (n, 8)
+  const Array mine = pmap::psum_scatter(gathered, "data");  // (8): row `rank` summed over the devices
+  Array check = ops::add(ops::sum(mine), ops::sum(pmap::ppermute(p.b1, "data", ring)));
+  std::vector<Array> extra;
+  extra.push_back(pmap::pmax(loss, "data"));
+  extra.push_back(std::move(check));
+  return {Mlp{update(p.w1, g.w1), update(p.b1, g.b1), update(p.w2, g.w2), update(p.b2, g.b2)}, std::move(extra)};
+}
+
+// kSteps data-parallel steps on every GPU (each its own shard of x), eager or jitted after one eager step:
+// per device, its w1's bits then each step's max loss and checksum.
+pmap::Sharded<Array> run_dp(const pmap::Mesh& gpus, pmap::Jitted<decltype(&dp_step)>* jitted, int steps) {
+  return pmap::pmap([&] {
+    const pmap::Device dev = pmap::current_device();
+    const int rank = pmap::axis_index("data");
+    Mlp p = make_mlp(4, dev);
+    const Array x = Array::from_host(cuda_testing::random_floats(16 * 4, 30 + static_cast<std::uint32_t>(rank)),
+                                     {16, 4}, dev);
+    const Array y = labels(16, dev);
+    std::vector<float> out;
+    for (int s = 0; s < steps; ++s) {
+      auto [next, extra] = jitted != nullptr && s > 0 ? (*jitted)(p, x, y, 0.1f) : dp_step(p, x, y, 0.1f);
+      p = std::move(next);
+      for (const Array& e : extra) out.push_back(e.to_vector<float>()[0]);
+    }
+    const auto w = bits(p.w1);
+    out.insert(out.begin(), w.begin(), w.end());
+    return Array::from_host(out, {static_cast<std::int64_t>(out.size())});
+  }, gpus, "data")();
+}
+
+}  // namespace
+
+TEST_CASE("cuda graphs with collectives: jit records a data-parallel step's collectives, one launch per step") {
+  // NCCL's collectives on several GPUs (recorded into each device's graph; each launch meets the peers on
+  // the host first), or a one-GPU mesh's local collectives (copies on the stream).
+  if (!cuda_testing::gpu_usable()) return;
+  pmap::Mesh gpus(pmap::local_devices(pmap::DeviceKind::cuda, -1), "data");
+  const auto n = static_cast<std::uint64_t>(gpus.size());
+  constexpr int kSteps = 6;
+  const auto eager = run_dp(gpus, nullptr, kSteps);
+  auto step = pmap::jit(dp_step, "dp_step");
+#if defined(PMAPCC_CUDA_STANDIN)
+  const std::uint64_t graphs_before = pmapcc_standin::graph_launches();
+#endif
+  const auto jitted = run_dp(gpus, &step, kSteps);
+  for (std::size_t d = 0; d < eager.size(); ++d) CHECK(bits(jitted[d]) == bits(eager[d]));
+  auto st = step.stats();
+  INFO(st.graph_refusal);
+  CHECK(st.graph_refusals == 0);
+  CHECK(st.graph_captures == n);  // (one eager step, the trace, the capture and its launch, 3 more launches)
+  CHECK(st.graph_launches == n * (kSteps - 2));
+  CHECK(st.last_allocations == 0);
+#if defined(PMAPCC_CUDA_STANDIN)
+  CHECK(pmapcc_standin::graph_launches() - graphs_before == n * (kSteps - 2));
+#endif
+
+  // The jitted function outlives the mesh: the mesh's communicators drop its graphs before NCCL tears
+  // them down (the stand-in stops the program otherwise: NCCL would wait for them forever), and a new
+  // mesh captures again, with the same bits.
+  {
+    pmap::Mesh again(pmap::local_devices(pmap::DeviceKind::cuda, -1), "data");
+    const auto second = run_dp(again, &step, kSteps);
+    for (std::size_t d = 0; d < eager.size(); ++d) CHECK(bits(second[d]) == bits(eager[d]));
+  }
+  st = step.stats();
+  CHECK(st.graph_refusals == 0);
+  CHECK(st.graph_captures == 2 * n);
+  CHECK(st.graph_launches == 2 * n * (kSteps - 2));
+}
+
+TEST_CASE("cuda graphs with collectives: a device that launches while another calls a collective raises, never hangs") {
+  if (!cuda_testing::gpu_usable()) return;
+  pmap::Mesh gpus(pmap::local_devices(pmap::DeviceKind::cuda, -1), "data");
+  if (gpus.size() < 2) return;  // (a one-GPU mesh's graphs meet no peer)
+  auto step = pmap::jit(dp_step, "dp_step");
+  auto diverging = pmap::pmap([&] {
+    const pmap::Device dev = pmap::current_device();
+    Mlp p = make_mlp(4, dev);
+    const Array x = Array::from_host(cuda_testing::random_floats(16 * 4, 3), {16, 4}, dev), y = labels(16, dev);
+    for (int s = 0; s < 2; ++s) p = step(p, x, y, 0.1f).first;  // the trace, the capture and its launch
+    if (pmap::axis_index("data") == 0) {
+      p = step(p, x, y, 0.1f).first;  // a launch: it meets the peers first
+    } else {
+      (void)pmap::psum(p.b2, "data");  // ... which do something else
+    }
+    return std::move(p.b2);
+  }, gpus, "data");
+  CHECK_THROWS_WITH_AS(diverging(), doctest::Contains("the launch of a jitted graph holding collectives"),
+                       pmap::CollectiveMismatch);
+  CHECK(step.stats().graph_captures == static_cast<std::uint64_t>(gpus.size()));
+}
+
+TEST_CASE("cuda graphs with collectives: devices launching different graphs raise, never hang") {
+  // Two jitted functions whose collectives differ (a psum of 4 elements, one of 3): both captured on every
+  // device, then one device launches the first while the others launch the second.
+  if (!cuda_testing::gpu_usable()) return;
+  pmap::Mesh gpus(pmap::local_devices(pmap::DeviceKind::cuda, -1), "data");
+  if (gpus.size() < 2) return;
+  auto f = pmap::jit([](const Array& a) { return pmap::psum(a, "data"); }, "psum4");
+  auto g = pmap::jit([](const Array& a) { return pmap::psum(a, "data"); }, "psum3");
+  auto differing = pmap::pmap([&] {
+    const pmap::Device dev = pmap::current_device();
+    const Array a = Array::from_host(std::vector<float>{1, 2, 3, 4}, {4}, dev);
+    const Array b = Array::from_host(std::vector<float>{1, 2, 3}, {3}, dev);
+    for (int s = 0; s < 2; ++s) {  // the trace, then the capture and its launch, of each
+      CHECK(f(a).to_vector<float>()[3] == 4.0f * static_cast<float>(pmap::axis_size("data")));
+      CHECK(g(b).to_vector<float>()[2] == 3.0f * static_cast<float>(pmap::axis_size("data")));
+    }
+    return pmap::axis_index("data") == 0 ? f(a) : g(b);
+  }, gpus, "data");
+  CHECK_THROWS_WITH_AS(differing(), doctest::Contains("the launch of a jitted graph holding collectives"),
+                       pmap::CollectiveMismatch);
+  CHECK(f.stats().graph_captures == static_cast<std::uint64_t>(gpus.size()));
+  CHECK(g.stats().graph_captures == static_cast<std::uint64_t>(gpus.size()));
+}
+
+TEST_CASE("cuda graphs with collectives: what a graph does not record replays without one, with the eager bits") {
+  if (!cuda_testing::gpu_usable()) return;
+  // Virtual devices on one GPU meet in the host hub: their collectives are refused, on every device alike.
+  {
+    const std::vector<pmap::Device> virtual_devices{{pmap::DeviceKind::cuda, 0, 0}, {pmap::DeviceKind::cuda, 1, 0}};
+    pmap::Mesh shared(virtual_devices, "data");
+    const auto eager = run_dp(shared, nullptr, 5);
+    auto step = pmap::jit(dp_step, "dp_step");
+    const auto jitted = run_dp(shared, &step, 5);
+    for (std::size_t d = 0; d < eager.size(); ++d) CHECK(bits(jitted[d]) == bits(eager[d]));
+    const auto st = step.stats();
+    CHECK(st.graph_captures == 0);
+    CHECK(st.graph_refusals == 2);
+    CHECK(st.graph_refusal.find("meets the other devices on the host") != std::string::npos);
+  }
+  // On a 2x2 mesh of GPUs, collectives over "data" and over "model" (both NCCL): one graph records one such
+  // axis's collectives, so the second axis's are refused.
+  std::vector<pmap::Device> four = pmap::local_devices(pmap::DeviceKind::cuda, -1);
+  if (four.size() < 4) return;
+  four.resize(4);
+  pmap::Mesh grid(four, {{"data", 2}, {"model", 2}});
+  auto both = [](const Array& a) { return pmap::psum(pmap::psum(a, "data"), "model"); };
+  auto step = pmap::jit(both, "both_axes");
+  const auto out = pmap::pmap([&] {
+    const Array a = Array::from_host(std::vector<float>{1, 2}, {2}, pmap::current_device());
+    Array r;
+    for (int s = 0; s < 4; ++s) r = step(a);
+    CHECK(bits(r) == bits(both(a)));
+    return r;
+  }, grid, {"data", "model"})();
+  CHECK(bits(out[0]) == std::vector<float>{4, 8});
+  const auto st = step.stats();
+  CHECK(st.graph_captures == 0);
+  CHECK(st.graph_refusals == 4);
+  CHECK(st.graph_refusal.find("a second axis with several devices") != std::string::npos);
+}
+
+#if defined(PMAPCC_CUDA_STANDIN)
+TEST_CASE("cuda graphs with collectives (stand-in only): a launch that fails on one GPU fails the step on all, never hangs") {
+  // The launch fails on one GPU after the meeting, so its peers' graphs wait on the GPU for collectives that
+  // never come: their wait gives up (the mesh's failure, then the abort grace), aborts NCCL (dropping the
+  // graphs first: NCCL's abort waits for them) and pmap raises the first failure.
+  if (!cuda_testing::gpu_usable()) return;
+  pmap::Mesh gpus(pmap::local_devices(pmap::DeviceKind::cuda, -1), "data");
+  if (gpus.size() < 2) return;
+  auto step = pmap::jit(dp_step, "dp_step");
+  std::atomic<int> ready{0};
+  auto failing = pmap::pmap([&] {
+    const pmap::Device dev = pmap::current_device();
+    Mlp p = make_mlp(4, dev);
+    const Array x = Array::from_host(cuda_testing::random_floats(16 * 4, 3), {16, 4}, dev), y = labels(16, dev);
+    for (int s = 0; s < 2; ++s) p = step(p, x, y, 0.1f).first;  // the trace, the capture and its launch
+    pmap::psum(Array::from_host(std::vector<float>{1.0f}, {1}, dev), "data").to_vector<float>();  // all here
+    if (++ready == pmap::axis_size("data")) pmapcc_standin::inject_fault("cudaGraphLaunch", cudaErrorInvalidValue);
+    pmap::psum(Array::from_host(std::vector<float>{1.0f}, {1}, dev), "data").to_vector<float>();  // injected
+    p = step(p, x, y, 0.1f).first;  // one GPU's launch fails
+    return std::move(p.b2);
+  }, gpus, "data");
+  CHECK_THROWS_AS(failing(), pmap::CudaError);
+  pmapcc_standin::clear_faults();
+  CHECK(step.stats().graph_captures == static_cast<std::uint64_t>(gpus.size()));
+}
+#endif

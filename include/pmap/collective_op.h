@@ -34,6 +34,9 @@ struct CollectiveOp {
   const void* send = nullptr;
   void* recv = nullptr;
   const char* name = "collective";  // the user-facing name (psum, all_gather, ...): in messages, and compared
+  // Recorded into a CUDA graph rather than run now (jit's capture, over NCCL). Compared: NCCL requires every
+  // rank of a collective to capture it or none, so a rank recording it and one running it is a mismatch.
+  bool recorded = false;
 };
 
 }  // namespace pmap

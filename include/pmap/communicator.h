@@ -4,6 +4,8 @@
 // (pmap/collectives.h) describe each call as a CollectiveOp and run it here; nothing else is needed.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include <pmap/collective_op.h>
@@ -22,6 +24,23 @@ class Communicator {
   virtual void run(const CollectiveOp& op) = 0;
   // Cancels every pending and future operation of this communicator's group: waiters raise Aborted.
   virtual void abort(const std::string& reason) = 0;
+
+  // Collectives in CUDA graphs: NCCL's, and a one-device group's in device memory (false otherwise). While
+  // the calling thread's stream is captured by a capturer that holds a detail::CollectiveLog (jit), run()
+  // meets the peers on the host, records the op into the capture (noting it in the log) and returns
+  // without waiting. Every launch of that graph is then collective, as NCCL requires of graphs holding
+  // its operations: each rank calls graph_meet() before its launch and graph_wait() after, and a graph
+  // holding a communicator with peers must be destroyed before it is aborted or destroyed
+  // (detail::hold_graph registers it for that).
+  virtual bool captures() const { return false; }
+  // Meets the group on the host before launching a graph that holds `ops` of this communicator's
+  // collectives, whose signatures (kind, dtype, count, ...) hash to `signature`, moving no data:
+  // CollectiveMismatch when a rank does something else or launches another graph, Timeout, Aborted.
+  virtual void graph_meet(std::size_t ops, std::uint64_t signature);
+  // Waits until the launched graph's work on the calling thread's stream is done, with run()'s timeout and
+  // errors (a rank whose graph never ran is a Timeout, never a hang); on an error the communicator is
+  // aborted (after dropping the graphs that hold it).
+  virtual void graph_wait();
 };
 
 }  // namespace pmap

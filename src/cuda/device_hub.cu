@@ -54,7 +54,7 @@ void copy_async(void* dst, const void* src, std::size_t bytes) {
 }  // namespace
 
 void device_execute(const CollectiveOp& op, const std::vector<const void*>& sends, const std::vector<void*>& recvs,
-                    int rank) {
+                    int rank, bool synchronize) {
   const std::size_t n = sends.size();
   if (n > static_cast<std::size_t>(kMaxDeviceRanks)) {
     throw NotAvailable(std::string(op.name) + ": device collectives combine at most " + std::to_string(kMaxDeviceRanks) +
@@ -87,7 +87,7 @@ void device_execute(const CollectiveOp& op, const std::vector<const void*>& send
     case CollectiveKind::barrier:
       break;
   }
-  PMAPCC_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
+  if (synchronize) PMAPCC_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
 }
 
 void cuda_divide(int ordinal, void* x, std::size_t count, DType dtype, int n) {

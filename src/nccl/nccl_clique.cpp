@@ -5,6 +5,13 @@
 // communicator (ncclCommAbort) and raises NcclError / Timeout. An aborted communicator stays unusable:
 // build a new Mesh.
 //
+// Under jit's capture of a step into a CUDA graph (a CollectiveLog held), a collective meets the peers on
+// the host as above, is recorded into the graph (NCCL captures its operations) and is not waited for. Each
+// launch of the graph then meets the group on the host first (graph_meet: a rank doing something else is a
+// CollectiveMismatch, not a device hang) and waits for the stream after (graph_wait), with the same timeout
+// and abort rules. NCCL's destroy and abort wait until every graph holding the communicator is destroyed:
+// the communicator drops those graphs (detail::drop_graphs) before either.
+//
 // Root communicators: process 0's ncclUniqueId (the process running mesh device 0) reaches every process
 // of a mesh spanning several over MPI; each process then joins its devices with ncclCommInitRankConfig
 // (one NCCL rank per mesh device, grouped, nonblocking, polled against the process timeout).
@@ -20,6 +27,7 @@
 #include <string>
 #include <thread>
 
+#include <pmap/detail/capture.h>
 #include <pmap/detail/cuda_stream.h>
 #include <pmap/error.h>
 
@@ -110,8 +118,12 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return group_.size; }
   void abort(const std::string& reason) override { hub_.abort(reason); }  // waiters abort their communicators
 
-  // Checks the op against the other devices, enqueues it on the current stream and waits for it.
+  // Checks the op against the other devices, enqueues it on the current stream and waits for it (under
+  // a capture: records it; see the file's opening).
   void run(const CollectiveOp& op) override;
+  bool captures() const override { return true; }
+  void graph_meet(std::size_t ops, std::uint64_t signature) override;
+  void graph_wait() override;
   // Waits until a nonblocking call on the communicator (creation, split, finalize) has completed.
   void await_ready(const char* what);
 
@@ -123,8 +135,11 @@ class NcclCommunicator final : public Communicator {
   // Polls the communicator (and then the stream) until `until`; an NCCL or CUDA error, a peer's failure
   // or the timeout aborts the communicator and raises (see the file's opening).
   void wait(const CollectiveOp& op, cudaStream_t stream, Until until = Until::done);
-  // Aborts the communicator (once) and tells the group's other communicators in this process.
+  // Aborts the communicator (once) and tells the group's other communicators in this process. While the
+  // thread's stream is being captured, NCCL's abort would wait for that capture (it holds the communicator):
+  // the communicator is marked aborted now and NCCL's abort is left to finish_abort, once it has ended.
   void abort_comm() noexcept;
+  void finish_abort() noexcept;
   // Aborts the communicator and raises E with `message`.
   template <class E> [[noreturn]] void fail(const std::string& message);
   std::string who(const CollectiveOp& op) const {
@@ -140,14 +155,17 @@ class NcclCommunicator final : public Communicator {
   std::chrono::milliseconds timeout_;
   float* barrier_word_ = nullptr;
   bool aborted_ = false;
+  bool nccl_aborted_ = false;  // ncclCommAbort called (aborted_ may come first: see abort_comm)
   std::shared_ptr<std::atomic<bool>> group_aborted_;
 };
 
 NcclCommunicator::~NcclCommunicator() {
+  drop_graphs(this);  // NCCL's finalize and destroy wait for the graphs holding the communicator
   // A peer of this process that aborted its communicator of the group will never finalize: abort at once
   // rather than wait out the bound below (review L5). A peer in another process that aborted is not known
   // here: the bound applies.
   if (comm_ != nullptr && !aborted_ && group_aborted_->load(std::memory_order_acquire)) abort_comm();
+  if (comm_ != nullptr && aborted_) finish_abort();  // (one that came during a capture)
   if (comm_ != nullptr && !aborted_) {
     // Finalize (collective over the group: every device's worker destroys its communicators together),
     // then free. Bounded: a communicator that does not finalize in time is aborted instead.
@@ -167,9 +185,22 @@ NcclCommunicator::~NcclCommunicator() {
 }
 
 void NcclCommunicator::abort_comm() noexcept {
-  if (aborted_) return;
-  aborted_ = true;
-  group_aborted_->store(true, std::memory_order_release);
+  if (!aborted_) {
+    aborted_ = true;
+    group_aborted_->store(true, std::memory_order_release);
+  }
+  bool capturing_now = true;
+  try {
+    capturing_now = current_stream_capturing();
+  } catch (...) {  // (cannot tell: leave it to finish_abort's later calls)
+  }
+  if (!capturing_now) finish_abort();
+}
+
+void NcclCommunicator::finish_abort() noexcept {
+  if (nccl_aborted_) return;
+  nccl_aborted_ = true;
+  drop_graphs(this);  // ncclCommAbort waits until no graph holds the communicator
   ncclCommAbort(comm_);
 }
 
@@ -197,14 +228,43 @@ void NcclCommunicator::await_ready(const char* what) {
 }
 
 void NcclCommunicator::run(const CollectiveOp& op) {
-  if (aborted_) throw NcclError(who(op) + ": the NCCL communicator was aborted earlier; build a new Mesh");
-  if (current_stream_capturing())
-    throw ValueError(who(op) + ": collectives cannot be captured in a CUDA graph (they meet the other devices "
-                               "on the host); capture the compute around them");
-  hub_.collective(device_, group_, local_rank_, op, DataPath::none);  // raises CollectiveMismatch / Timeout / Aborted
+  const bool recorded = current_stream_capturing();
+  if (aborted_) {
+    if (!recorded) finish_abort();  // (an abort during a capture: NCCL's part now that it has ended)
+    throw NcclError(who(op) + ": the NCCL communicator was aborted earlier; build a new Mesh");
+  }
+  CollectiveLog* log = recorded ? CollectiveLog::current() : nullptr;
+  if (recorded && log == nullptr)
+    throw ValueError(who(op) + ": collectives cannot be captured in a CUDA graph outside jit (whose launches "
+                               "meet the other devices); capture the compute around them");
+  CollectiveOp posted = op;
+  posted.recorded = recorded;  // every rank records it, or none (NCCL's rule): a mix is a mismatch
+  hub_.collective(device_, group_, local_rank_, posted, DataPath::none);  // raises CollectiveMismatch / Timeout / Aborted
   const cudaStream_t stream = current_stream();
+  if (log != nullptr) log->note(this, op);
   enqueue(op, stream);
-  wait(op, stream);
+  // Recorded: only until NCCL has put it into the capture (a query of a capturing stream would end it).
+  wait(op, stream, recorded ? Until::enqueued : Until::done);
+}
+
+void NcclCommunicator::graph_meet(std::size_t ops, std::uint64_t signature) {
+  if (aborted_) {
+    finish_abort();
+    throw NcclError("a graph's collectives over " + group_.axes + ": the NCCL communicator was aborted earlier; "
+                    "build a new Mesh");
+  }
+  CollectiveOp op;
+  op.kind = CollectiveKind::barrier;
+  op.count = ops;
+  op.perm_id = signature;  // another graph, or the same with other shapes, is a mismatch
+  op.name = "the launch of a jitted graph holding collectives";
+  hub_.collective(device_, group_, local_rank_, op, DataPath::none);
+}
+
+void NcclCommunicator::graph_wait() {
+  CollectiveOp op;
+  op.name = "a jitted graph's collectives";
+  wait(op, current_stream());  // (a failure aborts the communicator, dropping its graphs first)
 }
 
 void NcclCommunicator::enqueue(const CollectiveOp& op, cudaStream_t stream) {

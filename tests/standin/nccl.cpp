@@ -40,6 +40,7 @@ struct Clique;
 
 struct Slot {
   const void* send = nullptr;
+  bool recorded = false;  // the call ran from a CUDA graph
 };
 
 // One collective's meeting: every rank's send buffer, and how many have arrived, computed and left.
@@ -81,9 +82,16 @@ struct ncclComm {
   std::atomic<int> pending_split{0};   // splits issued and not complete
   std::atomic<int> pending_launches{0};  // units issued, not on their streams yet (under the launcher's lock)
   bool finalizing = false;             // caller side
-  std::uint64_t collectives = 0;       // issued (caller side)
   std::uint64_t splits = 0;
-  std::map<int, std::uint64_t> sent, received;  // per peer
+  // The numbers that match a rank's calls with its peers': taken when a call runs on its stream, in stream
+  // order (one stream per communicator, as pmapcc uses; NCCL orders a communicator's calls the same way),
+  // so that a collective recorded into a CUDA graph takes a new number at each launch of the graph.
+  std::mutex numbers_mutex;
+  std::uint64_t collectives = 0;                // run
+  std::map<int, std::uint64_t> sent, received;  // per peer, run
+  // Collectives recorded into CUDA graphs that still exist (NCCL's persistent references): NCCL's destroy
+  // and abort wait until those graphs are destroyed, so tearing the communicator down first hangs there.
+  std::atomic<int> captured{0};
   std::atomic<int> async_error{ncclSuccess};
   std::string dir;                     // across processes: the folder its ranks meet in ("" in memory)
   std::atomic<bool> joined_all{false};  // across processes: every rank's join file was seen
@@ -203,6 +211,30 @@ struct Call {
   ncclComm* comm = nullptr;
   cudaStream_t stream = nullptr;
   std::uint64_t seq = 0;  // the collective's number on its communicator, or the n-th send/receive to/from peer
+                          // (numbered() sets it when the call runs)
+  bool recorded = false;  // recorded into a CUDA graph (NCCL: every rank captures a collective, or none)
+};
+
+// `k` with its number, taken as it runs (see ncclComm::collectives).
+Call numbered(Call k) {
+  std::lock_guard lock(k.comm->numbers_mutex);
+  if (k.kind == Kind::send) {
+    k.seq = k.comm->sent[k.peer]++;
+  } else if (k.kind == Kind::recv) {
+    k.seq = k.comm->received[k.peer]++;
+  } else {
+    k.seq = k.comm->collectives++;
+  }
+  return k;
+}
+
+// Held by a call recorded into a graph, for as long as a copy of the graph exists (ncclComm::captured).
+struct CapturedRef {
+  explicit CapturedRef(ncclComm* c) : comm(c) { comm->captured.fetch_add(1); }
+  ~CapturedRef() { comm->captured.fetch_sub(1); }
+  CapturedRef(const CapturedRef&) = delete;
+  CapturedRef& operator=(const CapturedRef&) = delete;
+  ncclComm* comm;
 };
 
 // Waits on the clique until pred() or this rank is aborted; false when aborted.
@@ -243,10 +275,14 @@ void run_collective(const Call& k) {
   std::unique_lock lock(q.mutex);
   Round& round = q.rounds[k.seq];
   if (round.slots.empty()) round.slots.resize(static_cast<std::size_t>(n));
-  round.slots[static_cast<std::size_t>(c->rank)].send = k.send;
+  round.slots[static_cast<std::size_t>(c->rank)] = Slot{k.send, k.recorded};
   ++round.arrived;
   q.changed.notify_all();
   if (!await(c, lock, [&] { return round.arrived == n; })) return;
+  // A rank's graph replay meeting another's call made outside a graph: NCCL requires every rank to capture
+  // a collective or none (what it does otherwise is undefined), so the stand-in reports it.
+  for (const Slot& s : round.slots)
+    if (s.recorded != k.recorded) c->async_error.store(ncclInvalidUsage);
   std::vector<const void*> in;
   for (const Slot& s : round.slots) in.push_back(s.send);
   lock.unlock();
@@ -474,13 +510,25 @@ ncclResult_t launch(std::vector<Call> calls) {
       p2p[k.comm].push_back(k);
       continue;
     }
-    const Call copy = k;
-    if (pmapcc_standin::enqueue(k.stream, [copy] { run_collective(copy); }, k.comm->device) != cudaSuccess)
+    Call copy = k;
+    // Recorded into a capture: the graph holds the communicator (CapturedRef) until it is destroyed.
+    std::shared_ptr<CapturedRef> ref;
+    if (pmapcc_standin::stream_info(k.stream).capturing) ref = std::make_shared<CapturedRef>(k.comm);
+    copy.recorded = ref != nullptr;
+    if (pmapcc_standin::enqueue(k.stream, [copy, ref] { run_collective(numbered(copy)); }, k.comm->device) !=
+        cudaSuccess)
       return usage("the stream of a collective is not a valid stream");
   }
   for (auto& [comm, list] : p2p) {
     const std::vector<Call> fused = list;
-    if (pmapcc_standin::enqueue(list.front().stream, [fused] { run_p2p(fused); }, comm->device) != cudaSuccess)
+    std::shared_ptr<CapturedRef> ref;
+    if (pmapcc_standin::stream_info(list.front().stream).capturing) ref = std::make_shared<CapturedRef>(comm);
+    const auto run = [fused, ref] {
+      std::vector<Call> now;
+      for (const Call& k : fused) now.push_back(numbered(k));
+      run_p2p(now);
+    };
+    if (pmapcc_standin::enqueue(list.front().stream, run, comm->device) != cudaSuccess)
       return usage("the stream of a send or receive is not a valid stream");
   }
   return ncclSuccess;
@@ -609,9 +657,6 @@ ncclResult_t issue(Call k, const char* api) {
   if (k.kind == Kind::send || k.kind == Kind::recv) {
     const int n = k.comm->clique->nranks;
     if (k.peer < 0 || k.peer >= n) return ncclInvalidArgument;
-    k.seq = k.kind == Kind::send ? k.comm->sent[k.peer]++ : k.comm->received[k.peer]++;
-  } else {
-    k.seq = k.comm->collectives++;
   }
   if (group_depth > 0) {
     group_calls.push_back(k);
@@ -844,9 +889,27 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   return ncclInProgress;
 }
 
+// NCCL's destroy and abort wait until every CUDA graph holding the communicator's collectives is destroyed
+// (its persistent references): a graph still running (a replay) lets go when it ends, which an abort hastens
+// (its waiting collectives give up), but a graph that still exists holds the communicator for good, and NCCL
+// would wait forever. The stand-in waits for running replays, then stops the program with the reason.
+void await_no_graphs(ncclComm* comm, const char* api) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (comm->captured.load() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (const int n = comm->captured.load(); n > 0) {
+    std::fprintf(stderr,
+                 "pmapcc CUDA stand-in: %s on a communicator whose collectives %d CUDA graph node(s) still hold: NCCL "
+                 "would wait here forever for those graphs to be destroyed (destroy them first)\n",
+                 api, n);
+    std::abort();
+  }
+}
+
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (!live(comm)) return usage("ncclCommDestroy: the communicator is NULL, destroyed or aborted");
   settle_launches(comm, false);
+  await_no_graphs(comm, "ncclCommDestroy");
   comm->aborted.store(true);  // the handle is dead; work queued on it has run (or gives up)
   std::lock_guard lock(comm->clique->mutex);
   comm->clique->changed.notify_all();
@@ -857,8 +920,11 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (comm == nullptr) return ncclSuccess;
   comm->aborted.store(true);  // its collectives waiting for peers give up; the peers keep waiting, as NCCL's
   settle_launches(comm, true);  // what NCCL's thread has not launched yet never will be
-  std::lock_guard lock(comm->clique->mutex);
-  comm->clique->changed.notify_all();
+  {
+    std::lock_guard lock(comm->clique->mutex);
+    comm->clique->changed.notify_all();
+  }
+  await_no_graphs(comm, "ncclCommAbort");
   return ncclSuccess;
 }
 

@@ -5,8 +5,16 @@
 // pmapcc; the runtime's Arrays and collectives and the kernels' scratch memory check it.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+namespace pmap {
+class Communicator;
+struct CollectiveOp;
+}
 
 namespace pmap::detail {
 
@@ -56,5 +64,49 @@ void note_capture_violation(const std::string& op, const char* does) noexcept;
 // Returns false when the calling thread is not capturing, or the call cannot be kept (out of memory): the
 // caller frees at once then. Never throws.
 bool free_after_capture(void (*free)(int ordinal, void* ptr) noexcept, int ordinal, void* ptr) noexcept;
+
+// Collectives inside a capture. A capturer whose graph's launches meet the peers (Communicator::graph_meet
+// and graph_wait; jit) holds a CollectiveLog on the capturing thread: a collective over a communicator that
+// captures() is then recorded into the graph and logged here, instead of refused. Without one (a StepGraph,
+// a user's own capture), collectives stay refused.
+class CollectiveLog {
+ public:
+  struct Use {
+    Communicator* comm;
+    std::size_t ops;          // recorded collectives over comm
+    std::uint64_t signature;  // a hash of their signatures (kind, reduce, dtype, count, root, permutation)
+  };
+  CollectiveLog();
+  ~CollectiveLog();
+  CollectiveLog(const CollectiveLog&) = delete;
+  CollectiveLog& operator=(const CollectiveLog&) = delete;
+  // The calling thread's innermost log, or nullptr.
+  static CollectiveLog* current() noexcept;
+  // A collective over `comm` recorded into the capture (the communicator's run() calls it).
+  void note(Communicator* comm, const CollectiveOp& op);
+  // The communicator with peers (size() > 1) the log has noted, or nullptr: one graph records the
+  // collectives of one such communicator at most (a failure in one could not be unblocked in the other).
+  Communicator* with_peers() const noexcept;
+  // Each communicator once, in the order of first use.
+  const std::vector<Use>& uses() const { return uses_; }
+
+ private:
+  CollectiveLog* previous_;
+  std::vector<Use> uses_;
+};
+
+// A graph holding collectives of communicators: NCCL's destroy and abort wait until every such graph is
+// destroyed, so a communicator drops the graphs registered with it before either (drop_graphs). drop() must
+// destroy the graph and be safe to call from any thread, once the graph's launches have returned.
+class HeldGraph {
+ public:
+  virtual ~HeldGraph() = default;
+  virtual void drop() noexcept = 0;
+};
+// Registers `graph` with `comm` (weakly: a graph destroyed by its owner is forgotten). For communicators
+// with peers (NCCL's); a one-device group's are left out (nothing of theirs waits for the graph).
+void hold_graph(const Communicator* comm, const std::weak_ptr<HeldGraph>& graph);
+// Drops every graph registered with `comm` that still exists (the communicator's abort and destruction).
+void drop_graphs(const Communicator* comm) noexcept;
 
 }  // namespace pmap::detail

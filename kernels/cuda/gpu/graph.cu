@@ -1,6 +1,7 @@
 // CUDA-graph capture of a step (Exec::capture on a GPU): capture of the current stream in thread-local mode
-// (other threads' CUDA calls are unaffected), under the runtime's capture guard, so that an allocation,
-// blocking copy or collective in the body raises CaptureError naming it rather than a CUDA error.
+// (other threads' CUDA calls are unaffected; the mode NCCL asks for with one thread per GPU), under the
+// runtime's capture guard, so that an allocation, a copy through the host or a collective the capturer
+// cannot record (pmap/detail/capture.h) raises CaptureError naming it rather than a CUDA error.
 #include <cuda_runtime_api.h>
 
 #include <pmap/detail/capture.h>
