@@ -680,6 +680,13 @@ bool Call::capture(const std::function<void()>& body, std::shared_ptr<void> (*ma
   } catch (const CaptureError& e) {
     refuse(e.what());
     return false;
+  } catch (const CollectiveMismatch& e) {
+    // Another device ran a collective this one recorded (its capture refused, or its code differs): NCCL
+    // needs every device to record a collective or none, so this call fails, and the function replays
+    // without a graph from now on, as the refusing device's does (all of them agree again next call).
+    entry->graph_refused = true;
+    note_refusal(state_, e.what());
+    throw;
   }
   if (in.replayer->alive() != 0) {
     const std::size_t n = in.replayer->alive();
@@ -704,12 +711,12 @@ bool Call::capture(const std::function<void()>& body, std::shared_ptr<void> (*ma
     g.graph = std::move(graph);
   } else {
     // Graphs are launched on the capturing thread only (g.thread), a worker of the mesh whose communicators
-    // these are: they live as long as it does. One with peers drops the graph before NCCL tears it down.
+    // these are: they live as long as it does. NCCL's drop the graph before they are torn down.
     g.collectives = log.uses();
     auto shared = std::make_shared<SharedGraph>();
     shared->graph = std::move(graph);
     for (const auto& use : g.collectives)
-      if (use.comm->size() > 1) detail::hold_graph(use.comm, shared);
+      if (use.comm->holds_graphs()) detail::hold_graph(use.comm, shared);
     g.shared = std::move(shared);
   }
   g.key = in.request->key;
@@ -733,7 +740,13 @@ std::vector<Array> Call::launch() {
   } else {
     // Collective, as NCCL requires of a graph holding its operations: every rank meets the others first
     // (one of them doing something else raises instead of hanging on the device), and waits after.
-    for (const auto& use : g.collectives) use.comm->graph_meet(use.ops, use.signature);
+    try {
+      for (const auto& use : g.collectives) use.comm->graph_meet(use.ops, use.signature);
+    } catch (const CollectiveMismatch& e) {  // another device runs without this graph: see capture()
+      entry->graph_refused = true;
+      note_refusal(state_, e.what());
+      throw;
+    }
     {
       std::lock_guard lock(g.shared->mutex);
       if (g.shared->graph == nullptr)

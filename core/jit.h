@@ -46,11 +46,12 @@
 //   something else raises CollectiveMismatch instead of hanging on the GPU) and waits for the graph after,
 //   with the mesh's collective timeout, and the mesh's communicators drop the graph before they are torn
 //   down (NCCL waits for such graphs). A function the capture refuses (a collective over the host or the
-//   virtual devices' hub, a random draw into an array, a copy to the host, a jitted function called
-//   inside: CaptureError; or CUDA
-//   ending the capture) is traced again without a graph's plan and replays without a graph from then on,
-//   counted in stats().graph_refusals with the reason in stats().graph_refusal; so is one with a static
-//   argument of another type, once per trace. A graph is launched on the thread that captured it: another
+//   virtual devices' hub, a second axis's collectives in one graph, a random draw into an array, a copy to
+//   the host, a jitted function called inside: CaptureError; or CUDA ending the capture) is traced again
+//   without a graph's plan and replays without a graph from then on, counted in stats().graph_refusals
+//   with the reason in stats().graph_refusal; so is one with a static argument of another type, once per
+//   trace. A capture refused on some devices only fails that call with CollectiveMismatch where the
+//   others record a collective (NCCL: all or none), and every device then replays without a graph. A graph is launched on the thread that captured it: another
 //   thread's first call replays, its second captures a graph of its own (one graph per signature: two
 //   threads taking turns capture on every other call). JitOptions{.graphs = false} turns graphs off.
 #pragma once

@@ -428,6 +428,34 @@ TEST_CASE("cuda graphs with collectives: a device that launches while another ca
   CHECK(step.stats().graph_captures == static_cast<std::uint64_t>(gpus.size()));
 }
 
+TEST_CASE("cuda graphs with collectives: a capture refused on one device only fails one call, then none records") {
+  // Device 0 reads its argument on the host (refused in a capture) before the psum; the others record the
+  // psum. NCCL needs every device to record a collective or none: that call raises CollectiveMismatch, and
+  // from then on every device replays the function without a graph.
+  if (!cuda_testing::gpu_usable()) return;
+  pmap::Mesh gpus(pmap::local_devices(pmap::DeviceKind::cuda, -1), "data");
+  if (gpus.size() < 2) return;
+  auto f = pmap::jit([](const Array& a) {
+    if (pmap::axis_index("data") == 0) (void)a.to_vector<float>();
+    return pmap::psum(a, "data");
+  }, "reads_on_device_0");
+  const auto n = static_cast<float>(gpus.size());
+  auto call = pmap::pmap([&] {
+    return f(Array::from_host(std::vector<float>{1, 2, 3}, {3}, pmap::current_device()));
+  }, gpus, "data");
+  const auto right = [&] {
+    const auto out = call();
+    for (std::size_t d = 0; d < out.size(); ++d) CHECK(bits(out[d]) == std::vector<float>{n, 2 * n, 3 * n});
+  };
+  right();  // the trace
+  CHECK_THROWS_WITH_AS(call(), doctest::Contains("recording it into a CUDA graph"), pmap::CollectiveMismatch);
+  for (int s = 0; s < 3; ++s) right();
+  const auto st = f.stats();
+  CHECK(st.graph_captures == 0);
+  CHECK(st.graph_launches == 0);
+  CHECK(st.graph_refusals == static_cast<std::uint64_t>(gpus.size()));
+}
+
 TEST_CASE("cuda graphs with collectives: devices launching different graphs raise, never hang") {
   // Two jitted functions whose collectives differ (a psum of 4 elements, one of 3): both captured on every
   // device, then one device launches the first while the others launch the second.

@@ -29,10 +29,11 @@ class Communicator {
   // the calling thread's stream is captured by a capturer that holds a detail::CollectiveLog (jit), run()
   // meets the peers on the host, records the op into the capture (noting it in the log) and returns
   // without waiting. Every launch of that graph is then collective, as NCCL requires of graphs holding
-  // its operations: each rank calls graph_meet() before its launch and graph_wait() after, and a graph
-  // holding a communicator with peers must be destroyed before it is aborted or destroyed
-  // (detail::hold_graph registers it for that).
+  // its operations: each rank calls graph_meet() before its launch and graph_wait() after.
   virtual bool captures() const { return false; }
+  // Whether a graph holding this communicator's collectives must be destroyed before the communicator is
+  // (NCCL's: its destroy and abort wait for such graphs): the capturer registers it (detail::hold_graph).
+  virtual bool holds_graphs() const { return false; }
   // Meets the group on the host before launching a graph that holds `ops` of this communicator's
   // collectives, whose signatures (kind, dtype, count, ...) hash to `signature`, moving no data:
   // CollectiveMismatch when a rank does something else or launches another graph, Timeout, Aborted.

@@ -25,7 +25,8 @@ struct Header {
   std::int32_t root = 0;
   std::uint8_t kind = 0, reduce = 0, dtype = 0;
   std::uint8_t check_only = 0;  // signatures only: NCCL moves the data
-  char name[24] = {};  // for messages (truncated)
+  std::uint8_t recorded = 0;    // recorded into a CUDA graph (CollectiveOp::recorded)
+  char name[23] = {};  // for messages (truncated)
   char axes[40] = {};
 };
 static_assert(sizeof(Header) % 16 == 0, "contributions after the header stay aligned");
@@ -37,7 +38,8 @@ template <std::size_t N> void copy_text(char (&dst)[N], const std::string& src) 
 bool same(const Header& a, const Header& b) {
   return a.epoch == b.epoch && a.seq == b.seq && a.count == b.count && a.perm_id == b.perm_id &&
          a.axes_hash == b.axes_hash && a.root == b.root && a.kind == b.kind && a.reduce == b.reduce &&
-         a.dtype == b.dtype && a.check_only == b.check_only && std::strncmp(a.name, b.name, sizeof a.name) == 0;
+         a.dtype == b.dtype && a.check_only == b.check_only && a.recorded == b.recorded &&
+         std::strncmp(a.name, b.name, sizeof a.name) == 0;
 }
 
 std::string describe(const Header& h) {
@@ -47,8 +49,8 @@ std::string describe(const Header& h) {
   if (kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter)
     d += std::string(", ") + reduce_name(static_cast<ReduceOp>(h.reduce));
   if (kind == CollectiveKind::broadcast) d += ", root " + std::to_string(h.root);
-  return d + ") over " + h.axes + " as collective #" + std::to_string(h.seq) + " of pmap call " +
-         std::to_string(h.epoch);
+  return d + ") over " + h.axes + (h.recorded != 0 ? " (recording it into a CUDA graph)" : "") +
+         " as collective #" + std::to_string(h.seq) + " of pmap call " + std::to_string(h.epoch);
 }
 
 // Elements group rank `rank` contributes to a collective of group size n.
@@ -104,6 +106,7 @@ void MpiExchange::pack(const std::vector<const CollectiveOp*>& ops, std::uint64_
   h.reduce = static_cast<std::uint8_t>(op_.reduce);
   h.dtype = static_cast<std::uint8_t>(op_.dtype);
   h.check_only = check_only_ ? 1 : 0;
+  h.recorded = op_.recorded ? 1 : 0;
   copy_text(h.name, op_.name);
   copy_text(h.axes, layout_.axes);
   const auto& mine = layout_.ranks_of[static_cast<std::size_t>(round_.rank())];

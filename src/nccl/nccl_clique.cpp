@@ -52,6 +52,15 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Whether the calling thread's stream is being captured; false when CUDA cannot tell (after an error).
+bool stream_capturing() noexcept {
+  try {
+    return current_stream_capturing();
+  } catch (...) {
+    return false;
+  }
+}
+
 // How long a communicator may still finish after another device failed, before it is aborted.
 constexpr std::chrono::milliseconds kAbortGrace{2000};
 
@@ -122,6 +131,7 @@ class NcclCommunicator final : public Communicator {
   // a capture: records it; see the file's opening).
   void run(const CollectiveOp& op) override;
   bool captures() const override { return true; }
+  bool holds_graphs() const override { return true; }
   void graph_meet(std::size_t ops, std::uint64_t signature) override;
   void graph_wait() override;
   // Waits until a nonblocking call on the communicator (creation, split, finalize) has completed.
@@ -189,12 +199,7 @@ void NcclCommunicator::abort_comm() noexcept {
     aborted_ = true;
     group_aborted_->store(true, std::memory_order_release);
   }
-  bool capturing_now = true;
-  try {
-    capturing_now = current_stream_capturing();
-  } catch (...) {  // (cannot tell: leave it to finish_abort's later calls)
-  }
-  if (!capturing_now) finish_abort();
+  if (!stream_capturing()) finish_abort();
 }
 
 void NcclCommunicator::finish_abort() noexcept {
@@ -228,11 +233,11 @@ void NcclCommunicator::await_ready(const char* what) {
 }
 
 void NcclCommunicator::run(const CollectiveOp& op) {
-  const bool recorded = current_stream_capturing();
   if (aborted_) {
-    if (!recorded) finish_abort();  // (an abort during a capture: NCCL's part now that it has ended)
+    if (!stream_capturing()) finish_abort();  // (an abort during a capture: NCCL's part now that it has ended)
     throw NcclError(who(op) + ": the NCCL communicator was aborted earlier; build a new Mesh");
   }
+  const bool recorded = current_stream_capturing();
   CollectiveLog* log = recorded ? CollectiveLog::current() : nullptr;
   if (recorded && log == nullptr)
     throw ValueError(who(op) + ": collectives cannot be captured in a CUDA graph outside jit (whose launches "

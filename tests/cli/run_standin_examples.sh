@@ -33,6 +33,8 @@ if abs(a["train_loss"] - b["train_loss"]) > 1e-3 * max(1.0, abs(b["train_loss"])
 for k in ("ensemble_test_accuracy",):
     if abs(a[k] - b[k]) > 0.02:
         problems.append(f"{k} {a[k]} vs {b[k]}")
+if len(a["member_test_accuracy"]) != len(b["member_test_accuracy"]):
+    problems.append(f"{len(a['member_test_accuracy'])} members vs {len(b['member_test_accuracy'])}")
 for i, (x, y) in enumerate(zip(a["member_test_accuracy"], b["member_test_accuracy"])):
     if abs(x - y) > 0.02:
         problems.append(f"member {i} accuracy {x} vs {y}")
@@ -40,25 +42,28 @@ print("; ".join(problems))
 sys.exit(1 if problems else 0)
 EOF
 
-# run NAME BIN GPUS ARGS...: BIN on GPUS fake GPUs (--devices GPUS) and on as many CPU devices.
+# run NAME BIN GPUS "JITTED FUNCTIONS" ARGS...: BIN on GPUS fake GPUs (--devices GPUS) and on as many CPU
+# devices.
 run() {
-  local name=$1 bin=$2 gpus=$3; shift 3
+  local name=$1 bin=$2 gpus=$3 functions=$4; shift 4
   if ! PMAPCC_STANDIN_GPUS=$gpus PMAPCC_REQUIRE_GPU=1 "$bin" "${common[@]}" --backend cuda --devices "$gpus" "$@" \
       --metrics-json "$work/$name.gpu.json" >"$work/$name.gpu.out" 2>&1; then
     fail "$name: the run on $gpus fake GPU(s) failed: $(tail -c 400 "$work/$name.gpu.out")"; return
   fi
-  # Every jitted function: one capture per device, launches after, none refused.
-  local lines
-  lines=$(grep -E '^jit [a-z_]+: .*graph capture' "$work/$name.gpu.out")
-  if [ -z "$lines" ]; then
-    fail "$name: no jit graph line in its output"
-  elif echo "$lines" | grep -q 'without a graph'; then
-    fail "$name: a capture was refused: $(echo "$lines" | grep 'without a graph' | head -1)"
-  elif echo "$lines" | grep -Evq "^jit [a-z_]+: $gpus graph capture\(s\), [1-9][0-9]* graph launches$"; then
-    fail "$name: not one capture per GPU then launches: $lines"
-  else
-    pass "$name: $gpus fake GPU(s), every step a graph launch ($(echo "$lines" | tr '\n' ';'))"
-  fi
+  # Each jitted function: one capture per GPU, and every call after its trace a graph launch (the capture's
+  # own included: as many launches as replays), none refused.
+  local f stats graphs replays launches ok=1
+  for f in $functions; do
+    stats=$(grep -E "^jit $f: [0-9]+ trace\(s\), [0-9]+ replays" "$work/$name.gpu.out" | head -1)
+    graphs=$(grep -E "^jit $f: $gpus graph capture\(s\), [0-9]+ graph launches$" "$work/$name.gpu.out" | head -1)
+    replays=$(sed -E 's/.* ([0-9]+) replays.*/\1/' <<<"$stats")
+    launches=$(sed -E 's/.* ([0-9]+) graph launches$/\1/' <<<"$graphs")
+    if [ -z "$stats" ] || [ -z "$graphs" ] || [ "$launches" != "$replays" ] || [ "$replays" -lt 1 ]; then
+      fail "$name: $f is not one capture per GPU, then a graph launch per call: '$stats' / '$(grep -E "^jit $f: .*graph" "$work/$name.gpu.out" | head -1)'"
+      ok=0
+    fi
+  done
+  [ $ok -eq 1 ] && pass "$name: $gpus fake GPU(s), every call of $functions after its trace a graph launch"
   if ! "$bin" "${common[@]}" --backend cpu --devices "$gpus" "$@" --metrics-json "$work/$name.cpu.json" \
       >"$work/$name.cpu.out" 2>&1; then
     fail "$name: the run on CPU devices failed: $(tail -c 400 "$work/$name.cpu.out")"; return
@@ -72,10 +77,10 @@ run() {
 }
 
 if [ "$mode" != quick ]; then
-  run flax-1 "$1" 1 --members 2
-  run keras-1 "$2" 1
+  run flax-1 "$1" 1 "apply_model update_model" --members 2
+  run keras-1 "$2" 1 train_step
 fi
-run flax-2 "$1" 2
-run keras-2 "$2" 2
+run flax-2 "$1" 2 "apply_model update_model"
+run keras-2 "$2" 2 train_step
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -103,8 +103,8 @@ class HeldGraph {
   virtual ~HeldGraph() = default;
   virtual void drop() noexcept = 0;
 };
-// Registers `graph` with `comm` (weakly: a graph destroyed by its owner is forgotten). For communicators
-// with peers (NCCL's); a one-device group's are left out (nothing of theirs waits for the graph).
+// Registers `graph` with `comm` (weakly: a graph destroyed by its owner is forgotten), for a communicator
+// whose holds_graphs() is true (NCCL's), which calls drop_graphs before its abort and destruction.
 void hold_graph(const Communicator* comm, const std::weak_ptr<HeldGraph>& graph);
 // Drops every graph registered with `comm` that still exists (the communicator's abort and destruction).
 void drop_graphs(const Communicator* comm) noexcept;
