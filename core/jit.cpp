@@ -862,6 +862,9 @@ void Call::finish(const std::vector<Array*>& results) {
     Arena a;
     a.device = device;
     a.bytes = bytes;
+    // The trace's freed blocks wait in the host cache for sizes the replays never ask for again: their pages
+    // go back first, for the arena to take (a fresh page's first touch is far dearer than a reused one's).
+    if (device.is_cpu()) detail::release_cached_host_memory(bytes);
     a.storage = Array::uninitialized(Shape{static_cast<std::int64_t>(bytes / sizeof(float))}, DType::f32, device);
     if (bytes > 0) poison(device, a.base(), bytes);
     entry->arenas.push_back(std::move(a));

@@ -341,6 +341,7 @@ AllocationHook* set_allocation_hook(AllocationHook* hook) noexcept {
   return previous;
 }
 std::uint64_t allocation_count() noexcept { return tls_allocations; }
+std::size_t release_cached_host_memory(std::size_t bytes) noexcept { return host_cache_release(bytes); }
 bool is_provided(const Array& a) noexcept { return a.provided_; }
 
 std::uint64_t trace_tag(const Array& a) noexcept { return a.trace_; }

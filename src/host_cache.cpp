@@ -1,6 +1,7 @@
 // The host block cache (host_cache.h).
 #include "host_cache.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
@@ -59,16 +60,42 @@ Cache& cache() {
 #define PMAPCC_HUGE_BLOCKS 1
 #endif
 
+#ifdef PMAPCC_HUGE_BLOCKS
+// A huge block's mapping: the requested bytes rounded up to whole huge pages.
+std::size_t huge_whole(std::size_t bytes) { return (bytes + kHugePage - 1) / kHugePage * kHugePage; }
+bool is_huge(std::size_t bytes) { return bytes >= kHugeBytes && bytes <= SIZE_MAX - 2 * kHugePage; }
+#endif
+
+// Huge blocks are mappings of their own (mmap, not malloc's): freeing one gives its pages back to the
+// kernel at once (munmap), so the next fresh block (a jit arena) gets those pages, already backed, again.
 void* fresh_block(std::size_t bytes) {
 #ifdef PMAPCC_HUGE_BLOCKS
-  if (bytes >= kHugeBytes && bytes <= SIZE_MAX - kHugePage) {  // (a larger size fails below as it always did)
-    const std::size_t whole = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-    void* p = std::aligned_alloc(kHugePage, whole);
-    if (p != nullptr) madvise(p, whole, MADV_HUGEPAGE);  // advice only
+  if (is_huge(bytes)) {  // (a larger size fails below as it always did)
+    const std::size_t whole = huge_whole(bytes);
+    // Map a huge page more than needed and unmap the ends around the 2 MiB aligned middle.
+    void* m = mmap(nullptr, whole + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return nullptr;
+    const auto start = reinterpret_cast<std::uintptr_t>(m);
+    const std::uintptr_t aligned = (start + kHugePage - 1) / kHugePage * kHugePage;
+    if (aligned > start) munmap(m, aligned - start);
+    const std::uintptr_t tail = start + whole + kHugePage - (aligned + whole);
+    if (tail > 0) munmap(reinterpret_cast<void*>(aligned + whole), tail);
+    void* p = reinterpret_cast<void*>(aligned);
+    madvise(p, whole, MADV_HUGEPAGE);  // advice only
     return p;
   }
 #endif
   return std::aligned_alloc(64, bytes);
+}
+
+void free_block(void* p, std::size_t bytes) noexcept {
+#ifdef PMAPCC_HUGE_BLOCKS
+  if (is_huge(bytes)) {
+    munmap(p, huge_whole(bytes));
+    return;
+  }
+#endif
+  std::free(p);
 }
 
 }  // namespace
@@ -112,7 +139,7 @@ void host_free(void* p, std::size_t bytes) noexcept {
       }
     }
   }
-  std::free(p);
+  free_block(p, bytes);
 }
 
 bool huge_blocks() {
@@ -137,11 +164,41 @@ void host_cache_clear() noexcept {
   for (auto& [bytes, blocks] : c.free) {
     for (void* p : blocks) {
       PMAPCC_UNPOISON(p, bytes);
-      std::free(p);
+      free_block(p, bytes);
     }
   }
   c.free.clear();
   c.bytes = 0;
+}
+
+std::size_t host_cache_release(std::size_t bytes) noexcept {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  // The largest sizes first: the fewest blocks for the pages asked for.
+  std::vector<std::size_t> sizes;
+  try {
+    for (const auto& [size, blocks] : c.free) {
+      if (size >= kHugeBytes && !blocks.empty()) sizes.push_back(size);
+    }
+  } catch (...) {  // no memory for the list: nothing released
+    return 0;
+  }
+  std::sort(sizes.rbegin(), sizes.rend());
+  std::size_t released = 0;
+  for (const std::size_t size : sizes) {
+    std::vector<void*>& blocks = c.free[size];
+    while (released < bytes && !blocks.empty()) {
+      void* p = blocks.back();
+      blocks.pop_back();
+      PMAPCC_UNPOISON(p, size);
+      free_block(p, size);
+      c.bytes -= size;
+      released += size;
+      ++c.stats.released;
+    }
+    if (released >= bytes) break;
+  }
+  return released;
 }
 
 }  // namespace pmap::detail

@@ -22,11 +22,12 @@ inline constexpr std::size_t kHugeBytes = std::size_t{4} << 20;
 
 // `bytes` (a multiple of 64) of 64-byte aligned host memory, uninitialised; std::bad_alloc when there is none.
 void* host_alloc(std::size_t bytes);
-// Returns a block host_alloc gave for `bytes` (or std::aligned_alloc did): kept for reuse or freed.
+// Returns a block host_alloc gave for `bytes`: kept for reuse or freed.
 void host_free(void* p, std::size_t bytes) noexcept;
 
 struct HostCacheStats {
-  std::uint64_t reused = 0, allocated = 0;  // large allocations served from the cache / by malloc
+  std::uint64_t reused = 0, allocated = 0;  // large allocations served from the cache / fresh
+  std::uint64_t released = 0;               // cached blocks given back by host_cache_release
   std::size_t cached_bytes = 0;             // held now
 };
 HostCacheStats host_cache_stats();
@@ -34,5 +35,11 @@ HostCacheStats host_cache_stats();
 bool huge_blocks();
 // Frees every cached block (tests; a program that wants its memory back).
 void host_cache_clear() noexcept;
+// Frees cached blocks of kHugeBytes or more, the largest first, until at least `bytes` are freed or none is
+// left; returns the bytes freed. jit calls it before it allocates an arena (a size never cached): the arena
+// then gets the pages of the trace's freed blocks back instead of fresh ones, whose first touch costs a
+// fault and a zero fill per page (2.5 ms per MB on the 2-core VM, 16 GB/s for pages given back and mapped
+// again: the first replay of flax_ensemble's step took 4x a later one).
+std::size_t host_cache_release(std::size_t bytes) noexcept;
 
 }  // namespace pmap::detail

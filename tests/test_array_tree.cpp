@@ -8,7 +8,9 @@
 
 #include <pmap/pmap.h>
 #if defined(__GLIBC__)
-#include <malloc.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 #endif
 #include <pmap/detail/allocation.h>
 
@@ -190,10 +192,11 @@ TEST_CASE("large host blocks are reused, zero-filled again, and never shared by 
   pmap::Array huge({static_cast<std::int64_t>(pmap::detail::kHugeBytes / 4) + 5}, pmap::DType::f32);
   if (pmap::detail::huge_blocks()) {
     CHECK(reinterpret_cast<std::uintptr_t>(huge.raw_data()) % pmap::detail::kHugePage == 0);
-#if defined(__GLIBC__)
-    // the block holds whole huge pages: its last one is the block's own
+#if defined(__linux__)
+    // the block maps whole huge pages: its last one is the block's own (mincore fails on unmapped memory)
     const std::size_t pages = (huge.nbytes() + pmap::detail::kHugePage - 1) / pmap::detail::kHugePage;
-    CHECK(malloc_usable_size(huge.raw_data()) >= pages * pmap::detail::kHugePage);
+    std::vector<unsigned char> resident(pages * pmap::detail::kHugePage / 4096 + 1);
+    CHECK(mincore(huge.raw_data(), pages * pmap::detail::kHugePage, resident.data()) == 0);
 #endif
   }
   std::vector<float> h = huge.to_vector<float>();
@@ -201,6 +204,33 @@ TEST_CASE("large host blocks are reused, zero-filled again, and never shared by 
   for (std::size_t i = 0; i < h.size(); ++i) h[i] = static_cast<float>(i % 1000);
   huge.copy_from_host(h.data(), huge.nbytes());
   CHECK(huge.to_vector<float>() == h);
+}
+
+TEST_CASE("host cache: a release gives the largest cached blocks back first, never the small ones") {
+  namespace d = pmap::detail;
+  d::host_cache_clear();
+  const auto floats = [](std::size_t bytes) { return pmap::Shape{static_cast<std::int64_t>(bytes / 4)}; };
+  const std::size_t mib = std::size_t{1} << 20;
+  { pmap::Array a(floats(6 * mib), pmap::DType::f32), b(floats(8 * mib), pmap::DType::f32),
+        c(floats(2 * mib), pmap::DType::f32); }  // all three cached now
+  const auto before = d::host_cache_stats();
+  CHECK(before.cached_bytes == 16 * mib);
+  CHECK(d::host_cache_release(0) == 0);
+  CHECK(d::host_cache_release(7 * mib) == 8 * mib);  // the 8 MiB block covers it alone
+  CHECK(d::host_cache_stats().cached_bytes == 8 * mib);
+  CHECK(d::host_cache_stats().released == before.released + 1);
+  CHECK(d::host_cache_release(100 * mib) == 6 * mib);  // the 2 MiB block is below kHugeBytes: kept
+  CHECK(d::host_cache_stats().cached_bytes == 2 * mib);
+  CHECK(d::host_cache_release(100 * mib) == 0);
+  CHECK(d::host_cache_stats().released == before.released + 2);
+  const auto reused = d::host_cache_stats().reused;
+  pmap::Array again(floats(6 * mib), pmap::DType::f32);  // a fresh block now, zero-filled
+  CHECK(d::host_cache_stats().reused == reused);
+  const auto v = again.to_vector<float>();
+  CHECK(std::all_of(v.begin(), v.end(), [](float x) { return x == 0.0f; }));
+  pmap::Array small(floats(2 * mib), pmap::DType::f32);  // the small block, still cached
+  CHECK(d::host_cache_stats().reused == reused + 1);
+  d::host_cache_clear();
 }
 
 TEST_CASE("Array::uninitialized: poisoned in the tests (NaN floats), counted, and checked like the constructor") {

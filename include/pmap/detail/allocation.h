@@ -29,6 +29,10 @@ AllocationHook* set_allocation_hook(AllocationHook* hook) noexcept;
 // Whether a's storage is an AllocationHook's.
 bool is_provided(const Array& a) noexcept;
 
+// Gives up to `bytes` of the host block cache's large free blocks back to the system before a plan's arena
+// of that size is allocated, so that the arena reuses their pages (host_cache.h); returns the bytes freed.
+std::size_t release_cached_host_memory(std::size_t bytes) noexcept;
+
 // How many Arrays the calling thread has allocated storage for itself (memory no hook provided), ever: a
 // difference of two readings counts the allocations between them.
 std::uint64_t allocation_count() noexcept;
