@@ -1,6 +1,10 @@
 // CPU average pooling (VALID, any window and stride), forward and backward. Members fold into the batch:
 // pooling never mixes images, so (M, N, ...) is handled as M*N images.
 #include <algorithm>
+#include <cstdint>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include <pmapcc/kernels/cpu/common.h>
 #include <pmapcc/kernels/ops.h>
@@ -108,9 +112,50 @@ void masked_store(const float* mask, const Eigen::ArrayXf& value, float* out, In
 
 // gather_masked for windows that tile (stride == window): each input lies in one window or none, so its sum
 // is 0 + dy * scale (or 0), the same bits as the general loop gives.
+#if defined(__AVX512F__)
+// gather_tiled's rows into a dx that is not r, channels a multiple of 16 and dx 64-byte aligned: the same
+// bits, stored past the caches (dx is a new buffer as large as r, read back by the next backward op from
+// memory anyway): no read for ownership of dx's lines, the memory traffic of the in-place pass.
+void gather_tiled_streaming(const AvgPoolParams& p, const PoolGeometry& g, float scale, const float* r,
+                            const float* dy, float* dx) {
+  const Index c = p.channels;
+  const Index images = Index{p.members} * p.batch;
+  const Index row_size = Index{p.width} * c;
+  const __m512 s = _mm512_set1_ps(scale), zero = _mm512_setzero_ps();
+  for (Index n = 0; n < images; ++n) {
+    for (int iy = 0; iy < p.height; ++iy) {
+      const Index at = (n * p.height + iy) * row_size;
+      const int oy = iy / p.window_h;
+      const float* mask = r + at;
+      float* out = dx + at;
+      if (oy < g.out_height) {
+        for (int ox = 0; ox < g.out_width; ++ox) {
+          const float* d = dy + ((n * g.out_height + oy) * g.out_width + ox) * c;
+          for (int kx = 0; kx < p.window_w; ++kx, out += c, mask += c) {
+            for (Index j = 0; j < c; j += 16) {
+              const __m512 v = _mm512_add_ps(zero, _mm512_mul_ps(_mm512_loadu_ps(d + j), s));
+              const __mmask16 keep = _mm512_cmp_ps_mask(_mm512_loadu_ps(mask + j), zero, _CMP_GT_OQ);
+              _mm512_stream_ps(out + j, _mm512_maskz_mov_ps(keep, v));
+            }
+          }
+        }
+      }
+      for (float* end = dx + at + row_size; out < end; out += 16) _mm512_stream_ps(out, zero);
+    }
+  }
+  _mm_sfence();  // the streamed stores ordered before whatever follows (another thread may read dx)
+}
+#endif
+
 void gather_tiled(const AvgPoolParams& p, const PoolGeometry& g, float scale, const float* r, const float* dy,
                   float* dx) {
   const Index c = p.channels;
+#if defined(__AVX512F__)
+  if (dx != r && c % 16 == 0 && reinterpret_cast<std::uintptr_t>(dx) % 64 == 0) {
+    gather_tiled_streaming(p, g, scale, r, dy, dx);
+    return;
+  }
+#endif
   const Index images = Index{p.members} * p.batch;
   const Index row_size = Index{p.width} * c;
   for (Index n = 0; n < images; ++n) {
