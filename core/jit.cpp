@@ -863,7 +863,8 @@ void Call::finish(const std::vector<Array*>& results) {
     a.device = device;
     a.bytes = bytes;
     // The trace's freed blocks wait in the host cache for sizes the replays never ask for again: their pages
-    // go back first, for the arena to take (a fresh page's first touch is far dearer than a reused one's).
+    // go back to the kernel first, for the arena to take (on a VM a page the process never had costs far
+    // more at its first touch; host_cache.h).
     if (device.is_cpu()) detail::release_cached_host_memory(bytes);
     a.storage = Array::uninitialized(Shape{static_cast<std::int64_t>(bytes / sizeof(float))}, DType::f32, device);
     if (bytes > 0) poison(device, a.base(), bytes);

@@ -198,9 +198,10 @@ void Array::release() noexcept {
     } catch (...) {  // str() out of memory
       detail::note_capture_violation("an Array", "is freed");
     }
+    const auto host = [](int, void* p) noexcept { detail::host_free_uncached(p); };  // not cached
     const bool kept =
         pinned_ ? detail::free_after_capture([](int, void* p) noexcept { detail::cuda_host_free(p); }, 0, data_)
-        : device_.is_cpu() ? detail::free_after_capture([](int, void* p) noexcept { std::free(p); }, 0, data_)  // not cached
+        : device_.is_cpu() ? detail::free_after_capture(host, 0, data_)
                            : detail::free_after_capture(detail::cuda_free, device_.ordinal, data_);
     if (kept) {
       data_ = nullptr;
@@ -341,7 +342,9 @@ AllocationHook* set_allocation_hook(AllocationHook* hook) noexcept {
   return previous;
 }
 std::uint64_t allocation_count() noexcept { return tls_allocations; }
-std::size_t release_cached_host_memory(std::size_t bytes) noexcept { return host_cache_release(bytes); }
+std::size_t release_cached_host_memory(std::size_t bytes) noexcept {
+  return host_cache_release(rounded_bytes(bytes));  // (the size host_alloc is asked for)
+}
 bool is_provided(const Array& a) noexcept { return a.provided_; }
 
 std::uint64_t trace_tag(const Array& a) noexcept { return a.trace_; }

@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #endif
 #include <new>
+#include <utility>
 #include <unordered_map>
 #include <vector>
 
@@ -64,10 +65,30 @@ Cache& cache() {
 // A huge block's mapping: the requested bytes rounded up to whole huge pages.
 std::size_t huge_whole(std::size_t bytes) { return (bytes + kHugePage - 1) / kHugePage * kHugePage; }
 bool is_huge(std::size_t bytes) { return bytes >= kHugeBytes && bytes <= SIZE_MAX - 2 * kHugePage; }
+
+// Each huge block's mapped length, for host_free_uncached (which is not told the size).
+struct Mappings {
+  std::mutex mutex;
+  std::unordered_map<void*, std::size_t> whole;
+};
+Mappings& mappings() {
+  static Mappings* m = new Mappings;  // never destroyed, as the cache
+  return *m;
+}
+
+void unmap(void* p, std::size_t whole) noexcept {
+  {
+    Mappings& m = mappings();
+    std::lock_guard<std::mutex> lock(m.mutex);
+    m.whole.erase(p);
+  }
+  munmap(p, whole);
+}
 #endif
 
 // Huge blocks are mappings of their own (mmap, not malloc's): freeing one gives its pages back to the
-// kernel at once (munmap), so the next fresh block (a jit arena) gets those pages, already backed, again.
+// kernel at once (munmap). A later mapping still faults and zero-fills each page, but in a VM the pages the
+// kernel hands out again are already backed by the host, which is most of a fresh page's cost there.
 void* fresh_block(std::size_t bytes) {
 #ifdef PMAPCC_HUGE_BLOCKS
   if (is_huge(bytes)) {  // (a larger size fails below as it always did)
@@ -81,6 +102,14 @@ void* fresh_block(std::size_t bytes) {
     const std::uintptr_t tail = start + whole + kHugePage - (aligned + whole);
     if (tail > 0) munmap(reinterpret_cast<void*>(aligned + whole), tail);
     void* p = reinterpret_cast<void*>(aligned);
+    try {
+      Mappings& mp = mappings();
+      std::lock_guard<std::mutex> lock(mp.mutex);
+      mp.whole.emplace(p, whole);
+    } catch (...) {  // no memory for the bookkeeping: no block
+      munmap(p, whole);
+      return nullptr;
+    }
     madvise(p, whole, MADV_HUGEPAGE);  // advice only
     return p;
   }
@@ -91,7 +120,7 @@ void* fresh_block(std::size_t bytes) {
 void free_block(void* p, std::size_t bytes) noexcept {
 #ifdef PMAPCC_HUGE_BLOCKS
   if (is_huge(bytes)) {
-    munmap(p, huge_whole(bytes));
+    unmap(p, huge_whole(bytes));
     return;
   }
 #endif
@@ -171,32 +200,53 @@ void host_cache_clear() noexcept {
   c.bytes = 0;
 }
 
+void host_free_uncached(void* p) noexcept {
+  if (p == nullptr) return;
+#ifdef PMAPCC_HUGE_BLOCKS
+  std::size_t whole = 0;
+  {
+    Mappings& m = mappings();
+    std::lock_guard<std::mutex> lock(m.mutex);
+    auto it = m.whole.find(p);
+    if (it != m.whole.end()) whole = it->second;
+  }
+  if (whole > 0) {
+    unmap(p, whole);
+    return;
+  }
+#endif
+  std::free(p);
+}
+
 std::size_t host_cache_release(std::size_t bytes) noexcept {
   Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mutex);
-  // The largest sizes first: the fewest blocks for the pages asked for.
-  std::vector<std::size_t> sizes;
+  std::vector<std::pair<void*, std::size_t>> given;  // unmapped after the lock, which others wait for
+  std::size_t released = 0;
   try {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    if (auto hit = c.free.find(bytes); hit != c.free.end() && !hit->second.empty()) return 0;  // one waits
+    // The largest sizes first: the fewest blocks for the pages asked for.
+    std::vector<std::size_t> sizes;
     for (const auto& [size, blocks] : c.free) {
       if (size >= kHugeBytes && !blocks.empty()) sizes.push_back(size);
     }
-  } catch (...) {  // no memory for the list: nothing released
-    return 0;
-  }
-  std::sort(sizes.rbegin(), sizes.rend());
-  std::size_t released = 0;
-  for (const std::size_t size : sizes) {
-    std::vector<void*>& blocks = c.free[size];
-    while (released < bytes && !blocks.empty()) {
-      void* p = blocks.back();
-      blocks.pop_back();
-      PMAPCC_UNPOISON(p, size);
-      free_block(p, size);
-      c.bytes -= size;
-      released += size;
-      ++c.stats.released;
+    std::sort(sizes.rbegin(), sizes.rend());
+    for (const std::size_t size : sizes) {
+      std::vector<void*>& blocks = c.free.find(size)->second;
+      while (released < bytes && !blocks.empty()) {
+        given.emplace_back(blocks.back(), size);
+        blocks.pop_back();
+        c.bytes -= size;
+        released += size;
+        ++c.stats.released;
+      }
+      if (released >= bytes) break;
     }
-    if (released >= bytes) break;
+  } catch (...) {  // no memory for the lists: what was taken is still freed below
+  }
+  for (const auto& [p, size] : given) {
+    PMAPCC_UNPOISON(p, size);
+    free_block(p, size);
   }
   return released;
 }

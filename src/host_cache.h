@@ -24,6 +24,9 @@ inline constexpr std::size_t kHugeBytes = std::size_t{4} << 20;
 void* host_alloc(std::size_t bytes);
 // Returns a block host_alloc gave for `bytes`: kept for reuse or freed.
 void host_free(void* p, std::size_t bytes) noexcept;
+// Frees a block host_alloc gave, never caching it, its size unknown (an Array freed during a capture, freed
+// once the capture has ended).
+void host_free_uncached(void* p) noexcept;
 
 struct HostCacheStats {
   std::uint64_t reused = 0, allocated = 0;  // large allocations served from the cache / fresh
@@ -36,10 +39,11 @@ bool huge_blocks();
 // Frees every cached block (tests; a program that wants its memory back).
 void host_cache_clear() noexcept;
 // Frees cached blocks of kHugeBytes or more, the largest first, until at least `bytes` are freed or none is
-// left; returns the bytes freed. jit calls it before it allocates an arena (a size never cached): the arena
-// then gets the pages of the trace's freed blocks back instead of fresh ones, whose first touch costs a
-// fault and a zero fill per page (2.5 ms per MB on the 2-core VM, 16 GB/s for pages given back and mapped
-// again: the first replay of flax_ensemble's step took 4x a later one).
+// left, unless a block of exactly `bytes` is cached (the next allocation of that size takes it); returns the
+// bytes freed. jit calls it before it allocates an arena: the arena then takes pages the trace's freed blocks
+// gave back instead of pages the process never had, whose first touch costs far more on a VM (2.5 ms per MB
+// on the 2-core one here, against 16 GB/s for pages given back and mapped again: the first replay of
+// flax_ensemble's step took 2-4x a later one).
 std::size_t host_cache_release(std::size_t bytes) noexcept;
 
 }  // namespace pmap::detail

@@ -7,10 +7,10 @@
 #include <tuple>
 
 #include <pmap/pmap.h>
-#if defined(__GLIBC__)
 #if defined(__linux__)
+#include <cerrno>
+
 #include <sys/mman.h>
-#endif
 #endif
 #include <pmap/detail/allocation.h>
 
@@ -211,12 +211,25 @@ TEST_CASE("host cache: a release gives the largest cached blocks back first, nev
   d::host_cache_clear();
   const auto floats = [](std::size_t bytes) { return pmap::Shape{static_cast<std::int64_t>(bytes / 4)}; };
   const std::size_t mib = std::size_t{1} << 20;
-  { pmap::Array a(floats(6 * mib), pmap::DType::f32), b(floats(8 * mib), pmap::DType::f32),
-        c(floats(2 * mib), pmap::DType::f32); }  // all three cached now
+  const void* eight = nullptr;
+  {
+    pmap::Array a(floats(6 * mib), pmap::DType::f32), b(floats(8 * mib), pmap::DType::f32),
+        c(floats(2 * mib), pmap::DType::f32);
+    eight = b.raw_data();
+  }  // all three cached now
   const auto before = d::host_cache_stats();
   CHECK(before.cached_bytes == 16 * mib);
   CHECK(d::host_cache_release(0) == 0);
+  CHECK(d::host_cache_release(6 * mib) == 0);  // a cached block of that size waits for it
   CHECK(d::host_cache_release(7 * mib) == 8 * mib);  // the 8 MiB block covers it alone
+#if defined(__linux__)
+  if (d::huge_blocks()) {  // its pages went back to the kernel: no mapping there now
+    unsigned char resident = 0;
+    errno = 0;
+    CHECK(mincore(const_cast<void*>(eight), 4096, &resident) == -1);
+    CHECK(errno == ENOMEM);
+  }
+#endif
   CHECK(d::host_cache_stats().cached_bytes == 8 * mib);
   CHECK(d::host_cache_stats().released == before.released + 1);
   CHECK(d::host_cache_release(100 * mib) == 6 * mib);  // the 2 MiB block is below kHugeBytes: kept

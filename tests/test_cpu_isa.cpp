@@ -322,31 +322,39 @@ TEST_CASE("conv2d and dense with relu equal the op then relu_forward, bitwise (G
 }
 
 TEST_CASE("avg_pool_relu_backward equals avg_pool_backward then relu_backward, bitwise, also in place") {
-  // 5 channels; 32 into a 64-byte aligned dx that is not r (the streaming stores' case on AVX-512, tiled)
-  for (const int channels : {5, 32}) {
-    for (const int stride : {2, 1, 3}) {  // tiled windows, overlapping ones, and gaps between windows
-      CAPTURE(channels);
-      CAPTURE(stride);
-      AvgPoolParams q;
-      q.members = 2, q.batch = 2, q.height = 7, q.width = 9;  // a row and a column past the tiled windows
-      q.channels = channels;
-      q.window_h = q.window_w = 2, q.stride_h = q.stride_w = stride;
-      const auto g = avg_pool_geometry(q);
-      const std::size_t xs = std::size_t(2) * 2 * 7 * 9 * channels;
-      const std::size_t ys = std::size_t(2) * 2 * g.out_height * g.out_width * channels;
-      std::vector<float> r = kc::random_floats(xs, 41);
-      for (std::size_t i = 0; i < xs; i += 7) r[i] = std::nanf("");  // NaN activations: no gradient
-      cpu_ops().layers().relu_forward(xs, r.data(), r.data());
-      const auto dy = kc::random_floats(ys, 42);
-      std::vector<float> expect(xs), storage(xs + 16, 7.0f);
-      float* got = storage.data();
-      while (reinterpret_cast<std::uintptr_t>(got) % 64 != 0) ++got;
-      cpu_ops().conv().avg_pool_backward(q, dy.data(), expect.data());
-      cpu_ops().layers().relu_backward(xs, r.data(), expect.data(), expect.data());
-      cpu_ops().conv().avg_pool_relu_backward(q, r.data(), dy.data(), got);
-      CHECK(kc::same_bits(expect.data(), got, xs));
-      cpu_ops().conv().avg_pool_relu_backward(q, r.data(), dy.data(), r.data());  // over the activation
-      CHECK(kc::same_bits(expect.data(), r.data(), xs));
+  IsaGuard guard;
+  for (const std::string& isa : cpu::available_isas()) {
+    cpu::set_isa(isa);
+    // 5 channels; 32 into a 64-byte aligned dx of over 1 MiB that is not r (AVX-512's streaming stores when
+    // the windows tile)
+    for (const int channels : {5, 32}) {
+      for (const int stride : {2, 1, 3}) {  // tiled windows, overlapping ones, and gaps between windows
+        CAPTURE(isa);
+        CAPTURE(channels);
+        CAPTURE(stride);
+        AvgPoolParams q;
+        q.members = 2, q.height = 7, q.width = 9;  // a row and a column past the tiled windows
+        q.batch = channels == 32 ? 70 : 2;
+        q.channels = channels;
+        q.window_h = q.window_w = 2, q.stride_h = q.stride_w = stride;
+        const auto g = avg_pool_geometry(q);
+        const std::size_t xs = std::size_t(2) * q.batch * 7 * 9 * channels;
+        const std::size_t ys = std::size_t(2) * q.batch * g.out_height * g.out_width * channels;
+        std::vector<float> r = kc::random_floats(xs, 41);
+        for (std::size_t i = 0; i < xs; i += 7) r[i] = std::nanf("");  // NaN activations: no gradient
+        for (std::size_t i = 3; i < xs; i += 11) r[i] = -0.0f;
+        cpu_ops().layers().relu_forward(xs, r.data(), r.data());
+        const auto dy = kc::random_floats(ys, 42);
+        std::vector<float> expect(xs), storage(xs + 16, 7.0f);
+        float* got = storage.data();
+        while (reinterpret_cast<std::uintptr_t>(got) % 64 != 0) ++got;
+        cpu_ops().conv().avg_pool_backward(q, dy.data(), expect.data());
+        cpu_ops().layers().relu_backward(xs, r.data(), expect.data(), expect.data());
+        cpu_ops().conv().avg_pool_relu_backward(q, r.data(), dy.data(), got);
+        CHECK(kc::same_bits(expect.data(), got, xs));
+        cpu_ops().conv().avg_pool_relu_backward(q, r.data(), dy.data(), r.data());  // over the activation
+        CHECK(kc::same_bits(expect.data(), r.data(), xs));
+      }
     }
   }
 }

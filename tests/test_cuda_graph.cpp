@@ -15,6 +15,8 @@
 #include <pmapcc/kernels/cpu_backend.h>
 #include <pmapcc/kernels/graph.h>
 
+#include "src/host_cache.h"
+
 namespace {
 
 using namespace cuda_testing;
@@ -173,6 +175,11 @@ TEST_CASE("cuda graphs refuse what a captured step must not do, naming it, and l
         // quarantines freed device memory (on a GPU, gpu_checks.sh's memcheck --leak-check sees it).
         if (!t.device.is_cpu()) CHECK(pmapcc_standin::quarantined_bytes() >= quarantined + 16);
 #endif
+      }
+      if (t.device.is_cpu()) {  // a huge host block, a mapping of its own, freed once the capture has ended
+        pmap::Array big({static_cast<std::int64_t>(pmap::detail::kHugeBytes / 4) + 16}, pmap::DType::f32, t.device);
+        CHECK_THROWS_WITH_AS(capture([&] { pmap::Array gone = std::move(big); }),
+                             doctest::Contains("is freed during the capture"), pmap::CaptureError);
       }
       // A random draw into an array would be replayed as the captured draw (review F3a).
       CHECK_THROWS_WITH_AS(capture([&] { pmap::uniform(pmap::key(1), buf); }),

@@ -110,12 +110,12 @@ void masked_store(const float* mask, const Eigen::ArrayXf& value, float* out, In
   o = (m > 0.0f).select(value, 0.0f);
 }
 
-// gather_masked for windows that tile (stride == window): each input lies in one window or none, so its sum
-// is 0 + dy * scale (or 0), the same bits as the general loop gives.
 #if defined(__AVX512F__)
-// gather_tiled's rows into a dx that is not r, channels a multiple of 16 and dx 64-byte aligned: the same
-// bits, stored past the caches (dx is a new buffer as large as r, read back by the next backward op from
-// memory anyway): no read for ownership of dx's lines, the memory traffic of the in-place pass.
+// gather_tiled's rows into a dx that is not r, channels a multiple of 16, dx 64-byte aligned and larger than
+// a core's L2 (kStreamBytes): the same bits, stored past the caches (dx is a new buffer as large as r, read
+// back by the next backward op from memory anyway): no read for ownership of dx's lines, the memory traffic
+// of the in-place pass.
+constexpr std::size_t kStreamBytes = std::size_t{1} << 20;
 void gather_tiled_streaming(const AvgPoolParams& p, const PoolGeometry& g, float scale, const float* r,
                             const float* dy, float* dx) {
   const Index c = p.channels;
@@ -147,11 +147,14 @@ void gather_tiled_streaming(const AvgPoolParams& p, const PoolGeometry& g, float
 }
 #endif
 
+// gather_masked for windows that tile (stride == window): each input lies in one window or none, so its sum
+// is 0 + dy * scale (or 0), the same bits as the general loop gives.
 void gather_tiled(const AvgPoolParams& p, const PoolGeometry& g, float scale, const float* r, const float* dy,
                   float* dx) {
   const Index c = p.channels;
 #if defined(__AVX512F__)
-  if (dx != r && c % 16 == 0 && reinterpret_cast<std::uintptr_t>(dx) % 64 == 0) {
+  const auto bytes = static_cast<std::size_t>(Index{p.members} * p.batch * p.height * p.width * c) * sizeof(float);
+  if (dx != r && c % 16 == 0 && reinterpret_cast<std::uintptr_t>(dx) % 64 == 0 && bytes >= kStreamBytes) {
     gather_tiled_streaming(p, g, scale, r, dy, dx);
     return;
   }
