@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes the parsers of outside bytes with libFuzzer (tests/fuzz): builds the clang "fuzz" preset (ASan and
 # UBSan on), replays every target's seed corpus and regression inputs, then fuzzes each target for a
-# bounded time and prints what it did. scripts/test.sh runs it for 60 s per target; longer runs are this
+# bounded time and prints what it did. scripts/test.sh runs it for 40 s per target; longer runs are this
 # script with --seconds.
 set -uo pipefail
 

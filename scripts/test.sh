@@ -23,7 +23,7 @@ usage: bash scripts/test.sh [--quick] [--no-setup] [-h|--help]
               cuda-standin preset checks: the multi-GPU tests on 1 and 4 fake GPUs, none skipped,
               mnist_ensemble --backend cuda end to end, and 2 MPI processes of one fake GPU each)
     fuzz      scripts/fuzz.sh: the clang libFuzzer build (ASan + UBSan), the corpora replayed, then every
-              parser's fuzz target for 60 s
+              parser's fuzz target for 40 s
     consumer  install the default build into a scratch prefix, build and run tests/consumer against it
   --quick     setup, data and the default build's full ctest (consumer test included) only
   --no-setup  skip setup.sh (nothing is installed)
@@ -134,7 +134,7 @@ else
   # ~10 min of CI for no check the combined one lacks.
   preset_stages asan -E '^consumer_project$'
 
-  stage fuzz bash scripts/fuzz.sh --seconds 60
+  stage fuzz bash scripts/fuzz.sh --seconds 40
 
   # The consumer check is one CTest test (tests/consumer/run.cmake): run here on its own, once, so it has
   # its own line below; the default ctest above leaves it out.
