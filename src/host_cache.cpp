@@ -66,7 +66,7 @@ Cache& cache() {
 std::size_t huge_whole(std::size_t bytes) { return (bytes + kHugePage - 1) / kHugePage * kHugePage; }
 bool is_huge(std::size_t bytes) { return bytes >= kHugeBytes && bytes <= SIZE_MAX - 2 * kHugePage; }
 
-// Each huge block's mapped length, for host_free_uncached (which is not told the size).
+// Each huge block's mapped length: what frees it (free_block) goes by this, never by a size it is told.
 struct Mappings {
   std::mutex mutex;
   std::unordered_map<void*, std::size_t> whole;
@@ -74,15 +74,6 @@ struct Mappings {
 Mappings& mappings() {
   static Mappings* m = new Mappings;  // never destroyed, as the cache
   return *m;
-}
-
-void unmap(void* p, std::size_t whole) noexcept {
-  {
-    Mappings& m = mappings();
-    std::lock_guard<std::mutex> lock(m.mutex);
-    m.whole.erase(p);
-  }
-  munmap(p, whole);
 }
 #endif
 
@@ -99,8 +90,7 @@ void* fresh_block(std::size_t bytes) {
     const auto start = reinterpret_cast<std::uintptr_t>(m);
     const std::uintptr_t aligned = (start + kHugePage - 1) / kHugePage * kHugePage;
     if (aligned > start) munmap(m, aligned - start);
-    const std::uintptr_t tail = start + whole + kHugePage - (aligned + whole);
-    if (tail > 0) munmap(reinterpret_cast<void*>(aligned + whole), tail);
+    munmap(reinterpret_cast<void*>(aligned + whole), start + kHugePage - aligned);  // (never empty)
     void* p = reinterpret_cast<void*>(aligned);
     try {
       Mappings& mp = mappings();
@@ -117,10 +107,20 @@ void* fresh_block(std::size_t bytes) {
   return std::aligned_alloc(64, bytes);
 }
 
-void free_block(void* p, std::size_t bytes) noexcept {
+// Frees a block fresh_block gave: a huge block's mapping, else malloc's.
+void free_block(void* p) noexcept {
 #ifdef PMAPCC_HUGE_BLOCKS
-  if (is_huge(bytes)) {
-    unmap(p, huge_whole(bytes));
+  std::size_t whole = 0;
+  {
+    Mappings& m = mappings();
+    std::lock_guard<std::mutex> lock(m.mutex);
+    if (auto it = m.whole.find(p); it != m.whole.end()) {
+      whole = it->second;
+      m.whole.erase(it);
+    }
+  }
+  if (whole > 0) {
+    munmap(p, whole);
     return;
   }
 #endif
@@ -168,7 +168,7 @@ void host_free(void* p, std::size_t bytes) noexcept {
       }
     }
   }
-  free_block(p, bytes);
+  free_block(p);
 }
 
 bool huge_blocks() {
@@ -193,7 +193,7 @@ void host_cache_clear() noexcept {
   for (auto& [bytes, blocks] : c.free) {
     for (void* p : blocks) {
       PMAPCC_UNPOISON(p, bytes);
-      free_block(p, bytes);
+      free_block(p);
     }
   }
   c.free.clear();
@@ -201,21 +201,7 @@ void host_cache_clear() noexcept {
 }
 
 void host_free_uncached(void* p) noexcept {
-  if (p == nullptr) return;
-#ifdef PMAPCC_HUGE_BLOCKS
-  std::size_t whole = 0;
-  {
-    Mappings& m = mappings();
-    std::lock_guard<std::mutex> lock(m.mutex);
-    auto it = m.whole.find(p);
-    if (it != m.whole.end()) whole = it->second;
-  }
-  if (whole > 0) {
-    unmap(p, whole);
-    return;
-  }
-#endif
-  std::free(p);
+  if (p != nullptr) free_block(p);
 }
 
 std::size_t host_cache_release(std::size_t bytes) noexcept {
@@ -246,7 +232,7 @@ std::size_t host_cache_release(std::size_t bytes) noexcept {
   }
   for (const auto& [p, size] : given) {
     PMAPCC_UNPOISON(p, size);
-    free_block(p, size);
+    free_block(p);
   }
   return released;
 }
