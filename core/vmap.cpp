@@ -29,6 +29,27 @@ Array alias(const Array& x) {
   return a;
 }
 
+Array members_part(const std::string& function, const Array& leaf, std::int64_t first, std::int64_t count) {
+  const std::uint64_t tag = detail::trace_tag(leaf);
+  if ((tag & detail::kBatchedTag) != 0) {
+    throw NotAvailable("map of '" + function + "' inside vmap: map's arguments are one member's values there; "
+                       "map over the stacked arrays outside the vmap instead");
+  }
+  if (tag != 0) {  // traced: a slice, so that the gradient flows back into the leaf
+    std::vector<std::int64_t> start(leaf.shape().size(), 0), stop(leaf.shape().begin(), leaf.shape().end());
+    start[0] = first;
+    stop[0] = first + count;
+    return ops::slice(leaf, start, stop);
+  }
+  const std::size_t row = leaf.dim(0) == 0 ? 0 : leaf.nbytes() / static_cast<std::size_t>(leaf.dim(0));
+  Shape shape = leaf.shape();
+  shape[0] = count;
+  char* base = static_cast<char*>(const_cast<void*>(leaf.raw_data()));
+  return Array::borrow(base + static_cast<std::size_t>(first) * row, std::move(shape), leaf.dtype(), leaf.device());
+}
+
+Array joined_members(const std::vector<const Array*>& parts) { return ops::concatenate(parts, 0); }
+
 Array stacked_leaf(core::BatchLevel& level, const Array& leaf) {
   if (!leaf.valid()) return Array();
   if (level.holds(leaf, "vmap of '" + level.function() + "'", 0)) return level.take(leaf);

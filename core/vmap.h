@@ -19,8 +19,10 @@
 //   per-example gradients), grad(vmap(f)) differentiates through the batched call; inside pmap, the
 //   collectives over a pmap axis combine each member with the same member of the other devices.
 // - Not yet: vmap inside vmap (NotAvailable), in_axes other than 0, out_axes other than 0.
+// map(f, batch_size, in_axes, name) (below): the same results, batch_size members at a time (jax.lax.map).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -85,6 +87,28 @@ template <class T> T member_tree(core::BatchLevel& level, const T& tree) {
 }
 
 Array stacked_leaf(core::BatchLevel& level, const Array& leaf);  // core/vmap.cpp
+// Members [first, first + count) of a mapped leaf: a view of its storage when no transformation traces it, else
+// ops::slice (differentiable). Inside vmap: NotAvailable (core/vmap.cpp).
+Array members_part(const std::string& function, const Array& leaf, std::int64_t first, std::int64_t count);
+// The batches' leaves joined along axis 0, in order (ops::concatenate: differentiable).
+Array joined_members(const std::vector<const Array*>& parts);
+
+template <class T> T members_tree(const std::string& function, const T& tree, std::int64_t first, std::int64_t count) {
+  return tree_map(tree, [&](const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+      return members_part(function, leaf, first, count);
+    } else {
+      return leaf;
+    }
+  });
+}
+
+// A mapped argument's batch (held), or an unmapped one as given (pointed to).
+template <class T> struct Part {
+  std::optional<T> value;
+  const T* given = nullptr;
+  const T& get() const { return value ? *value : *given; }
+};
 
 template <class R> R stacked_result(core::BatchLevel& level, const R& result) {
   return tree_map(result, [&](const auto& leaf) {
@@ -160,6 +184,59 @@ template <class F> auto vmap(F f, InAxes in_axes = {}, std::string name = "the f
         }()...};
     auto result = std::apply([&](const auto&... h) { return f(h.get()...); }, held);
     return vmap_detail::stacked_result(level, result);
+  };
+}
+
+// map(f, batch_size, in_axes, name)(args...) -> the same as vmap(f, in_axes, name)(args...), computed
+// batch_size members at a time (jax.lax.map's batch_size): each batch one vmap of f over its members' part
+// of the mapped leaves, the batches' results joined along axis 0 in member order. A part is a view of the
+// caller's storage (no copy) unless a transformation traces the leaf (then ops::slice, so grad(map(f))
+// differentiates through it). Each member's value is bit for bit vmap's wherever the kernels compute a
+// member alone as they do in a batch (the CPU kernels do). Why: one vmap runs every layer for all members
+// before the next layer, so on CPU devices the members' activations together can outgrow the caches;
+// batches of one run each member's layers back to back, as the built-in Trainer runs a CPU device's members.
+// batch_size >= the members: one vmap. batch_size < 1: ValueError; a leaf's misuse: vmap's errors.
+template <class F> auto map(F f, std::int64_t batch_size, InAxes in_axes = {}, std::string name = "the function") {
+  return [f = std::move(f), batch_size, in_axes = std::move(in_axes), name = std::move(name)](const auto&... args) {
+    if (batch_size < 1) {
+      throw ValueError("map of '" + name + "': batch_size " + std::to_string(batch_size) + " must be at least 1");
+    }
+    auto batch = vmap(f, in_axes, name);
+    const std::vector<bool> mapped = vmap_detail::mapped_arguments(name, in_axes, sizeof...(args));
+    std::int64_t members = -1;
+    std::string first;
+    std::size_t argnum = 0;
+    ((mapped[argnum] ? vmap_detail::count_members(name, args, argnum, members, first) : void(), ++argnum), ...);
+    if (members <= batch_size) return batch(args...);
+    using R = decltype(batch(args...));
+    std::vector<R> results;
+    for (std::int64_t begin = 0; begin < members; begin += batch_size) {
+      const std::int64_t count = std::min(batch_size, members - begin);
+      std::size_t i = 0;
+      std::tuple<vmap_detail::Part<std::remove_cvref_t<decltype(args)>>...> parts{
+          [&]() -> vmap_detail::Part<std::remove_cvref_t<decltype(args)>> {
+            if (mapped[i++]) return {vmap_detail::members_tree(name, args, begin, count), nullptr};
+            return {std::nullopt, &args};
+          }()...};
+      results.push_back(std::apply([&](const auto&... p) { return batch(p.get()...); }, parts));
+    }
+    std::vector<std::vector<const Array*>> leaves(results.size());
+    for (std::size_t r = 0; r < results.size(); ++r) {
+      tree_for_each(results[r], [&](const auto& leaf) {
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) leaves[r].push_back(&leaf);
+      });
+    }
+    std::size_t k = 0;
+    return tree_map(results[0], [&](const auto& leaf) {
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+        std::vector<const Array*> column;
+        for (const auto& l : leaves) column.push_back(l[k]);
+        ++k;
+        return vmap_detail::joined_members(column);
+      } else {
+        return leaf;
+      }
+    });
   };
 }
 

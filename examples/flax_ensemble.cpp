@@ -2,8 +2,10 @@
 // writes it in Python: the CNN as a function of modules, create_train_state pmapped over the members'
 // keys, apply_model pmapped with value_and_grad (has_aux: the logits) and the ensemble's probabilities
 // pmean'd over "ensemble", update_model applying optax-style SGD, the epoch loop, and each member's and
-// the ensemble's test accuracy. A device's members (more members than devices) are one vmap over their
-// stacked parameters, as JAX would batch them: one kernel call per layer for all of them. Both steps are
+// the ensemble's test accuracy. A device's members (more members than devices) are mapped over their
+// stacked parameters with pmap::map (jax.lax.map with a batch_size): a vmap of batch_size members at a time,
+// one on a CPU device (each member's layers back to back while its activations are in the caches, as the
+// Trainer runs them), all of them on a GPU (one kernel call per layer for all of them). Both steps are
 // jitted inside pmap: each device plans its buffers on the first step and replays the plan. The keys, the
 // data order and the arithmetic are mnist_ensemble's (--model flax-cnn), so the two programs train the same
 // models from the same seed.
@@ -74,13 +76,16 @@ struct Applied {  // apply_model's results on one device
 PMAPCC_TREE(Applied, grads, loss, predicted)
 
 Applied apply_model(const TrainState& state, const Array& images, const Array& labels) {
-  auto loss_and_grads = pmap::vmap([&](const CnnParams& params) {  // each member's loss and gradients
+  // vmap over the stacked members, batch_size of them at a time (jax.lax.map): on a CPU device one member's
+  // layers back to back, its activations kept in the caches; on a GPU all of them in one kernel per layer.
+  const std::int64_t batch_size = images.device().is_cpu() ? 1 : state.params.Conv_0.kernel.dim(0);
+  auto loss_and_grads = pmap::map([&](const CnnParams& params) {  // each member's loss and gradients
     auto loss_fn = [&](const CnnParams& p) {
       Array logits = cnn(p, images);
       return std::make_pair(ops::softmax_cross_entropy(logits, labels), std::move(logits));
     };
     return pmap::value_and_grad(loss_fn, "loss_fn")(params);
-  }, {0}, "apply_model");
+  }, batch_size, {0}, "apply_model");
   auto [loss_and_logits, grads] = loss_and_grads(state.params);
   Array probs = ops::mean(ops::softmax(loss_and_logits.second), {0});  // this device's members' mean
   return {std::move(grads), ops::sum(loss_and_logits.first), ops::argmax(pmap::pmean(probs, "ensemble"))};

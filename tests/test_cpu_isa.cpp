@@ -393,3 +393,54 @@ TEST_CASE("conv2d and dense workspaces sized for a batch serve every smaller bat
     CHECK(untouched(ws, bytes));
   }
 }
+
+TEST_CASE("strided_copy: contiguous runs copied whole and element by element give the definition, in every variant") {
+  IsaGuard guard;
+  struct Pattern {
+    const char* name;
+    std::vector<std::int64_t> dims, src_strides, dst_strides;
+    std::int64_t src_offset, dst_offset;
+    std::size_t src_size, dst_size;
+  };
+  const std::vector<Pattern> patterns{
+      {"rows 2:6 of (3, 8, 5): runs of 20", {3, 4, 5}, {40, 5, 1}, {20, 5, 1}, 10, 0, 120, 60},
+      {"into columns 3:6 of (2, 6, 4) (a concatenation): runs of 12", {2, 3, 4}, {12, 4, 1}, {24, 4, 1}, 0, 12, 24, 48},
+      {"a transpose: no run", {4, 3}, {1, 4}, {3, 1}, 0, 0, 12, 12},
+      {"every other element: no run", {5}, {2}, {1}, 1, 0, 11, 5},
+      {"one run with offsets", {17}, {1}, {1}, 3, 2, 20, 19},
+      {"a run of the last axis only", {3, 2, 4}, {4, 12, 1}, {8, 4, 1}, 0, 0, 24, 24},
+      {"no elements", {0, 5}, {5, 1}, {5, 1}, 0, 0, 1, 1},
+  };
+  for (const std::string& isa : cpu::available_isas()) {
+    cpu::set_isa(isa);
+    for (const Pattern& t : patterns) {
+      CAPTURE(isa);
+      CAPTURE(t.name);
+      StridedCopyParams p;
+      p.ndim = static_cast<int>(t.dims.size());
+      for (int k = 0; k < p.ndim; ++k) {
+        p.dims[k] = t.dims[k];
+        p.src_strides[k] = t.src_strides[k];
+        p.dst_strides[k] = t.dst_strides[k];
+      }
+      p.src_offset = t.src_offset;
+      p.dst_offset = t.dst_offset;
+      const auto src = kc::random_floats(t.src_size, 61);
+      std::vector<float> got(t.dst_size, -7.0f), expect(t.dst_size, -7.0f);
+      // The definition: each multi-index's element, the untouched ones left as they were.
+      std::int64_t count = 1;
+      for (const auto d : t.dims) count *= d;
+      for (std::int64_t i = 0; i < count; ++i) {
+        std::int64_t rest = i, s = t.src_offset, d = t.dst_offset;
+        for (int k = p.ndim - 1; k >= 0; --k) {
+          s += rest % t.dims[k] * t.src_strides[k];
+          d += rest % t.dims[k] * t.dst_strides[k];
+          rest /= t.dims[k];
+        }
+        expect[static_cast<std::size_t>(d)] = src[static_cast<std::size_t>(s)];
+      }
+      cpu_ops().layout().strided_copy(p, src.data(), got.data());
+      CHECK(kc::same_bits(expect.data(), got.data(), t.dst_size));
+    }
+  }
+}

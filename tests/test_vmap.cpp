@@ -530,3 +530,78 @@ TEST_CASE("vmap: a result that is an argument, or returned twice, is a copy of i
   CHECK_THROWS_AS(pmap::vmap([](const Array& a) { return ops::softmax(ops::mean(a)); }, {}, "f")(host(v, {3, 2})),
                   pmap::Error);
 }
+
+namespace {
+
+// Each leaf's values, in tree order.
+template <class T> std::vector<std::vector<float>> leaf_values(const T& tree) {
+  std::vector<std::vector<float>> out;
+  pmap::tree_for_each(tree, [&](const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) out.push_back(leaf.template to_vector<float>());
+  });
+  return out;
+}
+
+struct Linear {
+  Array w, b;
+};
+PMAPCC_TREE(Linear, w, b)
+
+}  // namespace
+
+TEST_CASE("map: batch by batch gives vmap's results bit for bit, the unmapped and repeated values included") {
+  const std::int64_t members = 5, n = 6, in = 4, classes = 3;
+  const Linear params{host(cuda_testing::random_floats(members * in * classes, 21), {members, in, classes}),
+                      host(cuda_testing::random_floats(members * classes, 22), {members, classes})};
+  const Array x = host(cuda_testing::random_floats(n * in, 23), {n, in});
+  const Array labels = Array::from_host(std::vector<std::int32_t>{0, 2, 1, 1, 0, 2}, {n});
+  auto step = [&](const Linear& p, const Array& xs) {
+    auto loss = [&](const Linear& q) {
+      Array logits = ops::add(ops::matmul(ops::relu(xs), q.w), q.b);
+      return std::make_pair(ops::softmax_cross_entropy(logits, labels), ops::softmax(logits));
+    };
+    auto [value, grads] = pmap::value_and_grad(loss, "loss")(p);
+    return std::make_tuple(std::move(value.first), std::move(value.second), std::move(grads), ops::scale(xs, 2.0f));
+  };
+  const auto expect = pmap::vmap(step, {0, pmap::none}, "step")(params, x);
+  const auto want = leaf_values(expect);
+  for (const std::int64_t batch : {1, 2, 3, 5, 8}) {
+    CAPTURE(batch);
+    const auto got = pmap::map(step, batch, {0, pmap::none}, "step")(params, x);
+    CHECK(std::get<0>(got).shape() == Shape{members});
+    CHECK(std::get<3>(got).shape() == Shape{members, n, in});  // computed without the members: repeated
+    CHECK(std::get<2>(got).w.shape() == params.w.shape());
+    CHECK(leaf_values(got) == want);
+  }
+  // The caller's arrays are read, not copied or changed.
+  CHECK(params.w.to_vector<float>() == cuda_testing::random_floats(members * in * classes, 21));
+}
+
+TEST_CASE("map: grad through map differentiates each batch's part of the stacked leaves, as through vmap") {
+  const std::int64_t members = 5, in = 3;
+  const Array w = host(cuda_testing::random_floats(members * in, 31), {members, in});
+  const Array x = host(cuda_testing::random_floats(in, 32), {in});
+  const auto per_member = [&](const Array& v) { return ops::sum(ops::square(ops::multiply(v, x))); };
+  const auto total = [&](auto mapper) {
+    return [=](const Array& stacked) { return ops::sum(ops::exp(mapper(stacked))); };
+  };
+  const auto through_vmap = pmap::grad(total([&](const Array& s) { return pmap::vmap(per_member, {}, "m")(s); }), "total")(w);
+  for (const std::int64_t batch : {1, 2, 5}) {
+    CAPTURE(batch);
+    const auto through_map =
+        pmap::grad(total([&](const Array& s) { return pmap::map(per_member, batch, {}, "m")(s); }), "total")(w);
+    CHECK(through_map.to_vector<float>() == through_vmap.to_vector<float>());
+  }
+}
+
+TEST_CASE("map: misuse raises an error naming the function") {
+  const Array a = host({1, 2, 3, 4, 5, 6}, {3, 2}), b = host({1, 2, 3, 4}, {2, 2});
+  auto add = [](const Array& x, const Array& y) { return ops::add(x, y); };
+  CHECK_THROWS_WITH_AS(pmap::map(add, 0, {}, "add")(a, a), doctest::Contains("map of 'add': batch_size 0 must be at least 1"),
+                       pmap::ValueError);
+  CHECK_THROWS_WITH_AS(pmap::map(add, 1, {}, "add")(a, b),
+                       doctest::Contains("'add': argument 1 has 2 along axis 0 but argument 0 has 3"), pmap::ValueError);
+  CHECK_THROWS_WITH_AS(pmap::vmap([&](const Array& x) { return pmap::map([](const Array& v) { return ops::relu(v); }, 1, {}, "inner")(x); },
+                                  {}, "outer")(host({1, 2, 3, 4, 5, 6, 7, 8}, {2, 2, 2})),
+                       doctest::Contains("map of 'inner' inside vmap"), pmap::NotAvailable);
+}

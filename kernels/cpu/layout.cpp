@@ -1,5 +1,7 @@
 // CPU LayoutOps: strided copies and reductions, max pooling. Plain loops over the output elements, each
 // computed by kernels/layout_math.h as the CUDA kernels compute it, so both give the same bits.
+#include <algorithm>
+
 #include <pmapcc/kernels/layout_math.h>
 #include <pmapcc/kernels/ops.h>
 
@@ -13,6 +15,23 @@ void LayoutOpsImpl::strided_copy(StridedCopyParams p, const float* src, float* d
   if (items == 0) return;
   require(src, "strided_copy", "src");
   require(dst, "strided_copy", "dst");
+  // The innermost axes both sides hold contiguously (each stride the next axis's times its extent, the last
+  // 1): one run of `run` elements per index of the axes before them, copied whole (slices along a leading
+  // axis, concatenations, the members' parts).
+  int outer = p.ndim;
+  std::int64_t run = 1;
+  while (outer > 0 && p.src_strides[outer - 1] == run && p.dst_strides[outer - 1] == run) run *= p.dims[--outer];
+  if (run > 1) {
+    StridedCopyParams q = p;
+    q.ndim = outer;
+    const std::size_t runs = extent_count(outer, p.dims);
+    for (std::size_t i = 0; i < runs; ++i) {
+      std::int64_t s = 0, d = 0;
+      strided_copy_offsets(q, i, s, d);
+      std::copy_n(src + s, run, dst + d);
+    }
+    return;
+  }
   for (std::size_t i = 0; i < items; ++i) {
     std::int64_t s = 0, d = 0;
     strided_copy_offsets(p, i, s, d);

@@ -20,13 +20,14 @@ void ConvOpsImpl::avg_pool_forward(AvgPoolParams p, const float* x, float* y) co
   const Index c = p.channels;
   const Index images = Index{p.members} * p.batch;
   const float scale = 1.0f / static_cast<float>(p.window_h * p.window_w);
-  for (Index n = 0; n < images; ++n) {
+  for (Index n = images; n-- > 0;) {
     const float* image = x + n * p.height * p.width * c;
+    float* yi = y + n * g.out_height * g.out_width * c;
     for (int oy = 0; oy < g.out_height; ++oy) {
-      for (int ox = 0; ox < g.out_width; ++ox, y += c) {
+      for (int ox = 0; ox < g.out_width; ++ox, yi += c) {
         // y and x never overlap (restrict); each sum starts from 0 and adds the window in row order, then is
         // scaled.
-        float* __restrict out = y;
+        float* __restrict out = yi;
         std::fill_n(out, c, 0.0f);
         for (int ky = 0; ky < p.window_h; ++ky) {
           const float* __restrict row =
