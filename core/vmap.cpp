@@ -1,5 +1,10 @@
-// What vmap (pmapcc/core/vmap.h) does outside its templates.
+// What vmap and map (pmapcc/core/vmap.h) do outside their templates.
 #include <pmapcc/core/vmap.h>
+
+#include <algorithm>
+
+#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/backend.h>
 
 namespace pmap::vmap_detail {
 
@@ -48,7 +53,34 @@ Array members_part(const std::string& function, const Array& leaf, std::int64_t 
   return Array::borrow(base + static_cast<std::size_t>(first) * row, std::move(shape), leaf.dtype(), leaf.device());
 }
 
-Array joined_members(const std::vector<const Array*>& parts) { return ops::concatenate(parts, 0); }
+Array joined_members(const std::vector<const Array*>& parts) {
+  const Array& first = *parts.at(0);
+  if (!first.valid()) return Array();  // vmap's result for an empty leaf
+  bool traced = false;
+  for (const Array* p : parts) traced = traced || detail::trace_tag(*p) != 0;
+  if (traced) return ops::concatenate(parts, 0);  // grad traces them: the differentiable join
+  // Any dtype, as vmap stacks it: the backend's copies, queued with its other work (pmap::concatenate waits
+  // for a GPU, and a graph capture refuses that).
+  Shape shape = first.shape();
+  shape[0] = 0;
+  for (const Array* p : parts) {
+    if (!p->valid() || p->dtype() != first.dtype() || !(p->device() == first.device()) || p->ndim() != first.ndim() ||
+        !std::equal(shape.begin() + 1, shape.end(), p->shape().begin() + 1)) {
+      throw ShapeError("map: a batch's result " + (p->valid() ? p->str() : std::string("(empty)")) +
+                       " does not join " + first.str() + " along axis 0");
+    }
+    shape[0] += p->dim(0);
+  }
+  Array out = Array::uninitialized(shape, first.dtype(), first.device());  // the parts cover it
+  if (out.nbytes() == 0) return out;
+  const kernels::Backend& be = ops::detail::backend_of("map", first.device());
+  char* dst = static_cast<char*>(out.raw_data());
+  for (const Array* p : parts) {
+    be.copy(dst, p->raw_data(), p->nbytes());
+    dst += p->nbytes();
+  }
+  return out;
+}
 
 Array stacked_leaf(core::BatchLevel& level, const Array& leaf) {
   if (!leaf.valid()) return Array();

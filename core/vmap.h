@@ -90,7 +90,8 @@ Array stacked_leaf(core::BatchLevel& level, const Array& leaf);  // core/vmap.cp
 // Members [first, first + count) of a mapped leaf: a view of its storage when no transformation traces it, else
 // ops::slice (differentiable). Inside vmap: NotAvailable (core/vmap.cpp).
 Array members_part(const std::string& function, const Array& leaf, std::int64_t first, std::int64_t count);
-// The batches' leaves joined along axis 0, in order (ops::concatenate: differentiable).
+// The batches' leaves joined along axis 0, in order: ops::concatenate where grad traces one (differentiable),
+// else the backend's copies (any dtype); an empty leaf stays empty.
 Array joined_members(const std::vector<const Array*>& parts);
 
 template <class T> T members_tree(const std::string& function, const T& tree, std::int64_t first, std::int64_t count) {
@@ -187,21 +188,24 @@ template <class F> auto vmap(F f, InAxes in_axes = {}, std::string name = "the f
   };
 }
 
-// map(f, batch_size, in_axes, name)(args...) -> the same as vmap(f, in_axes, name)(args...), computed
+// map(f, batch_size, in_axes, name)(args...) -> vmap(f, in_axes, name)(args...)'s values, computed
 // batch_size members at a time (jax.lax.map's batch_size): each batch one vmap of f over its members' part
-// of the mapped leaves, the batches' results joined along axis 0 in member order. A part is a view of the
-// caller's storage (no copy) unless a transformation traces the leaf (then ops::slice, so grad(map(f))
-// differentiates through it). Each member's value is bit for bit vmap's wherever the kernels compute a
-// member alone as they do in a batch (the CPU kernels do). Why: one vmap runs every layer for all members
-// before the next layer, so on CPU devices the members' activations together can outgrow the caches;
-// batches of one run each member's layers back to back, as the built-in Trainer runs a CPU device's members.
-// batch_size >= the members: one vmap. batch_size < 1: ValueError; a leaf's misuse: vmap's errors.
+// of the mapped leaves, the batches' results joined along axis 0 in member order, on their device. A part is
+// a view of the caller's storage (no copy) unless grad traces the leaf (then ops::slice, so grad(map(f))
+// differentiates through it: vmap's gradients up to a zero's sign and the order in which an unmapped
+// argument's gradient is summed, each batch's slice adding a zero-padded cotangent). The values are vmap's
+// bits wherever a kernel computes a member alone as it does in a batch (every CPU kernel does). Why: one
+// vmap runs each layer for every member before the next, so on CPU devices the members' activations
+// together can outgrow the caches; batches of one run a member's layers back to back, as the Trainer runs a
+// CPU device's members. Inside pmap each batch runs f's collectives on its own: give every device the same
+// batch_size. batch_size >= the members: one vmap. batch_size < 1: ValueError; misuse: vmap's errors.
 template <class F> auto map(F f, std::int64_t batch_size, InAxes in_axes = {}, std::string name = "the function") {
-  return [f = std::move(f), batch_size, in_axes = std::move(in_axes), name = std::move(name)](const auto&... args) {
+  auto batch = vmap(std::move(f), in_axes, name);
+  return [batch = std::move(batch), batch_size, in_axes = std::move(in_axes),
+          name = std::move(name)](const auto&... args) {
     if (batch_size < 1) {
       throw ValueError("map of '" + name + "': batch_size " + std::to_string(batch_size) + " must be at least 1");
     }
-    auto batch = vmap(f, in_axes, name);
     const std::vector<bool> mapped = vmap_detail::mapped_arguments(name, in_axes, sizeof...(args));
     std::int64_t members = -1;
     std::string first;

@@ -410,6 +410,9 @@ TEST_CASE("strided_copy: contiguous runs copied whole and element by element giv
       {"one run with offsets", {17}, {1}, {1}, 3, 2, 20, 19},
       {"a run of the last axis only", {3, 2, 4}, {4, 12, 1}, {8, 4, 1}, 0, 0, 24, 24},
       {"no elements", {0, 5}, {5, 1}, {5, 1}, 0, 0, 1, 1},
+      {"a broadcast row (stride 0): runs of 4", {3, 4}, {0, 1}, {4, 1}, 0, 0, 4, 12},
+      {"an axis of 1 between runs", {2, 1, 3}, {5, 9, 1}, {3, 3, 1}, 1, 0, 9, 6},
+      {"a scalar (no axes)", {}, {}, {}, 2, 1, 3, 2},
   };
   for (const std::string& isa : cpu::available_isas()) {
     cpu::set_isa(isa);

@@ -1,5 +1,6 @@
 // CPU LayoutOps: strided copies and reductions, max pooling. Plain loops over the output elements, each
-// computed by kernels/layout_math.h as the CUDA kernels compute it, so both give the same bits.
+// computed by kernels/layout_math.h as the CUDA kernels compute it, so both give the same bits (a copy's
+// contiguous runs are copied whole: the same elements).
 #include <algorithm>
 
 #include <pmapcc/kernels/layout_math.h>
