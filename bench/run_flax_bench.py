@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The Flax example's jitted step against the Trainer, paired in one run (issue 50, item 7).
 
-Runs examples/flax_ensemble (apply_model and update_model written with value_and_grad, vmap and optim, jitted
+Runs examples/flax_ensemble (apply_model and update_model written with value_and_grad, map and optim, jitted
 inside pmap) and mnist_ensemble --model flax-cnn (the built-in Trainer) on the same data, seed and flags,
 alternating them round after round so that load falls on both alike, for each members x devices
 configuration. Reports, as medians over the rounds:
