@@ -137,6 +137,42 @@ template <class T> T aliased(const T& tree) {
   });
 }
 
+// Trees of one structure joined leaf by leaf: join(the trees' k-th Arrays, tree 0's leaf) for every Array leaf;
+// other leaves are tree 0's. Trees with different numbers of Arrays: ValueError naming `function`.
+template <class T, class J> T join_trees(const std::string& function, const std::vector<T>& trees, J&& join) {
+  std::vector<std::vector<const Array*>> leaves(trees.size());
+  for (std::size_t t = 0; t < trees.size(); ++t) {
+    tree_for_each(trees[t], [&](const auto& leaf) {
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) leaves[t].push_back(&leaf);
+    });
+    if (leaves[t].size() != leaves[0].size()) {
+      throw ValueError(function + ": tree " + std::to_string(t) + " has " + std::to_string(leaves[t].size()) +
+                       " arrays, tree 0 has " + std::to_string(leaves[0].size()));
+    }
+  }
+  std::size_t k = 0;
+  return tree_map(trees.at(0), [&](const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+      std::vector<const Array*> column;
+      for (const auto& l : leaves) column.push_back(l[k]);
+      ++k;
+      return join(column, leaf);
+    } else {
+      return leaf;
+    }
+  });
+}
+
+// The members of the mapped arguments' leaves (checked to agree); -1 when no mapped argument holds an Array.
+template <class... A>
+std::int64_t mapped_members(const std::string& function, const std::vector<bool>& mapped, const A&... args) {
+  std::int64_t members = -1;
+  std::string first;
+  std::size_t argnum = 0;
+  ((mapped[argnum] ? count_members(function, args, argnum, members, first) : void(), ++argnum), ...);
+  return members;
+}
+
 }  // namespace vmap_detail
 
 // Trees of one structure stacked leaf by leaf along a new leading axis (jax.tree.map(jnp.stack, *trees)):
@@ -144,26 +180,8 @@ template <class T> T aliased(const T& tree) {
 // No trees, or trees whose structures or leaf shapes differ: ValueError / ShapeError.
 template <class T> T stack_trees(const std::vector<T>& trees) {
   if (trees.empty()) throw ValueError("stack_trees: no trees to stack");
-  std::vector<std::vector<const Array*>> leaves(trees.size());
-  for (std::size_t t = 0; t < trees.size(); ++t) {
-    tree_for_each(trees[t], [&](const auto& leaf) {
-      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) leaves[t].push_back(&leaf);
-    });
-    if (leaves[t].size() != leaves[0].size()) {
-      throw ValueError("stack_trees: tree " + std::to_string(t) + " has " + std::to_string(leaves[t].size()) +
-                       " arrays, tree 0 has " + std::to_string(leaves[0].size()));
-    }
-  }
-  std::size_t k = 0;
-  return tree_map(trees[0], [&](const auto& leaf) {
-    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
-      std::vector<const Array*> parts;
-      for (const auto& l : leaves) parts.push_back(l[k]);
-      ++k;
-      return concatenate(parts, leaf.device(), /*stacked=*/true);
-    } else {
-      return leaf;
-    }
+  return vmap_detail::join_trees("stack_trees", trees, [](const std::vector<const Array*>& parts, const Array& leaf) {
+    return concatenate(parts, leaf.device(), /*stacked=*/true);
   });
 }
 
@@ -171,10 +189,7 @@ template <class T> T stack_trees(const std::vector<T>& trees) {
 template <class F> auto vmap(F f, InAxes in_axes = {}, std::string name = "the function") {
   return [f = std::move(f), in_axes = std::move(in_axes), name = std::move(name)](const auto&... args) {
     const std::vector<bool> mapped = vmap_detail::mapped_arguments(name, in_axes, sizeof...(args));
-    std::int64_t members = -1;
-    std::string first;
-    std::size_t argnum = 0;
-    ((mapped[argnum] ? vmap_detail::count_members(name, args, argnum, members, first) : void(), ++argnum), ...);
+    const std::int64_t members = vmap_detail::mapped_members(name, mapped, args...);
     if (members < 0) throw ValueError("vmap of '" + name + "': no mapped argument holds an Array");
     core::BatchLevel level(name, members);
     std::size_t i = 0;
@@ -207,10 +222,7 @@ template <class F> auto map(F f, std::int64_t batch_size, InAxes in_axes = {}, s
       throw ValueError("map of '" + name + "': batch_size " + std::to_string(batch_size) + " must be at least 1");
     }
     const std::vector<bool> mapped = vmap_detail::mapped_arguments(name, in_axes, sizeof...(args));
-    std::int64_t members = -1;
-    std::string first;
-    std::size_t argnum = 0;
-    ((mapped[argnum] ? vmap_detail::count_members(name, args, argnum, members, first) : void(), ++argnum), ...);
+    const std::int64_t members = vmap_detail::mapped_members(name, mapped, args...);
     if (members <= batch_size) return batch(args...);
     using R = decltype(batch(args...));
     std::vector<R> results;
@@ -224,23 +236,10 @@ template <class F> auto map(F f, std::int64_t batch_size, InAxes in_axes = {}, s
           }()...};
       results.push_back(std::apply([&](const auto&... p) { return batch(p.get()...); }, parts));
     }
-    std::vector<std::vector<const Array*>> leaves(results.size());
-    for (std::size_t r = 0; r < results.size(); ++r) {
-      tree_for_each(results[r], [&](const auto& leaf) {
-        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) leaves[r].push_back(&leaf);
-      });
-    }
-    std::size_t k = 0;
-    return tree_map(results[0], [&](const auto& leaf) {
-      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
-        std::vector<const Array*> column;
-        for (const auto& l : leaves) column.push_back(l[k]);
-        ++k;
-        return vmap_detail::joined_members(column);
-      } else {
-        return leaf;
-      }
-    });
+    return vmap_detail::join_trees("map of '" + name + "'", results,
+                                   [](const std::vector<const Array*>& parts, const Array&) {
+                                     return vmap_detail::joined_members(parts);
+                                   });
   };
 }
 
