@@ -247,7 +247,9 @@ class Batched final : public Primitive {
     return p_->batch_vjp(in, out, cts, wanted, batched_, members_);
   }
   bool output_is_relu() const override { return p_->output_is_relu(); }
-  std::shared_ptr<const Primitive> masking_input() const override { return rewrap(p_->masking_input()); }
+  std::shared_ptr<const Primitive> masking_input(bool over_input) const override {
+    return rewrap(p_->masking_input(over_input));
+  }
   std::shared_ptr<const Primitive> premasked() const override { return rewrap(p_->premasked()); }
 
  private:

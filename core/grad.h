@@ -114,14 +114,21 @@ template <class R> const Array& value_of(const R& r) {
 
 void check_value(const std::string& function, const Array& value);  // core/grad.cpp
 
-template <class R> void release(const core::Trace& trace, R& r) {
+// The auxiliary result made independent of the trace: before the backward pass, which may write over values
+// it has spent (Primitive::masking_input).
+template <class R> void release_aux(const core::Trace& trace, R& r) {
+  if constexpr (!std::is_same_v<R, Array>) {
+    tree_for_each(r.second, [&](auto& leaf) {
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) trace.release(leaf);
+    });
+  }
+}
+// ... and the value, after it.
+template <class R> void release_value(const core::Trace& trace, R& r) {
   if constexpr (std::is_same_v<R, Array>) {
     trace.release(r);
   } else {
     trace.release(r.first);
-    tree_for_each(r.second, [&](auto& leaf) {
-      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) trace.release(leaf);
-    });
   }
 }
 
@@ -140,6 +147,7 @@ auto value_and_grad_call(const F& f, const std::string& function, const Args&...
     }()...};
     auto result = f(std::get<I>(held).get()...);
     check_value(function, value_of(result));
+    release_aux(trace, result);
     trace.backward(value_of(result));
     auto grads = [&] {
       if constexpr (sizeof...(Nums) <= 1) {
@@ -149,7 +157,7 @@ auto value_and_grad_call(const F& f, const std::string& function, const Args&...
         return std::make_tuple(gradient_tree(trace, std::get<Nums>(held).get())...);
       }
     }();
-    release(trace, result);
+    release_value(trace, result);
     return std::make_pair(std::move(result), std::move(grads));
   }(std::index_sequence_for<Args...>{});
 }

@@ -99,11 +99,11 @@ class Conv2d final : public core::Primitive {
 
 class AvgPool final : public core::Primitive {
  public:
-  AvgPool(int wh, int ww, int sh, int sw, bool masking = false)
-      : wh_(wh), ww_(ww), sh_(sh), sw_(sw), masking_(masking) {}
+  enum class Mask { none, masking, over_input };
+  AvgPool(int wh, int ww, int sh, int sw, Mask mask = Mask::none) : wh_(wh), ww_(ww), sh_(sh), sw_(sw), mask_(mask) {}
   std::string name() const override { return "avg_pool"; }
-  std::shared_ptr<const Primitive> masking_input() const override {
-    return std::make_shared<AvgPool>(wh_, ww_, sh_, sw_, true);
+  std::shared_ptr<const Primitive> masking_input(bool over_input) const override {
+    return std::make_shared<AvgPool>(wh_, ww_, sh_, sw_, over_input ? Mask::over_input : Mask::masking);
   }
   std::vector<Array> eval(Arrays in) const override {
     std::vector<Array> out;
@@ -112,7 +112,9 @@ class AvgPool final : public core::Primitive {
   }
   std::vector<Array> vjp(Arrays in, Arrays, Arrays cts, const std::vector<bool>& w) const override {
     std::vector<Array> g(1);
-    if (w[0] && masking_) {  // x = relu(...): dx where x > 0, in the same pass
+    if (w[0] && mask_ == Mask::over_input) {  // ... written over x, which the backward pass has spent
+      g[0] = eager::avg_pool_relu_backward_over(core::plain_view(*in[0]), *cts[0], wh_, ww_, sh_, sw_);
+    } else if (w[0] && mask_ == Mask::masking) {  // x = relu(...): dx where x > 0, in the same pass
       g[0] = eager::avg_pool_relu_backward(*in[0], *cts[0], wh_, ww_, sh_, sw_);
     } else if (w[0]) {
       g[0] = eager::avg_pool_backward(*cts[0], in[0]->shape(), wh_, ww_, sh_, sw_);
@@ -130,7 +132,7 @@ class AvgPool final : public core::Primitive {
 
  private:
   int wh_, ww_, sh_, sw_;
-  bool masking_;
+  Mask mask_;
 };
 
 }  // namespace

@@ -22,6 +22,7 @@ namespace {
 thread_local Trace* tls_active = nullptr;
 std::atomic<std::uint64_t> next_serial{1};
 std::atomic<std::uint64_t> fused_masks{0};
+std::atomic<std::uint64_t> over_input_masks{0};
 
 constexpr std::uint64_t tag_of(std::uint64_t serial, std::size_t slot) {
   return serial << 32 | (static_cast<std::uint64_t>(slot) + 1);
@@ -151,9 +152,13 @@ void Trace::fuse_relu_masks(std::size_t differentiated) {
     if (s == differentiated || maker[s] == Node::kConstant || readers[s].empty() || !fusable[s]) continue;
     Node& made = nodes_[maker[s]];
     if (made.outputs.size() != 1 || !made.primitive->output_is_relu()) continue;
+    // r's only reader may write the cotangent over r: nothing reads r after its VJP (the maker's premasked
+    // VJP does not, and the function's results were made independent of the trace before the backward pass),
+    // unless r is storage the trace does not own.
+    const bool over_input = readers[s].size() == 1 && values_[s].owns_data();
     std::vector<std::shared_ptr<const Primitive>> masking;
     for (std::size_t k : readers[s]) {
-      masking.push_back(nodes_[k].primitive->masking_input());
+      masking.push_back(nodes_[k].primitive->masking_input(over_input));
       if (!masking.back()) break;
     }
     auto premasked = masking.size() == readers[s].size() && masking.back() ? made.primitive->premasked() : nullptr;
@@ -161,10 +166,12 @@ void Trace::fuse_relu_masks(std::size_t differentiated) {
     for (std::size_t j = 0; j < readers[s].size(); ++j) nodes_[readers[s][j]].primitive = std::move(masking[j]);
     made.primitive = std::move(premasked);
     ++fused_masks;
+    if (over_input) ++over_input_masks;
   }
 }
 
 std::uint64_t Trace::fused_relu_masks() noexcept { return fused_masks; }
+std::uint64_t Trace::masks_over_input() noexcept { return over_input_masks; }
 
 void Trace::backward(const Array& result) {
   if (done_) throw Error("grad of '" + function_ + "': backward twice");

@@ -43,6 +43,8 @@ class Trace {
   // How many values' ReLU masks backward passes have fused into the VJP that reads them (Primitive::
   // masking_input), in the whole process: tests check that a fusion happened.
   static std::uint64_t fused_relu_masks() noexcept;
+  // ... and of those, how many the one reader was asked to write over the ReLU's output (spent by then).
+  static std::uint64_t masks_over_input() noexcept;
 
   // ---- for core::apply --------------------------------------------------------------------------------
   // The trace active on the calling thread, or null.

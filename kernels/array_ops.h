@@ -147,6 +147,10 @@ Array avg_pool_backward(const Array& dy, const Shape& x_shape, int window_h, int
 // output's cotangent -> avg_pool_backward's dx where r > 0, else 0 (the same bits as the two passes).
 Array avg_pool_relu_backward(const Array& r, const Array& dy, int window_h, int window_w, int stride_h,
                              int stride_w);
+// The same gradient written over r (the kernels read each element of r before writing it), which is returned:
+// for r that nothing reads afterwards (grad's backward pass hands over a spent activation), no new buffer.
+Array avg_pool_relu_backward_over(Array r, const Array& dy, int window_h, int window_w, int stride_h,
+                                  int stride_w);
 
 // ---- BatchNormalization over x (..., C): every axis but the last is a row ---------------------------------
 // sums (2, C) f64: each channel's sum of x and of x^2 over the rows, in row order.

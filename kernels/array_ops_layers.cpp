@@ -153,20 +153,38 @@ Array avg_pool_backward(const Array& dy, const Shape& x_shape, int window_h, int
   return dx;
 }
 
-Array avg_pool_relu_backward(const Array& r, const Array& dy, int window_h, int window_w, int stride_h,
-                             int stride_w) {
-  const char* fn = "avg_pool_relu_backward";
+namespace {
+
+// avg_pool_relu_backward's checks and kernel call, dx given (it may be r).
+void pool_relu_backward(const char* fn, const Array& r, const Array& dy, Array& dx, int window_h, int window_w,
+                        int stride_h, int stride_w) {
   require_dtype(fn, "r", r, DType::f32);
   require_dtype(fn, "dy", dy, DType::f32);
   require_same_device(fn, r, "r", dy, "dy");
   const kernels::AvgPoolParams p = pool_params(fn, r.shape(), window_h, window_w, stride_h, stride_w);
   const kernels::PoolGeometry g = kernels::avg_pool_geometry(p);
   if (dy.shape() != Shape{r.dim(0), g.out_height, g.out_width, r.dim(3)})
-    throw ShapeError("ops::avg_pool_relu_backward: dy " + dy.signature() + " is not the pool's output shape");
+    throw ShapeError(std::string("ops::") + fn + ": dy " + dy.signature() + " is not the pool's output shape");
   const kernels::Backend& be = backend_of(fn, dy.device());
-  Array dx = Array::uninitialized(r.shape(), DType::f32, dy.device());  // written whole
-  if (dx.size() > 0) be.conv().avg_pool_relu_backward(p, r.data<float>(), dy.data<float>(), dx.data<float>());
+  if (dx.size() == 0) return;
+  const float* rd = r.data<float>();
+  float* out = dx.data<float>();
+  be.conv().avg_pool_relu_backward(p, rd, dy.data<float>(), out);
+}
+
+}  // namespace
+
+Array avg_pool_relu_backward(const Array& r, const Array& dy, int window_h, int window_w, int stride_h,
+                             int stride_w) {
+  Array dx = Array::uninitialized(r.shape(), DType::f32, r.device());  // written whole
+  pool_relu_backward("avg_pool_relu_backward", r, dy, dx, window_h, window_w, stride_h, stride_w);
   return dx;
+}
+
+Array avg_pool_relu_backward_over(Array r, const Array& dy, int window_h, int window_w, int stride_h,
+                                  int stride_w) {
+  pool_relu_backward("avg_pool_relu_backward_over", r, dy, r, window_h, window_w, stride_h, stride_w);
+  return r;
 }
 
 namespace {

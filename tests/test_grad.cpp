@@ -147,11 +147,12 @@ TEST_CASE("grad: a ReLU's mask fused into avg_pool's VJP gives the unfused gradi
     const Array x = host(random_floats(static_cast<std::size_t>(2 * g.h * g.h * 2), 21), {2, g.h, g.h, 2});
     const Array w = host(random_floats(3 * 3 * 2 * 4, 22), {3, 3, 2, 4});
     const auto pool = [&](const Array& r) { return ops::avg_pool(r, g.window, g.window, g.stride, g.stride); };
-    const std::uint64_t before = Trace::fused_relu_masks();
+    const std::uint64_t before = Trace::fused_relu_masks(), over = Trace::masks_over_input();
     auto fused = pmap::grad<0, 1, 2>([&](const Array& xs, const Array& ws, const Array& bs) {
       return weighted(pool(ops::conv2d(xs, ws, bs, {.relu = true})));
     })(x, w, b);
     CHECK(Trace::fused_relu_masks() == before + 1);
+    CHECK(Trace::masks_over_input() == over + 1);  // the pool reads r alone: written over r
     auto plain = pmap::grad<0, 1, 2>([&](const Array& xs, const Array& ws, const Array& bs) {
       return weighted(pool(ops::relu(ops::conv2d(xs, ws, bs))));
     })(x, w, b);
@@ -169,11 +170,27 @@ TEST_CASE("grad: a ReLU's mask fused into avg_pool's VJP gives the unfused gradi
       return ops::add(weighted(pool(r)), ops::sum(r));
     })(x, w);
     CHECK(Trace::fused_relu_masks() == before + 1);
+    CHECK(Trace::masks_over_input() == over + 1);
     CHECK(twice.to_vector<float>() == twice_plain.to_vector<float>());
+    // The ReLU's output returned as the auxiliary result: fused and written over, and the result still
+    // holds the activation (made independent of the trace before the backward pass).
+    auto [with_aux, aux] = pmap::grad<1>([&](const Array& xs, const Array& ws) {
+      Array r = ops::conv2d(xs, ws, Array(), {.relu = true});
+      Array loss = weighted(pool(r));
+      return std::make_pair(std::move(loss), std::move(r));
+    })(x, w);
+    CHECK(Trace::fused_relu_masks() == before + 2);
+    CHECK(Trace::masks_over_input() == over + 2);
+    CHECK(aux.to_vector<float>() == ops::relu(ops::conv2d(x, w)).to_vector<float>());
+    auto aux_plain = pmap::grad<1>([&](const Array& xs, const Array& ws) {
+      return weighted(pool(ops::relu(ops::conv2d(xs, ws))));
+    })(x, w);
+    CHECK(with_aux.to_vector<float>() == aux_plain.to_vector<float>());
     // linear's fused ReLU over the channels of images, then the pool.
     const Array wl = host(random_floats(2 * 3, 23), {2, 3}), bl = host(random_floats(3, 24), {3});
     auto lf = pmap::grad<0, 1>([&](const Array& ws, const Array& bs) { return weighted(pool(ops::linear(x, ws, bs, true))); })(wl, bl);
-    CHECK(Trace::fused_relu_masks() == before + 2);
+    CHECK(Trace::fused_relu_masks() == before + 3);
+    CHECK(Trace::masks_over_input() == over + 3);
     auto lp = pmap::grad<0, 1>([&](const Array& ws, const Array& bs) {
       return weighted(pool(ops::relu(ops::linear(x, ws, bs))));
     })(wl, bl);
@@ -192,8 +209,10 @@ TEST_CASE("grad: a ReLU's mask fused into avg_pool's VJP gives the unfused gradi
       }, "member")(w);
     }, {0}, "members")(ws).to_vector<float>();
   };
+  const std::uint64_t over = Trace::masks_over_input();
   const std::vector<float> vf = member_grad(true);
   CHECK(Trace::fused_relu_masks() == before + 1);
+  CHECK(Trace::masks_over_input() == over + 1);
   CHECK(vf == member_grad(false));
 }
 
