@@ -248,7 +248,8 @@ class Batched final : public Primitive {
   }
   bool output_is_relu() const override { return p_->output_is_relu(); }
   std::shared_ptr<const Primitive> masking_input(bool over_input) const override {
-    return rewrap(p_->masking_input(over_input));
+    // (an r every member reads is one buffer for all of them: none may write over it)
+    return rewrap(p_->masking_input(over_input && batched_[0]));
   }
   std::shared_ptr<const Primitive> premasked() const override { return rewrap(p_->premasked()); }
 

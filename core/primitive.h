@@ -54,12 +54,13 @@ class Primitive {
   // premasked() copy, which takes the cotangent of its output as the pre-activation's (no mask pass of its
   // own). The mask is idempotent, so the gradients are the unfused ones (bit for bit but for the sign of a
   // zero: the fused pass writes +0 where a -0 cotangent passes the mask); one pass over r fewer. A premasked()
-  // copy's VJP does not read its output. When the reader is r's only one and r is the trace's own value that
-  // no result holds, r is spent once that VJP has read it: masking_input(true) asks for a copy that writes
-  // the cotangent over r (as the Trainer's backward through a ReLU does) and returns a view of it (or a new
-  // buffer, where it cannot).
+  // copy's VJP does not read its output. When the reader is r's only one and r is storage the trace owns, r
+  // is spent once that VJP has read it (the backward pass's caller guarantees that it holds no view of r:
+  // Trace::backward): masking_input(true) asks for a copy that writes the cotangent over r (as the Trainer's
+  // backward through a ReLU does) and returns a view of it (or a new buffer, where it cannot).
   virtual bool output_is_relu() const { return false; }
-  virtual std::shared_ptr<const Primitive> masking_input(bool /*over_input*/) const { return nullptr; }  // nullptr: cannot
+  // nullptr: cannot
+  virtual std::shared_ptr<const Primitive> masking_input(bool /*over_input*/) const { return nullptr; }
   virtual std::shared_ptr<const Primitive> premasked() const { return nullptr; }
 };
 

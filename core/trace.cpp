@@ -50,6 +50,7 @@ struct Trace::Node {
   std::vector<std::size_t> inputs;  // slot, or kConstant
   std::vector<Array> constants;     // copies of the untraced inputs, in input order
   std::vector<std::size_t> outputs;
+  bool over_input = false;  // asked to write input 0's cotangent over input 0 (Primitive::masking_input)
   static constexpr std::size_t kConstant = static_cast<std::size_t>(-1);
 };
 
@@ -152,9 +153,9 @@ void Trace::fuse_relu_masks(std::size_t differentiated) {
     if (s == differentiated || maker[s] == Node::kConstant || readers[s].empty() || !fusable[s]) continue;
     Node& made = nodes_[maker[s]];
     if (made.outputs.size() != 1 || !made.primitive->output_is_relu()) continue;
-    // r's only reader may write the cotangent over r: nothing reads r after its VJP (the maker's premasked
-    // VJP does not, and the function's results were made independent of the trace before the backward pass),
-    // unless r is storage the trace does not own.
+    // r's only reader may write the cotangent over r when the trace owns r: nothing reads r after that VJP
+    // (the maker's premasked VJP does not; the differentiated value is never r, and the caller holds no other
+    // view of the trace's values: backward's precondition).
     const bool over_input = readers[s].size() == 1 && values_[s].owns_data();
     std::vector<std::shared_ptr<const Primitive>> masking;
     for (std::size_t k : readers[s]) {
@@ -163,10 +164,12 @@ void Trace::fuse_relu_masks(std::size_t differentiated) {
     }
     auto premasked = masking.size() == readers[s].size() && masking.back() ? made.primitive->premasked() : nullptr;
     if (!premasked) continue;
-    for (std::size_t j = 0; j < readers[s].size(); ++j) nodes_[readers[s][j]].primitive = std::move(masking[j]);
+    for (std::size_t j = 0; j < readers[s].size(); ++j) {
+      nodes_[readers[s][j]].primitive = std::move(masking[j]);
+      nodes_[readers[s][j]].over_input = over_input;
+    }
     made.primitive = std::move(premasked);
     ++fused_masks;
-    if (over_input) ++over_input_masks;
   }
 }
 
@@ -206,6 +209,8 @@ void Trace::backward(const Array& result) {
       cts.push_back(gradients_[s].valid() ? &gradients_[s] : &zeros.back());
     }
     std::vector<Array> in_cts = n->primitive->vjp(ins, outs, cts, wanted);
+    if (n->over_input && !in_cts.empty() && in_cts[0].size() > 0 && in_cts[0].raw_data() == ins[0]->raw_data())
+      ++over_input_masks;
     for (std::size_t s : n->outputs) {
       if (!n->inputs.empty()) gradients_[s] = Array();  // consumed: free it early (inputs are earlier slots)
     }

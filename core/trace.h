@@ -29,7 +29,8 @@ class Trace {
   // leaf 'w1'"). The leaf must outlive the trace; its bits are not copied.
   Array input(const Array& leaf, const std::string& where);
   // The backward pass from the function's value: a traced scalar f32, or an untraced one (every gradient
-  // is then zero). Once per trace. Inside vmap (pmapcc/core/batching.h) the value is each member's, and
+  // is then zero). Once per trace. The caller holds no view of a traced value but `value` (release() the
+  // others first: grad.h releases the auxiliary result): the pass may write over values it has spent. Inside vmap (pmapcc/core/batching.h) the value is each member's, and
   // input() gives every member its own copy of a leaf the members share, so each gets its own gradient.
   void backward(const Array& value);
   // After backward: the gradient of a value input() returned (zeros of its shape where nothing flowed). The
@@ -43,7 +44,8 @@ class Trace {
   // How many values' ReLU masks backward passes have fused into the VJP that reads them (Primitive::
   // masking_input), in the whole process: tests check that a fusion happened.
   static std::uint64_t fused_relu_masks() noexcept;
-  // ... and of those, how many the one reader was asked to write over the ReLU's output (spent by then).
+  // ... and how many times the one reader's VJP wrote the cotangent over the ReLU's output (spent by then):
+  // its result is that storage.
   static std::uint64_t masks_over_input() noexcept;
 
   // ---- for core::apply --------------------------------------------------------------------------------

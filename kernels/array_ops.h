@@ -147,8 +147,9 @@ Array avg_pool_backward(const Array& dy, const Shape& x_shape, int window_h, int
 // output's cotangent -> avg_pool_backward's dx where r > 0, else 0 (the same bits as the two passes).
 Array avg_pool_relu_backward(const Array& r, const Array& dy, int window_h, int window_w, int stride_h,
                              int stride_w);
-// The same gradient written over r (the kernels read each element of r before writing it), which is returned:
-// for r that nothing reads afterwards (grad's backward pass hands over a spent activation), no new buffer.
+// The same gradient written over r, which is returned (a borrowed r: a view of the same storage): for r that
+// nothing reads afterwards (grad's backward pass hands over a spent activation), no new buffer. The kernels
+// read each element of r before writing it, or write it without reading (the rows past the last window).
 Array avg_pool_relu_backward_over(Array r, const Array& dy, int window_h, int window_w, int stride_h,
                                   int stride_w);
 

@@ -155,9 +155,9 @@ Array avg_pool_backward(const Array& dy, const Shape& x_shape, int window_h, int
 
 namespace {
 
-// avg_pool_relu_backward's checks and kernel call, dx given (it may be r).
-void pool_relu_backward(const char* fn, const Array& r, const Array& dy, Array& dx, int window_h, int window_w,
-                        int stride_h, int stride_w) {
+// avg_pool_relu_backward's checks; the kernel's parameters.
+kernels::AvgPoolParams pool_relu_params(const char* fn, const Array& r, const Array& dy, int window_h, int window_w,
+                                        int stride_h, int stride_w) {
   require_dtype(fn, "r", r, DType::f32);
   require_dtype(fn, "dy", dy, DType::f32);
   require_same_device(fn, r, "r", dy, "dy");
@@ -165,25 +165,27 @@ void pool_relu_backward(const char* fn, const Array& r, const Array& dy, Array& 
   const kernels::PoolGeometry g = kernels::avg_pool_geometry(p);
   if (dy.shape() != Shape{r.dim(0), g.out_height, g.out_width, r.dim(3)})
     throw ShapeError(std::string("ops::") + fn + ": dy " + dy.signature() + " is not the pool's output shape");
-  const kernels::Backend& be = backend_of(fn, dy.device());
-  if (dx.size() == 0) return;
-  const float* rd = r.data<float>();
-  float* out = dx.data<float>();
-  be.conv().avg_pool_relu_backward(p, rd, dy.data<float>(), out);
+  return p;
 }
 
 }  // namespace
 
 Array avg_pool_relu_backward(const Array& r, const Array& dy, int window_h, int window_w, int stride_h,
                              int stride_w) {
-  Array dx = Array::uninitialized(r.shape(), DType::f32, r.device());  // written whole
-  pool_relu_backward("avg_pool_relu_backward", r, dy, dx, window_h, window_w, stride_h, stride_w);
+  const char* fn = "avg_pool_relu_backward";
+  const kernels::AvgPoolParams p = pool_relu_params(fn, r, dy, window_h, window_w, stride_h, stride_w);
+  const kernels::Backend& be = backend_of(fn, dy.device());
+  Array dx = Array::uninitialized(r.shape(), DType::f32, dy.device());  // written whole
+  if (dx.size() > 0) be.conv().avg_pool_relu_backward(p, r.data<float>(), dy.data<float>(), dx.data<float>());
   return dx;
 }
 
 Array avg_pool_relu_backward_over(Array r, const Array& dy, int window_h, int window_w, int stride_h,
                                   int stride_w) {
-  pool_relu_backward("avg_pool_relu_backward_over", r, dy, r, window_h, window_w, stride_h, stride_w);
+  const char* fn = "avg_pool_relu_backward_over";
+  const kernels::AvgPoolParams p = pool_relu_params(fn, r, dy, window_h, window_w, stride_h, stride_w);
+  const kernels::Backend& be = backend_of(fn, dy.device());
+  if (r.size() > 0) be.conv().avg_pool_relu_backward(p, r.data<float>(), dy.data<float>(), r.data<float>());
   return r;
 }
 

@@ -172,6 +172,17 @@ TEST_CASE("grad: a ReLU's mask fused into avg_pool's VJP gives the unfused gradi
     CHECK(Trace::fused_relu_masks() == before + 1);
     CHECK(Trace::masks_over_input() == over + 1);
     CHECK(twice.to_vector<float>() == twice_plain.to_vector<float>());
+    // ... read by two pools: both fused, neither writes over r (the other still reads it).
+    const auto two_pools = [&](bool fuse) {
+      return pmap::grad<1>([&](const Array& xs, const Array& ws) {
+        Array r = fuse ? ops::conv2d(xs, ws, Array(), {.relu = true}) : ops::relu(ops::conv2d(xs, ws));
+        return ops::add(weighted(pool(r)), weighted(ops::avg_pool(r, 1, 1, 1, 1)));
+      })(x, w).to_vector<float>();
+    };
+    const std::vector<float> fused_two = two_pools(true);
+    CHECK(Trace::fused_relu_masks() == before + 2);
+    CHECK(Trace::masks_over_input() == over + 1);
+    CHECK(fused_two == two_pools(false));
     // The ReLU's output returned as the auxiliary result: fused and written over, and the result still
     // holds the activation (made independent of the trace before the backward pass).
     auto [with_aux, aux] = pmap::grad<1>([&](const Array& xs, const Array& ws) {
@@ -179,7 +190,7 @@ TEST_CASE("grad: a ReLU's mask fused into avg_pool's VJP gives the unfused gradi
       Array loss = weighted(pool(r));
       return std::make_pair(std::move(loss), std::move(r));
     })(x, w);
-    CHECK(Trace::fused_relu_masks() == before + 2);
+    CHECK(Trace::fused_relu_masks() == before + 3);
     CHECK(Trace::masks_over_input() == over + 2);
     CHECK(aux.to_vector<float>() == ops::relu(ops::conv2d(x, w)).to_vector<float>());
     auto aux_plain = pmap::grad<1>([&](const Array& xs, const Array& ws) {
@@ -189,13 +200,22 @@ TEST_CASE("grad: a ReLU's mask fused into avg_pool's VJP gives the unfused gradi
     // linear's fused ReLU over the channels of images, then the pool.
     const Array wl = host(random_floats(2 * 3, 23), {2, 3}), bl = host(random_floats(3, 24), {3});
     auto lf = pmap::grad<0, 1>([&](const Array& ws, const Array& bs) { return weighted(pool(ops::linear(x, ws, bs, true))); })(wl, bl);
-    CHECK(Trace::fused_relu_masks() == before + 3);
+    CHECK(Trace::fused_relu_masks() == before + 4);
     CHECK(Trace::masks_over_input() == over + 3);
     auto lp = pmap::grad<0, 1>([&](const Array& ws, const Array& bs) {
       return weighted(pool(ops::relu(ops::linear(x, ws, bs))));
     })(wl, bl);
     CHECK(std::get<0>(lf).to_vector<float>() == std::get<0>(lp).to_vector<float>());
     CHECK(std::get<1>(lf).to_vector<float>() == std::get<1>(lp).to_vector<float>());
+    // The eager op behind it: the same bits, in r's own storage.
+    Array r = ops::relu(ops::conv2d(x, w));
+    const Array dy = host(random_floats(static_cast<std::size_t>(pool(r).size()), 28), pool(r).shape());
+    const std::vector<float> want = ops::eager::avg_pool_relu_backward(r, dy, g.window, g.window, g.stride, g.stride)
+                                        .to_vector<float>();
+    const void* storage = r.raw_data();
+    const Array got = ops::eager::avg_pool_relu_backward_over(std::move(r), dy, g.window, g.window, g.stride, g.stride);
+    CHECK(got.raw_data() == storage);
+    CHECK(got.to_vector<float>() == want);
   }
   // Inside vmap (stacked weights: one conv call for both members), each member's gradient as without fusion.
   const Array x = host(random_floats(2 * 6 * 6 * 2, 26), {2, 6, 6, 2});
