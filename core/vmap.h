@@ -34,6 +34,7 @@
 #include <pmap/array.h>
 #include <pmap/detail/trace.h>
 #include <pmap/error.h>
+#include <pmap/partition.h>
 #include <pmap/tree.h>
 
 #include <pmapcc/core/batching.h>
@@ -41,9 +42,8 @@
 
 namespace pmap {
 
-// vmap's in_axes: 0 (mapped) or none (read by every member).
+// vmap's in_axes: 0 (mapped) or none (pmap/partition.h: read by every member).
 using InAxes = std::vector<std::optional<int>>;
-inline constexpr std::nullopt_t none = std::nullopt;
 
 namespace vmap_detail {
 

@@ -1,6 +1,9 @@
 // Host-side checks for shard / unshard (over this process's devices of the mesh).
 #include <pmap/transfer.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "mesh_impl.h"
 
 namespace pmap::detail {
@@ -48,3 +51,205 @@ std::vector<int> first_holders(const Mesh& mesh, const AxisNames& axes, int part
 }
 
 }  // namespace pmap::detail
+
+// ---- PartitionSpecs (partition.h) ------------------------------------------------------------------------------
+
+namespace pmap {
+
+bool P::replicated() const {
+  for (const AxisNames& a : dims_)
+    if (!a.empty()) return false;
+  return true;
+}
+
+std::string P::str() const {
+  std::string s = "P(";
+  for (std::size_t i = 0; i < dims_.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += dims_[i].empty() ? std::string("None") : dims_[i].str();
+  }
+  return s + ")";
+}
+
+namespace detail {
+namespace {
+
+std::string leaf_label(const std::string& path) { return path.empty() ? std::string("the array") : "'" + path + "'"; }
+
+// Row-major steps through every block index (parts per dimension); false once past the last.
+bool next_index(std::vector<int>& index, const std::vector<int>& parts) {
+  for (std::size_t d = index.size(); d-- > 0;) {
+    if (++index[d] < parts[d]) return true;
+    index[d] = 0;
+  }
+  return false;
+}
+
+// Copies the block at `index` between a whole array (host bytes) and a block (host bytes), run by run along
+// the last dimension. to_block: whole -> block, else block -> whole.
+void copy_block(char* whole, char* block, const Shape& shape, const Split& split, const std::vector<int>& index,
+                std::size_t elem, bool to_block) {
+  const std::size_t nd = shape.size();
+  if (nd == 0) {
+    if (to_block) std::memcpy(block, whole, elem);
+    else std::memcpy(whole, block, elem);
+    return;
+  }
+  for (std::int64_t d : split.block)
+    if (d == 0) return;
+  const std::size_t run = static_cast<std::size_t>(split.block[nd - 1]) * elem;
+  std::vector<std::int64_t> at(nd - 1, 0);  // position inside the block, every dimension but the last
+  for (std::size_t b = 0;; ++b) {
+    std::int64_t offset = 0;  // in the whole array, in elements
+    for (std::size_t d = 0; d < nd; ++d) {
+      const std::int64_t i = (d + 1 < nd ? at[d] : 0) + std::int64_t{index[d]} * split.block[d];
+      offset = offset * shape[d] + i;
+    }
+    char* w = whole + static_cast<std::size_t>(offset) * elem;
+    char* k = block + b * run;
+    if (to_block) std::memcpy(k, w, run);
+    else std::memcpy(w, k, run);
+    std::size_t d = nd - 1;
+    for (; d-- > 0;) {
+      if (++at[d] < split.block[d]) break;
+      at[d] = 0;
+    }
+    if (d == static_cast<std::size_t>(-1)) return;
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// The checks on a spec that do not need sizes: its rank, axes the mesh has, each axis once.
+void check_spec(const std::string& leaf, std::size_t rank, const P& spec, const Mesh& mesh) {
+  if (spec.size() > rank)
+    throw ShapeError(leaf + " has " + std::to_string(rank) + " dimension(s), but its spec " + spec.str() + " gives " +
+                     std::to_string(spec.size()));
+  std::vector<std::string> seen;
+  for (std::size_t d = 0; d < spec.size(); ++d) {
+    for (const std::string& name : spec.dims()[d].names()) {
+      bool known = false;
+      for (const AxisSpec& a : mesh.axes()) known = known || a.name == name;
+      if (!known)
+        throw AxisError(leaf + ": dimension " + std::to_string(d) + " of spec " + spec.str() + " names axis '" + name +
+                        "', which " + mesh.str() + " does not have");
+      if (std::find(seen.begin(), seen.end(), name) != seen.end())
+        throw ValueError(leaf + ": spec " + spec.str() + " names axis '" + name + "' twice (again at dimension " +
+                         std::to_string(d) + "); a mesh axis splits at most one dimension, once");
+      seen.push_back(name);
+    }
+  }
+}
+
+std::string leaf_of(const char* who, const std::string& path, const Shape& shape, DType dtype) {
+  return std::string(who) + ": " + leaf_label(path) + " " + std::string(name(dtype)) + shape_str(shape);
+}
+
+}  // namespace
+
+Split split_of(const char* who, const std::string& path, const Shape& shape, DType dtype, const P& spec,
+               const Mesh& mesh) {
+  const std::string leaf = leaf_of(who, path, shape, dtype);
+  check_spec(leaf, shape.size(), spec, mesh);
+  Split s;
+  s.block = shape;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    const AxisNames axes = spec.axes_of(d);
+    const int parts = axes.empty() ? 1 : mesh.axis_size(axes);
+    if (shape[d] % parts != 0)
+      throw ShapeError(leaf + ": dimension " + std::to_string(d) + " (size " + std::to_string(shape[d]) +
+                       ") does not split evenly over " + axes.str() + " (" + std::to_string(parts) + " devices)");
+    s.axes.push_back(axes);
+    s.parts.push_back(parts);
+    s.block[d] = shape[d] / parts;
+  }
+  return s;
+}
+
+Shape whole_shape(const char* who, const std::string& path, const Shape& block, DType dtype, const P& spec,
+                  const Mesh& mesh) {
+  check_spec(leaf_of(who, path, block, dtype) + " (a block)", block.size(), spec, mesh);
+  Shape whole = block;
+  for (std::size_t d = 0; d < spec.size(); ++d)
+    if (!spec.dims()[d].empty()) whole[d] *= mesh.axis_size(spec.dims()[d]);
+  return whole;
+}
+
+std::vector<std::vector<int>> block_index(const Mesh& mesh, const Split& split) {
+  std::vector<std::vector<int>> out;
+  for (int id : mesh.impl().local_ids()) {
+    std::vector<int> index;
+    for (const AxisNames& axes : split.axes) index.push_back(axes.empty() ? 0 : mesh.impl().axis_index(id, axes));
+    out.push_back(std::move(index));
+  }
+  return out;
+}
+
+Array take_block(const Array& x, const Split& split, const std::vector<int>& index, const Device& device) {
+  const Array host = x.device().is_cpu() ? Array() : x.to(Device{});
+  const Array& src = x.device().is_cpu() ? x : host;
+  Array block = Array::uninitialized(split.block, x.dtype(), Device{});  // the runs cover it
+  copy_block(static_cast<char*>(const_cast<void*>(src.raw_data())), static_cast<char*>(block.raw_data()), x.shape(),
+             split, index, size_of(x.dtype()), true);
+  return device == Device{} ? std::move(block) : block.to(device);
+}
+
+Array join_blocks(const std::string& path, const Shape& shape, const Split& split,
+                  const std::vector<const Array*>& blocks) {
+  Array whole = Array::uninitialized(shape, blocks.at(0)->dtype(), Device{});  // the blocks cover it
+  std::vector<int> index(shape.size(), 0);
+  std::size_t k = 0;
+  do {
+    const Array& b = *blocks.at(k++);
+    if (b.shape() != split.block || b.dtype() != whole.dtype())
+      throw ShapeError("unshard: " + leaf_label(path) + ": a device's block is " + b.signature() + ", not " +
+                       std::string(name(whole.dtype())) + shape_str(split.block) + " as the first device's");
+    const Array host = b.device().is_cpu() ? Array() : b.to(Device{});
+    const Array& src = b.device().is_cpu() ? b : host;
+    copy_block(static_cast<char*>(whole.raw_data()), static_cast<char*>(const_cast<void*>(src.raw_data())), shape,
+               split, index, size_of(whole.dtype()), false);
+  } while (next_index(index, split.parts));
+  return whole;
+}
+
+std::vector<int> block_holders(const Mesh& mesh, const Split& split, const std::string& path) {
+  const std::vector<std::vector<int>> index = block_index(mesh, split);
+  std::vector<int> holders;
+  std::vector<int> want(split.parts.size(), 0);
+  do {
+    int h = -1;
+    for (std::size_t d = 0; d < index.size() && h < 0; ++d)
+      if (index[d] == want) h = static_cast<int>(d);
+    if (h < 0) {
+      std::string at;
+      for (int i : want) at += (at.empty() ? "" : ", ") + std::to_string(i);
+      throw ShapeError("unshard: block (" + at + ") of " + leaf_label(path) +
+                       " lives only on other processes' devices; all_gather it inside pmap first");
+    }
+    holders.push_back(h);
+  } while (next_index(want, split.parts));
+  return holders;
+}
+
+std::vector<P> specs_of_leaves(const std::vector<std::string>& paths, const std::map<std::string, P>& specs,
+                               const char* who) {
+  for (const auto& [path, spec] : specs) {
+    if (std::find(paths.begin(), paths.end(), path) == paths.end()) {
+      std::string known;
+      for (const std::string& p : paths) known += (known.empty() ? "" : ", ") + leaf_label(p);
+      throw ValueError(std::string(who) + ": the specs name " + leaf_label(path) + " (" + spec.str() +
+                       "), which is not an array leaf of the tree (its array leaves: " + known + ")");
+    }
+  }
+  std::vector<P> out;
+  for (const std::string& p : paths) {
+    auto it = specs.find(p);
+    out.push_back(it == specs.end() ? P() : it->second);
+  }
+  return out;
+}
+
+}  // namespace detail
+}  // namespace pmap

@@ -44,6 +44,7 @@ class AxisNames {
   const std::vector<std::string>& names() const { return names_; }
   bool empty() const { return names_.empty(); }
   std::string str() const;  // "'data'" or "('data', 'model')"
+  friend bool operator==(const AxisNames&, const AxisNames&) = default;
 
  private:
   std::vector<std::string> names_;

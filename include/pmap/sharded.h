@@ -1,5 +1,5 @@
 // Sharded<T>: one T per device of a mesh, in the mesh's device order. pmap maps over Sharded
-// arguments and returns Sharded results.
+// arguments and returns Sharded results. A value made by shard with specs knows them (unshard reads them).
 #pragma once
 
 #include <cstddef>
@@ -7,12 +7,15 @@
 #include <utility>
 #include <vector>
 
+#include <pmap/partition.h>
+
 namespace pmap {
 
 template <class T> class Sharded {
  public:
   Sharded() = default;
   explicit Sharded(std::vector<T> values) : values_(std::move(values)) {}
+  Sharded(std::vector<T> values, std::vector<LeafSpec> specs) : values_(std::move(values)), specs_(std::move(specs)) {}
 
   std::size_t size() const { return values_.size(); }
   T& operator[](std::size_t device) { return values_[device]; }
@@ -23,9 +26,13 @@ template <class T> class Sharded {
   auto end() const { return values_.end(); }
   std::vector<T>& values() { return values_; }
   const std::vector<T>& values() const { return values_; }
+  // How shard split it: each Array leaf's path and spec, in tree order. Empty for a value shard did not make
+  // by specs (pmap's results, replicate, shard over the leading axis).
+  const std::vector<LeafSpec>& specs() const { return specs_; }
 
  private:
   std::vector<T> values_;
+  std::vector<LeafSpec> specs_;
 };
 
 template <class T> struct is_sharded : std::false_type {};

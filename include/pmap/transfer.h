@@ -1,12 +1,15 @@
 // Moving trees between the host and the per-device view of a mesh: replicate / unreplicate (the same
-// value on every device), shard / unshard (the leading axis split over the devices of some axes).
+// value on every device), shard / unshard (the leading axis split over the devices of some axes, or any
+// dimensions split as PartitionSpecs say: partition.h).
 // On a mesh spanning processes these work on this process's devices (Mesh::local_devices()).
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
 #include <pmap/mesh.h>
+#include <pmap/partition.h>
 #include <pmap/sharded.h>
 #include <pmap/tree.h>
 
@@ -22,7 +25,39 @@ std::vector<int> piece_of_device(const Mesh& mesh, const AxisNames& axes);
 // For each of `parts` pieces, the first local device holding it; ShapeError when another process
 // holds a piece alone (unshard cannot read it: all_gather it inside pmap first).
 std::vector<int> first_holders(const Mesh& mesh, const AxisNames& axes, int parts);
+
+// A leaf split by a spec on a mesh: per dimension, its axes and its number of blocks; the block's shape.
+struct Split {
+  std::vector<AxisNames> axes;
+  std::vector<int> parts;
+  Shape block;
+};
+// Checks `spec` against a leaf of `shape` (`who`: "shard" or "unshard"; `path` names the leaf): an axis the
+// mesh does not have raises AxisError, an axis named twice ValueError, more entries than dimensions or a
+// size the axes do not divide ShapeError, each naming the leaf, the dimension and the axis.
+Split split_of(const char* who, const std::string& path, const Shape& shape, DType dtype, const P& spec,
+               const Mesh& mesh);
+// The whole leaf's shape from a block's (the same checks, but for sizes).
+Shape whole_shape(const char* who, const std::string& path, const Shape& block, DType dtype, const P& spec,
+                  const Mesh& mesh);
+// Per local device of the mesh, its block's index along each dimension.
+std::vector<std::vector<int>> block_index(const Mesh& mesh, const Split& split);
+// A copy of x's block `index`, on `device`.
+Array take_block(const Array& x, const Split& split, const std::vector<int>& index, const Device& device);
+// Assembles a whole leaf of `shape` in host memory from blocks[k] (the blocks in row-major block order).
+Array join_blocks(const std::string& path, const Shape& shape, const Split& split,
+                  const std::vector<const Array*>& blocks);
+// Every block (row-major over the dimensions' blocks) and the first local device holding it; ShapeError
+// naming the leaf when only other processes' devices hold one.
+std::vector<int> block_holders(const Mesh& mesh, const Split& split, const std::string& path);
+// The spec of each Array leaf (in `paths`' order) from `specs`; a path that names no leaf raises ValueError.
+std::vector<P> specs_of_leaves(const std::vector<std::string>& paths, const std::map<std::string, P>& specs,
+                               const char* who);
 }  // namespace detail
+
+// Specs by leaf path (tree.h's paths, as tree_for_each_with_path gives them): a leaf not named is replicated
+// (P()), as in Keras's LayoutMap; a path that names no Array leaf raises ValueError.
+using Specs = std::map<std::string, P>;
 
 // A copy of `tree` on every (local) device of the mesh (JAX's replicate / in_axes=None made explicit).
 template <class T> Sharded<T> replicate(const T& tree, const Mesh& mesh) {
@@ -78,10 +113,95 @@ template <class T> Sharded<T> shard(const T& tree, const Mesh& mesh, const AxisN
   return Sharded<T>(std::move(out));
 }
 
+// Splits every Array leaf as its spec says (JAX's device_put with a NamedSharding): the device whose index
+// along a dimension's axes is i gets block i of that dimension; other leaves go to every device as they
+// are. The result knows the specs (Sharded::specs), so unshard(result, mesh) assembles it. Every process
+// passes the whole tree and keeps its devices' blocks.
+template <class T> Sharded<T> shard(const T& tree, const Mesh& mesh, const Specs& specs) {
+  std::vector<std::string> paths;
+  tree_for_each_with_path(tree, [&](const std::string& path, const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) paths.push_back(path);
+  });
+  const std::vector<P> spec = detail::specs_of_leaves(paths, specs, "shard");
+  std::vector<detail::Split> splits;
+  std::vector<std::vector<std::vector<int>>> index;  // [leaf][device][dimension]
+  std::size_t k = 0;
+  tree_for_each(tree, [&](const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+      splits.push_back(detail::split_of("shard", paths[k], leaf.shape(), leaf.dtype(), spec[k], mesh));
+      index.push_back(detail::block_index(mesh, splits.back()));
+      ++k;
+    }
+  });
+  std::vector<T> out;
+  out.reserve(static_cast<std::size_t>(mesh.local_size()));
+  for (std::size_t d = 0; d < static_cast<std::size_t>(mesh.local_size()); ++d) {
+    const Device& dev = mesh.local_devices()[d];
+    std::size_t leaf_k = 0;
+    out.push_back(tree_map(tree, [&](const auto& leaf) {
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+        const std::size_t i = leaf_k++;
+        return detail::take_block(leaf, splits[i], index[i][d], dev);
+      } else {
+        return leaf;
+      }
+    }));
+  }
+  std::vector<LeafSpec> leaf_specs;
+  for (std::size_t i = 0; i < paths.size(); ++i) leaf_specs.push_back({paths[i], spec[i]});
+  return Sharded<T>(std::move(out), std::move(leaf_specs));
+}
+// One spec for every Array leaf.
+template <class T> Sharded<T> shard(const T& tree, const Mesh& mesh, const P& spec) {
+  Specs specs;
+  tree_for_each_with_path(tree, [&](const std::string& path, const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) specs.insert_or_assign(path, spec);
+  });
+  return shard(tree, mesh, specs);
+}
+
+// The inverse of shard by specs: each leaf assembled whole in host memory from its blocks, reading each block
+// from the first local device holding it (ShapeError when only other processes' devices hold one).
+template <class T> T unshard(const Sharded<T>& sharded, const Mesh& mesh, const Specs& specs) {
+  if (sharded.size() != static_cast<std::size_t>(mesh.local_size()))
+    throw ShapeError("unshard: the Sharded value has " + std::to_string(sharded.size()) + " entries, the mesh " +
+                     std::to_string(mesh.local_size()) + (mesh.local_size() == mesh.size() ? "" : " local") +
+                     " devices");
+  std::vector<std::string> paths;
+  std::vector<std::vector<const Array*>> per_device(sharded.size());
+  tree_for_each_with_path(sharded[0], [&](const std::string& path, const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) paths.push_back(path);
+  });
+  for (std::size_t d = 0; d < sharded.size(); ++d)
+    tree_for_each(sharded[d], [&](const auto& leaf) {
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) per_device[d].push_back(&leaf);
+    });
+  const std::vector<P> spec = detail::specs_of_leaves(paths, specs, "unshard");
+  std::size_t k = 0;
+  return tree_map(sharded[0], [&](const auto& first) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(first)>, Array>) {
+      const std::size_t i = k++;
+      const Shape whole = detail::whole_shape("unshard", paths[i], first.shape(), first.dtype(), spec[i], mesh);
+      const detail::Split split = detail::split_of("unshard", paths[i], whole, first.dtype(), spec[i], mesh);
+      std::vector<const Array*> blocks;
+      for (int h : detail::block_holders(mesh, split, paths[i])) blocks.push_back(per_device.at(static_cast<std::size_t>(h)).at(i));
+      return detail::join_blocks(paths[i], whole, split, blocks);
+    } else {
+      return first;
+    }
+  });
+}
+
 // The inverse of shard: the blocks concatenated along the leading axis, in host memory. For each block
 // the first (local) device holding it is read; on a mesh spanning processes every block must have a
 // local holder (ShapeError otherwise).
+// A value shard made by specs (Sharded::specs not empty) is assembled by them when no axes are given.
 template <class T> T unshard(const Sharded<T>& sharded, const Mesh& mesh, const AxisNames& axes = {}) {
+  if (axes.empty() && !sharded.specs().empty()) {
+    Specs specs;
+    for (const LeafSpec& s : sharded.specs()) specs.insert_or_assign(s.path, s.spec);
+    return unshard(sharded, mesh, specs);
+  }
   if (sharded.size() != static_cast<std::size_t>(mesh.local_size()))
     throw ShapeError("unshard: the Sharded value has " + std::to_string(sharded.size()) + " entries, the mesh " +
                      std::to_string(mesh.local_size()) + (mesh.local_size() == mesh.size() ? "" : " local") +
