@@ -37,8 +37,9 @@ struct FeedCore::DeviceState {
 };
 
 FeedCore::FeedCore(const Mesh& mesh, std::vector<std::vector<Array*>> host,
-                   std::vector<std::vector<std::vector<Array*>>> device, FeedLayout layout)
-    : mesh_(mesh), host_(std::move(host)), device_(std::move(device)), layout_(std::move(layout)) {
+                   std::vector<std::vector<std::vector<Array*>>> device, FeedLayout layout, std::vector<Split> splits)
+    : mesh_(mesh), host_(std::move(host)), device_(std::move(device)), layout_(std::move(layout)),
+      splits_(std::move(splits)) {
   if (host_[0].empty()) throw ShapeError("Feed: the prototype tree has no arrays");
   parts_ = layout_.shard ? mesh.axis_size(layout_.axes) : 1;
   if (layout_.shard) {
@@ -56,6 +57,19 @@ FeedCore::FeedCore(const Mesh& mesh, std::vector<std::vector<Array*>> host,
     piece_ = piece_of_device(mesh, layout_.axes);
   } else {
     piece_.assign(static_cast<std::size_t>(mesh.local_size()), 0);
+  }
+  if (layout_.by_spec) {
+    for (std::size_t l = 0; l < splits_.size(); ++l) index_.push_back(block_index(mesh, splits_[l]));
+    for (int slot = 0; slot < 2; ++slot) {
+      auto& g = gathered_.emplace_back(static_cast<std::size_t>(mesh.local_size()));
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        for (std::size_t l = 0; l < splits_.size(); ++l) {
+          const bool one_run = contiguous_blocks(splits_[l]);
+          g[i].push_back(one_run || mesh.local_devices()[i].is_cpu() ? Array()
+                                                                     : Array::pinned(splits_[l].block, host_[0][l]->dtype()));
+        }
+      }
+    }
   }
   const auto& ids = mesh.impl().local_ids();
   for (std::size_t i = 0; i < ids.size(); ++i)
@@ -105,6 +119,20 @@ void FeedCore::push() {
     for (std::size_t l = 0; l < hosts.size(); ++l) {
       Array& dst = *dsts[l];
       const auto* src = static_cast<const char*>(hosts[l]->raw_data()) + piece * dst.nbytes();
+      if (layout_.by_spec && dst.nbytes() != 0) {
+        const Split& split = splits_[l];
+        const std::vector<int>& index = index_[l][i];
+        char* whole = static_cast<char*>(hosts[l]->raw_data());
+        if (contiguous_blocks(split)) {
+          src = whole + (index.empty() ? 0 : static_cast<std::size_t>(index[0])) * dst.nbytes();
+        } else {  // gathered run by run: into the CPU device's buffer, or a GPU's pinned one to copy from
+          Array& g = s.device.is_cpu() ? dst : gathered_[static_cast<std::size_t>(slot)][i][l];
+          copy_block(whole, static_cast<char*>(g.raw_data()), hosts[l]->shape(), split, index,
+                     size_of(dst.dtype()), true);
+          if (s.device.is_cpu()) continue;
+          src = static_cast<const char*>(g.raw_data());
+        }
+      }
       if (s.device.is_cpu()) {
         if (dst.nbytes() != 0 && dst.raw_data() != src) std::memcpy(dst.raw_data(), src, dst.nbytes());
       } else {

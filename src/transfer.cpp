@@ -85,8 +85,9 @@ bool next_index(std::vector<int>& index, const std::vector<int>& parts) {
   return false;
 }
 
-// Copies the block at `index` between a whole array (host bytes) and a block (host bytes), run by run along
-// the last dimension. to_block: whole -> block, else block -> whole.
+}  // namespace
+
+// Run by run along the last dimension.
 void copy_block(char* whole, char* block, const Shape& shape, const Split& split, const std::vector<int>& index,
                 std::size_t elem, bool to_block) {
   const std::size_t nd = shape.size();
@@ -118,7 +119,11 @@ void copy_block(char* whole, char* block, const Shape& shape, const Split& split
   }
 }
 
-}  // namespace
+bool contiguous_blocks(const Split& split) {
+  for (std::size_t d = 1; d < split.parts.size(); ++d)
+    if (split.parts[d] != 1) return false;
+  return true;
+}
 
 namespace {
 

@@ -4,7 +4,12 @@
 // train through it on a GPU).
 #include <doctest/doctest.h>
 
+#include <map>
+#include <string>
+
 #include <pmap/pmap.h>
+
+#include "cuda_testing.h"
 
 namespace {
 
@@ -90,4 +95,86 @@ TEST_CASE("Feed refuses misuse: pop before push, a third pending batch, push wit
   CHECK_THROWS_WITH_AS(pmap::Feed<Batch>(mesh, prototype(5), pmap::FeedLayout::sharded("i")),
                        doctest::Contains("not divisible by 2"), pmap::ShapeError);
   CHECK_THROWS_AS(pmap::Feed<Batch>(mesh, prototype(4), pmap::FeedLayout::sharded("nope")), pmap::AxisError);
+}
+
+namespace {
+
+using Leaves = std::map<std::string, pmap::Array>;
+
+// Batch b, leaf of `shape`: element at row-major offset k is 1000 b + k (i32 for "labels").
+void fill_offsets(Leaves& host, int b) {
+  for (auto& [path, a] : host) {
+    for (std::int64_t k = 0; k < a.size(); ++k) {
+      if (a.dtype() == pmap::DType::i32) a.data<std::int32_t>()[k] = static_cast<std::int32_t>(1000 * b + k);
+      else a.data<float>()[k] = static_cast<float>(1000 * b + k);
+    }
+  }
+}
+
+// The offsets of block [lo, lo + n) of a 2-D leaf of `cols` columns, batch b.
+std::vector<float> block_2d(int b, std::int64_t cols, std::int64_t r0, std::int64_t nr, std::int64_t c0, std::int64_t nc) {
+  std::vector<float> out;
+  for (std::int64_t r = r0; r < r0 + nr; ++r)
+    for (std::int64_t c = c0; c < c0 + nc; ++c) out.push_back(static_cast<float>(1000 * b + r * cols + c));
+  return out;
+}
+
+// A Feed partitioned over a 2x2 mesh ("data", "model"): columns over "model" (a block that is not one run:
+// gathered), rows over "data" (one run), a leaf not named (replicated), batch after batch.
+void check_partitioned_feed(const std::vector<pmap::Device>& devices) {
+  pmap::Mesh mesh(devices, {{"data", 2}, {"model", 2}});
+  Leaves prototype;
+  prototype.emplace("x", pmap::Array({4, 6}, pmap::DType::f32));
+  prototype.emplace("labels", pmap::Array({4, 2}, pmap::DType::i32));
+  prototype.emplace("mask", pmap::Array({3}, pmap::DType::f32));
+  pmap::Feed<Leaves> feed(mesh, prototype,
+                          pmap::FeedLayout::partitioned(pmap::Specs{{"x", pmap::P(pmap::none, "model")},
+                                                                    {"labels", pmap::P("data")}}));
+  fill_offsets(feed.next(), 0);
+  feed.push();
+  for (int b = 0; b < 4; ++b) {
+    CAPTURE(b);
+    if (b + 1 < 4) {
+      fill_offsets(feed.next(), b + 1);
+      feed.push();
+    }
+    const pmap::Sharded<Leaves>& got = feed.pop();
+    REQUIRE(got.size() == 4);
+    REQUIRE(got.specs().size() == 3);
+    CHECK(got.specs()[2].path == "x");
+    CHECK(got.specs()[2].spec == pmap::P(pmap::none, "model"));
+    auto ok = pmap::pmap([&](const Leaves& mine) {
+      const int i = pmap::axis_index("data"), j = pmap::axis_index("model");
+      bool same = mine.at("x").device() == pmap::current_device();
+      same = same && mine.at("x").shape() == pmap::Shape{4, 3};
+      same = same && mine.at("x").to_vector<float>() == block_2d(b, 6, 0, 4, 3 * j, 3);
+      const auto labels = mine.at("labels").to_vector<std::int32_t>();
+      const auto want = block_2d(b, 2, 2 * i, 2, 0, 2);
+      same = same && std::vector<float>(labels.begin(), labels.end()) == want;
+      return same && mine.at("mask").to_vector<float>() == block_2d(b, 3, 0, 1, 0, 3);
+    }, mesh)(got);
+    for (bool o : ok) CHECK(o);
+  }
+  // Bad specs raise as shard's do, naming the Feed.
+  CHECK_THROWS_WITH_AS(pmap::Feed<Leaves>(mesh, prototype, pmap::FeedLayout::partitioned(pmap::P(pmap::none, "nope"))),
+                       doctest::Contains("Feed: 'labels' i32(4, 2): dimension 1 of spec P(None, 'nope') names axis 'nope'"),
+                       pmap::AxisError);
+  CHECK_THROWS_WITH_AS(pmap::Feed<Leaves>(mesh, prototype, pmap::FeedLayout::partitioned(pmap::Specs{{"y", pmap::P("data")}})),
+                       doctest::Contains("Feed: the specs name 'y'"), pmap::ValueError);
+  CHECK_THROWS_WITH_AS(pmap::Feed<Leaves>(mesh, prototype, pmap::FeedLayout::partitioned(pmap::P("model", "data"))),
+                       doctest::Contains("Feed: 'mask' f32(3,) has 1 dimension(s), but its spec P('model', 'data') gives 2"),
+                       pmap::ShapeError);
+}
+
+}  // namespace
+
+TEST_CASE("Feed partitioned by specs: blocks along any dimension reach every CPU device, batch after batch") {
+  check_partitioned_feed(pmap::local_devices(pmap::DeviceKind::cpu, 4));
+}
+
+TEST_CASE("cuda Feed partitioned by specs: a block that is not one run is gathered into pinned memory and copied") {
+  PMAPCC_REQUIRE_GPU();
+  std::vector<pmap::Device> devices;  // 4 virtual devices on GPU 0
+  for (int i = 0; i < 4; ++i) devices.push_back(pmap::Device{pmap::DeviceKind::cuda, i, 0});
+  check_partitioned_feed(devices);
 }

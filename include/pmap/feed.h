@@ -1,11 +1,14 @@
 // Feed<T>: batches from the host onto a mesh's devices, double-buffered (Flax's prefetch_to_device). A
 // batch is a tree T of Arrays with the prototype's shapes and dtypes; it reaches every local device whole
-// (FeedLayout::replicated(), ensemble training) or split along the leading axis over mesh axes
-// (FeedLayout::sharded(axes), data parallelism: device i along the axes gets block i, as shard()).
+// (FeedLayout::replicated(), ensemble training), split along the leading axis over mesh axes
+// (FeedLayout::sharded(axes), data parallelism: device i along the axes gets block i, as shard()), or split
+// as PartitionSpecs say (FeedLayout::partitioned(specs), as shard(tree, mesh, specs); pop()'s value knows
+// its specs).
 //
 // On CUDA devices the host buffers are pinned and each device copies on a stream of its own, so the copy
 // of batch s+1 runs while step s computes; the device's stream waits for a batch's copy (on the GPU, not
-// the host) when the batch is popped. On CPU devices a push is a plain copy into each device's buffers
+// the host) when the batch is popped. A block that is not one run of the batch (a dimension past the first
+// split) is gathered on the host into a pinned buffer of the device's first, at push(). On CPU devices a push is a plain copy into each device's buffers
 // (replicated: next() is the first device's buffers, copied to the others).
 //
 //   pmap::Feed<Batch> feed(mesh, prototype);        // prototype: one batch's shapes (host Arrays)
@@ -23,9 +26,14 @@
 #include <type_traits>
 #include <vector>
 
+#include <optional>
+#include <string>
+
 #include <pmap/array.h>
 #include <pmap/mesh.h>
+#include <pmap/partition.h>
 #include <pmap/sharded.h>
+#include <pmap/transfer.h>
 #include <pmap/tree.h>
 
 namespace pmap {
@@ -33,8 +41,28 @@ namespace pmap {
 struct FeedLayout {
   bool shard = false;
   AxisNames axes;  // sharded: the axes the leading axis is split over (empty: every axis)
+  bool by_spec = false;    // partitioned: each leaf split by its spec,
+  Specs specs;             // by leaf path (a leaf not named is replicated),
+  std::optional<P> every;  // or one spec for every leaf
   static FeedLayout replicated() { return FeedLayout{}; }
-  static FeedLayout sharded(AxisNames over = {}) { return FeedLayout{true, std::move(over)}; }
+  static FeedLayout sharded(AxisNames over = {}) {
+    FeedLayout l;
+    l.shard = true;
+    l.axes = std::move(over);
+    return l;
+  }
+  static FeedLayout partitioned(Specs by_path) {
+    FeedLayout l;
+    l.by_spec = true;
+    l.specs = std::move(by_path);
+    return l;
+  }
+  static FeedLayout partitioned(P every_leaf) {
+    FeedLayout l;
+    l.by_spec = true;
+    l.every = std::move(every_leaf);
+    return l;
+  }
 };
 
 namespace detail {
@@ -43,8 +71,9 @@ namespace detail {
 class FeedCore {
  public:
   // host[slot][leaf]; device[slot][local device][leaf]; prototype leaves give the whole batch's shapes.
+  // Partitioned: splits[leaf] says how each leaf splits (empty otherwise).
   FeedCore(const Mesh& mesh, std::vector<std::vector<Array*>> host,
-           std::vector<std::vector<std::vector<Array*>>> device, FeedLayout layout);
+           std::vector<std::vector<std::vector<Array*>>> device, FeedLayout layout, std::vector<Split> splits = {});
   ~FeedCore();
   FeedCore(const FeedCore&) = delete;
   FeedCore& operator=(const FeedCore&) = delete;
@@ -61,6 +90,10 @@ class FeedCore {
   FeedLayout layout_;
   std::vector<int> piece_;  // per local device: its block (sharded)
   int parts_ = 1;
+  std::vector<Split> splits_;                          // partitioned: per leaf
+  std::vector<std::vector<std::vector<int>>> index_;  // partitioned: [leaf][local device] its block's index
+  std::vector<std::vector<std::vector<Array>>> gathered_;  // [slot][local device][leaf]: a GPU's gathered
+                                                           // block (pinned; empty where one run)
   std::vector<std::unique_ptr<DeviceState>> state_;  // per local device
   long long pushed_ = 0, popped_ = 0;
   bool slot_taken_ = false;  // next() was called and push() not yet
@@ -74,7 +107,25 @@ template <class T> class Feed {
     const int parts = layout.shard ? mesh.axis_size(layout.axes) : 1;
     // Replicated onto CPU devices, the first device's buffers are host memory already: the batch is filled
     // there, and pushed to the other devices.
-    fill_first_device_ = !layout.shard && mesh.local_devices().front().is_cpu();
+    fill_first_device_ = !layout.shard && !layout.by_spec && mesh.local_devices().front().is_cpu();
+    std::vector<detail::Split> splits;  // partitioned: per Array leaf
+    std::vector<LeafSpec> leaf_specs;
+    if (layout.by_spec) {
+      std::vector<std::string> paths;
+      std::vector<const Array*> leaves;
+      tree_for_each_with_path(prototype, [&](const std::string& path, const auto& leaf) {
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+          paths.push_back(path);
+          leaves.push_back(&leaf);
+        }
+      });
+      const std::vector<P> spec = layout.every ? std::vector<P>(paths.size(), *layout.every)
+                                               : detail::specs_of_leaves(paths, layout.specs, "Feed");
+      for (std::size_t i = 0; i < paths.size(); ++i) {
+        splits.push_back(detail::split_of("Feed", paths[i], leaves[i]->shape(), leaves[i]->dtype(), spec[i], mesh));
+        leaf_specs.push_back({paths[i], spec[i]});
+      }
+    }
     std::vector<std::vector<Array*>> host_leaves(2);
     std::vector<std::vector<std::vector<Array*>>> device_leaves(2);
     auto leaves_of = [](T& tree, std::vector<Array*>& out) {
@@ -93,22 +144,24 @@ template <class T> class Feed {
         });
       }
       std::vector<T> per_device;
-      for (const Device& d : mesh.local_devices())
+      for (const Device& d : mesh.local_devices()) {
+        std::size_t k = 0;
         per_device.push_back(tree_map(prototype, [&](const auto& leaf) {
           if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
-            Shape s = leaf.shape();
+            Shape s = layout.by_spec ? splits[k++].block : leaf.shape();
             if (layout.shard && !s.empty()) s[0] /= parts;
             return Array(s, leaf.dtype(), d);
           } else {
             return leaf;
           }
         }));
-      device_[slot] = Sharded<T>(std::move(per_device));
+      }
+      device_[slot] = Sharded<T>(std::move(per_device), leaf_specs);
       for (T& tree : device_[slot]) leaves_of(tree, device_leaves[slot].emplace_back());
       leaves_of(fill_first_device_ ? device_[slot][0] : host_[slot], host_leaves[slot]);
     }
     core_ = std::make_unique<detail::FeedCore>(mesh, std::move(host_leaves), std::move(device_leaves),
-                                               std::move(layout));
+                                               std::move(layout), std::move(splits));
   }
 
   // The host tree to fill with the next batch (pinned memory when GPUs are in use). Waits until the copy

@@ -11,6 +11,7 @@
 // pmap::shard / unshard (transfer.h) split and assemble trees by specs.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -56,6 +57,10 @@ class P {
   }
   std::vector<AxisNames> dims_;
 };
+
+// Specs by leaf path (tree.h's paths, as tree_for_each_with_path gives them): a leaf not named is replicated
+// (P()), as in Keras's LayoutMap; shard, unshard and Feed raise ValueError for a path that names no Array leaf.
+using Specs = std::map<std::string, P>;
 
 // An Array leaf's path in its tree (tree.h's "/"-joined paths: "Dense_0/kernel", "params/0"; "" for a lone Array) and the
 // spec it was split by.

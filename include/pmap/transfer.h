@@ -42,6 +42,12 @@ Shape whole_shape(const char* who, const std::string& path, const Shape& block, 
                   const Mesh& mesh);
 // Per local device of the mesh, its block's index along each dimension.
 std::vector<std::vector<int>> block_index(const Mesh& mesh, const Split& split);
+// Copies block `index` of a whole host array of `shape` (elements of `elem` bytes) into `block`, or (to_block
+// false) back from it.
+void copy_block(char* whole, char* block, const Shape& shape, const Split& split, const std::vector<int>& index,
+                std::size_t elem, bool to_block);
+// Whether every device's block is one contiguous run of the whole (only the leading dimension split).
+bool contiguous_blocks(const Split& split);
 // A copy of x's block `index`, on `device`.
 Array take_block(const Array& x, const Split& split, const std::vector<int>& index, const Device& device);
 // Assembles a whole leaf of `shape` in host memory from blocks[k] (the blocks in row-major block order).
@@ -55,9 +61,7 @@ std::vector<P> specs_of_leaves(const std::vector<std::string>& paths, const std:
                                const char* who);
 }  // namespace detail
 
-// Specs by leaf path (tree.h's paths, as tree_for_each_with_path gives them): a leaf not named is replicated
-// (P()), as in Keras's LayoutMap; a path that names no Array leaf raises ValueError.
-using Specs = std::map<std::string, P>;
+
 
 // A copy of `tree` on every (local) device of the mesh (JAX's replicate / in_axes=None made explicit).
 template <class T> Sharded<T> replicate(const T& tree, const Mesh& mesh) {
