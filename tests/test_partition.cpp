@@ -119,6 +119,14 @@ TEST_CASE("shard by specs: any dimension, tuples of axes, replicated along the a
   auto cols = pmap::shard(iota<float>({2, 6}), mesh, P(pmap::none, AxisNames{"data", "model"}));
   CHECK(cols[4].to_vector<float>() == expected_block({2, 6}, {0, 4}, {2, 1}));  // device (1, 1): block 1 * 3 + 1
   CHECK(pmap::unshard(cols, mesh).to_vector<float>() == iota<float>({2, 6}).to_vector<float>());
+  // A braced tuple of axes is still shard's leading axis over those axes (Specs is not a std::map), and a
+  // spec set leaf by leaf is the same as one given whole.
+  auto leading = pmap::shard(iota<float>({12}), mesh, {"data", "model"});
+  CHECK(leading[4].to_vector<float>() == expected_block({12}, {8}, {2}));  // device (1, 1): block 4
+  CHECK(leading.specs().empty());
+  pmap::Specs one;
+  one.set("rows", P(AxisNames{"model", "data"}));
+  CHECK(one.by_path().at("rows") == specs.by_path().at("rows"));
   // A leaf with a dimension of 0: empty blocks, and back.
   auto empty = pmap::shard(Array(pmap::Shape{0, 3}, pmap::DType::f32), mesh, P("data"));
   CHECK(empty[5].shape() == pmap::Shape{0, 3});

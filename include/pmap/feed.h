@@ -7,9 +7,10 @@
 //
 // On CUDA devices the host buffers are pinned and each device copies on a stream of its own, so the copy
 // of batch s+1 runs while step s computes; the device's stream waits for a batch's copy (on the GPU, not
-// the host) when the batch is popped. A block that is not one run of the batch (a dimension past the first
-// split) is gathered on the host into a pinned buffer of the device's first, at push(). On CPU devices a push is a plain copy into each device's buffers
-// (replicated: next() is the first device's buffers, copied to the others).
+// the host) when the batch is popped. A block that is not one run of the batch (a dimension but the first
+// split) is gathered at push(): into a pinned host buffer that the device copies from, or on a CPU device
+// straight into its buffer. On CPU devices a push is a plain copy into each device's buffers (replicated:
+// next() is the first device's buffers, copied to the others).
 //
 //   pmap::Feed<Batch> feed(mesh, prototype);        // prototype: one batch's shapes (host Arrays)
 //   fill(feed.next()); feed.push();                 // batch 0 on its way
@@ -23,11 +24,10 @@
 #pragma once
 
 #include <memory>
-#include <type_traits>
-#include <vector>
-
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include <pmap/array.h>
 #include <pmap/mesh.h>
@@ -120,7 +120,7 @@ template <class T> class Feed {
         }
       });
       const std::vector<P> spec = layout.every ? std::vector<P>(paths.size(), *layout.every)
-                                               : detail::specs_of_leaves(paths, layout.specs, "Feed");
+                                               : detail::specs_of_leaves(paths, layout.specs.by_path(), "Feed");
       for (std::size_t i = 0; i < paths.size(); ++i) {
         splits.push_back(detail::split_of("Feed", paths[i], leaves[i]->shape(), leaves[i]->dtype(), spec[i], mesh));
         leaf_specs.push_back({paths[i], spec[i]});

@@ -11,6 +11,7 @@
 // pmap::shard / unshard (transfer.h) split and assemble trees by specs.
 #pragma once
 
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <string>
@@ -58,12 +59,23 @@ class P {
   std::vector<AxisNames> dims_;
 };
 
-// Specs by leaf path (tree.h's paths, as tree_for_each_with_path gives them): a leaf not named is replicated
-// (P()), as in Keras's LayoutMap; shard, unshard and Feed raise ValueError for a path that names no Array leaf.
-using Specs = std::map<std::string, P>;
+// Specs by leaf path (tree.h's "/"-joined paths, as tree_for_each_with_path gives them: "Dense_0/kernel",
+// "params/0"; "" for a lone Array): a leaf not named is replicated (P()), as in Keras's LayoutMap; shard,
+// unshard and Feed raise ValueError for a path that names no Array leaf.
+//   pmap::Specs{{"Dense_0/kernel", pmap::P(pmap::none, "model")}, {"Dense_0/bias", pmap::P("model")}}
+// (A type of its own, not a std::map: shard(tree, mesh, {"data", "model"}) stays a tuple of axes.)
+class Specs {
+ public:
+  Specs() = default;
+  Specs(std::initializer_list<std::pair<const std::string, P>> entries) : by_path_(entries) {}
+  void set(const std::string& path, P spec) { by_path_.insert_or_assign(path, std::move(spec)); }
+  const std::map<std::string, P>& by_path() const { return by_path_; }
 
-// An Array leaf's path in its tree (tree.h's "/"-joined paths: "Dense_0/kernel", "params/0"; "" for a lone Array) and the
-// spec it was split by.
+ private:
+  std::map<std::string, P> by_path_;
+};
+
+// An Array leaf's path in its tree (as Specs names it) and the spec it was split by.
 struct LeafSpec {
   std::string path;
   P spec;

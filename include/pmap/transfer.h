@@ -61,8 +61,6 @@ std::vector<P> specs_of_leaves(const std::vector<std::string>& paths, const std:
                                const char* who);
 }  // namespace detail
 
-
-
 // A copy of `tree` on every (local) device of the mesh (JAX's replicate / in_axes=None made explicit).
 template <class T> Sharded<T> replicate(const T& tree, const Mesh& mesh) {
   std::vector<T> out;
@@ -126,7 +124,7 @@ template <class T> Sharded<T> shard(const T& tree, const Mesh& mesh, const Specs
   tree_for_each_with_path(tree, [&](const std::string& path, const auto& leaf) {
     if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) paths.push_back(path);
   });
-  const std::vector<P> spec = detail::specs_of_leaves(paths, specs, "shard");
+  const std::vector<P> spec = detail::specs_of_leaves(paths, specs.by_path(), "shard");
   std::vector<detail::Split> splits;
   std::vector<std::vector<std::vector<int>>> index;  // [leaf][device][dimension]
   std::size_t k = 0;
@@ -159,7 +157,7 @@ template <class T> Sharded<T> shard(const T& tree, const Mesh& mesh, const Specs
 template <class T> Sharded<T> shard(const T& tree, const Mesh& mesh, const P& spec) {
   Specs specs;
   tree_for_each_with_path(tree, [&](const std::string& path, const auto& leaf) {
-    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) specs.insert_or_assign(path, spec);
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) specs.set(path, spec);
   });
   return shard(tree, mesh, specs);
 }
@@ -180,7 +178,7 @@ template <class T> T unshard(const Sharded<T>& sharded, const Mesh& mesh, const 
     tree_for_each(sharded[d], [&](const auto& leaf) {
       if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) per_device[d].push_back(&leaf);
     });
-  const std::vector<P> spec = detail::specs_of_leaves(paths, specs, "unshard");
+  const std::vector<P> spec = detail::specs_of_leaves(paths, specs.by_path(), "unshard");
   std::size_t k = 0;
   return tree_map(sharded[0], [&](const auto& first) {
     if constexpr (std::is_same_v<std::remove_cvref_t<decltype(first)>, Array>) {
@@ -203,7 +201,7 @@ template <class T> T unshard(const Sharded<T>& sharded, const Mesh& mesh, const 
 template <class T> T unshard(const Sharded<T>& sharded, const Mesh& mesh, const AxisNames& axes = {}) {
   if (axes.empty() && !sharded.specs().empty()) {
     Specs specs;
-    for (const LeafSpec& s : sharded.specs()) specs.insert_or_assign(s.path, s.spec);
+    for (const LeafSpec& s : sharded.specs()) specs.set(s.path, s.spec);
     return unshard(sharded, mesh, specs);
   }
   if (sharded.size() != static_cast<std::size_t>(mesh.local_size()))
