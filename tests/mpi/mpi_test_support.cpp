@@ -41,6 +41,34 @@ long long now_ms() {
       .count();
 }
 
+// shard by specs on a mesh (x = n / 2, y = 2) spanning the processes: a (n, 4) leaf split over both axes,
+// each process keeping its devices' (2, 2) blocks; unshard refused where other processes hold blocks.
+static int check_sharded_by_specs(const std::vector<pmap::Device>& devices, int rank, int processes) {
+  const auto n = static_cast<int>(devices.size());
+  pmap::Mesh mesh(devices, {{"x", n / 2}, {"y", 2}});
+  std::vector<float> values(static_cast<std::size_t>(n * 4));
+  for (std::size_t k = 0; k < values.size(); ++k) values[k] = static_cast<float>(k);
+  const auto sharded = pmap::shard(pmap::Array::from_host(values, {n, 4}), mesh, pmap::P("x", "y"));
+  int bad = sharded.size() != static_cast<std::size_t>(mesh.local_size()) ? 1 : 0;
+  for (int i = 0; i < mesh.local_size(); ++i) {
+    const int g = mesh.local_devices()[static_cast<std::size_t>(i)].index;  // at (g / 2, g % 2)
+    std::vector<float> want;
+    for (int r = 2 * (g / 2); r < 2 * (g / 2) + 2; ++r)
+      for (int c = 2 * (g % 2); c < 2 * (g % 2) + 2; ++c) want.push_back(static_cast<float>(r * 4 + c));
+    bad += sharded[static_cast<std::size_t>(i)].to_vector<float>() != want;
+  }
+  bool refused = false;
+  try {
+    bad += pmap::unshard(sharded, mesh).to_vector<float>() != values;
+  } catch (const pmap::ShapeError&) {
+    refused = true;
+  }
+  bad += refused != (processes > 1);
+  std::printf("rank %d: shard by P('x', 'y') over %s holds its devices' blocks%s: %s\n", rank, mesh.str().c_str(),
+              refused ? ", unshard refused" : "", bad == 0 ? "ok" : "FAILED");
+  return bad;
+}
+
 int check_sharded(const std::vector<pmap::Device>& devices, int rank, int processes) {
   const auto n = static_cast<std::int64_t>(devices.size());
   pmap::Mesh mesh(devices, "i");
@@ -69,6 +97,7 @@ int check_sharded(const std::vector<pmap::Device>& devices, int rank, int proces
   bad += unshard_refused != (processes > 1);
   std::printf("rank %d: shard/replicate/pmap over %s hold %zu local entries: %s\n", rank, mesh.str().c_str(),
               sharded.size(), bad == 0 ? "ok" : "FAILED");
+  if (n % 2 == 0) bad += check_sharded_by_specs(devices, rank, processes);
   return bad;
 }
 
