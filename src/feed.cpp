@@ -41,6 +41,8 @@ FeedCore::FeedCore(const Mesh& mesh, std::vector<std::vector<Array*>> host,
     : mesh_(mesh), host_(std::move(host)), device_(std::move(device)), layout_(std::move(layout)),
       splits_(std::move(splits)) {
   if (host_[0].empty()) throw ShapeError("Feed: the prototype tree has no arrays");
+  if (layout_.by_spec && splits_.size() != host_[0].size())
+    throw Error("Feed: a partitioned FeedLayout needs one split per leaf");
   parts_ = layout_.shard ? mesh.axis_size(layout_.axes) : 1;
   if (layout_.shard) {
     const std::string over = layout_.axes.empty() ? std::string("all axes") : layout_.axes.str();
@@ -64,9 +66,8 @@ FeedCore::FeedCore(const Mesh& mesh, std::vector<std::vector<Array*>> host,
       auto& g = gathered_.emplace_back(static_cast<std::size_t>(mesh.local_size()));
       for (std::size_t i = 0; i < g.size(); ++i) {
         for (std::size_t l = 0; l < splits_.size(); ++l) {
-          const bool one_run = contiguous_blocks(splits_[l]);
-          g[i].push_back(one_run || mesh.local_devices()[i].is_cpu() ? Array()
-                                                                     : Array::pinned(splits_[l].block, host_[0][l]->dtype()));
+          const bool staged = !contiguous_blocks(splits_[l]) && !mesh.local_devices()[i].is_cpu();
+          g[i].push_back(staged ? Array::pinned(splits_[l].block, host_[0][l]->dtype()) : Array());
         }
       }
     }

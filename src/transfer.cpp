@@ -52,24 +52,9 @@ std::vector<int> first_holders(const Mesh& mesh, const AxisNames& axes, int part
 
 }  // namespace pmap::detail
 
-// ---- PartitionSpecs (partition.h) ------------------------------------------------------------------------------
+// ---- shard / unshard by PartitionSpecs (partition.h) ------------------------------------------------------
 
 namespace pmap {
-
-bool P::replicated() const {
-  for (const AxisNames& a : dims_)
-    if (!a.empty()) return false;
-  return true;
-}
-
-std::string P::str() const {
-  std::string s = "P(";
-  for (std::size_t i = 0; i < dims_.size(); ++i) {
-    if (i > 0) s += ", ";
-    s += dims_[i].empty() ? std::string("None") : dims_[i].str();
-  }
-  return s + ")";
-}
 
 namespace detail {
 namespace {
@@ -129,9 +114,12 @@ namespace {
 
 // The checks on a spec that do not need sizes: its rank, axes the mesh has, each axis once.
 void check_spec(const std::string& leaf, std::size_t rank, const P& spec, const Mesh& mesh) {
-  if (spec.size() > rank)
+  if (spec.size() > rank) {
+    const AxisNames& extra = spec.dims()[rank];
     throw ShapeError(leaf + " has " + std::to_string(rank) + " dimension(s), but its spec " + spec.str() + " gives " +
-                     std::to_string(spec.size()));
+                     std::to_string(spec.size()) + " (dimension " + std::to_string(rank) + ": " +
+                     (extra.empty() ? std::string("None") : extra.str()) + ")");
+  }
   std::vector<std::string> seen;
   for (std::size_t d = 0; d < spec.size(); ++d) {
     for (const std::string& name : spec.dims()[d].names()) {
@@ -193,8 +181,8 @@ std::vector<std::vector<int>> block_index(const Mesh& mesh, const Split& split) 
 }
 
 Array take_block(const Array& x, const Split& split, const std::vector<int>& index, const Device& device) {
-  const Array host = x.device().is_cpu() ? Array() : x.to(Device{});
-  const Array& src = x.device().is_cpu() ? x : host;
+  if (!x.device().is_cpu()) throw Error("take_block: the whole leaf must be in host memory");
+  const Array& src = x;
   Array block = Array::uninitialized(split.block, x.dtype(), Device{});  // the runs cover it
   copy_block(static_cast<char*>(const_cast<void*>(src.raw_data())), static_cast<char*>(block.raw_data()), x.shape(),
              split, index, size_of(x.dtype()), true);

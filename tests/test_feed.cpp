@@ -162,8 +162,14 @@ void check_partitioned_feed(const std::vector<pmap::Device>& devices) {
   CHECK_THROWS_WITH_AS(pmap::Feed<Leaves>(mesh, prototype, pmap::FeedLayout::partitioned(pmap::Specs{{"y", pmap::P("data")}})),
                        doctest::Contains("Feed: the specs name 'y'"), pmap::ValueError);
   CHECK_THROWS_WITH_AS(pmap::Feed<Leaves>(mesh, prototype, pmap::FeedLayout::partitioned(pmap::P("model", "data"))),
-                       doctest::Contains("Feed: 'mask' f32(3,) has 1 dimension(s), but its spec P('model', 'data') gives 2"),
+                       doctest::Contains("Feed: 'mask' f32(3,) has 1 dimension(s), but its spec P('model', 'data') "
+                                         "gives 2 (dimension 1: 'data')"),
                        pmap::ShapeError);
+  pmap::FeedLayout both = pmap::FeedLayout::partitioned(pmap::P("data"));
+  both.shard = true;
+  CHECK_THROWS_WITH_AS(pmap::Feed<Leaves>(mesh, prototype, both), doctest::Contains("sharded (the leading axis) or "
+                                                                                    "partitioned (by specs), not both"),
+                       pmap::ValueError);
 }
 
 }  // namespace

@@ -50,7 +50,8 @@ TEST_CASE("P: entries, replication and JAX's printed form") {
   CHECK(P(AxisNames{"data", "model"}, pmap::none, std::string("model")).str() == "P(('data', 'model'), None, 'model')");
   CHECK(P(pmap::none, "model").axes_of(1).names() == std::vector<std::string>{"model"});
   CHECK(P(pmap::none, "model").axes_of(5).empty());
-  CHECK(P("data") == P(std::vector<AxisNames>{AxisNames("data")}));
+  CHECK(P("data") == P::from_dims({AxisNames("data")}));
+  CHECK(P::from_dims({AxisNames{"data", "model"}, AxisNames()}) == P(AxisNames{"data", "model"}, pmap::none));
   const P copied = P("data");
   P again = copied;  // a copy, not a spec of a spec
   CHECK(again == copied);
@@ -127,6 +128,12 @@ TEST_CASE("shard by specs: any dimension, tuples of axes, replicated along the a
   pmap::Specs one;
   one.set("rows", P(AxisNames{"model", "data"}));
   CHECK(one.by_path().at("rows") == specs.by_path().at("rows"));
+  CHECK(pmap::unshard(cols, mesh, P(pmap::none, AxisNames{"data", "model"})).to_vector<float>() ==
+        iota<float>({2, 6}).to_vector<float>());
+  // A 0-d leaf: every device's copy, and back.
+  auto scalar = pmap::shard(Array::scalar(5.0f), mesh, P());
+  CHECK(scalar[3].shape() == pmap::Shape{});
+  CHECK(pmap::unshard(scalar, mesh).item<float>() == 5.0f);
   // A leaf with a dimension of 0: empty blocks, and back.
   auto empty = pmap::shard(Array(pmap::Shape{0, 3}, pmap::DType::f32), mesh, P("data"));
   CHECK(empty[5].shape() == pmap::Shape{0, 3});
@@ -149,7 +156,12 @@ TEST_CASE("shard by specs: bad specs raise naming the leaf, the dimension and th
   CHECK_THROWS_WITH_AS(shard_w(P(AxisNames{"model", "model"})), doctest::Contains("names axis 'model' twice"),
                        pmap::ValueError);
   CHECK_THROWS_WITH_AS(shard_w(P("data", pmap::none, "model")),
-                       doctest::Contains("'w' f32(4, 6) has 2 dimension(s), but its spec P('data', None, 'model') gives 3"),
+                       doctest::Contains("'w' f32(4, 6) has 2 dimension(s), but its spec P('data', None, 'model') "
+                                         "gives 3 (dimension 2: 'model')"),
+                       pmap::ShapeError);
+  CHECK_THROWS_WITH_AS(pmap::shard(Array::scalar(1.0f), mesh, P("data")),
+                       doctest::Contains("shard: the array f32() has 0 dimension(s), but its spec P('data') gives 1 "
+                                         "(dimension 0: 'data')"),
                        pmap::ShapeError);
   tree.at("w") = iota<float>({4, 5});
   CHECK_THROWS_WITH_AS(shard_w(P(pmap::none, "model")),
@@ -165,7 +177,13 @@ TEST_CASE("shard by specs: bad specs raise naming the leaf, the dimension and th
                        doctest::Contains("unshard: 'w' f32(2, 5) (a block): dimension 1 of spec P(None, 'nope') "
                                          "names axis 'nope'"),
                        pmap::AxisError);
+  CHECK_THROWS_WITH_AS(pmap::unshard(rows, mesh, pmap::Specs{{"w", P("data", pmap::none, "model")}}),
+                       doctest::Contains("unshard: 'w' f32(2, 5) (a block) has 2 dimension(s)"), pmap::ShapeError);
   rows[2].at("w") = iota<float>({2, 4});  // device 2, (1, 0): the first holder of block 1 (device 3 is not read)
   CHECK_THROWS_WITH_AS(pmap::unshard(rows, mesh),
                        doctest::Contains("unshard: 'w': a device's block is f32(2, 4), not f32(2, 5)"), pmap::ShapeError);
+  rows[1].erase("w");
+  CHECK_THROWS_WITH_AS(pmap::unshard(rows, mesh),
+                       doctest::Contains("unshard: local device 1's tree has 0 arrays, the first device's 1"),
+                       pmap::ShapeError);
 }

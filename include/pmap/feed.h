@@ -104,6 +104,8 @@ class FeedCore {
 template <class T> class Feed {
  public:
   Feed(const Mesh& mesh, const T& prototype, FeedLayout layout = FeedLayout::replicated()) {
+    if (layout.shard && layout.by_spec)
+      throw ValueError("Feed: a FeedLayout is sharded (the leading axis) or partitioned (by specs), not both");
     const int parts = layout.shard ? mesh.axis_size(layout.axes) : 1;
     // Replicated onto CPU devices, the first device's buffers are host memory already: the batch is filled
     // there, and pushed to the other devices.
@@ -170,7 +172,8 @@ template <class T> class Feed {
     const int slot = core_->next_slot();
     return fill_first_device_ ? device_[slot][0] : host_[slot];
   }
-  // Starts copying the batch filled through next() to every local device (returns at once on GPUs).
+  // Starts copying the batch filled through next() to every local device (returns once the copies are
+  // queued on GPUs, after gathering any block that is not one run; CPU devices' copies are done).
   void push() { core_->push(); }
   // The oldest pushed batch on the devices (one tree per local device, for a pmapped function). Each
   // device's stream will wait for the batch's copy before the work queued after this call. Valid until

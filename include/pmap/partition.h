@@ -11,6 +11,7 @@
 // pmap::shard / unshard (transfer.h) split and assemble trees by specs.
 #pragma once
 
+#include <cstddef>
 #include <initializer_list>
 #include <map>
 #include <optional>
@@ -29,15 +30,22 @@ inline constexpr std::nullopt_t none = std::nullopt;
 
 // What one entry of a P may be given as.
 template <class D>
-concept SpecEntry = std::is_same_v<std::remove_cvref_t<D>, std::nullopt_t> || std::is_convertible_v<D, std::string> ||
-                    std::is_same_v<std::remove_cvref_t<D>, AxisNames>;
+concept SpecEntry = !std::is_same_v<std::remove_cvref_t<D>, std::nullptr_t> &&
+                    (std::is_same_v<std::remove_cvref_t<D>, std::nullopt_t> || std::is_convertible_v<D, std::string> ||
+                     std::is_same_v<std::remove_cvref_t<D>, AxisNames>);
 
 class P {
  public:
   P() = default;  // replicated
   // One entry per dimension: an axis name, an AxisNames tuple, or pmap::none.
   template <SpecEntry... Dims> explicit P(Dims&&... dims) { (add(std::forward<Dims>(dims)), ...); }
-  explicit P(std::vector<AxisNames> dims) : dims_(std::move(dims)) {}
+  // From a list of entries built at run time. (Not a constructor: P({"data", "model"}) would then be two
+  // dimensions, where JAX's P(("data", "model"),) is one split over both axes.)
+  static P from_dims(std::vector<AxisNames> dims) {
+    P p;
+    p.dims_ = std::move(dims);
+    return p;
+  }
 
   // Per dimension, the axes it is split over (empty: not split); as many entries as were given.
   const std::vector<AxisNames>& dims() const { return dims_; }

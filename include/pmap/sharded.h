@@ -1,5 +1,6 @@
 // Sharded<T>: one T per device of a mesh, in the mesh's device order. pmap maps over Sharded
-// arguments and returns Sharded results. A value made by shard with specs knows them (unshard reads them).
+// arguments and returns Sharded results. A value made by shard with specs, or popped from a Feed partitioned
+// by specs, knows them (unshard reads them); pmap's results do not.
 #pragma once
 
 #include <cstddef>
@@ -26,8 +27,8 @@ template <class T> class Sharded {
   auto end() const { return values_.end(); }
   std::vector<T>& values() { return values_; }
   const std::vector<T>& values() const { return values_; }
-  // How shard split it: each Array leaf's path and spec, in tree order. Empty for a value shard did not make
-  // by specs (pmap's results, replicate, shard over the leading axis).
+  // How it was split: each Array leaf's path and spec, in tree order. Empty for a value not made by specs
+  // (pmap's results, replicate, shard over the leading axis).
   const std::vector<LeafSpec>& specs() const { return specs_; }
 
  private:

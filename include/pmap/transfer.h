@@ -32,9 +32,9 @@ struct Split {
   std::vector<int> parts;
   Shape block;
 };
-// Checks `spec` against a leaf of `shape` (`who`: "shard" or "unshard"; `path` names the leaf): an axis the
-// mesh does not have raises AxisError, an axis named twice ValueError, more entries than dimensions or a
-// size the axes do not divide ShapeError, each naming the leaf, the dimension and the axis.
+// Checks `spec` against a leaf of `shape` (`who`: "shard", "unshard" or "Feed"; `path` names the leaf): an
+// axis the mesh does not have raises AxisError, an axis named twice ValueError, more entries than dimensions
+// or a size the axes do not divide ShapeError, each naming the leaf, the dimension and the axis.
 Split split_of(const char* who, const std::string& path, const Shape& shape, DType dtype, const P& spec,
                const Mesh& mesh);
 // The whole leaf's shape from a block's (the same checks, but for sizes).
@@ -48,7 +48,7 @@ void copy_block(char* whole, char* block, const Shape& shape, const Split& split
                 std::size_t elem, bool to_block);
 // Whether every device's block is one contiguous run of the whole (only the leading dimension split).
 bool contiguous_blocks(const Split& split);
-// A copy of x's block `index`, on `device`.
+// A copy of x's block `index` (x in host memory), on `device`.
 Array take_block(const Array& x, const Split& split, const std::vector<int>& index, const Device& device);
 // Assembles a whole leaf of `shape` in host memory from blocks[k] (the blocks in row-major block order).
 Array join_blocks(const std::string& path, const Shape& shape, const Split& split,
@@ -135,6 +135,14 @@ template <class T> Sharded<T> shard(const T& tree, const Mesh& mesh, const Specs
       ++k;
     }
   });
+  std::vector<Array> host(paths.size());  // a leaf on a GPU: copied to the host once
+  k = 0;
+  tree_for_each(tree, [&](const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+      if (!leaf.device().is_cpu()) host[k] = leaf.to(Device{});
+      ++k;
+    }
+  });
   std::vector<T> out;
   out.reserve(static_cast<std::size_t>(mesh.local_size()));
   for (std::size_t d = 0; d < static_cast<std::size_t>(mesh.local_size()); ++d) {
@@ -143,7 +151,7 @@ template <class T> Sharded<T> shard(const T& tree, const Mesh& mesh, const Specs
     out.push_back(tree_map(tree, [&](const auto& leaf) {
       if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
         const std::size_t i = leaf_k++;
-        return detail::take_block(leaf, splits[i], index[i][d], dev);
+        return detail::take_block(host[i].valid() ? host[i] : leaf, splits[i], index[i][d], dev);
       } else {
         return leaf;
       }
@@ -174,10 +182,15 @@ template <class T> T unshard(const Sharded<T>& sharded, const Mesh& mesh, const 
   tree_for_each_with_path(sharded[0], [&](const std::string& path, const auto& leaf) {
     if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) paths.push_back(path);
   });
-  for (std::size_t d = 0; d < sharded.size(); ++d)
+  for (std::size_t d = 0; d < sharded.size(); ++d) {
     tree_for_each(sharded[d], [&](const auto& leaf) {
       if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) per_device[d].push_back(&leaf);
     });
+    if (per_device[d].size() != paths.size())
+      throw ShapeError("unshard: local device " + std::to_string(d) + "'s tree has " +
+                       std::to_string(per_device[d].size()) + " arrays, the first device's " +
+                       std::to_string(paths.size()));
+  }
   const std::vector<P> spec = detail::specs_of_leaves(paths, specs.by_path(), "unshard");
   std::size_t k = 0;
   return tree_map(sharded[0], [&](const auto& first) {
@@ -186,7 +199,7 @@ template <class T> T unshard(const Sharded<T>& sharded, const Mesh& mesh, const 
       const Shape whole = detail::whole_shape("unshard", paths[i], first.shape(), first.dtype(), spec[i], mesh);
       const detail::Split split = detail::split_of("unshard", paths[i], whole, first.dtype(), spec[i], mesh);
       std::vector<const Array*> blocks;
-      for (int h : detail::block_holders(mesh, split, paths[i])) blocks.push_back(per_device.at(static_cast<std::size_t>(h)).at(i));
+      for (int h : detail::block_holders(mesh, split, paths[i])) blocks.push_back(per_device[static_cast<std::size_t>(h)][i]);
       return detail::join_blocks(paths[i], whole, split, blocks);
     } else {
       return first;
@@ -197,7 +210,19 @@ template <class T> T unshard(const Sharded<T>& sharded, const Mesh& mesh, const 
 // The inverse of shard: the blocks concatenated along the leading axis, in host memory. For each block
 // the first (local) device holding it is read; on a mesh spanning processes every block must have a
 // local holder (ShapeError otherwise).
-// A value shard made by specs (Sharded::specs not empty) is assembled by them when no axes are given.
+// One spec for every Array leaf.
+template <class T> T unshard(const Sharded<T>& sharded, const Mesh& mesh, const P& spec) {
+  if (sharded.size() == 0) throw ShapeError("unshard: the Sharded value is empty");
+  Specs specs;
+  tree_for_each_with_path(sharded[0], [&](const std::string& path, const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) specs.set(path, spec);
+  });
+  return unshard(sharded, mesh, specs);
+}
+
+// A value shard made by specs (Sharded::specs not empty) is assembled by them when no axes are given. Other
+// values (pmap's results, which carry no specs) are joined along the leading axis over `axes` (every axis
+// when none are given): give their specs (the overloads above) where they were split otherwise.
 template <class T> T unshard(const Sharded<T>& sharded, const Mesh& mesh, const AxisNames& axes = {}) {
   if (axes.empty() && !sharded.specs().empty()) {
     Specs specs;
