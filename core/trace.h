@@ -30,8 +30,9 @@ class Trace {
   Array input(const Array& leaf, const std::string& where);
   // The backward pass from the function's value: a traced scalar f32, or an untraced one (every gradient
   // is then zero). Once per trace. The caller holds no view of a traced value but `value` (release() the
-  // others first: grad.h releases the auxiliary result): the pass may write over values it has spent. Inside vmap (pmapcc/core/batching.h) the value is each member's, and
-  // input() gives every member its own copy of a leaf the members share, so each gets its own gradient.
+  // others first: grad.h releases the auxiliary result): the pass may write over values it has spent.
+  // Inside vmap (pmapcc/core/batching.h) the value is each member's, and input() gives every member its own
+  // copy of a leaf the members share, so each gets its own gradient.
   void backward(const Array& value);
   // After backward: the gradient of a value input() returned (zeros of its shape where nothing flowed). The
   // backward pass's own buffer is moved out (a second call for the same input copies it, so the first

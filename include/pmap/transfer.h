@@ -199,7 +199,8 @@ template <class T> T unshard(const Sharded<T>& sharded, const Mesh& mesh, const 
       const Shape whole = detail::whole_shape("unshard", paths[i], first.shape(), first.dtype(), spec[i], mesh);
       const detail::Split split = detail::split_of("unshard", paths[i], whole, first.dtype(), spec[i], mesh);
       std::vector<const Array*> blocks;
-      for (int h : detail::block_holders(mesh, split, paths[i])) blocks.push_back(per_device[static_cast<std::size_t>(h)][i]);
+      for (int h : detail::block_holders(mesh, split, paths[i]))
+        blocks.push_back(per_device[static_cast<std::size_t>(h)][i]);
       return detail::join_blocks(paths[i], whole, split, blocks);
     } else {
       return first;
@@ -207,9 +208,6 @@ template <class T> T unshard(const Sharded<T>& sharded, const Mesh& mesh, const 
   });
 }
 
-// The inverse of shard: the blocks concatenated along the leading axis, in host memory. For each block
-// the first (local) device holding it is read; on a mesh spanning processes every block must have a
-// local holder (ShapeError otherwise).
 // One spec for every Array leaf.
 template <class T> T unshard(const Sharded<T>& sharded, const Mesh& mesh, const P& spec) {
   if (sharded.size() == 0) throw ShapeError("unshard: the Sharded value is empty");
@@ -220,6 +218,9 @@ template <class T> T unshard(const Sharded<T>& sharded, const Mesh& mesh, const 
   return unshard(sharded, mesh, specs);
 }
 
+// The inverse of shard: the blocks concatenated along the leading axis, in host memory. For each block
+// the first (local) device holding it is read; on a mesh spanning processes every block must have a
+// local holder (ShapeError otherwise).
 // A value shard made by specs (Sharded::specs not empty) is assembled by them when no axes are given. Other
 // values (pmap's results, which carry no specs) are joined along the leading axis over `axes` (every axis
 // when none are given): give their specs (the overloads above) where they were split otherwise.
