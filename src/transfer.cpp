@@ -244,5 +244,18 @@ std::vector<P> specs_of_leaves(const std::vector<std::string>& paths, const std:
   return out;
 }
 
+Specs one_spec(const std::vector<std::string>& paths, const P& spec) {
+  Specs specs;
+  for (const std::string& p : paths) specs.set(p, spec);
+  return specs;
+}
+
+void check_entries(std::size_t entries, const Mesh& mesh) {
+  if (entries != static_cast<std::size_t>(mesh.local_size()))
+    throw ShapeError("unshard: the Sharded value has " + std::to_string(entries) + " entries, the mesh " +
+                     std::to_string(mesh.local_size()) + (mesh.local_size() == mesh.size() ? "" : " local") +
+                     " devices");
+}
+
 }  // namespace detail
 }  // namespace pmap

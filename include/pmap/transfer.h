@@ -59,6 +59,18 @@ std::vector<int> block_holders(const Mesh& mesh, const Split& split, const std::
 // The spec of each Array leaf (in `paths`' order) from `specs`; a path that names no leaf raises ValueError.
 std::vector<P> specs_of_leaves(const std::vector<std::string>& paths, const std::map<std::string, P>& specs,
                                const char* who);
+// `spec` for each of `paths`.
+Specs one_spec(const std::vector<std::string>& paths, const P& spec);
+// ShapeError unless a Sharded value of `entries` entries has one per local device of the mesh.
+void check_entries(std::size_t entries, const Mesh& mesh);
+// The paths of the tree's Array leaves, in tree order.
+template <class T> std::vector<std::string> array_paths(const T& tree) {
+  std::vector<std::string> paths;
+  tree_for_each_with_path(tree, [&](const std::string& path, const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) paths.push_back(path);
+  });
+  return paths;
+}
 }  // namespace detail
 
 // A copy of `tree` on every (local) device of the mesh (JAX's replicate / in_axes=None made explicit).
@@ -120,25 +132,16 @@ template <class T> Sharded<T> shard(const T& tree, const Mesh& mesh, const AxisN
 // are. The result knows the specs (Sharded::specs), so unshard(result, mesh) assembles it. Every process
 // passes the whole tree and keeps its devices' blocks.
 template <class T> Sharded<T> shard(const T& tree, const Mesh& mesh, const Specs& specs) {
-  std::vector<std::string> paths;
-  tree_for_each_with_path(tree, [&](const std::string& path, const auto& leaf) {
-    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) paths.push_back(path);
-  });
+  const std::vector<std::string> paths = detail::array_paths(tree);
   const std::vector<P> spec = detail::specs_of_leaves(paths, specs.by_path(), "shard");
   std::vector<detail::Split> splits;
   std::vector<std::vector<std::vector<int>>> index;  // [leaf][device][dimension]
+  std::vector<Array> host(paths.size());  // a leaf on a GPU: copied to the host once
   std::size_t k = 0;
   tree_for_each(tree, [&](const auto& leaf) {
     if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
       splits.push_back(detail::split_of("shard", paths[k], leaf.shape(), leaf.dtype(), spec[k], mesh));
       index.push_back(detail::block_index(mesh, splits.back()));
-      ++k;
-    }
-  });
-  std::vector<Array> host(paths.size());  // a leaf on a GPU: copied to the host once
-  k = 0;
-  tree_for_each(tree, [&](const auto& leaf) {
-    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
       if (!leaf.device().is_cpu()) host[k] = leaf.to(Device{});
       ++k;
     }
@@ -163,25 +166,15 @@ template <class T> Sharded<T> shard(const T& tree, const Mesh& mesh, const Specs
 }
 // One spec for every Array leaf.
 template <class T> Sharded<T> shard(const T& tree, const Mesh& mesh, const P& spec) {
-  Specs specs;
-  tree_for_each_with_path(tree, [&](const std::string& path, const auto& leaf) {
-    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) specs.set(path, spec);
-  });
-  return shard(tree, mesh, specs);
+  return shard(tree, mesh, detail::one_spec(detail::array_paths(tree), spec));
 }
 
 // The inverse of shard by specs: each leaf assembled whole in host memory from its blocks, reading each block
 // from the first local device holding it (ShapeError when only other processes' devices hold one).
 template <class T> T unshard(const Sharded<T>& sharded, const Mesh& mesh, const Specs& specs) {
-  if (sharded.size() != static_cast<std::size_t>(mesh.local_size()))
-    throw ShapeError("unshard: the Sharded value has " + std::to_string(sharded.size()) + " entries, the mesh " +
-                     std::to_string(mesh.local_size()) + (mesh.local_size() == mesh.size() ? "" : " local") +
-                     " devices");
-  std::vector<std::string> paths;
+  detail::check_entries(sharded.size(), mesh);
+  const std::vector<std::string> paths = detail::array_paths(sharded[0]);
   std::vector<std::vector<const Array*>> per_device(sharded.size());
-  tree_for_each_with_path(sharded[0], [&](const std::string& path, const auto& leaf) {
-    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) paths.push_back(path);
-  });
   for (std::size_t d = 0; d < sharded.size(); ++d) {
     tree_for_each(sharded[d], [&](const auto& leaf) {
       if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) per_device[d].push_back(&leaf);
@@ -211,11 +204,7 @@ template <class T> T unshard(const Sharded<T>& sharded, const Mesh& mesh, const 
 // One spec for every Array leaf.
 template <class T> T unshard(const Sharded<T>& sharded, const Mesh& mesh, const P& spec) {
   if (sharded.size() == 0) throw ShapeError("unshard: the Sharded value is empty");
-  Specs specs;
-  tree_for_each_with_path(sharded[0], [&](const std::string& path, const auto& leaf) {
-    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) specs.set(path, spec);
-  });
-  return unshard(sharded, mesh, specs);
+  return unshard(sharded, mesh, detail::one_spec(detail::array_paths(sharded[0]), spec));
 }
 
 // The inverse of shard: the blocks concatenated along the leading axis, in host memory. For each block
@@ -230,10 +219,7 @@ template <class T> T unshard(const Sharded<T>& sharded, const Mesh& mesh, const 
     for (const LeafSpec& s : sharded.specs()) specs.set(s.path, s.spec);
     return unshard(sharded, mesh, specs);
   }
-  if (sharded.size() != static_cast<std::size_t>(mesh.local_size()))
-    throw ShapeError("unshard: the Sharded value has " + std::to_string(sharded.size()) + " entries, the mesh " +
-                     std::to_string(mesh.local_size()) + (mesh.local_size() == mesh.size() ? "" : " local") +
-                     " devices");
+  detail::check_entries(sharded.size(), mesh);
   const std::vector<int> holder = detail::first_holders(mesh, axes, mesh.axis_size(axes));
   std::vector<std::vector<const Array*>> per_device(sharded.size());
   for (std::size_t d = 0; d < sharded.size(); ++d)
