@@ -465,6 +465,24 @@ Array argmax(const Array& x) {
   return out;
 }
 
+Array argmax_hits(const Array& scores, const Array& labels) {
+  require_dtype("argmax_hits", "scores", scores, DType::f32);
+  require_dtype("argmax_hits", "labels", labels, DType::i32);
+  require_same_device("argmax_hits", scores, "scores", labels, "labels");
+  if (scores.ndim() < 2 || labels.ndim() != 1 || scores.dim(-2) != labels.dim(0) || scores.dim(-1) == 0)
+    throw ShapeError("ops::argmax_hits: scores " + scores.signature() + " and labels " + labels.signature() +
+                     " must be (..., N, K) with K >= 1 and (N)");
+  const kernels::Backend& be = backend_of("argmax_hits", scores.device());
+  Array out = zeros_on(__func__, Shape(scores.shape().begin(), scores.shape().end() - 2), DType::i32, scores.device());
+  const std::int64_t rows = labels.dim(0), classes = scores.dim(-1);
+  for (std::int64_t b = 0; b < out.size() && rows > 0; ++b) {
+    be.metrics().argmax_hits(as_int("argmax_hits", "N", rows), as_int("argmax_hits", "K", classes),
+                             scores.data<float>() + b * rows * classes, labels.data<std::int32_t>(),
+                             out.data<std::int32_t>() + b);
+  }
+  return out;
+}
+
 Array reshape(const Array& x, const Shape& shape) {
   require_valid("reshape", "x", x);
   for (auto d : shape)

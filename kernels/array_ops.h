@@ -184,6 +184,9 @@ Array dropout(const Array& x, const Array& key, const Array& step, DropoutOption
 
 // The index of each row's largest value along the last axis (first on ties): x (..., K) f32 -> (...) i32.
 Array argmax(const Array& x);
+// How many of labels' rows each block of scores (..., N, K) f32 classifies right (argmax, first on ties, equal
+// to labels (N) i32): (...) i32, on the device, one count per leading index (a member's correct examples).
+Array argmax_hits(const Array& scores, const Array& labels);
 
 // ---- axes and layout (kernels/array_ops_layout.cpp, LayoutOps) ----------------------------------------------
 // Axes count from the end when negative (numpy's -1: the last); an axis out of range or given twice raises

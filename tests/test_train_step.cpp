@@ -1,0 +1,238 @@
+// The training layer on the differentiable core (train/): the models as module code draw the program's
+// initial variables under the program's names, and the traced step (value_and_grad, the Optimizer, jit, map
+// over a device's members) trains ensembles and data-parallel replicas as the runner's Trainer does, compared
+// bit for bit after an epoch; and the errors of bad variables, optimizer states and options.
+#include <doctest/doctest.h>
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include <pmap/pmap.h>
+#include <pmapcc/ensemble/trainer.h>
+#include <pmapcc/optim/optim.h>
+#include <pmapcc/train/model.h>
+#include <pmapcc/train/optimizer.h>
+#include <pmapcc/train/step.h>
+
+#include "synthetic.h"
+
+namespace pe = pmap::ensemble;
+namespace train = pmap::train;
+using pmap::Array;
+
+namespace {
+
+const pmap::testing::TrainingData& data() { return pmap::testing::training_data(); }
+
+// Each tensor of `names` stacked over the devices' members, tensor after tensor: a checkpoint's layout, as
+// Trainer::params() and model_state() give it.
+// `devices` limits it to the first ones (data parallel: one replica).
+std::vector<float> stacked(const pmap::Sharded<train::TrainState>& states, const std::vector<std::string>& names,
+                           train::Variables train::TrainState::*role, std::size_t devices = 0) {
+  std::vector<float> out;
+  for (const std::string& n : names)
+    for (std::size_t d = 0; d < (devices ? devices : states.size()); ++d) {
+      const auto v = (states[d].*role).at(n).to_vector<float>();
+      out.insert(out.end(), v.begin(), v.end());
+    }
+  return out;
+}
+
+struct Run {
+  pmap::Sharded<train::TrainState> states;
+  std::vector<double> losses;  // each step's loss, the mean over the members (data parallel: one model's)
+  std::vector<std::int32_t> correct;  // each step's correct examples, summed over the members
+};
+
+// One epoch as Trainer::run_epoch draws it (seed 0: members from split(split(key(0), 2)[0], members), the
+// order permutation(fold_in(split(key(0), 2)[1], 0))) on `devices` CPU devices.
+Run run_epoch(const train::TrainStep& step, int devices, int members, int batch) {
+  pmap::Mesh mesh(pmap::local_devices(pmap::DeviceKind::cpu, devices), step.options().axis);
+  const auto root = pmap::split(pmap::key(0), 2);
+  const auto keys = pmap::split(root[0], static_cast<std::uint32_t>(members));
+  const bool dp = step.options().data_parallel;
+  const int per_device = dp ? members : members / devices;
+  Run r{pmap::pmap([&](int) {
+          const std::size_t first = dp ? 0 : static_cast<std::size_t>(pmap::axis_index(step.options().axis) * per_device);
+          return step.init(std::span(keys).subspan(first, static_cast<std::size_t>(per_device)),
+                           pmap::current_device());
+        }, mesh)(0), {}, {}};
+  auto run = pmap::pmap([&](train::TrainState& s, const Array& x, const Array& y) { return step(s, x, y); }, mesh,
+                        step.options().axis);
+  const auto& train_set = data().train;
+  const auto order = pmap::permutation(pmap::fold_in(root[1], 0), static_cast<std::uint32_t>(train_set.count));
+  std::vector<float> images(static_cast<std::size_t>(batch) * 144);
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(batch));
+  for (std::int64_t s = 0; s < train_set.count / batch; ++s) {
+    pe::gather_batch(train_set, std::span(order).subspan(static_cast<std::size_t>(s * batch), static_cast<std::size_t>(batch)),
+                     images.data(), labels.data());
+    Array x = Array::from_host(images, {batch, 12, 12, 1}), y = Array::from_host(labels, {batch});
+    auto metrics = dp ? run(r.states, pmap::shard(x, mesh), pmap::shard(y, mesh))
+                      : run(r.states, pmap::replicate(x, mesh), pmap::replicate(y, mesh));
+    double loss = 0;
+    std::int32_t correct = 0;
+    for (const train::StepMetrics& m : metrics) {
+      for (float l : m.loss.to_vector<float>()) loss += l;
+      for (std::int32_t c : m.correct.to_vector<std::int32_t>()) correct += c;
+      if (dp) break;  // every replica holds the same
+    }
+    r.losses.push_back(loss / (dp ? 1 : members));
+    r.correct.push_back(correct);
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("train models: module code draws the program's initial variables under its names") {
+  for (const std::string name : {"flax-cnn", "keras-convnet"}) {
+    CAPTURE(name);
+    pe::TrainConfig c = pmap::testing::small_config(1, 3);
+    c.model = name;
+    pe::Trainer old(c, data().train, data().test);
+    const train::Model m = train::model_by_name(name, {12, 12, 1}, 10);
+    std::vector<std::string> params, state;
+    for (const auto& t : old.model().tensors()) params.push_back(t.name);
+    for (const auto& t : old.model().state_layout().tensors) state.push_back(t.name);
+    CHECK(m.param_names() == params);
+    CHECK(m.state_names() == state);
+    const auto keys = pmap::split(pmap::split(pmap::key(0), 2)[0], 3);
+    std::vector<train::Variables> p(3), s(3);
+    for (std::size_t k = 0; k < 3; ++k) std::tie(p[k], s[k]) = m.init(keys[k]);
+    std::vector<float> flat, flat_state;
+    for (const std::string& n : m.param_names())
+      for (const auto& v : p)
+        for (float x : v.at(n).to_vector<float>()) flat.push_back(x);
+    for (const std::string& n : m.state_names())
+      for (const auto& v : s)
+        for (float x : v.at(n).to_vector<float>()) flat_state.push_back(x);
+    CHECK(flat == old.params());
+    CHECK(flat_state == old.model_state());
+  }
+  // On MNIST's shape: Flax's 824,458 parameters; the convnet's 49,242 and 136 moving statistics.
+  auto count = [](const train::Variables& v) {
+    std::int64_t n = 0;
+    for (const auto& [name, a] : v) n += a.size();
+    return n;
+  };
+  CHECK(count(train::flax_cnn().init(pmap::key(1)).first) == 824458);
+  const auto [kp, ks] = train::keras_convnet().init(pmap::key(1));
+  CHECK(count(kp) == 49242);
+  CHECK(count(ks) == 136);
+  CHECK_THROWS_WITH_AS(train::model_by_name("resnet", {28, 28, 1}, 10, "--model"),
+                       "--model must be one of flax-cnn, keras-convnet, got 'resnet'", pmap::ValueError);
+  CHECK_THROWS_AS(train::flax_cnn({2, 2, 1}), pmap::ValueError);
+}
+
+TEST_CASE("train step: an ensemble trains bit for bit as the runner's Trainer trains it") {
+  // flax-cnn, 4 members on 2 devices, SGD lr 0.1 momentum 0.9: one epoch of 10 steps.
+  pe::Trainer old(pmap::testing::small_config(2, 4), data().train, data().test);
+  std::vector<double> old_losses;
+  old.run_epoch([&](const pe::StepReport& r) { old_losses.push_back(r.loss); });
+  const train::TrainStep step(train::flax_cnn({12, 12, 1}), train::Optimizer(pmap::optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f}));
+  const Run run = run_epoch(step, 2, 4, 64);
+  const auto names = train::flax_cnn({12, 12, 1}).param_names();
+  CHECK(stacked(run.states, names, &train::TrainState::params) == old.params());
+  REQUIRE(run.losses.size() == old_losses.size());
+  for (std::size_t i = 0; i < old_losses.size(); ++i) CHECK(run.losses[i] == doctest::Approx(old_losses[i]).epsilon(1e-6));
+  CHECK(run.states[0].step.to_vector<std::int64_t>() == std::vector<std::int64_t>{10});
+  // The counts are the examples' argmax: no member classifies more than the batch.
+  for (std::int32_t c : run.correct) CHECK((c >= 0 && c <= 4 * 64));
+}
+
+TEST_CASE("train step: BatchNorm, Dropout and Adam, data parallel and ensemble, as the runner's Trainer") {
+  for (const bool dp : {true, false}) {
+    CAPTURE(dp);
+    pe::TrainConfig c = pmap::testing::small_config(dp ? 2 : 1, dp ? 1 : 2);
+    c.model = "keras-convnet";
+    c.optimizer.name = "adam";
+    if (dp) c.mode = pe::Mode::data_parallel;
+    pe::Trainer old(c, data().train, data().test);
+    old.run_epoch();
+    const train::TrainStep step(train::keras_convnet({12, 12, 1}), train::Optimizer(pmap::optim::Adam{.learning_rate = 1e-3f}),
+                                train::softmax_cross_entropy_loss,
+                                {.axis = dp ? "data" : "ensemble", .data_parallel = dp});
+    const Run run = run_epoch(step, dp ? 2 : 1, dp ? 1 : 2, 64);
+    const train::Model& m = step.model();
+    const std::size_t replicas = dp ? 1 : 0;
+    const auto params = stacked(run.states, m.param_names(), &train::TrainState::params, replicas);
+    const auto state = stacked(run.states, m.state_names(), &train::TrainState::state, replicas);
+    MESSAGE("max |difference| from the runner after an epoch: params " << pmap::testing::max_abs_diff(params, old.params())
+            << ", moving statistics " << pmap::testing::max_abs_diff(state, old.model_state()));
+    CHECK(params == old.params());
+    CHECK(state == old.model_state());
+    if (dp) {  // the replicas are bitwise identical
+      for (const std::string& n : m.param_names())
+        CHECK(run.states[1].params.at(n).to_vector<float>() == run.states[0].params.at(n).to_vector<float>());
+    }
+  }
+}
+
+TEST_CASE("train optimizer: state named for checkpoints, and the errors of bad variables, states and options") {
+  const train::Variables params = train::flax_cnn({12, 12, 1}).init(pmap::key(3)).first;
+  // Per-parameter slots by "<field>/<parameter>", the rest by path; inside a chain, the transformation's index.
+  auto names = [](const train::Variables& v) {
+    std::vector<std::string> out;
+    for (const auto& [n, a] : v) out.push_back(n);
+    return out;
+  };
+  const train::Optimizer sgd(pmap::optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f});
+  const train::Variables sgd_state = sgd.init(params);
+  CHECK(sgd_state.count("trace/Conv_0/kernel") == 1);
+  CHECK(sgd_state.at("trace/Dense_1/bias").shape() == params.at("Dense_1/bias").shape());
+  CHECK(sgd_state.count("count") == 1);
+  CHECK(sgd_state.size() == params.size() + 1);
+  const train::Optimizer chained(pmap::optim::chain(pmap::optim::clip_by_global_norm(1.0f), pmap::optim::Adam{}));
+  const train::Variables adam_state = chained.init(params);
+  CHECK(adam_state.count("1/mu/Conv_1/bias") == 1);
+  CHECK(adam_state.count("1/nu/Dense_0/kernel") == 1);
+  CHECK(adam_state.count("1/count") == 1);
+  CHECK(adam_state.size() == 2 * params.size() + 1);
+  // An update through the names is the typed update's, bit for bit.
+  train::Variables grads;
+  for (const auto& [n, a] : params) grads.emplace(n, pmap::ops::scale(a, 0.5f, 0.25f));
+  const auto [updates, next] = sgd.update(grads, sgd_state, params);
+  const pmap::optim::Sgd typed{.learning_rate = 0.1f, .momentum = 0.9f};
+  const auto [typed_updates, typed_next] = typed.update(grads, typed.init(params), params);
+  CHECK(names(updates) == names(params));
+  for (const auto& [n, a] : updates) CHECK(a.to_vector<float>() == typed_updates.at(n).to_vector<float>());
+  CHECK(next.at("count").to_vector<std::int64_t>() == std::vector<std::int64_t>{1});
+  CHECK(names(next) == names(sgd_state));
+  // Another optimizer's state, or a state missing a tensor, is refused naming the tensor.
+  CHECK_THROWS_WITH_AS(sgd.update(grads, adam_state, params),
+                       "optim::Sgd: the optimizer state has no tensor 'trace/Conv_0/bias'", pmap::ValueError);
+  train::Variables extra = pmap::tree_copy(sgd_state);
+  extra.emplace("trace/Conv_9/kernel", Array::from_host(std::vector<float>{1}, {1}));
+  CHECK_THROWS_WITH_AS(sgd.update(grads, extra, params),
+                       "optim::Sgd: the optimizer state has 10 tensors, this optimizer keeps 9 for these parameters",
+                       pmap::ValueError);
+  // Variables a model does not have, or lacks, are refused naming them.
+  const train::Model m = train::flax_cnn({12, 12, 1});
+  const Array x = Array::from_host(std::vector<float>(2 * 144, 0.5f), {2, 12, 12, 1});
+  train::Variables missing = pmap::tree_copy(params);
+  missing.erase("Dense_0/bias");
+  CHECK_THROWS_WITH_AS(m.apply(missing, {}, x, {}), "parameters: no tensor 'Dense_0/bias'", pmap::ValueError);
+  train::Variables more = pmap::tree_copy(params);
+  more.emplace("Dense_2/kernel", Array::from_host(std::vector<float>{1}, {1}));
+  CHECK_THROWS_WITH_AS(m.apply(more, {}, x, {}), "parameters: unexpected tensors 'Dense_2/kernel'", pmap::ValueError);
+  CHECK(m.apply(params, {}, x, {}).first.shape() == pmap::Shape{2, 10});
+  // Bad options and models.
+  CHECK_THROWS_WITH_AS(train::TrainStep(m, sgd, train::softmax_cross_entropy_loss, {.member_batch = -1}),
+                       "TrainStep: options.member_batch must be >= 0, got -1", pmap::ValueError);
+  CHECK_THROWS_WITH_AS(train::TrainStep(m, sgd, train::Loss{}), "TrainStep: the loss is an empty function",
+                       pmap::ValueError);
+  CHECK_THROWS_WITH_AS(train::TrainStep(m, sgd).init({}, pmap::Device{}), "TrainStep::init: no member keys",
+                       pmap::ValueError);
+  CHECK_THROWS_AS(train::Model("m", {28, 28}, 10, {"w"}, {}, {}, {}), pmap::ValueError);
+  CHECK_THROWS_WITH_AS(train::Model("m", {28, 28, 1}, 1, {"w"}, {}, {}, {}),
+                       "Model 'm': classes must be >= 2, got 1", pmap::ValueError);
+  CHECK_THROWS_WITH_AS(train::Model("m", {28, 28, 1}, 10, {}, {}, {}, {}), "Model 'm' has no parameters",
+                       pmap::ValueError);
+  // argmax_hits: one count per leading index, and shapes that do not fit.
+  const Array scores = Array::from_host(std::vector<float>{1, 0, 0, 1, 0, 1, 0, 1}, {2, 2, 2});
+  const Array labels = Array::from_host(std::vector<std::int32_t>{0, 1}, {2});
+  CHECK(pmap::ops::eager::argmax_hits(scores, labels).to_vector<std::int32_t>() == std::vector<std::int32_t>{2, 1});
+  CHECK_THROWS_AS(pmap::ops::eager::argmax_hits(scores, Array::from_host(std::vector<std::int32_t>{0}, {1})),
+                  pmap::ShapeError);
+}

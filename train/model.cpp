@@ -1,0 +1,128 @@
+#include <pmapcc/train/model.h>
+
+#include <pmap/error.h>
+#include <pmapcc/core/ops.h>
+#include <pmapcc/nn/layers.h>
+#include <pmapcc/nn/normalization.h>
+
+namespace pmap::train {
+
+Model::Model(std::string name, Shape input, int classes, std::vector<std::string> param_names,
+             std::vector<std::string> state_names, Init init, Apply apply)
+    : name_(std::move(name)), input_(std::move(input)), classes_(classes), param_names_(std::move(param_names)),
+      state_names_(std::move(state_names)), init_(std::move(init)), apply_(std::move(apply)) {
+  if (input_.size() != 3 || input_[0] < 1 || input_[1] < 1 || input_[2] < 1)
+    throw ValueError("Model '" + name_ + "': the input shape must be (H, W, C) with every size >= 1");
+  if (classes_ < 2) throw ValueError("Model '" + name_ + "': classes must be >= 2, got " + std::to_string(classes_));
+  if (param_names_.empty()) throw ValueError("Model '" + name_ + "' has no parameters");
+}
+
+std::pair<Variables, Variables> Model::init(Key key, const Device& device) const { return init_(key, device); }
+
+std::pair<Array, Variables> Model::apply(const Variables& params, const Variables& state, const Array& x,
+                                         const Call& call) const {
+  return apply_(params, state, x, call);
+}
+
+namespace {
+
+namespace ops = pmap::ops;
+
+struct CnnParams {
+  nn::ConvParams Conv_0, Conv_1;
+  nn::DenseParams Dense_0, Dense_1;
+};
+PMAPCC_TREE(CnnParams, Conv_0, Conv_1, Dense_0, Dense_1)
+
+struct ConvnetParams {
+  nn::ConvKernel Conv_0;
+  nn::BatchNormCenter BatchNorm_0;
+  nn::ConvKernel Conv_1;
+  nn::BatchNormCenter BatchNorm_1;
+  nn::ConvParams large_k;
+  nn::BatchNormCenter BatchNorm_2;
+  nn::DenseParams Dense_0, Dense_1;
+};
+PMAPCC_TREE(ConvnetParams, Conv_0, BatchNorm_0, Conv_1, BatchNorm_1, large_k, BatchNorm_2, Dense_0, Dense_1)
+
+struct ConvnetState {
+  nn::BatchNormState BatchNorm_0, BatchNorm_1, BatchNorm_2;
+};
+PMAPCC_TREE(ConvnetState, BatchNorm_0, BatchNorm_1, BatchNorm_2)
+
+std::int64_t out_size(std::int64_t in, int k, int stride, bool same) {
+  return same ? (in + stride - 1) / stride : (in - k) / stride + 1;
+}
+
+}  // namespace
+
+Model flax_cnn(Shape input, int classes) {
+  if (input.size() != 3) throw ValueError("flax_cnn: the input shape must be (H, W, C)");
+  const nn::Conv conv0{.features = 32}, conv1{.features = 64};
+  const nn::Dense dense0{.features = 256}, dense1{.features = classes};
+  const std::int64_t flat = (input[0] / 2 / 2) * (input[1] / 2 / 2) * 64, channels = input[2];
+  if (flat < 64) throw ValueError("flax_cnn: images of " + std::to_string(input[0]) + "x" + std::to_string(input[1]) +
+                                  " are too small for its two 2x2 poolings");
+  return make_model<CnnParams>(
+      "flax-cnn", input, classes,
+      [=](Key key, const Device& d) {  // tensor t from fold_in(key, t); biases (odd t) zero
+        return std::pair{CnnParams{conv0.init(fold_in(key, 0), channels, d), conv1.init(fold_in(key, 2), 32, d),
+                                   dense0.init(fold_in(key, 4), flat, d), dense1.init(fold_in(key, 6), 256, d)},
+                         NoState{}};
+      },
+      [=](const CnnParams& p, const NoState& s, const Array& x, const Call&) {
+        Array h = ops::avg_pool(conv0(p.Conv_0, x, /*relu=*/true), 2, 2, 2, 2);
+        h = ops::avg_pool(conv1(p.Conv_1, h, /*relu=*/true), 2, 2, 2, 2);
+        h = dense0(p.Dense_0, ops::reshape(h, {h.dim(0), h.size() / h.dim(0)}), /*relu=*/true);
+        return std::pair{dense1(p.Dense_1, h), s};
+      });
+}
+
+Model keras_convnet(Shape input, int classes, float dropout) {
+  if (input.size() != 3) throw ValueError("keras_convnet: the input shape must be (H, W, C)");
+  if (out_size(out_size(input[0], 6, 2, false), 6, 2, true) < 1 || out_size(input[1], 6, 2, false) < 1)
+    throw ValueError("keras_convnet: images of " + std::to_string(input[0]) + "x" + std::to_string(input[1]) +
+                     " are smaller than its 6x6 valid convolution");
+  constexpr auto glorot = nn::Init::glorot_uniform;
+  const nn::Conv conv0{.features = 12, .kernel_init = glorot};
+  const nn::Conv conv1{.features = 24, .kernel_h = 6, .kernel_w = 6, .stride_h = 2, .stride_w = 2, .same = false,
+                       .kernel_init = glorot};
+  const nn::Conv large_k{.features = 32, .kernel_h = 6, .kernel_w = 6, .stride_h = 2, .stride_w = 2,
+                         .kernel_init = glorot};
+  const nn::BatchNorm bn{};  // center only, Keras's momentum and epsilon (apply adds the batch's axes)
+  const nn::Dense dense0{.features = 256, .kernel_init = glorot}, dense1{.features = classes, .kernel_init = glorot};
+  const nn::Dropout drop{.rate = dropout};
+  const std::int64_t channels = input[2];
+  return make_model<ConvnetParams, ConvnetState>(
+      "keras-convnet", input, classes,
+      [=](Key key, const Device& d) {  // tensor t (BatchNorm offsets counted) from fold_in(key, t)
+        auto k = [&](std::uint32_t t) { return fold_in(key, t); };
+        return std::pair{ConvnetParams{conv0.init_kernel(k(0), channels, d), bn.init_center(12, d),
+                                       conv1.init_kernel(k(2), 12, d), bn.init_center(24, d),
+                                       large_k.init(k(4), 24, d), bn.init_center(32, d), dense0.init(k(7), 32, d),
+                                       dense1.init(k(9), 256, d)},
+                         ConvnetState{bn.init_state(12, d), bn.init_state(24, d), bn.init_state(32, d)}};
+      },
+      [=](const ConvnetParams& p, const ConvnetState& s, const Array& x, const Call& call) {
+        const nn::BatchNormCall bc{.train = call.train, .relu = true};
+        const nn::BatchNorm norm{.axis_name = call.batch_axis};
+        auto [h0, s0] = norm(p.BatchNorm_0, s.BatchNorm_0, conv0(p.Conv_0, x), bc);
+        auto [h1, s1] = norm(p.BatchNorm_1, s.BatchNorm_1, conv1(p.Conv_1, h0), bc);
+        auto [h2, s2] = norm(p.BatchNorm_2, s.BatchNorm_2, large_k(p.large_k, h1), bc);
+        Array h = dense0(p.Dense_0, ops::global_avg_pool(h2), /*relu=*/true);
+        h = drop(h, {.train = call.train, .rng = call.rng});
+        return std::pair{dense1(p.Dense_1, h), ConvnetState{std::move(s0), std::move(s1), std::move(s2)}};
+      });
+}
+
+std::vector<std::string> model_names() { return {"flax-cnn", "keras-convnet"}; }
+
+Model model_by_name(const std::string& name, Shape input, int classes, const char* what) {
+  if (name == "flax-cnn") return flax_cnn(std::move(input), classes);
+  if (name == "keras-convnet") return keras_convnet(std::move(input), classes);
+  std::string names;
+  for (const std::string& n : model_names()) names += (names.empty() ? "" : ", ") + n;
+  throw ValueError(std::string(what) + " must be one of " + names + ", got '" + name + "'");
+}
+
+}  // namespace pmap::train

@@ -1,0 +1,107 @@
+// Model: what the Trainer trains, a model written as module code (nn/) behind one type. A model is two
+// functions over one member's variables: init(key, device) -> (parameters, model state) and apply(parameters,
+// model state, x, call) -> (logits, new model state), Flax's init and apply(..., mutable=["batch_stats"]).
+// Write them with typed structs of nn/'s modules and make_model turns them into a Model (the variables
+// named by the structs' paths: "Conv_0/kernel", "BatchNorm_0/moving_mean"); apply is differentiated by grad
+// and batched over stacked members by vmap, like any function of pmap::ops.
+//
+//   struct P { nn::DenseParams Dense_0; };  PMAPCC_TREE(P, Dense_0)
+//   const nn::Dense dense{.features = 10};
+//   train::Model m = train::make_model<P>("linear", {28, 28, 1}, 10,
+//       [](Key k, const Device& d) { return std::pair{P{dense.init(fold_in(k, 0), 784, d)}, train::NoState{}}; },
+//       [](const P& p, const train::NoState& s, const Array& x, const train::Call&) {
+//         return std::pair{dense(p.Dense_0, ops::reshape(x, {x.dim(0), 784})), s};
+//       });
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <pmap/array.h>
+#include <pmap/random.h>
+
+#include <pmapcc/nn/normalization.h>
+#include <pmapcc/train/variables.h>
+
+namespace pmap::train {
+
+using NoState = std::tuple<>;  // the model state of a model without any (a tree without leaves)
+
+// What one apply is asked for: training (batch statistics, dropout) or inference, the dropout masks' source
+// (nn::Rng; read only in training), and the mesh axes BatchNorm's batch statistics are taken over besides the
+// device's rows (data parallel: the batch's axis, so the statistics are the global batch's).
+struct Call {
+  bool train = false;
+  nn::Rng rng;
+  AxisNames batch_axis;
+};
+
+class Model {
+ public:
+  using Init = std::function<std::pair<Variables, Variables>(Key, const Device&)>;
+  using Apply = std::function<std::pair<Array, Variables>(const Variables&, const Variables&, const Array&, const Call&)>;
+
+  // `input` the per-example shape (H, W, C), `classes` the logits' last dimension; the names of the
+  // parameters and of the model state in model order (what summaries and checkpoints list).
+  Model(std::string name, Shape input, int classes, std::vector<std::string> param_names,
+        std::vector<std::string> state_names, Init init, Apply apply);
+
+  const std::string& name() const { return name_; }
+  const Shape& input_shape() const { return input_; }
+  int classes() const { return classes_; }
+  const std::vector<std::string>& param_names() const { return param_names_; }
+  const std::vector<std::string>& state_names() const { return state_names_; }
+
+  // One member's (parameters, model state) from its key, on `device`.
+  std::pair<Variables, Variables> init(Key key, const Device& device = {}) const;
+  // Logits (N, classes) of x (N, input...) and the new model state (the given one in inference).
+  std::pair<Array, Variables> apply(const Variables& params, const Variables& state, const Array& x,
+                                    const Call& call) const;
+
+ private:
+  std::string name_;
+  Shape input_;
+  int classes_;
+  std::vector<std::string> param_names_, state_names_;
+  Init init_;
+  Apply apply_;
+};
+
+// A Model from typed module code: init(key, device) -> std::pair<P, S>, apply(p, s, x, call) -> std::pair<Array,
+// S>, P and S PMAPCC_TREE structs of Arrays (S NoState for a model without state).
+template <class P, class S = NoState, class InitFn, class ApplyFn>
+Model make_model(std::string name, Shape input, int classes, InitFn init, ApplyFn apply) {
+  return Model(
+      std::move(name), std::move(input), classes, variable_names<P>(), variable_names<S>(),
+      [init](Key key, const Device& d) {
+        auto [p, s] = init(key, d);
+        return std::pair{to_variables(std::move(p)), to_variables(std::move(s))};
+      },
+      [apply](const Variables& p, const Variables& s, const Array& x, const Call& call) {
+        auto [y, next] = apply(from_variables<P>(p, "parameters"), from_variables<S>(s, "model state"), x, call);
+        return std::pair{std::move(y), to_variables(std::move(next))};
+      });
+}
+
+// The Flax MNIST CNN ("flax-cnn"): Conv(32, 3x3, SAME) ReLU AvgPool(2) Conv(64, 3x3, SAME) ReLU AvgPool(2)
+// Flatten Dense(256) ReLU Dense(classes); LeCun-normal kernels, zero biases. 824,458 parameters on (28, 28, 1).
+// Tensor t (in the order Conv_0/kernel, Conv_0/bias, Conv_1/kernel, ...) is drawn from fold_in(key, t), as the
+// program has always drawn it.
+Model flax_cnn(Shape input = {28, 28, 1}, int classes = 10);
+
+// The Keras multi-GPU guides' convnet ("keras-convnet"): Conv2D(12, 3x3, no bias) BN ReLU, Conv2D(24, 6x6,
+// stride 2, valid, no bias) BN ReLU, Conv2D(32, 6x6, stride 2) BN ReLU, GlobalAveragePooling2D, Dense(256)
+// ReLU, Dropout(dropout), Dense(classes); BatchNorm center only, glorot_uniform kernels. 49,242 parameters
+// and 136 moving statistics on (28, 28, 1). Images come scaled to [0, 1], so the guides' Rescaling is left out.
+Model keras_convnet(Shape input = {28, 28, 1}, int classes = 10, float dropout = 0.5f);
+
+// The models the program builds by name (--model): "flax-cnn", "keras-convnet"; ValueError naming `what`
+// (the caller's option) for another name.
+std::vector<std::string> model_names();
+Model model_by_name(const std::string& name, Shape input, int classes, const char* what = "model");
+
+}  // namespace pmap::train

@@ -1,0 +1,144 @@
+// Optimizer: any optax-style transformation of pmap::optim (Sgd, Adam, chain(clip_by_global_norm(1),
+// AdamW{...}), a user's own) over Variables, behind one type, so the Trainer takes it as an input. Its state is
+// Variables too, named for checkpoints: a leaf the transformation keeps per parameter is "<field>/<parameter>"
+// ("trace/Conv_0/kernel", "1/mu/Dense_0/bias" inside a chain), any other by its path ("count").
+//
+//   train::Optimizer tx(optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f});
+//   Variables opt = tx.init(params);
+//   auto [updates, next] = tx.update(grads, opt, params);
+#pragma once
+
+#include <cctype>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <pmap/error.h>
+#include <pmap/tree.h>
+
+#include <pmapcc/optim/base.h>
+#include <pmapcc/train/variables.h>
+
+namespace pmap::train {
+
+namespace detail {
+// The Variables name of a state leaf at `path` (tree_for_each_with_path's): "<...>/<field>/<i>", the last part
+// an index i < names.size() after a field's name (a vector of per-parameter leaves, in the parameters' order),
+// becomes "<...>/<field>/<names[i]>"; any other path stays as it is.
+std::string state_name(const std::string& path, const std::vector<std::string>& names);
+std::vector<std::string> names_of(const Variables& v);
+}  // namespace detail
+
+class Optimizer {
+ public:
+  template <class Tx> explicit Optimizer(Tx tx) : impl_(std::make_shared<Impl<Tx>>(std::move(tx))) {}
+
+  const char* name() const { return impl_->name(); }  // the transformation's kName ("optim::Sgd")
+  // The initial state for `params` (on their device).
+  Variables init(const Variables& params) const { return impl_->init(params); }
+  // (updates, new state); the state is read, not written (optax's pure update). ValueError naming the missing
+  // or extra state tensor for a state of another optimizer or other parameters.
+  std::pair<Variables, Variables> update(const Variables& grads, const Variables& state, const Variables& params) const {
+    return impl_->update(grads, state, params);
+  }
+
+ private:
+  struct Base {
+    virtual ~Base() = default;
+    virtual const char* name() const = 0;
+    virtual Variables init(const Variables& params) const = 0;
+    virtual std::pair<Variables, Variables> update(const Variables& grads, const Variables& state,
+                                                   const Variables& params) const = 0;
+  };
+
+  template <class Tx> struct Impl final : Base {
+    using State = typename Tx::State;
+    explicit Impl(Tx t) : tx(std::move(t)) {}
+    const char* name() const override { return Tx::kName; }
+
+    Variables init(const Variables& params) const override {
+      State s = tx.init(params);
+      remember(s, params.size());
+      return named(std::move(s), params);
+    }
+
+    std::pair<Variables, Variables> update(const Variables& grads, const Variables& state,
+                                           const Variables& params) const override {
+      State typed = unnamed(state, params);
+      auto [updates, next] = tx.update(grads, typed, params);
+      return {std::move(updates), named(std::move(next), params)};
+    }
+
+    // The state's leaves moved into Variables by their names.
+    Variables named(State s, const Variables& params) const {
+      const auto names = detail::names_of(params);
+      Variables out;
+      tree_for_each_with_path(s, [&](const std::string& path, auto& leaf) {
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>)
+          out.emplace(detail::state_name(path, names), std::move(leaf));
+      });
+      return out;
+    }
+
+    // The typed state whose leaves are views of `state`'s tensors, by the names `named` gives them.
+    State unnamed(const Variables& state, const Variables& params) const {
+      State s = skeleton(params);
+      const auto names = detail::names_of(params);
+      std::size_t used = 0;
+      tree_for_each_with_path(s, [&](const std::string& path, auto& leaf) {
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+          const std::string n = detail::state_name(path, names);
+          auto it = state.find(n);
+          if (it == state.end())
+            throw ValueError(std::string(Tx::kName) + ": the optimizer state has no tensor '" + n + "'");
+          leaf = vmap_detail::alias(it->second);
+          ++used;
+        }
+      });
+      if (used != state.size())
+        throw ValueError(std::string(Tx::kName) + ": the optimizer state has " + std::to_string(state.size()) +
+                         " tensors, this optimizer keeps " + std::to_string(used) + " for these parameters");
+      return s;
+    }
+
+    // The state's structure for params: its leaves empty, its vectors as long as init makes them (made by
+    // init, or here by an init when this optimizer has not made one for as many parameters).
+    State skeleton(const Variables& params) const {
+      {
+        std::lock_guard lock(mutex);
+        if (shape_ && count_ == params.size()) return empty(*shape_);
+      }
+      remember(tx.init(params), params.size());
+      std::lock_guard lock(mutex);
+      return empty(*shape_);
+    }
+    static State empty(const State& s) {
+      return tree_map(s, [](const auto& leaf) {
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+          return Array();
+        } else {
+          return leaf;
+        }
+      });
+    }
+    void remember(const State& s, std::size_t params) const {
+      State shape = empty(s);
+      std::lock_guard lock(mutex);
+      shape_ = std::move(shape);
+      count_ = params;
+    }
+
+    Tx tx;
+    mutable std::mutex mutex;
+    mutable std::optional<State> shape_;
+    mutable std::size_t count_ = 0;
+  };
+
+  std::shared_ptr<const Base> impl_;
+};
+
+}  // namespace pmap::train

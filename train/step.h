@@ -1,0 +1,86 @@
+// The Trainer's step on the differentiable core: one device's members (stacked on a leading member axis) take
+// one optimizer step on the device's batch, the forward pass the model's module code, the gradients
+// value_and_grad's, the update the Optimizer's, the whole step jitted (each device plans its buffers on the
+// first step and replays the plan). Ensemble mode: every member sees the device's whole batch. Data parallel:
+// the batch is split over the axis, the gradients are pmean'd over it (and BatchNorm normalizes over the
+// global batch), so the replicas stay bitwise identical. Dropout masks depend on (member key, step, global
+// example index) only, not on the devices or the split.
+//
+//   train::TrainStep step(train::flax_cnn(), train::Optimizer(optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f}));
+//   auto states = pmap::pmap([&](int) { return step.init(keys_of_this_device, pmap::current_device()); }, mesh)(0);
+//   auto metrics = pmap::pmap([&](train::TrainState& s, const Array& x, const Array& y) { return step(s, x, y); },
+//                             mesh, "ensemble")(states, replicate(x, mesh), replicate(y, mesh));
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include <pmap/array.h>
+#include <pmap/random.h>
+#include <pmap/tree.h>
+
+#include <pmapcc/kernels/ops.h>
+#include <pmapcc/train/model.h>
+#include <pmapcc/train/optimizer.h>
+
+namespace pmap::train {
+
+// A member's dropout key is fold_in(its key, kDropoutStream) (as the program has always derived it).
+inline constexpr std::uint32_t kDropoutStream = 0x64726f70;
+
+// One device's members between steps, each tensor stacked on a leading member axis.
+struct TrainState {
+  Variables params;    // (members, ...)
+  Variables state;     // the model state (BatchNorm's moving statistics), (members, ...)
+  Variables opt;       // the optimizer's state of each member, (members, ...)
+  Array dropout_keys;  // (members, 2) u32
+  Array step;          // (1) i64: the steps taken
+};
+PMAPCC_TREE(TrainState, params, state, opt, dropout_keys, step)
+
+// What a step leaves on the device per member.
+struct StepMetrics {
+  Array loss;     // (members) f32: the mean loss over the batch (data parallel: the global batch's)
+  Array correct;  // (members) i32: the batch's examples classified right (data parallel: over the global batch)
+};
+PMAPCC_TREE(StepMetrics, loss, correct)
+
+// The loss of a batch's logits (N, K) f32 and labels (N) i32: a scalar f32, differentiable in the logits.
+using Loss = std::function<Array(const Array& logits, const Array& labels)>;
+Array softmax_cross_entropy_loss(const Array& logits, const Array& labels);  // ops::softmax_cross_entropy
+
+struct StepOptions {
+  std::string axis = "ensemble";   // the mesh axis the step runs over (its collectives' axis)
+  bool data_parallel = false;      // the batch is split over `axis`: gradients pmean'd, BatchNorm global
+  std::int64_t member_batch = 0;   // members per vmap (pmap::map's batch_size); 0: one on CPU devices, all on GPUs
+  kernels::Precision precision = kernels::Precision::fp32;  // of the conv and dense products
+};
+
+class TrainStep {
+ public:
+  TrainStep(Model model, Optimizer optimizer, Loss loss = softmax_cross_entropy_loss, StepOptions options = {});
+
+  const Model& model() const { return model_; }
+  const StepOptions& options() const { return options_; }
+
+  // The members of `keys` on `device`: each member's variables from model().init(key), its optimizer state,
+  // its dropout key, stacked; the step counter zero.
+  TrainState init(std::span<const Key> keys, const Device& device) const;
+
+  // One step of this device's members on its batch (inside pmap over options().axis): state becomes the
+  // next. images (N, H, W, C) f32, labels (N) i32 on the state's device.
+  StepMetrics operator()(TrainState& state, const Array& images, const Array& labels) const;
+
+ private:
+  struct Jit;
+  Model model_;
+  Optimizer optimizer_;
+  Loss loss_;
+  StepOptions options_;
+  std::shared_ptr<Jit> jit_;
+};
+
+}  // namespace pmap::train
