@@ -64,13 +64,13 @@ PartitionSpec PartitionSpec::parse(std::string_view text) {
   return spec;
 }
 
-void LayoutMap::add(std::string pattern, PartitionSpec spec) {
+void LayoutMap::add(std::string pattern, PartitionSpec spec, bool must_match) {
   try {
     std::regex(pattern, std::regex::ECMAScript);
   } catch (const std::regex_error& e) {
     throw ValueError("layout map: '" + pattern + "' is not a regular expression (" + e.what() + ")");
   }
-  entries_.push_back({std::move(pattern), std::move(spec)});
+  entries_.push_back({std::move(pattern), std::move(spec), must_match});
 }
 
 PartitionSpec LayoutMap::layout_of(std::string_view name, std::optional<std::size_t>* entry) const {
@@ -128,6 +128,21 @@ ShardingPlan::ShardingPlan(const Sequential& model, const LayoutMap& layouts, st
     full_offsets_.push_back(slot.offset);
     full_params_ += slot.size;
     tensors_.push_back(std::move(t));
+  }
+  // A user's rule that matches nothing would be ignored without a word (a typo, or another model's name).
+  for (const LayoutMap::Entry& e : layouts.entries()) {
+    if (!e.must_match) continue;
+    const std::regex re(e.pattern, std::regex::ECMAScript);
+    bool matched = false;
+    std::string weights;
+    for (const TensorSlot& slot : model.tensors()) {
+      matched = matched || std::regex_match(slot.name, re);
+      weights += (weights.empty() ? "" : ", ") + slot.name;
+    }
+    for (const auto& layer : model.layers()) matched = matched || std::regex_match(layer->name() + "/output", re);
+    if (!matched)
+      throw ValueError("layout rule '" + e.pattern + "=" + e.spec.str() + "' matches no weight of model '" + model.name() +
+                       "' (its weights: " + weights + "; a layer's output is '<layer>/output')");
   }
 }
 

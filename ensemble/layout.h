@@ -50,10 +50,12 @@ class LayoutMap {
   struct Entry {
     std::string pattern;
     PartitionSpec spec;
+    bool must_match = false;  // a user's rule: one that matches no weight or layer output is refused (ShardingPlan)
   };
 
-  // Throws ValueError naming the pattern when it is not a valid regular expression.
-  void add(std::string pattern, PartitionSpec spec);
+  // Throws ValueError naming the pattern when it is not a valid regular expression. must_match: the rule is
+  // the user's (a default rule may match nothing in a model it does not fit).
+  void add(std::string pattern, PartitionSpec spec, bool must_match = false);
   // The layout of weight `name`, and which entry gave it (nullopt: none matched, replicated).
   PartitionSpec layout_of(std::string_view name, std::optional<std::size_t>* entry = nullptr) const;
   const std::vector<Entry>& entries() const { return entries_; }

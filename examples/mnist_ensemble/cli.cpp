@@ -98,7 +98,7 @@ std::string parse_layout(const std::string& text, LayoutMap* into) {
     return "'" + text + "' is not NAME=SPEC (e.g. Dense_0/kernel=None,model)";
   try {
     LayoutMap scratch;
-    (into != nullptr ? *into : scratch).add(text.substr(0, eq), PartitionSpec::parse(text.substr(eq + 1)));
+    (into != nullptr ? *into : scratch).add(text.substr(0, eq), PartitionSpec::parse(text.substr(eq + 1)), true);
   } catch (const ValueError& e) {
     return e.what();
   }
@@ -435,7 +435,7 @@ CliOptions parse_cli(const std::vector<std::string>& args) {
       throw UsageError("--layout splits weights over 'model': it needs --mode model-parallel or --mesh AxM with M > 1");
     LayoutMap layout;
     for (const std::string& entry : o.layouts) parse_layout(entry, &layout);
-    for (const LayoutMap::Entry& e : o.train.layout.entries()) layout.add(e.pattern, e.spec);
+    for (const LayoutMap::Entry& e : o.train.layout.entries()) layout.add(e.pattern, e.spec, e.must_match);
     o.train.layout = std::move(layout);
   }
   if (!o.members_subset.empty() && o.evaluate.empty())
