@@ -35,6 +35,7 @@ PMAPCC_TREE(AdamState, mu, nu, count)
 // beta_1, beta_2 in [0, 1); epsilon > 0; the rate finite and >= 0.
 struct Adam {
   static constexpr const char* kName = "optim::Adam";
+  static constexpr bool kElementwise = true;  // optim/base.h
   using State = AdamState;
 
   Schedule learning_rate = 1e-3f;
@@ -62,6 +63,7 @@ struct Adam {
 // the Trainer's fused kernel when every bit must match. weight_decay finite and >= 0 (Keras's default).
 struct AdamW {
   static constexpr const char* kName = "optim::AdamW";
+  static constexpr bool kElementwise = true;
   using State = AdamState;
 
   Schedule learning_rate = 1e-3f;

@@ -4,8 +4,12 @@
 // A transformation Tx has `using State`, `State init(params)` and `std::pair<P, State> update(grads,
 // state, params)`, written once over the leaves: `init_leaves` and `update_leaves` on the trees' f32 Array
 // leaves in tree order (scalar leaves are not parameters: updates keep the grads' scalars, apply_updates
-// the params'). The step's arithmetic runs on the parameters' device, on CPU devices at once and on CUDA
-// devices inside pmap (the rules of pmapcc/kernels/array_ops.h); nothing reads a value back to the host.
+// the params'). A transformation whose every update element depends only on the same element of the grads,
+// the state and the params (and on the step count) says so with `static constexpr bool kElementwise = true`:
+// members stacked on a leading axis then step together as each would alone, with one count (the training
+// layer relies on it; clip_by_global_norm is not one). The step's arithmetic runs on the parameters' device,
+// on CPU devices at once and on CUDA devices inside pmap (the rules of pmapcc/kernels/array_ops.h); nothing
+// reads a value back to the host.
 // update reads the state it is given and returns a new one (optax's pure functions): a const state works,
 // as inside a jitted step.
 #pragma once

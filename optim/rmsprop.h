@@ -33,6 +33,7 @@ PMAPCC_TREE(RmsPropState, nu, trace, count)
 // and >= 0; the rate finite and >= 0. Keras's defaults.
 struct RmsProp {
   static constexpr const char* kName = "optim::RmsProp";
+  static constexpr bool kElementwise = true;  // optim/base.h
   using State = RmsPropState;
 
   Schedule learning_rate = 1e-3f;

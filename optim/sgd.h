@@ -34,6 +34,7 @@ PMAPCC_TREE(SgdState, trace, count)
 // kernels::sgd_element (p -= lr * m) bit for bit. momentum finite and >= 0.
 struct Sgd {
   static constexpr const char* kName = "optim::Sgd";
+  static constexpr bool kElementwise = true;  // optim/base.h
   using State = SgdState;
 
   Schedule learning_rate = 0.01f;

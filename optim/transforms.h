@@ -26,6 +26,7 @@ using EmptyState = std::tuple<>;
 // in double and rounded to float (the Trainer's clipping: kernels::clip_scale, bit for bit). max_norm > 0.
 struct ClipByGlobalNorm {
   static constexpr const char* kName = "optim::clip_by_global_norm";
+  static constexpr bool kElementwise = false;  // the norm is over every leaf together
   using State = EmptyState;
 
   float max_norm = 1.0f;
@@ -45,6 +46,7 @@ ClipByGlobalNorm clip_by_global_norm(float max_norm);  // checked at once (Value
 // weight_decay finite and >= 0.
 struct AddDecayedWeights {
   static constexpr const char* kName = "optim::add_decayed_weights";
+  static constexpr bool kElementwise = true;
   using State = EmptyState;
 
   float weight_decay = 0.0f;
@@ -64,6 +66,7 @@ AddDecayedWeights add_decayed_weights(float weight_decay);  // checked at once (
 template <class... Txs> struct Chain {
   static_assert(sizeof...(Txs) >= 1, "optim::chain needs at least one transformation");
   static constexpr const char* kName = "optim::chain";
+  static constexpr bool kElementwise = (Txs::kElementwise && ...);
   using State = std::tuple<typename Txs::State...>;
 
   std::tuple<Txs...> transforms;

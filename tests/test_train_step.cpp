@@ -141,6 +141,26 @@ TEST_CASE("train step: an ensemble trains bit for bit as the runner's Trainer tr
   for (std::int32_t c : run.correct) CHECK((c >= 0 && c <= 4 * 64));
 }
 
+TEST_CASE("train step: clipping by each member's global norm steps member by member, as the runner's Trainer") {
+  // chain(clip_by_global_norm, Sgd) is not element by element: each member keeps its own state and count.
+  pe::TrainConfig c = pmap::testing::small_config(2, 4);
+  c.optimizer.clip_norm = 0.5f;
+  pe::Trainer old(c, data().train, data().test);
+  old.run_epoch();
+  const train::Optimizer tx(pmap::optim::chain(pmap::optim::clip_by_global_norm(0.5f),
+                                               pmap::optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f}));
+  CHECK_FALSE(tx.elementwise());
+  CHECK(train::Optimizer(pmap::optim::Sgd{}).elementwise());
+  const train::TrainStep step(train::flax_cnn({12, 12, 1}), tx);
+  const Run run = run_epoch(step, 2, 4, 64);
+  CHECK(stacked(run.states, step.model().param_names(), &train::TrainState::params) == old.params());
+  CHECK(run.states[0].opt.at("1/count").shape() == pmap::Shape{2});  // one count per member
+  // Without the clipping the run differs: the check can fail.
+  pe::Trainer unclipped(pmap::testing::small_config(2, 4), data().train, data().test);
+  unclipped.run_epoch();
+  CHECK(unclipped.params() != old.params());
+}
+
 TEST_CASE("train step: BatchNorm, Dropout and Adam, data parallel and ensemble, as the runner's Trainer") {
   for (const bool dp : {true, false}) {
     CAPTURE(dp);

@@ -38,6 +38,9 @@ class Optimizer {
   template <class Tx> explicit Optimizer(Tx tx) : impl_(std::make_shared<Impl<Tx>>(std::move(tx))) {}
 
   const char* name() const { return impl_->name(); }  // the transformation's kName ("optim::Sgd")
+  // Whether the transformation is element by element (its kElementwise, optim/base.h; false when it does not
+  // say): a device's stacked members then take one update with one state, else one each.
+  bool elementwise() const { return impl_->elementwise(); }
   // The initial state for `params` (on their device).
   Variables init(const Variables& params) const { return impl_->init(params); }
   // (updates, new state); the state is read, not written (optax's pure update). ValueError naming the missing
@@ -50,6 +53,7 @@ class Optimizer {
   struct Base {
     virtual ~Base() = default;
     virtual const char* name() const = 0;
+    virtual bool elementwise() const = 0;
     virtual Variables init(const Variables& params) const = 0;
     virtual std::pair<Variables, Variables> update(const Variables& grads, const Variables& state,
                                                    const Variables& params) const = 0;
@@ -59,6 +63,13 @@ class Optimizer {
     using State = typename Tx::State;
     explicit Impl(Tx t) : tx(std::move(t)) {}
     const char* name() const override { return Tx::kName; }
+    bool elementwise() const override {
+      if constexpr (requires { Tx::kElementwise; }) {
+        return Tx::kElementwise;
+      } else {
+        return false;
+      }
+    }
 
     Variables init(const Variables& params) const override {
       State s = tx.init(params);

@@ -80,22 +80,27 @@ TrainStep::TrainStep(Model model, Optimizer optimizer, Loss loss, StepOptions op
             batch, {0, 0, 0}, "the train step");
         MemberGrads g = grads_of(s.params, s.state, s.dropout_keys);
         if (dp) pmean_inplace(g.grads, AxisNames{options.axis});  // each replica: the global batch's gradient
-        // The update member by member, on views of its slices (an optimizer's state and transformations, a
-        // global norm's clipping among them, are each member's own), joined along the member axis.
-        const std::int64_t members = s.dropout_keys.dim(0);
-        std::vector<MemberUpdate> parts;
-        for (std::int64_t k = 0; k < members; ++k) {
+        MemberUpdate u;
+        if (optimizer.elementwise()) {  // the stacked members at once, one state (optim/base.h's kElementwise)
+          auto [updates, next] = optimizer.update(g.grads, s.opt, s.params);
+          u = {optim::apply_updates(s.params, updates), std::move(next)};
+        } else {
+          // Member by member on views of its slices (each member's own state: a global norm's clipping is
+          // the member's), joined along the member axis.
+          const std::int64_t members = s.dropout_keys.dim(0);
           const std::string fn = "the optimizer update";
-          Variables p = vmap_detail::members_tree(fn, s.params, k, 1);
-          auto [updates, next] =
-              optimizer.update(vmap_detail::members_tree(fn, g.grads, k, 1), vmap_detail::members_tree(fn, s.opt, k, 1), p);
-          parts.push_back({optim::apply_updates(p, updates), std::move(next)});
+          std::vector<MemberUpdate> parts;
+          for (std::int64_t k = 0; k < members; ++k) {
+            Variables p = vmap_detail::members_tree(fn, s.params, k, 1);
+            auto [updates, next] = optimizer.update(vmap_detail::members_tree(fn, g.grads, k, 1),
+                                                    vmap_detail::members_tree(fn, s.opt, k, 1), p);
+            parts.push_back({optim::apply_updates(p, updates), std::move(next)});
+          }
+          u = members == 1 ? std::move(parts[0])
+                           : vmap_detail::join_trees(fn, parts, [](const std::vector<const Array*>& column, const Array&) {
+                               return vmap_detail::joined_members(column);
+                             });
         }
-        MemberUpdate u = members == 1 ? std::move(parts[0])
-                                      : vmap_detail::join_trees("the optimizer update", parts,
-                                                                [](const std::vector<const Array*>& column, const Array&) {
-                                                                  return vmap_detail::joined_members(column);
-                                                                });
         StepMetrics m{std::move(g.loss), ops::eager::argmax_hits(g.logits, y)};
         if (dp) {
           m.loss = pmean(m.loss, AxisNames{options.axis});
@@ -113,13 +118,15 @@ TrainState TrainStep::init(std::span<const Key> keys, const Device& device) cons
   std::vector<std::uint32_t> dropout;
   for (const Key& k : keys) {
     auto [p, s] = model_.init(k, device);
-    opts.push_back(optimizer_.init(p));
+    if (!optimizer_.elementwise()) opts.push_back(optimizer_.init(p));
     params.push_back(std::move(p));
     states.push_back(std::move(s));
     const Key d = fold_in(k, kDropoutStream);
     dropout.insert(dropout.end(), {d.k0, d.k1});
   }
-  return {stack_trees(params), stack_trees(states), stack_trees(opts),
+  Variables stacked = stack_trees(params);
+  Variables opt = optimizer_.elementwise() ? optimizer_.init(stacked) : stack_trees(opts);
+  return {std::move(stacked), stack_trees(states), std::move(opt),
           Array::from_host(dropout, {static_cast<std::int64_t>(keys.size()), 2}).to(device),
           Array::from_host(std::vector<std::int64_t>{0}, {1}).to(device)};
 }

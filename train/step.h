@@ -35,7 +35,8 @@ inline constexpr std::uint32_t kDropoutStream = 0x64726f70;
 struct TrainState {
   Variables params;    // (members, ...)
   Variables state;     // the model state (BatchNorm's moving statistics), (members, ...)
-  Variables opt;       // the optimizer's state of each member, (members, ...)
+  Variables opt;       // the optimizer's state: an element-by-element one (Optimizer::elementwise) of the stacked
+                       // members, one count; any other each member's, (members, ...)
   Array dropout_keys;  // (members, 2) u32
   Array step;          // (1) i64: the steps taken
 };
