@@ -15,6 +15,7 @@
 #include <pmapcc/train/optimizer.h>
 #include <pmapcc/train/step.h>
 
+#include "cuda_testing.h"
 #include "synthetic.h"
 
 namespace pe = pmap::ensemble;
@@ -46,9 +47,10 @@ struct Run {
 };
 
 // One epoch as Trainer::run_epoch draws it (seed 0: members from split(split(key(0), 2)[0], members), the
-// order permutation(fold_in(split(key(0), 2)[1], 0))) on `devices` CPU devices.
-Run run_epoch(const train::TrainStep& step, int devices, int members, int batch) {
-  pmap::Mesh mesh(pmap::local_devices(pmap::DeviceKind::cpu, devices), step.options().axis);
+// order permutation(fold_in(split(key(0), 2)[1], 0))) on `devices` devices of `kind`.
+Run run_epoch(const train::TrainStep& step, int devices, int members, int batch,
+              pmap::DeviceKind kind = pmap::DeviceKind::cpu) {
+  pmap::Mesh mesh(pmap::local_devices(kind, devices), step.options().axis);
   const auto root = pmap::split(pmap::key(0), 2);
   const auto keys = pmap::split(root[0], static_cast<std::uint32_t>(members));
   const bool dp = step.options().data_parallel;
@@ -186,6 +188,28 @@ TEST_CASE("train step: BatchNorm, Dropout and Adam, data parallel and ensemble, 
       for (const std::string& n : m.param_names())
         CHECK(run.states[1].params.at(n).to_vector<float>() == run.states[0].params.at(n).to_vector<float>());
     }
+  }
+}
+
+TEST_CASE("train step on GPUs: an ensemble and data parallel train as the runner's Trainer on the same GPUs") {
+  PMAPCC_REQUIRE_GPU();
+  for (const bool dp : {false, true}) {
+    CAPTURE(dp);
+    pe::TrainConfig c = pmap::testing::small_config(dp ? 2 : 1, dp ? 1 : 2);
+    c.backend = pmap::DeviceKind::cuda;
+    c.model = "keras-convnet";
+    c.optimizer.name = "adam";
+    if (dp) c.mode = pe::Mode::data_parallel;
+    pe::Trainer old(c, data().train, data().test);
+    old.run_epoch();
+    const train::TrainStep step(train::keras_convnet({12, 12, 1}), train::Optimizer(pmap::optim::Adam{.learning_rate = 1e-3f}),
+                                train::softmax_cross_entropy_loss, {.axis = dp ? "data" : "ensemble", .data_parallel = dp});
+    const Run run = run_epoch(step, dp ? 2 : 1, dp ? 1 : 2, 64, pmap::DeviceKind::cuda);
+    const auto params = stacked(run.states, step.model().param_names(), &train::TrainState::params, dp ? 1 : 0);
+    const float diff = pmap::testing::max_abs_diff(params, old.params());
+    MESSAGE("max |parameter difference| from the runner on the GPU after an epoch: " << diff);
+    CHECK(diff <= 1e-5f);  // the products' sums may run in another order than the runner's
+    CHECK(run.states[0].step.to_vector<std::int64_t>() == std::vector<std::int64_t>{10});
   }
 }
 
