@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -34,10 +35,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 std::map<std::string, std::string> parse(int argc, char** argv) {
+  static const std::set<std::string> known{"data",  "model", "members", "devices",      "mode",
+                                           "precision", "steps", "rounds", "batch", "member-batch"};
   std::map<std::string, std::string> f;
   for (int i = 1; i < argc; ++i) {
     const std::string name = argv[i];
     if (name.rfind("--", 0) != 0 || i + 1 >= argc) throw ValueError("expected --name value, got '" + name + "'");
+    if (!known.count(name.substr(2))) throw ValueError("unknown flag '" + name + "' (see the top of the file)");
     f[name.substr(2)] = argv[++i];
   }
   return f;

@@ -129,20 +129,27 @@ ShardingPlan::ShardingPlan(const Sequential& model, const LayoutMap& layouts, st
     full_params_ += slot.size;
     tensors_.push_back(std::move(t));
   }
-  // A user's rule that matches nothing would be ignored without a word (a typo, or another model's name).
-  for (const LayoutMap::Entry& e : layouts.entries()) {
+  // A user's rule that gives nothing its layout (it matches no name, or an earlier rule takes every name it
+  // matches) would be ignored without a word: a typo, another model's name.
+  for (std::size_t i = 0; i < layouts.entries().size(); ++i) {
+    const LayoutMap::Entry& e = layouts.entries()[i];
     if (!e.must_match) continue;
-    const std::regex re(e.pattern, std::regex::ECMAScript);
-    bool matched = false;
+    bool used = false;
     std::string weights;
+    auto check = [&](const std::string& name) {
+      std::optional<std::size_t> from;
+      layouts.layout_of(name, &from);
+      used = used || from == i;
+    };
     for (const TensorSlot& slot : model.tensors()) {
-      matched = matched || std::regex_match(slot.name, re);
+      check(slot.name);
       weights += (weights.empty() ? "" : ", ") + slot.name;
     }
-    for (const auto& layer : model.layers()) matched = matched || std::regex_match(layer->name() + "/output", re);
-    if (!matched)
-      throw ValueError("layout rule '" + e.pattern + "=" + e.spec.str() + "' matches no weight of model '" + model.name() +
-                       "' (its weights: " + weights + "; a layer's output is '<layer>/output')");
+    for (const auto& layer : model.layers()) check(layer->name() + "/output");
+    if (!used)
+      throw ValueError("layout rule '" + e.pattern + "=" + e.spec.str() + "' gives no weight of model '" + model.name() +
+                       "' its layout: it matches none, or an earlier rule takes them (its weights: " + weights +
+                       "; a layer's output is '<layer>/output')");
   }
 }
 

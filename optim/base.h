@@ -31,6 +31,15 @@ namespace pmap::optim {
 
 using Leaves = std::vector<const Array*>;
 
+// Whether Tx says it is element by element (kElementwise above); false when it does not say.
+template <class Tx> constexpr bool is_elementwise() {
+  if constexpr (requires { Tx::kElementwise; }) {
+    return Tx::kElementwise;
+  } else {
+    return false;
+  }
+}
+
 namespace detail {
 // Each f32 Array leaf of a tree, in tree order (scalar leaves are not parameters).
 template <class T> Leaves leaves(const T& tree) {

@@ -66,7 +66,7 @@ AddDecayedWeights add_decayed_weights(float weight_decay);  // checked at once (
 template <class... Txs> struct Chain {
   static_assert(sizeof...(Txs) >= 1, "optim::chain needs at least one transformation");
   static constexpr const char* kName = "optim::chain";
-  static constexpr bool kElementwise = (Txs::kElementwise && ...);
+  static constexpr bool kElementwise = (is_elementwise<Txs>() && ...);
   using State = std::tuple<typename Txs::State...>;
 
   std::tuple<Txs...> transforms;

@@ -147,19 +147,21 @@ TEST_CASE("layout: a layout the weight or the mesh cannot take is refused, namin
   CHECK(plan_error("Dense_.*", "None,None,model", {{"model", 2}}) ==
         "layout of Dense_0/kernel (shape (3136, 256)): (None, None, 'model') (from pattern 'Dense_.*'): has 3 "
         "entries for a 2-dimensional weight");
-  // A user's rule that matches no weight (nor a layer's output) is refused, naming it and the weights there
-  // are (keras-hub#2827's silent no-op); a default rule may match nothing in a model it was not made for.
-  auto rule_error = [&](const char* pattern, bool must_match) {
+  // A user's rule that gives no weight (nor a layer's output) its layout is refused, naming it and the
+  // weights there are (keras-hub#2827's silent no-op); a default rule may match nothing in a model it was not
+  // made for.
+  auto rule_error = [&](std::vector<const char*> patterns, bool must_match) {
     LayoutMap m;
-    m.add(pattern, PartitionSpec::parse("None,model"), must_match);
+    for (const char* p : patterns) m.add(p, PartitionSpec::parse("None,model"), must_match);
     return error_of([&] { ShardingPlan(*model, m, {{"model", 2}}); });
   };
-  CHECK(rule_error("Dense_9/kernel", true) ==
-        "layout rule 'Dense_9/kernel=(None, 'model')' matches no weight of model 'flax-cnn' (its weights: "
-        "Conv_0/kernel, Conv_0/bias, Conv_1/kernel, Conv_1/bias, Dense_0/kernel, Dense_0/bias, Dense_1/kernel, "
-        "Dense_1/bias; a layer's output is '<layer>/output')");
-  CHECK(rule_error("Dense_9/kernel", false) == "(no error)");
-  CHECK(rule_error("Dense_1/output", true) == "(no error)");
+  CHECK(rule_error({"Dense_9/kernel"}, true) ==
+        "layout rule 'Dense_9/kernel=(None, 'model')' gives no weight of model 'flax-cnn' its layout: it matches "
+        "none, or an earlier rule takes them (its weights: Conv_0/kernel, Conv_0/bias, Conv_1/kernel, Conv_1/bias, "
+        "Dense_0/kernel, Dense_0/bias, Dense_1/kernel, Dense_1/bias; a layer's output is '<layer>/output')");
+  CHECK(rule_error({"Dense_.*/kernel", "Dense_0/kernel"}, true).rfind("layout rule 'Dense_0/kernel=", 0) == 0);
+  CHECK(rule_error({"Dense_9/kernel"}, false) == "(no error)");
+  CHECK(rule_error({"Dense_1/output"}, true) == "(no error)");
   LayoutMap ok = megatron();
   const ShardingPlan plan(*model, ok, {{"model", 2}});
   std::vector<float> full(static_cast<std::size_t>(plan.full_params()));

@@ -4,6 +4,8 @@
 // bit for bit after an epoch; and the errors of bad variables, optimizer states and options.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -25,6 +27,11 @@ using pmap::Array;
 namespace {
 
 const pmap::testing::TrainingData& data() { return pmap::testing::training_data(); }
+
+struct Plain {  // a user's transformation that does not say whether it is element by element (only that part)
+  static constexpr const char* kName = "plain";
+  using State = std::tuple<>;
+};
 
 // Each tensor of `names` stacked over the devices' members, tensor after tensor: a checkpoint's layout, as
 // Trainer::params() and model_state() give it.
@@ -156,34 +163,50 @@ TEST_CASE("train step: clipping by each member's global norm steps member by mem
   const train::TrainStep step(train::flax_cnn({12, 12, 1}), tx);
   const Run run = run_epoch(step, 2, 4, 64);
   CHECK(stacked(run.states, step.model().param_names(), &train::TrainState::params) == old.params());
-  CHECK(run.states[0].opt.at("1/count").shape() == pmap::Shape{2});  // one count per member
+  CHECK(run.states[0].opt.at("1/count").shape() == pmap::Shape{2, 1});  // one count per member
   // Without the clipping the run differs: the check can fail.
   pe::Trainer unclipped(pmap::testing::small_config(2, 4), data().train, data().test);
   unclipped.run_epoch();
   CHECK(unclipped.params() != old.params());
 }
 
-TEST_CASE("train step: BatchNorm, Dropout and Adam, data parallel and ensemble, as the runner's Trainer") {
-  for (const bool dp : {true, false}) {
-    CAPTURE(dp);
-    pe::TrainConfig c = pmap::testing::small_config(dp ? 2 : 1, dp ? 1 : 2);
+namespace {
+
+// keras-convnet with Adam 1e-3 on the 12x12 data, two members on one device (ensemble) or one model data
+// parallel over two devices: the runner's Trainer after an epoch, and the traced step for the same.
+struct KerasCase {
+  KerasCase(bool dp, pmap::DeviceKind kind)
+      : devices(dp ? 2 : 1), members(dp ? 1 : 2),
+        step(train::keras_convnet({12, 12, 1}), train::Optimizer(pmap::optim::Adam{.learning_rate = 1e-3f}),
+             train::softmax_cross_entropy_loss, {.axis = dp ? "data" : "ensemble", .data_parallel = dp}) {
+    pe::TrainConfig c = pmap::testing::small_config(devices, members);
+    c.backend = kind;
     c.model = "keras-convnet";
     c.optimizer.name = "adam";
     if (dp) c.mode = pe::Mode::data_parallel;
-    pe::Trainer old(c, data().train, data().test);
-    old.run_epoch();
-    const train::TrainStep step(train::keras_convnet({12, 12, 1}), train::Optimizer(pmap::optim::Adam{.learning_rate = 1e-3f}),
-                                train::softmax_cross_entropy_loss,
-                                {.axis = dp ? "data" : "ensemble", .data_parallel = dp});
-    const Run run = run_epoch(step, dp ? 2 : 1, dp ? 1 : 2, 64);
-    const train::Model& m = step.model();
+    runner = std::make_unique<pe::Trainer>(c, data().train, data().test);
+    runner->run_epoch();
+  }
+  int devices, members;
+  train::TrainStep step;
+  std::unique_ptr<pe::Trainer> runner;
+};
+
+}  // namespace
+
+TEST_CASE("train step: BatchNorm, Dropout and Adam, data parallel and ensemble, as the runner's Trainer") {
+  for (const bool dp : {true, false}) {
+    CAPTURE(dp);
+    const KerasCase k(dp, pmap::DeviceKind::cpu);
+    const Run run = run_epoch(k.step, k.devices, k.members, 64);
+    const train::Model& m = k.step.model();
     const std::size_t replicas = dp ? 1 : 0;
     const auto params = stacked(run.states, m.param_names(), &train::TrainState::params, replicas);
     const auto state = stacked(run.states, m.state_names(), &train::TrainState::state, replicas);
-    MESSAGE("max |difference| from the runner after an epoch: params " << pmap::testing::max_abs_diff(params, old.params())
-            << ", moving statistics " << pmap::testing::max_abs_diff(state, old.model_state()));
-    CHECK(params == old.params());
-    CHECK(state == old.model_state());
+    MESSAGE("max |difference| from the runner after an epoch: params " << pmap::testing::max_abs_diff(params, k.runner->params())
+            << ", moving statistics " << pmap::testing::max_abs_diff(state, k.runner->model_state()));
+    CHECK(params == k.runner->params());
+    CHECK(state == k.runner->model_state());
     if (dp) {  // the replicas are bitwise identical
       for (const std::string& n : m.param_names())
         CHECK(run.states[1].params.at(n).to_vector<float>() == run.states[0].params.at(n).to_vector<float>());
@@ -195,22 +218,50 @@ TEST_CASE("train step on GPUs: an ensemble and data parallel train as the runner
   PMAPCC_REQUIRE_GPU();
   for (const bool dp : {false, true}) {
     CAPTURE(dp);
-    pe::TrainConfig c = pmap::testing::small_config(dp ? 2 : 1, dp ? 1 : 2);
-    c.backend = pmap::DeviceKind::cuda;
-    c.model = "keras-convnet";
-    c.optimizer.name = "adam";
-    if (dp) c.mode = pe::Mode::data_parallel;
-    pe::Trainer old(c, data().train, data().test);
-    old.run_epoch();
-    const train::TrainStep step(train::keras_convnet({12, 12, 1}), train::Optimizer(pmap::optim::Adam{.learning_rate = 1e-3f}),
-                                train::softmax_cross_entropy_loss, {.axis = dp ? "data" : "ensemble", .data_parallel = dp});
-    const Run run = run_epoch(step, dp ? 2 : 1, dp ? 1 : 2, 64, pmap::DeviceKind::cuda);
-    const auto params = stacked(run.states, step.model().param_names(), &train::TrainState::params, dp ? 1 : 0);
-    const float diff = pmap::testing::max_abs_diff(params, old.params());
+    const KerasCase k(dp, pmap::DeviceKind::cuda);
+    const Run run = run_epoch(k.step, k.devices, k.members, 64, pmap::DeviceKind::cuda);
+    const auto params = stacked(run.states, k.step.model().param_names(), &train::TrainState::params, dp ? 1 : 0);
+    const float diff = pmap::testing::max_abs_diff(params, k.runner->params());
     MESSAGE("max |parameter difference| from the runner on the GPU after an epoch: " << diff);
     CHECK(diff <= 1e-5f);  // the products' sums may run in another order than the runner's
     CHECK(run.states[0].step.to_vector<std::int64_t>() == std::vector<std::int64_t>{10});
   }
+}
+
+TEST_CASE("train step: the state keeps its shapes, so each device traces once; members in any vmap batch") {
+  // An element-by-element optimizer (one state for the stacked members) and one that is not (a state each):
+  // after init and after an epoch the state's tensors have the same shapes, and the jit traced once a device.
+  const train::Optimizer sgd(pmap::optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f});
+  const train::Optimizer clipped(pmap::optim::chain(pmap::optim::clip_by_global_norm(0.5f),
+                                                    pmap::optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f}));
+  for (const train::Optimizer* tx : {&sgd, &clipped}) {
+    CAPTURE(tx->name());
+    const train::TrainStep step(train::flax_cnn({12, 12, 1}), *tx);
+    const std::vector<pmap::Key> keys = pmap::split(pmap::key(5), 3);
+    const train::TrainState fresh = step.init(keys, pmap::Device{});
+    const Run run = run_epoch(step, 2, 4, 64);
+    for (const auto& [name, a] : run.states[0].opt) {
+      CAPTURE(name);
+      CHECK(fresh.opt.at(name).shape().size() == a.shape().size());  // (3, ...) there, (2, ...) here
+      CHECK(std::equal(a.shape().begin() + 1, a.shape().end(), fresh.opt.at(name).shape().begin() + 1));
+    }
+    const pmap::JitStats st = step.stats();
+    CHECK(st.traces == 2);  // one per device
+    CHECK(st.retraces == 0);
+    CHECK(st.replays == 18);
+  }
+  // Members vmapped two at a time on a CPU device (the GPU's way): the same bits as one at a time.
+  pe::Trainer old(pmap::testing::small_config(2, 4), data().train, data().test);
+  old.run_epoch();
+  const train::TrainStep pairs(train::flax_cnn({12, 12, 1}), sgd, train::softmax_cross_entropy_loss, {.member_batch = 2});
+  const Run run = run_epoch(pairs, 2, 4, 64);
+  CHECK(stacked(run.states, pairs.model().param_names(), &train::TrainState::params) == old.params());
+  // Three devices, one member each.
+  pe::Trainer three(pmap::testing::small_config(3, 3), data().train, data().test);
+  three.run_epoch();
+  const train::TrainStep step3(train::flax_cnn({12, 12, 1}), sgd);
+  const Run run3 = run_epoch(step3, 3, 3, 64);
+  CHECK(stacked(run3.states, step3.model().param_names(), &train::TrainState::params) == three.params());
 }
 
 TEST_CASE("train optimizer: state named for checkpoints, and the errors of bad variables, states and options") {
@@ -249,7 +300,7 @@ TEST_CASE("train optimizer: state named for checkpoints, and the errors of bad v
   train::Variables extra = pmap::tree_copy(sgd_state);
   extra.emplace("trace/Conv_9/kernel", Array::from_host(std::vector<float>{1}, {1}));
   CHECK_THROWS_WITH_AS(sgd.update(grads, extra, params),
-                       "optim::Sgd: the optimizer state has 10 tensors, this optimizer keeps 9 for these parameters",
+                       "optim::Sgd: the optimizer state has tensors this optimizer does not keep: 'trace/Conv_9/kernel'",
                        pmap::ValueError);
   // Variables a model does not have, or lacks, are refused naming them.
   const train::Model m = train::flax_cnn({12, 12, 1});
@@ -273,6 +324,33 @@ TEST_CASE("train optimizer: state named for checkpoints, and the errors of bad v
                        "Model 'm': classes must be >= 2, got 1", pmap::ValueError);
   CHECK_THROWS_WITH_AS(train::Model("m", {28, 28, 1}, 10, {}, {}, {}, {}), "Model 'm' has no parameters",
                        pmap::ValueError);
+  // A batch the model cannot take, or labels that do not fit it.
+  const train::TrainStep step(m, sgd);
+  train::TrainState state = step.init(std::vector<pmap::Key>{pmap::key(1)}, pmap::Device{});
+  const Array y = Array::from_host(std::vector<std::int32_t>{0, 1}, {2});
+  CHECK_THROWS_WITH_AS(step(state, Array::from_host(std::vector<float>(2 * 784), {2, 28, 28, 1}), y),
+                       "TrainStep: images are f32(2, 28, 28, 1); model 'flax-cnn' takes f32 (N, 12, 12, 1)",
+                       pmap::ShapeError);
+  CHECK_THROWS_WITH_AS(step(state, x, Array::from_host(std::vector<std::int32_t>{0}, {1})),
+                       "TrainStep: labels are i32(1,); they must be i32 (2), one per image", pmap::ShapeError);
+  // A model whose init does not make the tensors it names.
+  const train::Model wrong("wrong", {12, 12, 1}, 10, {"w"}, {}, [](pmap::Key, const pmap::Device&) {
+    return std::pair{train::Variables{}, train::Variables{}};
+  }, [](const train::Variables&, const train::Variables&, const Array& in, const train::Call&) {
+    return std::pair{in.copy(), train::Variables{}};
+  });
+  CHECK_THROWS_WITH_AS(wrong.init(pmap::key(0)), "Model 'wrong': init made the parameters none, not w", pmap::ValueError);
+  // State names: only a vector as long as the parameters is named by them; two leaves of one name are refused.
+  const std::vector<std::string> two{"a", "b"};
+  CHECK(train::detail::state_names({"mu/0", "mu/1", "betas/0", "count", "0/1"}, two, "tx") ==
+        std::vector<std::string>{"mu/a", "mu/b", "betas/0", "count", "0/1"});
+  CHECK_THROWS_WITH_AS(train::detail::state_names({"mu/0", "mu/1", "mu/a"}, two, "tx"),
+                       "tx: two leaves of its state are both named 'mu/a'", pmap::ValueError);
+  // A transformation that does not say it is element by element is taken as not being one.
+  CHECK_FALSE(pmap::optim::is_elementwise<Plain>());
+  CHECK_FALSE(pmap::optim::Chain<Plain, pmap::optim::Sgd>::kElementwise);
+  CHECK_FALSE(pmap::optim::chain(pmap::optim::clip_by_global_norm(1.0f), pmap::optim::Sgd{}).kElementwise);
+  CHECK(pmap::optim::chain(pmap::optim::add_decayed_weights(0.1f), pmap::optim::Sgd{}).kElementwise);
   // argmax_hits: one count per leading index, and shapes that do not fit.
   const Array scores = Array::from_host(std::vector<float>{1, 0, 0, 1, 0, 1, 0, 1}, {2, 2, 2});
   const Array labels = Array::from_host(std::vector<std::int32_t>{0, 1}, {2});

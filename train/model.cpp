@@ -1,5 +1,7 @@
 #include <pmapcc/train/model.h>
 
+#include <algorithm>
+
 #include <pmap/error.h>
 #include <pmapcc/core/ops.h>
 #include <pmapcc/nn/layers.h>
@@ -15,9 +17,30 @@ Model::Model(std::string name, Shape input, int classes, std::vector<std::string
     throw ValueError("Model '" + name_ + "': the input shape must be (H, W, C) with every size >= 1");
   if (classes_ < 2) throw ValueError("Model '" + name_ + "': classes must be >= 2, got " + std::to_string(classes_));
   if (param_names_.empty()) throw ValueError("Model '" + name_ + "' has no parameters");
+  if (!init_ || !apply_) throw ValueError("Model '" + name_ + "': init and apply must be functions");
 }
 
-std::pair<Variables, Variables> Model::init(Key key, const Device& device) const { return init_(key, device); }
+namespace {
+void check_names(const std::string& model, const char* role, const Variables& got, std::vector<std::string> want) {
+  std::vector<std::string> have;
+  for (const auto& [name, a] : got) have.push_back(name);
+  std::sort(want.begin(), want.end());
+  if (have == want) return;
+  auto list = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (const std::string& n : v) out += (out.empty() ? "" : ", ") + n;
+    return out.empty() ? std::string("none") : out;
+  };
+  throw ValueError("Model '" + model + "': init made the " + role + " " + list(have) + ", not " + list(want));
+}
+}  // namespace
+
+std::pair<Variables, Variables> Model::init(Key key, const Device& device) const {
+  auto out = init_(key, device);
+  check_names(name_, "parameters", out.first, param_names_);
+  check_names(name_, "model state", out.second, state_names_);
+  return out;
+}
 
 std::pair<Array, Variables> Model::apply(const Variables& params, const Variables& state, const Array& x,
                                          const Call& call) const {
@@ -50,10 +73,6 @@ struct ConvnetState {
 };
 PMAPCC_TREE(ConvnetState, BatchNorm_0, BatchNorm_1, BatchNorm_2)
 
-std::int64_t out_size(std::int64_t in, int k, int stride, bool same) {
-  return same ? (in + stride - 1) / stride : (in - k) / stride + 1;
-}
-
 }  // namespace
 
 Model flax_cnn(Shape input, int classes) {
@@ -80,7 +99,7 @@ Model flax_cnn(Shape input, int classes) {
 
 Model keras_convnet(Shape input, int classes, float dropout) {
   if (input.size() != 3) throw ValueError("keras_convnet: the input shape must be (H, W, C)");
-  if (out_size(out_size(input[0], 6, 2, false), 6, 2, true) < 1 || out_size(input[1], 6, 2, false) < 1)
+  if (input[0] < 6 || input[1] < 6)
     throw ValueError("keras_convnet: images of " + std::to_string(input[0]) + "x" + std::to_string(input[1]) +
                      " are smaller than its 6x6 valid convolution");
   constexpr auto glorot = nn::Init::glorot_uniform;

@@ -24,6 +24,7 @@
 #include <pmap/array.h>
 #include <pmap/random.h>
 
+#include <pmapcc/core/ops.h>
 #include <pmapcc/nn/normalization.h>
 #include <pmapcc/train/variables.h>
 
@@ -56,7 +57,8 @@ class Model {
   const std::vector<std::string>& param_names() const { return param_names_; }
   const std::vector<std::string>& state_names() const { return state_names_; }
 
-  // One member's (parameters, model state) from its key, on `device`.
+  // One member's (parameters, model state) from its key, on `device`. ValueError when init's tensors are not
+  // the names the model was made with.
   std::pair<Variables, Variables> init(Key key, const Device& device = {}) const;
   // Logits (N, classes) of x (N, input...) and the new model state (the given one in inference).
   std::pair<Array, Variables> apply(const Variables& params, const Variables& state, const Array& x,
@@ -72,7 +74,8 @@ class Model {
 };
 
 // A Model from typed module code: init(key, device) -> std::pair<P, S>, apply(p, s, x, call) -> std::pair<Array,
-// S>, P and S PMAPCC_TREE structs of Arrays (S NoState for a model without state).
+// S>, P and S PMAPCC_TREE structs of fixed Array fields (S NoState for a model without state; Model::init
+// refuses a struct whose leaves are not the ones a default-constructed one names).
 template <class P, class S = NoState, class InitFn, class ApplyFn>
 Model make_model(std::string name, Shape input, int classes, InitFn init, ApplyFn apply) {
   return Model(
@@ -83,7 +86,10 @@ Model make_model(std::string name, Shape input, int classes, InitFn init, ApplyF
       },
       [apply](const Variables& p, const Variables& s, const Array& x, const Call& call) {
         auto [y, next] = apply(from_variables<P>(p, "parameters"), from_variables<S>(s, "model state"), x, call);
-        return std::pair{std::move(y), to_variables(std::move(next))};
+        Variables state = to_variables(std::move(next));
+        for (auto& entry : state)  // a leaf handed back as it came (inference) is a view of the caller's
+          if (entry.second.valid() && !entry.second.owns_data()) entry.second = ops::copy(entry.second);
+        return std::pair{std::move(y), std::move(state)};
       });
 }
 

@@ -1,5 +1,9 @@
 #include <pmapcc/train/optimizer.h>
 
+#include <cctype>
+#include <map>
+#include <set>
+
 namespace pmap::train::detail {
 
 namespace {
@@ -11,15 +15,33 @@ bool is_index(const std::string& s) {
 }
 }  // namespace
 
-std::string state_name(const std::string& path, const std::vector<std::string>& names) {
-  const auto slash = path.rfind('/');
-  if (slash == std::string::npos) return path;
-  const std::string last = path.substr(slash + 1), parent = path.substr(0, slash);
-  const auto before = parent.rfind('/');
-  const std::string field = before == std::string::npos ? parent : parent.substr(before + 1);
-  if (!is_index(last) || is_index(field) || last.size() > 9) return path;
-  const auto i = static_cast<std::size_t>(std::stoul(last));
-  return i < names.size() ? parent + "/" + names[i] : path;
+std::vector<std::string> state_names(const std::vector<std::string>& paths, const std::vector<std::string>& names,
+                                     const char* optimizer) {
+  // Each field's indexed leaves: how many, so that only a vector as long as the parameters is named by them.
+  std::map<std::string, std::size_t> indexed;
+  auto split = [](const std::string& path) {
+    const auto slash = path.rfind('/');
+    return slash == std::string::npos ? std::pair<std::string, std::string>{"", path}
+                                      : std::pair{path.substr(0, slash), path.substr(slash + 1)};
+  };
+  auto per_parameter = [&](const std::string& parent, const std::string& last) {
+    const std::string field = split(parent).second;
+    return !parent.empty() && is_index(last) && !is_index(field) && last.size() < 10;
+  };
+  for (const std::string& p : paths) {
+    const auto [parent, last] = split(p);
+    if (per_parameter(parent, last)) ++indexed[parent];
+  }
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  for (const std::string& p : paths) {
+    const auto [parent, last] = split(p);
+    const bool rename = per_parameter(parent, last) && indexed[parent] == names.size();
+    out.push_back(rename ? parent + "/" + names[std::stoul(last)] : p);
+    if (!seen.insert(out.back()).second)
+      throw ValueError(std::string(optimizer) + ": two leaves of its state are both named '" + out.back() + "'");
+  }
+  return out;
 }
 
 std::vector<std::string> names_of(const Variables& v) {

@@ -8,8 +8,8 @@
 //   auto [updates, next] = tx.update(grads, opt, params);
 #pragma once
 
-#include <cctype>
 #include <memory>
+#include <algorithm>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -26,10 +26,12 @@
 namespace pmap::train {
 
 namespace detail {
-// The Variables name of a state leaf at `path` (tree_for_each_with_path's): "<...>/<field>/<i>", the last part
-// an index i < names.size() after a field's name (a vector of per-parameter leaves, in the parameters' order),
-// becomes "<...>/<field>/<names[i]>"; any other path stays as it is.
-std::string state_name(const std::string& path, const std::vector<std::string>& names);
+// The Variables names of a state's leaves at `paths` (tree_for_each_with_path's, in order): a field's leaves
+// "<...>/<field>/0" .. "/<n-1>" with n the parameters' count (a vector of per-parameter leaves, in the
+// parameters' order) become "<...>/<field>/<names[i]>"; any other path stays as it is. Two leaves of one name:
+// ValueError naming `optimizer` and the name.
+std::vector<std::string> state_names(const std::vector<std::string>& paths, const std::vector<std::string>& names,
+                                     const char* optimizer);
 std::vector<std::string> names_of(const Variables& v);
 }  // namespace detail
 
@@ -63,13 +65,7 @@ class Optimizer {
     using State = typename Tx::State;
     explicit Impl(Tx t) : tx(std::move(t)) {}
     const char* name() const override { return Tx::kName; }
-    bool elementwise() const override {
-      if constexpr (requires { Tx::kElementwise; }) {
-        return Tx::kElementwise;
-      } else {
-        return false;
-      }
-    }
+    bool elementwise() const override { return optim::is_elementwise<Tx>(); }
 
     Variables init(const Variables& params) const override {
       State s = tx.init(params);
@@ -84,13 +80,25 @@ class Optimizer {
       return {std::move(updates), named(std::move(next), params)};
     }
 
+    // The paths of the state's leaves, in order; a leaf that is not an Array is refused (the state is
+    // variables, all of it kept between steps).
+    static std::vector<std::string> paths_of(const State& s) {
+      std::vector<std::string> paths;
+      tree_for_each_with_path(s, [&](const std::string& path, const auto& leaf) {
+        if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>)
+          throw ValueError(std::string(Tx::kName) + ": state leaf '" + path + "' is not an Array");
+        paths.push_back(path);
+      });
+      return paths;
+    }
+
     // The state's leaves moved into Variables by their names.
     Variables named(State s, const Variables& params) const {
-      const auto names = detail::names_of(params);
+      const auto names = detail::state_names(paths_of(s), detail::names_of(params), Tx::kName);
       Variables out;
-      tree_for_each_with_path(s, [&](const std::string& path, auto& leaf) {
-        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>)
-          out.emplace(detail::state_name(path, names), std::move(leaf));
+      std::size_t i = 0;
+      tree_for_each(s, [&](auto& leaf) {
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) out.emplace(names[i++], std::move(leaf));
       });
       return out;
     }
@@ -98,21 +106,23 @@ class Optimizer {
     // The typed state whose leaves are views of `state`'s tensors, by the names `named` gives them.
     State unnamed(const Variables& state, const Variables& params) const {
       State s = skeleton(params);
-      const auto names = detail::names_of(params);
-      std::size_t used = 0;
-      tree_for_each_with_path(s, [&](const std::string& path, auto& leaf) {
+      const auto names = detail::state_names(paths_of(s), detail::names_of(params), Tx::kName);
+      std::size_t i = 0;
+      tree_for_each(s, [&](auto& leaf) {
         if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
-          const std::string n = detail::state_name(path, names);
-          auto it = state.find(n);
+          auto it = state.find(names[i]);
           if (it == state.end())
-            throw ValueError(std::string(Tx::kName) + ": the optimizer state has no tensor '" + n + "'");
+            throw ValueError(std::string(Tx::kName) + ": the optimizer state has no tensor '" + names[i] + "'");
           leaf = vmap_detail::alias(it->second);
-          ++used;
+          ++i;
         }
       });
-      if (used != state.size())
-        throw ValueError(std::string(Tx::kName) + ": the optimizer state has " + std::to_string(state.size()) +
-                         " tensors, this optimizer keeps " + std::to_string(used) + " for these parameters");
+      if (i != state.size()) {
+        std::string extra;
+        for (const auto& [name, a] : state)
+          if (std::find(names.begin(), names.end(), name) == names.end()) extra += (extra.empty() ? "'" : ", '") + name + "'";
+        throw ValueError(std::string(Tx::kName) + ": the optimizer state has tensors this optimizer does not keep: " + extra);
+      }
       return s;
     }
 
@@ -123,9 +133,9 @@ class Optimizer {
         std::lock_guard lock(mutex);
         if (shape_ && count_ == params.size()) return empty(*shape_);
       }
-      remember(tx.init(params), params.size());
-      std::lock_guard lock(mutex);
-      return empty(*shape_);
+      State made = empty(tx.init(params));
+      remember(made, params.size());
+      return made;
     }
     static State empty(const State& s) {
       return tree_map(s, [](const auto& leaf) {

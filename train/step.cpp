@@ -8,6 +8,7 @@
 #include <pmapcc/core/grad.h>
 #include <pmapcc/core/jit.h>
 #include <pmapcc/core/ops.h>
+#include <pmapcc/core/batching.h>
 #include <pmapcc/core/vmap.h>
 #include <pmapcc/kernels/array_ops.h>
 #include <pmapcc/kernels/array_ops_optim.h>
@@ -17,7 +18,7 @@ namespace pmap::train {
 
 namespace {
 
-// One member's loss, logits, new model state and gradients (stacked over the members by map).
+// One member's loss () f32, logits (N, K), new model state and gradients (stacked over the members by map).
 struct MemberGrads {
   Array loss;
   Array logits;
@@ -26,19 +27,85 @@ struct MemberGrads {
 };
 PMAPCC_TREE(MemberGrads, loss, logits, state, grads)
 
+// One member's new parameters and optimizer state.
 struct MemberUpdate {
   Variables params;
   Variables opt;
 };
 PMAPCC_TREE(MemberUpdate, params, opt)
 
-// What the jitted device step returns: the state's new parts and the step's metrics.
+// What the jitted device step returns: the state's new parts (stacked) and the step's metrics.
 struct Next {
   Variables params, state, opt;
   Array step;
   StepMetrics metrics;
 };
 PMAPCC_TREE(Next, params, state, opt, step, metrics)
+
+// What one device step reads besides its arguments.
+struct StepParts {
+  Model model;
+  Optimizer optimizer;
+  Loss loss;
+  StepOptions options;
+};
+
+// Each member's loss, logits, new model state and gradients on (x, y), `batch` members per vmap; `offset` the
+// global index of x's first row (the dropout masks').
+MemberGrads member_grads(const StepParts& k, const TrainState& s, const Array& x, const Array& y, std::int64_t batch,
+                         std::int64_t offset) {
+  const AxisNames bn_axis = k.options.data_parallel ? AxisNames{k.options.axis} : AxisNames{};
+  auto grads_of = map(
+      [&](const Variables& params, const Variables& state, const Array& key) {
+        const Call call{.train = true, .rng = {&key, &s.step, offset}, .batch_axis = bn_axis};
+        auto loss_fn = [&](const Variables& p) {
+          auto [logits, next] = k.model.apply(p, state, x, call);
+          Array value = k.loss(logits, y);
+          return std::make_pair(std::move(value), std::make_pair(std::move(logits), std::move(next)));
+        };
+        auto [value, grads] = value_and_grad(loss_fn, "the loss")(params);
+        return MemberGrads{std::move(value.first), std::move(value.second.first), std::move(value.second.second),
+                           std::move(grads)};
+      },
+      batch, {0, 0, 0}, "the train step");
+  return grads_of(s.params, s.state, s.dropout_keys);
+}
+
+Variables member_of(const Variables& stacked, std::int64_t m) {
+  Variables out;
+  for (const auto& [name, a] : stacked) out.emplace(name, core::member_view(a, m));
+  return out;
+}
+
+// The members' new parameters and optimizer state: an element-by-element optimizer (optim/base.h's
+// kElementwise) updates the stacked members at once with one state; any other, member by member on views of
+// each member's slices (each its own state: a global norm's clipping is the member's), restacked.
+MemberUpdate update_members(const Optimizer& optimizer, const TrainState& s, const Variables& grads) {
+  if (optimizer.elementwise()) {
+    auto [updates, next] = optimizer.update(grads, s.opt, s.params);
+    return {optim::apply_updates(s.params, updates), std::move(next)};
+  }
+  std::vector<MemberUpdate> parts;
+  for (std::int64_t m = 0; m < s.dropout_keys.dim(0); ++m) {
+    Variables p = member_of(s.params, m);
+    auto [updates, next] = optimizer.update(member_of(grads, m), member_of(s.opt, m), p);
+    parts.push_back({optim::apply_updates(p, updates), std::move(next)});
+  }
+  return stack_trees(parts);
+}
+
+Next device_step(const StepParts& k, const TrainState& s, const Array& x, const Array& y, std::int64_t offset) {
+  ops::DefaultPrecision precision(k.options.precision);
+  const std::int64_t members = s.dropout_keys.dim(0);
+  const std::int64_t batch = k.options.member_batch > 0 ? k.options.member_batch : (x.device().is_cpu() ? 1 : members);
+  MemberGrads g = member_grads(k, s, x, y, batch, offset);
+  const AxisNames axis{k.options.axis};
+  if (k.options.data_parallel) pmean_inplace(g.grads, axis);  // each replica: the global batch's gradient
+  MemberUpdate u = update_members(k.optimizer, s, g.grads);
+  StepMetrics m{std::move(g.loss), ops::eager::argmax_hits(g.logits, y)};
+  if (k.options.data_parallel) m = {pmean(m.loss, axis), psum(m.correct, axis)};
+  return {std::move(u.params), std::move(g.state), std::move(u.opt), ops::eager::increment(s.step), std::move(m)};
+}
 
 }  // namespace
 
@@ -47,7 +114,7 @@ Array softmax_cross_entropy_loss(const Array& logits, const Array& labels) {
 }
 
 struct TrainStep::Jit {
-  Jitted<std::function<Next(const TrainState&, const Array&, const Array&)>> step;
+  Jitted<std::function<Next(const TrainState&, const Array&, const Array&, std::int64_t)>> step;
 };
 
 TrainStep::TrainStep(Model model, Optimizer optimizer, Loss loss, StepOptions options)
@@ -56,61 +123,16 @@ TrainStep::TrainStep(Model model, Optimizer optimizer, Loss loss, StepOptions op
   if (options_.axis.empty()) throw ValueError("TrainStep: options.axis is empty");
   if (options_.member_batch < 0)
     throw ValueError("TrainStep: options.member_batch must be >= 0, got " + std::to_string(options_.member_batch));
-  std::function<Next(const TrainState&, const Array&, const Array&)> device_step =
-      [model = model_, optimizer = optimizer_, loss_of = loss_, options = options_](const TrainState& s, const Array& x,
-                                                                                   const Array& y) {
-        ops::DefaultPrecision precision(options.precision);
-        const std::int64_t batch =
-            options.member_batch > 0 ? options.member_batch : (x.device().is_cpu() ? 1 : s.dropout_keys.dim(0));
-        const bool dp = options.data_parallel;
-        const std::int64_t offset = dp ? std::int64_t{axis_index(options.axis)} * x.dim(0) : 0;
-        const AxisNames bn_axis = dp ? AxisNames{options.axis} : AxisNames{};
-        auto grads_of = map(
-            [&](const Variables& params, const Variables& state, const Array& key) {
-              const Call call{.train = true, .rng = {&key, &s.step, offset}, .batch_axis = bn_axis};
-              auto loss_fn = [&](const Variables& p) {
-                auto [logits, next] = model.apply(p, state, x, call);
-                Array value = loss_of(logits, y);
-                return std::make_pair(std::move(value), std::make_pair(std::move(logits), std::move(next)));
-              };
-              auto [value, grads] = value_and_grad(loss_fn, "the loss")(params);
-              return MemberGrads{std::move(value.first), std::move(value.second.first),
-                                 std::move(value.second.second), std::move(grads)};
-            },
-            batch, {0, 0, 0}, "the train step");
-        MemberGrads g = grads_of(s.params, s.state, s.dropout_keys);
-        if (dp) pmean_inplace(g.grads, AxisNames{options.axis});  // each replica: the global batch's gradient
-        MemberUpdate u;
-        if (optimizer.elementwise()) {  // the stacked members at once, one state (optim/base.h's kElementwise)
-          auto [updates, next] = optimizer.update(g.grads, s.opt, s.params);
-          u = {optim::apply_updates(s.params, updates), std::move(next)};
-        } else {
-          // Member by member on views of its slices (each member's own state: a global norm's clipping is
-          // the member's), joined along the member axis.
-          const std::int64_t members = s.dropout_keys.dim(0);
-          const std::string fn = "the optimizer update";
-          std::vector<MemberUpdate> parts;
-          for (std::int64_t k = 0; k < members; ++k) {
-            Variables p = vmap_detail::members_tree(fn, s.params, k, 1);
-            auto [updates, next] = optimizer.update(vmap_detail::members_tree(fn, g.grads, k, 1),
-                                                    vmap_detail::members_tree(fn, s.opt, k, 1), p);
-            parts.push_back({optim::apply_updates(p, updates), std::move(next)});
-          }
-          u = members == 1 ? std::move(parts[0])
-                           : vmap_detail::join_trees(fn, parts, [](const std::vector<const Array*>& column, const Array&) {
-                               return vmap_detail::joined_members(column);
-                             });
-        }
-        StepMetrics m{std::move(g.loss), ops::eager::argmax_hits(g.logits, y)};
-        if (dp) {
-          m.loss = pmean(m.loss, AxisNames{options.axis});
-          m.correct = psum(m.correct, AxisNames{options.axis});
-        }
-        return Next{std::move(u.params), std::move(g.state), std::move(u.opt), ops::eager::increment(s.step),
-                    std::move(m)};
+  // The offset is an argument, not read inside: a captured graph compares it on every call.
+  std::function<Next(const TrainState&, const Array&, const Array&, std::int64_t)> step =
+      [parts = StepParts{model_, optimizer_, loss_, options_}](const TrainState& s, const Array& x, const Array& y,
+                                                               std::int64_t offset) {
+        return device_step(parts, s, x, y, offset);
       };
-  jit_ = std::make_shared<Jit>(Jit{jit(std::move(device_step), "the train step")});
+  jit_ = std::make_shared<Jit>(Jit{jit(std::move(step), "the train step")});
 }
+
+JitStats TrainStep::stats() const { return jit_->step.stats(); }
 
 TrainState TrainStep::init(std::span<const Key> keys, const Device& device) const {
   if (keys.empty()) throw ValueError("TrainStep::init: no member keys");
@@ -125,19 +147,38 @@ TrainState TrainStep::init(std::span<const Key> keys, const Device& device) cons
     dropout.insert(dropout.end(), {d.k0, d.k1});
   }
   Variables stacked = stack_trees(params);
-  Variables opt = optimizer_.elementwise() ? optimizer_.init(stacked) : stack_trees(opts);
+  Variables opt = optimizer_.elementwise() ? optimizer_.init(stacked) : stack_trees(opts);  // as the step keeps it
   return {std::move(stacked), stack_trees(states), std::move(opt),
           Array::from_host(dropout, {static_cast<std::int64_t>(keys.size()), 2}).to(device),
           Array::from_host(std::vector<std::int64_t>{0}, {1}).to(device)};
 }
 
 StepMetrics TrainStep::operator()(TrainState& state, const Array& images, const Array& labels) const {
-  Next next = jit_->step(state, images, labels);
+  check_batch(state, images, labels);
+  const std::int64_t offset = options_.data_parallel ? std::int64_t{axis_index(options_.axis)} * images.dim(0) : 0;
+  Next next = jit_->step(state, images, labels, offset);
   state.params = std::move(next.params);
   state.state = std::move(next.state);
   state.opt = std::move(next.opt);
   state.step = std::move(next.step);
   return std::move(next.metrics);
+}
+
+void TrainStep::check_batch(const TrainState& state, const Array& images, const Array& labels) const {
+  const Shape& in = model_.input_shape();
+  if (!images.valid() || images.dtype() != DType::f32 || images.ndim() != 4 || images.dim(1) != in[0] ||
+      images.dim(2) != in[1] || images.dim(3) != in[2] || images.dim(0) < 1)
+    throw ShapeError("TrainStep: images are " + (images.valid() ? images.signature() : std::string("empty")) +
+                     "; model '" + model_.name() + "' takes f32 (N, " + std::to_string(in[0]) + ", " +
+                     std::to_string(in[1]) + ", " + std::to_string(in[2]) + ")");
+  if (!labels.valid() || labels.dtype() != DType::i32 || labels.ndim() != 1 || labels.dim(0) != images.dim(0))
+    throw ShapeError("TrainStep: labels are " + (labels.valid() ? labels.signature() : std::string("empty")) +
+                     "; they must be i32 (" + std::to_string(images.dim(0)) + "), one per image");
+  if (!state.dropout_keys.valid() || state.dropout_keys.ndim() != 2 || !state.step.valid())
+    throw ValueError("TrainStep: the state is not one TrainStep::init made");
+  if (images.device() != state.step.device() || labels.device() != state.step.device())
+    throw DeviceError("TrainStep: the batch is on " + images.device().str() + " and " + labels.device().str() +
+                      ", the state on " + state.step.device().str());
 }
 
 }  // namespace pmap::train

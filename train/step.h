@@ -1,13 +1,15 @@
-// The Trainer's step on the differentiable core: one device's members (stacked on a leading member axis) take
-// one optimizer step on the device's batch, the forward pass the model's module code, the gradients
-// value_and_grad's, the update the Optimizer's, the whole step jitted (each device plans its buffers on the
-// first step and replays the plan). Ensemble mode: every member sees the device's whole batch. Data parallel:
-// the batch is split over the axis, the gradients are pmean'd over it (and BatchNorm normalizes over the
-// global batch), so the replicas stay bitwise identical. Dropout masks depend on (member key, step, global
-// example index) only, not on the devices or the split.
+// The Trainer's step on the differentiable core: one device's stacked members take one jitted optimizer step
+// (module code forward, value_and_grad, the Optimizer's update) on its batch, as an ensemble or data parallel.
+//
+// Ensemble mode: every member sees the device's whole batch. Data parallel: the batch is split over the axis,
+// the gradients are pmean'd over it and BatchNorm normalizes over the global batch, so replicas that start
+// from the same keys stay bitwise identical. Dropout masks depend on (member key, step, global example index)
+// only, not on the devices or the split. Each device plans its buffers on its first step and replays the plan.
 //
 //   train::TrainStep step(train::flax_cnn(), train::Optimizer(optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f}));
-//   auto states = pmap::pmap([&](int) { return step.init(keys_of_this_device, pmap::current_device()); }, mesh)(0);
+//   auto states = pmap::pmap([&](int) {   // ensemble: device d's members; data parallel: every member, everywhere
+//     return step.init(std::span(keys).subspan(axis_index("ensemble") * per_device, per_device), current_device());
+//   }, mesh)(0);
 //   auto metrics = pmap::pmap([&](train::TrainState& s, const Array& x, const Array& y) { return step(s, x, y); },
 //                             mesh, "ensemble")(states, replicate(x, mesh), replicate(y, mesh));
 #pragma once
@@ -22,6 +24,7 @@
 #include <pmap/random.h>
 #include <pmap/tree.h>
 
+#include <pmapcc/core/jit.h>
 #include <pmapcc/kernels/ops.h>
 #include <pmapcc/train/model.h>
 #include <pmapcc/train/optimizer.h>
@@ -72,11 +75,16 @@ class TrainStep {
   TrainState init(std::span<const Key> keys, const Device& device) const;
 
   // One step of this device's members on its batch (inside pmap over options().axis): state becomes the
-  // next. images (N, H, W, C) f32, labels (N) i32 on the state's device.
+  // next. images (N, H, W, C) f32 of the model's input shape, labels (N) i32, on the state's device
+  // (ShapeError / DeviceError otherwise). Data parallel: every device's block has the same N.
   StepMetrics operator()(TrainState& state, const Array& images, const Array& labels) const;
+
+  // The jitted step's counts over every device (core/jit.h): one trace per device, then replays.
+  JitStats stats() const;
 
  private:
   struct Jit;
+  void check_batch(const TrainState& state, const Array& images, const Array& labels) const;
   Model model_;
   Optimizer optimizer_;
   Loss loss_;

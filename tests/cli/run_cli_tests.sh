@@ -225,7 +225,7 @@ expect "model parallel: mesh and devices disagree" 1 "--mesh 2x2 needs 4 devices
 expect "model parallel: a layout the layers cannot run" 1 "Dense_1/kernel" -- "${mp[@]}" --mesh 1x2 --epochs 1 \
   --layout Dense_1/kernel=None,model
 expect "model parallel: a --layout rule that matches no weight" 1 \
-  "layout rule 'Dense_9/kernel=.*' matches no weight of model 'flax-cnn'" -- "${mp[@]}" --mesh 1x2 \
+  "layout rule 'Dense_9/kernel=.*' gives no weight of model 'flax-cnn' its layout" -- "${mp[@]}" --mesh 1x2 \
   --epochs 1 --layout 'Dense_9/kernel=None,model'
 # Dense_1 whole: Dense_0's split outputs are gathered for it (one psum); an output layout that keeps them
 # split cannot run.
