@@ -72,7 +72,8 @@ int main(int argc, char** argv) {
     if (steps < 1 || rounds < 2) throw ValueError("--steps must be >= 1 and --rounds >= 2");
     const bool dp = c.mode == ensemble::Mode::data_parallel;
     const std::string dir = get("data", "data/mnist");
-    const auto train = ensemble::load_mnist(dir, ensemble::Split::train, static_cast<std::int64_t>(steps) * c.batch_size);
+    const auto train =
+        ensemble::load_mnist(dir, ensemble::Split::train, static_cast<std::int64_t>(steps) * c.batch_size);
     const auto test = ensemble::load_mnist(dir, ensemble::Split::test, c.batch_size);
     c.eval_batch = c.batch_size;
     ensemble::Trainer runner(c, train, test);
@@ -99,10 +100,12 @@ int main(int argc, char** argv) {
     std::vector<float> images(static_cast<std::size_t>(c.batch_size) * 784);
     std::vector<std::int32_t> labels(static_cast<std::size_t>(c.batch_size));
     auto traced_epoch = [&](int epoch) {
-      const auto order = permutation(fold_in(root[1], static_cast<std::uint32_t>(epoch)), static_cast<std::uint32_t>(train.count));
+      const auto order =
+          permutation(fold_in(root[1], static_cast<std::uint32_t>(epoch)), static_cast<std::uint32_t>(train.count));
       const auto t0 = Clock::now();
       for (int s = 0; s < steps; ++s) {
-        ensemble::gather_batch(train, std::span(order).subspan(static_cast<std::size_t>(s) * c.batch_size, c.batch_size),
+        ensemble::gather_batch(train,
+                               std::span(order).subspan(static_cast<std::size_t>(s) * c.batch_size, c.batch_size),
                                images.data(), labels.data());
         Array x = Array::from_host(images, {c.batch_size, 28, 28, 1}), y = Array::from_host(labels, {c.batch_size});
         auto m = dp ? run(states, shard(x, mesh), shard(y, mesh)) : run(states, replicate(x, mesh), replicate(y, mesh));

@@ -147,9 +147,9 @@ ShardingPlan::ShardingPlan(const Sequential& model, const LayoutMap& layouts, st
     }
     for (const auto& layer : model.layers()) check(layer->name() + "/output");
     if (!used)
-      throw ValueError("layout rule '" + e.pattern + "=" + e.spec.str() + "' gives no weight of model '" + model.name() +
-                       "' its layout: it matches none, or an earlier rule takes them (its weights: " + weights +
-                       "; a layer's output is '<layer>/output')");
+      throw ValueError("layout rule '" + e.pattern + "=" + e.spec.str() + "' gives no weight of model '" +
+                       model.name() + "' its layout: it matches none, or an earlier rule takes them (its weights: " +
+                       weights + "; a layer's output is '<layer>/output')");
   }
 }
 

@@ -63,7 +63,7 @@ Run run_epoch(const train::TrainStep& step, int devices, int members, int batch,
   const bool dp = step.options().data_parallel;
   const int per_device = dp ? members : members / devices;
   Run r{pmap::pmap([&](int) {
-          const std::size_t first = dp ? 0 : static_cast<std::size_t>(pmap::axis_index(step.options().axis) * per_device);
+          const auto first = dp ? 0 : static_cast<std::size_t>(pmap::axis_index(step.options().axis) * per_device);
           return step.init(std::span(keys).subspan(first, static_cast<std::size_t>(per_device)),
                            pmap::current_device());
         }, mesh)(0), {}, {}};
@@ -74,7 +74,8 @@ Run run_epoch(const train::TrainStep& step, int devices, int members, int batch,
   std::vector<float> images(static_cast<std::size_t>(batch) * 144);
   std::vector<std::int32_t> labels(static_cast<std::size_t>(batch));
   for (std::int64_t s = 0; s < train_set.count / batch; ++s) {
-    pe::gather_batch(train_set, std::span(order).subspan(static_cast<std::size_t>(s * batch), static_cast<std::size_t>(batch)),
+    pe::gather_batch(train_set,
+                     std::span(order).subspan(static_cast<std::size_t>(s * batch), static_cast<std::size_t>(batch)),
                      images.data(), labels.data());
     Array x = Array::from_host(images, {batch, 12, 12, 1}), y = Array::from_host(labels, {batch});
     auto metrics = dp ? run(r.states, pmap::shard(x, mesh), pmap::shard(y, mesh))
@@ -139,12 +140,14 @@ TEST_CASE("train step: an ensemble trains bit for bit as the runner's Trainer tr
   pe::Trainer old(pmap::testing::small_config(2, 4), data().train, data().test);
   std::vector<double> old_losses;
   old.run_epoch([&](const pe::StepReport& r) { old_losses.push_back(r.loss); });
-  const train::TrainStep step(train::flax_cnn({12, 12, 1}), train::Optimizer(pmap::optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f}));
+  const train::TrainStep step(train::flax_cnn({12, 12, 1}),
+                              train::Optimizer(pmap::optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f}));
   const Run run = run_epoch(step, 2, 4, 64);
   const auto names = train::flax_cnn({12, 12, 1}).param_names();
   CHECK(stacked(run.states, names, &train::TrainState::params) == old.params());
   REQUIRE(run.losses.size() == old_losses.size());
-  for (std::size_t i = 0; i < old_losses.size(); ++i) CHECK(run.losses[i] == doctest::Approx(old_losses[i]).epsilon(1e-6));
+  for (std::size_t i = 0; i < old_losses.size(); ++i)
+    CHECK(run.losses[i] == doctest::Approx(old_losses[i]).epsilon(1e-6));
   CHECK(run.states[0].step.to_vector<std::int64_t>() == std::vector<std::int64_t>{10});
   // The counts are the examples' argmax: no member classifies more than the batch.
   for (std::int32_t c : run.correct) CHECK((c >= 0 && c <= 4 * 64));
@@ -203,8 +206,9 @@ TEST_CASE("train step: BatchNorm, Dropout and Adam, data parallel and ensemble, 
     const std::size_t replicas = dp ? 1 : 0;
     const auto params = stacked(run.states, m.param_names(), &train::TrainState::params, replicas);
     const auto state = stacked(run.states, m.state_names(), &train::TrainState::state, replicas);
-    MESSAGE("max |difference| from the runner after an epoch: params " << pmap::testing::max_abs_diff(params, k.runner->params())
-            << ", moving statistics " << pmap::testing::max_abs_diff(state, k.runner->model_state()));
+    MESSAGE("max |difference| from the runner after an epoch: params "
+            << pmap::testing::max_abs_diff(params, k.runner->params()) << ", moving statistics "
+            << pmap::testing::max_abs_diff(state, k.runner->model_state()));
     CHECK(params == k.runner->params());
     CHECK(state == k.runner->model_state());
     if (dp) {  // the replicas are bitwise identical
@@ -253,7 +257,8 @@ TEST_CASE("train step: the state keeps its shapes, so each device traces once; m
   // Members vmapped two at a time on a CPU device (the GPU's way): the same bits as one at a time.
   pe::Trainer old(pmap::testing::small_config(2, 4), data().train, data().test);
   old.run_epoch();
-  const train::TrainStep pairs(train::flax_cnn({12, 12, 1}), sgd, train::softmax_cross_entropy_loss, {.member_batch = 2});
+  const train::TrainStep pairs(train::flax_cnn({12, 12, 1}), sgd, train::softmax_cross_entropy_loss,
+                               {.member_batch = 2});
   const Run run = run_epoch(pairs, 2, 4, 64);
   CHECK(stacked(run.states, pairs.model().param_names(), &train::TrainState::params) == old.params());
   // Three devices, one member each.
@@ -300,7 +305,8 @@ TEST_CASE("train optimizer: state named for checkpoints, and the errors of bad v
   train::Variables extra = pmap::tree_copy(sgd_state);
   extra.emplace("trace/Conv_9/kernel", Array::from_host(std::vector<float>{1}, {1}));
   CHECK_THROWS_WITH_AS(sgd.update(grads, extra, params),
-                       "optim::Sgd: the optimizer state has tensors this optimizer does not keep: 'trace/Conv_9/kernel'",
+                       "optim::Sgd: the optimizer state has tensors this optimizer does not keep: "
+                       "'trace/Conv_9/kernel'",
                        pmap::ValueError);
   // Variables a model does not have, or lacks, are refused naming them.
   const train::Model m = train::flax_cnn({12, 12, 1});
@@ -339,7 +345,8 @@ TEST_CASE("train optimizer: state named for checkpoints, and the errors of bad v
   }, [](const train::Variables&, const train::Variables&, const Array& in, const train::Call&) {
     return std::pair{in.copy(), train::Variables{}};
   });
-  CHECK_THROWS_WITH_AS(wrong.init(pmap::key(0)), "Model 'wrong': init made the parameters none, not w", pmap::ValueError);
+  CHECK_THROWS_WITH_AS(wrong.init(pmap::key(0)), "Model 'wrong': init made the parameters none, not w",
+                       pmap::ValueError);
   // State names: only a vector as long as the parameters is named by them; two leaves of one name are refused.
   const std::vector<std::string> two{"a", "b"};
   CHECK(train::detail::state_names({"mu/0", "mu/1", "betas/0", "count", "0/1"}, two, "tx") ==

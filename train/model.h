@@ -44,7 +44,8 @@ struct Call {
 class Model {
  public:
   using Init = std::function<std::pair<Variables, Variables>(Key, const Device&)>;
-  using Apply = std::function<std::pair<Array, Variables>(const Variables&, const Variables&, const Array&, const Call&)>;
+  using Apply =
+      std::function<std::pair<Array, Variables>(const Variables&, const Variables&, const Array&, const Call&)>;
 
   // `input` the per-example shape (H, W, C), `classes` the logits' last dimension; the names of the
   // parameters and of the model state in model order (what summaries and checkpoints list).

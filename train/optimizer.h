@@ -47,7 +47,8 @@ class Optimizer {
   Variables init(const Variables& params) const { return impl_->init(params); }
   // (updates, new state); the state is read, not written (optax's pure update). ValueError naming the missing
   // or extra state tensor for a state of another optimizer or other parameters.
-  std::pair<Variables, Variables> update(const Variables& grads, const Variables& state, const Variables& params) const {
+  std::pair<Variables, Variables> update(const Variables& grads, const Variables& state,
+                                         const Variables& params) const {
     return impl_->update(grads, state, params);
   }
 
@@ -98,7 +99,8 @@ class Optimizer {
       Variables out;
       std::size_t i = 0;
       tree_for_each(s, [&](auto& leaf) {
-        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) out.emplace(names[i++], std::move(leaf));
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>)
+          out.emplace(names[i++], std::move(leaf));
       });
       return out;
     }
@@ -120,8 +122,10 @@ class Optimizer {
       if (i != state.size()) {
         std::string extra;
         for (const auto& [name, a] : state)
-          if (std::find(names.begin(), names.end(), name) == names.end()) extra += (extra.empty() ? "'" : ", '") + name + "'";
-        throw ValueError(std::string(Tx::kName) + ": the optimizer state has tensors this optimizer does not keep: " + extra);
+          if (std::find(names.begin(), names.end(), name) == names.end())
+            extra += (extra.empty() ? "'" : ", '") + name + "'";
+        throw ValueError(std::string(Tx::kName) + ": the optimizer state has tensors this optimizer does not keep: " +
+                         extra);
       }
       return s;
     }
