@@ -1,8 +1,8 @@
 // Variables: a member's tensors of one role (its parameters, its model state, its optimizer state) by name,
-// "Conv_0/kernel", as a std::map, so grad, vmap, jit, pmap, shard and the optimizers take it as they take a
-// PMAPCC_TREE struct, and checkpoints and layouts address it by the names it already has. A model is written
-// with typed structs (nn/'s modules: ConvParams, DenseParams, ...); to_variables and from_variables go
-// between the two without copying a tensor.
+// "Conv_0/kernel", as a std::map: grad, vmap, jit, pmap, shard and the optimizers take it as they take a
+// PMAPCC_TREE struct, and the names are the ones the program's checkpoints and layouts use. A model is written
+// with typed structs (nn/'s modules: ConvParams, DenseParams, ...); to_variables and from_variables go between
+// the two without copying a tensor.
 #pragma once
 
 #include <map>
