@@ -131,22 +131,22 @@ ShardingPlan::ShardingPlan(const Sequential& model, const LayoutMap& layouts, st
   }
   // A user's rule that gives nothing its layout (it matches no name, or an earlier rule takes every name it
   // matches) would be ignored without a word: a typo, another model's name.
+  std::vector<std::string> names;
+  std::string weights;
+  for (const TensorSlot& slot : model.tensors()) {
+    names.push_back(slot.name);
+    weights += (weights.empty() ? "" : ", ") + slot.name;
+  }
+  for (const auto& layer : model.layers()) names.push_back(layer->name() + "/output");
+  std::vector<bool> used(layouts.entries().size(), false);
+  for (const std::string& name : names) {
+    std::optional<std::size_t> from;
+    layouts.layout_of(name, &from);
+    if (from) used[*from] = true;
+  }
   for (std::size_t i = 0; i < layouts.entries().size(); ++i) {
     const LayoutMap::Entry& e = layouts.entries()[i];
-    if (!e.must_match) continue;
-    bool used = false;
-    std::string weights;
-    auto check = [&](const std::string& name) {
-      std::optional<std::size_t> from;
-      layouts.layout_of(name, &from);
-      used = used || from == i;
-    };
-    for (const TensorSlot& slot : model.tensors()) {
-      check(slot.name);
-      weights += (weights.empty() ? "" : ", ") + slot.name;
-    }
-    for (const auto& layer : model.layers()) check(layer->name() + "/output");
-    if (!used)
+    if (e.must_match && !used[i])
       throw ValueError("layout rule '" + e.pattern + "=" + e.spec.str() + "' gives no weight of model '" +
                        model.name() + "' its layout: it matches none, or an earlier rule takes them (its weights: " +
                        weights + "; a layer's output is '<layer>/output')");

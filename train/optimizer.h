@@ -20,6 +20,7 @@
 #include <pmap/error.h>
 #include <pmap/tree.h>
 
+#include <pmapcc/core/jit.h>
 #include <pmapcc/optim/base.h>
 #include <pmapcc/train/variables.h>
 
@@ -135,23 +136,14 @@ class Optimizer {
     State skeleton(const Variables& params) const {
       {
         std::lock_guard lock(mutex);
-        if (shape_ && count_ == params.size()) return empty(*shape_);
+        if (shape_ && count_ == params.size()) return jit_detail::empty_leaves(*shape_);
       }
-      State made = empty(tx.init(params));
+      State made = jit_detail::empty_leaves(tx.init(params));
       remember(made, params.size());
       return made;
     }
-    static State empty(const State& s) {
-      return tree_map(s, [](const auto& leaf) {
-        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
-          return Array();
-        } else {
-          return leaf;
-        }
-      });
-    }
     void remember(const State& s, std::size_t params) const {
-      State shape = empty(s);
+      State shape = jit_detail::empty_leaves(s);
       std::lock_guard lock(mutex);
       shape_ = std::move(shape);
       count_ = params;
