@@ -156,7 +156,7 @@ TEST_CASE("ops element-wise functions equal the formula, broadcast as numpy does
   CHECK(same_bits(runs[0], runs[1]));
 }
 
-TEST_CASE("ops::maximum and ops::minimum propagate NaN from either side; relu keeps NaN") {
+TEST_CASE("ops::maximum and ops::minimum propagate NaN from either side, relu keeps NaN") {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   Array a = host({nan, 1.0f, 2.0f, nan}, {4}), b = host({0.0f, nan, 3.0f, nan}, {4});
   for (const auto& hb : host_backends()) {
@@ -173,7 +173,7 @@ TEST_CASE("ops::maximum and ops::minimum propagate NaN from either side; relu ke
   }
 }
 
-TEST_CASE("ops reductions: sum and mean in double, rounded once; sum_rows and mean_rows in row order") {
+TEST_CASE("ops reductions: sum and mean in double, rounded once, sum_rows and mean_rows in row order") {
   const auto x = random_floats(5 * 7 * 3, 21, -2.0f, 2.0f);
   double total = 0.0;
   for (float v : x) total += v;
@@ -285,7 +285,7 @@ TEST_CASE("ops raise clear errors for bad operands") {
   }
 }
 
-TEST_CASE("cuda_stream: a CUDA device's stream inside pmap; an error on a CPU device and outside pmap") {
+TEST_CASE("cuda_stream: a CUDA device's stream inside pmap, an error on a CPU device and outside pmap") {
   pmap::Mesh mesh(pmap::local_devices(pmap::DeviceKind::cpu, 2), "i");
   CHECK_THROWS_AS(pmap::pmap([] { (void)pmap::cuda_stream(); }, mesh)(), pmap::ValueError);
   CHECK_THROWS_AS(pmap::cuda_stream(), pmap::Error);

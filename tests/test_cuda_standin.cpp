@@ -157,7 +157,7 @@ TEST_CASE("cuda stand-in rules: a stream runs its work in order, and copies and 
   cudaGetLastError();
 }
 
-TEST_CASE("cuda stand-in rules: devices, streams and events name their GPU; a launch needs its GPU's stream") {
+TEST_CASE("cuda stand-in rules: devices, streams and events name their GPU, a launch needs its GPU's stream") {
   PMAPCC_REQUIRE_GPU();
   int count = 0;
   REQUIRE(cudaGetDeviceCount(&count) == cudaSuccess);
@@ -598,7 +598,7 @@ TEST_CASE("cuda NCCL: a collective inside a stream capture of the user's own is 
 }
 
 #if defined(PMAPCC_CUDA_STANDIN)
-TEST_CASE("cuda stand-in rules (stand-in only): a collective waits for its peers; an abort releases the waiter") {
+TEST_CASE("cuda stand-in rules (stand-in only): a collective waits for its peers, an abort releases the waiter") {
   if (!two_gpus()) return;
   TwoRanks t;
   REQUIRE(cudaSetDevice(0) == cudaSuccess);
@@ -614,7 +614,7 @@ TEST_CASE("cuda stand-in rules (stand-in only): a collective waits for its peers
   CHECK(cudaStreamSynchronize(t.stream[0]) == cudaSuccess);
 }
 
-TEST_CASE("cuda stand-in rules (stand-in only): NCCL's thread launches later, in issue order; abort drops it") {
+TEST_CASE("cuda stand-in rules (stand-in only): NCCL's thread launches later, in issue order, abort drops it") {
   if (!two_gpus()) return;
   std::vector<std::unique_ptr<DeviceBuffer>> x;
   {
@@ -665,7 +665,7 @@ TEST_CASE("cuda NCCL (stand-in only): a mesh whose communicators cannot talk fai
   pmapcc_standin::clear_faults();
 }
 
-TEST_CASE("cuda NCCL teardown (stand-in only): roots go after the splits; a failed group aborts at once (L5)") {
+TEST_CASE("cuda NCCL teardown (stand-in only): roots go after the splits, a failed group aborts at once (L5)") {
   if (!two_gpus()) return;
   pmapcc_standin::clear_faults();
   const std::size_t before = pmapcc_standin::live_nccl_communicators();
@@ -701,7 +701,7 @@ TEST_CASE("cuda NCCL teardown (stand-in only): roots go after the splits; a fail
 
 #if defined(PMAPCC_CUDA_STANDIN)
 
-TEST_CASE("cuda stand-in rules (stand-in only): streams run asynchronously; events and the legacy stream order them") {
+TEST_CASE("cuda stand-in rules (stand-in only): streams run asynchronously, events and the legacy stream order them") {
   REQUIRE(cudaSetDevice(0) == cudaSuccess);
   const std::size_t n = 512;
   DeviceBuffer x(n);
@@ -751,7 +751,7 @@ TEST_CASE("cuda stand-in rules (stand-in only): streams run asynchronously; even
   }
 }
 
-TEST_CASE("cuda stand-in rules (stand-in only): freed device memory is quarantined; cudaFree waits for its GPU") {
+TEST_CASE("cuda stand-in rules (stand-in only): freed device memory is quarantined, cudaFree waits for its GPU") {
   REQUIRE(cudaSetDevice(0) == cudaSuccess);
   Stream s;
   void* p = nullptr;
@@ -937,7 +937,7 @@ TEST_CASE("cuda random (stand-in only): a draw outside pmap is done when it retu
   CHECK(raw_floats(out.raw_data(), static_cast<std::size_t>(n)) == expected);
 }
 
-TEST_CASE("cuda Feed (stand-in only): a copy into a slot waits for the device's earlier readers; next() for the copy") {
+TEST_CASE("cuda Feed (stand-in only): a copy into a slot waits for the device's earlier readers, next() for the copy") {
   // The device's stream is held back from outside pmap (its handle kept from a pmapped call), so the
   // copies the Feed orders after it are still queued when the host goes on.
   pmap::Mesh mesh({cuda_testing::kGpu}, "i");

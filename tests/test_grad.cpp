@@ -341,7 +341,7 @@ TEST_CASE("grad over trees: a struct's leaves, argnums, the auxiliary result, sc
   CHECK(ga.w2.to_vector<float>() == std::vector<float>(6, 0.0f));
 }
 
-TEST_CASE("grad: a value used several times accumulates; maps; repeated runs give the same bits") {
+TEST_CASE("grad: a value used several times accumulates, maps, repeated runs give the same bits") {
   std::map<std::string, Array> params;
   params.emplace("a", host({0.5f, -1.0f, 2.0f}, {3}));
   params.emplace("b", host({1.5f}, {}));

@@ -160,7 +160,7 @@ TEST_CASE("grad layout: max_pool's values, Keras's 'same' split, ties and NaN") 
   CHECK(std::isnan(ops::max_pool(host({1, nan, 5, 2}, {1, 2, 2, 1})).item<float>()));
 }
 
-TEST_CASE("grad layout: max over axes splits the gradient evenly among tied maxima; NaN and empty axes") {
+TEST_CASE("grad layout: max over axes splits the gradient evenly among tied maxima, NaN and empty axes") {
   const Array x = host({1, 3, 3, 2, 4, 0}, {2, 3});
   CHECK(values(ops::max(x, {1})) == std::vector<float>{3, 4});
   CHECK(values(pmap::grad([](const Array& v) { return ops::sum(ops::max(v, {1})); })(x)) ==

@@ -295,7 +295,7 @@ TEST_CASE("jit: vmap inside a jitted step, and jit inside grad or vmap runs the 
   CHECK(jloss.stats().traces == 0);
 }
 
-TEST_CASE("jit inside jit: each keeps its own plan; an outer replay allocates only the inner's result") {
+TEST_CASE("jit inside jit: each keeps its own plan, an outer replay allocates only the inner's result") {
   auto inner = pmap::jit(loss_of, "loss_of");
   auto outer_f = [&](const Mlp& p, const Array& x, const Array& y) {
     return ops::add(inner(p, x, y), ops::scale(ops::sum(ops::square(p.w1)), 0.01f));

@@ -240,7 +240,7 @@ TEST_CASE("jit graphs: what the capture refuses replays without a graph, with th
         std::string::npos);
 }
 
-TEST_CASE("jit graphs: a function that throws at its capture passes the error on; the next calls trace and capture") {
+TEST_CASE("jit graphs: a function that throws at its capture passes the error on, the next calls trace and capture") {
   pmap::ops::detail::ScopedBackend scope(pmap::kernels::cuda_backend_on_host());
   const Array x = host(cuda_testing::random_floats(8, 5), {8});
   int runs = 0;

@@ -34,7 +34,7 @@ std::string nested(int depth) {
 
 }  // namespace
 
-TEST_CASE("json: objects keep insertion order; integers and doubles round-trip exactly") {
+TEST_CASE("json: objects keep insertion order, integers and doubles round-trip exactly") {
   Json doc = Json::object();
   doc["step"] = 1200;
   doc["name"] = "ensemble";
@@ -90,7 +90,7 @@ TEST_CASE("json: duplicate keys and deep nesting are refused") {
   CHECK_THROWS_AS(parse_json(std::string(1'000'000, '['), "t"), pmap::DataError);
 }
 
-TEST_CASE("json: a string that is not UTF-8 cannot be written; quoted() shows any bytes") {
+TEST_CASE("json: a string that is not UTF-8 cannot be written, quoted() shows any bytes") {
   CHECK_THROWS_AS(pmap::io::dump_json(Json(std::string("\xff"))), pmap::ValueError);
   CHECK_THROWS_AS(pmap::io::dump_json(Json{{"\xc0", 1}}), pmap::ValueError);
   CHECK(pmap::io::quoted("a\"b\n") == R"("a\"b\n")");

@@ -57,7 +57,7 @@ TEST_CASE("layout: PartitionSpec reads and prints Keras/JAX-style layouts") {
         std::string::npos);
 }
 
-TEST_CASE("layout: LayoutMap takes the first pattern that matches the whole name; others are replicated") {
+TEST_CASE("layout: LayoutMap takes the first pattern that matches the whole name, others are replicated") {
   LayoutMap m;
   m.add("Dense_.*/kernel", PartitionSpec::parse("None,model"));
   m.add("Dense_0/kernel", PartitionSpec::parse("model,None"));  // shadowed by the first

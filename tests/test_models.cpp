@@ -77,7 +77,7 @@ TEST_CASE("GlobalAveragePooling2D gives each channel's mean, and spreads its gra
         CHECK(dx[static_cast<std::size_t>((m * 4 + p) * 3 + c)] == dy[static_cast<std::size_t>(m * 3 + c)] / 4);
 }
 
-TEST_CASE("the new layers' gradients (strided, valid, bias-less Conv2D; global pooling) match central differences") {
+TEST_CASE("the new layers' gradients (strided, valid, bias-less Conv2D, global pooling) match central differences") {
   // Each layer alone under a linear objective sum(r * y), whose central differences are exact up to float
   // rounding (a whole model's ReLU kinks and softmax curvature would blur them): dparams and dx.
   const auto& be = pmap::kernels::cpu_backend();

@@ -66,7 +66,7 @@ TEST_CASE("nn: Dense and Conv draw their kernels as the initializers do, and cal
   CHECK(conv(bare, img).shape() == Shape{2, 2, 4, 6});
 }
 
-TEST_CASE("nn: BatchNorm normalizes with the batch in training and moves its state; inference uses the state") {
+TEST_CASE("nn: BatchNorm normalizes with the batch in training and moves its state, inference uses the state") {
   const int rows = 16, c = 3;
   const auto xs = random_floats(rows * c, 21, -2.0f, 3.0f);
   const Array x = host(xs, {4, 4, c});  // every axis but the last is a row

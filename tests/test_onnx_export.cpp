@@ -100,7 +100,7 @@ struct TempDir {
 
 }  // namespace
 
-TEST_CASE("onnx export: the ensemble graph holds each member, their mean and the class; checker-valid") {
+TEST_CASE("onnx export: the ensemble graph holds each member, their mean and the class, checker-valid") {
   const Trained t = trained(every_layer(), 2);
   const TempDir dir;
   const auto file = dir.path / "e.onnx";

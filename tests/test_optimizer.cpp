@@ -71,7 +71,7 @@ TEST_CASE("optimizer ops: sgd_update follows optax per member, with decoupled we
   CHECK(p[0] == doctest::Approx(-0.1 * (2.0 + 3.0 + 3.5)));
 }
 
-TEST_CASE("optimizer ops: sgd_trace keeps the update apart; params + updates is sgd_update's params, zeros' signs too") {
+TEST_CASE("optimizer ops: sgd_trace keeps the update apart, params + updates is sgd_update's params, zeros' signs too") {
   const int members = 3;
   const std::size_t n = 41;
   const std::vector<float> lr{0.1f, 0.05f, 0.0f};  // a zero rate makes signed-zero updates

@@ -57,7 +57,7 @@ TEST_CASE("P: entries, replication and JAX's printed form") {
   CHECK(again == copied);
 }
 
-TEST_CASE("shard by specs: any dimension, tuples of axes, replicated along the axes not named; unshard inverts") {
+TEST_CASE("shard by specs: any dimension, tuples of axes, replicated along the axes not named, unshard inverts") {
   // 6 devices, (data, model) = (2, 3), row-major: device 3 * i + j is at (i, j).
   pmap::Mesh mesh(pmap::local_devices(pmap::DeviceKind::cpu, 6), {{"data", 2}, {"model", 3}});
   Tree tree;

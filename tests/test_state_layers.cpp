@@ -172,7 +172,7 @@ TEST_CASE("a run with BatchNorm and Dropout resumes bit for bit, and evaluates f
   CHECK(m1.member_test_accuracy[0] == last.member_test_accuracy[1]);
 }
 
-TEST_CASE("BatchNorm and Dropout: members do not depend on placement; data and model parallel match one device") {
+TEST_CASE("BatchNorm and Dropout: members do not depend on placement, data and model parallel match one device") {
   // Members: 2 on 2 devices and 2 on 1 device are the same bits (each member's masks come from its key).
   pe::Trainer spread(adam(small_config(2, 2)), bn_model(), data().train, data().test);
   pe::Trainer packed(adam(small_config(1, 2)), bn_model(), data().train, data().test);

@@ -469,7 +469,7 @@ TEST_CASE("vmap: misuse raises an error naming the function and the argument") {
   }
 }
 
-TEST_CASE("vmap: results that do not depend on the mapped arguments are repeated; runs repeat bit for bit") {
+TEST_CASE("vmap: results that do not depend on the mapped arguments are repeated, runs repeat bit for bit") {
   const Array a = host({1, 2, 3, 4, 5, 6}, {3, 2}), c = host({7, 8}, {2});
   auto f = pmap::vmap([](const Array& x, const Array& k) { return std::make_tuple(ops::exp(x), ops::scale(k, 2.0f), k.copy()); },
                       {0, pmap::none}, "f");
@@ -481,7 +481,7 @@ TEST_CASE("vmap: results that do not depend on the mapped arguments are repeated
   CHECK(e.to_vector<float>() == e2.to_vector<float>());
 }
 
-TEST_CASE("vmap: a result that is an argument, or returned twice, is a copy of its own; the members' own results and grad's gradients are moved out") {
+TEST_CASE("vmap: a result that is an argument, or returned twice, is a copy of its own, the members' own results and grad's gradients are moved out") {
   std::vector<float> v{1, 2, 3, 4, 5, 6};
   Array y, z, w;
   {
