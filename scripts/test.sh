@@ -135,7 +135,7 @@ else
   # of the same steps, and their threads are those of shorter tests that TSan runs; the default and ASan
   # builds run them in full. Under TSan they took 3,240 s of test time out of 4,420 (2026-12-05, 2 cores: CI
   # ran past its 90 minutes). Threads still meet under TSan in the stand-in GPUs' training
-  # (cuda_standin_train, "train step on GPUs", "cuda graphs with collectives", "cuda virtual devices"), model
+  # (cuda_standin_train, "cuda graphs with collectives", "jit graphs on cuda", "cuda virtual devices"), model
   # parallelism ("model parallel: 20 steps on every mesh shape"), data parallelism and the trainer ("same
   # seed", "data parallel over 2 devices", "train step: BatchNorm") and the CPU kernels' helper threads ("CPU
   # ops split over helper threads"). Test time under TSan (ctest -j2 on the 2-core host) is in the comments.
