@@ -20,8 +20,8 @@ usage: bash scripts/test.sh [--quick] [--no-setup] [-h|--help]
               CLI tests, whose program starts no thread of its own, and the long training comparisons,
               whose threads shorter tests drive; PMAPCC_TSAN_ROUNDS rounds, default 1)
     asan      cmake --preset asan (AddressSanitizer + LeakSanitizer + UndefinedBehaviorSanitizer in one
-              stand-in build; a UBSan report exits 87), build, ctest (the suite but the CLI tables; also what the
-              cuda-standin preset checks: the multi-GPU tests on 1 and 4 fake GPUs, none skipped,
+              stand-in build; a UBSan report exits 87), build, ctest (the suite but the CLI tables and
+              six long training comparisons; also what the cuda-standin preset checks: the multi-GPU tests on 1 and 4 fake GPUs, none skipped,
               mnist_ensemble --backend cuda end to end, and 2 MPI processes of one fake GPU each)
     fuzz      scripts/fuzz.sh: the clang libFuzzer build (ASan + UBSan), the corpora replayed, then every
               parser's fuzz target for 40 s
@@ -173,8 +173,19 @@ else
   # Left out under ASan: the program's tables of flags and files (mnist_ensemble_cli, 315 s of test time
   # under ASan, and hostile_inputs, 88 s; 2026-12-05). The default build runs them; under ASan + UBSan the
   # fuzz stage drives the same parsers (fuzz_cli, fuzz_idx, fuzz_checkpoint, fuzz_safetensors, fuzz_json)
-  # and cuda_standin_train runs the program end to end in every configuration.
-  preset_stages asan -E '^(consumer_project|mnist_ensemble_cli|hostile_inputs)$'
+  # and cuda_standin_train runs the program end to end in every configuration. Also the longest of TSan's
+  # list (336 s under ASan): the GPU-against-CPU cases (cuda_standin_train trains every configuration on the
+  # fake GPUs), the corrupt-checkpoint sweep (fuzz_checkpoint), and the split-weight and mesh comparisons
+  # ("model parallel: 20 steps on every mesh shape" runs the same code).
+  asan_long=(
+    "cuda training: "
+    "mismatched and corrupt checkpoints"
+    "the model-parallel trainer: a Dx1 mesh"
+    "clipping by global norm with split weights"
+    "an ensemble on an \\('ensemble', 'model'\\) mesh"
+    "early stopping resumes exactly"
+  )
+  preset_stages asan -E "^(consumer_project|mnist_ensemble_cli|hostile_inputs)\$|^($(IFS='|'; echo "${asan_long[*]}"))"
 
   stage fuzz bash scripts/fuzz.sh --seconds 40
 
