@@ -21,8 +21,9 @@ usage: bash scripts/test.sh [--quick] [--no-setup] [-h|--help]
               whose threads shorter tests drive; PMAPCC_TSAN_ROUNDS rounds, default 1)
     asan      cmake --preset asan (AddressSanitizer + LeakSanitizer + UndefinedBehaviorSanitizer in one
               stand-in build; a UBSan report exits 87), build, ctest (the suite but the CLI tables and
-              six long training comparisons; also what the cuda-standin preset checks: the multi-GPU tests on 1 and 4 fake GPUs, none skipped,
-              mnist_ensemble --backend cuda end to end, and 2 MPI processes of one fake GPU each)
+              six long training comparisons; also what the cuda-standin preset checks: the multi-GPU
+              tests on 1 and 4 fake GPUs, none skipped, mnist_ensemble --backend cuda end to end, and 2
+              MPI processes of one fake GPU each)
     fuzz      scripts/fuzz.sh: the clang libFuzzer build (ASan + UBSan), the corpora replayed, then every
               parser's fuzz target for 40 s
     consumer  install the default build into a scratch prefix, build and run tests/consumer against it
