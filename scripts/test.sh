@@ -73,6 +73,9 @@ stage() {
 
 skip() { summary+=("SKIP  $1 ($2)"); }
 
+# alternatives A B...: "A|B|..." (one ctest regex alternation of the names' patterns).
+alternatives() { local IFS='|'; echo "$*"; }
+
 # preset_stages PRESET [CTEST ARGS...]: configure, build and test one preset; later steps skip after a failure.
 # Sets built=1 when the build succeeded.
 preset_stages() {
@@ -140,19 +143,24 @@ else
   # parallelism ("model parallel: 20 steps on every mesh shape"), data parallelism and the trainer ("same
   # seed", "data parallel over 2 devices", "train step: BatchNorm") and the CPU kernels' helper threads ("CPU
   # ops split over helper threads"). Test time under TSan (ctest -j2 on the 2-core host) is in the comments.
-  tsan_long=(
+  # The longest, left out under ASan too (below).
+  long_everywhere=(
     "cuda training: "                            # the GPU against the CPU, 4 cases: 976 s
     "the model-parallel trainer: a Dx1 mesh"     # 212 s
     "clipping by global norm with split weights" # 174 s
-    "checkpoints of split weights"               # 140 s
     "an ensemble on an \\('ensemble', 'model'\\) mesh" # 112 s
+    "early stopping resumes exactly"             # 124 s
+    "mismatched and corrupt checkpoints"         # a parser, one thread: 124 s
+  )
+  tsan_long=(
+    "${long_everywhere[@]}"
+    "checkpoints of split weights"               # 140 s
     "train step: the state keeps its shapes"     # 111 s
     "train step: clipping by each member"        # 82 s
     "per-member learning rates"                  # 52 s
     "bf16 training on the CUDA kernels"          # 52 s
     "bf16=(avx512|fma):"                         # the bf16 paths' reruns (one thread each): 92 s
-    "early stopping"                             # 2 cases: 242 s
-    "mismatched and corrupt checkpoints"         # a parser, one thread: 124 s
+    "early stopping: each member stops"          # 118 s
     "the member group changes no result"         # 54 s
     "adamw with warmup, cosine decay"            # 37 s
     "pmap_mlp_example"                           # the example's runs, 122 s: pmap's threads, as the ops tests
@@ -166,7 +174,7 @@ else
     "version 1 checkpoints"                      # 28 s
     "bf16 training is reproducible"              # 22 s
   )
-  tsan_skip+="|^($(IFS='|'; echo "${tsan_long[*]}"))"
+  tsan_skip+="|^($(alternatives "${tsan_long[@]}"))"
   preset_stages tsan -E "$tsan_skip" \
     --repeat "until-fail:${PMAPCC_TSAN_ROUNDS:-1}" "${tsan_filter[@]}"
   # ASan and UBSan share one build (PMAPCC_SANITIZE=address,undefined): a separate UBSan build and run cost
@@ -177,16 +185,8 @@ else
   # and cuda_standin_train runs the program end to end in every configuration. Also the longest of TSan's
   # list (336 s under ASan): the GPU-against-CPU cases (cuda_standin_train trains every configuration on the
   # fake GPUs), the corrupt-checkpoint sweep (fuzz_checkpoint), and the split-weight and mesh comparisons
-  # ("model parallel: 20 steps on every mesh shape" runs the same code).
-  asan_long=(
-    "cuda training: "
-    "mismatched and corrupt checkpoints"
-    "the model-parallel trainer: a Dx1 mesh"
-    "clipping by global norm with split weights"
-    "an ensemble on an \\('ensemble', 'model'\\) mesh"
-    "early stopping resumes exactly"
-  )
-  preset_stages asan -E "^(consumer_project|mnist_ensemble_cli|hostile_inputs)\$|^($(IFS='|'; echo "${asan_long[*]}"))"
+  # ("model parallel: 20 steps on every mesh shape" runs the same code): long_everywhere above.
+  preset_stages asan -E "^(consumer_project|mnist_ensemble_cli|hostile_inputs)\$|^($(alternatives "${long_everywhere[@]}"))"
 
   stage fuzz bash scripts/fuzz.sh --seconds 40
 
