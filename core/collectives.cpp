@@ -27,6 +27,7 @@ const char* kind_name(Kind k) {
     case Kind::all_gather: return "all_gather";
     case Kind::psum_scatter: return "psum_scatter";
     case Kind::ppermute: return "ppermute";
+    case Kind::all_to_all: return "all_to_all";
   }
   return "collective";
 }
@@ -47,6 +48,9 @@ class Collective final : public Primitive {
       case Kind::all_gather: out.push_back(all_gather(x, call_.axes, call_.axis, call_.tiled)); break;
       case Kind::psum_scatter: out.push_back(psum_scatter(x, call_.axes, call_.tiled)); break;
       case Kind::ppermute: out.push_back(ppermute(x, call_.axes, call_.perm)); break;
+      case Kind::all_to_all:
+        out.push_back(all_to_all(x, call_.axes, call_.split_axis, call_.axis, call_.tiled));
+        break;
     }
     return out;
   }
@@ -66,6 +70,9 @@ class Collective final : public Primitive {
         g[0] = ppermute(ct, call_.axes, inverse);
         break;
       }
+      // The chunk device j sent to device i comes back from i to j: the exchange with the axes swapped (a
+      // result's concat_axis is where x's split axis was, counted in the result's axes).
+      case Kind::all_to_all: g[0] = all_to_all(ct, call_.axes, call_.axis, call_.split_axis, call_.tiled); break;
       case Kind::pmax:
       case Kind::pmin:
         throw NotAvailable(std::string("grad through ") + kind_name(call_.kind) + " of " + in[0]->signature() +

@@ -32,6 +32,8 @@
 //                     cotangent for the gathered whole is its own contribution, and they are summed.
 //   psum_scatter(x)   all_gather of the cotangent (tiled as scattered).
 //   ppermute(x, perm) ppermute of the cotangent by the inverse permutation.
+//   all_to_all(x, split_axis, concat_axis)  all_to_all of the cotangent with split and concat swapped
+//                     (tiled as exchanged): each chunk's cotangent goes back to the device it came from.
 //   pmax, pmin        not differentiable (NotAvailable), as in JAX.
 // A gradient with respect to a value replicated over an axis but used on each device with that device's
 // data (the parameters of data parallelism) is this device's part: average it with pmean (or psum it), as

@@ -258,6 +258,70 @@ Array all_gather(const Array& x, const AxisNames& axes, int axis, bool tiled) {
   return out;
 }
 
+Array all_to_all(const Array& x, const AxisNames& axes, int split_axis, int concat_axis, bool tiled) {
+  if (traced(x)) return hand_over({detail::TracedCollectiveKind::all_to_all, axes, concat_axis, tiled, {}, split_axis}, x);
+  const int n = axis_size(axes), me = axis_index(axes);
+  const int rank = x.ndim();
+  auto call = [&] {  // for messages
+    return "all_to_all(split_axis=" + std::to_string(split_axis) + ", concat_axis=" + std::to_string(concat_axis) +
+           (tiled ? ", tiled" : "") + ") over " + axes.str() + " of " + describe(x);
+  };
+  if (rank == 0) throw ShapeError(call() + ": a scalar has no axis to split");
+  auto normalized = [&](int axis, const char* which) {
+    const int a = axis < 0 ? axis + rank : axis;
+    if (a < 0 || a >= rank)
+      throw ShapeError(call() + ": " + which + " must be in [" + std::to_string(-rank) + ", " + std::to_string(rank) +
+                       ")");
+    return a;
+  };
+  const int s = normalized(split_axis, "split_axis");
+  const int c = normalized(concat_axis, "concat_axis");  // tiled: an axis of x; not tiled: of the result
+  const std::int64_t split = x.shape()[static_cast<std::size_t>(s)];
+  if (tiled && split % n != 0)
+    throw ShapeError(call() + ": split_axis " + std::to_string(s) + " has size " + std::to_string(split) +
+                     ", not divisible by the " + std::to_string(n) + " devices");
+  if (!tiled && split != n)
+    throw ShapeError(call() + ": split_axis " + std::to_string(s) + " has size " + std::to_string(split) +
+                     ", which must equal the " + std::to_string(n) + " devices (or pass tiled=true)");
+  // Every device's x, laid out so that the devices' chunks sit along the concat axis: tiled, concatenated
+  // along c; not tiled, stacked as a new axis that lands at c once the split axis (size n) is gone.
+  const int at = tiled || c <= s ? c : c + 1;
+  const Array gathered = all_gather(x, axes, at, tiled);
+  const int gs = !tiled && at <= s ? s + 1 : s;  // the split axis in `gathered`
+  // `gathered` as (outer, n, block): the split axis cut into n chunks, this device's chunk kept. Tiled with
+  // split and concat the same axis, that axis is (n devices, n chunks, the chunk): the devices join outer.
+  const Shape& g = gathered.shape();
+  std::size_t outer = 1;
+  for (int d = 0; d < gs; ++d) outer *= static_cast<std::size_t>(g[static_cast<std::size_t>(d)]);
+  if (tiled && s == c) outer *= static_cast<std::size_t>(n);
+  Shape shape = x.shape();
+  if (tiled) {
+    shape[static_cast<std::size_t>(s)] /= n;
+    shape[static_cast<std::size_t>(c)] *= n;
+  } else {
+    shape.erase(shape.begin() + s);
+    shape.insert(shape.begin() + c, n);
+  }
+  Array out = Array::uninitialized(shape, x.dtype(), x.device());
+  const std::size_t block = outer == 0 ? 0 : out.nbytes() / outer;  // bytes of one chunk's row
+  if (block == 0) return out;  // nothing to move (an empty array's pointers may be null)
+  const auto chunk = static_cast<std::size_t>(me);
+  const auto chunks = static_cast<std::size_t>(n);
+  if (x.device().is_cpu()) {
+    const auto* src = static_cast<const char*>(gathered.raw_data());
+    auto* dst = static_cast<char*>(out.raw_data());
+    for (std::size_t o = 0; o < outer; ++o) std::memcpy(dst + o * block, src + (o * chunks + chunk) * block, block);
+  } else {
+    // (outer, n, block) to (n, outer, block), whose chunk-th slab is the result.
+    const int ordinal = x.device().ordinal;
+    Array by_chunk = Array::uninitialized(g, x.dtype(), x.device());
+    detail::cuda_copy_blocks(ordinal, by_chunk.raw_data(), gathered.raw_data(), outer, chunks, block);
+    detail::cuda_copy_async(out.raw_data(), static_cast<const char*>(by_chunk.raw_data()) + chunk * outer * block,
+                            outer * block, detail::cuda_thread_stream(), ordinal);
+  }
+  return out;
+}
+
 Array psum_scatter(const Array& x, const AxisNames& axes, bool tiled) {
   if (traced(x)) return hand_over({detail::TracedCollectiveKind::psum_scatter, axes, 0, tiled, {}}, x);
   Target t = target("psum_scatter", axes);

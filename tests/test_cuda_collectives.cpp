@@ -187,6 +187,137 @@ void check_2d_collectives(const std::vector<pmap::Device>& devices) {
 
 }  // namespace
 
+namespace {
+
+// all_to_all's expectation from its definition. Device d holds x_d of `shape` with x_d[f] = 1000 d + f (f the
+// flat index); the result on device r, element by element: the source device j and x_j's index it came from.
+std::vector<float> all_to_all_expected(const pmap::Shape& shape, int s, int c, bool tiled, int n, int r) {
+  const int rank = static_cast<int>(shape.size());
+  if (s < 0) s += rank;
+  if (c < 0) c += rank;
+  pmap::Shape out = shape;
+  const std::int64_t k = shape[static_cast<std::size_t>(s)] / n;  // a chunk's size along the split axis
+  if (tiled) {
+    out[static_cast<std::size_t>(s)] /= n;
+    out[static_cast<std::size_t>(c)] *= n;
+  } else {
+    out.erase(out.begin() + s);
+    out.insert(out.begin() + c, n);
+  }
+  std::int64_t total = 1;
+  for (auto e : out) total *= e;
+  std::vector<float> expect;
+  for (std::int64_t flat = 0; flat < total; ++flat) {
+    std::vector<std::int64_t> o(out.size());  // the output's index
+    for (std::int64_t rest = flat, d = static_cast<std::int64_t>(out.size()) - 1; d >= 0; --d) {
+      o[static_cast<std::size_t>(d)] = rest % out[static_cast<std::size_t>(d)];
+      rest /= out[static_cast<std::size_t>(d)];
+    }
+    std::int64_t j = 0;
+    std::vector<std::int64_t> src;  // x_j's index
+    if (tiled) {
+      src = o;
+      const auto uc = static_cast<std::size_t>(c), us = static_cast<std::size_t>(s);
+      if (s == c) {
+        j = o[us] / k;
+        src[us] = r * k + o[us] % k;
+      } else {
+        j = o[uc] / shape[uc];
+        src[uc] = o[uc] % shape[uc];
+        src[us] = r * k + o[us];
+      }
+    } else {
+      j = o[static_cast<std::size_t>(c)];
+      src = o;
+      src.erase(src.begin() + c);
+      src.insert(src.begin() + s, r);
+    }
+    std::int64_t f = 0;
+    for (std::size_t d = 0; d < shape.size(); ++d) f = f * shape[d] + src[d];
+    expect.push_back(static_cast<float>(1000 * j + f));
+  }
+  return expect;
+}
+
+// all_to_all over "i" of every kind of call (tiled or not, each pair of axes, negative axes, a zero-size
+// axis), against all_to_all_expected; then the errors.
+void check_all_to_all(const pmap::Mesh& mesh) {
+  const int n = static_cast<int>(mesh.size());
+  struct Call {
+    pmap::Shape shape;
+    int s, c;
+    bool tiled;
+  };
+  std::vector<Call> calls;
+  const std::int64_t ni = n;
+  for (int s = 0; s < 3; ++s)
+    for (int c = 0; c < 3; ++c) {
+      pmap::Shape split{2, 3, 2};
+      split[static_cast<std::size_t>(s)] = ni;  // not tiled: the split axis is n long
+      calls.push_back({split, s, c, false});
+      pmap::Shape tiles{2, 3, 2};
+      tiles[static_cast<std::size_t>(s)] = 2 * ni;  // tiled: chunks of 2
+      calls.push_back({tiles, s, c, true});
+    }
+  calls.push_back({{ni}, 0, 0, false});           // a vector: the identity's transpose across devices
+  calls.push_back({{3 * ni, 2}, -2, -1, true});   // negative axes
+  calls.push_back({{2, ni}, -1, -2, false});
+  calls.push_back({{ni, 0}, 0, 1, true});         // nothing to move
+  pmap::pmap([&] {
+    const int r = pmap::axis_index("i");
+    for (const Call& call : calls) {
+      CAPTURE(call.s);
+      CAPTURE(call.c);
+      CAPTURE(call.tiled);
+      CAPTURE(call.shape.size());
+      std::int64_t size = 1;
+      for (auto e : call.shape) size *= e;
+      std::vector<float> mine(static_cast<std::size_t>(size));
+      for (std::size_t f = 0; f < mine.size(); ++f) mine[f] = static_cast<float>(1000 * r + static_cast<int>(f));
+      const auto x = pmap::Array::from_host(mine, call.shape, pmap::current_device());
+      const auto y = pmap::all_to_all(x, "i", call.s, call.c, call.tiled);
+      CHECK(y.device() == pmap::current_device());
+      CHECK(y.to_vector<float>() == all_to_all_expected(call.shape, call.s, call.c, call.tiled, n, r));
+      // Done again with the axes swapped it is the identity (what its gradient relies on).
+      const auto back = pmap::all_to_all(y, "i", call.c, call.s, call.tiled);
+      CHECK(back.shape() == x.shape());
+      CHECK(back.to_vector<float>() == mine);
+    }
+    // 2n + 1 elements: not n (not tiled), and not divisible by n for n >= 2 (tiled).
+    const auto x = pmap::Array::from_host(std::vector<float>(static_cast<std::size_t>(2 * n + 1), 1.0f),
+                                          {2 * ni + 1}, pmap::current_device());
+    CHECK_THROWS_WITH_AS(pmap::all_to_all(x, "i", 1, 0), doctest::Contains("split_axis must be in [-1, 1)"),
+                         pmap::ShapeError);
+    CHECK_THROWS_WITH_AS(pmap::all_to_all(x, "i", 0, -2, true), doctest::Contains("concat_axis must be in [-1, 1)"),
+                         pmap::ShapeError);
+    CHECK_THROWS_WITH_AS(pmap::all_to_all(x, "i", 0, 0), doctest::Contains("which must equal the"), pmap::ShapeError);
+    if (n > 1) {
+      CHECK_THROWS_WITH_AS(pmap::all_to_all(x, "i", 0, 0, true), doctest::Contains("not divisible by the"),
+                           pmap::ShapeError);
+    }
+    CHECK_THROWS_WITH_AS(pmap::all_to_all(pmap::Array::scalar(1.0f), "i", 0, 0),
+                         doctest::Contains("a scalar has no axis to split"), pmap::ShapeError);
+    CHECK_THROWS_AS(pmap::all_to_all(x, "j", 0, 0, true), pmap::AxisError);
+  }, mesh)();
+}
+
+}  // namespace
+
+TEST_CASE("all_to_all as JAX's, tiled or not, on 1, 2, 3 and 8 CPU devices") {
+  for (int n : {1, 2, 3, 8}) {
+    CAPTURE(n);
+    check_all_to_all(pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cpu, n), "i"));
+  }
+}
+
+TEST_CASE("cuda all_to_all: over every GPU (NCCL) and on 4 virtual devices of one GPU") {
+  PMAPCC_REQUIRE_GPU();
+  check_all_to_all(pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cuda), "i"));
+  std::vector<pmap::Device> devices;
+  for (int i = 0; i < 4; ++i) devices.push_back(pmap::Device{pmap::DeviceKind::cuda, i, 0});
+  check_all_to_all(pmap::Mesh(devices, "i"));
+}
+
 TEST_CASE("cuda virtual devices on a 2-D mesh: collectives over either axis and both") {
   check_2d_collectives(pmap::local_devices(pmap::DeviceKind::cpu, 4));
   PMAPCC_REQUIRE_GPU();

@@ -95,6 +95,43 @@ TEST_CASE("grad through collectives: the transposes grad.h documents, on 1, 2, 3
   }
 }
 
+TEST_CASE("grad through all_to_all: each chunk's cotangent comes back from where it went, on 1-4 devices") {
+  for (int n : {1, 2, 3, 4}) {
+    CAPTURE(n);
+    pmap::Mesh mesh = cpu_mesh(n, "i");
+    const auto un = static_cast<std::size_t>(n);
+    // x_d (n, 2); y_d = all_to_all(x_d, split 0, concat 1) is (2, n) with y_d[a][j] = x_j[d][a]; L_d = w_d . y_d.
+    // So d(sum of the L)/d x_d[r][a] = w_r[a][d]. Tiled, x_d (2 n, 3) split 0 and concatenated along 1 the same way.
+    auto run = [&](bool tiled) {
+      return pmap::pmap([&](int) {
+        const int d = pmap::axis_index("i");
+        const std::int64_t rows = tiled ? 2 * n : n, cols = tiled ? 3 : 2;
+        const Array x = Array::from_host(random_floats(static_cast<std::size_t>(rows * cols), 70 + static_cast<std::uint32_t>(d)),
+                                         {rows, cols});
+        const Shape out = tiled ? Shape{2, 3 * n} : Shape{2, n};
+        const Array w = Array::from_host(weights(d, static_cast<std::size_t>(out[0] * out[1])), out);
+        return pmap::grad([&](const Array& v) {
+          return ops::sum(ops::multiply(pmap::all_to_all(v, "i", 0, 1, tiled), w));
+        })(x);
+      }, mesh)(0);
+    };
+    const auto plain = run(false), tiled = run(true);
+    for (std::size_t d = 0; d < un; ++d) {
+      CAPTURE(d);
+      std::vector<float> expect, expect_tiled;
+      for (std::size_t r = 0; r < un; ++r) {
+        const auto w = weights(static_cast<int>(r), 2 * un), wt = weights(static_cast<int>(r), 6 * un);
+        for (std::size_t a = 0; a < 2; ++a) expect.push_back(w[a * un + d]);
+        // x_d rows 2r, 2r + 1 went to device r, whose y row i holds them at columns 3 d .. 3 d + 2
+        for (std::size_t i = 0; i < 2; ++i)
+          for (std::size_t col = 0; col < 3; ++col) expect_tiled.push_back(wt[i * 3 * un + 3 * d + col]);
+      }
+      CHECK(plain[d].to_vector<float>() == expect);
+      CHECK(tiled[d].to_vector<float>() == expect_tiled);
+    }
+  }
+}
+
 struct Mlp {
   Array w1, b1, w2;
 };

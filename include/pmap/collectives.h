@@ -51,6 +51,16 @@ Array all_gather(const Array& x, const AxisNames& axes, int axis, bool tiled = f
 // Sums over the axes and keeps this device's block of the leading axis. Not tiled: x.shape[0] must be
 // n and the result has shape x.shape[1:]. Tiled: x.shape[0] divisible by n; result (x.shape[0]/n, ...).
 Array psum_scatter(const Array& x, const AxisNames& axes, bool tiled = false);
+// JAX's all_to_all(x, axis_name, split_axis, concat_axis, tiled=tiled): x's axis split_axis is cut into n
+// chunks (n: the devices along the axes), chunk j goes to device j, and the n chunks a device receives are
+// put along concat_axis in device order. Not tiled: x.shape[split_axis] must be n; the result drops that axis
+// and has a new one of size n at concat_axis (0..x.ndim()-1 of the result). Tiled: x.shape[split_axis]
+// divisible by n; the result has x's rank, split_axis divided by n and concat_axis multiplied by n (the
+// same axis may be both). Negative axes count from the end. ShapeError naming the axis otherwise. Its
+// gradient is the all_to_all of the cotangent with the two axes swapped. Today it gathers every device's x
+// (all_gather, on every transport) and keeps its own chunks: n times the traffic and memory of a native
+// exchange; the results are the same bits.
+Array all_to_all(const Array& x, const AxisNames& axes, int split_axis, int concat_axis, bool tiled = false);
 // Sends x from device src to device dst for each (src, dst) pair (indices along the axes); devices that
 // receive nothing get zeros. Sources and destinations must each be unique.
 Array ppermute(const Array& x, const AxisNames& axes, const std::vector<std::pair<int, int>>& perm);

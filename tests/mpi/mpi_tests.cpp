@@ -44,6 +44,8 @@ Bits run_collectives(bool two_d, bool on_device = false) {
   for (int k = 0; k < n; ++k) ring.emplace_back(k, (k + 1) % n);
   add(pmap::ppermute(x, all, ring));
   add(pmap::ppermute(x, all, {{0, n - 1}}));
+  add(pmap::all_to_all(input(g, n * 6).reshape({n, 6}), all, 0, 1));         // (6, n)
+  add(pmap::all_to_all(input(g, 2 * n * 3).reshape({2 * n, 3}), all, 0, 0, true));
   out.push_back(static_cast<std::uint32_t>(pmap::psum(g + 1, all)));
   pmap::barrier(all);
   if (two_d) {
@@ -53,6 +55,7 @@ Bits run_collectives(bool two_d, bool on_device = false) {
       out.push_back(static_cast<std::uint32_t>(pmap::axis_index(axes)));
     }
     add(pmap::psum_scatter(input(g, 4 * pmap::axis_size("y")), "y", true));
+    add(pmap::all_to_all(input(g, 3 * pmap::axis_size("x")).reshape({3, pmap::axis_size("x")}), "x", 1, 0));
   }
   pmap::psum_inplace(x, all);
   add(x);

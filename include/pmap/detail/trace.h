@@ -14,14 +14,17 @@
 namespace pmap::detail {
 
 // The collectives a transformation may see; their evaluation and their transposes are the core's.
-enum class TracedCollectiveKind : std::uint8_t { psum, pmean, pmax, pmin, all_gather, psum_scatter, ppermute };
+enum class TracedCollectiveKind : std::uint8_t {
+  psum, pmean, pmax, pmin, all_gather, psum_scatter, ppermute, all_to_all
+};
 
 struct TracedCollective {
   TracedCollectiveKind kind = TracedCollectiveKind::psum;
   AxisNames axes;
-  int axis = 0;        // all_gather: where the gathered axis goes
-  bool tiled = false;  // all_gather, psum_scatter
+  int axis = 0;        // all_gather: where the gathered axis goes; all_to_all: its concat_axis
+  bool tiled = false;  // all_gather, psum_scatter, all_to_all
   std::vector<std::pair<int, int>> perm;  // ppermute
+  int split_axis = 0;  // all_to_all
 };
 
 // Called with a collective whose operand carries a trace tag; returns the (tagged) result. Set once by the
