@@ -311,13 +311,9 @@ Array all_to_all(const Array& x, const AxisNames& axes, int split_axis, int conc
     const auto* src = static_cast<const char*>(gathered.raw_data());
     auto* dst = static_cast<char*>(out.raw_data());
     for (std::size_t o = 0; o < outer; ++o) std::memcpy(dst + o * block, src + (o * chunks + chunk) * block, block);
-  } else {
-    // (outer, n, block) to (n, outer, block), whose chunk-th slab is the result.
-    const int ordinal = x.device().ordinal;
-    Array by_chunk = Array::uninitialized(g, x.dtype(), x.device());
-    detail::cuda_copy_blocks(ordinal, by_chunk.raw_data(), gathered.raw_data(), outer, chunks, block);
-    detail::cuda_copy_async(out.raw_data(), static_cast<const char*>(by_chunk.raw_data()) + chunk * outer * block,
-                            outer * block, detail::cuda_thread_stream(), ordinal);
+  } else {  // the same rows in one 2-D copy, on the stream all_gather's copies took there
+    detail::cuda_copy_rows(x.device().ordinal, out.raw_data(),
+                           static_cast<const char*>(gathered.raw_data()) + chunk * block, chunks * block, block, outer);
   }
   return out;
 }

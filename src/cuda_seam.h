@@ -106,6 +106,12 @@ void cuda_divide(int ordinal, void* x, std::size_t count, DType dtype, int n);
 void cuda_copy_blocks(int ordinal, void* dst, const void* src, std::size_t n, std::size_t outer,
                       std::size_t block_bytes);
 
+// dst (rows, width bytes) = `rows` rows of `width` bytes that start `src_pitch` bytes apart at src, in device
+// memory of GPU `ordinal` (not overlapping): every n-th chunk of a row-major array (all_to_all's own chunks).
+// One 2-D copy on the calling thread's stream there (as cuda_copy_blocks); asynchronous.
+void cuda_copy_rows(int ordinal, void* dst, const void* src, std::size_t src_pitch, std::size_t width,
+                    std::size_t rows);
+
 // The samplers of pmap/random.h drawn by a kernel into device memory on the current stream; blocking.
 enum class SampleKind : std::uint8_t { bits, uniform, normal, truncated_normal, bernoulli };
 struct SampleRequest {

@@ -191,11 +191,13 @@ namespace {
 
 // all_to_all's expectation from its definition. Device d holds x_d of `shape` with x_d[f] = 1000 d + f (f the
 // flat index); the result on device r, element by element: the source device j and x_j's index it came from.
-std::vector<float> all_to_all_expected(const pmap::Shape& shape, int s, int c, bool tiled, int n, int r) {
+// `out` gets the result's shape.
+std::vector<float> all_to_all_expected(const pmap::Shape& shape, int s, int c, bool tiled, int n, int r,
+                                       pmap::Shape& out) {
   const int rank = static_cast<int>(shape.size());
   if (s < 0) s += rank;
   if (c < 0) c += rank;
-  pmap::Shape out = shape;
+  out = shape;
   const std::int64_t k = shape[static_cast<std::size_t>(s)] / n;  // a chunk's size along the split axis
   if (tiled) {
     out[static_cast<std::size_t>(s)] /= n;
@@ -277,7 +279,9 @@ void check_all_to_all(const pmap::Mesh& mesh) {
       const auto x = pmap::Array::from_host(mine, call.shape, pmap::current_device());
       const auto y = pmap::all_to_all(x, "i", call.s, call.c, call.tiled);
       CHECK(y.device() == pmap::current_device());
-      CHECK(y.to_vector<float>() == all_to_all_expected(call.shape, call.s, call.c, call.tiled, n, r));
+      pmap::Shape shape;
+      CHECK(y.to_vector<float>() == all_to_all_expected(call.shape, call.s, call.c, call.tiled, n, r, shape));
+      CHECK(y.shape() == shape);
       // Done again with the axes swapped it is the identity (what its gradient relies on).
       const auto back = pmap::all_to_all(y, "i", call.c, call.s, call.tiled);
       CHECK(back.shape() == x.shape());

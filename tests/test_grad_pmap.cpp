@@ -129,6 +129,46 @@ TEST_CASE("grad through all_to_all: each chunk's cotangent comes back from where
       CHECK(plain[d].to_vector<float>() == expect);
       CHECK(tiled[d].to_vector<float>() == expect_tiled);
     }
+    // Every other pair of axes, negative ones and split == concat, from where the forward exchange (checked
+    // against its definition in test_cuda_collectives.cpp) puts each element: x_d[f] carries the id
+    // 1000 d + f, so an id at position p of device r's result says that x_d[f]'s gradient is w_r[p].
+    struct Axes {
+      int s, c;
+      bool tiled;
+    };
+    for (const Axes a : {Axes{1, 0, false}, Axes{-1, -2, false}, Axes{0, 0, true}, Axes{-1, 0, true}, Axes{1, 1, true}}) {
+      CAPTURE(a.s);
+      CAPTURE(a.c);
+      CAPTURE(a.tiled);
+      Shape shape{2, 3};
+      shape[static_cast<std::size_t>(a.s < 0 ? a.s + 2 : a.s)] = a.tiled ? 2 * n : n;
+      const auto size = static_cast<std::size_t>(shape[0] * shape[1]);
+      const auto results = pmap::pmap([&](int) {
+        const int d = pmap::axis_index("i");
+        std::vector<float> id(size);
+        for (std::size_t f = 0; f < size; ++f) id[f] = static_cast<float>(1000 * d) + static_cast<float>(f);
+        const Array where = pmap::all_to_all(Array::from_host(id, shape), "i", a.s, a.c, a.tiled);
+        const Array w = Array::from_host(weights(d, size), where.shape());
+        const Array x = Array::from_host(random_floats(size, 80 + static_cast<std::uint32_t>(d)), shape);
+        Array g = pmap::grad([&](const Array& v) {
+          return ops::sum(ops::multiply(pmap::all_to_all(v, "i", a.s, a.c, a.tiled), w));
+        })(x);
+        return std::pair(std::move(g), where.to_vector<float>());
+      }, mesh)(0);
+      std::vector<std::vector<float>> expect(un, std::vector<float>(size, -1.0f));
+      for (std::size_t r = 0; r < un; ++r) {
+        const auto w = weights(static_cast<int>(r), size);
+        const auto& where = results[r].second;
+        for (std::size_t p = 0; p < size; ++p) {
+          const auto id = static_cast<std::size_t>(where[p]);
+          expect[id / 1000][id % 1000] = w[p];
+        }
+      }
+      for (std::size_t d = 0; d < un; ++d) {
+        CHECK(results[d].first.shape() == shape);
+        CHECK(results[d].first.to_vector<float>() == expect[d]);
+      }
+    }
   }
 }
 

@@ -270,6 +270,14 @@ void cuda_copy_blocks(int ordinal, void* dst, const void* src, std::size_t n, st
                                         block_bytes, outer, cudaMemcpyDeviceToDevice, stream));
 }
 
+void cuda_copy_rows(int ordinal, void* dst, const void* src, std::size_t src_pitch, std::size_t width,
+                    std::size_t rows) {
+  if (rows == 0 || width == 0) return;
+  DeviceScope scope(ordinal);
+  PMAPCC_CUDA_CHECK(cudaMemcpy2DAsync(dst, width, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice,
+                                      stream_for_gpu(ordinal)));
+}
+
 void cuda_copy_async(void* dst, const void* src, std::size_t bytes, StreamHandle stream, int ordinal) {
   if (bytes == 0) return;
   DeviceScope scope(ordinal);

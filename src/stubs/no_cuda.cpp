@@ -44,6 +44,7 @@ void cuda_divide(int, void*, std::size_t, DType, int) { unavailable(); }
 void cuda_to_order_keys(void*, const void*, std::size_t, DType, bool, StreamHandle) { unavailable(); }
 void cuda_from_order_keys(void*, std::size_t, DType, StreamHandle) { unavailable(); }
 void cuda_copy_blocks(int, void*, const void*, std::size_t, std::size_t, std::size_t) { unavailable(); }
+void cuda_copy_rows(int, void*, const void*, std::size_t, std::size_t, std::size_t) { unavailable(); }
 void cuda_sample(const SampleRequest&) { unavailable(); }
 void device_execute(const CollectiveOp&, const std::vector<const void*>&, const std::vector<void*>&, int, bool) {
   unavailable();
