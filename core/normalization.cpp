@@ -88,18 +88,22 @@ class Dropout final : public core::Primitive {
  public:
   explicit Dropout(DropoutOptions o) : o_(o) {}
   std::string name() const override { return "dropout"; }
+  // in: x, key, step and, when the rate is read from the device, the rate.
   std::vector<Array> eval(Arrays in) const override {
     std::vector<Array> out;
-    out.push_back(eager::dropout(*in[0], *in[1], *in[2], o_));
+    out.push_back(mask(*in[0], in));
     return out;
   }
   std::vector<Array> vjp(Arrays in, Arrays, Arrays cts, const std::vector<bool>& w) const override {
-    std::vector<Array> g(3);
-    if (w[0]) g[0] = eager::dropout(*cts[0], *in[1], *in[2], o_);
+    std::vector<Array> g(in.size());
+    if (w[0]) g[0] = mask(*cts[0], in);
     return g;
   }
 
  private:
+  Array mask(const Array& x, Arrays in) const {
+    return in.size() > 3 ? eager::dropout(x, *in[1], *in[2], *in[3], o_) : eager::dropout(x, *in[1], *in[2], o_);
+  }
   DropoutOptions o_;
 };
 
@@ -118,6 +122,10 @@ BatchNormResult batch_norm(const Array& x, const Array& gamma, const Array& beta
 
 Array dropout(const Array& x, const Array& key, const Array& step, DropoutOptions options) {
   return core::apply1(std::make_shared<Dropout>(options), {&x, &key, &step});
+}
+
+Array dropout(const Array& x, const Array& key, const Array& step, const Array& rate, DropoutOptions options) {
+  return core::apply1(std::make_shared<Dropout>(options), {&x, &key, &step, &rate});
 }
 
 }  // namespace pmap::ops

@@ -142,6 +142,9 @@ BatchNormResult batch_norm(const Array& x, const Array& gamma, const Array& beta
 // it does not depend on the device count or on how the batch is split. Differentiable in x (the same mask).
 using eager::DropoutOptions;
 Array dropout(const Array& x, const Array& key, const Array& step, DropoutOptions options);
+// With the rate read on the device from `rate` (one f32 value in [0, 1), not differentiated) in place of
+// options.rate: a member's own rate in a hyper-parameter ensemble.
+Array dropout(const Array& x, const Array& key, const Array& step, const Array& rate, DropoutOptions options);
 
 // The index of each row's largest value along the last axis (first on ties, as jnp.argmax): x (..., K) f32
 // -> (...) i32. Not differentiable (its result is an integer): no gradient flows through it.

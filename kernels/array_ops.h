@@ -181,6 +181,10 @@ struct DropoutOptions {
   std::uint32_t stream = 0;         // which dropout layer of the model
 };
 Array dropout(const Array& x, const Array& key, const Array& step, DropoutOptions options);
+// The same with the rate read on the device from `rate` (one f32 value on x's device, a hyper-parameter
+// ensemble member's) in place of options.rate: the bits options.rate = that value gives. The value must be in
+// [0, 1) (the caller checks it: the device's value is not read back).
+Array dropout(const Array& x, const Array& key, const Array& step, const Array& rate, DropoutOptions options);
 
 // The index of each row's largest value along the last axis (first on ties): x (..., K) f32 -> (...) i32.
 Array argmax(const Array& x);

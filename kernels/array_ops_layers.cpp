@@ -298,7 +298,8 @@ Array batch_norm_backward(const Array& x, const Array& dy, const Array& stats, c
   return dx;
 }
 
-Array dropout(const Array& x, const Array& key, const Array& step, DropoutOptions o) {
+namespace {
+Array dropout_with(const Array& x, const Array& key, const Array& step, const Array* rate, DropoutOptions o) {
   const char* fn = "dropout";
   require_dtype(fn, "x", x, DType::f32);
   require_dtype(fn, "key", key, DType::u32);
@@ -310,6 +311,11 @@ Array dropout(const Array& x, const Array& key, const Array& step, DropoutOption
     throw ValueError("ops::dropout: rate must be in [0, 1), got " + std::to_string(o.rate));
   require_same_device(fn, x, "x", key, "key");
   require_same_device(fn, x, "x", step, "step");
+  if (rate != nullptr) {
+    require_dtype(fn, "rate", *rate, DType::f32);
+    require_same_device(fn, x, "x", *rate, "rate");
+    if (rate->size() != 1) throw ShapeError("ops::dropout: rate " + rate->signature() + " must hold one value");
+  }
   Array y = zeros_on(fn, x.shape(), DType::f32, x.device());
   if (x.size() == 0) return y;
   kernels::DropoutParams p;
@@ -318,9 +324,19 @@ Array dropout(const Array& x, const Array& key, const Array& step, DropoutOption
   p.rate = o.rate;
   p.example_offset = o.example_offset;
   p.stream = o.stream;
+  if (rate != nullptr) p.rates = rate->data<float>();
   backend_of(fn, x.device()).layers().dropout(p, key.data<std::uint32_t>(), step.data<std::int64_t>(),
                                                x.data<float>(), y.data<float>());
   return y;
+}
+}  // namespace
+
+Array dropout(const Array& x, const Array& key, const Array& step, DropoutOptions o) {
+  return dropout_with(x, key, step, nullptr, o);
+}
+
+Array dropout(const Array& x, const Array& key, const Array& step, const Array& rate, DropoutOptions o) {
+  return dropout_with(x, key, step, &rate, o);
 }
 
 }  // namespace pmap::ops::eager

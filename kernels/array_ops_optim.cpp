@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include <pmap/error.h>
@@ -24,11 +25,13 @@ void require_step(const char* fn, const Array& step) {
   }
 }
 
-void require_one_float(const char* fn, const char* arg, const Array& x, const Array& step) {
+// One f32 value or several (one per member), on step's device.
+void require_floats(const char* fn, const char* arg, const Array& x, const Array& step) {
   require_dtype(fn, arg, x, DType::f32);
   require_same_device(fn, x, arg, step, "step");
-  if (x.size() != 1) {
-    throw ShapeError(std::string("ops::") + fn + ": " + arg + " is " + x.signature() + "; it must be one f32 value");
+  if (x.size() < 1 || x.size() > std::numeric_limits<int>::max()) {
+    throw ShapeError(std::string("ops::") + fn + ": " + arg + " is " + x.signature() +
+                     "; it must hold one f32 value, or one per member");
   }
 }
 
@@ -44,13 +47,25 @@ Array schedule_lr(const kernels::ScheduleParams& schedule, float learning_rate, 
   return lr;
 }
 
+Array schedule_lr(const kernels::ScheduleParams& schedule, const Array& learning_rates, const Array& step) {
+  require_step("schedule_lr", step);
+  require_floats("schedule_lr", "learning_rates", learning_rates, step);
+  kernels::validate(schedule);
+  const kernels::Backend& be = backend_of("schedule_lr", step.device());
+  Array lr = zeros_on(__func__, learning_rates.shape(), DType::f32, step.device());
+  be.optimizer().schedule_lr(schedule, static_cast<int>(learning_rates.size()), step.data<std::int64_t>(),
+                             learning_rates.data<float>(), lr.data<float>());
+  return lr;
+}
+
 Array adam_step_size(const kernels::AdamParams& params, const Array& step, const Array& lr) {
   require_step("adam_step_size", step);
-  require_one_float("adam_step_size", "lr", lr, step);
+  require_floats("adam_step_size", "lr", lr, step);
   kernels::validate(params);
   const kernels::Backend& be = backend_of("adam_step_size", step.device());
-  Array alpha = zeros_on(__func__, Shape{1}, DType::f32, step.device());
-  be.optimizer().adam_step_size(params, 1, step.data<std::int64_t>(), lr.data<float>(), alpha.data<float>());
+  Array alpha = zeros_on(__func__, lr.shape(), DType::f32, step.device());
+  be.optimizer().adam_step_size(params, static_cast<int>(lr.size()), step.data<std::int64_t>(), lr.data<float>(),
+                                alpha.data<float>());
   return alpha;
 }
 
@@ -86,15 +101,19 @@ std::pair<Array, Array> sgd_trace(const kernels::SgdParams& params, const Array&
     throw ShapeError("ops::sgd_trace: trace is " + trace.signature() + " but grads is " + grads.signature() +
                      "; they must have one shape");
   }
-  if (lr.size() != 1) {
-    throw ShapeError("ops::sgd_trace: lr is " + lr.signature() + "; it must be one f32 value");
+  // One rate for every element, or one per row of grads' leading axis (a stacked member's).
+  const std::int64_t members = lr.size();
+  if (members < 1 || (members > 1 && (grads.ndim() == 0 || grads.dim(0) != members))) {
+    throw ShapeError("ops::sgd_trace: lr is " + lr.signature() + " and grads " + grads.signature() +
+                     "; lr must be one f32 value, or one per row of grads' leading axis");
   }
   kernels::validate(params);
   const kernels::Backend& be = backend_of("sgd_trace", grads.device());
   std::pair<Array, Array> out{Array::uninitialized(grads.shape(), DType::f32, grads.device()),
                               Array::uninitialized(grads.shape(), DType::f32, grads.device())};
   if (grads.size() > 0) {
-    be.optimizer().sgd_trace(params, 1, static_cast<std::size_t>(grads.size()), lr.data<float>(),
+    be.optimizer().sgd_trace(params, static_cast<int>(members), static_cast<std::size_t>(grads.size() / members),
+                             lr.data<float>(),
                              grads.data<float>(), trace.data<float>(), out.first.data<float>(),
                              out.second.data<float>());
   }

@@ -18,9 +18,13 @@ namespace pmap::ops::eager {
 // bit for a constant schedule without warmup); step: (1) i64, the updates already made. The schedule is
 // checked (kernels::validate: ValueError naming the field).
 Array schedule_lr(const kernels::ScheduleParams& schedule, float learning_rate, const Array& step);
+// The same for several base rates at once (a stacked ensemble's members, each its own rate): lr in
+// learning_rates' shape, lr[m] = learning_rates[m] * schedule_factor(schedule, *step), each the bits the
+// one-rate form gives for that rate. learning_rates: f32 with at least one value, on step's device.
+Array schedule_lr(const kernels::ScheduleParams& schedule, const Array& learning_rates, const Array& step);
 
-// alpha (1) f32 = Adam's bias-corrected step size kernels::adam_alpha(params, *lr, *step): lr (1) f32 on
-// step's device.
+// alpha f32 in lr's shape = Adam's bias-corrected step size kernels::adam_alpha(params, lr[m], *step) for
+// each of lr's values (one, or one per member); lr f32 on step's device.
 Array adam_step_size(const kernels::AdamParams& params, const Array& step, const Array& lr);
 
 // factor (1) f32 = optax's clip_by_global_norm factor for the f32 arrays xs together (one device): 1 when
@@ -30,8 +34,9 @@ Array clip_factor(const std::vector<const Array*>& xs, float max_norm);
 
 // optim::Sgd's update of one leaf in one pass (kernels::OptimizerOps::sgd_trace): {next, updates}, new arrays
 // in grads' shape on its device, next = momentum * trace + grads and updates = -(lr * next) (nesterov:
-// -(lr * (grads + momentum * next))). grads and trace: f32 of one shape; lr: one f32 value (schedule_lr's);
-// all on one device. ShapeError / TypeError / DeviceError naming the argument otherwise.
+// -(lr * (grads + momentum * next))). grads and trace: f32 of one shape; lr: one f32 value (schedule_lr's),
+// or one per member for members stacked on grads' leading axis (grads (M, ...), lr M values: row m steps
+// with lr[m]); all on one device. ShapeError / TypeError / DeviceError naming the argument otherwise.
 std::pair<Array, Array> sgd_trace(const kernels::SgdParams& params, const Array& grads, const Array& trace,
                                   const Array& lr);
 

@@ -52,11 +52,12 @@ std::pair<Array, BatchNormState> BatchNorm::operator()(const BatchNormCenter& p,
 
 Array Dropout::operator()(const Array& x, const DropoutCall& call) const {
   if (!(rate >= 0 && rate < 1)) throw ValueError("nn::Dropout: rate must be in [0, 1), got " + std::to_string(rate));
-  if (!call.train || rate == 0) return ops::copy(x);  // inside grad: the same value, differentiated
+  if (!call.train || (rate == 0 && call.rate == nullptr)) return ops::copy(x);  // inside grad: differentiated
   if (call.rng.key == nullptr || call.rng.step == nullptr)
     throw ValueError("nn::Dropout: training needs DropoutCall::rng's key (2) u32 and step (1) i64");
-  return ops::dropout(x, *call.rng.key, *call.rng.step,
-                      {.rate = rate, .example_offset = call.rng.example_offset, .stream = stream});
+  const ops::DropoutOptions o{.rate = rate, .example_offset = call.rng.example_offset, .stream = stream};
+  return call.rate != nullptr ? ops::dropout(x, *call.rng.key, *call.rng.step, *call.rate, o)
+                              : ops::dropout(x, *call.rng.key, *call.rng.step, o);
 }
 
 }  // namespace pmap::nn

@@ -74,6 +74,9 @@ struct Rng {
 struct DropoutCall {
   bool train = false;  // in inference, x itself
   Rng rng;             // read only in training
+  // Training: this member's rate, one f32 value in [0, 1) on the device, in place of Dropout::rate (a
+  // hyper-parameter ensemble's, train::Call::dropout_rate); null: the layer's own.
+  const Array* rate = nullptr;
 };
 
 // Inverted dropout (Keras's Dropout(rate)): in training each value is zeroed with probability rate and the

@@ -49,7 +49,7 @@ std::vector<Array> adam_steps(const Hyper& h, const Leaves& grads, AdamState& st
     state.mu[i] = ops::add(state.mu[i], ops::scale(ops::subtract(g, state.mu[i]), one_minus_beta_1));
     state.nu[i] = ops::add(state.nu[i], ops::scale(ops::subtract(ops::square(g), state.nu[i]), one_minus_beta_2));
     Array denominator = ops::scale(ops::sqrt(state.nu[i]), 1.0f, h.epsilon);  // sqrt(nu) * 1 + epsilon, exact
-    steps.push_back(ops::divide(ops::multiply(state.mu[i], alpha), denominator));
+    steps.push_back(ops::divide(ops::multiply(state.mu[i], detail::per_member(h.name, alpha, g)), denominator));
   }
   state.count = ops::eager::increment(state.count);
   return steps;
@@ -88,7 +88,11 @@ std::vector<Array> AdamW::update_leaves(const Leaves& grads, AdamState& state, c
   std::vector<Array> updates;
   for (std::size_t i = 0; i < steps.size(); ++i) {
     const Array& p = *params[i];
-    Array decayed = ops::subtract(p, ops::multiply(ops::scale(p, weight_decay), lr));  // p - (p * wd) * lr
+    // p * wd: with per-member values (p * wd[m]) * 1 + 0, the bits of the one-value form p * wd + 0.
+    Array decay = weight_decays
+                      ? ops::scale(ops::multiply(p, detail::per_member(kName, *weight_decays, p)), 1.0f)
+                      : ops::scale(p, weight_decay);
+    Array decayed = ops::subtract(p, ops::multiply(decay, detail::per_member(kName, lr, p)));  // p - (p * wd) * lr
     updates.push_back(ops::subtract(ops::subtract(decayed, steps[i]), p));
   }
   return updates;

@@ -7,6 +7,8 @@
 //   params = optim::apply_updates(params, updates);  // the Trainer's kernels::adam_element, bit for bit
 #pragma once
 
+#include <memory>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -52,6 +54,12 @@ struct Adam {
   State init_leaves(const Leaves& params) const;
   std::vector<Array> update_leaves(const Leaves& grads, State& state, const Leaves& params) const;
   void validate() const;
+  // Per-member hyper-parameters (optim/base.h): "learning_rate" (the schedule's bases).
+  bool inject(std::string_view name, const Array& values) {
+    if (name != "learning_rate") return false;
+    if (values.valid()) learning_rate.bases = detail::shared(values);
+    return true;
+  }
 };
 
 // Adam with decoupled weight decay as Keras's AdamW and the Trainer's kernel apply it: each parameter is
@@ -71,6 +79,8 @@ struct AdamW {
   double beta_2 = 0.999;
   float epsilon = 1e-7f;
   float weight_decay = 0.004f;
+  // Per-member values replacing weight_decay (optim/base.h's inject); null: none.
+  std::shared_ptr<const Array> weight_decays = nullptr;
 
   template <class P> State init(const P& params) const { return detail::init_tree(*this, params); }
   template <class P> std::pair<P, State> update(const P& grads, const State& state, const P& params) const {
@@ -80,6 +90,13 @@ struct AdamW {
   State init_leaves(const Leaves& params) const;
   std::vector<Array> update_leaves(const Leaves& grads, State& state, const Leaves& params) const;
   void validate() const;
+  // Per-member hyper-parameters (optim/base.h): "learning_rate" (the schedule's bases), "weight_decay".
+  bool inject(std::string_view name, const Array& values) {
+    auto* field = name == "learning_rate" ? &learning_rate.bases : name == "weight_decay" ? &weight_decays : nullptr;
+    if (field == nullptr) return false;
+    if (values.valid()) *field = detail::shared(values);
+    return true;
+  }
 };
 
 }  // namespace pmap::optim

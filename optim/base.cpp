@@ -58,6 +58,21 @@ void check_count(const char* fn, const Array& count, const Leaves& params) {
   }
 }
 
+Array per_member(const char* fn, const Array& v, const Array& like) {
+  if (v.size() == 1) return vmap_detail::alias(v);
+  if (like.ndim() == 0 || like.dim(0) != v.size()) {
+    throw ShapeError(std::string(fn) + ": per-member values " + v.signature() + " against a leaf " +
+                     like.signature() + "; they must be one value, or one per row of the leaf's leading axis");
+  }
+  Shape rows(static_cast<std::size_t>(like.ndim()), 1);
+  rows[0] = v.size();
+  return ops::broadcast_to(ops::reshape(v, rows), like.shape());
+}
+
+std::shared_ptr<const Array> shared(const Array& values) {
+  return std::make_shared<const Array>(vmap_detail::alias(values));
+}
+
 void require_finite_nonnegative(const char* who, const char* field, double v) {
   if (!(v >= 0) || !std::isfinite(v)) {
     throw ValueError(std::string(who) + ": " + field + " must be finite and >= 0, got " + std::to_string(v));

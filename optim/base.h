@@ -12,10 +12,20 @@
 // reads a value back to the host.
 // update reads the state it is given and returns a new one (optax's pure functions): a const state works,
 // as inside a jitted step.
+// Per-member hyper-parameters (a hyper-parameter ensemble, optax.inject_hyperparams' use under vmap): a
+// transformation that takes them has `bool inject(std::string_view name, const Array& values)`, which sets
+// the hyper-parameter `name` ("learning_rate", "weight_decay") of this copy to `values`, f32 with one value
+// per member of the leaves' leading (stacked member) axis, or one value, on the parameters' device, and
+// says whether it has that hyper-parameter (an empty `values` only asks). The values replace the field's
+// float in the arithmetic, element for element the bits the float would give; the training layer keeps them
+// in its state and injects them into a copy of the transformation at each step.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <string_view>
+#include <concepts>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -40,7 +50,25 @@ template <class Tx> constexpr bool is_elementwise() {
   }
 }
 
+// Sets tx's hyper-parameter `name` to per-member `values` (see above) and says whether tx has it: false for a
+// transformation without inject.
+template <class Tx> bool inject(Tx& tx, std::string_view name, const Array& values) {
+  if constexpr (requires { { tx.inject(name, values) } -> std::convertible_to<bool>; }) {
+    return tx.inject(name, values);
+  } else {
+    return false;
+  }
+}
+
 namespace detail {
+// v (one value, or one per member) against a leaf `like` whose leading axis holds the members: v itself when
+// it is one value, else v repeated along like's other axes (like's shape), so that an element-by-element op
+// of like and the result gives row m v[m]. ShapeError naming fn when v has neither one value nor like's
+// leading size.
+Array per_member(const char* fn, const Array& v, const Array& like);
+// A shared view of values' storage (as the transformation's fields hold injected values; keeps a traced
+// value traced).
+std::shared_ptr<const Array> shared(const Array& values);
 // Each f32 Array leaf of a tree, in tree order (scalar leaves are not parameters).
 template <class T> Leaves leaves(const T& tree) {
   Leaves out;

@@ -33,7 +33,8 @@ std::vector<Array> RmsProp::update_leaves(const Leaves& grads, RmsPropState& sta
   for (std::size_t i = 0; i < grads.size(); ++i) {
     const Array& g = *grads[i];
     state.nu[i] = ops::add(ops::scale(state.nu[i], rho_f), ops::scale(ops::square(g), one_minus_rho));
-    Array increment = ops::divide(ops::multiply(g, lr), ops::sqrt(ops::scale(state.nu[i], 1.0f, epsilon)));
+    Array increment = ops::divide(ops::multiply(g, detail::per_member(kName, lr, g)),
+                                  ops::sqrt(ops::scale(state.nu[i], 1.0f, epsilon)));
     if (momentum > 0) {
       state.trace[i] = ops::add(ops::scale(state.trace[i], momentum), increment);
       updates.push_back(ops::negative(state.trace[i]));

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include <pmap/array.h>
@@ -23,6 +24,10 @@ namespace pmap::optim {
 struct Schedule {
   float base = 0.0f;
   kernels::ScheduleParams factor{};
+  // Per-member bases (optim/base.h's inject): f32, one per member stacked on the leaves' leading axis, on the
+  // parameters' device; when set they replace base on the device (the rate at t is then one per member, each
+  // the bits base = that value gives). at() reads base only. Shared: copies of the schedule read the same.
+  std::shared_ptr<const Array> bases = nullptr;
 
   Schedule() = default;
   Schedule(float learning_rate) : base(learning_rate) {}  // NOLINT(google-explicit-constructor): a rate
@@ -68,7 +73,8 @@ namespace detail {
 // ValueError "<who>: <field> ..." when the schedule cannot be run: base negative or not finite, or a
 // factor parameter out of range (warmup_steps, decay_steps, decay_rate, alpha, boundaries, factors).
 void check_schedule(const char* who, const char* field, const Schedule& s);
-// The rate at step *count, (1) f32 on count's device, computed there (ops::eager::schedule_lr).
+// The rate at step *count, (1) f32 on count's device, computed there (ops::eager::schedule_lr); with
+// per-member bases, one rate per member in the bases' shape.
 Array learning_rate_at(const Schedule& s, const Array& count);
 }  // namespace detail
 

@@ -39,9 +39,10 @@ std::vector<Array> Sgd::update_leaves(const Leaves& grads, SgdState& state, cons
     // scale's offset is -0, which adds nothing to any value (+0 would turn a -0 product into +0).
     Array next = ops::add(ops::scale(state.trace[i], momentum, -0.0f), g);  // momentum * m + g
     if (nesterov) {
-      updates.push_back(ops::negative(ops::multiply(ops::add(g, ops::scale(next, momentum, -0.0f)), lr)));
+      updates.push_back(ops::negative(
+          ops::multiply(ops::add(g, ops::scale(next, momentum, -0.0f)), detail::per_member(kName, lr, g))));
     } else {
-      updates.push_back(ops::negative(ops::multiply(next, lr)));          // -(lr * m)
+      updates.push_back(ops::negative(ops::multiply(next, detail::per_member(kName, lr, g))));  // -(lr * m)
     }
     state.trace[i] = std::move(next);
   }

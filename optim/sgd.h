@@ -10,6 +10,7 @@
 //   params = optim::apply_updates(params, updates);
 #pragma once
 
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -50,6 +51,12 @@ struct Sgd {
   State init_leaves(const Leaves& params) const;
   std::vector<Array> update_leaves(const Leaves& grads, State& state, const Leaves& params) const;
   void validate() const;
+  // Per-member hyper-parameters (optim/base.h): "learning_rate" (the schedule's bases).
+  bool inject(std::string_view name, const Array& values) {
+    if (name != "learning_rate") return false;
+    if (values.valid()) learning_rate.bases = detail::shared(values);
+    return true;
+  }
 };
 
 }  // namespace pmap::optim

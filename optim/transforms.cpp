@@ -41,7 +41,11 @@ std::vector<Array> AddDecayedWeights::update_leaves(const Leaves& grads, EmptySt
   detail::check_same("optim::add_decayed_weights::update", grads, "grads", params, "params");
   std::vector<Array> updates;
   for (std::size_t i = 0; i < grads.size(); ++i) {
-    updates.push_back(ops::add(*grads[i], ops::scale(*params[i], weight_decay)));
+    const Array& p = *params[i];
+    // With per-member values (p * wd[m]) * 1 + 0, the bits of the one-value form p * wd + 0.
+    Array decay = weight_decays ? ops::scale(ops::multiply(p, detail::per_member(kName, *weight_decays, p)), 1.0f)
+                                : ops::scale(p, weight_decay);
+    updates.push_back(ops::add(*grads[i], decay));
   }
   return updates;
 }

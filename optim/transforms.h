@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -50,6 +52,8 @@ struct AddDecayedWeights {
   using State = EmptyState;
 
   float weight_decay = 0.0f;
+  // Per-member values replacing weight_decay (optim/base.h's inject); null: none.
+  std::shared_ptr<const Array> weight_decays = nullptr;
 
   template <class P> State init(const P& params) const { return detail::init_tree(*this, params); }
   template <class P> std::pair<P, State> update(const P& grads, const State& state, const P& params) const {
@@ -58,6 +62,12 @@ struct AddDecayedWeights {
   State init_leaves(const Leaves& params) const;
   std::vector<Array> update_leaves(const Leaves& grads, State& state, const Leaves& params) const;
   void validate() const;
+  // Per-member hyper-parameters (optim/base.h): "weight_decay".
+  bool inject(std::string_view name, const Array& values) {
+    if (name != "weight_decay") return false;
+    if (values.valid()) weight_decays = detail::shared(values);
+    return true;
+  }
 };
 AddDecayedWeights add_decayed_weights(float weight_decay);  // checked at once (ValueError naming it)
 
@@ -88,6 +98,11 @@ template <class... Txs> struct Chain {
        ...);
     }(std::index_sequence_for<Txs...>{});
     return held;
+  }
+
+  // Per-member hyper-parameters (optim/base.h): given to every transformation of the chain that has `name`.
+  bool inject(std::string_view name, const Array& values) {
+    return std::apply([&](auto&... tx) { return (optim::inject(tx, name, values) | ...); }, transforms);
   }
 };
 

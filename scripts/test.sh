@@ -158,6 +158,7 @@ else
     "train step: the state keeps its shapes"     # 111 s
     "train step: clipping by each member"        # 82 s
     "per-member learning rates"                  # 52 s
+    "train step: per-member learning rates"      # the same checks on the traced step
     "bf16 training on the CUDA kernels"          # 52 s
     "bf16=(avx512|fma):"                         # the bf16 paths' reruns (one thread each): 92 s
     "early stopping: each member stops"          # 118 s

@@ -166,6 +166,21 @@ TEST_CASE("nn: Dropout keeps or scales each value, by the step's key and the exa
   CHECK(tail.to_vector<float>() == std::vector<float>(y.begin() + 20, y.end()));
   const nn::DropoutCall training_without_rng{.train = true, .rng = {}};
   CHECK(nn::Dropout{.rate = 0.0f}(x, training_without_rng).to_vector<float>() == xs);
+  // A rate read on the device (a hyper-parameter ensemble member's) in place of the layer's: the bits of a layer
+  // of that rate, in the forward and the gradient, and nothing in inference.
+  const Array rate = Array::from_host(std::vector<float>{0.6f}, {1});
+  const auto at_06 = nn::Dropout{.rate = 0.6f}(x, {.train = true, .rng = rng}).to_vector<float>();
+  CHECK(drop(x, {.train = true, .rng = rng, .rate = &rate}).to_vector<float>() == at_06);
+  CHECK(drop(x, {.train = false, .rng = rng, .rate = &rate}).to_vector<float>() == xs);
+  const Array w = host(random_floats(40, 52), {10, 4});
+  auto grad_of = [&](const nn::DropoutCall& call) {
+    return pmap::grad([&](const Array& xx) { return ops::sum(ops::multiply(drop(xx, call), w)); })(x);
+  };
+  CHECK(grad_of({.train = true, .rng = rng, .rate = &rate}).to_vector<float>() ==
+        nn::Dropout{.rate = 0.6f}(w, {.train = true, .rng = rng}).to_vector<float>());
+  const Array two = Array::from_host(std::vector<float>{0.6f, 0.1f}, {2});
+  CHECK_THROWS_WITH_AS(drop(x, {.train = true, .rng = rng, .rate = &two}), doctest::Contains("must hold one value"),
+                       pmap::ShapeError);
 }
 
 TEST_CASE("nn: bad hyper-parameters and missing randomness raise ValueError naming the module") {

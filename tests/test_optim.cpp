@@ -278,7 +278,34 @@ TEST_CASE("optim sgd: one pass outside grad (ops::eager::sgd_trace), the ops ins
               lr2 = Array::from_host(std::vector<float>{0.1f, 0.2f}, Shape{2});
   const kernels::SgdParams sp{0.9f, false};
   CHECK_THROWS_WITH_AS(ops::eager::sgd_trace(sp, a, b, lr), doctest::Contains("trace is"), pmap::ShapeError);
-  CHECK_THROWS_WITH_AS(ops::eager::sgd_trace(sp, a, a, lr2), doctest::Contains("lr is"), pmap::ShapeError);
+  const Array lr3 = Array::from_host(std::vector<float>{0.1f, 0.2f, 0.3f}, Shape{3});
+  CHECK_THROWS_WITH_AS(ops::eager::sgd_trace(sp, a, a, lr3), doctest::Contains("lr is"), pmap::ShapeError);
+  CHECK_THROWS_WITH_AS(ops::eager::sgd_trace(sp, b, b, lr2), doctest::Contains("one per row"), pmap::ShapeError);
+  {  // One rate per row of the leading (member) axis: each row as the one-rate form with its rate.
+    auto [next2, u2] = ops::eager::sgd_trace(sp, a, a, lr2);
+    const auto [n1, u1] = ops::eager::sgd_trace(sp, b, b, Array::from_host(std::vector<float>{0.2f}, Shape{1}));
+    const auto got = u2.to_vector<float>(), row1 = u1.to_vector<float>();
+    CHECK(std::vector<float>(got.begin(), got.begin() + 3) == std::vector<float>(3, -(0.1f * (0.9f * 1.0f + 1.0f))));
+    CHECK(std::vector<float>(got.begin() + 3, got.end()) == row1);
+    CHECK(next2.to_vector<float>() == std::vector<float>(6, 0.9f * 1.0f + 1.0f));
+  }
+  {  // The per-member rates and Adam step sizes: each the one-value form's bits for its value.
+    const Array step = Array::from_host(std::vector<std::int64_t>{4}, Shape{1});
+    const auto sched = optim::cosine_decay_schedule(1.0f, {.decay_steps = 10, .warmup_steps = 2});
+    const Array rates = ops::eager::schedule_lr(sched.factor, lr3, step);
+    CHECK(rates.shape() == Shape{3});
+    const kernels::AdamParams ap{0.9, 0.999, 1e-7f};
+    const Array alphas = ops::eager::adam_step_size(ap, step, rates);
+    for (int m = 0; m < 3; ++m) {
+      const float base = lr3.to_vector<float>()[static_cast<std::size_t>(m)];
+      const Array one = ops::eager::schedule_lr(sched.factor, base, step);
+      CHECK(rates.to_vector<float>()[static_cast<std::size_t>(m)] == one.to_vector<float>()[0]);
+      CHECK(alphas.to_vector<float>()[static_cast<std::size_t>(m)] ==
+            ops::eager::adam_step_size(ap, step, one).to_vector<float>()[0]);
+    }
+    CHECK_THROWS_WITH_AS(ops::eager::schedule_lr(sched.factor, Array(Shape{0}, pmap::DType::f32), step),
+                         doctest::Contains("learning_rates is"), pmap::ShapeError);
+  }
   CHECK_THROWS_WITH_AS(ops::eager::sgd_trace(sp, a, a, Array::from_host(std::vector<std::int32_t>{1}, Shape{1})), doctest::Contains("lr"),
                        pmap::Error);
   CHECK_THROWS_WITH_AS(ops::eager::sgd_trace({.momentum = -1.0f}, a, a, lr), doctest::Contains("momentum"),

@@ -5,6 +5,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstddef>
 #include <memory>
 #include <span>
 #include <string>
@@ -55,8 +57,9 @@ struct Run {
 
 // One epoch as Trainer::run_epoch draws it (seed 0: members from split(split(key(0), 2)[0], members), the
 // order permutation(fold_in(split(key(0), 2)[1], 0))) on `devices` devices of `kind`.
+// `hyper`: every member's values (a device's members take theirs; data parallel: all of them).
 Run run_epoch(const train::TrainStep& step, int devices, int members, int batch,
-              pmap::DeviceKind kind = pmap::DeviceKind::cpu) {
+              pmap::DeviceKind kind = pmap::DeviceKind::cpu, const train::MemberHyperparams& hyper = {}) {
   pmap::Mesh mesh(pmap::local_devices(kind, devices), step.options().axis);
   const auto root = pmap::split(pmap::key(0), 2);
   const auto keys = pmap::split(root[0], static_cast<std::uint32_t>(members));
@@ -64,8 +67,13 @@ Run run_epoch(const train::TrainStep& step, int devices, int members, int batch,
   const int per_device = dp ? members : members / devices;
   Run r{pmap::pmap([&](int) {
           const auto first = dp ? 0 : static_cast<std::size_t>(pmap::axis_index(step.options().axis) * per_device);
+          auto part = [&](const std::vector<float>& v) {
+            return v.empty() ? v : std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(first),
+                                                      v.begin() + static_cast<std::ptrdiff_t>(first) + per_device);
+          };
           return step.init(std::span(keys).subspan(first, static_cast<std::size_t>(per_device)),
-                           pmap::current_device());
+                           pmap::current_device(),
+                           {part(hyper.learning_rate), part(hyper.weight_decay), part(hyper.dropout_rate)});
         }, mesh)(0), {}, {}};
   auto run = pmap::pmap([&](train::TrainState& s, const Array& x, const Array& y) { return step(s, x, y); }, mesh,
                         step.options().axis);
@@ -275,6 +283,176 @@ TEST_CASE("train step: the state keeps its shapes (one trace a device), and memb
   const train::TrainStep step3(train::flax_cnn({12, 12, 1}), sgd);
   const Run run3 = run_epoch(step3, 3, 3, 64);
   CHECK(stacked(run3.states, step3.model().param_names(), &train::TrainState::params) == three.params());
+}
+
+namespace {
+
+// Member m's parameters (each tensor's slice, in the model's order) after a run.
+std::vector<float> member_params(const Run& run, const train::Model& model, int members, int m) {
+  const int per_device = members / static_cast<int>(run.states.size());
+  const train::TrainState& s = run.states[static_cast<std::size_t>(m / per_device)];
+  std::vector<float> out;
+  for (const std::string& n : model.param_names()) {
+    const Array& a = s.params.at(n);
+    const auto v = a.to_vector<float>();
+    const std::size_t each = v.size() / static_cast<std::size_t>(per_device), at = each * (m % per_device);
+    out.insert(out.end(), v.begin() + static_cast<std::ptrdiff_t>(at),
+               v.begin() + static_cast<std::ptrdiff_t>(at + each));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("train step: per-member learning rates and weight decays train each member as its values for all do") {
+  const train::Model model = train::flax_cnn({12, 12, 1});
+  namespace optim = pmap::optim;
+  SUBCASE("Sgd (one fused pass over the stacked members), as the runner's hyper-parameter ensemble") {
+    pe::TrainConfig c = pmap::testing::small_config(2, 4);
+    c.optimizer.learning_rate = {0.1f, 0.03f, 0.2f, 0.05f};
+    pe::Trainer old(c, data().train, data().test);
+    old.run_epoch();
+    const train::TrainStep step(model, train::Optimizer(optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f}));
+    const Run run = run_epoch(step, 2, 4, 64, pmap::DeviceKind::cpu, {.learning_rate = c.optimizer.learning_rate});
+    CHECK(stacked(run.states, model.param_names(), &train::TrainState::params) == old.params());
+    CHECK(run.states[1].hyperparams.at("learning_rate").to_vector<float>() == std::vector<float>{0.2f, 0.05f});
+    // Every member at 0.1: members 1 to 3 differ (the check can fail), member 0 is the same.
+    const Run same = run_epoch(step, 2, 4, 64);
+    CHECK(member_params(same, model, 4, 0) == member_params(run, model, 4, 0));
+    for (int m = 1; m < 4; ++m) CHECK(member_params(same, model, 4, m) != member_params(run, model, 4, m));
+  }
+  SUBCASE("AdamW under a warmup schedule (the ops, the values along the member axis), members two at a time") {
+    // Two members on one device, vmapped together: each against a run of its values for both.
+    auto adamw = [](float lr, float wd) {
+      return train::Optimizer(optim::AdamW{.learning_rate = optim::constant_schedule(lr, 3), .weight_decay = wd});
+    };
+    const train::StepOptions pairs{.member_batch = 2};
+    const train::TrainStep mixed(model, adamw(1e-3f, 0.004f), train::softmax_cross_entropy_loss, pairs);
+    const Run run = run_epoch(mixed, 1, 2, 64, pmap::DeviceKind::cpu,
+                              {.learning_rate = {1e-3f, 3e-3f}, .weight_decay = {0.0f, 0.05f}});
+    const Run first = run_epoch(train::TrainStep(model, adamw(1e-3f, 0.0f), train::softmax_cross_entropy_loss, pairs),
+                                1, 2, 64);
+    const Run second = run_epoch(
+        train::TrainStep(model, adamw(3e-3f, 0.05f), train::softmax_cross_entropy_loss, pairs), 1, 2, 64);
+    CHECK(member_params(run, model, 2, 0) == member_params(first, model, 2, 0));
+    CHECK(member_params(run, model, 2, 1) == member_params(second, model, 2, 1));
+    CHECK(member_params(run, model, 2, 1) != member_params(first, model, 2, 1));
+    CHECK(run.states[0].opt.at("count").shape() == pmap::Shape{1});  // one state for the stacked members
+  }
+  SUBCASE("a chain that clips each member's norm (member by member): every transformation that has the value") {
+    auto tx = [](float lr, float wd) {
+      return train::Optimizer(optim::chain(optim::clip_by_global_norm(0.5f), optim::add_decayed_weights(wd),
+                                           optim::Sgd{.learning_rate = lr, .momentum = 0.9f}));
+    };
+    const train::TrainStep mixed(model, tx(0.1f, 0.0f));
+    CHECK(mixed.init(pmap::split(pmap::key(1), 2), pmap::Device{}, {.weight_decay = {0.f, 1e-3f}})
+              .hyperparams.size() == 1);
+    const Run run = run_epoch(mixed, 2, 2, 64, pmap::DeviceKind::cpu,
+                              {.learning_rate = {0.1f, 0.05f}, .weight_decay = {0.0f, 1e-3f}});
+    const Run first = run_epoch(train::TrainStep(model, tx(0.1f, 0.0f)), 2, 2, 64);
+    const Run second = run_epoch(train::TrainStep(model, tx(0.05f, 1e-3f)), 2, 2, 64);
+    CHECK(member_params(run, model, 2, 0) == member_params(first, model, 2, 0));
+    CHECK(member_params(run, model, 2, 1) == member_params(second, model, 2, 1));
+    CHECK(member_params(run, model, 2, 1) != member_params(first, model, 2, 1));
+  }
+  SUBCASE("dropout rates: keras-convnet's Dropout takes each member's, as the runner's --dropout list does") {
+    pe::TrainConfig c = pmap::testing::small_config(1, 2);
+    c.model = "keras-convnet";
+    c.optimizer.name = "adam";
+    c.dropout = {0.2f, 0.7f};
+    pe::Trainer old(c, data().train, data().test);
+    old.run_epoch();
+    const train::Model convnet = train::keras_convnet({12, 12, 1});
+    const train::Optimizer adam(optim::Adam{.learning_rate = 1e-3f});
+    const train::MemberHyperparams rates{.dropout_rate = c.dropout};
+    for (const std::int64_t batch : {1, 2}) {  // one member a vmap, and both
+      CAPTURE(batch);
+      const train::TrainStep step(convnet, adam, train::softmax_cross_entropy_loss, {.member_batch = batch});
+      const Run run = run_epoch(step, 1, 2, 64, pmap::DeviceKind::cpu, rates);
+      CHECK(stacked(run.states, convnet.param_names(), &train::TrainState::params) == old.params());
+    }
+    // Member 1 as the model built with its rate for all; member 0 not (the check can fail).
+    const train::TrainStep mixed(convnet, adam);
+    const Run run = run_epoch(mixed, 1, 2, 64, pmap::DeviceKind::cpu, rates);
+    const Run at_07 = run_epoch(train::TrainStep(train::keras_convnet({12, 12, 1}, 10, 0.7f), adam), 1, 2, 64);
+    CHECK(member_params(run, convnet, 2, 1) == member_params(at_07, convnet, 2, 1));
+    CHECK(member_params(run, convnet, 2, 0) != member_params(at_07, convnet, 2, 0));
+    CHECK_THROWS_WITH_AS(mixed.init(pmap::split(pmap::key(1), 2), pmap::Device{}, {.dropout_rate = {0.5f, 1.0f}}),
+                         "TrainStep::init: hyperparams.dropout_rate[1] must be in [0, 1), got 1.000000",
+                         pmap::ValueError);
+    const train::TrainStep flax(model, adam);
+    CHECK_THROWS_WITH_AS(flax.init(pmap::split(pmap::key(1), 2), pmap::Device{}, {.dropout_rate = {0.5f, 0.1f}}),
+                         "TrainStep::init: hyperparams.dropout_rate: model 'flax-cnn' has no Dropout layer",
+                         pmap::ValueError);
+  }
+  SUBCASE("on GPUs: the values reach the CUDA kernels and the ops on each GPU's members") {
+    PMAPCC_REQUIRE_GPU();
+    const train::MemberHyperparams hyper{.learning_rate = {1e-3f, 3e-3f, 2e-3f, 1e-3f},
+                                         .weight_decay = {0.0f, 0.05f, 0.01f, 0.004f}};
+    for (const bool sgd : {true, false}) {
+      CAPTURE(sgd);
+      const train::TrainStep step(model, sgd ? train::Optimizer(optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f})
+                                             : train::Optimizer(optim::AdamW{}));
+      const train::MemberHyperparams h{hyper.learning_rate, sgd ? std::vector<float>{} : hyper.weight_decay};
+      const Run gpu = run_epoch(step, 2, 4, 64, pmap::DeviceKind::cuda, h);
+      const Run cpu = run_epoch(step, 2, 4, 64, pmap::DeviceKind::cpu, h);
+      const auto on_gpu = stacked(gpu.states, model.param_names(), &train::TrainState::params);
+      const float diff = pmap::testing::max_abs_diff(on_gpu, stacked(cpu.states, model.param_names(),
+                                                                     &train::TrainState::params));
+      MESSAGE("max |parameter difference| from the CPU devices after an epoch: " << diff);
+      CHECK(diff <= 1e-5f);  // the products' sums may run in another order than the CPU's (values ignored: > 1e-3)
+    }
+    // Each member's dropout rate in the CUDA dropout kernel, as the runner's --dropout list on the same GPUs.
+    pe::TrainConfig c = pmap::testing::small_config(2, 4);
+    c.backend = pmap::DeviceKind::cuda;
+    c.model = "keras-convnet";
+    c.optimizer.name = "adam";
+    c.dropout = {0.1f, 0.5f, 0.3f, 0.7f};
+    pe::Trainer old(c, data().train, data().test);
+    old.run_epoch();
+    const train::TrainStep keras(train::keras_convnet({12, 12, 1}), train::Optimizer(optim::Adam{}));
+    const Run gpu = run_epoch(keras, 2, 4, 64, pmap::DeviceKind::cuda, {.dropout_rate = c.dropout});
+    const float diff = pmap::testing::max_abs_diff(
+        stacked(gpu.states, keras.model().param_names(), &train::TrainState::params), old.params());
+    MESSAGE("keras-convnet with per-member dropout rates, against the runner on the same GPUs: " << diff);
+    CHECK(diff <= 1e-5f);  // the products' sums may run in another order than the runner's
+  }
+  SUBCASE("the errors: a list's length, a bad value, a hyper-parameter the optimizer does not take") {
+    const train::TrainStep sgd(model, train::Optimizer(optim::Sgd{.learning_rate = 0.1f}));
+    const auto keys = pmap::split(pmap::key(2), 3);
+    CHECK_THROWS_WITH_AS(sgd.init(keys, pmap::Device{}, {.learning_rate = {0.1f, 0.2f}}),
+                         "TrainStep::init: hyperparams.learning_rate has 2 values for 3 members; it needs one per "
+                         "member (or none)",
+                         pmap::ValueError);
+    CHECK_THROWS_WITH_AS(sgd.init(keys, pmap::Device{}, {.learning_rate = {0.1f, -0.2f, 0.3f}}),
+                         doctest::Contains("hyperparams.learning_rate[1] must be finite and >= 0"), pmap::ValueError);
+    CHECK_THROWS_WITH_AS(sgd.init(keys, pmap::Device{}, {.learning_rate = {0.1f, 0.2f, std::nanf("")}}),
+                         doctest::Contains("hyperparams.learning_rate[2] must be finite"), pmap::ValueError);
+    CHECK_THROWS_WITH_AS(sgd.init(keys, pmap::Device{}, {.weight_decay = {0.1f, 0.2f, 0.3f}}),
+                         "TrainStep::init: hyperparams.weight_decay: optim::Sgd has no per-member hyper-parameter "
+                         "'weight_decay'",
+                         pmap::ValueError);
+    const train::Optimizer clip(optim::clip_by_global_norm(1.0f));
+    CHECK_FALSE(clip.has_hyperparam("learning_rate"));
+    CHECK(train::Optimizer(optim::AdamW{}).has_hyperparam("weight_decay"));
+    CHECK(train::Optimizer(optim::RmsProp{}).has_hyperparam("learning_rate"));
+    CHECK_FALSE(train::Optimizer(optim::Adam{}).has_hyperparam("weight_decay"));
+    // An update given values it cannot take, or values that are not one per member of the leaves' axis.
+    const train::Variables params = model.init(pmap::key(3)).first;  // one member: leading axes are the tensors'
+    const train::Optimizer tx(optim::Sgd{.learning_rate = 0.1f});
+    const train::Variables state = tx.init(params);
+    train::Variables sgd_grads;
+    for (const auto& [n, a] : params) sgd_grads.emplace(n, Array(a.shape(), pmap::DType::f32, a.device()));
+    train::Variables bad;
+    bad.emplace("momentum", Array::from_host(std::vector<float>{0.5f}, {1}));
+    CHECK_THROWS_WITH_AS(tx.update(sgd_grads, state, params, bad),
+                         "optim::Sgd has no per-member hyper-parameter 'momentum'", pmap::ValueError);
+    train::Variables three;
+    three.emplace("learning_rate", Array::from_host(std::vector<float>{0.1f, 0.2f, 0.3f}, {3}));
+    CHECK_THROWS_WITH_AS(tx.update(sgd_grads, state, params, three),
+                         doctest::Contains("lr must be one f32 value, or one per row of grads' leading axis"),
+                         pmap::ShapeError);
+  }
 }
 
 TEST_CASE("train optimizer: state named for checkpoints, and the errors of bad variables, states and options") {

@@ -10,14 +10,17 @@
 namespace pmap::train {
 
 Model::Model(std::string name, Shape input, int classes, std::vector<std::string> param_names,
-             std::vector<std::string> state_names, Init init, Apply apply)
+             std::vector<std::string> state_names, Init init, Apply apply, int dropout_layers)
     : name_(std::move(name)), input_(std::move(input)), classes_(classes), param_names_(std::move(param_names)),
-      state_names_(std::move(state_names)), init_(std::move(init)), apply_(std::move(apply)) {
+      state_names_(std::move(state_names)), init_(std::move(init)), apply_(std::move(apply)),
+      dropout_layers_(dropout_layers) {
   if (input_.size() != 3 || input_[0] < 1 || input_[1] < 1 || input_[2] < 1)
     throw ValueError("Model '" + name_ + "': the input shape must be (H, W, C) with every size >= 1");
   if (classes_ < 2) throw ValueError("Model '" + name_ + "': classes must be >= 2, got " + std::to_string(classes_));
   if (param_names_.empty()) throw ValueError("Model '" + name_ + "' has no parameters");
   if (!init_ || !apply_) throw ValueError("Model '" + name_ + "': init and apply must be functions");
+  if (dropout_layers_ < 0)
+    throw ValueError("Model '" + name_ + "': dropout_layers must be >= 0, got " + std::to_string(dropout_layers_));
 }
 
 namespace {
@@ -129,9 +132,10 @@ Model keras_convnet(Shape input, int classes, float dropout) {
         auto [h1, s1] = norm(p.BatchNorm_1, s.BatchNorm_1, conv1(p.Conv_1, h0), bc);
         auto [h2, s2] = norm(p.BatchNorm_2, s.BatchNorm_2, large_k(p.large_k, h1), bc);
         Array h = dense0(p.Dense_0, ops::global_avg_pool(h2), /*relu=*/true);
-        h = drop(h, {.train = call.train, .rng = call.rng});
+        h = drop(h, {.train = call.train, .rng = call.rng, .rate = call.dropout_rate});
         return std::pair{dense1(p.Dense_1, h), ConvnetState{std::move(s0), std::move(s1), std::move(s2)}};
-      });
+      },
+      /*dropout_layers=*/1);
 }
 
 std::vector<std::string> model_names() { return {"flax-cnn", "keras-convnet"}; }

@@ -39,6 +39,9 @@ struct Call {
   bool train = false;
   nn::Rng rng;
   AxisNames batch_axis;
+  // Training: the member's dropout rate (one f32 value on the device) for the model's Dropout layers, in place
+  // of their own (a hyper-parameter ensemble's; pass it as nn::DropoutCall::rate); null: their own rates.
+  const Array* dropout_rate = nullptr;
 };
 
 class Model {
@@ -48,15 +51,17 @@ class Model {
       std::function<std::pair<Array, Variables>(const Variables&, const Variables&, const Array&, const Call&)>;
 
   // `input` the per-example shape (H, W, C), `classes` the logits' last dimension; the names of the
-  // parameters and of the model state in model order (what summaries and checkpoints list).
+  // parameters and of the model state in model order (what summaries and checkpoints list); how many
+  // nn::Dropout layers apply runs, each given Call::dropout_rate (0: none, and per-member rates are refused).
   Model(std::string name, Shape input, int classes, std::vector<std::string> param_names,
-        std::vector<std::string> state_names, Init init, Apply apply);
+        std::vector<std::string> state_names, Init init, Apply apply, int dropout_layers = 0);
 
   const std::string& name() const { return name_; }
   const Shape& input_shape() const { return input_; }
   int classes() const { return classes_; }
   const std::vector<std::string>& param_names() const { return param_names_; }
   const std::vector<std::string>& state_names() const { return state_names_; }
+  int dropout_layers() const { return dropout_layers_; }
 
   // One member's (parameters, model state) from its key, on `device`. ValueError when init's tensors are not
   // the names the model was made with.
@@ -72,13 +77,15 @@ class Model {
   std::vector<std::string> param_names_, state_names_;
   Init init_;
   Apply apply_;
+  int dropout_layers_ = 0;
 };
 
 // A Model from typed module code: init(key, device) -> std::pair<P, S>, apply(p, s, x, call) -> std::pair<Array,
 // S>, P and S PMAPCC_TREE structs of fixed Array fields (S NoState for a model without state; Model::init
-// refuses a struct whose leaves are not the ones a default-constructed one names).
+// refuses a struct whose leaves are not the ones a default-constructed one names). dropout_layers: how many
+// nn::Dropout layers apply runs with Call::dropout_rate (Model's constructor).
 template <class P, class S = NoState, class InitFn, class ApplyFn>
-Model make_model(std::string name, Shape input, int classes, InitFn init, ApplyFn apply) {
+Model make_model(std::string name, Shape input, int classes, InitFn init, ApplyFn apply, int dropout_layers = 0) {
   return Model(
       std::move(name), std::move(input), classes, variable_names<P>(), variable_names<S>(),
       [init](Key key, const Device& d) {
@@ -91,7 +98,8 @@ Model make_model(std::string name, Shape input, int classes, InitFn init, ApplyF
         for (auto& entry : state)  // a leaf handed back as it came (inference) is a view of the caller's
           if (entry.second.valid() && !entry.second.owns_data()) entry.second = ops::copy(entry.second);
         return std::pair{std::move(y), std::move(state)};
-      });
+      },
+      dropout_layers);
 }
 
 // The Flax MNIST CNN ("flax-cnn"): Conv(32, 3x3, SAME) ReLU AvgPool(2) Conv(64, 3x3, SAME) ReLU AvgPool(2)

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -46,11 +47,16 @@ class Optimizer {
   bool elementwise() const { return impl_->elementwise(); }
   // The initial state for `params` (on their device).
   Variables init(const Variables& params) const { return impl_->init(params); }
+  // Whether the transformation takes the per-member hyper-parameter `name` ("learning_rate", "weight_decay":
+  // optim/base.h's inject).
+  bool has_hyperparam(std::string_view name) const { return impl_->has_hyperparam(name); }
   // (updates, new state); the state is read, not written (optax's pure update). ValueError naming the missing
-  // or extra state tensor for a state of another optimizer or other parameters.
-  std::pair<Variables, Variables> update(const Variables& grads, const Variables& state,
-                                         const Variables& params) const {
-    return impl_->update(grads, state, params);
+  // or extra state tensor for a state of another optimizer or other parameters. `hyperparams`: per-member
+  // values by hyper-parameter name (each f32, one per member of the leaves' leading axis, or one), injected
+  // into a copy of the transformation for this update; ValueError naming one it does not take.
+  std::pair<Variables, Variables> update(const Variables& grads, const Variables& state, const Variables& params,
+                                         const Variables& hyperparams = {}) const {
+    return impl_->update(grads, state, params, hyperparams);
   }
 
  private:
@@ -59,8 +65,9 @@ class Optimizer {
     virtual const char* name() const = 0;
     virtual bool elementwise() const = 0;
     virtual Variables init(const Variables& params) const = 0;
+    virtual bool has_hyperparam(std::string_view name) const = 0;
     virtual std::pair<Variables, Variables> update(const Variables& grads, const Variables& state,
-                                                   const Variables& params) const = 0;
+                                                   const Variables& params, const Variables& hyperparams) const = 0;
   };
 
   template <class Tx> struct Impl final : Base {
@@ -75,10 +82,23 @@ class Optimizer {
       return named(std::move(s), params);
     }
 
-    std::pair<Variables, Variables> update(const Variables& grads, const Variables& state,
-                                           const Variables& params) const override {
+    bool has_hyperparam(std::string_view name) const override {
+      Tx copy = tx;
+      return optim::inject(copy, name, Array());
+    }
+
+    std::pair<Variables, Variables> update(const Variables& grads, const Variables& state, const Variables& params,
+                                           const Variables& hyperparams) const override {
       State typed = unnamed(state, params);
-      auto [updates, next] = tx.update(grads, typed, params);
+      if (hyperparams.empty()) {
+        auto [updates, next] = tx.update(grads, typed, params);
+        return {std::move(updates), named(std::move(next), params)};
+      }
+      Tx injected = tx;
+      for (const auto& [name, values] : hyperparams)
+        if (!optim::inject(injected, name, values))
+          throw ValueError(std::string(Tx::kName) + " has no per-member hyper-parameter '" + name + "'");
+      auto [updates, next] = injected.update(grads, typed, params);
       return {std::move(updates), named(std::move(next), params)};
     }
 

@@ -1,5 +1,8 @@
 #include <pmapcc/train/step.h>
 
+#include <cmath>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -17,6 +20,8 @@
 namespace pmap::train {
 
 namespace {
+
+constexpr const char* kDropoutRate = "dropout_rate";
 
 // One member's loss () f32, logits (N, K), new model state and gradients (stacked over the members by map).
 struct MemberGrads {
@@ -56,8 +61,10 @@ MemberGrads member_grads(const StepParts& k, const TrainState& s, const Array& x
                          std::int64_t offset) {
   const AxisNames bn_axis = k.options.data_parallel ? AxisNames{k.options.axis} : AxisNames{};
   auto grads_of = map(
-      [&](const Variables& params, const Variables& state, const Array& key) {
-        const Call call{.train = true, .rng = {&key, &s.step, offset}, .batch_axis = bn_axis};
+      [&](const Variables& params, const Variables& state, const Array& key, const Variables& hyper) {
+        const auto rate = hyper.find(kDropoutRate);
+        const Call call{.train = true, .rng = {&key, &s.step, offset}, .batch_axis = bn_axis,
+                        .dropout_rate = rate == hyper.end() ? nullptr : &rate->second};
         auto loss_fn = [&](const Variables& p) {
           auto [logits, next] = k.model.apply(p, state, x, call);
           Array value = k.loss(logits, y);
@@ -67,8 +74,16 @@ MemberGrads member_grads(const StepParts& k, const TrainState& s, const Array& x
         return MemberGrads{std::move(value.first), std::move(value.second.first), std::move(value.second.second),
                            std::move(grads)};
       },
-      batch, {0, 0, 0}, "the train step");
-  return grads_of(s.params, s.state, s.dropout_keys);
+      batch, {0, 0, 0, 0}, "the train step");
+  return grads_of(s.params, s.state, s.dropout_keys, s.hyperparams);
+}
+
+// The hyper-parameters the optimizer takes: all but the model's dropout rate (views).
+Variables optimizer_hyperparams(const Variables& hyper) {
+  Variables out;
+  for (const auto& [name, a] : hyper)
+    if (name != kDropoutRate) out.emplace(name, vmap_detail::alias(a));
+  return out;
 }
 
 Variables member_of(const Variables& stacked, std::int64_t m) {
@@ -81,14 +96,15 @@ Variables member_of(const Variables& stacked, std::int64_t m) {
 // kElementwise) updates the stacked members at once with one state; any other, member by member on views of
 // each member's slices (each its own state: a global norm's clipping is the member's), restacked.
 MemberUpdate update_members(const Optimizer& optimizer, const TrainState& s, const Variables& grads) {
-  if (optimizer.elementwise()) {
-    auto [updates, next] = optimizer.update(grads, s.opt, s.params);
+  if (optimizer.elementwise()) {  // per-member hyper-parameters (members) along the leaves' member axis
+    auto [updates, next] = optimizer.update(grads, s.opt, s.params, optimizer_hyperparams(s.hyperparams));
     return {optim::apply_updates(s.params, updates), std::move(next)};
   }
+  const Variables hyper = optimizer_hyperparams(s.hyperparams);
   std::vector<MemberUpdate> parts;
   for (std::int64_t m = 0; m < s.dropout_keys.dim(0); ++m) {
     Variables p = member_of(s.params, m);
-    auto [updates, next] = optimizer.update(member_of(grads, m), member_of(s.opt, m), p);
+    auto [updates, next] = optimizer.update(member_of(grads, m), member_of(s.opt, m), p, member_of(hyper, m));
     parts.push_back({optim::apply_updates(p, updates), std::move(next)});
   }
   return stack_trees(parts);
@@ -134,8 +150,33 @@ TrainStep::TrainStep(Model model, Optimizer optimizer, Loss loss, StepOptions op
 
 JitStats TrainStep::stats() const { return jit_->step.stats(); }
 
-TrainState TrainStep::init(std::span<const Key> keys, const Device& device) const {
+TrainState TrainStep::init(std::span<const Key> keys, const Device& device, const MemberHyperparams& hyper) const {
   if (keys.empty()) throw ValueError("TrainStep::init: no member keys");
+  Variables hyperparams;
+  for (const auto& [name, values] : {std::pair{"learning_rate", &hyper.learning_rate},
+                                     std::pair{"weight_decay", &hyper.weight_decay},
+                                     std::pair{kDropoutRate, &hyper.dropout_rate}}) {
+    if (values->empty()) continue;
+    const std::string field = std::string("TrainStep::init: hyperparams.") + name;
+    if (values->size() != keys.size())
+      throw ValueError(field + " has " + std::to_string(values->size()) + " values for " +
+                       std::to_string(keys.size()) + " members; it needs one per member (or none)");
+    for (std::size_t m = 0; m < values->size(); ++m)
+      if (!((*values)[m] >= 0) || !std::isfinite((*values)[m]))
+        throw ValueError(field + "[" + std::to_string(m) + "] must be finite and >= 0, got " +
+                         std::to_string((*values)[m]));
+    const bool dropout = std::string_view(name) == kDropoutRate;
+    if (dropout) {
+      for (std::size_t m = 0; m < values->size(); ++m)
+        if (!((*values)[m] < 1))
+          throw ValueError(field + "[" + std::to_string(m) + "] must be in [0, 1), got " +
+                           std::to_string((*values)[m]));
+      if (model_.dropout_layers() == 0)
+        throw ValueError(field + ": model '" + model_.name() + "' has no Dropout layer");
+    } else if (!optimizer_.has_hyperparam(name))
+      throw ValueError(field + ": " + optimizer_.name() + " has no per-member hyper-parameter '" + name + "'");
+    hyperparams.emplace(name, Array::from_host(*values, {static_cast<std::int64_t>(values->size())}).to(device));
+  }
   std::vector<Variables> params, states, opts;
   std::vector<std::uint32_t> dropout;
   for (const Key& k : keys) {
@@ -148,7 +189,7 @@ TrainState TrainStep::init(std::span<const Key> keys, const Device& device) cons
   }
   Variables stacked = stack_trees(params);
   Variables opt = optimizer_.elementwise() ? optimizer_.init(stacked) : stack_trees(opts);  // as the step keeps it
-  return {std::move(stacked), stack_trees(states), std::move(opt),
+  return {std::move(stacked), stack_trees(states), std::move(opt), std::move(hyperparams),
           Array::from_host(dropout, {static_cast<std::int64_t>(keys.size()), 2}).to(device),
           Array::from_host(std::vector<std::int64_t>{0}, {1}).to(device)};
 }
