@@ -1,5 +1,5 @@
 // pmap::ops::eager's optimizer scalars (kernels/array_ops_optim.h): each checks its operands and runs the
-// device's OptimizerOps (kernels/optimizer_ops.h) on one member.
+// device's OptimizerOps (kernels/optimizer_ops.h) on one member, or on one value per member.
 #include <pmapcc/kernels/array_ops_optim.h>
 
 #include <cmath>

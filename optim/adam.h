@@ -55,9 +55,9 @@ struct Adam {
   std::vector<Array> update_leaves(const Leaves& grads, State& state, const Leaves& params) const;
   void validate() const;
   // Per-member hyper-parameters (optim/base.h): "learning_rate" (the schedule's bases).
-  bool inject(std::string_view name, const Array& values) {
+  bool inject(std::string_view name, const std::shared_ptr<const Array>& values) {
     if (name != "learning_rate") return false;
-    if (values.valid()) learning_rate.bases = detail::shared(values);
+    if (values) learning_rate.bases = values;
     return true;
   }
 };
@@ -91,10 +91,10 @@ struct AdamW {
   std::vector<Array> update_leaves(const Leaves& grads, State& state, const Leaves& params) const;
   void validate() const;
   // Per-member hyper-parameters (optim/base.h): "learning_rate" (the schedule's bases), "weight_decay".
-  bool inject(std::string_view name, const Array& values) {
+  bool inject(std::string_view name, const std::shared_ptr<const Array>& values) {
     auto* field = name == "learning_rate" ? &learning_rate.bases : name == "weight_decay" ? &weight_decays : nullptr;
     if (field == nullptr) return false;
-    if (values.valid()) *field = detail::shared(values);
+    if (values) *field = values;
     return true;
   }
 };

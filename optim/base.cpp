@@ -2,6 +2,8 @@
 #include <pmapcc/optim/base.h>
 
 #include <cmath>
+#include <string>
+#include <string_view>
 
 #include <pmapcc/kernels/array_ops.h>
 
@@ -58,19 +60,24 @@ void check_count(const char* fn, const Array& count, const Leaves& params) {
   }
 }
 
-Array per_member(const char* fn, const Array& v, const Array& like) {
-  if (v.size() == 1) return vmap_detail::alias(v);
-  if (like.ndim() == 0 || like.dim(0) != v.size()) {
+void check_per_member(const char* fn, const Array& v, const Array& like) {
+  if (v.size() != 1 && (like.ndim() == 0 || like.dim(0) != v.size())) {
     throw ShapeError(std::string(fn) + ": per-member values " + v.signature() + " against a leaf " +
                      like.signature() + "; they must be one value, or one per row of the leaf's leading axis");
   }
+}
+
+Array per_member(const char* fn, const Array& v, const Array& like) {
+  check_per_member(fn, v, like);
+  if (v.size() == 1) return vmap_detail::alias(v);
   Shape rows(static_cast<std::size_t>(like.ndim()), 1);
   rows[0] = v.size();
   return ops::broadcast_to(ops::reshape(v, rows), like.shape());
 }
 
-std::shared_ptr<const Array> shared(const Array& values) {
-  return std::make_shared<const Array>(vmap_detail::alias(values));
+void ambiguous_hyperparam(const char* chain, std::string_view name, int takers) {
+  throw ValueError(std::string(chain) + ": " + std::to_string(takers) + " of its transformations take the "
+                   "per-member hyper-parameter '" + std::string(name) + "'; give it to one of them only");
 }
 
 void require_finite_nonnegative(const char* who, const char* field, double v) {

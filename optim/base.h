@@ -13,12 +13,15 @@
 // update reads the state it is given and returns a new one (optax's pure functions): a const state works,
 // as inside a jitted step.
 // Per-member hyper-parameters (a hyper-parameter ensemble, optax.inject_hyperparams' use under vmap): a
-// transformation that takes them has `bool inject(std::string_view name, const Array& values)`, which sets
-// the hyper-parameter `name` ("learning_rate", "weight_decay") of this copy to `values`, f32 with one value
-// per member of the leaves' leading (stacked member) axis, or one value, on the parameters' device, and
-// says whether it has that hyper-parameter (an empty `values` only asks). The values replace the field's
-// float in the arithmetic, element for element the bits the float would give; the training layer keeps them
-// in its state and injects them into a copy of the transformation at each step.
+// transformation that takes them has `bool inject(std::string_view name, const std::shared_ptr<const
+// Array>& values)`, which sets the hyper-parameter `name` ("learning_rate", "weight_decay") of this copy to
+// `values`, f32 with one value per member of the leaves' leading (stacked member) axis, or one value, on the
+// parameters' device, and says whether it has that hyper-parameter (null `values` only asks). The copy
+// shares `values` (a view inside it must outlive the copy). They replace the field's float in the
+// arithmetic, element for element the bits the float would give; the values are not checked (they stay on
+// the device: the caller checks them) and a learning rate is not differentiated (the schedule is computed
+// eagerly). The training layer keeps them in its state and injects them into a copy of the transformation
+// at each step.
 #pragma once
 
 #include <cstdint>
@@ -52,7 +55,7 @@ template <class Tx> constexpr bool is_elementwise() {
 
 // Sets tx's hyper-parameter `name` to per-member `values` (see above) and says whether tx has it: false for a
 // transformation without inject.
-template <class Tx> bool inject(Tx& tx, std::string_view name, const Array& values) {
+template <class Tx> bool inject(Tx& tx, std::string_view name, const std::shared_ptr<const Array>& values) {
   if constexpr (requires { { tx.inject(name, values) } -> std::convertible_to<bool>; }) {
     return tx.inject(name, values);
   } else {
@@ -66,9 +69,10 @@ namespace detail {
 // of like and the result gives row m v[m]. ShapeError naming fn when v has neither one value nor like's
 // leading size.
 Array per_member(const char* fn, const Array& v, const Array& like);
-// A shared view of values' storage (as the transformation's fields hold injected values; keeps a traced
-// value traced).
-std::shared_ptr<const Array> shared(const Array& values);
+// ValueError: `takers` transformations of `chain` have the hyper-parameter `name`.
+[[noreturn]] void ambiguous_hyperparam(const char* chain, std::string_view name, int takers);
+// ShapeError naming fn unless v has one value or like's leading size (per_member's check, without the copy).
+void check_per_member(const char* fn, const Array& v, const Array& like);
 // Each f32 Array leaf of a tree, in tree order (scalar leaves are not parameters).
 template <class T> Leaves leaves(const T& tree) {
   Leaves out;

@@ -4,6 +4,7 @@
 //   optim::RmsProp tx{.learning_rate = 1e-3f, .momentum = 0.9f};
 #pragma once
 
+#include <memory>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -52,9 +53,9 @@ struct RmsProp {
   std::vector<Array> update_leaves(const Leaves& grads, State& state, const Leaves& params) const;
   void validate() const;
   // Per-member hyper-parameters (optim/base.h): "learning_rate" (the schedule's bases).
-  bool inject(std::string_view name, const Array& values) {
+  bool inject(std::string_view name, const std::shared_ptr<const Array>& values) {
     if (name != "learning_rate") return false;
-    if (values.valid()) learning_rate.bases = detail::shared(values);
+    if (values) learning_rate.bases = values;
     return true;
   }
 };

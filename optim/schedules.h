@@ -26,7 +26,7 @@ struct Schedule {
   kernels::ScheduleParams factor{};
   // Per-member bases (optim/base.h's inject): f32, one per member stacked on the leaves' leading axis, on the
   // parameters' device; when set they replace base on the device (the rate at t is then one per member, each
-  // the bits base = that value gives). at() reads base only. Shared: copies of the schedule read the same.
+  // the bits base = that value gives). at() reads base only. Copies of the schedule share them.
   std::shared_ptr<const Array> bases = nullptr;
 
   Schedule() = default;

@@ -27,6 +27,7 @@ std::vector<Array> Sgd::update_leaves(const Leaves& grads, SgdState& state, cons
   const kernels::SgdParams fused{.momentum = momentum, .nesterov = nesterov};
   for (std::size_t i = 0; i < grads.size(); ++i) {
     const Array& g = *grads[i];
+    detail::check_per_member(kName, lr, g);  // per-member rates: one per row of each leaf's member axis
     // Outside grad and vmap (no operand traced), one pass (kernels::OptimizerOps::sgd_trace, the same bits as
     // the ops below); inside them, the ops, so that a transformation follows the update.
     if (pmap::detail::trace_tag(g) == 0 && pmap::detail::trace_tag(state.trace[i]) == 0 &&

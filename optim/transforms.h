@@ -63,9 +63,9 @@ struct AddDecayedWeights {
   std::vector<Array> update_leaves(const Leaves& grads, State& state, const Leaves& params) const;
   void validate() const;
   // Per-member hyper-parameters (optim/base.h): "weight_decay".
-  bool inject(std::string_view name, const Array& values) {
+  bool inject(std::string_view name, const std::shared_ptr<const Array>& values) {
     if (name != "weight_decay") return false;
-    if (values.valid()) weight_decays = detail::shared(values);
+    if (values) weight_decays = values;
     return true;
   }
 };
@@ -100,9 +100,15 @@ template <class... Txs> struct Chain {
     return held;
   }
 
-  // Per-member hyper-parameters (optim/base.h): given to every transformation of the chain that has `name`.
-  bool inject(std::string_view name, const Array& values) {
-    return std::apply([&](auto&... tx) { return (optim::inject(tx, name, values) | ...); }, transforms);
+  // Per-member hyper-parameters (optim/base.h): given to the transformation of the chain that has `name`;
+  // ValueError when several have it (chain(add_decayed_weights(...), AdamW{...}) and "weight_decay": which
+  // one is meant is not clear).
+  bool inject(std::string_view name, const std::shared_ptr<const Array>& values) {
+    const int takers =
+        std::apply([&](auto&... tx) { return (int{optim::inject(tx, name, values)} + ...); }, transforms);
+    if (takers > 1)
+      detail::ambiguous_hyperparam(kName, name, takers);
+    return takers == 1;
   }
 };
 

@@ -339,22 +339,6 @@ TEST_CASE("train step: per-member learning rates and weight decays train each me
     CHECK(member_params(run, model, 2, 1) != member_params(first, model, 2, 1));
     CHECK(run.states[0].opt.at("count").shape() == pmap::Shape{1});  // one state for the stacked members
   }
-  SUBCASE("a chain that clips each member's norm (member by member): every transformation that has the value") {
-    auto tx = [](float lr, float wd) {
-      return train::Optimizer(optim::chain(optim::clip_by_global_norm(0.5f), optim::add_decayed_weights(wd),
-                                           optim::Sgd{.learning_rate = lr, .momentum = 0.9f}));
-    };
-    const train::TrainStep mixed(model, tx(0.1f, 0.0f));
-    CHECK(mixed.init(pmap::split(pmap::key(1), 2), pmap::Device{}, {.weight_decay = {0.f, 1e-3f}})
-              .hyperparams.size() == 1);
-    const Run run = run_epoch(mixed, 2, 2, 64, pmap::DeviceKind::cpu,
-                              {.learning_rate = {0.1f, 0.05f}, .weight_decay = {0.0f, 1e-3f}});
-    const Run first = run_epoch(train::TrainStep(model, tx(0.1f, 0.0f)), 2, 2, 64);
-    const Run second = run_epoch(train::TrainStep(model, tx(0.05f, 1e-3f)), 2, 2, 64);
-    CHECK(member_params(run, model, 2, 0) == member_params(first, model, 2, 0));
-    CHECK(member_params(run, model, 2, 1) == member_params(second, model, 2, 1));
-    CHECK(member_params(run, model, 2, 1) != member_params(first, model, 2, 1));
-  }
   SUBCASE("dropout rates: keras-convnet's Dropout takes each member's, as the runner's --dropout list does") {
     pe::TrainConfig c = pmap::testing::small_config(1, 2);
     c.model = "keras-convnet";
@@ -382,7 +366,8 @@ TEST_CASE("train step: per-member learning rates and weight decays train each me
                          pmap::ValueError);
     const train::TrainStep flax(model, adam);
     CHECK_THROWS_WITH_AS(flax.init(pmap::split(pmap::key(1), 2), pmap::Device{}, {.dropout_rate = {0.5f, 0.1f}}),
-                         "TrainStep::init: hyperparams.dropout_rate: model 'flax-cnn' has no Dropout layer",
+                         "TrainStep::init: hyperparams.dropout_rate: model 'flax-cnn' declares no Dropout layer "
+                         "(Model's dropout_layers)",
                          pmap::ValueError);
   }
   SUBCASE("on GPUs: the values reach the CUDA kernels and the ops on each GPU's members") {
@@ -449,10 +434,53 @@ TEST_CASE("train step: per-member learning rates and weight decays train each me
                          "optim::Sgd has no per-member hyper-parameter 'momentum'", pmap::ValueError);
     train::Variables three;
     three.emplace("learning_rate", Array::from_host(std::vector<float>{0.1f, 0.2f, 0.3f}, {3}));
+    // Three values against unstacked parameters: refused, even where a leaf's own leading axis is 3
+    // (Conv_0/kernel (3, 3, 1, 32)).
     CHECK_THROWS_WITH_AS(tx.update(sgd_grads, state, params, three),
-                         doctest::Contains("lr must be one f32 value, or one per row of grads' leading axis"),
+                         doctest::Contains("the per-member hyper-parameter 'learning_rate' has 3 values and "
+                                           "parameter 'Conv_0/bias' is f32(32,)"),
                          pmap::ShapeError);
+    train::Variables empty;
+    empty.emplace("learning_rate", Array());
+    CHECK_THROWS_WITH_AS(tx.update(sgd_grads, state, params, empty),
+                         "optim::Sgd: the per-member hyper-parameter 'learning_rate' is empty", pmap::ValueError);
+    // -0 is held as +0, as the one-value forms compute with it (so the bits agree).
+    const auto held = sgd.init(keys, pmap::Device{}, {.learning_rate = {-0.0f, 0.1f, 0.0f}})
+                          .hyperparams.at("learning_rate").to_vector<float>();
+    CHECK_FALSE(std::signbit(held[0]));
+    CHECK(held[1] == 0.1f);
   }
+}
+
+// Out of the case above so that ThreadSanitizer runs it (each device's thread injects into its own copy).
+TEST_CASE("train step: a chain's per-member values, member by member on two devices, and an ambiguous one") {
+  namespace optim = pmap::optim;
+  const train::Model model = train::flax_cnn({12, 12, 1});
+  auto tx = [](float lr, float wd) {
+    return train::Optimizer(optim::chain(optim::clip_by_global_norm(0.5f), optim::add_decayed_weights(wd),
+                                         optim::Sgd{.learning_rate = lr, .momentum = 0.9f}));
+  };
+  const train::TrainStep mixed(model, tx(0.1f, 0.0f));
+  CHECK(mixed.init(pmap::split(pmap::key(1), 2), pmap::Device{}, {.weight_decay = {0.f, 1e-3f}})
+            .hyperparams.size() == 1);
+  // Two members a device: each device's second member takes its own values (not the first's).
+  const Run run = run_epoch(
+      mixed, 2, 4, 64, pmap::DeviceKind::cpu,
+      {.learning_rate = {0.1f, 0.05f, 0.1f, 0.05f}, .weight_decay = {0.0f, 1e-3f, 0.0f, 1e-3f}});
+  const Run first = run_epoch(train::TrainStep(model, tx(0.1f, 0.0f)), 2, 4, 64);
+  const Run second = run_epoch(train::TrainStep(model, tx(0.05f, 1e-3f)), 2, 4, 64);
+  for (int m = 0; m < 4; ++m) {
+    CAPTURE(m);
+    CHECK(member_params(run, model, 4, m) == member_params(m % 2 ? second : first, model, 4, m));
+    CHECK(member_params(run, model, 4, m) != member_params(m % 2 ? first : second, model, 4, m));
+  }
+  // A chain where two transformations take the weight decay: which one is meant is not clear.
+  const train::Optimizer twice(optim::chain(optim::add_decayed_weights(0.0f), optim::AdamW{}));
+  CHECK_THROWS_WITH_AS(twice.has_hyperparam("weight_decay"),
+                       "optim::chain: 2 of its transformations take the per-member hyper-parameter 'weight_decay'; "
+                       "give it to one of them only",
+                       pmap::ValueError);
+  CHECK(twice.has_hyperparam("learning_rate"));
 }
 
 TEST_CASE("train optimizer: state named for checkpoints, and the errors of bad variables, states and options") {

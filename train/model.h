@@ -52,7 +52,9 @@ class Model {
 
   // `input` the per-example shape (H, W, C), `classes` the logits' last dimension; the names of the
   // parameters and of the model state in model order (what summaries and checkpoints list); how many
-  // nn::Dropout layers apply runs, each given Call::dropout_rate (0: none, and per-member rates are refused).
+  // nn::Dropout layers apply runs, each of which it must give Call::dropout_rate (nn::DropoutCall::rate):
+  // 0 declares none, and TrainStep then refuses per-member dropout rates (a model that runs Dropout without
+  // passing the rate on would ignore them).
   Model(std::string name, Shape input, int classes, std::vector<std::string> param_names,
         std::vector<std::string> state_names, Init init, Apply apply, int dropout_layers = 0);
 

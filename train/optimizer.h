@@ -84,7 +84,7 @@ class Optimizer {
 
     bool has_hyperparam(std::string_view name) const override {
       Tx copy = tx;
-      return optim::inject(copy, name, Array());
+      return optim::inject(copy, name, nullptr);
     }
 
     std::pair<Variables, Variables> update(const Variables& grads, const Variables& state, const Variables& params,
@@ -94,10 +94,19 @@ class Optimizer {
         auto [updates, next] = tx.update(grads, typed, params);
         return {std::move(updates), named(std::move(next), params)};
       }
-      Tx injected = tx;
-      for (const auto& [name, values] : hyperparams)
-        if (!optim::inject(injected, name, values))
+      Tx injected = tx;  // this update's copy: views of the caller's values, which outlive it
+      for (const auto& [name, values] : hyperparams) {
+        if (!values.valid())
+          throw ValueError(std::string(Tx::kName) + ": the per-member hyper-parameter '" + name + "' is empty");
+        if (values.size() > 1)  // one per member: every leaf stacks that many (no leaf's own axis taken for it)
+          for (const auto& [leaf, p] : params)
+            if (p.ndim() == 0 || p.dim(0) != values.size())
+              throw ShapeError(std::string(Tx::kName) + ": the per-member hyper-parameter '" + name + "' has " +
+                               std::to_string(values.size()) + " values and parameter '" + leaf + "' is " +
+                               p.signature() + "; each must stack as many members on its leading axis");
+        if (!optim::inject(injected, name, std::make_shared<const Array>(vmap_detail::alias(values))))
           throw ValueError(std::string(Tx::kName) + " has no per-member hyper-parameter '" + name + "'");
+      }
       auto [updates, next] = injected.update(grads, typed, params);
       return {std::move(updates), named(std::move(next), params)};
     }

@@ -43,7 +43,8 @@ struct TrainState {
                        // members, one count; any other each member's, (members, ...)
   Variables hyperparams;  // per-member hyper-parameters by name, (members) f32 each (init's MemberHyperparams):
                           // "learning_rate", "weight_decay" injected into the optimizer at each step,
-                          // "dropout_rate" the model's Call::dropout_rate; empty: the optimizer's and model's own
+                          // "dropout_rate" the model's Call::dropout_rate; empty: the optimizer's and model's own.
+                          // Checked by init only: values put here later are used as they are
   Array dropout_keys;  // (members, 2) u32
   Array step;          // (1) i64: the steps taken
 };
@@ -52,10 +53,11 @@ PMAPCC_TREE(TrainState, params, state, opt, hyperparams, dropout_keys, step)
 // A hyper-parameter ensemble: each member its own learning rate, weight decay or dropout rate, one value per
 // member of TrainStep::init's keys (an empty list: the optimizer's or the model's own value for all). The
 // learning rate replaces the schedule's base rate (its warmup and decay still apply); it and the weight decay
-// must be hyper-parameters the optimizer takes (Optimizer::has_hyperparam: Sgd, Adam, RmsProp the learning
-// rate; AdamW and add_decayed_weights the weight decay; in a chain, every transformation that has it). The
-// dropout rate, in [0, 1), replaces the rate of every Dropout layer of the model (Call::dropout_rate; a model
-// without one refuses it). A member trains bit for bit as it would with its values given to all.
+// must be hyper-parameters the optimizer takes (Optimizer::has_hyperparam: Sgd, Adam, AdamW, RmsProp the
+// learning rate; AdamW and add_decayed_weights the weight decay; in a chain, the one transformation that has
+// it). The dropout rate, in [0, 1), replaces the rate of every Dropout layer of the model (Call::dropout_rate;
+// a model that declares no Dropout layer, Model::dropout_layers, refuses it). A member trains bit for bit as
+// it would with its values given to all. Data parallel: give every replica the same values.
 struct MemberHyperparams {
   std::vector<float> learning_rate = {};
   std::vector<float> weight_decay = {};
@@ -89,8 +91,9 @@ class TrainStep {
 
   // The members of `keys` on `device`: each member's variables from model().init(key), its optimizer state,
   // its dropout key and its hyper-parameters of `hyper`, stacked; the step counter zero. ValueError naming the
-  // field of `hyper` for a list that is not one value per key, a value that is negative or not finite, or a
-  // hyper-parameter the optimizer does not take.
+  // field of `hyper` for a list that is not one value per key, a value that is negative or not finite (a
+  // dropout rate not below 1), a hyper-parameter the optimizer does not take, or dropout rates for a model
+  // that declares no Dropout layer.
   TrainState init(std::span<const Key> keys, const Device& device, const MemberHyperparams& hyper = {}) const;
 
   // One step of this device's members on its batch (inside pmap over options().axis): state becomes the
