@@ -40,11 +40,8 @@ void require_floats(const char* fn, const char* arg, const Array& x, const Array
 Array schedule_lr(const kernels::ScheduleParams& schedule, float learning_rate, const Array& step) {
   require_step("schedule_lr", step);
   kernels::validate(schedule);
-  const kernels::Backend& be = backend_of("schedule_lr", step.device());
-  Array base = scale(zeros_on(__func__, Shape{1}, DType::f32, step.device()), 0.0f, learning_rate);  // 0 * 0 + lr, exact
-  Array lr = zeros_on(__func__, Shape{1}, DType::f32, step.device());
-  be.optimizer().schedule_lr(schedule, 1, step.data<std::int64_t>(), base.data<float>(), lr.data<float>());
-  return lr;
+  const Array base = scale(zeros_on(__func__, Shape{1}, DType::f32, step.device()), 0.0f, learning_rate);  // 0*0 + lr
+  return schedule_lr(schedule, base, step);
 }
 
 Array schedule_lr(const kernels::ScheduleParams& schedule, const Array& learning_rates, const Array& step) {
@@ -113,8 +110,7 @@ std::pair<Array, Array> sgd_trace(const kernels::SgdParams& params, const Array&
                               Array::uninitialized(grads.shape(), DType::f32, grads.device())};
   if (grads.size() > 0) {
     be.optimizer().sgd_trace(params, static_cast<int>(members), static_cast<std::size_t>(grads.size() / members),
-                             lr.data<float>(),
-                             grads.data<float>(), trace.data<float>(), out.first.data<float>(),
+                             lr.data<float>(), grads.data<float>(), trace.data<float>(), out.first.data<float>(),
                              out.second.data<float>());
   }
   return out;

@@ -24,11 +24,11 @@
 // at each step.
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
-#include <concepts>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -69,10 +69,10 @@ namespace detail {
 // of like and the result gives row m v[m]. ShapeError naming fn when v has neither one value nor like's
 // leading size.
 Array per_member(const char* fn, const Array& v, const Array& like);
-// ValueError: `takers` transformations of `chain` have the hyper-parameter `name`.
-[[noreturn]] void ambiguous_hyperparam(const char* chain, std::string_view name, int takers);
 // ShapeError naming fn unless v has one value or like's leading size (per_member's check, without the copy).
 void check_per_member(const char* fn, const Array& v, const Array& like);
+// ValueError: `takers` transformations of `chain` have the hyper-parameter `name`.
+[[noreturn]] void ambiguous_hyperparam(const char* chain, std::string_view name, int takers);
 // Each f32 Array leaf of a tree, in tree order (scalar leaves are not parameters).
 template <class T> Leaves leaves(const T& tree) {
   Leaves out;

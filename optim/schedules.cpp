@@ -110,7 +110,7 @@ void check_schedule(const char* who, const char* field, const Schedule& s) {
 
 Array learning_rate_at(const Schedule& s, const Array& count) {
   return s.bases ? ops::eager::schedule_lr(s.factor, *s.bases, count)
-                         : ops::eager::schedule_lr(s.factor, s.base, count);
+                 : ops::eager::schedule_lr(s.factor, s.base, count);
 }
 
 }  // namespace detail
