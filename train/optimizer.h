@@ -90,11 +90,7 @@ class Optimizer {
     std::pair<Variables, Variables> update(const Variables& grads, const Variables& state, const Variables& params,
                                            const Variables& hyperparams) const override {
       State typed = unnamed(state, params);
-      if (hyperparams.empty()) {
-        auto [updates, next] = tx.update(grads, typed, params);
-        return {std::move(updates), named(std::move(next), params)};
-      }
-      Tx injected = tx;  // this update's copy: views of the caller's values, which outlive it
+      Tx injected = tx;  // this update's copy (none injected: tx's own values); views of the caller's values
       for (const auto& [name, values] : hyperparams) {
         if (!values.valid())
           throw ValueError(std::string(Tx::kName) + ": the per-member hyper-parameter '" + name + "' is empty");

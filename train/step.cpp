@@ -161,16 +161,14 @@ TrainState TrainStep::init(std::span<const Key> keys, const Device& device, cons
     if (values->size() != keys.size())
       throw ValueError(field + " has " + std::to_string(values->size()) + " values for " +
                        std::to_string(keys.size()) + " members; it needs one per member (or none)");
-    for (std::size_t m = 0; m < values->size(); ++m)
-      if (!((*values)[m] >= 0) || !std::isfinite((*values)[m]))
-        throw ValueError(field + "[" + std::to_string(m) + "] must be finite and >= 0, got " +
-                         std::to_string((*values)[m]));
     const bool dropout = std::string_view(name) == kDropoutRate;
+    for (std::size_t m = 0; m < values->size(); ++m) {
+      const float v = (*values)[m];
+      if (!(v >= 0) || !std::isfinite(v) || (dropout && !(v < 1)))
+        throw ValueError(field + "[" + std::to_string(m) + "] must be " +
+                         (dropout ? "in [0, 1)" : "finite and >= 0") + ", got " + std::to_string(v));
+    }
     if (dropout) {
-      for (std::size_t m = 0; m < values->size(); ++m)
-        if (!((*values)[m] < 1))
-          throw ValueError(field + "[" + std::to_string(m) + "] must be in [0, 1), got " +
-                           std::to_string((*values)[m]));
       if (model_.dropout_layers() == 0)
         throw ValueError(field + ": model '" + model_.name() + "' declares no Dropout layer (Model's dropout_layers)");
     } else if (!optimizer_.has_hyperparam(name))
