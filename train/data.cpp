@@ -1,5 +1,5 @@
 // MNIST loading and batch gathering over the IDX reader. See data.h for the contracts.
-#include <pmapcc/ensemble/data.h>
+#include <pmapcc/train/data.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -10,7 +10,7 @@
 
 #include <pmapcc/io/idx.h>
 
-namespace pmap::ensemble {
+namespace pmap::train {
 namespace {
 
 namespace fs = std::filesystem;
@@ -140,4 +140,4 @@ std::int64_t steps_per_epoch(std::int64_t count, std::int64_t batch) {
   return count / batch;
 }
 
-}  // namespace pmap::ensemble
+}  // namespace pmap::train

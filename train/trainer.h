@@ -1,0 +1,124 @@
+// Trainer: the training loop on the differentiable core. It owns a mesh's members (an ensemble, one model
+// per slice of the members, or one data-parallel model), their TrainStep and the batches' feed, and trains an
+// epoch at a time: Keras's fit and the Flax examples' loop, with the model, the optimizer and the loss as
+// inputs (train::Model, train::Optimizer, train::Loss) and the library's options apart from any program's flags.
+//
+// Keys, as the program has always drawn them: key(seed) splits into an init key and a data key; member g
+// starts from split(init_key, members)[g], whatever the devices; epoch e visits the examples in
+// permutation(fold_in(data_key, e)), full batches only. Ensemble: device d along the axis holds members
+// [d * members / devices, (d + 1) * members / devices) and sees every batch whole. Data parallel: every device
+// holds the one model (the same key, so the replicas stay bitwise equal) and its block of each batch.
+//
+//   train::Trainer t(train::flax_cnn(), train::Optimizer(optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f}),
+//                    Mesh(local_devices(DeviceKind::cpu, 2), "ensemble"), {.members = 4, .batch_size = 64});
+//   for (int e = 0; e < 10; ++e) std::printf("loss %.4f\n", t.run_epoch(train_set).train_loss);
+//
+// Several processes (a mesh over distributed::global_devices()): every process makes the same calls with the
+// same data; the per-step numbers are all-gathered over the mesh, so every process reports the same bits.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <pmap/feed.h>
+#include <pmap/mesh.h>
+#include <pmap/random.h>
+#include <pmap/sharded.h>
+
+#include <pmapcc/train/data.h>
+#include <pmapcc/train/step.h>
+
+namespace pmap::train {
+
+struct TrainerOptions {
+  int members = 1;            // the ensemble's members over the whole mesh, a multiple of its devices
+                              // (data parallel: 1, the one model)
+  bool data_parallel = false;  // one model; each batch split over the mesh's devices, gradients pmean'd
+  int batch_size = 64;        // examples a step; data parallel: the global batch, a multiple of the devices
+  std::uint64_t seed = 0;
+  MemberHyperparams hyperparams = {};  // one value per member (TrainStep::init; data parallel: one value)
+  // Steps between the reads of the per-step losses (each one gathered over the mesh and copied to the host):
+  // 0 picks 1 on CPU devices and 16 on GPUs, where a read waits for the device. on_step still sees every step.
+  int report_every = 0;
+  std::int64_t member_batch = 0;                            // StepOptions::member_batch
+  kernels::Precision precision = kernels::Precision::fp32;  // StepOptions::precision
+};
+
+// One batch on its way to the devices (Feed's tree).
+struct Batch {
+  Array images;  // (B, H, W, 1) f32 in [0, 1]
+  Array labels;  // (B) i32
+};
+PMAPCC_TREE(Batch, images, labels)
+
+// What run_epoch reports after each training step.
+struct StepReport {
+  int step = 0;                  // 1-based, within the epoch
+  int steps = 0;                 // the epoch's steps
+  double loss = 0;               // this step's mean loss over the members (data parallel: the global batch's)
+  double running_loss = 0;       // the mean of the epoch's step losses so far
+  double running_accuracy = 0;   // the fraction of the epoch's examples so far classified right, over the members
+  double images_per_second = 0;  // model-images (members x examples) per second so far
+};
+using StepCallback = std::function<void(const StepReport&)>;
+
+// What run_epoch returns: the epoch's training numbers.
+struct EpochReport {
+  int epoch = 0;                // 1-based: the epochs done with this one
+  int steps = 0;
+  double train_loss = 0;        // the mean of the steps' losses
+  double train_accuracy = 0;    // over every member and example seen
+  double seconds = 0;           // the steps' wall time
+  double images_per_second = 0; // model-images per second
+};
+
+class Trainer {
+ public:
+  // The members of `options` on `mesh` (one axis: the ensemble's or the batch's, whichever its name), each
+  // initialized from its key. ValueError naming the option: members < 1 or not a multiple of the mesh's devices
+  // (data parallel: not 1), batch_size < 1 (data parallel: not a multiple of the devices), report_every < 0,
+  // a mesh of more than one axis; what TrainStep::init refuses in hyperparams.
+  Trainer(Model model, Optimizer optimizer, Mesh mesh, TrainerOptions options = {},
+          Loss loss = softmax_cross_entropy_loss);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  const Model& model() const { return step_.model(); }
+  const TrainerOptions& options() const { return options_; }
+  const Mesh& mesh() const { return mesh_; }
+  const TrainStep& train_step() const { return step_; }
+  int members_per_device() const { return per_device_; }
+  int epochs_done() const { return epochs_done_; }
+  // The devices' members (this process's devices, in mesh order).
+  const Sharded<TrainState>& states() const { return states_; }
+  Sharded<TrainState>& states() { return states_; }
+
+  // Trains the next epoch on `data`: its images (rows, cols) must be the model's input (H, W, 1), its labels
+  // below the model's classes and at least one full batch of examples (ValueError naming the fault otherwise,
+  // before any step). on_step is called after every step, in order, at the report points (report_every).
+  EpochReport run_epoch(const Dataset& data, const StepCallback& on_step = {});
+
+  // Every member's parameters (model state), on the host: each tensor (members, ...) with member g at row g
+  // (data parallel: the one model, (1, ...)). Collective over the processes of the mesh.
+  Variables params() const;
+  Variables model_state() const;
+  std::int64_t step() const;  // the updates made (read from the first local device)
+
+ private:
+  Variables gathered(Variables TrainState::*role) const;
+
+  TrainStep step_;
+  Mesh mesh_;
+  TrainerOptions options_;
+  int per_device_ = 1;
+  Key data_key_{};
+  Sharded<TrainState> states_;
+  std::unique_ptr<Feed<Batch>> feed_;
+  int epochs_done_ = 0;
+};
+
+}  // namespace pmap::train
