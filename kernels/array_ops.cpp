@@ -483,6 +483,36 @@ Array argmax_hits(const Array& scores, const Array& labels) {
   return out;
 }
 
+Array sum_members(const Array& x) {
+  require_dtype("sum_members", "x", x, DType::f32);
+  if (x.ndim() < 1 || x.dim(0) < 1)
+    throw ShapeError("ops::sum_members: x " + x.signature() + " needs a leading member axis of at least one");
+  const kernels::Backend& be = backend_of("sum_members", x.device());
+  Array out = zeros_on(__func__, Shape(x.shape().begin() + 1, x.shape().end()), DType::f32, x.device());
+  if (out.size() > 0)
+    be.metrics().sum_members(as_int("sum_members", "M", x.dim(0)), static_cast<std::size_t>(out.size()),
+                             x.data<float>(), out.data<float>(), false);
+  return out;
+}
+
+Array calibration_sums(const Array& probs, const Array& labels) {
+  const char* fn = "calibration_sums";
+  require_dtype(fn, "probs", probs, DType::f32);
+  require_dtype(fn, "labels", labels, DType::i32);
+  require_same_device(fn, probs, "probs", labels, "labels");
+  if (probs.ndim() != 3 || labels.ndim() != 1 || probs.dim(1) != labels.dim(0) || probs.dim(2) == 0)
+    throw ShapeError("ops::calibration_sums: probs " + probs.signature() + " and labels " + labels.signature() +
+                     " must be (P, N, K) with K >= 1 and (N)");
+  const kernels::Backend& be = backend_of(fn, probs.device());
+  Array sums = zeros_on(fn, Shape{probs.dim(0), kernels::kCalibrationSlots}, DType::f64, probs.device());
+  const kernels::CalibrationParams p{as_int(fn, "P", probs.dim(0)), as_int(fn, "N", probs.dim(1)),
+                                     as_int(fn, "K", probs.dim(2))};
+  if (p.predictors == 0 || p.rows == 0) return sums;
+  Array ws = workspace(be.metrics().calibration_workspace_bytes(p), probs.device());
+  be.metrics().calibration_sums(p, probs.data<float>(), labels.data<std::int32_t>(), sums.data<double>(), ptr(ws));
+  return sums;
+}
+
 Array reshape(const Array& x, const Shape& shape) {
   require_valid("reshape", "x", x);
   for (auto d : shape)

@@ -191,6 +191,13 @@ Array argmax(const Array& x);
 // How many of labels' rows each block of scores (..., N, K) f32 classifies right (argmax, first on ties, equal
 // to labels (N) i32): (...) i32, on the device, one count per leading index (a member's correct examples).
 Array argmax_hits(const Array& scores, const Array& labels);
+// The sum over the leading (member) axis, x (M, ...) f32 -> (...), added in member order as floats (the
+// ensemble's sum of its members' probabilities, as the runner's evaluation adds them).
+Array sum_members(const Array& x);
+// The calibration sums (kernels::CalibrationParams's slots) of each of probs (P, N, K) f32's P predictors against
+// labels (N) i32: (P, kernels::kCalibrationSlots) f64, each slot's sum over the rows in row order. A label
+// outside [0, K): ValueError on CPU devices, the row left out on GPUs.
+Array calibration_sums(const Array& probs, const Array& labels);
 
 // ---- axes and layout (kernels/array_ops_layout.cpp, LayoutOps) ----------------------------------------------
 // Axes count from the end when negative (numpy's -1: the last); an axis out of range or given twice raises

@@ -159,6 +159,8 @@ else
     "train step: clipping by each member"        # 82 s
     "per-member learning rates"                  # 52 s
     "train step: per-member learning rates"      # the same checks on the traced step
+    "trainer: an ensemble's epochs"              # 41 s
+    "trainer on GPUs"                            # 184 s; its data-parallel and evaluation cases on CPUs stay
     "bf16 training on the CUDA kernels"          # 52 s
     "bf16=(avx512|fma):"                         # the bf16 paths' reruns (one thread each): 92 s
     "early stopping: each member stops"          # 118 s

@@ -1,14 +1,18 @@
 // train::Trainer, the loop on the differentiable core: an epoch of an ensemble and of a data-parallel model
-// trains bit for bit as the runner's Trainer (ensemble::Trainer) trains it, with its per-step numbers; the runs
-// repeat bitwise; and the errors of bad options and data, each before any step.
+// trains bit for bit as the runner's Trainer (ensemble::Trainer) trains it, with its per-step numbers, and its
+// evaluation gives the runner's member and ensemble metrics; the runs repeat bitwise; the metric ops it
+// evaluates with; and the errors of bad options, data and images, each before any step.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include <pmap/pmap.h>
 #include <pmapcc/ensemble/trainer.h>
+#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/ops.h>
 #include <pmapcc/optim/optim.h>
 #include <pmapcc/train/trainer.h>
 
@@ -190,12 +194,173 @@ TEST_CASE("trainer on GPUs: an ensemble trains as the runner's Trainer on the sa
                      {.members = 4, .batch_size = 64});
   CHECK(now.options().report_every == 16);
   Reports r;
-  old.run_epoch([&](const pe::StepReport& s) { r.old.push_back(s); });
+  const pe::EpochMetrics m = old.run_epoch([&](const pe::StepReport& s) { r.old.push_back(s); });
   now.run_epoch(data().train, [&](const train::StepReport& s) { r.now.push_back(s); });
+  // The evaluation's kernels on the GPU: the runner's numbers, up to the order of the sums.
+  const train::Evaluation e = now.evaluate(data().test);
+  CHECK(e.ensemble_calibration.nll == doctest::Approx(m.ensemble_calibration.nll).epsilon(1e-4));
+  CHECK(std::abs(e.ensemble_accuracy - m.ensemble_test_accuracy) <= 1.0 / 200);  // one image at most
+  CHECK(e.loss == doctest::Approx(m.test_loss).epsilon(1e-4));
   REQUIRE(r.now.size() == r.old.size());
   for (std::size_t i = 0; i < r.old.size(); ++i)
     CHECK(r.now[i].loss == doctest::Approx(r.old[i].loss).epsilon(1e-5));
   const float diff = pmap::testing::max_abs_diff(stacked(now.params(), now.model().param_names()), old.params());
   MESSAGE("max |parameter difference| from the runner on the GPU after an epoch: " << diff);
   CHECK(diff <= 1e-5f);  // the products' sums may run in another order than the runner's
+}
+
+namespace {
+
+// Bitwise; with `rounded`, the sums of NLL and Brier score up to their rounding (added in another grouping).
+void check_same(const pmap::io::Calibration& now, const pmap::io::Calibration& old, bool rounded = false) {
+  if (rounded) {
+    CHECK(now.nll == doctest::Approx(old.nll).epsilon(1e-12));
+    CHECK(now.brier == doctest::Approx(old.brier).epsilon(1e-12));
+  } else {
+    CHECK(now.nll == old.nll);
+    CHECK(now.brier == old.brier);
+  }
+  CHECK(now.ece == old.ece);
+  CHECK(now.entropy == old.entropy);
+  REQUIRE(now.bins.size() == old.bins.size());
+  for (std::size_t b = 0; b < old.bins.size(); ++b) {
+    CHECK(now.bins[b].count == old.bins[b].count);
+    CHECK(((now.bins[b].confidence == old.bins[b].confidence) ||
+           (std::isnan(now.bins[b].confidence) && std::isnan(old.bins[b].confidence))));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("trainer: evaluation gives the runner's member and ensemble accuracies and calibration bit for bit") {
+  // flax-cnn, 4 members on 2 devices after an epoch, and keras-convnet data parallel; the 200 test images in
+  // batches of 64 (the last of 8 rows).
+  for (const bool dp : {false, true}) {
+    CAPTURE(dp);
+    pe::TrainConfig c = pmap::testing::small_config(2, dp ? 1 : 4);
+    c.eval_batch = 64;
+    if (dp) {
+      c.model = "keras-convnet";
+      c.mode = pe::Mode::data_parallel;
+    }
+    pe::Trainer old(c, data().train, data().test);
+    pe::EpochMetrics m = old.run_epoch();
+    const pe::EnsembleReport report = old.evaluate_report(m);
+    train::Trainer now(dp ? train::keras_convnet({12, 12, 1}) : train::flax_cnn({12, 12, 1}),
+                       train::Optimizer(pmap::optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f}),
+                       cpu_mesh(2, dp ? "data" : "ensemble"),
+                       {.members = dp ? 1 : 4, .data_parallel = dp, .batch_size = 64, .eval_batch = 64});
+    now.run_epoch(data().train);
+    const train::Evaluation e = now.evaluate(data().test, true);
+    CHECK(e.examples == 200);
+    // The ensemble-size curve: the first k members' ensembles, k = 1..members.
+    REQUIRE(e.size_curve.size() == report.size_curve.size());
+    for (std::size_t k = 0; k < e.size_curve.size(); ++k) {
+      CAPTURE(k);
+      CHECK(e.size_curve[k].members == report.size_curve[k].members);
+      CHECK(e.size_curve[k].accuracy == report.size_curve[k].accuracy);
+      check_same(e.size_curve[k].calibration, report.size_curve[k].calibration);
+    }
+    // All the members: the ensemble (its sum grouped by device, the curve's member after member).
+    CHECK(std::abs(e.size_curve.back().accuracy - e.ensemble_accuracy) <= 1.0 / 200);
+    CHECK(e.size_curve.back().calibration.nll == doctest::Approx(e.ensemble_calibration.nll).epsilon(1e-6));
+    CHECK(e.size_curve.front().accuracy == e.member_accuracy[0]);  // the first member alone
+    REQUIRE(e.member_accuracy.size() == m.member_test_accuracy.size());
+    for (std::size_t g = 0; g < e.member_accuracy.size(); ++g) {
+      CAPTURE(g);
+      CHECK(e.member_accuracy[g] == m.member_test_accuracy[g]);
+      // Data parallel, the runner sums a member's rows in pieces of a device's training rows (32), each piece's
+      // sum then added: NLL and Brier score rounded apart from the one pass over a batch's 64 rows.
+      check_same(e.member_calibration[g], m.member_calibration[g], dp);
+    }
+    CHECK(e.ensemble_accuracy == m.ensemble_test_accuracy);
+    check_same(e.ensemble_calibration, m.ensemble_calibration);
+    // The runner's test loss averages the loss kernel's per-batch means; here the members' NLL sums: the same
+    // value, rounded apart.
+    CHECK(e.loss == doctest::Approx(m.test_loss).epsilon(1e-6));
+    // Evaluating again gives the same bits and changes nothing.
+    const train::Evaluation again = now.evaluate(data().test);
+    CHECK(again.ensemble_calibration.nll == e.ensemble_calibration.nll);
+    CHECK(again.member_accuracy == e.member_accuracy);
+    CHECK(again.size_curve.empty());
+    if (!dp) {  // the ensemble differs from each of its members
+      CHECK(e.ensemble_calibration.nll != e.member_calibration[0].nll);
+    }
+  }
+}
+
+TEST_CASE("trainer: evaluation in batches of any size, and the errors of data and images that do not fit") {
+  train::Trainer t(train::flax_cnn({12, 12, 1}), train::Optimizer(pmap::optim::Sgd{}), cpu_mesh(2, "ensemble"),
+                   {.members = 2, .eval_batch = 200});
+  const train::Evaluation whole = t.evaluate(data().test);
+  train::Trainer odd(train::flax_cnn({12, 12, 1}), train::Optimizer(pmap::optim::Sgd{}), cpu_mesh(2, "ensemble"),
+                     {.members = 2, .eval_batch = 7});
+  const train::Evaluation pieces = odd.evaluate(data().test);
+  // The sums of 29 batches add in another order: the same numbers up to rounding, the same counts.
+  CHECK(pieces.member_accuracy == whole.member_accuracy);
+  CHECK(pieces.ensemble_accuracy == whole.ensemble_accuracy);
+  CHECK(pieces.ensemble_calibration.nll == doctest::Approx(whole.ensemble_calibration.nll).epsilon(1e-12));
+  CHECK(whole.ensemble_accuracy >= 0.0);
+  CHECK(whole.ensemble_accuracy <= 1.0);
+
+  CHECK_THROWS_WITH_AS(train::Trainer(train::flax_cnn({12, 12, 1}), train::Optimizer(pmap::optim::Sgd{}),
+                                      cpu_mesh(2, "ensemble"), {.members = 2, .eval_batch = 0}),
+                       doctest::Contains("options.eval_batch is 0; it must be positive"), pmap::ValueError);
+  train::Dataset empty = pmap::testing::synthetic_dataset(1, 12, 1);
+  empty.count = 0;
+  empty.images.clear();
+  empty.labels.clear();
+  CHECK_THROWS_WITH_AS(t.evaluate(empty), doctest::Contains("train::Trainer::evaluate: the data has 0 examples"),
+                       pmap::ValueError);
+  train::Dataset torn = pmap::testing::synthetic_dataset(10, 12, 1);
+  torn.labels.pop_back();
+  CHECK_THROWS_WITH_AS(t.evaluate(torn), doctest::Contains("10 examples, 9 labels and 1440 pixels"), pmap::ValueError);
+  train::Dataset bad_label = pmap::testing::synthetic_dataset(10, 12, 1);
+  bad_label.labels[3] = 200;
+  CHECK_THROWS_WITH_AS(t.evaluate(bad_label), doctest::Contains("evaluate: label 200 of example 3"), pmap::ValueError);
+  CHECK_THROWS_WITH_AS(t.evaluate(pmap::testing::synthetic_dataset(10, 28, 1)),
+                       doctest::Contains("evaluate: the data's images are (28, 28)"), pmap::ValueError);
+
+  // The step's inference refuses images that do not fit, as its training step does.
+  const train::TrainState& s = t.states()[0];
+  CHECK_THROWS_WITH_AS(t.train_step().logits(s, pmap::Array(pmap::Shape{2, 28, 28, 1}, pmap::DType::f32)),
+                       doctest::Contains("TrainStep: images are f32(2, 28, 28, 1)"), pmap::ShapeError);
+  CHECK_THROWS_WITH_AS(
+      t.train_step().logits(s, pmap::Array(pmap::Shape{2, 12, 12, 1}, pmap::DType::f32, t.states()[1].step.device())),
+      doctest::Contains("TrainStep: the images are on cpu:1, the state on cpu:0"), pmap::DeviceError);
+  const pmap::Array logits = t.train_step().logits(s, pmap::Array(pmap::Shape{3, 12, 12, 1}, pmap::DType::f32));
+  CHECK(logits.shape() == pmap::Shape{1, 3, 10});  // device 0's one member
+}
+
+TEST_CASE("metric ops: members summed in order, calibration sums per predictor, and their shape errors") {
+  namespace eager = pmap::ops::eager;
+  // Two predictors over three rows of two classes; labels 0, 1, 1.
+  const std::vector<float> p{0.9f, 0.1f, 0.3f, 0.7f, 0.6f, 0.4f,   // predictor 0: right, right, wrong
+                             0.2f, 0.8f, 0.5f, 0.5f, 0.25f, 0.75f};  // predictor 1: wrong, wrong (tie), right
+  const pmap::Array probs = pmap::Array::from_host(p, {2, 3, 2});
+  const pmap::Array labels = pmap::Array::from_host(std::vector<std::int32_t>{0, 1, 1}, {3});
+  const auto sum = eager::sum_members(probs).to_vector<float>();
+  REQUIRE(sum.size() == 6);
+  for (std::size_t i = 0; i < 6; ++i) CHECK(sum[i] == p[i] + p[6 + i]);
+  const pmap::Array sums = eager::calibration_sums(probs, labels);
+  CHECK(sums.shape() == pmap::Shape{2, pmap::kernels::kCalibrationSlots});
+  const auto s = sums.to_vector<double>();
+  const std::size_t k = pmap::kernels::kCalibrationSlots;
+  CHECK(s[0] == doctest::Approx(-std::log(0.9) - std::log(0.7) - std::log(0.4)).epsilon(1e-6));
+  CHECK(s[3] == 2);      // predictor 0's hits
+  CHECK(s[k + 3] == 1);  // predictor 1's: the tie goes to class 0
+  CHECK(s[k + 0] == doctest::Approx(-std::log(0.2) - std::log(0.5) - std::log(0.75)).epsilon(1e-6));
+  double rows = 0;
+  for (int b = 0; b < pmap::kernels::kCalibrationBins; ++b) rows += s[4 + 3 * static_cast<std::size_t>(b)];
+  CHECK(rows == 3);
+  CHECK(train::accuracy_from_sums(std::vector<double>(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(k))) ==
+        doctest::Approx(2.0 / 3));
+
+  CHECK_THROWS_WITH_AS(eager::sum_members(pmap::Array(pmap::Shape{0, 3}, pmap::DType::f32)),
+                       doctest::Contains("ops::sum_members: x f32(0, 3)"), pmap::ShapeError);
+  CHECK_THROWS_AS(eager::sum_members(labels), pmap::ValueError);  // i32
+  CHECK_THROWS_WITH_AS(eager::calibration_sums(eager::reshape(probs, {6, 2}), labels),
+                       doctest::Contains("must be (P, N, K) with K >= 1 and (N)"), pmap::ShapeError);
+  CHECK_THROWS_WITH_AS(eager::calibration_sums(probs, pmap::Array::from_host(std::vector<std::int32_t>{0, 1}, {2})),
+                       doctest::Contains("must be (P, N, K)"), pmap::ShapeError);
 }

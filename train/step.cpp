@@ -110,10 +110,15 @@ MemberUpdate update_members(const Optimizer& optimizer, const TrainState& s, con
   return stack_trees(parts);
 }
 
+// The members a vmap takes at once: options.member_batch, or by default one on CPU devices and all on GPUs.
+std::int64_t members_per_vmap(const StepOptions& options, const Device& device, std::int64_t members) {
+  return options.member_batch > 0 ? options.member_batch : (device.is_cpu() ? 1 : members);
+}
+
 Next device_step(const StepParts& k, const TrainState& s, const Array& x, const Array& y, std::int64_t offset) {
   ops::DefaultPrecision precision(k.options.precision);
   const std::int64_t members = s.dropout_keys.dim(0);
-  const std::int64_t batch = k.options.member_batch > 0 ? k.options.member_batch : (x.device().is_cpu() ? 1 : members);
+  const std::int64_t batch = members_per_vmap(k.options, x.device(), members);
   MemberGrads g = member_grads(k, s, x, y, batch, offset);
   const AxisNames axis{k.options.axis};
   if (k.options.data_parallel) pmean_inplace(g.grads, axis);  // each replica: the global batch's gradient
@@ -205,21 +210,38 @@ StepMetrics TrainStep::operator()(TrainState& state, const Array& images, const 
   return std::move(next.metrics);
 }
 
+Array TrainStep::logits(const TrainState& state, const Array& images) const {
+  check_images(state, images);
+  ops::DefaultPrecision precision(options_.precision);
+  const std::int64_t batch = members_per_vmap(options_, images.device(), state.dropout_keys.dim(0));
+  auto infer = map([&](const Variables& params, const Variables& model_state) {
+    return model_.apply(params, model_state, images, Call{}).first;
+  }, batch, {0, 0}, "the model's inference");
+  return infer(state.params, state.state);
+}
+
 void TrainStep::check_batch(const TrainState& state, const Array& images, const Array& labels) const {
+  check_images(state, images);
+  if (!labels.valid() || labels.dtype() != DType::i32 || labels.ndim() != 1 || labels.dim(0) != images.dim(0))
+    throw ShapeError("TrainStep: labels are " + (labels.valid() ? labels.signature() : std::string("empty")) +
+                     "; they must be i32 (" + std::to_string(images.dim(0)) + "), one per image");
+  if (labels.device() != state.step.device())
+    throw DeviceError("TrainStep: the batch is on " + images.device().str() + " and " + labels.device().str() +
+                      ", the state on " + state.step.device().str());
+}
+
+void TrainStep::check_images(const TrainState& state, const Array& images) const {
   const Shape& in = model_.input_shape();
   if (!images.valid() || images.dtype() != DType::f32 || images.ndim() != 4 || images.dim(1) != in[0] ||
       images.dim(2) != in[1] || images.dim(3) != in[2] || images.dim(0) < 1)
     throw ShapeError("TrainStep: images are " + (images.valid() ? images.signature() : std::string("empty")) +
                      "; model '" + model_.name() + "' takes f32 (N, " + std::to_string(in[0]) + ", " +
                      std::to_string(in[1]) + ", " + std::to_string(in[2]) + ")");
-  if (!labels.valid() || labels.dtype() != DType::i32 || labels.ndim() != 1 || labels.dim(0) != images.dim(0))
-    throw ShapeError("TrainStep: labels are " + (labels.valid() ? labels.signature() : std::string("empty")) +
-                     "; they must be i32 (" + std::to_string(images.dim(0)) + "), one per image");
   if (!state.dropout_keys.valid() || state.dropout_keys.ndim() != 2 || !state.step.valid())
     throw ValueError("TrainStep: the state is not one TrainStep::init made");
-  if (images.device() != state.step.device() || labels.device() != state.step.device())
-    throw DeviceError("TrainStep: the batch is on " + images.device().str() + " and " + labels.device().str() +
-                      ", the state on " + state.step.device().str());
+  if (images.device() != state.step.device())
+    throw DeviceError("TrainStep: the images are on " + images.device().str() + ", the state on " +
+                      state.step.device().str());
 }
 
 }  // namespace pmap::train

@@ -101,11 +101,18 @@ class TrainStep {
   // (ShapeError / DeviceError otherwise). Data parallel: every device's block has the same N.
   StepMetrics operator()(TrainState& state, const Array& images, const Array& labels) const;
 
+  // The logits (members, N, classes) f32 of this device's members on images (N, H, W, C) in inference
+  // (BatchNorm's moving statistics, no dropout), at options().precision, options().member_batch members per
+  // vmap; run op by op (not jitted: an evaluation's last batch may be shorter). ShapeError / DeviceError as
+  // operator() for images that do not fit.
+  Array logits(const TrainState& state, const Array& images) const;
+
   // The jitted step's counts over every device (core/jit.h): one trace per device, then replays.
   JitStats stats() const;
 
  private:
   struct Jit;
+  void check_images(const TrainState& state, const Array& images) const;
   void check_batch(const TrainState& state, const Array& images, const Array& labels) const;
   Model model_;
   Optimizer optimizer_;

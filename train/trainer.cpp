@@ -11,6 +11,8 @@
 #include <pmap/collectives.h>
 #include <pmap/error.h>
 #include <pmap/pmap.h>
+#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/ops.h>
 
 namespace pmap::train {
 namespace {
@@ -60,6 +62,8 @@ Trainer::Trainer(Model model, Optimizer optimizer, Mesh mesh, TrainerOptions opt
   if (o.batch_size < 1 || (o.data_parallel && o.batch_size % devices != 0))
     throw ValueError(option("batch_size") + " is " + std::to_string(o.batch_size) + "; it must be positive" +
                      (o.data_parallel ? " and a multiple of the mesh's " + std::to_string(devices) + " devices" : ""));
+  if (o.eval_batch < 1)
+    throw ValueError(option("eval_batch") + " is " + std::to_string(o.eval_batch) + "; it must be positive");
   if (o.report_every < 0)
     throw ValueError(option("report_every") + " is " + std::to_string(o.report_every) + "; 0 (automatic) or more");
   check_hyper_count(o.hyperparams.learning_rate, "learning_rate", o.members);
@@ -90,24 +94,34 @@ Trainer::Trainer(Model model, Optimizer optimizer, Mesh mesh, TrainerOptions opt
 
 Trainer::~Trainer() = default;
 
-EpochReport Trainer::run_epoch(const Dataset& data, const StepCallback& on_step) {
+void Trainer::check_data(const Dataset& data, const char* where) const {
   const Model& m = step_.model();
   const Shape& in = m.input_shape();
+  const std::string fn = std::string("train::Trainer::") + where;
   if (data.rows != in[0] || data.cols != in[1] || in[2] != 1)
-    throw ValueError("train::Trainer::run_epoch: the data's images are (" + std::to_string(data.rows) + ", " +
-                     std::to_string(data.cols) + "); model '" + m.name() + "' takes (" + std::to_string(in[0]) + ", " +
-                     std::to_string(in[1]) + ", " + std::to_string(in[2]) + ")");
-  const int batch = options_.batch_size;
-  if (data.count < batch)
-    throw ValueError("train::Trainer::run_epoch: the data has " + std::to_string(data.count) +
-                     " examples, fewer than one batch (options.batch_size " + std::to_string(batch) + ")");
+    throw ValueError(fn + ": the data's images are (" + std::to_string(data.rows) + ", " + std::to_string(data.cols) +
+                     "); model '" + m.name() + "' takes (" + std::to_string(in[0]) + ", " + std::to_string(in[1]) +
+                     ", " + std::to_string(in[2]) + ")");
+  if (data.count < 1 || data.labels.size() != static_cast<std::size_t>(data.count) ||
+      data.images.size() != static_cast<std::size_t>(data.count * data.image_size()))
+    throw ValueError(fn + ": the data has " + std::to_string(data.count) + " examples, " +
+                     std::to_string(data.labels.size()) + " labels and " + std::to_string(data.images.size()) +
+                     " pixels; it needs at least one example, its labels and its pixels");
   // A label outside the classes would be read out of range on a GPU, where a kernel cannot raise.
   const auto bad = std::find_if(data.labels.begin(), data.labels.end(),
                                 [&](std::uint8_t l) { return l >= m.classes(); });
   if (bad != data.labels.end())
-    throw ValueError("train::Trainer::run_epoch: label " + std::to_string(*bad) + " of example " +
+    throw ValueError(fn + ": label " + std::to_string(*bad) + " of example " +
                      std::to_string(bad - data.labels.begin()) + " is not below model '" + m.name() + "''s " +
                      std::to_string(m.classes()) + " classes");
+}
+
+EpochReport Trainer::run_epoch(const Dataset& data, const StepCallback& on_step) {
+  check_data(data, "run_epoch");
+  const int batch = options_.batch_size;
+  if (data.count < batch)
+    throw ValueError("train::Trainer::run_epoch: the data has " + std::to_string(data.count) +
+                     " examples, fewer than one batch (options.batch_size " + std::to_string(batch) + ")");
 
   const auto order = permutation(fold_in(data_key_, static_cast<std::uint32_t>(epochs_done_)),
                                  static_cast<std::uint32_t>(data.count));
@@ -170,6 +184,105 @@ EpochReport Trainer::run_epoch(const Dataset& data, const StepCallback& on_step)
   r.images_per_second = r.seconds > 0 ? seen / r.seconds : 0.0;
   ++epochs_done_;
   return r;
+}
+
+namespace {
+
+// One evaluation batch's sums, all-gathered: each member's calibration sums (devices, members, slots), the
+// ensemble's (1, slots) and, for a size curve, the first k members' (1, slots) each.
+struct EvalSums {
+  Array members;
+  Array ensemble;
+  std::vector<Array> curve;
+};
+PMAPCC_TREE(EvalSums, members, ensemble, curve)
+
+// The calibration sums of the ensembles of the first k members of probs (M, rows, K), k = 1..M: their
+// probabilities summed in member order as floats, divided by k.
+std::vector<Array> size_curve_sums(const Array& probs, const Array& labels) {
+  const std::int64_t rows = probs.dim(1), classes = probs.dim(2);
+  std::vector<Array> out;
+  Array running;
+  for (std::int64_t m = 0; m < probs.dim(0); ++m) {
+    const Array member = Array::borrow(const_cast<float*>(probs.data<float>()) + m * rows * classes, {rows, classes},
+                                       DType::f32, probs.device());
+    running = m == 0 ? member.copy() : ops::eager::add(running, member);
+    const Array mean = ops::eager::divide(running, Array::scalar(static_cast<float>(m + 1), probs.device()));
+    out.push_back(ops::eager::calibration_sums(ops::eager::reshape(mean, {1, rows, classes}), labels));
+  }
+  return out;
+}
+
+void add_to(std::vector<double>& sums, const std::vector<double>& batch) {
+  for (std::size_t i = 0; i < sums.size(); ++i) sums[i] += batch[i];
+}
+
+}  // namespace
+
+Evaluation Trainer::evaluate(const Dataset& data, bool size_curve) {
+  check_data(data, "evaluate");
+  const Shape& in = step_.model().input_shape();
+  const int eval_batch = options_.eval_batch;
+  if (eval_feed_ == nullptr)
+    eval_feed_ = std::make_unique<Feed<Batch>>(
+        mesh_, Batch{Array(Shape{eval_batch, in[0], in[1], in[2]}, DType::f32), Array(Shape{eval_batch}, DType::i32)},
+        FeedLayout::replicated());
+  const std::string axis = step_.options().axis;
+  const bool dp = options_.data_parallel;
+  const int members = options_.members;
+  auto run = pmap::pmap([&](const TrainState& s, const Batch& b, std::int64_t rows) {
+    // The batch's first `rows` rows (the last batch may have fewer), viewed in place.
+    const Array x = Array::borrow(const_cast<void*>(b.images.raw_data()), {rows, in[0], in[1], in[2]}, DType::f32,
+                                  b.images.device());
+    const Array y = Array::borrow(const_cast<void*>(b.labels.raw_data()), {rows}, DType::i32, b.labels.device());
+    const Array probs = ops::eager::softmax(step_.logits(s, x));  // (members, rows, K)
+    Array sum = ops::eager::sum_members(probs);                    // in member order, as floats
+    if (!dp) {  // over every member of the mesh (data parallel: the one model)
+      psum_inplace(sum, {axis});
+      sum = ops::eager::divide(sum, Array::scalar(static_cast<float>(members), sum.device()));
+    }
+    const Array mean = ops::eager::reshape(sum, {1, rows, sum.dim(1)});
+    Array member_sums = ops::eager::calibration_sums(probs, y);
+    std::vector<Array> curve;
+    if (size_curve)  // every member's probabilities (members, rows, K), member g at row g
+      curve = dp ? size_curve_sums(probs, y) : size_curve_sums(all_gather(probs, {axis}, true), y);
+    return EvalSums{dp ? std::move(member_sums) : all_gather(member_sums, {axis}),
+                    ops::eager::calibration_sums(mean, y), std::move(curve)};
+  }, mesh_);
+  const std::size_t slots = kernels::kCalibrationSlots;
+  std::vector<std::vector<double>> member(static_cast<std::size_t>(members), std::vector<double>(slots, 0.0));
+  std::vector<double> ensemble(slots, 0.0);
+  std::vector<std::vector<double>> curve(size_curve ? member.size() : 0, std::vector<double>(slots, 0.0));
+  auto fill = [&](std::int64_t begin) {
+    const auto n = std::min<std::int64_t>(eval_batch, data.count - begin);
+    std::vector<std::uint32_t> idx(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) idx[static_cast<std::size_t>(i)] = static_cast<std::uint32_t>(begin + i);
+    Batch& host = eval_feed_->next();
+    gather_batch(data, idx, host.images.data<float>(), host.labels.data<std::int32_t>());
+    eval_feed_->push();
+  };
+  fill(0);
+  for (std::int64_t begin = 0; begin < data.count; begin += eval_batch) {
+    if (begin + eval_batch < data.count) fill(begin + eval_batch);  // the next batch's copy overlaps this one
+    const auto res = run(states_, eval_feed_->pop(), std::min<std::int64_t>(eval_batch, data.count - begin));
+    const auto m = res[0].members.to_vector<double>();  // (devices, members, slots), member g at row g
+    for (std::size_t g = 0; g < member.size(); ++g)
+      add_to(member[g], std::vector<double>(m.begin() + static_cast<std::ptrdiff_t>(g * slots),
+                                            m.begin() + static_cast<std::ptrdiff_t>((g + 1) * slots)));
+    add_to(ensemble, res[0].ensemble.to_vector<double>());
+    for (std::size_t k = 0; k < curve.size(); ++k) add_to(curve[k], res[0].curve[k].to_vector<double>());
+  }
+  Evaluation e{.examples = data.count};
+  for (const auto& sums : member) {
+    e.member_accuracy.push_back(accuracy_from_sums(sums));
+    e.member_calibration.push_back(calibration_from_sums(sums));
+    e.loss += e.member_calibration.back().nll / members;
+  }
+  e.ensemble_accuracy = accuracy_from_sums(ensemble);
+  e.ensemble_calibration = calibration_from_sums(ensemble);
+  for (std::size_t k = 0; k < curve.size(); ++k)
+    e.size_curve.push_back({static_cast<int>(k + 1), accuracy_from_sums(curve[k]), calibration_from_sums(curve[k])});
+  return e;
 }
 
 Variables Trainer::gathered(Variables TrainState::*role) const {

@@ -29,6 +29,7 @@
 #include <pmap/sharded.h>
 
 #include <pmapcc/train/data.h>
+#include <pmapcc/train/metrics.h>
 #include <pmapcc/train/step.h>
 
 namespace pmap::train {
@@ -43,6 +44,7 @@ struct TrainerOptions {
   // Steps between the reads of the per-step losses (each one gathered over the mesh and copied to the host):
   // 0 picks 1 on CPU devices and 16 on GPUs, where a read waits for the device. on_step still sees every step.
   int report_every = 0;
+  int eval_batch = 128;       // examples an evaluation step (the last one of a dataset may have fewer)
   std::int64_t member_batch = 0;                            // StepOptions::member_batch
   kernels::Precision precision = kernels::Precision::fp32;  // StepOptions::precision
 };
@@ -75,12 +77,26 @@ struct EpochReport {
   double images_per_second = 0; // model-images per second
 };
 
+// What evaluate returns: each member's numbers and the ensemble's (the mean of every member's probabilities),
+// on a dataset. Data parallel: the one model, which is also the ensemble.
+struct Evaluation {
+  std::int64_t examples = 0;
+  double loss = 0;                                   // the members' mean cross-entropy (the mean of their NLLs)
+  std::vector<double> member_accuracy = {};          // per member: the fraction classified right (argmax)
+  std::vector<Calibration> member_calibration = {};  // per member: NLL, Brier score, entropy, ECE, bins
+  double ensemble_accuracy = 0;
+  Calibration ensemble_calibration = {};
+  // With evaluate's size_curve: the ensemble of the first k members (mesh order) for k = 1..members (data
+  // parallel: the one model), Lakshminarayanan et al.'s accuracy and NLL against the ensemble's size.
+  std::vector<SizePoint> size_curve = {};
+};
+
 class Trainer {
  public:
   // The members of `options` on `mesh` (one axis: the ensemble's or the batch's, whichever its name), each
   // initialized from its key. ValueError naming the option: members < 1 or not a multiple of the mesh's devices
-  // (data parallel: not 1), batch_size < 1 (data parallel: not a multiple of the devices), report_every < 0,
-  // a mesh of more than one axis; what TrainStep::init refuses in hyperparams.
+  // (data parallel: not 1), batch_size < 1 (data parallel: not a multiple of the devices), eval_batch < 1,
+  // report_every < 0, a mesh of more than one axis; what TrainStep::init refuses in hyperparams.
   Trainer(Model model, Optimizer optimizer, Mesh mesh, TrainerOptions options = {},
           Loss loss = softmax_cross_entropy_loss);
   ~Trainer();
@@ -102,6 +118,13 @@ class Trainer {
   // before any step). on_step is called after every step, in order, at the report points (report_every).
   EpochReport run_epoch(const Dataset& data, const StepCallback& on_step = {});
 
+  // Every member and the ensemble on `data` (the members' probabilities, softmax of their logits in inference,
+  // averaged over every member of the mesh on the devices), in batches of options().eval_batch; the sums are
+  // taken in batch order on the host from the batches' all-gathered results, so every process holds the same
+  // bits. ValueError as run_epoch for data that does not fit the model, or that has no example. size_curve:
+  // also Evaluation::size_curve (every member's probabilities gathered to every device for it).
+  Evaluation evaluate(const Dataset& data, bool size_curve = false);
+
   // Every member's parameters (model state), on the host: each tensor (members, ...) with member g at row g
   // (data parallel: the one model, (1, ...)). Collective over the processes of the mesh.
   Variables params() const;
@@ -110,6 +133,7 @@ class Trainer {
 
  private:
   Variables gathered(Variables TrainState::*role) const;
+  void check_data(const Dataset& data, const char* where) const;
 
   TrainStep step_;
   Mesh mesh_;
@@ -118,6 +142,7 @@ class Trainer {
   Key data_key_{};
   Sharded<TrainState> states_;
   std::unique_ptr<Feed<Batch>> feed_;
+  std::unique_ptr<Feed<Batch>> eval_feed_;  // made by the first evaluate
   int epochs_done_ = 0;
 };
 

@@ -1,12 +1,12 @@
 // Calibration and accuracy from the sums the evaluation kernels accumulate.
-#include <pmapcc/ensemble/metrics.h>
+#include <pmapcc/train/metrics.h>
 
 #include <cmath>
 #include <limits>
 
 #include <pmapcc/kernels/ops.h>
 
-namespace pmap::ensemble {
+namespace pmap::train {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
@@ -36,4 +36,4 @@ double accuracy_from_sums(const std::vector<double>& slots) {
   return rows > 0 ? slots.at(3) / rows : kNaN;
 }
 
-}  // namespace pmap::ensemble
+}  // namespace pmap::train
