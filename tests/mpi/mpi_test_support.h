@@ -28,3 +28,6 @@ int check_order_matters(int n, int local_n);
 // The randomized fault job (mpi_fault_stress.cpp): one mesh, calls and fault drawn from `seed`; 0 when
 // every invariant held on this process.
 int run_fault_stress(unsigned seed);
+// train::Trainer on a mesh of `local_n` CPU devices per process against one process (mpi_trainer.cpp): 0 when
+// every number is bitwise the single-process run's.
+int check_trainer(int local_n);

@@ -205,11 +205,12 @@ int main(int argc, char** argv) {
   const int arg = argc > 2 ? std::atoi(argv[2]) : 2;
   if (mode == "collectives") return check_collectives(arg);
   if (mode == "uneven") return run_uneven(arg);
+  if (mode == "trainer") return check_trainer(arg);
   if (mode == "cuda") return check_cuda(arg);
   if (mode == "kill" || mode == "throw" || mode == "hang" || mode == "late" || mode == "mismatch")
     return run_failure(mode, arg);
   if (mode == "fault-stress" && argc > 2) return run_fault_stress(static_cast<unsigned>(std::strtoul(argv[2], nullptr, 10)));
-  std::fprintf(stderr, "usage: %s collectives|cuda LOCAL_DEVICES | kill|throw|hang|late|mismatch|uneven RANK | fault-stress SEED\n",
+  std::fprintf(stderr, "usage: %s collectives|cuda|trainer LOCAL_DEVICES | kill|throw|hang|late|mismatch|uneven RANK | fault-stress SEED\n",
                argv[0]);
   return 2;
 }
