@@ -483,6 +483,22 @@ Array argmax_hits(const Array& scores, const Array& labels) {
   return out;
 }
 
+RowPredictions predictions(const Array& probs) {
+  require_dtype("predictions", "probs", probs, DType::f32);
+  if (probs.ndim() < 1 || probs.dim(-1) == 0)
+    throw ShapeError("ops::predictions: probs " + probs.signature() + " needs a last axis of at least one element");
+  const kernels::Backend& be = backend_of("predictions", probs.device());
+  const Shape rows(probs.shape().begin(), probs.shape().end() - 1);
+  RowPredictions out{zeros_on(__func__, rows, DType::i32, probs.device()),
+                     zeros_on(__func__, rows, DType::f32, probs.device()),
+                     zeros_on(__func__, rows, DType::f32, probs.device())};
+  if (out.predicted.size() == 0) return out;
+  be.metrics().predictions(as_int("predictions", "rows", rows_of(probs)), as_int("predictions", "K", probs.dim(-1)),
+                           probs.data<float>(), out.predicted.data<std::int32_t>(), out.probability.data<float>(),
+                           out.entropy.data<float>());
+  return out;
+}
+
 Array sum_members(const Array& x) {
   require_dtype("sum_members", "x", x, DType::f32);
   if (x.ndim() < 1 || x.dim(0) < 1)

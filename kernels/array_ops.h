@@ -191,6 +191,12 @@ Array argmax(const Array& x);
 // How many of labels' rows each block of scores (..., N, K) f32 classifies right (argmax, first on ties, equal
 // to labels (N) i32): (...) i32, on the device, one count per leading index (a member's correct examples).
 Array argmax_hits(const Array& scores, const Array& labels);
+// Per row of probs (..., K) f32: the predicted class (argmax, first on ties) (...) i32, its probability (...) f32
+// and the predictive entropy -sum_k p log p (computed in double) (...) f32.
+struct RowPredictions {
+  Array predicted, probability, entropy;
+};
+RowPredictions predictions(const Array& probs);
 // The sum over the leading (member) axis, x (M, ...) f32 -> (...), added in member order as floats (the
 // ensemble's sum of its members' probabilities, as the runner's evaluation adds them).
 Array sum_members(const Array& x);

@@ -4,8 +4,10 @@
 // evaluates with; and the errors of bad options, data and images, each before any step.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -107,8 +109,10 @@ TEST_CASE("trainer: BatchNorm, Dropout and Adam data parallel, every 4 steps, as
   for (std::size_t i = 0; i < r.old.size(); ++i) {
     // The runner averages the devices' block losses; the step pmeans them: the same value, rounded apart.
     CHECK(r.now[i].loss == doctest::Approx(r.old[i].loss).epsilon(1e-6));
+    CHECK(r.now[i].running_loss == doctest::Approx(r.old[i].running_loss).epsilon(1e-6));
     CHECK(r.now[i].running_accuracy == r.old[i].running_accuracy);
   }
+  CHECK(e.train_loss == doctest::Approx(m.train_loss).epsilon(1e-6));
   CHECK(e.train_accuracy == m.train_accuracy);
   const train::Model& model = now.model();
   CHECK(stacked(now.params(), model.param_names()) == old.params());
@@ -156,6 +160,11 @@ TEST_CASE("trainer: bad options and data are refused by name, before any step") 
   CHECK_THROWS_WITH_AS(make({.members = 2, .hyperparams = {.learning_rate = {0.1f}}}),
                        doctest::Contains("options.hyperparams.learning_rate has 1 values for 2 members"),
                        pmap::ValueError);
+  CHECK_THROWS_WITH_AS(make({.members = 4, .hyperparams = {.learning_rate = {0.1f, 0.1f, 0.1f, -1.0f}}}),
+                       doctest::Contains("train::Trainer: options.hyperparams.learning_rate[3] must be finite"),
+                       pmap::ValueError);
+  CHECK_THROWS_WITH_AS(make({.members = 2, .member_batch = -1}), doctest::Contains("member_batch must be >= 0"),
+                       pmap::ValueError);
   CHECK_THROWS_WITH_AS(make({.members = 2, .hyperparams = {.weight_decay = {0.1f, 0.2f}}}),
                        doctest::Contains("has no per-member hyper-parameter 'weight_decay'"), pmap::ValueError);
   CHECK_THROWS_WITH_AS(train::Trainer(train::flax_cnn({12, 12, 1}), sgd,
@@ -175,8 +184,12 @@ TEST_CASE("trainer: bad options and data are refused by name, before any step") 
                        pmap::ValueError);
   train::Dataset bad_label = pmap::testing::synthetic_dataset(640, 12, 1);
   bad_label.labels[17] = 10;
-  CHECK_THROWS_WITH_AS(t.run_epoch(bad_label), doctest::Contains("label 10 of example 17 is not below model "
-                                                                 "'flax-cnn''s 10 classes"), pmap::ValueError);
+  CHECK_THROWS_WITH_AS(t.run_epoch(bad_label), doctest::Contains("label 10 of example 17 is not below the 10 classes "
+                                                                 "of model 'flax-cnn'"), pmap::ValueError);
+  train::Dataset short_images = pmap::testing::synthetic_dataset(640, 12, 1);
+  short_images.images.resize(short_images.images.size() - 1);
+  CHECK_THROWS_WITH_AS(t.run_epoch(short_images), doctest::Contains("640 examples, 640 labels and 92159 pixels"),
+                       pmap::ValueError);
   CHECK(t.step() == 0);
   CHECK(t.epochs_done() == 0);
   CHECK(stacked(t.params(), t.model().param_names()) == before);
@@ -251,7 +264,7 @@ TEST_CASE("trainer: evaluation gives the runner's member and ensemble accuracies
                        cpu_mesh(2, dp ? "data" : "ensemble"),
                        {.members = dp ? 1 : 4, .data_parallel = dp, .batch_size = 64, .eval_batch = 64});
     now.run_epoch(data().train);
-    const train::Evaluation e = now.evaluate(data().test, true);
+    const train::Evaluation e = now.evaluate(data().test, {.size_curve = true, .predictions = true});
     CHECK(e.examples == 200);
     // The ensemble-size curve: the first k members' ensembles, k = 1..members.
     REQUIRE(e.size_curve.size() == report.size_curve.size());
@@ -265,6 +278,18 @@ TEST_CASE("trainer: evaluation gives the runner's member and ensemble accuracies
     CHECK(std::abs(e.size_curve.back().accuracy - e.ensemble_accuracy) <= 1.0 / 200);
     CHECK(e.size_curve.back().calibration.nll == doctest::Approx(e.ensemble_calibration.nll).epsilon(1e-6));
     CHECK(e.size_curve.front().accuracy == e.member_accuracy[0]);  // the first member alone
+    // Every test image's label, the ensemble's prediction and entropy, each member's vote.
+    const pmap::io::Predictions& p = e.predictions;
+    CHECK(p.label == report.predictions.label);
+    CHECK(p.predicted == report.predictions.predicted);
+    CHECK(p.probability == report.predictions.probability);
+    CHECK(p.entropy == report.predictions.entropy);
+    CHECK(p.votes == report.predictions.votes);
+    REQUIRE(p.votes.size() == e.member_accuracy.size());
+    REQUIRE(p.label.size() == 200);
+    double right = 0;  // the votes are the members' classes: their hits are the members' accuracies
+    for (std::size_t i = 0; i < 200; ++i) right += p.votes[0][i] == p.label[i];
+    CHECK(right / 200 == e.member_accuracy[0]);
     REQUIRE(e.member_accuracy.size() == m.member_test_accuracy.size());
     for (std::size_t g = 0; g < e.member_accuracy.size(); ++g) {
       CAPTURE(g);
@@ -283,6 +308,7 @@ TEST_CASE("trainer: evaluation gives the runner's member and ensemble accuracies
     CHECK(again.ensemble_calibration.nll == e.ensemble_calibration.nll);
     CHECK(again.member_accuracy == e.member_accuracy);
     CHECK(again.size_curve.empty());
+    CHECK(again.predictions.label.empty());
     if (!dp) {  // the ensemble differs from each of its members
       CHECK(e.ensemble_calibration.nll != e.member_calibration[0].nll);
     }
@@ -300,8 +326,12 @@ TEST_CASE("trainer: evaluation in batches of any size, and the errors of data an
   CHECK(pieces.member_accuracy == whole.member_accuracy);
   CHECK(pieces.ensemble_accuracy == whole.ensemble_accuracy);
   CHECK(pieces.ensemble_calibration.nll == doctest::Approx(whole.ensemble_calibration.nll).epsilon(1e-12));
-  CHECK(whole.ensemble_accuracy >= 0.0);
-  CHECK(whole.ensemble_accuracy <= 1.0);
+  // A batch larger than the data: the data in one batch, the same bits as a batch of its size.
+  train::Trainer large(train::flax_cnn({12, 12, 1}), train::Optimizer(pmap::optim::Sgd{}), cpu_mesh(2, "ensemble"),
+                       {.members = 2, .eval_batch = 256});
+  const train::Evaluation one = large.evaluate(data().test);
+  CHECK(one.ensemble_calibration.nll == whole.ensemble_calibration.nll);
+  CHECK(one.member_calibration[1].brier == whole.member_calibration[1].brier);
 
   CHECK_THROWS_WITH_AS(train::Trainer(train::flax_cnn({12, 12, 1}), train::Optimizer(pmap::optim::Sgd{}),
                                       cpu_mesh(2, "ensemble"), {.members = 2, .eval_batch = 0}),
@@ -356,6 +386,13 @@ TEST_CASE("metric ops: members summed in order, calibration sums per predictor, 
   CHECK(train::accuracy_from_sums(std::vector<double>(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(k))) ==
         doctest::Approx(2.0 / 3));
 
+  const auto [predicted, probability, entropy] = eager::predictions(probs);
+  CHECK(predicted.shape() == pmap::Shape{2, 3});
+  CHECK(predicted.to_vector<std::int32_t>() == std::vector<std::int32_t>{0, 1, 0, 1, 0, 1});  // ties: the first
+  CHECK(probability.to_vector<float>() == std::vector<float>{0.9f, 0.7f, 0.6f, 0.8f, 0.5f, 0.75f});
+  CHECK(entropy.to_vector<float>()[4] == doctest::Approx(std::log(2.0)).epsilon(1e-6));
+  CHECK_THROWS_WITH_AS(eager::predictions(pmap::Array(pmap::Shape{3, 0}, pmap::DType::f32)),
+                       doctest::Contains("ops::predictions: probs f32(3, 0) needs a last axis"), pmap::ShapeError);
   CHECK_THROWS_WITH_AS(eager::sum_members(pmap::Array(pmap::Shape{0, 3}, pmap::DType::f32)),
                        doctest::Contains("ops::sum_members: x f32(0, 3)"), pmap::ShapeError);
   CHECK_THROWS_AS(eager::sum_members(labels), pmap::ValueError);  // i32
@@ -363,4 +400,50 @@ TEST_CASE("metric ops: members summed in order, calibration sums per predictor, 
                        doctest::Contains("must be (P, N, K) with K >= 1 and (N)"), pmap::ShapeError);
   CHECK_THROWS_WITH_AS(eager::calibration_sums(probs, pmap::Array::from_host(std::vector<std::int32_t>{0, 1}, {2})),
                        doctest::Contains("must be (P, N, K)"), pmap::ShapeError);
+  CHECK_THROWS_WITH_AS(eager::calibration_sums(probs, pmap::Array::from_host(std::vector<float>{0, 1, 1}, {3})),
+                       doctest::Contains("ops::calibration_sums: labels is"), pmap::ValueError);
+  CHECK_THROWS_AS(eager::calibration_sums(probs, pmap::Array::from_host(std::vector<std::int32_t>{0, 1, 1}, {3},
+                                                                        pmap::Device{pmap::DeviceKind::cpu, 1, 1})),
+                  pmap::Error);
+  CHECK_THROWS_AS(eager::calibration_sums(probs, pmap::Array::from_host(std::vector<std::int32_t>{0, 2, 1}, {3})),
+                  pmap::ValueError);  // a label outside the classes, on a CPU device
+}
+
+TEST_CASE("trainer: a callback or an evaluation that raises leaves the Trainer ready for the next call") {
+  // A model that raises in inference on the third full batch while armed (a batch behind it is on the feed).
+  const train::Model base = train::flax_cnn({12, 12, 1});
+  auto armed = std::make_shared<std::atomic<int>>(0);
+  const train::Model flaky(
+      "flaky", base.input_shape(), base.classes(), base.param_names(), base.state_names(),
+      [base](pmap::Key k, const pmap::Device& d) { return base.init(k, d); },
+      [base, armed](const train::Variables& p, const train::Variables& s, const pmap::Array& x, const train::Call& c) {
+        if (!c.train && *armed > 0 && x.dim(0) == 64 && armed->fetch_add(1) >= 5)
+          throw pmap::ValueError("flaky model");
+        return base.apply(p, s, x, c);
+      });
+  train::Trainer t(flaky, train::Optimizer(pmap::optim::Sgd{.learning_rate = 0.05f}), cpu_mesh(2, "ensemble"),
+                   {.members = 2, .batch_size = 64, .eval_batch = 64});
+  train::Trainer plain(base, train::Optimizer(pmap::optim::Sgd{.learning_rate = 0.05f}), cpu_mesh(2, "ensemble"),
+                       {.members = 2, .batch_size = 64, .eval_batch = 64});
+  struct Stop {};
+  CHECK_THROWS_AS(t.run_epoch(data().train, [](const train::StepReport& r) {
+    if (r.step == 3) throw Stop{};
+  }), Stop);
+  CHECK(t.step() == 3);  // the steps taken stay taken
+  CHECK(t.epochs_done() == 0);
+  // The feed holds no batch of the stopped epoch: the epoch runs whole, as on a fresh feed.
+  const train::EpochReport e = t.run_epoch(data().train);
+  CHECK(e.epoch == 1);
+  CHECK(t.step() == 13);
+  *armed = 1;
+  CHECK_THROWS_WITH_AS(t.evaluate(data().test), doctest::Contains("flaky model"), pmap::Error);
+  *armed = 0;
+  // Then the evaluation of another Trainer's same members (3 + 10 steps) on a fresh feed.
+  CHECK_THROWS_AS(plain.run_epoch(data().train, [](const train::StepReport& r) {
+    if (r.step == 3) throw Stop{};
+  }), Stop);
+  plain.run_epoch(data().train);
+  const train::Evaluation got = t.evaluate(data().test), want = plain.evaluate(data().test);
+  CHECK(got.ensemble_calibration.nll == want.ensemble_calibration.nll);
+  CHECK(got.member_accuracy == want.member_accuracy);
 }

@@ -1,5 +1,6 @@
 #include <pmapcc/train/step.h>
 
+#include <array>
 #include <cmath>
 #include <string>
 #include <string_view>
@@ -130,6 +131,32 @@ Next device_step(const StepParts& k, const TrainState& s, const Array& x, const 
 
 }  // namespace
 
+namespace {
+
+std::array<std::pair<const char*, const std::vector<float>*>, 3> hyper_lists(const MemberHyperparams& hyper) {
+  return {std::pair{"learning_rate", &hyper.learning_rate}, std::pair{"weight_decay", &hyper.weight_decay},
+          std::pair{kDropoutRate, &hyper.dropout_rate}};
+}
+
+}  // namespace
+
+void check_hyperparams(const MemberHyperparams& hyper, std::size_t members, const std::string& where) {
+  for (const auto& [name, values] : hyper_lists(hyper)) {
+    if (values->empty()) continue;
+    const std::string field = where + name;
+    if (values->size() != members)
+      throw ValueError(field + " has " + std::to_string(values->size()) + " values for " + std::to_string(members) +
+                       " members; it needs one per member (or none)");
+    const bool dropout = std::string_view(name) == kDropoutRate;
+    for (std::size_t m = 0; m < values->size(); ++m) {
+      const float v = (*values)[m];
+      if (!(v >= 0) || !std::isfinite(v) || (dropout && !(v < 1)))
+        throw ValueError(field + "[" + std::to_string(m) + "] must be " + (dropout ? "in [0, 1)" : "finite and >= 0") +
+                         ", got " + std::to_string(v));
+    }
+  }
+}
+
 Array softmax_cross_entropy_loss(const Array& logits, const Array& labels) {
   return ops::softmax_cross_entropy(logits, labels);
 }
@@ -157,23 +184,12 @@ JitStats TrainStep::stats() const { return jit_->step.stats(); }
 
 TrainState TrainStep::init(std::span<const Key> keys, const Device& device, const MemberHyperparams& hyper) const {
   if (keys.empty()) throw ValueError("TrainStep::init: no member keys");
+  check_hyperparams(hyper, keys.size(), "TrainStep::init: hyperparams.");
   Variables hyperparams;
-  for (const auto& [name, values] : {std::pair{"learning_rate", &hyper.learning_rate},
-                                     std::pair{"weight_decay", &hyper.weight_decay},
-                                     std::pair{kDropoutRate, &hyper.dropout_rate}}) {
+  for (const auto& [name, values] : hyper_lists(hyper)) {
     if (values->empty()) continue;
     const std::string field = std::string("TrainStep::init: hyperparams.") + name;
-    if (values->size() != keys.size())
-      throw ValueError(field + " has " + std::to_string(values->size()) + " values for " +
-                       std::to_string(keys.size()) + " members; it needs one per member (or none)");
-    const bool dropout = std::string_view(name) == kDropoutRate;
-    for (std::size_t m = 0; m < values->size(); ++m) {
-      const float v = (*values)[m];
-      if (!(v >= 0) || !std::isfinite(v) || (dropout && !(v < 1)))
-        throw ValueError(field + "[" + std::to_string(m) + "] must be " +
-                         (dropout ? "in [0, 1)" : "finite and >= 0") + ", got " + std::to_string(v));
-    }
-    if (dropout) {
+    if (std::string_view(name) == kDropoutRate) {
       if (model_.dropout_layers() == 0)
         throw ValueError(field + ": model '" + model_.name() + "' declares no Dropout layer (Model's dropout_layers)");
     } else if (!optimizer_.has_hyperparam(name))

@@ -14,6 +14,7 @@
 //                             mesh, "ensemble")(states, replicate(x, mesh), replicate(y, mesh));
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -63,6 +64,10 @@ struct MemberHyperparams {
   std::vector<float> weight_decay = {};
   std::vector<float> dropout_rate = {};
 };
+
+// Checks the lists of `hyper` for `members` members: each one value per member (or none), each value finite and
+// >= 0 (a dropout rate in [0, 1)). ValueError "<where><field>..." naming the list, or the member and its value.
+void check_hyperparams(const MemberHyperparams& hyper, std::size_t members, const std::string& where);
 
 // What a step leaves on the device per member.
 struct StepMetrics {

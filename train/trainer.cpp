@@ -38,11 +38,31 @@ std::vector<float> part(const std::vector<float>& v, std::size_t first, std::siz
                             v.begin() + static_cast<std::ptrdiff_t>(first + count));
 }
 
-void check_hyper_count(const std::vector<float>& v, const char* name, int members) {
-  if (!v.empty() && v.size() != static_cast<std::size_t>(members))
-    throw ValueError(option("hyperparams.") + name + " has " + std::to_string(v.size()) + " values for " +
-                     std::to_string(members) + " members; it needs one per member (or none)");
-}
+// A call's batches on a feed: what it pushed and has not popped when it ends early (a step or a callback
+// raised) is taken off, so that the next call starts on an empty feed.
+class FeedUse {
+ public:
+  explicit FeedUse(Feed<Batch>& feed) : feed_(feed) {}
+  FeedUse(const FeedUse&) = delete;
+  FeedUse& operator=(const FeedUse&) = delete;
+  ~FeedUse() {
+    for (; pending_ > 0; --pending_) feed_.pop();
+  }
+  Batch& next() { return feed_.next(); }
+  void push() {
+    feed_.push();
+    ++pending_;
+  }
+  const Sharded<Batch>& pop() {
+    const Sharded<Batch>& b = feed_.pop();
+    --pending_;
+    return b;
+  }
+
+ private:
+  Feed<Batch>& feed_;
+  int pending_ = 0;
+};
 
 }  // namespace
 
@@ -66,9 +86,7 @@ Trainer::Trainer(Model model, Optimizer optimizer, Mesh mesh, TrainerOptions opt
     throw ValueError(option("eval_batch") + " is " + std::to_string(o.eval_batch) + "; it must be positive");
   if (o.report_every < 0)
     throw ValueError(option("report_every") + " is " + std::to_string(o.report_every) + "; 0 (automatic) or more");
-  check_hyper_count(o.hyperparams.learning_rate, "learning_rate", o.members);
-  check_hyper_count(o.hyperparams.weight_decay, "weight_decay", o.members);
-  check_hyper_count(o.hyperparams.dropout_rate, "dropout_rate", o.members);
+  check_hyperparams(o.hyperparams, static_cast<std::size_t>(o.members), option("hyperparams."));
   if (options_.report_every == 0)
     options_.report_every = mesh_.local_devices()[0].kind == DeviceKind::cpu ? 1 : 16;
   per_device_ = o.data_parallel ? 1 : o.members / devices;
@@ -112,8 +130,8 @@ void Trainer::check_data(const Dataset& data, const char* where) const {
                                 [&](std::uint8_t l) { return l >= m.classes(); });
   if (bad != data.labels.end())
     throw ValueError(fn + ": label " + std::to_string(*bad) + " of example " +
-                     std::to_string(bad - data.labels.begin()) + " is not below model '" + m.name() + "''s " +
-                     std::to_string(m.classes()) + " classes");
+                     std::to_string(bad - data.labels.begin()) + " is not below the " + std::to_string(m.classes()) +
+                     " classes of model '" + m.name() + "'");
 }
 
 EpochReport Trainer::run_epoch(const Dataset& data, const StepCallback& on_step) {
@@ -126,11 +144,12 @@ EpochReport Trainer::run_epoch(const Dataset& data, const StepCallback& on_step)
   const auto order = permutation(fold_in(data_key_, static_cast<std::uint32_t>(epochs_done_)),
                                  static_cast<std::uint32_t>(data.count));
   const int steps = static_cast<int>(steps_per_epoch(data.count, batch));
+  FeedUse feed(*feed_);
   auto fill = [&](int s) {
-    Batch& host = feed_->next();
+    Batch& host = feed.next();
     gather_batch(data, std::span(order).subspan(static_cast<std::size_t>(s) * batch, static_cast<std::size_t>(batch)),
                  host.images.data<float>(), host.labels.data<std::int32_t>());
-    feed_->push();
+    feed.push();
   };
   const std::string axis = step_.options().axis;
   auto run = pmap::pmap([this](TrainState& s, const Batch& b) { return step_(s, b.images, b.labels); }, mesh_, axis);
@@ -144,7 +163,7 @@ EpochReport Trainer::run_epoch(const Dataset& data, const StepCallback& on_step)
   }, mesh_);
   std::vector<std::vector<StepMetrics>> pending(static_cast<std::size_t>(mesh_.local_size()));
   const double members = options_.members;
-  const double replicas = options_.data_parallel ? 1 : members;  // the rows a step's mean loss is over
+  const double replicas = options_.data_parallel ? 1 : members;  // the member losses a step's loss averages
   double loss_sum = 0, correct = 0;
   const auto t0 = Clock::now();
   EpochReport r{.epoch = epochs_done_ + 1, .steps = steps};
@@ -152,7 +171,7 @@ EpochReport Trainer::run_epoch(const Dataset& data, const StepCallback& on_step)
   if (steps > 0) fill(0);
   for (int s = 0; s < steps; ++s) {
     if (s + 1 < steps) fill(s + 1);  // the next batch's copy overlaps this step
-    Sharded<StepMetrics> metrics = run(states_, feed_->pop());
+    Sharded<StepMetrics> metrics = run(states_, feed.pop());
     for (std::size_t d = 0; d < pending.size(); ++d) pending[d].push_back(std::move(metrics[d]));
     if ((s + 1) % options_.report_every != 0 && s + 1 != steps) continue;
     const auto all = gather(Sharded<std::vector<StepMetrics>>(std::exchange(
@@ -194,8 +213,9 @@ struct EvalSums {
   Array members;
   Array ensemble;
   std::vector<Array> curve;
+  std::vector<Array> predictions;  // the ensemble's predicted, probability, entropy (rows); the votes (M, rows)
 };
-PMAPCC_TREE(EvalSums, members, ensemble, curve)
+PMAPCC_TREE(EvalSums, members, ensemble, curve, predictions)
 
 // The calibration sums of the ensembles of the first k members of probs (M, rows, K), k = 1..M: their
 // probabilities summed in member order as floats, divided by k.
@@ -213,13 +233,17 @@ std::vector<Array> size_curve_sums(const Array& probs, const Array& labels) {
   return out;
 }
 
+template <class T> void append(std::vector<T>& out, const std::vector<T>& more) {
+  out.insert(out.end(), more.begin(), more.end());
+}
+
 void add_to(std::vector<double>& sums, const std::vector<double>& batch) {
   for (std::size_t i = 0; i < sums.size(); ++i) sums[i] += batch[i];
 }
 
 }  // namespace
 
-Evaluation Trainer::evaluate(const Dataset& data, bool size_curve) {
+Evaluation Trainer::evaluate(const Dataset& data, const EvaluateOptions& options) {
   check_data(data, "evaluate");
   const Shape& in = step_.model().input_shape();
   const int eval_batch = options_.eval_batch;
@@ -243,34 +267,60 @@ Evaluation Trainer::evaluate(const Dataset& data, bool size_curve) {
     }
     const Array mean = ops::eager::reshape(sum, {1, rows, sum.dim(1)});
     Array member_sums = ops::eager::calibration_sums(probs, y);
-    std::vector<Array> curve;
-    if (size_curve)  // every member's probabilities (members, rows, K), member g at row g
-      curve = dp ? size_curve_sums(probs, y) : size_curve_sums(all_gather(probs, {axis}, true), y);
-    return EvalSums{dp ? std::move(member_sums) : all_gather(member_sums, {axis}),
-                    ops::eager::calibration_sums(mean, y), std::move(curve)};
+    EvalSums out{dp ? std::move(member_sums) : all_gather(member_sums, {axis}), ops::eager::calibration_sums(mean, y),
+                 {}, {}};
+    if (!options.size_curve && !options.predictions) return out;
+    // Every member's probabilities (members, rows, K), member g at row g.
+    const Array gathered = dp ? Array() : all_gather(probs, {axis}, true);
+    const Array& all = dp ? probs : gathered;
+    if (options.size_curve) out.curve = size_curve_sums(all, y);
+    if (options.predictions) {
+      auto [predicted, probability, entropy] = ops::eager::predictions(mean);
+      out.predictions.push_back(ops::eager::reshape(predicted, {rows}));
+      out.predictions.push_back(ops::eager::reshape(probability, {rows}));
+      out.predictions.push_back(ops::eager::reshape(entropy, {rows}));
+      out.predictions.push_back(ops::eager::argmax(all));
+    }
+    return out;
   }, mesh_);
   const std::size_t slots = kernels::kCalibrationSlots;
   std::vector<std::vector<double>> member(static_cast<std::size_t>(members), std::vector<double>(slots, 0.0));
   std::vector<double> ensemble(slots, 0.0);
-  std::vector<std::vector<double>> curve(size_curve ? member.size() : 0, std::vector<double>(slots, 0.0));
+  std::vector<std::vector<double>> curve(options.size_curve ? member.size() : 0, std::vector<double>(slots, 0.0));
+  Predictions predictions;
+  if (options.predictions) predictions.votes.resize(member.size());
+  FeedUse feed(*eval_feed_);
   auto fill = [&](std::int64_t begin) {
     const auto n = std::min<std::int64_t>(eval_batch, data.count - begin);
     std::vector<std::uint32_t> idx(static_cast<std::size_t>(n));
     for (std::int64_t i = 0; i < n; ++i) idx[static_cast<std::size_t>(i)] = static_cast<std::uint32_t>(begin + i);
-    Batch& host = eval_feed_->next();
+    Batch& host = feed.next();
     gather_batch(data, idx, host.images.data<float>(), host.labels.data<std::int32_t>());
-    eval_feed_->push();
+    feed.push();
   };
   fill(0);
   for (std::int64_t begin = 0; begin < data.count; begin += eval_batch) {
     if (begin + eval_batch < data.count) fill(begin + eval_batch);  // the next batch's copy overlaps this one
-    const auto res = run(states_, eval_feed_->pop(), std::min<std::int64_t>(eval_batch, data.count - begin));
+    const auto res = run(states_, feed.pop(), std::min<std::int64_t>(eval_batch, data.count - begin));
     const auto m = res[0].members.to_vector<double>();  // (devices, members, slots), member g at row g
     for (std::size_t g = 0; g < member.size(); ++g)
       add_to(member[g], std::vector<double>(m.begin() + static_cast<std::ptrdiff_t>(g * slots),
                                             m.begin() + static_cast<std::ptrdiff_t>((g + 1) * slots)));
     add_to(ensemble, res[0].ensemble.to_vector<double>());
     for (std::size_t k = 0; k < curve.size(); ++k) add_to(curve[k], res[0].curve[k].to_vector<double>());
+    if (options.predictions) {
+      const std::vector<Array>& p = res[0].predictions;
+      const auto rows = static_cast<std::size_t>(p[0].size());
+      const auto first = data.labels.begin() + static_cast<std::ptrdiff_t>(begin);
+      predictions.label.insert(predictions.label.end(), first, first + static_cast<std::ptrdiff_t>(rows));
+      append(predictions.predicted, p[0].to_vector<std::int32_t>());
+      append(predictions.probability, p[1].to_vector<float>());
+      append(predictions.entropy, p[2].to_vector<float>());
+      const auto votes = p[3].to_vector<std::int32_t>();  // (members, rows)
+      for (std::size_t g = 0; g < predictions.votes.size(); ++g)
+        predictions.votes[g].insert(predictions.votes[g].end(), votes.begin() + static_cast<std::ptrdiff_t>(g * rows),
+                                    votes.begin() + static_cast<std::ptrdiff_t>((g + 1) * rows));
+    }
   }
   Evaluation e{.examples = data.count};
   for (const auto& sums : member) {
@@ -282,6 +332,7 @@ Evaluation Trainer::evaluate(const Dataset& data, bool size_curve) {
   e.ensemble_calibration = calibration_from_sums(ensemble);
   for (std::size_t k = 0; k < curve.size(); ++k)
     e.size_curve.push_back({static_cast<int>(k + 1), accuracy_from_sums(curve[k]), calibration_from_sums(curve[k])});
+  e.predictions = std::move(predictions);
   return e;
 }
 

@@ -81,7 +81,8 @@ struct EpochReport {
 // on a dataset. Data parallel: the one model, which is also the ensemble.
 struct Evaluation {
   std::int64_t examples = 0;
-  double loss = 0;                                   // the members' mean cross-entropy (the mean of their NLLs)
+  double loss = 0;  // the members' mean cross-entropy: the mean of their NLLs (the probabilities floored at
+                    // 1e-30), whatever Loss the Trainer trains with
   std::vector<double> member_accuracy = {};          // per member: the fraction classified right (argmax)
   std::vector<Calibration> member_calibration = {};  // per member: NLL, Brier score, entropy, ECE, bins
   double ensemble_accuracy = 0;
@@ -89,6 +90,16 @@ struct Evaluation {
   // With evaluate's size_curve: the ensemble of the first k members (mesh order) for k = 1..members (data
   // parallel: the one model), Lakshminarayanan et al.'s accuracy and NLL against the ensemble's size.
   std::vector<SizePoint> size_curve = {};
+  // With evaluate's predictions: every example's label, the ensemble's predicted class, its probability and
+  // the predictive entropy, and each member's predicted class (votes[member][example]).
+  Predictions predictions = {};
+};
+
+// What evaluate computes besides the members' and the ensemble's numbers (each gathers every member's
+// probabilities to every device).
+struct EvaluateOptions {
+  bool size_curve = false;
+  bool predictions = false;
 };
 
 class Trainer {
@@ -96,7 +107,9 @@ class Trainer {
   // The members of `options` on `mesh` (one axis: the ensemble's or the batch's, whichever its name), each
   // initialized from its key. ValueError naming the option: members < 1 or not a multiple of the mesh's devices
   // (data parallel: not 1), batch_size < 1 (data parallel: not a multiple of the devices), eval_batch < 1,
-  // report_every < 0, a mesh of more than one axis; what TrainStep::init refuses in hyperparams.
+  // report_every < 0, a mesh of more than one axis, member_batch < 0 (TrainStep's), hyperparams that check_hyperparams
+  // refuses (naming the member); what TrainStep::init refuses in hyperparams (a hyper-parameter the optimizer
+  // or the model does not take).
   Trainer(Model model, Optimizer optimizer, Mesh mesh, TrainerOptions options = {},
           Loss loss = softmax_cross_entropy_loss);
   ~Trainer();
@@ -116,14 +129,15 @@ class Trainer {
   // Trains the next epoch on `data`: its images (rows, cols) must be the model's input (H, W, 1), its labels
   // below the model's classes and at least one full batch of examples (ValueError naming the fault otherwise,
   // before any step). on_step is called after every step, in order, at the report points (report_every).
+  // When a step or on_step raises, the steps taken stay taken and the epoch does not count: the next call
+  // runs the same epoch's order again.
   EpochReport run_epoch(const Dataset& data, const StepCallback& on_step = {});
 
   // Every member and the ensemble on `data` (the members' probabilities, softmax of their logits in inference,
   // averaged over every member of the mesh on the devices), in batches of options().eval_batch; the sums are
   // taken in batch order on the host from the batches' all-gathered results, so every process holds the same
-  // bits. ValueError as run_epoch for data that does not fit the model, or that has no example. size_curve:
-  // also Evaluation::size_curve (every member's probabilities gathered to every device for it).
-  Evaluation evaluate(const Dataset& data, bool size_curve = false);
+  // bits. ValueError as run_epoch for data that does not fit the model, or that has no example.
+  Evaluation evaluate(const Dataset& data, const EvaluateOptions& options = {});
 
   // Every member's parameters (model state), on the host: each tensor (members, ...) with member g at row g
   // (data parallel: the one model, (1, ...)). Collective over the processes of the mesh.

@@ -26,11 +26,15 @@ std::vector<double> run(pmap::Mesh mesh, bool data_parallel, const train::Datase
                     .report_every = 3, .eval_batch = 64});
   std::vector<double> out;
   t.run_epoch(data, [&](const train::StepReport& r) { out.insert(out.end(), {r.loss, r.running_accuracy}); });
-  const train::Evaluation e = t.evaluate(test, true);
+  const train::Evaluation e = t.evaluate(test, {.size_curve = true, .predictions = true});
   out.insert(out.end(), {e.loss, e.ensemble_accuracy, e.ensemble_calibration.nll, e.ensemble_calibration.ece});
   for (std::size_t g = 0; g < e.member_accuracy.size(); ++g)
     out.insert(out.end(), {e.member_accuracy[g], e.member_calibration[g].nll, e.member_calibration[g].brier});
   for (const auto& point : e.size_curve) out.insert(out.end(), {point.accuracy, point.calibration.nll});
+  const pmap::io::Predictions& p = e.predictions;
+  for (std::size_t i = 0; i < p.label.size(); ++i)
+    out.insert(out.end(), {double(p.predicted[i]), double(p.probability[i]), double(p.entropy[i])});
+  for (const auto& votes : p.votes) out.insert(out.end(), votes.begin(), votes.end());
   for (const auto& [name, a] : t.params())
     for (float v : a.to_vector<float>()) out.push_back(v);
   for (const auto& [name, a] : t.model_state())
