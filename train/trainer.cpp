@@ -11,6 +11,7 @@
 #include <pmap/collectives.h>
 #include <pmap/error.h>
 #include <pmap/pmap.h>
+#include <pmapcc/core/batching.h>
 #include <pmapcc/kernels/array_ops.h>
 #include <pmapcc/kernels/ops.h>
 
@@ -224,8 +225,7 @@ std::vector<Array> size_curve_sums(const Array& probs, const Array& labels) {
   std::vector<Array> out;
   Array running;
   for (std::int64_t m = 0; m < probs.dim(0); ++m) {
-    const Array member = Array::borrow(const_cast<float*>(probs.data<float>()) + m * rows * classes, {rows, classes},
-                                       DType::f32, probs.device());
+    const Array member = core::member_view(probs, m);
     running = m == 0 ? member.copy() : ops::eager::add(running, member);
     const Array mean = ops::eager::divide(running, Array::scalar(static_cast<float>(m + 1), probs.device()));
     out.push_back(ops::eager::calibration_sums(ops::eager::reshape(mean, {1, rows, classes}), labels));
@@ -237,8 +237,9 @@ template <class T> void append(std::vector<T>& out, const std::vector<T>& more) 
   out.insert(out.end(), more.begin(), more.end());
 }
 
-void add_to(std::vector<double>& sums, const std::vector<double>& batch) {
-  for (std::size_t i = 0; i < sums.size(); ++i) sums[i] += batch[i];
+// sums[i] += batch[offset + i] for each of sums's elements.
+void add_to(std::vector<double>& sums, const std::vector<double>& batch, std::size_t offset = 0) {
+  for (std::size_t i = 0; i < sums.size(); ++i) sums[i] += batch[offset + i];
 }
 
 }  // namespace
@@ -254,6 +255,7 @@ Evaluation Trainer::evaluate(const Dataset& data, const EvaluateOptions& options
   const std::string axis = step_.options().axis;
   const bool dp = options_.data_parallel;
   const int members = options_.members;
+  const Device first_local = mesh_.local_devices()[0];
   auto run = pmap::pmap([&](const TrainState& s, const Batch& b, std::int64_t rows) {
     // The batch's first `rows` rows (the last batch may have fewer), viewed in place.
     const Array x = Array::borrow(const_cast<void*>(b.images.raw_data()), {rows, in[0], in[1], in[2]}, DType::f32,
@@ -270,8 +272,10 @@ Evaluation Trainer::evaluate(const Dataset& data, const EvaluateOptions& options
     EvalSums out{dp ? std::move(member_sums) : all_gather(member_sums, {axis}), ops::eager::calibration_sums(mean, y),
                  {}, {}};
     if (!options.size_curve && !options.predictions) return out;
-    // Every member's probabilities (members, rows, K), member g at row g.
+    // Every member's probabilities (members, rows, K), member g at row g: gathered by every device (a
+    // collective), read by the first of this process's, whose results the host reads.
     const Array gathered = dp ? Array() : all_gather(probs, {axis}, true);
+    if (current_device() != first_local) return out;
     const Array& all = dp ? probs : gathered;
     if (options.size_curve) out.curve = size_curve_sums(all, y);
     if (options.predictions) {
@@ -304,8 +308,7 @@ Evaluation Trainer::evaluate(const Dataset& data, const EvaluateOptions& options
     const auto res = run(states_, feed.pop(), std::min<std::int64_t>(eval_batch, data.count - begin));
     const auto m = res[0].members.to_vector<double>();  // (devices, members, slots), member g at row g
     for (std::size_t g = 0; g < member.size(); ++g)
-      add_to(member[g], std::vector<double>(m.begin() + static_cast<std::ptrdiff_t>(g * slots),
-                                            m.begin() + static_cast<std::ptrdiff_t>((g + 1) * slots)));
+      add_to(member[g], m, g * slots);
     add_to(ensemble, res[0].ensemble.to_vector<double>());
     for (std::size_t k = 0; k < curve.size(); ++k) add_to(curve[k], res[0].curve[k].to_vector<double>());
     if (options.predictions) {
