@@ -15,6 +15,8 @@
 #include <pmapcc/kernels/array_ops.h>
 #include <pmapcc/kernels/backend.h>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 using cuda_testing::random_floats;
@@ -346,3 +348,5 @@ TEST_CASE("ops on cuda devices inside pmap match the CPU, and refuse a call from
   Array outside = Array::from_host(x, {64, 16}, pmap::local_devices(pmap::DeviceKind::cuda, 1)[0]);
   CHECK_THROWS_AS(ops::relu(outside), pmap::ValueError);
 }
+
+}  // namespace PMAPCC_TEST_FILE

@@ -16,6 +16,8 @@
 
 #include "src/host_cache.h"
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 struct State {
@@ -261,3 +263,5 @@ TEST_CASE("Array::uninitialized: poisoned in the tests (NaN floats), counted, an
   CHECK(pmap::Array::uninitialized({0, 4}, pmap::DType::i32).size() == 0);
   CHECK_THROWS_AS(pmap::Array::uninitialized({2, -1}, pmap::DType::f32), pmap::ShapeError);
 }
+
+}  // namespace PMAPCC_TEST_FILE

@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 namespace bf16 = pmap::kernels::bf16;
@@ -377,3 +379,5 @@ TEST_CASE("bf16 GEMM on a transposed a's depth pairs: the same bits as on the fl
                     pmap::ValueError);
   }
 }
+
+}  // namespace PMAPCC_TEST_FILE

@@ -9,6 +9,8 @@
 #include <pmapcc/ensemble/metrics.h>
 #include <pmapcc/kernels/backend.h>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 namespace k = pmap::kernels;
@@ -148,3 +150,5 @@ TEST_CASE("cuda calibration sums and predictions: the CPU op's bits, on the host
     }
   }
 }
+
+}  // namespace PMAPCC_TEST_FILE

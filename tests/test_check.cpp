@@ -7,6 +7,8 @@
 
 #include <string>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 struct Thrown {
@@ -46,3 +48,5 @@ TEST_CASE("check macros evaluate the call once and throw with its text, file and
   CHECK_THROWS_AS(PMAPCC_CHECK_IF(call(5), even, throw_status), Thrown);
   CHECK(calls == 4);
 }
+
+}  // namespace PMAPCC_TEST_FILE

@@ -6,6 +6,8 @@
 
 #include "examples/mnist_ensemble/cli.h"
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 using pmap::ensemble::parse_cli;
 using pmap::ensemble::UsageError;
 
@@ -178,3 +180,5 @@ TEST_CASE("bad --mesh and --layout values raise UsageError naming the flag") {
   CHECK_THROWS_WITH_AS(parse_cli({"--mesh", "4x1", "--layout", "Dense_0/kernel=None,model"}),
                        doctest::Contains("needs --mode model-parallel"), UsageError);
 }
+
+}  // namespace PMAPCC_TEST_FILE

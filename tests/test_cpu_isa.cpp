@@ -15,6 +15,8 @@
 #include <pmapcc/kernels/cpu_backend.h>
 #include <pmapcc/kernels/cpu_threads.h>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace kc = kernel_checks;
 namespace cpu = pmap::kernels::cpu;
 namespace {
@@ -447,3 +449,5 @@ TEST_CASE("strided_copy: contiguous runs copied whole and element by element giv
     }
   }
 }
+
+}  // namespace PMAPCC_TEST_FILE

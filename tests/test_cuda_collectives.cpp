@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <limits>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 using namespace cuda_testing;
@@ -343,3 +345,5 @@ TEST_CASE("cuda: an exception on one device releases the others waiting in a col
   CHECK_THROWS_AS(failing(), pmap::ValueError);
   check_collectives(mesh);  // the mesh still works afterwards
 }
+
+}  // namespace PMAPCC_TEST_FILE

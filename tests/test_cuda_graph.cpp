@@ -17,6 +17,8 @@
 
 #include "src/host_cache.h"
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 using namespace cuda_testing;
@@ -221,3 +223,5 @@ TEST_CASE("cuda reduce_sum and reduce_mean match the CPU's per-member sums") {
   CHECK(relative_error(gs.to_vector<float>(), sum) <= kForwardTolerance);
   CHECK(relative_error(gm.to_vector<float>(), mean) <= kForwardTolerance);
 }
+
+}  // namespace PMAPCC_TEST_FILE

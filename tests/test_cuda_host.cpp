@@ -18,6 +18,8 @@
 #include "src/device_kernels.h"
 #include "src/reduce.h"
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 using namespace cuda_testing;
@@ -406,3 +408,5 @@ TEST_CASE("cuda host run: the sampler kernel draws the host samplers' numbers bi
     }
   }
 }
+
+}  // namespace PMAPCC_TEST_FILE

@@ -10,6 +10,8 @@
 #include <pmapcc/kernels/backend.h>
 #include <pmapcc/kernels/cuda/exec.h>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 using namespace cuda_testing;
@@ -410,3 +412,5 @@ TEST_CASE("Array prefix copies move only the first bytes, on host and (with a GP
     CHECK_THROWS_AS(a.copy_prefix_from_host(rows.data(), 13 * sizeof(float)), pmap::ShapeError);
   }
 }
+
+}  // namespace PMAPCC_TEST_FILE

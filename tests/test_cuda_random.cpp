@@ -8,6 +8,14 @@
 
 #include <pmap/random.h>
 
+#if defined(PMAPCC_TEST_CURAND_HOST) && !defined(PMAPCC_CUDA_STANDIN)
+#include <curand.h>
+
+#include <pmap/detail/cuda_check.h>
+#endif
+
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 using namespace cuda_testing;
@@ -136,9 +144,6 @@ TEST_CASE("Array samplers on host arrays are the span samplers") {
 // cuRAND's device generator needs a real GPU: the CUDA stand-in (tests/standin) models the runtime and
 // cuBLAS, not cuRAND's device code, so this informative comparison is left out of stand-in builds.
 #if defined(PMAPCC_TEST_CURAND_HOST) && !defined(PMAPCC_CUDA_STANDIN)
-#include <curand.h>
-
-#include <pmap/detail/cuda_check.h>
 
 TEST_CASE("cuda: cuRAND's device Philox generator next to ours (informative: WARN, never fails)") {
   PMAPCC_REQUIRE_GPU();
@@ -159,3 +164,5 @@ TEST_CASE("cuda: cuRAND's device Philox generator next to ours (informative: WAR
                                "generator; pmapcc draws the host generator's stream on both");
 }
 #endif  // PMAPCC_TEST_CURAND_HOST && !PMAPCC_CUDA_STANDIN
+
+}  // namespace PMAPCC_TEST_FILE

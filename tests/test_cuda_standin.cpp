@@ -40,6 +40,8 @@
 #include <pmapcc_standin.h>
 #endif
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 // Device memory freed at scope exit.
@@ -976,5 +978,7 @@ TEST_CASE("cuda Feed (stand-in only): a copy into a slot waits for the device's 
 }
 
 #endif  // PMAPCC_CUDA_STANDIN
+
+}  // namespace PMAPCC_TEST_FILE
 
 #endif  // PMAPCC_HAVE_CUDA

@@ -10,6 +10,8 @@
 #include <pmapcc/ensemble/trainer.h>
 #include "synthetic.h"
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 using namespace pmap::ensemble;
 
 namespace {
@@ -126,3 +128,5 @@ TEST_CASE("cuda training: a checkpoint written on the GPU resumes on the CPU and
   CHECK(back.epochs_done() == 2);
   std::filesystem::remove_all(dir);
 }
+
+}  // namespace PMAPCC_TEST_FILE

@@ -18,6 +18,8 @@
 #include <pmapcc/io/idx.h>
 #include "pmap/error.h"
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace fs = std::filesystem;
 using pmap::ensemble::Dataset;
 using pmap::ensemble::Split;
@@ -392,3 +394,5 @@ TEST_CASE("real Fashion-MNIST, when present: balanced classes") {
   test.fill(1000);
   check_real("fashion-mnist", train, test);
 }
+
+}  // namespace PMAPCC_TEST_FILE

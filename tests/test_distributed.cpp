@@ -4,6 +4,8 @@
 
 #include <pmap/pmap.h>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 TEST_CASE("distributed: a plain launch is one process and global devices are the local ones") {
   pmap::distributed::initialize();
   pmap::distributed::initialize();  // idempotent
@@ -47,3 +49,5 @@ TEST_CASE("distributed: process_allgather concatenates every device's vector in 
   CHECK_THROWS_WITH_AS(pmap::distributed::process_allgather(mesh, std::vector<std::vector<float>>{{1}, {2, 3}, {4}}),
                        "process_allgather: the vector of cpu:1 has 2 elements, that of cpu:0 1", pmap::ShapeError);
 }
+
+}  // namespace PMAPCC_TEST_FILE

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 TEST_CASE("errors carry the device they were raised on") {
   pmap::ShapeError e("bad shape");
   CHECK(std::string(e.what()) == "bad shape");
@@ -51,3 +53,5 @@ TEST_CASE("shapes print as Python tuples and an error raised on a device names i
   CHECK((device == "cpu:0" || device == "cpu:1"));
   CHECK(what == device + ": pmean of i32(): needs a floating dtype (f32 or f64)");
 }
+
+}  // namespace PMAPCC_TEST_FILE

@@ -10,6 +10,8 @@
 
 #include "fault_program.h"
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 using fault_program::baseline_thread_count;
 using fault_program::settled_thread_count;
 
@@ -215,3 +217,5 @@ TEST_CASE("meshes leave no threads behind") {
   }
   CHECK(settled_thread_count(before) == before);
 }
+
+}  // namespace PMAPCC_TEST_FILE

@@ -18,6 +18,8 @@
 
 #include "fault_program.h"
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -125,3 +127,5 @@ TEST_CASE("randomized collective faults never hang, reach every device, name the
                            << by_fault[4] << ", dtype " << by_fault[5] << ", sleep " << by_fault[6] << ")");
   for (int k = 1; k < kFaultKinds; ++k) CHECK(by_fault[static_cast<std::size_t>(k)] > 0);
 }
+
+}  // namespace PMAPCC_TEST_FILE

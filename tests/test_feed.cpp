@@ -11,6 +11,8 @@
 
 #include "cuda_testing.h"
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 struct Batch {
@@ -184,3 +186,5 @@ TEST_CASE("cuda Feed partitioned by specs: a block that is not one run is gather
   for (int i = 0; i < 4; ++i) devices.push_back(pmap::Device{pmap::DeviceKind::cuda, i, 0});
   check_partitioned_feed(devices);
 }
+
+}  // namespace PMAPCC_TEST_FILE

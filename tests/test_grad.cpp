@@ -24,6 +24,8 @@
 #include <pmapcc/kernels/bf16_gemm.h>
 #include <pmapcc/kernels/cpu_backend.h>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 using cuda_testing::random_floats;
@@ -477,3 +479,5 @@ TEST_CASE("ops::DefaultPrecision: bf16 products (forward and VJP) are fp32 produ
   CHECK(relative_gap(conv, conv_expected) < 1e-5);
   CHECK(relative_gap(dw, dw_expected) < 1e-5);
 }
+
+}  // namespace PMAPCC_TEST_FILE

@@ -18,6 +18,8 @@
 #include <pmapcc/kernels/array_ops.h>
 #include <pmapcc/kernels/backend.h>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 using grad_checks::Case;
@@ -310,3 +312,5 @@ TEST_CASE("grad layout: bad input raises ShapeError / ValueError naming the op a
 }
 
 }  // namespace
+
+}  // namespace PMAPCC_TEST_FILE

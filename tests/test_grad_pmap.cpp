@@ -13,6 +13,8 @@
 #include <pmapcc/core/grad.h>
 #include <pmapcc/core/ops.h>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 using cuda_testing::random_floats;
@@ -352,3 +354,5 @@ TEST_CASE("ops on cuda devices: grad inside pmap gives the CPU's gradients (one 
 }
 
 }  // namespace
+
+}  // namespace PMAPCC_TEST_FILE

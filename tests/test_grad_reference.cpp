@@ -15,6 +15,8 @@
 #include <pmapcc/core/grad.h>
 #include <pmapcc/core/ops.h>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 using cuda_testing::relative_error;
@@ -137,3 +139,5 @@ TEST_CASE("grad: PyTorch's autograd gives the same values and gradients") {
 }
 
 }  // namespace
+
+}  // namespace PMAPCC_TEST_FILE

@@ -21,6 +21,8 @@
 
 #include "src/host_cache.h"
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 using grad_checks::host;
@@ -423,3 +425,5 @@ TEST_CASE("ops on cuda devices: jit inside pmap plans device memory and replays 
   CHECK(step.stats().signatures == static_cast<std::size_t>(gpus.size()));
   CHECK(step.stats().diverged == 0);
 }
+
+}  // namespace PMAPCC_TEST_FILE

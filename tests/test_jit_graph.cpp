@@ -28,6 +28,8 @@
 #include <pmapcc/kernels/array_ops.h>
 #include <pmapcc/kernels/backend.h>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 using grad_checks::host;
@@ -543,3 +545,5 @@ TEST_CASE("cuda graphs with collectives (stand-in only): a launch that fails on 
   CHECK(step.stats().graph_captures == static_cast<std::uint64_t>(gpus.size()));
 }
 #endif
+
+}  // namespace PMAPCC_TEST_FILE

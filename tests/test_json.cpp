@@ -13,6 +13,8 @@
 
 #include <pmapcc/io/json.h>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 using pmap::io::Json;
 using pmap::io::JsonView;
 using pmap::io::parse_json;
@@ -147,3 +149,5 @@ TEST_CASE("json: JsonView names the source and the path of a missing or mistyped
   CHECK_FALSE(root.contains("w"));
   CHECK(root.size() == 2);
 }
+
+}  // namespace PMAPCC_TEST_FILE

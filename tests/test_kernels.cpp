@@ -9,6 +9,8 @@
 #include "kernel_checks.h"
 #include <pmapcc/kernels/cpu_backend.h>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace kc = kernel_checks;
 namespace {
 const pmap::kernels::CpuBackend& cpu_ops() { return pmap::kernels::cpu_backend(); }
@@ -348,3 +350,5 @@ TEST_CASE("avg_pool rejects a window larger than the input") {
   CHECK_THROWS_AS(cpu_ops().conv().avg_pool_forward(pool_params(1, 1, 1, 3, 3, 2, 2), x.data(), y.data()),
                   pmap::ValueError);
 }
+
+}  // namespace PMAPCC_TEST_FILE

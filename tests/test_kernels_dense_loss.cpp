@@ -11,6 +11,8 @@
 #include "kernel_checks.h"
 #include <pmapcc/kernels/cpu_backend.h>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace kc = kernel_checks;
 namespace {
 const pmap::kernels::CpuBackend& cpu_ops() { return pmap::kernels::cpu_backend(); }
@@ -270,3 +272,5 @@ TEST_CASE("reduce_sum and reduce_mean per member") {
   CHECK_THROWS_AS(cpu_ops().loss().reduce_mean(1, 0, x.data(), mean.data()), pmap::ValueError);
   CHECK_THROWS_AS(cpu_ops().loss().reduce_sum(0, n, x.data(), sum.data()), pmap::ValueError);
 }
+
+}  // namespace PMAPCC_TEST_FILE

@@ -10,6 +10,8 @@
 
 #include <pmapcc/kernels/cpu_backend.h>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 using namespace cuda_testing;
@@ -318,3 +320,5 @@ TEST_CASE("layer ops refuse bad parameters and null pointers, naming them") {
                          doctest::Contains("momentum"), pmap::ValueError);
   }
 }
+
+}  // namespace PMAPCC_TEST_FILE

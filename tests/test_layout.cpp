@@ -17,6 +17,8 @@
 #include <pmapcc/ensemble/runner.h>
 #include <pmapcc/kernels/backend.h>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 using pmap::ensemble::LayoutMap;
 using pmap::ensemble::PartitionSpec;
 using pmap::ensemble::ShardingPlan;
@@ -458,3 +460,5 @@ TEST_CASE("layout: column- then row-parallel layers over 2 and 4 devices compute
       CHECK(max_diff(runs[0].grads, ref.grads) <= 1e-5f * max_abs(ref.grads));
     }
 }
+
+}  // namespace PMAPCC_TEST_FILE

@@ -22,6 +22,8 @@
 
 #include "synthetic.h"
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace pe = pmap::ensemble;
 
 namespace {
@@ -370,3 +372,5 @@ TEST_CASE("the recorded configuration names the mesh and, when weights are split
   CHECK(pe::to_string(pe::Mode::model_parallel) == "model-parallel");
   CHECK_THROWS_WITH_AS(pe::parse_mode("pipeline"), doctest::Contains("model-parallel"), pmap::ValueError);
 }
+
+}  // namespace PMAPCC_TEST_FILE

@@ -12,6 +12,8 @@
 #include "kernel_checks.h"
 #include "synthetic.h"
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace pe = pmap::ensemble;
 namespace kc = kernel_checks;
 
@@ -213,3 +215,5 @@ TEST_CASE("model parallelism of a model with a bias-less convolution matches one
   mp.run_epoch(), single.run_epoch();
   CHECK(pmap::testing::max_abs_diff(mp.params(), single.params()) < 1e-5f);
 }
+
+}  // namespace PMAPCC_TEST_FILE

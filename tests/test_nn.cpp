@@ -15,6 +15,8 @@
 #include <pmapcc/nn/layers.h>
 #include <pmapcc/nn/normalization.h>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 using cuda_testing::random_floats;
@@ -200,3 +202,5 @@ TEST_CASE("nn: bad hyper-parameters and missing randomness raise ValueError nami
   CHECK_THROWS_WITH_AS(nn::Dropout{}(x, training_without_rng), doctest::Contains("needs DropoutCall::rng's key"),
                        pmap::ValueError);
 }
+
+}  // namespace PMAPCC_TEST_FILE

@@ -23,6 +23,8 @@
 #include <pmapcc/ensemble/model.h>
 #include <pmapcc/ensemble/onnx/export.h>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace pe = pmap::ensemble;
 
 namespace {
@@ -206,4 +208,6 @@ TEST_CASE("onnx export: what cannot be exported is refused, naming it, and nothi
         }).find((dir.path / "none" / "x.onnx").string()) != std::string::npos);
   CHECK(std::filesystem::is_empty(dir.path));
 }
+
+}  // namespace PMAPCC_TEST_FILE
 #endif  // PMAPCC_HAVE_ONNX

@@ -21,6 +21,8 @@
 #include <pmapcc/kernels/backend.h>
 #include <pmapcc/optim/optim.h>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 using cuda_testing::random_floats;
@@ -670,3 +672,5 @@ TEST_CASE("optim errors: trees of different structure or shapes are ShapeErrors 
 }
 
 }  // namespace
+
+}  // namespace PMAPCC_TEST_FILE

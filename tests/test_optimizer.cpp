@@ -10,6 +10,8 @@
 #include <pmapcc/ensemble/optimizer.h>
 #include <pmapcc/kernels/cpu_backend.h>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 using namespace cuda_testing;
@@ -356,3 +358,5 @@ TEST_CASE("optimizer_step updates every tensor of a model, each member with its 
       }
   }
 }
+
+}  // namespace PMAPCC_TEST_FILE

@@ -8,6 +8,8 @@
 
 #include <pmap/pmap.h>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 using pmap::Array;
@@ -187,3 +189,5 @@ TEST_CASE("shard by specs: bad specs raise naming the leaf, the dimension and th
                        doctest::Contains("unshard: local device 1's tree has 0 arrays, the first device's 1"),
                        pmap::ShapeError);
 }
+
+}  // namespace PMAPCC_TEST_FILE

@@ -10,6 +10,8 @@
 
 #include <pmap/pmap.h>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 pmap::Mesh cpu_mesh(int n, const std::string& axis = "i") {
@@ -362,3 +364,5 @@ TEST_CASE("collectives outside pmap and nested pmap are errors") {
   CHECK_THROWS_AS(pmap::psum(1, "i"), pmap::Error);
   CHECK_THROWS_WITH(pmap::pmap([&] { pmap::pmap([] {}, mesh)(); }, mesh)(), doctest::Contains("nested pmap"));
 }
+
+}  // namespace PMAPCC_TEST_FILE

@@ -19,6 +19,8 @@
 
 #include "synthetic.h"
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 namespace k = pmap::kernels;
@@ -256,3 +258,5 @@ TEST_CASE("bf16 training on the CUDA kernels (their host run) is reproducible an
   CHECK(worst > 0);
   CHECK(worst <= 0.05);
 }
+
+}  // namespace PMAPCC_TEST_FILE

@@ -22,6 +22,8 @@
 #include <curand.h>
 #endif
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 using pmap::Key;
@@ -334,3 +336,5 @@ TEST_CASE("samplers reject bad arguments, naming them") {
   CHECK_THROWS_AS(pmap::bernoulli(k, b, -0.1f), pmap::ValueError);
   CHECK_THROWS_AS(pmap::bernoulli(k, b, NAN), pmap::ValueError);
 }
+
+}  // namespace PMAPCC_TEST_FILE

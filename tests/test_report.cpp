@@ -19,6 +19,8 @@
 #include "examples/mnist_ensemble/report.h"
 #include "pmap/error.h"
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace fs = std::filesystem;
 using pmap::ensemble::EpochMetrics;
 using pmap::io::Json;
@@ -641,3 +643,5 @@ TEST_CASE("report: calibration columns in the CSV, the predictions CSV, the tabl
   CHECK(plain.find("reliability") == std::string::npos);
   CHECK(plain.find("MNIST ensemble") != std::string::npos);
 }
+
+}  // namespace PMAPCC_TEST_FILE

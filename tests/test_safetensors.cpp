@@ -18,6 +18,8 @@
 
 #include <pmapcc/io/safetensors.h>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace fs = std::filesystem;
 using namespace pmap::io;
 using pmap::DType;
@@ -339,3 +341,5 @@ TEST_CASE("safetensors: a failed write names the path and the OS error, and keep
   CHECK(load_safetensors(p).metadata.at("step") == "1");
   CHECK(dir.entries() == 3);
 }
+
+}  // namespace PMAPCC_TEST_FILE

@@ -16,6 +16,8 @@
 #include "kernel_checks.h"
 #include "synthetic.h"
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace pe = pmap::ensemble;
 namespace kc = kernel_checks;
 
@@ -311,3 +313,5 @@ TEST_CASE("per-member dropout rates: each member trains as it would with its rat
   CHECK_THROWS_WITH_AS(other.load_checkpoint(path),
                        doctest::Contains("written with dropout = [0.1,0.6], this run has null"), pmap::DataError);
 }
+
+}  // namespace PMAPCC_TEST_FILE

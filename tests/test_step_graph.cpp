@@ -13,6 +13,8 @@
 #include <pmapcc/ensemble/step.h>
 #include <pmapcc/kernels/backend.h>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace pe = pmap::ensemble;
 
 namespace {
@@ -85,3 +87,5 @@ TEST_CASE("a captured train step captures anew for another state, batch or sched
   CHECK(eager[0] != untouched[0]);
   CHECK(eager[1] != untouched[1]);
 }
+
+}  // namespace PMAPCC_TEST_FILE

@@ -13,6 +13,8 @@
 #include <pmapcc/io/safetensors.h>
 #include "synthetic.h"
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 using namespace pmap::ensemble;
 
 namespace {
@@ -194,3 +196,5 @@ TEST_CASE("optimizer settings that cannot run are refused naming the flag") {
   c.optimizer.schedule.warmup_steps = 10;  // the whole 10-step run
   refused(c, "--warmup-steps 10 leaves none of the run's 10 steps");
 }
+
+}  // namespace PMAPCC_TEST_FILE

@@ -22,6 +22,8 @@
 #include "cuda_testing.h"
 #include "synthetic.h"
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace pe = pmap::ensemble;
 namespace train = pmap::train;
 using pmap::Array;
@@ -579,3 +581,5 @@ TEST_CASE("train optimizer: state named for checkpoints, and the errors of bad v
   CHECK_THROWS_AS(pmap::ops::eager::argmax_hits(scores, Array::from_host(std::vector<std::int32_t>{0}, {1})),
                   pmap::ShapeError);
 }
+
+}  // namespace PMAPCC_TEST_FILE

@@ -21,6 +21,8 @@
 #include "cuda_testing.h"
 #include "synthetic.h"
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace pe = pmap::ensemble;
 namespace train = pmap::train;
 
@@ -198,13 +200,13 @@ TEST_CASE("trainer: bad options and data are refused by name, before any step") 
 TEST_CASE("trainer on GPUs: an ensemble trains as the runner's Trainer on the same GPUs, its losses read once") {
   PMAPCC_REQUIRE_GPU();
   // report_every 0 picks 16 on GPUs: the epoch's 10 steps are read at its end, and on_step still sees each.
-  pe::TrainConfig c = pmap::testing::small_config(2, 4);
+  pe::TrainConfig c = pmap::testing::small_config(2, 2);  // a member a GPU
   c.backend = pmap::DeviceKind::cuda;
   pe::Trainer old(c, data().train, data().test);
   train::Trainer now(train::flax_cnn({12, 12, 1}),
                      train::Optimizer(pmap::optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f}),
                      pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cuda, 2), "ensemble"),
-                     {.members = 4, .batch_size = 64});
+                     {.members = 2, .batch_size = 64});
   CHECK(now.options().report_every == 16);
   Reports r;
   const pe::EpochMetrics m = old.run_epoch([&](const pe::StepReport& s) { r.old.push_back(s); });
@@ -447,3 +449,5 @@ TEST_CASE("trainer: a callback or an evaluation that raises leaves the Trainer r
   CHECK(got.ensemble_calibration.nll == want.ensemble_calibration.nll);
   CHECK(got.member_accuracy == want.member_accuracy);
 }
+
+}  // namespace PMAPCC_TEST_FILE

@@ -13,6 +13,8 @@
 #include <pmapcc/ensemble/trainer.h>
 #include "synthetic.h"
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 using namespace pmap::ensemble;
 
 namespace {
@@ -486,3 +488,5 @@ TEST_CASE("the configuration is recorded as given: lr 0.1, not 0.100000001490116
   CHECK(text.find("\"momentum\":0.95,") != std::string::npos);
   CHECK(text.find("\"dataset\":\"mnist\"") != std::string::npos);
 }
+
+}  // namespace PMAPCC_TEST_FILE

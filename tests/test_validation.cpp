@@ -12,6 +12,8 @@
 #include <pmapcc/ensemble/trainer.h>
 #include "synthetic.h"
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 using namespace pmap::ensemble;
 
 namespace {
@@ -221,3 +223,5 @@ TEST_CASE("validation and early stopping settings are checked, naming the flag")
   CHECK_THROWS_WITH_AS(Trainer(c, data().train, data().test), doctest::Contains("leaves no validation example"),
                        pmap::ValueError);
 }
+
+}  // namespace PMAPCC_TEST_FILE

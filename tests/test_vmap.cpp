@@ -26,6 +26,8 @@
 #include <pmapcc/kernels/array_ops.h>
 #include <pmapcc/kernels/backend.h>
 
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
 namespace {
 
 using grad_checks::host;
@@ -626,3 +628,5 @@ TEST_CASE("map: misuse raises an error naming the function") {
   CHECK_THROWS_WITH_AS(pmap::vmap([&](const Array& x) { return pmap::map(relu, 2, {}, "inner")(x); }, {}, "outer")(cube),
                        doctest::Contains("vmap of 'inner' inside vmap of 'outer'"), pmap::NotAvailable);
 }
+
+}  // namespace PMAPCC_TEST_FILE
