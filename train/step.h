@@ -92,6 +92,7 @@ class TrainStep {
   TrainStep(Model model, Optimizer optimizer, Loss loss = softmax_cross_entropy_loss, StepOptions options = {});
 
   const Model& model() const { return model_; }
+  const Optimizer& optimizer() const { return optimizer_; }
   const StepOptions& options() const { return options_; }
 
   // The members of `keys` on `device`: each member's variables from model().init(key), its optimizer state,

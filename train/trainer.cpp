@@ -339,12 +339,20 @@ Evaluation Trainer::evaluate(const Dataset& data, const EvaluateOptions& options
   return e;
 }
 
+bool Trainer::shared_leaf(const std::string& name) const {
+  if (!step_.optimizer().elementwise()) return false;
+  for (const std::string& p : step_.model().param_names())
+    if (name.size() > p.size() && name.ends_with(p) && name[name.size() - p.size() - 1] == '/') return false;
+  return true;
+}
+
 Variables Trainer::gathered(Variables TrainState::*role) const {
   const std::string axis = step_.options().axis;
-  const bool dp = options_.data_parallel;
+  const bool dp = options_.data_parallel, opt = role == &TrainState::opt;
   auto all = pmap::pmap([&](const TrainState& s) {
     Variables out;
-    for (const auto& [name, a] : s.*role) out.emplace(name, dp ? a.copy() : all_gather(a, {axis}, true));
+    for (const auto& [name, a] : s.*role)
+      out.emplace(name, dp || (opt && shared_leaf(name)) ? a.copy() : all_gather(a, {axis}, true));
     return out;
   }, mesh_)(states_);
   Variables host;
@@ -354,6 +362,7 @@ Variables Trainer::gathered(Variables TrainState::*role) const {
 
 Variables Trainer::params() const { return gathered(&TrainState::params); }
 Variables Trainer::model_state() const { return gathered(&TrainState::state); }
+Variables Trainer::optimizer_state() const { return gathered(&TrainState::opt); }
 
 std::int64_t Trainer::step() const { return states_[0].step.to_vector<std::int64_t>()[0]; }
 

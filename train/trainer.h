@@ -18,7 +18,9 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -143,10 +145,37 @@ class Trainer {
   // (data parallel: the one model, (1, ...)). Collective over the processes of the mesh.
   Variables params() const;
   Variables model_state() const;
+  // The optimizer's state on the host, by name (Optimizer's names): a leaf kept per member (a non-element-wise
+  // optimizer's, or an element-wise one's per-parameter leaves such as "trace/<parameter>") (members, ...),
+  // member g at row g; a leaf an element-wise optimizer keeps once for a device's stacked members (its "count")
+  // as the first device holds it (every device holds the same). Collective.
+  Variables optimizer_state() const;
   std::int64_t step() const;  // the updates made (read from the first local device)
+
+  // Checkpoints: a safetensors file holding everything a run needs to continue exactly, whatever the devices
+  // (mesh size, CPU devices or GPUs) it continues on: every member's parameters "params/<tensor>", model state
+  // "state/<tensor>", optimizer state "opt/<name>" (optimizer_state()) and per-member hyper-parameters
+  // "hyperparams/<name>" (members) f32, with the format ("pmapcc.train.v1"), model, optimizer, mode, members,
+  // seed, step, epochs done, the devices it was written from and the members' keys in __metadata__, and
+  // `metadata`'s entries beside them (a program's own record, e.g. its flags as JSON; ValueError for a key
+  // the Trainer writes). Collective over the mesh's processes: every member is gathered, and the process of
+  // the mesh's first device writes the file, atomically (io::save_safetensors; IoError naming the path).
+  void save(const std::filesystem::path& path, const std::map<std::string, std::string>& metadata = {}) const;
+  // Continues from a checkpoint: the next run_epoch trains the epoch after the checkpoint's, as the run that
+  // wrote it would have, on this Trainer's devices. The file must come from the same model (its tensors'
+  // names, shapes and dtypes), optimizer, mode, members, seed and per-member hyper-parameters: DataError
+  // naming the file and the difference otherwise (and for a file that is not a checkpoint, a missing, extra,
+  // misshapen or non-finite tensor), before anything changes. The runner's checkpoints (ensemble::Trainer's,
+  // formats pmapcc.ensemble.v1 and v2) load too: their optimizer slots "opt/momentum|m|v/<tensor>" (v1:
+  // "momentum/<tensor>") become "trace", "mu" and "nu", an element-wise optimizer's count their step, and
+  // their per-member lists (lr, weight_decay, dropout) the hyper-parameters. Collective: every process reads
+  // the file (a path all of them see). Returns the file's __metadata__.
+  std::map<std::string, std::string> load(const std::filesystem::path& path);
 
  private:
   Variables gathered(Variables TrainState::*role) const;
+  // Whether the optimizer keeps state leaf `name` once for a device's stacked members (not per member).
+  bool shared_leaf(const std::string& name) const;
   void check_data(const Dataset& data, const char* where) const;
 
   TrainStep step_;

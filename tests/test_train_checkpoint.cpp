@@ -1,0 +1,310 @@
+// train::Trainer checkpoints: a run saved after an epoch and loaded continues bit for bit as the run that did
+// not stop, on the same or another device count (an ensemble) and from fake GPUs to CPU devices; the runner's
+// checkpoints (ensemble::Trainer's) load and continue as the runner does; every mismatch and corruption is
+// refused, naming the file and the fault, before the Trainer changes.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <pmap/pmap.h>
+#include <pmapcc/ensemble/trainer.h>
+#include <pmapcc/io/safetensors.h>
+#include <pmapcc/optim/optim.h>
+#include <pmapcc/train/trainer.h>
+
+#include "cuda_testing.h"
+#include "synthetic.h"
+
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
+namespace pe = pmap::ensemble;
+namespace train = pmap::train;
+namespace optim = pmap::optim;
+
+namespace {
+
+const pmap::testing::TrainingData& data() { return pmap::testing::training_data(); }
+
+std::filesystem::path temp_path(const std::string& name) {
+  return pmap::testing::scratch_dir("pmapcc_train_checkpoint_test") / name;
+}
+
+pmap::Mesh mesh(pmap::DeviceKind kind, int devices) {
+  return pmap::Mesh(pmap::local_devices(kind, devices), "ensemble");
+}
+
+train::Optimizer sgd() { return train::Optimizer(optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f}); }
+
+// Every tensor's bytes, by name: equal maps are the same bits.
+std::map<std::string, std::vector<std::byte>> bits(const train::Variables& v) {
+  std::map<std::string, std::vector<std::byte>> out;
+  for (const auto& [name, a] : v) {
+    std::vector<std::byte> b(a.nbytes());
+    if (!b.empty()) a.copy_to_host(b.data(), b.size());
+    out.emplace(name, std::move(b));
+  }
+  return out;
+}
+
+// The Trainer's whole state on the host, for bitwise comparisons.
+struct Snapshot {
+  std::map<std::string, std::vector<std::byte>> params, state, opt;
+  std::int64_t step = 0;
+  bool operator==(const Snapshot&) const = default;
+};
+Snapshot snapshot(const train::Trainer& t) {
+  return {bits(t.params()), bits(t.model_state()), bits(t.optimizer_state()), t.step()};
+}
+
+// The runner's variables as one stacked vector (ensemble::Trainer::params()'s layout), from the Trainer's.
+std::vector<float> stacked(const train::Variables& v, const std::vector<std::string>& names) {
+  std::vector<float> out;
+  for (const std::string& n : names) {
+    const auto t = v.at(n).to_vector<float>();
+    out.insert(out.end(), t.begin(), t.end());
+  }
+  return out;
+}
+
+// Rewrites a checkpoint through `edit` (its tensors and metadata) into `to`.
+template <class Edit>
+void rewrite(const std::filesystem::path& from, const std::filesystem::path& to, Edit edit) {
+  pmap::io::SafetensorsFile f = pmap::io::load_safetensors(from);
+  edit(f.tensors, f.metadata);
+  pmap::io::save_safetensors(to, f.tensors, f.metadata);
+}
+
+pmap::io::TensorEntry* find(std::vector<pmap::io::TensorEntry>& tensors, const std::string& name) {
+  for (auto& e : tensors)
+    if (e.name == name) return &e;
+  FAIL("no tensor " << name);
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("trainer checkpoints: an ensemble resumes bit for bit, on its device count and on others") {
+  // flax-cnn, 4 members, SGD with momentum, seed 5: 2 epochs straight on 2 devices, against 1 epoch saved and
+  // continued on 1, 2 and 4 devices (a member trains alike whatever the devices).
+  const auto path = temp_path("ensemble.safetensors");
+  const train::TrainerOptions o{.members = 4, .batch_size = 64, .seed = 5};
+  train::Trainer straight(train::flax_cnn({12, 12, 1}), sgd(), mesh(pmap::DeviceKind::cpu, 2), o);
+  straight.run_epoch(data().train);
+  const Snapshot after_one = snapshot(straight);
+  straight.run_epoch(data().train);
+  const Snapshot after_two = snapshot(straight);
+  {
+    train::Trainer first(train::flax_cnn({12, 12, 1}), sgd(), mesh(pmap::DeviceKind::cpu, 2), o);
+    first.run_epoch(data().train);
+    first.save(path, {{"program", R"({"epochs": 2})"}});
+  }
+  const pmap::io::SafetensorsFile f = pmap::io::load_safetensors(path);
+  CHECK(f.metadata.at("format") == "pmapcc.train.v1");
+  CHECK(f.metadata.at("step") == "10");
+  CHECK(f.metadata.at("epochs_done") == "1");
+  CHECK(f.metadata.at("devices") == "2");
+  CHECK(f.metadata.at("program") == R"({"epochs": 2})");
+  REQUIRE(f.find("params/Conv_0/kernel") != nullptr);
+  CHECK(f.find("params/Conv_0/kernel")->shape == std::vector<std::int64_t>{4, 3, 3, 1, 32});
+  CHECK(f.find("opt/trace/Dense_1/bias")->shape == std::vector<std::int64_t>{4, 10});
+  CHECK(f.find("opt/count")->shape == std::vector<std::int64_t>{1});  // once: every device holds the same
+  for (const int devices : {1, 2, 4}) {
+    CAPTURE(devices);
+    train::Trainer resumed(train::flax_cnn({12, 12, 1}), sgd(), mesh(pmap::DeviceKind::cpu, devices), o);
+    const auto meta = resumed.load(path);
+    CHECK(meta.at("program") == R"({"epochs": 2})");
+    CHECK(resumed.epochs_done() == 1);
+    CHECK(snapshot(resumed) == after_one);
+    const train::EpochReport r = resumed.run_epoch(data().train);
+    CHECK(r.epoch == 2);
+    CHECK(snapshot(resumed) == after_two);
+  }
+  // The Trainer's own metadata keys are its own.
+  CHECK_THROWS_WITH_AS(straight.save(path, {{"seed", "1"}}),
+                       "train::Trainer::save: metadata key 'seed' is one the Trainer writes itself", pmap::ValueError);
+}
+
+TEST_CASE("trainer checkpoints: data parallel Adam resumes bit for bit, its moments and count included") {
+  const auto path = temp_path("data_parallel.safetensors");
+  const train::TrainerOptions o{.data_parallel = true, .batch_size = 64, .seed = 2};
+  auto adam = [] { return train::Optimizer(optim::Adam{.learning_rate = 1e-3f}); };
+  train::Trainer straight(train::keras_convnet({12, 12, 1}), adam(), mesh(pmap::DeviceKind::cpu, 2), o);
+  train::Trainer first(train::keras_convnet({12, 12, 1}), adam(), mesh(pmap::DeviceKind::cpu, 2), o);
+  straight.run_epoch(data().train);
+  first.run_epoch(data().train);
+  first.save(path);
+  straight.run_epoch(data().train);
+  train::Trainer resumed(train::keras_convnet({12, 12, 1}), adam(), mesh(pmap::DeviceKind::cpu, 2), o);
+  resumed.load(path);
+  CHECK(resumed.optimizer_state().at("count").to_vector<std::int64_t>() == std::vector<std::int64_t>{10});
+  CHECK(resumed.model_state().size() == resumed.model().state_names().size());  // BatchNorm's moving statistics
+  CHECK(!resumed.model_state().empty());
+  resumed.run_epoch(data().train);
+  CHECK(snapshot(resumed) == snapshot(straight));
+}
+
+TEST_CASE("trainer checkpoints: the runner's files load and continue as the runner continues them") {
+  SUBCASE("an ensemble with SGD's momentum (opt/momentum/<tensor>)") {
+    const auto path = temp_path("runner_sgd.safetensors");
+    pe::TrainConfig c = pmap::testing::small_config(2, 4);
+    c.seed = 3;
+    pe::Trainer old(c, data().train, data().test);
+    old.run_epoch();
+    old.save_checkpoint(path);
+    train::Trainer now(train::flax_cnn({12, 12, 1}), sgd(), mesh(pmap::DeviceKind::cpu, 1),
+                       {.members = 4, .batch_size = 64, .seed = 3});
+    now.load(path);
+    const auto names = now.model().param_names();
+    CHECK(stacked(now.params(), names) == old.params());
+    CHECK(stacked(now.optimizer_state(), [&] {
+            std::vector<std::string> trace;
+            for (const auto& n : names) trace.push_back("trace/" + n);
+            return trace;
+          }()) == old.optimizer_state("momentum"));
+    CHECK(now.step() == old.step());
+    CHECK(now.epochs_done() == 1);
+    old.run_epoch();
+    now.run_epoch(data().train);
+    CHECK(stacked(now.params(), names) == old.params());
+  }
+  SUBCASE("data parallel keras-convnet with Adam (opt/m, opt/v; the count is the step)") {
+    const auto path = temp_path("runner_adam.safetensors");
+    pe::TrainConfig c = pmap::testing::small_config(2, 1);
+    c.mode = pe::Mode::data_parallel;
+    c.model = "keras-convnet";
+    c.optimizer.name = "adam";
+    pe::Trainer old(c, data().train, data().test);
+    old.run_epoch();
+    old.save_checkpoint(path);
+    train::Trainer now(train::keras_convnet({12, 12, 1}), train::Optimizer(optim::Adam{.learning_rate = 1e-3f}),
+                       mesh(pmap::DeviceKind::cpu, 2), {.data_parallel = true, .batch_size = 64});
+    now.load(path);
+    CHECK(now.optimizer_state().at("count").to_vector<std::int64_t>() == std::vector<std::int64_t>{old.step()});
+    old.run_epoch();
+    now.run_epoch(data().train);
+    const auto names = now.model().param_names();
+    CHECK(stacked(now.params(), names) == old.params());
+    CHECK(stacked(now.model_state(), now.model().state_names()) == old.model_state());
+  }
+  SUBCASE("per-member learning rates: the runner's list is the Trainer's hyper-parameters") {
+    const auto path = temp_path("runner_rates.safetensors");
+    pe::TrainConfig c = pmap::testing::small_config(1, 2);
+    c.optimizer.learning_rate = {0.1f, 0.03f};
+    pe::Trainer old(c, data().train, data().test);
+    old.run_epoch();
+    old.save_checkpoint(path);
+    train::Trainer plain(train::flax_cnn({12, 12, 1}), sgd(), mesh(pmap::DeviceKind::cpu, 1), {.members = 2});
+    CHECK_THROWS_WITH_AS(plain.load(path),
+                         (path.string() + ": the checkpoint's members were trained with one learning_rate each "
+                                          "([0.1,0.03]); give them as options.hyperparams.learning_rate").c_str(),
+                         pmap::DataError);
+    train::Trainer other(train::flax_cnn({12, 12, 1}), sgd(), mesh(pmap::DeviceKind::cpu, 1),
+                         {.members = 2, .hyperparams = {.learning_rate = {0.1f, 0.05f}}});
+    CHECK_THROWS_WITH_AS(other.load(path),
+                         doctest::Contains("the checkpoint's members were trained with learning_rate [0.1, 0.03]"),
+                         pmap::DataError);
+    train::Trainer now(train::flax_cnn({12, 12, 1}), sgd(), mesh(pmap::DeviceKind::cpu, 1),
+                       {.members = 2, .hyperparams = {.learning_rate = {0.1f, 0.03f}}});
+    now.load(path);
+    old.run_epoch();
+    now.run_epoch(data().train);
+    CHECK(stacked(now.params(), now.model().param_names()) == old.params());
+  }
+}
+
+TEST_CASE("trainer checkpoints: mismatched and corrupt files are refused before the Trainer changes") {
+  const auto path = temp_path("good.safetensors"), bad = temp_path("bad.safetensors");
+  const train::TrainerOptions o{.members = 2, .batch_size = 64, .seed = 1};
+  train::Trainer t(train::flax_cnn({12, 12, 1}), sgd(), mesh(pmap::DeviceKind::cpu, 1), o);
+  t.run_epoch(data().train);
+  t.save(path);
+  train::Trainer fresh(train::flax_cnn({12, 12, 1}), sgd(), mesh(pmap::DeviceKind::cpu, 2), o);
+  const Snapshot before = snapshot(fresh);
+  const std::string file = bad.string() + ": ";
+  auto refused = [&](const std::string& message) {
+    CAPTURE(message);
+    CHECK_THROWS_WITH_AS(fresh.load(bad), (file + message).c_str(), pmap::DataError);
+  };
+  auto with = [&](auto edit) { rewrite(path, bad, edit); };
+  using Tensors = std::vector<pmap::io::TensorEntry>;
+  using Meta = std::map<std::string, std::string>;
+
+  with([](Tensors&, Meta& m) { m.erase("format"); });
+  refused("__metadata__ has no 'format': not a pmapcc checkpoint");
+  with([](Tensors&, Meta& m) { m["format"] = "pmapcc.train.v9"; });
+  refused("format 'pmapcc.train.v9' is not pmapcc.train.v1 (nor the runner's pmapcc.ensemble.v2 or "
+          "pmapcc.ensemble.v1)");
+  with([](Tensors&, Meta& m) { m["seed"] = "7"; });
+  refused("the checkpoint was trained from seed 7; this Trainer's is 1 (options.seed: the members' keys and the "
+          "epochs' orders come from it)");
+  with([](Tensors&, Meta& m) { m["members"] = "4"; });
+  refused("the checkpoint holds 4 members; this Trainer has 2 (options.members)");
+  with([](Tensors&, Meta& m) { m["model"] = "keras-convnet"; });
+  refused("the checkpoint holds model 'keras-convnet'; this Trainer trains 'flax-cnn'");
+  with([](Tensors&, Meta& m) { m["mode"] = "data-parallel"; });
+  refused("the checkpoint was trained in data-parallel mode; this Trainer trains an ensemble");
+  with([](Tensors&, Meta& m) { m["optimizer"] = "optim::Adam"; });
+  refused("the checkpoint was trained with optim::Adam, this Trainer with optim::Sgd");
+  with([](Tensors&, Meta& m) { m["step"] = "many"; });
+  CHECK_THROWS_WITH_AS(fresh.load(bad), doctest::Contains((file + "__metadata__.step").c_str()), pmap::DataError);
+  with([](Tensors&, Meta& m) { m["epochs_done"] = "11"; });
+  refused("step 10 and epochs_done 11 do not describe a run");
+  with([](Tensors& ts, Meta&) { std::erase_if(ts, [](const auto& e) { return e.name == "params/Dense_0/bias"; }); });
+  refused("tensor 'params/Dense_0/bias' is missing (this Trainer's is F32(2, 256))");
+  with([](Tensors& ts, Meta&) {
+    auto* e = find(ts, "opt/trace/Dense_0/bias");
+    e->shape = {1, 512};
+  });
+  refused("tensor 'opt/trace/Dense_0/bias' is F32(1, 512); this Trainer's is F32(2, 256)");
+  with([](Tensors& ts, Meta&) {
+    auto* e = find(ts, "params/Conv_1/kernel");
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(e->data.data() + 8, &nan, sizeof nan);
+  });
+  refused("tensor 'params/Conv_1/kernel' holds a NaN or an infinity");
+  with([](Tensors& ts, Meta&) {
+    ts.push_back(pmap::io::make_tensor<float>("hyperparams/learning_rate", {2}, std::vector<float>{0.1f, 0.1f}));
+  });
+  refused("holds tensors this Trainer does not (another model or optimizer, or per-member hyper-parameters it was "
+          "not given): 'hyperparams/learning_rate'");
+  // Not a checkpoint at all, and no file.
+  pmap::io::save_safetensors(bad, {}, {});
+  refused("__metadata__ has no 'format': not a pmapcc checkpoint");
+  CHECK_THROWS_AS(fresh.load(temp_path("missing.safetensors")), pmap::DataError);
+  // Nothing changed: the same state, and it still trains.
+  CHECK(snapshot(fresh) == before);
+  CHECK(fresh.epochs_done() == 0);
+  fresh.run_epoch(data().train);
+  CHECK(fresh.step() == 10);
+}
+
+TEST_CASE("trainer checkpoints on GPUs: written on fake GPUs, continued on CPU devices as on the GPUs") {
+  PMAPCC_REQUIRE_GPU();
+  const auto path = temp_path("gpu.safetensors");
+  const train::TrainerOptions o{.members = 2, .batch_size = 64, .seed = 4};
+  train::Trainer gpu(train::flax_cnn({12, 12, 1}), sgd(), mesh(pmap::DeviceKind::cuda, 2), o);
+  gpu.run_epoch(data().train);
+  gpu.save(path);
+  train::Trainer cpu(train::flax_cnn({12, 12, 1}), sgd(), mesh(pmap::DeviceKind::cpu, 1), o);
+  cpu.load(path);
+  CHECK(snapshot(cpu) == snapshot(gpu));
+  gpu.run_epoch(data().train);
+  cpu.run_epoch(data().train);
+  // The GPU's products may sum in another order than the CPU's: the same run, to rounding.
+  const auto a = stacked(gpu.params(), gpu.model().param_names()), b = stacked(cpu.params(), gpu.model().param_names());
+  REQUIRE(a.size() == b.size());
+  float diff = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::abs(a[i] - b[i]));
+  MESSAGE("max |parameter difference| between the GPU run and its CPU continuation: " << diff);
+  CHECK(diff <= 1e-4f);
+  CHECK(cpu.step() == gpu.step());
+}
+
+}  // namespace PMAPCC_TEST_FILE
