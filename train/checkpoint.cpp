@@ -244,21 +244,13 @@ std::map<std::string, std::string> Trainer::load(const std::filesystem::path& pa
            list_text(mine) + " (options.hyperparams." + name + ")");
   }
 
-  // Each device's rows (ensemble: device d along the axis holds members [d * n, (d + 1) * n)).
-  const std::string axis = step_.options().axis;
-  const auto n = static_cast<std::int64_t>(per_device_);
-  pmap::pmap([&](TrainState& s) {
-    const std::int64_t row = options_.data_parallel ? 0 : axis_index(axis) * n;
-    for (const Role& role : kRoles)
-      for (auto& [name, a] : s.*role.member) {
-        const Array& all = host.at(role.prefix + name);
-        if (role.member == &TrainState::opt && shared_leaf(name))
-          a.copy_from(all);
-        else
-          a.copy_from(all.slice_rows(row, row + n, Device{}));
-      }
-    s.step.copy_from(Array::from_host(std::vector<std::int64_t>{step}, Shape{1}));
-  }, mesh_)(states_);
+  for (const Role& role : kRoles) {
+    Variables part;
+    for (const auto& [name, a] : first.*role.member) part.emplace(name, std::move(host.at(role.prefix + name)));
+    put(role.member, part);
+  }
+  pmap::pmap([&](TrainState& s) { s.step.copy_from(Array::from_host(std::vector<std::int64_t>{step}, Shape{1})); },
+             mesh_)(states_);
   epochs_done_ = static_cast<int>(epochs);
   return f.metadata;
 }

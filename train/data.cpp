@@ -104,6 +104,8 @@ void gather_batch(const Dataset& data, std::span<const std::uint32_t> indices, f
   }
 }
 
+Key validation_key(std::uint64_t seed) { return fold_in(split(key(seed), 2)[1], 0x76616c69); }
+
 std::pair<Dataset, Dataset> split_validation(const Dataset& data, double fraction, Key key) {
   char text[32];
   std::snprintf(text, sizeof text, "%g", fraction);

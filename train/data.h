@@ -52,6 +52,10 @@ void gather_batch(const Dataset& data, std::span<const std::uint32_t> indices, f
 // would be empty.
 std::pair<Dataset, Dataset> split_validation(const Dataset& data, double fraction, Key key);
 
+// The key a run of `seed` holds its validation set out with, as the program has always drawn it: its data key
+// (split(key(seed), 2)[1], the Trainer's) folded with 0x76616c69 ("vali"; the epochs' orders fold in 0, 1, ...).
+Key validation_key(std::uint64_t seed);
+
 // Full batches in one epoch of `count` examples: count / batch (the last partial batch is dropped,
 // as in the Flax MNIST example). Throws ValueError when batch <= 0 or count < 0.
 std::int64_t steps_per_epoch(std::int64_t count, std::int64_t batch);

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstring>
 #include <span>
+#include <tuple>
 #include <string>
 #include <utility>
 
@@ -358,6 +360,48 @@ Variables Trainer::gathered(Variables TrainState::*role) const {
   Variables host;
   for (const auto& [name, a] : all[0]) host.emplace(name, a.to(Device{}));
   return host;
+}
+
+void Trainer::put(Variables TrainState::*role, const Variables& host) {
+  const std::string axis = step_.options().axis;
+  const auto n = static_cast<std::int64_t>(per_device_);
+  const bool opt = role == &TrainState::opt;
+  pmap::pmap([&](TrainState& s) {
+    const std::int64_t row = options_.data_parallel ? 0 : axis_index(axis) * n;
+    for (auto& [name, a] : s.*role) {
+      const Array& all = host.at(name);
+      if (opt && shared_leaf(name))
+        a.copy_from(all);
+      else
+        a.copy_from(all.slice_rows(row, row + n, Device{}));
+    }
+  }, mesh_)(states_);
+}
+
+void Trainer::set_members(const Variables& params, const Variables& state, const std::vector<int>& members) {
+  const std::string fn = "train::Trainer::set_members: ";
+  for (const int g : members)
+    if (g < 0 || g >= options_.members)
+      throw ValueError(fn + "member " + std::to_string(g) + " is not among the " + std::to_string(options_.members) +
+                       " members");
+  for (auto [role, given, what] : {std::tuple{&TrainState::params, &params, "params"},
+                                   std::tuple{&TrainState::state, &state, "state"}}) {
+    Variables all = gathered(role);
+    for (auto& [name, a] : all) {
+      const auto it = given->find(name);
+      if (it == given->end()) throw ValueError(fn + what + " has no tensor '" + name + "'");
+      const Array& from = it->second;
+      if (from.shape() != a.shape() || from.dtype() != a.dtype() || from.device().kind != DeviceKind::cpu)
+        throw ValueError(fn + what + " tensor '" + name + "' is " + from.str() + "; it must be " + a.signature() +
+                         " on the host");
+      const std::size_t row = a.nbytes() / static_cast<std::size_t>(a.dim(0));
+      for (const int g : members)
+        std::memcpy(static_cast<std::byte*>(a.raw_data()) + row * static_cast<std::size_t>(g),
+                    static_cast<const std::byte*>(from.raw_data()) + row * static_cast<std::size_t>(g), row);
+    }
+    if (given->size() != all.size()) throw ValueError(fn + what + " has tensors the model does not");
+    put(role, all);
+  }
 }
 
 Variables Trainer::params() const { return gathered(&TrainState::params); }

@@ -151,6 +151,10 @@ class Trainer {
   // as the first device holds it (every device holds the same). Collective.
   Variables optimizer_state() const;
   std::int64_t step() const;  // the updates made (read from the first local device)
+  // Members `members` (indices 0..members-1, data parallel: 0) take their rows of `params` and `state` (host
+  // tensors (members, ...) named as params() and model_state() give them); the other members keep theirs.
+  // ValueError naming the tensor or member that does not fit. Collective.
+  void set_members(const Variables& params, const Variables& state, const std::vector<int>& members);
 
   // Checkpoints: a safetensors file holding everything a run needs to continue exactly, whatever the devices
   // (mesh size, CPU devices or GPUs) it continues on: every member's parameters "params/<tensor>", model state
@@ -174,6 +178,9 @@ class Trainer {
 
  private:
   Variables gathered(Variables TrainState::*role) const;
+  // Every device's rows of `role` from host tensors (members, ...) (an element-wise optimizer's shared leaves
+  // whole), into the arrays the devices hold. Collective.
+  void put(Variables TrainState::*role, const Variables& host);
   // Whether the optimizer keeps state leaf `name` once for a device's stacked members (not per member).
   bool shared_leaf(const std::string& name) const;
   void check_data(const Dataset& data, const char* where) const;
