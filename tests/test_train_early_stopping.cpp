@@ -4,7 +4,11 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <map>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <pmap/pmap.h>
@@ -82,6 +86,92 @@ TEST_CASE("early stopping callback: each member stops on its own and ends at its
   CHECK(stopped >= 2);  // members stopped early and went back to their best: the parameters below can tell
   CHECK(stacked(now.params(), now.model().param_names()) == old.params());
   CHECK(stacked(now.model_state(), now.model().state_names()) == old.model_state());
+}
+
+namespace {
+
+struct StoppingRun {
+  pe::TrainConfig config = [] {
+    pe::TrainConfig c = pmap::testing::small_config(2, 4, 6);
+    c.validation_split = 0.25;
+    c.patience = 1;
+    c.optimizer.learning_rate = {0.1f, 0.05f, 2.0f, 0.1f};
+    return c;
+  }();
+  std::pair<train::Dataset, train::Dataset> parts =
+      train::split_validation(data().train, 0.25, train::validation_key(config.seed));
+
+  std::unique_ptr<train::Trainer> trainer(int devices) const {
+    return std::make_unique<train::Trainer>(
+        train::flax_cnn({12, 12, 1}), train::Optimizer(pmap::optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f}),
+        pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cpu, devices), "ensemble"),
+        train::TrainerOptions{.members = 4, .batch_size = 64,
+                              .hyperparams = {.learning_rate = config.optimizer.learning_rate}});
+  }
+  // Epochs until `last` or every member has stopped.
+  void run(train::Trainer& t, train::EarlyStopping& stop, int last) const {
+    while (t.epochs_done() < last && !stop.all_stopped()) {
+      t.run_epoch(parts.first);
+      stop.end_epoch(t, parts.second);
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("early stopping callback: a run saved mid-way resumes exactly, on another device count, and the runner's") {
+  const StoppingRun r;
+  const auto straight = r.trainer(2);
+  train::EarlyStopping all(1);
+  r.run(*straight, all, 6);
+  all.restore_best(*straight);
+  const auto path = pmap::testing::scratch_dir("pmapcc_train_early_stopping_test") / "mid.safetensors";
+  {
+    const auto first = r.trainer(2);
+    train::EarlyStopping stop(1);
+    r.run(*first, stop, 2);
+    std::map<std::string, std::string> meta;
+    train::Variables tensors;
+    stop.save_to(meta, tensors);
+    CHECK(tensors.contains("best/params/Conv_0/kernel"));
+    first->save(path, meta, tensors);
+  }
+  auto finish = [&](train::Trainer& t, const std::filesystem::path& file) {
+    train::EarlyStopping stop(1);
+    stop.restore(t.load(file, {"best/"}), t, file.string());
+    CHECK(t.epochs_done() == 2);
+    r.run(t, stop, 6);
+    stop.restore_best(t);
+    for (std::size_t g = 0; g < 4; ++g) {
+      CAPTURE(g);
+      CHECK(stop.members()[g].best_epoch == all.members()[g].best_epoch);
+      CHECK(stop.members()[g].stopped_epoch == all.members()[g].stopped_epoch);
+    }
+    CHECK(stacked(t.params(), t.model().param_names()) == stacked(straight->params(), t.model().param_names()));
+  };
+  SUBCASE("written by the Trainer, continued on 1 device") { finish(*r.trainer(1), path); }
+  SUBCASE("written by the runner") {
+    const auto runner_path = pmap::testing::scratch_dir("pmapcc_train_early_stopping_test") / "runner.safetensors";
+    pe::Trainer old(r.config, data().train, data().test);
+    old.run_epoch();
+    old.run_epoch();
+    old.save_checkpoint(runner_path);
+    finish(*r.trainer(2), runner_path);
+  }
+  // A file without records, and records of other members.
+  const auto t = r.trainer(1);
+  CHECK_THROWS_WITH_AS(train::EarlyStopping(1).restore(train::Checkpoint{}, *t, "x.safetensors"),
+                       "x.safetensors: __metadata__ has no 'early_stopping' (the run that wrote it did not stop early)",
+                       pmap::DataError);
+  const train::Checkpoint three{{{"early_stopping", R"([{"best_epoch": 0, "best_nll": null, "wait": 0,
+      "stopped_epoch": 0}])"}}, {}};
+  CHECK_THROWS_WITH_AS(train::EarlyStopping(1).restore(three, *t, "y.safetensors"),
+                       doctest::Contains("holds 1 records; the Trainer has 4 members"), pmap::DataError);
+  CHECK_THROWS_WITH_AS(t->save(path, {}, [&] {
+    train::Variables v;
+    v.emplace("params/x", pmap::Array(pmap::Shape{1}, pmap::DType::f32));
+    return v;
+  }()), "train::Trainer::save: tensor 'params/x' is under params/, where the Trainer writes its own", pmap::ValueError);
 }
 
 TEST_CASE("early stopping callback and set_members: errors") {

@@ -87,13 +87,20 @@ const char* runner_slot(const std::string& field) {
 
 }  // namespace
 
-void Trainer::save(const std::filesystem::path& path, const std::map<std::string, std::string>& metadata) const {
+void Trainer::save(const std::filesystem::path& path, const std::map<std::string, std::string>& metadata,
+                   const Variables& others) const {
   for (const auto& [k, v] : metadata)
     if (own_keys().contains(k))
       throw ValueError("train::Trainer::save: metadata key '" + k + "' is one the Trainer writes itself");
+  for (const auto& [name, a] : others)
+    for (const Role& role : kRoles)
+      if (name.starts_with(role.prefix))
+        throw ValueError("train::Trainer::save: tensor '" + name + "' is under " + role.prefix +
+                         ", where the Trainer writes its own");
   std::vector<io::TensorEntry> tensors;
   for (const Role& role : kRoles)
     for (const auto& [name, a] : gathered(role.member)) tensors.push_back(entry_of(role.prefix + name, a));
+  for (const auto& [name, a] : others) tensors.push_back(entry_of(name, a));
   io::Json keys = io::Json::array();
   for (const Key& k : split(split(key(options_.seed), 2)[0], options_.members)) keys.push_back({k.k0, k.k1});
   std::map<std::string, std::string> meta = metadata;
@@ -110,7 +117,7 @@ void Trainer::save(const std::filesystem::path& path, const std::map<std::string
   if (mesh_.devices()[0].process == distributed::process_index()) io::save_safetensors(path, tensors, meta);
 }
 
-std::map<std::string, std::string> Trainer::load(const std::filesystem::path& path) {
+Checkpoint Trainer::load(const std::filesystem::path& path, const std::vector<std::string>& others) {
   const io::SafetensorsFile f = io::load_safetensors(path);
   const std::string file = path.string();
   auto fail = [&](const std::string& what) { throw DataError(file + ": " + what); };
@@ -229,8 +236,17 @@ std::map<std::string, std::string> Trainer::load(const std::filesystem::path& pa
     }
   }
   std::string extra;
-  for (const io::TensorEntry& e : f.tensors)
-    if (!used.contains(e.name)) extra += (extra.empty() ? "'" : ", '") + e.name + "'";
+  Checkpoint out;
+  for (const io::TensorEntry& e : f.tensors) {
+    if (used.contains(e.name)) continue;
+    if (std::any_of(others.begin(), others.end(), [&](const std::string& p) { return e.name.starts_with(p); })) {
+      Array t(e.shape, e.dtype);
+      if (t.nbytes() > 0) t.copy_from_host(e.data.data(), e.data.size());
+      out.tensors.emplace(e.name, std::move(t));
+    } else {
+      extra += (extra.empty() ? "'" : ", '") + e.name + "'";
+    }
+  }
   if (!extra.empty())
     fail("holds tensors this Trainer does not (another model or optimizer, or per-member hyper-parameters it "
          "was not given): " + extra);
@@ -252,7 +268,8 @@ std::map<std::string, std::string> Trainer::load(const std::filesystem::path& pa
   pmap::pmap([&](TrainState& s) { s.step.copy_from(Array::from_host(std::vector<std::int64_t>{step}, Shape{1})); },
              mesh_)(states_);
   epochs_done_ = static_cast<int>(epochs);
-  return f.metadata;
+  out.metadata = f.metadata;
+  return out;
 }
 
 }  // namespace pmap::train

@@ -5,8 +5,11 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include <pmap/error.h>
+#include <pmapcc/io/json.h>
 
 namespace pmap::train {
 namespace {
@@ -85,6 +88,62 @@ void EarlyStopping::restore_best(Trainer& trainer) const {
   for (std::size_t g = 0; g < members_.size(); ++g)
     if (members_[g].best_epoch > 0) members.push_back(static_cast<int>(g));
   restore(trainer, members);
+}
+
+void EarlyStopping::save_to(std::map<std::string, std::string>& metadata, Variables& tensors) const {
+  io::Json records = io::Json::array();
+  for (const MemberStopping& s : members_)
+    records.push_back({{"best_epoch", s.best_epoch},
+                       {"best_nll", std::isfinite(s.best_nll) ? io::Json(s.best_nll) : io::Json(nullptr)},
+                       {"wait", s.wait},
+                       {"stopped_epoch", s.stopped_epoch}});
+  metadata["early_stopping"] = io::dump_json(records);
+  for (const auto& [prefix, best] : {std::pair{"best/params/", &best_params_}, std::pair{"best/state/", &best_state_}})
+    for (const auto& [name, a] : *best) tensors.emplace(prefix + name, a.copy());
+}
+
+void EarlyStopping::restore(const Checkpoint& checkpoint, const Trainer& trainer, const std::string& source) {
+  const auto it = checkpoint.metadata.find("early_stopping");
+  if (it == checkpoint.metadata.end())
+    throw DataError(source + ": __metadata__ has no 'early_stopping' (the run that wrote it did not stop early)");
+  const io::Json records = io::parse_json(it->second, source + ": __metadata__.early_stopping");
+  const io::JsonView view(records, source, "__metadata__.early_stopping");
+  const int count = trainer.options().data_parallel ? 1 : trainer.options().members;
+  if (view.size() != static_cast<std::size_t>(count))
+    view.fail("holds " + std::to_string(view.size()) + " records; the Trainer has " + std::to_string(count) +
+              " members");
+  std::vector<MemberStopping> members(static_cast<std::size_t>(count));
+  const int epochs = trainer.epochs_done();
+  bool any_best = false;
+  for (std::size_t g = 0; g < members.size(); ++g) {
+    const io::JsonView e = view[g];
+    MemberStopping& s = members[g];
+    s.best_epoch = static_cast<int>(e["best_epoch"].as_int());
+    s.best_nll = e["best_nll"].is_null() ? std::nan("") : e["best_nll"].as_double();
+    s.wait = static_cast<int>(e["wait"].as_int());
+    s.stopped_epoch = static_cast<int>(e["stopped_epoch"].as_int());
+    if (s.best_epoch < 0 || s.best_epoch > epochs || s.wait < 0 || s.stopped_epoch < 0 || s.stopped_epoch > epochs)
+      e.fail("holds an epoch outside the checkpoint's " + std::to_string(epochs));
+    any_best = any_best || s.best_epoch > 0;
+  }
+  Variables best_params, best_state;
+  if (any_best) {
+    const Variables params = trainer.params(), state = trainer.model_state();
+    for (const auto& [prefix, now, best] : {std::tuple{"best/params/", &params, &best_params},
+                                            std::tuple{"best/state/", &state, &best_state}})
+      for (const auto& [name, a] : *now) {
+        const auto t = checkpoint.tensors.find(prefix + name);
+        if (t == checkpoint.tensors.end())
+          throw DataError(source + ": tensor '" + prefix + name + "' is missing (early stopping's best)");
+        if (t->second.shape() != a.shape() || t->second.dtype() != a.dtype())
+          throw DataError(source + ": tensor '" + prefix + name + "' is " + t->second.signature() + "; it must be " +
+                          a.signature());
+        best->emplace(name, t->second.copy());
+      }
+  }
+  members_ = std::move(members);
+  best_params_ = std::move(best_params);
+  best_state_ = std::move(best_state);
 }
 
 }  // namespace pmap::train

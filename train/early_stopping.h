@@ -13,6 +13,8 @@
 //   stop.restore_best(trainer);
 #pragma once
 
+#include <map>
+#include <string>
 #include <vector>
 
 #include <pmapcc/train/trainer.h>
@@ -47,6 +49,16 @@ class EarlyStopping {
 
   // Every member that has a best epoch at its best parameters and model state: the end of a run. Collective.
   void restore_best(Trainer& trainer) const;
+
+  // For Trainer::save: the records as the __metadata__ entry "early_stopping" (per member best_epoch, best_nll,
+  // null when not a number, wait and stopped_epoch: the runner's entry) and, once a member has a best, the best
+  // parameters and model state as tensors "best/params/<tensor>" and "best/state/<tensor>" (members, ...).
+  void save_to(std::map<std::string, std::string>& metadata, Variables& tensors) const;
+  // Continues from a checkpoint (Trainer::load with others {"best/"}, the runner's files with
+  // --early-stopping-patience too) of `trainer`'s run: DataError naming the source and entry for records that
+  // are not one per member of `trainer`, hold an epoch past its epochs_done(), or miss a best tensor.
+  // Collective.
+  void restore(const Checkpoint& checkpoint, const Trainer& trainer, const std::string& source);
 
  private:
   void restore(Trainer& trainer, const std::vector<int>& members) const;

@@ -104,6 +104,13 @@ struct EvaluateOptions {
   bool predictions = false;
 };
 
+// What Trainer::load returns besides the state it restores: the file's metadata and the tensors it holds for the
+// parts around the loop, on the host.
+struct Checkpoint {
+  std::map<std::string, std::string> metadata;
+  Variables tensors;
+};
+
 class Trainer {
  public:
   // The members of `options` on `mesh` (one axis: the ensemble's or the batch's, whichever its name), each
@@ -162,9 +169,12 @@ class Trainer {
   // "hyperparams/<name>" (members) f32, with the format ("pmapcc.train.v1"), model, optimizer, mode, members,
   // seed, step, epochs done, the devices it was written from and the members' keys in __metadata__, and
   // `metadata`'s entries beside them (a program's own record, e.g. its flags as JSON; ValueError for a key
-  // the Trainer writes). Collective over the mesh's processes: every member is gathered, and the process of
-  // the mesh's first device writes the file, atomically (io::save_safetensors; IoError naming the path).
-  void save(const std::filesystem::path& path, const std::map<std::string, std::string>& metadata = {}) const;
+  // the Trainer writes), and `tensors` (host arrays) beside its own, for the parts around the loop (EarlyStopping's
+  // best parameters; ValueError for a name under params/, state/, opt/ or hyperparams/). Collective over the
+  // mesh's processes: every member is gathered, and the process of the mesh's first device writes the file,
+  // atomically (io::save_safetensors; IoError naming the path).
+  void save(const std::filesystem::path& path, const std::map<std::string, std::string>& metadata = {},
+            const Variables& tensors = {}) const;
   // Continues from a checkpoint: the next run_epoch trains the epoch after the checkpoint's, as the run that
   // wrote it would have, on this Trainer's devices. The file must come from the same model (its tensors'
   // names, shapes and dtypes), optimizer, mode, members, seed and per-member hyper-parameters: DataError
@@ -173,8 +183,10 @@ class Trainer {
   // formats pmapcc.ensemble.v1 and v2) load too: their optimizer slots "opt/momentum|m|v/<tensor>" (v1:
   // "momentum/<tensor>") become "trace", "mu" and "nu", an element-wise optimizer's count their step, and
   // their per-member lists (lr, weight_decay, dropout) the hyper-parameters. Collective: every process reads
-  // the file (a path all of them see). Returns the file's __metadata__.
-  std::map<std::string, std::string> load(const std::filesystem::path& path);
+  // the file (a path all of them see). Tensors outside the Trainer's own are refused unless their names start
+  // with one of `others` (the parts' tensors, such as EarlyStopping's "best/"). Returns the file's __metadata__
+  // and those tensors.
+  Checkpoint load(const std::filesystem::path& path, const std::vector<std::string>& others = {});
 
  private:
   Variables gathered(Variables TrainState::*role) const;
