@@ -127,6 +127,8 @@ TEST_CASE("trainer checkpoints: an ensemble resumes bit for bit, on its device c
     CHECK(r.epoch == 2);
     CHECK(snapshot(resumed) == after_two);
   }
+  // A file that cannot be written.
+  CHECK_THROWS_AS(straight.save(temp_path("no_such_directory") / "x.safetensors"), pmap::IoError);
   // The Trainer's own metadata keys are its own.
   CHECK_THROWS_WITH_AS(straight.save(path, {{"seed", "1"}}),
                        "train::Trainer::save: metadata key 'seed' is one the Trainer writes itself", pmap::ValueError);
@@ -159,6 +161,11 @@ TEST_CASE("trainer checkpoints: the runner's files load and continue as the runn
     pe::Trainer old(c, data().train, data().test);
     old.run_epoch();
     old.save_checkpoint(path);
+    train::Trainer adam(train::flax_cnn({12, 12, 1}), train::Optimizer(optim::Adam{.learning_rate = 1e-3f}),
+                        mesh(pmap::DeviceKind::cpu, 1), {.members = 4, .batch_size = 64, .seed = 3});
+    CHECK_THROWS_WITH_AS(adam.load(path),
+                         (path.string() + ": the checkpoint was trained with optim::Sgd, this Trainer with "
+                                          "optim::Adam").c_str(), pmap::DataError);
     train::Trainer now(train::flax_cnn({12, 12, 1}), sgd(), mesh(pmap::DeviceKind::cpu, 1),
                        {.members = 4, .batch_size = 64, .seed = 3});
     now.load(path);
@@ -273,8 +280,11 @@ TEST_CASE("trainer checkpoints: mismatched and corrupt files are refused before 
   with([](Tensors& ts, Meta&) {
     ts.push_back(pmap::io::make_tensor<float>("hyperparams/learning_rate", {2}, std::vector<float>{0.1f, 0.1f}));
   });
-  refused("holds tensors this Trainer does not (another model or optimizer, or per-member hyper-parameters it was "
-          "not given): 'hyperparams/learning_rate'");
+  refused("holds tensors this Trainer does not (another model or optimizer, per-member hyper-parameters it was not "
+          "given, or a part's, whose prefix load's `others` names): 'hyperparams/learning_rate'");
+  with([](Tensors&, Meta& m) { m["seed"] = "18446744073709551615"; });  // 2^64 - 1: read as the unsigned it is
+  refused("the checkpoint was trained from seed 18446744073709551615; this Trainer's is 1 (options.seed: the "
+          "members' keys and the epochs' orders come from it)");
   // Not a checkpoint at all, and no file.
   pmap::io::save_safetensors(bad, {}, {});
   refused("__metadata__ has no 'format': not a pmapcc checkpoint");

@@ -7,11 +7,13 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <pmap/collectives.h>
 #include <pmap/distributed.h>
 #include <pmap/error.h>
 #include <pmap/pmap.h>
@@ -114,151 +116,201 @@ void Trainer::save(const std::filesystem::path& path, const std::map<std::string
   meta["epochs_done"] = std::to_string(epochs_done_);
   meta["devices"] = std::to_string(mesh_.size());
   meta["member_keys"] = io::dump_json(keys);
-  if (mesh_.devices()[0].process == distributed::process_index()) io::save_safetensors(path, tensors, meta);
+  const bool writer = mesh_.devices()[0].process == distributed::process_index();
+  std::exception_ptr failure;
+  if (writer) try {
+      io::save_safetensors(path, tensors, meta);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  // Every process waits for the file and learns whether it was written: the writer's outcome summed over the
+  // mesh (so a load right after a save reads the new file, and a failed write raises in every process).
+  const float failed = writer && failure ? 1.0f : 0.0f;
+  const auto outcome = pmap::pmap([&](int) {
+    return psum(Array::from_host(std::vector<float>{failed}, Shape{1}, current_device()), {step_.options().axis});
+  }, mesh_)(0);
+  if (failure) std::rethrow_exception(failure);
+  if (outcome[0].to_vector<float>()[0] > 0)
+    throw IoError("train::Trainer::save: process " + std::to_string(mesh_.devices()[0].process) +
+                  " could not write " + path.string());
 }
 
 Checkpoint Trainer::load(const std::filesystem::path& path, const std::vector<std::string>& others) {
-  const io::SafetensorsFile f = io::load_safetensors(path);
   const std::string file = path.string();
-  auto fail = [&](const std::string& what) { throw DataError(file + ": " + what); };
-  const auto fmt = f.metadata.find("format");
-  if (fmt == f.metadata.end()) fail("__metadata__ has no 'format': not a pmapcc checkpoint");
-  const bool runner = fmt->second == kRunnerV2 || fmt->second == kRunnerV1, v1 = fmt->second == kRunnerV1;
-  if (!runner && fmt->second != kFormat)
-    fail("format '" + fmt->second + "' is not " + kFormat + " (nor the runner's " + kRunnerV2 + " or " + kRunnerV1 +
-         ")");
-  const int members = options_.members;
-  const std::string mode = options_.data_parallel ? "data-parallel" : "ensemble";
-
-  // What the file says it is, against this Trainer.
-  io::Json config;  // the runner's configuration (its program's flags)
-  std::string saved_model, saved_mode;
-  std::int64_t saved_seed = 0;
-  if (runner) {
-    config = f.metadata_json("config");
-    auto field = [&](const char* name) -> const io::Json& {
-      if (!config.is_object() || !config.contains(name)) fail(std::string("__metadata__.config has no '") + name + "'");
-      return config[name];
-    };
-    saved_model = config.contains("model") ? field("model").get<std::string>() : "flax-cnn";  // v1: the only one
-    saved_mode = config.contains("mode") ? field("mode").get<std::string>() : "ensemble";
-    if (!field("seed").is_number_integer()) fail("__metadata__.config.seed is not a whole number");
-    saved_seed = field("seed").get<std::int64_t>();
-    if (saved_mode == "ensemble" && field("members") != io::Json(members))
-      fail("the checkpoint holds " + io::dump_json(field("members")) + " members; this Trainer has " +
-           std::to_string(members) + " (options.members)");
-    // A per-member list the runner trained with must be this Trainer's per-member values (checked below).
-    for (const auto& [flag, name] : {std::pair{"lr", "learning_rate"}, std::pair{"weight_decay", "weight_decay"},
-                                     std::pair{"dropout", "dropout_rate"}})
-      if (config.contains(flag) && config[flag].is_array() && !states_[0].hyperparams.contains(name))
-        fail(std::string("the checkpoint's members were trained with one ") + name + " each (" +
-             io::dump_json(config[flag]) + "); give them as options.hyperparams." + name);
-  } else {
-    saved_model = text(f, "model");
-    saved_mode = text(f, "mode");
-    saved_seed = whole(f, "seed");
-    if (whole(f, "members") != members)
-      fail("the checkpoint holds " + text(f, "members") + " members; this Trainer has " + std::to_string(members) +
-           " (options.members)");
-    if (text(f, "optimizer") != step_.optimizer().name())
-      fail("the checkpoint was trained with " + text(f, "optimizer") + ", this Trainer with " +
-           step_.optimizer().name());
-  }
-  if (saved_model != step_.model().name())
-    fail("the checkpoint holds model '" + saved_model + "'; this Trainer trains '" + step_.model().name() + "'");
-  if (saved_mode != mode)
-    fail("the checkpoint was trained in " + saved_mode + " mode; this Trainer trains " +
-         (options_.data_parallel ? "data parallel (options.data_parallel)" : "an ensemble"));
-  if (saved_seed < 0 || static_cast<std::uint64_t>(saved_seed) != options_.seed)
-    fail("the checkpoint was trained from seed " + std::to_string(saved_seed) + "; this Trainer's is " +
-         std::to_string(options_.seed) + " (options.seed: the members' keys and the epochs' orders come from it)");
-  const std::int64_t step = whole(f, "step"), epochs = whole(f, "epochs_done");
-  if (step < 0 || epochs < 0 || epochs > step) fail("step " + std::to_string(step) + " and epochs_done " +
-                                                    std::to_string(epochs) + " do not describe a run");
-
-  // Every tensor this Trainer holds, from the file: (members, ...) for a member's, as on a device otherwise.
+  const Variables own = gathered(&TrainState::hyperparams);  // collective: before anything can fail
   const TrainState& first = states_[0];
-  std::set<std::string> used;
   std::map<std::string, Array> host;  // by this Trainer's name ("params/Conv_0/kernel")
-  for (const Role& role : kRoles) {
-    const bool opt = role.member == &TrainState::opt, hyper = role.member == &TrainState::hyperparams;
-    for (const auto& [name, a] : first.*role.member) {
-      const bool shared = opt && shared_leaf(name);
-      Shape want = a.shape();
-      if (!shared) want[0] = members;
-      std::string from = role.prefix + name;  // the file's name for it
-      if (runner && opt) {
-        if (shared) {  // an element-wise optimizer's count: the runner's step
-          if (a.dtype() != DType::i64 || a.size() != 1)
-            fail("the runner's checkpoint holds no state for the optimizer's '" + name + "' (" + a.signature() + ")");
-          host.emplace(role.prefix + name, Array::from_host(std::vector<std::int64_t>{step}, want));
+  Checkpoint out;
+  std::int64_t step = 0, epochs = 0;
+  std::exception_ptr failure;
+  try {  // reading and checking the file: nothing collective, nothing changed
+    const io::SafetensorsFile f = io::load_safetensors(path);
+    auto fail = [&](const std::string& what) { throw DataError(file + ": " + what); };
+    const auto fmt = f.metadata.find("format");
+    if (fmt == f.metadata.end()) fail("__metadata__ has no 'format': not a pmapcc checkpoint");
+    const bool runner = fmt->second == kRunnerV2 || fmt->second == kRunnerV1, v1 = fmt->second == kRunnerV1;
+    if (!runner && fmt->second != kFormat)
+      fail("format '" + fmt->second + "' is not " + kFormat + " (nor the runner's " + kRunnerV2 + " or " + kRunnerV1 +
+           ")");
+    const int members = options_.members;
+    const std::string mode = options_.data_parallel ? "data-parallel" : "ensemble";
+
+    // What the file says it is, against this Trainer.
+    io::Json config;  // the runner's configuration (its program's flags)
+    std::string saved_model, saved_mode;
+    std::uint64_t saved_seed = 0;
+    if (runner) {
+      config = f.metadata_json("config");
+      auto field = [&](const char* name) -> const io::Json& {
+        if (!config.is_object() || !config.contains(name))
+          fail(std::string("__metadata__.config has no '") + name + "'");
+        return config[name];
+      };
+      for (const char* name : {"model", "mode", "optimizer"})
+        if (config.is_object() && config.contains(name) && !config[name].is_string())
+          fail(std::string("__metadata__.config.") + name + " is not a string");
+      saved_model = config.contains("model") ? field("model").get<std::string>() : "flax-cnn";  // v1: the only one
+      saved_mode = config.contains("mode") ? field("mode").get<std::string>() : "ensemble";
+      if (!field("seed").is_number_integer()) fail("__metadata__.config.seed is not a whole number");
+      saved_seed = static_cast<std::uint64_t>(field("seed").get<std::int64_t>());  // written as int64(seed)
+      // The optimizer's class (its settings, the momentum or the betas, are the caller's to keep; a chain, the
+      // runner's clipping or decay, is checked by the slots it finds).
+      const std::string opt = config.contains("optimizer") ? field("optimizer").get<std::string>() : "sgd";
+      const std::string cls = opt == "sgd"     ? "optim::Sgd"
+                              : opt == "adam"  ? "optim::Adam"
+                              : opt == "adamw" ? "optim::AdamW"
+                                               : opt;
+      if (std::string(step_.optimizer().name()) != "optim::chain" && cls != step_.optimizer().name())
+        fail("the checkpoint was trained with " + cls + ", this Trainer with " + step_.optimizer().name());
+      if (saved_mode == "ensemble" && field("members") != io::Json(members))
+        fail("the checkpoint holds " + io::dump_json(field("members")) + " members; this Trainer has " +
+             std::to_string(members) + " (options.members)");
+      // A per-member list the runner trained with must be this Trainer's per-member values (checked below).
+      for (const auto& [flag, name] : {std::pair{"lr", "learning_rate"}, std::pair{"weight_decay", "weight_decay"},
+                                       std::pair{"dropout", "dropout_rate"}})
+        if (config.contains(flag) && config[flag].is_array() && !states_[0].hyperparams.contains(name))
+          fail(std::string("the checkpoint's members were trained with one ") + name + " each (" +
+               io::dump_json(config[flag]) + "); give them as options.hyperparams." + name);
+    } else {
+      saved_model = text(f, "model");
+      saved_mode = text(f, "mode");
+      const io::Json seed = f.metadata_json("seed");
+      if (!seed.is_number_unsigned()) fail("__metadata__.seed is not a whole number");
+      saved_seed = seed.get<std::uint64_t>();
+      if (whole(f, "members") != members)
+        fail("the checkpoint holds " + text(f, "members") + " members; this Trainer has " + std::to_string(members) +
+             " (options.members)");
+      if (text(f, "optimizer") != step_.optimizer().name())
+        fail("the checkpoint was trained with " + text(f, "optimizer") + ", this Trainer with " +
+             step_.optimizer().name());
+    }
+    if (saved_model != step_.model().name())
+      fail("the checkpoint holds model '" + saved_model + "'; this Trainer trains '" + step_.model().name() + "'");
+    if (saved_mode != mode)
+      fail("the checkpoint was trained in " + saved_mode + " mode; this Trainer trains " +
+           (options_.data_parallel ? "data parallel (options.data_parallel)" : "an ensemble"));
+    if (saved_seed != options_.seed)
+      fail("the checkpoint was trained from seed " + std::to_string(saved_seed) + "; this Trainer's is " +
+           std::to_string(options_.seed) + " (options.seed: the members' keys and the epochs' orders come from it)");
+    step = whole(f, "step");
+    epochs = whole(f, "epochs_done");
+    if (step < 0 || epochs < 0 || epochs > step || epochs > 1'000'000'000)
+      fail("step " + std::to_string(step) + " and epochs_done " + std::to_string(epochs) + " do not describe a run");
+
+    // Every tensor this Trainer holds, from the file: (members, ...) for a member's, as on a device otherwise.
+    std::set<std::string> used;
+    for (const Role& role : kRoles) {
+      const bool opt = role.member == &TrainState::opt, hyper = role.member == &TrainState::hyperparams;
+      for (const auto& [name, a] : first.*role.member) {
+        const bool shared = opt && shared_leaf(name);
+        Shape want = a.shape();
+        if (!shared) want[0] = members;
+        std::string from = role.prefix + name;  // the file's name for it
+        if (runner && opt) {
+          if (shared) {  // an element-wise optimizer's count: the runner's step
+            if (a.dtype() != DType::i64 || a.size() != 1)
+              fail("the runner's checkpoint holds no state for the optimizer's '" + name + "' (" + a.signature() + ")");
+            host.emplace(role.prefix + name, Array::from_host(std::vector<std::int64_t>{step}, want));
+            continue;
+          }
+          const std::string param = [&] {
+            for (const std::string& p : step_.model().param_names())
+              if (name.size() > p.size() && name.ends_with("/" + p)) return p;
+            return std::string();
+          }();
+          const std::string head = param.empty() ? name : name.substr(0, name.size() - param.size() - 1);
+          const char* slot = runner_slot(head.substr(head.rfind('/') == std::string::npos ? 0 : head.rfind('/') + 1));
+          if (param.empty() || slot == nullptr)
+            fail("the runner's checkpoint holds no state for " + std::string(step_.optimizer().name()) + "'s '" + name +
+                 "' (it kept SGD's momentum and Adam's moments)");
+          from = (v1 ? "" : "opt/") + std::string(slot) + "/" + param;
+        }
+        if (runner && hyper) {  // the runner's per-member lists, from its configuration
+          const char* field = name == "learning_rate" ? "lr" : name == "dropout_rate" ? "dropout" : name.c_str();
+          const io::Json list = config.contains(field) ? config[field] : io::Json();
+          if (!list.is_array() || list.size() != static_cast<std::size_t>(members))
+            fail("the checkpoint was trained with one " + name + " for every member; this Trainer has one per member "
+                 "(options.hyperparams." + name + ")");
+          std::vector<float> values;
+          for (const io::Json& v : list) {
+            if (!v.is_number()) fail("__metadata__.config." + std::string(field) + " holds " + io::dump_json(v));
+            values.push_back(static_cast<float>(v.get<double>()));
+          }
+          host.emplace(role.prefix + name, Array::from_host(values, want));
           continue;
         }
-        const std::string param = [&] {
-          for (const std::string& p : step_.model().param_names())
-            if (name.size() > p.size() && name.ends_with("/" + p)) return p;
-          return std::string();
-        }();
-        const std::string head = param.empty() ? name : name.substr(0, name.size() - param.size() - 1);
-        const char* slot = runner_slot(head.substr(head.rfind('/') == std::string::npos ? 0 : head.rfind('/') + 1));
-        if (param.empty() || slot == nullptr)
-          fail("the runner's checkpoint holds no state for " + std::string(step_.optimizer().name()) + "'s '" + name +
-               "' (it kept SGD's momentum and Adam's moments)");
-        from = (v1 ? "" : "opt/") + std::string(slot) + "/" + param;
+        const io::TensorEntry* e = f.find(from);
+        if (e == nullptr)
+          fail("tensor '" + from + "' is missing (this Trainer's is " +
+               std::string(io::safetensors_dtype_name(a.dtype())) + shape_text(want) + ")");
+        if (e->dtype != a.dtype() || e->shape != want)
+          fail("tensor '" + from + "' is " + std::string(io::safetensors_dtype_name(e->dtype)) + shape_text(e->shape) +
+               "; this Trainer's is " + std::string(io::safetensors_dtype_name(a.dtype())) + shape_text(want));
+        Array t(want, e->dtype);
+        if (t.nbytes() > 0) t.copy_from_host(e->data.data(), e->data.size());
+        if (e->dtype == DType::f32) {
+          const float* v = t.data<float>();
+          if (!std::all_of(v, v + t.size(), [](float x) { return std::isfinite(x); }))
+            fail("tensor '" + from + "' holds a NaN or an infinity");
+        }
+        used.insert(from);
+        host.emplace(role.prefix + name, std::move(t));
       }
-      if (runner && hyper) {  // the runner's per-member lists, from its configuration
-        const char* field = name == "learning_rate" ? "lr" : name == "dropout_rate" ? "dropout" : name.c_str();
-        const io::Json list = config.contains(field) ? config[field] : io::Json();
-        if (!list.is_array() || list.size() != static_cast<std::size_t>(members))
-          fail("the checkpoint was trained with one " + name + " for every member; this Trainer has one per member "
-               "(options.hyperparams." + name + ")");
-        std::vector<float> values;
-        for (const io::Json& v : list) values.push_back(static_cast<float>(v.get<double>()));
-        host.emplace(role.prefix + name, Array::from_host(values, want));
-        continue;
-      }
-      const io::TensorEntry* e = f.find(from);
-      if (e == nullptr)
-        fail("tensor '" + from + "' is missing (this Trainer's is " +
-             std::string(io::safetensors_dtype_name(a.dtype())) + shape_text(want) + ")");
-      if (e->dtype != a.dtype() || e->shape != want)
-        fail("tensor '" + from + "' is " + std::string(io::safetensors_dtype_name(e->dtype)) + shape_text(e->shape) +
-             "; this Trainer's is " + std::string(io::safetensors_dtype_name(a.dtype())) + shape_text(want));
-      Array t(want, e->dtype);
-      if (t.nbytes() > 0) t.copy_from_host(e->data.data(), e->data.size());
-      if (e->dtype == DType::f32) {
-        const float* v = t.data<float>();
-        if (!std::all_of(v, v + t.size(), [](float x) { return std::isfinite(x); }))
-          fail("tensor '" + from + "' holds a NaN or an infinity");
-      }
-      used.insert(from);
-      host.emplace(role.prefix + name, std::move(t));
     }
-  }
-  std::string extra;
-  Checkpoint out;
-  for (const io::TensorEntry& e : f.tensors) {
-    if (used.contains(e.name)) continue;
-    if (std::any_of(others.begin(), others.end(), [&](const std::string& p) { return e.name.starts_with(p); })) {
-      Array t(e.shape, e.dtype);
-      if (t.nbytes() > 0) t.copy_from_host(e.data.data(), e.data.size());
-      out.tensors.emplace(e.name, std::move(t));
-    } else {
-      extra += (extra.empty() ? "'" : ", '") + e.name + "'";
+    std::string extra;
+    for (const io::TensorEntry& e : f.tensors) {
+      if (used.contains(e.name)) continue;
+      if (std::any_of(others.begin(), others.end(), [&](const std::string& p) { return e.name.starts_with(p); })) {
+        Array t(e.shape, e.dtype);
+        if (t.nbytes() > 0) t.copy_from_host(e.data.data(), e.data.size());
+        out.tensors.emplace(e.name, std::move(t));
+      } else {
+        extra += (extra.empty() ? "'" : ", '") + e.name + "'";
+      }
     }
+    if (!extra.empty())
+      fail("holds tensors this Trainer does not (another model or optimizer, per-member hyper-parameters it was "
+           "not given, or a part's, whose prefix load's `others` names): " + extra);
+    // Per-member hyper-parameters: the file's must be this Trainer's (its options'), member by member.
+    for (const auto& [name, a] : own) {
+      const std::vector<float> mine = a.to_vector<float>();
+      const std::vector<float> theirs = host.at("hyperparams/" + name).to_vector<float>();
+      if (mine != theirs)
+        fail("the checkpoint's members were trained with " + name + " " + list_text(theirs) + "; this Trainer's are " +
+             list_text(mine) + " (options.hyperparams." + name + ")");
+    }
+    out.metadata = f.metadata;
+  } catch (...) {
+    failure = std::current_exception();
   }
-  if (!extra.empty())
-    fail("holds tensors this Trainer does not (another model or optimizer, or per-member hyper-parameters it "
-         "was not given): " + extra);
-  // Per-member hyper-parameters: the file's must be this Trainer's (its options'), member by member.
-  const Variables own = gathered(&TrainState::hyperparams);
-  for (const auto& [name, a] : own) {
-    const std::vector<float> mine = a.to_vector<float>();
-    const std::vector<float> theirs = host.at("hyperparams/" + name).to_vector<float>();
-    if (mine != theirs)
-      fail("the checkpoint's members were trained with " + name + " " + list_text(theirs) + "; this Trainer's are " +
-           list_text(mine) + " (options.hyperparams." + name + ")");
-  }
+  // Every process read the file alike, or every process raises (none goes on into a collective alone).
+  const float failed = failure ? 1.0f : 0.0f;
+  const auto outcome = pmap::pmap([&](int) {
+    return psum(Array::from_host(std::vector<float>{failed}, Shape{1}, current_device()), {step_.options().axis});
+  }, mesh_)(0);
+  if (failure) std::rethrow_exception(failure);
+  if (outcome[0].to_vector<float>()[0] > 0)
+    throw DataError(file + ": another process of the mesh could not load it (its error says why)");
 
   for (const Role& role : kRoles) {
     Variables part;
@@ -268,7 +320,6 @@ Checkpoint Trainer::load(const std::filesystem::path& path, const std::vector<st
   pmap::pmap([&](TrainState& s) { s.step.copy_from(Array::from_host(std::vector<std::int64_t>{step}, Shape{1})); },
              mesh_)(states_);
   epochs_done_ = static_cast<int>(epochs);
-  out.metadata = f.metadata;
   return out;
 }
 

@@ -98,6 +98,7 @@ void EarlyStopping::save_to(std::map<std::string, std::string>& metadata, Variab
                        {"wait", s.wait},
                        {"stopped_epoch", s.stopped_epoch}});
   metadata["early_stopping"] = io::dump_json(records);
+  metadata["early_stopping_patience"] = std::to_string(patience_);
   for (const auto& [prefix, best] : {std::pair{"best/params/", &best_params_}, std::pair{"best/state/", &best_state_}})
     for (const auto& [name, a] : *best) tensors.emplace(prefix + name, a.copy());
 }
@@ -105,10 +106,28 @@ void EarlyStopping::save_to(std::map<std::string, std::string>& metadata, Variab
 void EarlyStopping::restore(const Checkpoint& checkpoint, const Trainer& trainer, const std::string& source) {
   const auto it = checkpoint.metadata.find("early_stopping");
   if (it == checkpoint.metadata.end())
-    throw DataError(source + ": __metadata__ has no 'early_stopping' (the run that wrote it did not stop early)");
+    throw DataError(source + ": __metadata__ has no 'early_stopping' (written by a run without early stopping)");
+  // The patience the run had (the runner recorded it in its configuration): the same, or the run changes.
+  std::string recorded;
+  if (const auto p = checkpoint.metadata.find("early_stopping_patience"); p != checkpoint.metadata.end()) {
+    recorded = p->second;
+  } else if (const auto c = checkpoint.metadata.find("config"); c != checkpoint.metadata.end()) {
+    const io::Json config = io::parse_json(c->second, source + ": __metadata__.config");
+    if (config.is_object() && config.contains("early_stopping_patience"))
+      recorded = io::dump_json(config["early_stopping_patience"]);
+  }
+  if (!recorded.empty() && recorded != std::to_string(patience_))
+    throw DataError(source + ": the run stopped its members with patience " + recorded + "; this EarlyStopping's is " +
+                    std::to_string(patience_));
   const io::Json records = io::parse_json(it->second, source + ": __metadata__.early_stopping");
   const io::JsonView view(records, source, "__metadata__.early_stopping");
   const int count = trainer.options().data_parallel ? 1 : trainer.options().members;
+  if (view.size() == 0) {  // saved before its first epoch's end: nothing to continue
+    members_.clear();
+    best_params_.clear();
+    best_state_.clear();
+    return;
+  }
   if (view.size() != static_cast<std::size_t>(count))
     view.fail("holds " + std::to_string(view.size()) + " records; the Trainer has " + std::to_string(count) +
               " members");
@@ -124,6 +143,8 @@ void EarlyStopping::restore(const Checkpoint& checkpoint, const Trainer& trainer
     s.stopped_epoch = static_cast<int>(e["stopped_epoch"].as_int());
     if (s.best_epoch < 0 || s.best_epoch > epochs || s.wait < 0 || s.stopped_epoch < 0 || s.stopped_epoch > epochs)
       e.fail("holds an epoch outside the checkpoint's " + std::to_string(epochs));
+    if (s.stopped_epoch > 0 && s.stopped_epoch < s.best_epoch)
+      e.fail("stops the member before its best epoch");
     any_best = any_best || s.best_epoch > 0;
   }
   Variables best_params, best_state;

@@ -6,7 +6,6 @@
 #include <cstddef>
 #include <cstring>
 #include <span>
-#include <tuple>
 #include <string>
 #include <utility>
 
@@ -384,24 +383,30 @@ void Trainer::set_members(const Variables& params, const Variables& state, const
     if (g < 0 || g >= options_.members)
       throw ValueError(fn + "member " + std::to_string(g) + " is not among the " + std::to_string(options_.members) +
                        " members");
-  for (auto [role, given, what] : {std::tuple{&TrainState::params, &params, "params"},
-                                   std::tuple{&TrainState::state, &state, "state"}}) {
-    Variables all = gathered(role);
-    for (auto& [name, a] : all) {
-      const auto it = given->find(name);
-      if (it == given->end()) throw ValueError(fn + what + " has no tensor '" + name + "'");
+  // Both roles checked and patched on the host before either reaches the devices.
+  Variables all[2] = {gathered(&TrainState::params), gathered(&TrainState::state)};
+  const Variables* given[2] = {&params, &state};
+  const char* what[2] = {"params", "state"};
+  for (int r = 0; r < 2; ++r) {
+    for (auto& [name, a] : all[r]) {
+      const auto it = given[r]->find(name);
+      if (it == given[r]->end()) throw ValueError(fn + what[r] + " has no tensor '" + name + "'");
       const Array& from = it->second;
-      if (from.shape() != a.shape() || from.dtype() != a.dtype() || from.device().kind != DeviceKind::cpu)
-        throw ValueError(fn + what + " tensor '" + name + "' is " + from.str() + "; it must be " + a.signature() +
-                         " on the host");
+      if (from.shape() != a.shape() || from.dtype() != a.dtype())
+        throw ValueError(fn + what[r] + " tensor '" + name + "' is " + from.signature() + "; it must be " +
+                         a.signature());
+      if (from.device().kind != DeviceKind::cpu)
+        throw ValueError(fn + what[r] + " tensor '" + name + "' is on " + from.device().str() +
+                         "; it must be on the host");
       const std::size_t row = a.nbytes() / static_cast<std::size_t>(a.dim(0));
       for (const int g : members)
         std::memcpy(static_cast<std::byte*>(a.raw_data()) + row * static_cast<std::size_t>(g),
                     static_cast<const std::byte*>(from.raw_data()) + row * static_cast<std::size_t>(g), row);
     }
-    if (given->size() != all.size()) throw ValueError(fn + what + " has tensors the model does not");
-    put(role, all);
+    if (given[r]->size() != all[r].size()) throw ValueError(fn + what[r] + " has tensors the model does not");
   }
+  put(&TrainState::params, all[0]);
+  put(&TrainState::state, all[1]);
 }
 
 Variables Trainer::params() const { return gathered(&TrainState::params); }

@@ -171,8 +171,9 @@ class Trainer {
   // `metadata`'s entries beside them (a program's own record, e.g. its flags as JSON; ValueError for a key
   // the Trainer writes), and `tensors` (host arrays) beside its own, for the parts around the loop (EarlyStopping's
   // best parameters; ValueError for a name under params/, state/, opt/ or hyperparams/). Collective over the
-  // mesh's processes: every member is gathered, and the process of the mesh's first device writes the file,
-  // atomically (io::save_safetensors; IoError naming the path).
+  // mesh's processes: every member is gathered, the process of the mesh's first device writes the file,
+  // atomically (io::save_safetensors), and every process returns once it is written (a load may follow), or
+  // raises IoError naming the path when it could not be.
   void save(const std::filesystem::path& path, const std::map<std::string, std::string>& metadata = {},
             const Variables& tensors = {}) const;
   // Continues from a checkpoint: the next run_epoch trains the epoch after the checkpoint's, as the run that
