@@ -88,6 +88,39 @@ TEST_CASE("early stopping callback: each member stops on its own and ends at its
   CHECK(stacked(now.model_state(), now.model().state_names()) == old.model_state());
 }
 
+TEST_CASE("early stopping callback: BatchNorm's moving statistics go back to the best epoch with the parameters") {
+  // keras-convnet (BatchNorm, Dropout), Adam at 1e-3 and at 0.05 (which overshoots), 2 members on 1 device.
+  const int epochs = 4;
+  pe::TrainConfig c = pmap::testing::small_config(1, 2, epochs);
+  c.model = "keras-convnet";
+  c.optimizer.name = "adam";
+  c.optimizer.learning_rate = {1e-3f, 0.05f};
+  c.validation_split = 0.25;
+  c.patience = 1;
+  pe::Trainer old(c, data().train, data().test);
+  const auto [fit, held_out] = train::split_validation(data().train, 0.25, train::validation_key(c.seed));
+  train::Trainer now(train::keras_convnet({12, 12, 1}), train::Optimizer(pmap::optim::Adam{.learning_rate = 1e-3f}),
+                     pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cpu, 1), "ensemble"),
+                     {.members = 2, .batch_size = 64, .hyperparams = {.learning_rate = c.optimizer.learning_rate}});
+  train::EarlyStopping stop(1);
+  while (old.epochs_done() < epochs && !old.all_stopped()) {
+    old.run_epoch();
+    now.run_epoch(fit);
+    stop.end_epoch(now, held_out);
+  }
+  stop.restore_best(now);
+  int behind = 0;  // members whose best epoch is not the last one run: their restored state can tell
+  for (std::size_t g = 0; g < 2; ++g) {
+    CHECK(stop.members()[g].best_epoch == old.early_stopping()[g].best_epoch);
+    CHECK(stop.members()[g].stopped_epoch == old.early_stopping()[g].stopped_epoch);
+    behind += stop.members()[g].best_epoch < old.epochs_done() ? 1 : 0;
+  }
+  CHECK(behind >= 1);
+  REQUIRE(!now.model().state_names().empty());
+  CHECK(stacked(now.params(), now.model().param_names()) == old.params());
+  CHECK(stacked(now.model_state(), now.model().state_names()) == old.model_state());
+}
+
 namespace {
 
 struct StoppingRun {
