@@ -161,6 +161,11 @@ else
     "per-member learning rates"                  # 52 s
     "trainer: an ensemble's epochs"              # 41 s
     "trainer on GPUs"                            # 184 s with 4 members (2 now); its CPU cases stay
+    "early stopping callback: a run saved"       # 189 s; the BatchNorm and error cases stay
+    "early stopping callback: each member"       # 130 s
+    "trainer checkpoints on GPUs"                # 123 s; the data-parallel and corrupt-file cases stay
+    "trainer checkpoints: the runner's files"    # 71 s
+    "trainer checkpoints: an ensemble resumes"   # 67 s
     "bf16 training on the CUDA kernels"          # 52 s
     "bf16=(avx512|fma):"                         # the bf16 paths' reruns (one thread each): 92 s
     "early stopping: each member stops"          # 118 s
