@@ -233,11 +233,9 @@ Checkpoint Trainer::load(const std::filesystem::path& path, const std::vector<st
             host.emplace(role.prefix + name, Array::from_host(std::vector<std::int64_t>{step}, want));
             continue;
           }
-          const std::string param = [&] {
-            for (const std::string& p : step_.model().param_names())
-              if (name.size() > p.size() && name.ends_with("/" + p)) return p;
-            return std::string();
-          }();
+          std::string param;  // the parameter the leaf is kept for (a loop: clang 14 captures no binding)
+          for (const std::string& p : step_.model().param_names())
+            if (param.empty() && name.size() > p.size() && name.ends_with("/" + p)) param = p;
           const std::string head = param.empty() ? name : name.substr(0, name.size() - param.size() - 1);
           const char* slot = runner_slot(head.substr(head.rfind('/') == std::string::npos ? 0 : head.rfind('/') + 1));
           if (param.empty() || slot == nullptr)
