@@ -52,8 +52,8 @@ class EarlyStopping {
 
   // For Trainer::save: the records as the __metadata__ entry "early_stopping" (per member best_epoch, best_nll,
   // null when not a number, wait and stopped_epoch: the runner's entry), the patience as
-  // "early_stopping_patience", and, once a member has a best, the best
-  // parameters and model state as tensors "best/params/<tensor>" and "best/state/<tensor>" (members, ...).
+  // "early_stopping_patience", and, once a member has a best, the best parameters and model state as tensors
+  // "best/params/<tensor>" and "best/state/<tensor>" (members, ...).
   void save_to(std::map<std::string, std::string>& metadata, Variables& tensors) const;
   // Continues from a checkpoint (Trainer::load with others {"best/"}, the runner's files with
   // --early-stopping-patience too) of `trainer`'s run: DataError naming the source and entry for a run of

@@ -178,7 +178,8 @@ class Trainer {
             const Variables& tensors = {}) const;
   // Continues from a checkpoint: the next run_epoch trains the epoch after the checkpoint's, as the run that
   // wrote it would have, on this Trainer's devices. The file must come from the same model (its tensors'
-  // names, shapes and dtypes), optimizer, mode, members, seed and per-member hyper-parameters: DataError
+  // names, shapes and dtypes), optimizer class (its settings, such as the momentum, are not recorded: keep
+  // them), mode, members, seed and per-member hyper-parameters: DataError
   // naming the file and the difference otherwise (and for a file that is not a checkpoint, a missing, extra,
   // misshapen or non-finite tensor), before anything changes. The runner's checkpoints (ensemble::Trainer's,
   // formats pmapcc.ensemble.v1 and v2) load too: their optimizer slots "opt/momentum|m|v/<tensor>" (v1:
