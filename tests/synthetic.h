@@ -9,9 +9,11 @@
 #include <cstdint>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
+#include <pmap/array.h>
 #include <pmap/random.h>
 
 #include <pmapcc/ensemble/config.h>
@@ -62,6 +64,17 @@ inline ensemble::TrainConfig small_config(int devices, int members, int epochs =
   c.batch_size = 64;
   c.eval_batch = 128;
   return c;
+}
+
+// Variables (train::Variables: tensors by name) as one vector, each tensor of `names` in that order: the runner's
+// stacked layout (ensemble::Trainer::params()) for a Trainer's (members, ...) tensors.
+inline std::vector<float> stacked(const std::map<std::string, Array>& v, const std::vector<std::string>& names) {
+  std::vector<float> out;
+  for (const std::string& n : names) {
+    const auto t = v.at(n).to_vector<float>();
+    out.insert(out.end(), t.begin(), t.end());
+  }
+  return out;
 }
 
 // The largest |a[i] - b[i]|; infinity when the sizes differ.

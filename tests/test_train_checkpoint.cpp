@@ -63,15 +63,7 @@ Snapshot snapshot(const train::Trainer& t) {
   return {bits(t.params()), bits(t.model_state()), bits(t.optimizer_state()), t.step()};
 }
 
-// The runner's variables as one stacked vector (ensemble::Trainer::params()'s layout), from the Trainer's.
-std::vector<float> stacked(const train::Variables& v, const std::vector<std::string>& names) {
-  std::vector<float> out;
-  for (const std::string& n : names) {
-    const auto t = v.at(n).to_vector<float>();
-    out.insert(out.end(), t.begin(), t.end());
-  }
-  return out;
-}
+using pmap::testing::stacked;
 
 // Rewrites a checkpoint through `edit` (its tensors and metadata) into `to`.
 template <class Edit>
@@ -309,10 +301,8 @@ TEST_CASE("trainer checkpoints on GPUs: written on fake GPUs, continued on CPU d
   gpu.run_epoch(data().train);
   cpu.run_epoch(data().train);
   // The GPU's products may sum in another order than the CPU's: the same run, to rounding.
-  const auto a = stacked(gpu.params(), gpu.model().param_names()), b = stacked(cpu.params(), gpu.model().param_names());
-  REQUIRE(a.size() == b.size());
-  float diff = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::abs(a[i] - b[i]));
+  const auto& names = gpu.model().param_names();
+  const float diff = pmap::testing::max_abs_diff(stacked(gpu.params(), names), stacked(cpu.params(), names));
   MESSAGE("max |parameter difference| between the GPU run and its CPU continuation: " << diff);
   CHECK(diff <= 1e-4f);
   CHECK(cpu.step() == gpu.step());

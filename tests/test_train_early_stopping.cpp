@@ -28,14 +28,7 @@ namespace {
 
 const pmap::testing::TrainingData& data() { return pmap::testing::training_data(); }
 
-std::vector<float> stacked(const train::Variables& v, const std::vector<std::string>& names) {
-  std::vector<float> out;
-  for (const std::string& n : names) {
-    const auto t = v.at(n).to_vector<float>();
-    out.insert(out.end(), t.begin(), t.end());
-  }
-  return out;
-}
+using pmap::testing::stacked;
 
 }  // namespace
 

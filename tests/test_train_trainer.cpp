@@ -34,16 +34,7 @@ pmap::Mesh cpu_mesh(int devices, const char* axis) {
   return pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cpu, devices), axis);
 }
 
-// The Trainer's variables stacked as the runner's Trainer::params() and model_state() give them: each tensor
-// in `names` order, its members in order.
-std::vector<float> stacked(const train::Variables& v, const std::vector<std::string>& names) {
-  std::vector<float> out;
-  for (const std::string& n : names) {
-    const auto t = v.at(n).to_vector<float>();
-    out.insert(out.end(), t.begin(), t.end());
-  }
-  return out;
-}
+using pmap::testing::stacked;
 
 struct Reports {
   std::vector<pe::StepReport> old;
