@@ -55,20 +55,39 @@ std::vector<Array> adam_steps(const Hyper& h, const Leaves& grads, AdamState& st
   return steps;
 }
 
+// Adam's steps taken from the decayed parameters: (p - (p * wd) * lr - step) - p per leaf, or -step without
+// decay (p + (-step) == p - step in IEEE arithmetic).
+std::vector<Array> decoupled_updates(const char* name, std::vector<Array>& steps, const Leaves& params, float decay,
+                                     const std::shared_ptr<const Array>& decays, const Array& lr) {
+  std::vector<Array> updates;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    if (decay == 0.0f && !decays) {
+      updates.push_back(ops::negative(steps[i]));
+      continue;
+    }
+    const Array& p = *params[i];
+    updates.push_back(ops::subtract(ops::subtract(detail::decayed(name, p, decay, decays, lr), steps[i]), p));
+  }
+  return updates;
+}
+
 }  // namespace
 
-void Adam::validate() const { check({kName, learning_rate, beta_1, beta_2, epsilon}); }
+void Adam::validate() const {
+  check({kName, learning_rate, beta_1, beta_2, epsilon});
+  detail::require_finite_nonnegative(kName, "weight_decay", weight_decay);
+}
 
 AdamState Adam::init_leaves(const Leaves& params) const {
+  validate();
   return init_moments({kName, learning_rate, beta_1, beta_2, epsilon}, params);
 }
 
 std::vector<Array> Adam::update_leaves(const Leaves& grads, AdamState& state, const Leaves& params) const {
+  validate();
   Array lr;
   std::vector<Array> steps = adam_steps({kName, learning_rate, beta_1, beta_2, epsilon}, grads, state, params, lr);
-  std::vector<Array> updates;
-  for (Array& s : steps) updates.push_back(ops::negative(s));  // p + (-s) == p - s in IEEE arithmetic
-  return updates;
+  return decoupled_updates(kName, steps, params, weight_decay, weight_decays, lr);
 }
 
 void AdamW::validate() const {
@@ -85,17 +104,7 @@ std::vector<Array> AdamW::update_leaves(const Leaves& grads, AdamState& state, c
   validate();
   Array lr;
   std::vector<Array> steps = adam_steps({kName, learning_rate, beta_1, beta_2, epsilon}, grads, state, params, lr);
-  std::vector<Array> updates;
-  for (std::size_t i = 0; i < steps.size(); ++i) {
-    const Array& p = *params[i];
-    // p * wd: with per-member values (p * wd[m]) * 1 + 0, the bits of the one-value form p * wd + 0.
-    Array decay = weight_decays
-                      ? ops::scale(ops::multiply(p, detail::per_member(kName, *weight_decays, p)), 1.0f)
-                      : ops::scale(p, weight_decay);
-    Array decayed = ops::subtract(p, ops::multiply(decay, detail::per_member(kName, lr, p)));  // p - (p * wd) * lr
-    updates.push_back(ops::subtract(ops::subtract(decayed, steps[i]), p));
-  }
-  return updates;
+  return decoupled_updates(kName, steps, params, weight_decay, weight_decays, lr);
 }
 
 }  // namespace pmap::optim

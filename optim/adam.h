@@ -44,6 +44,10 @@ struct Adam {
   double beta_1 = 0.9;
   double beta_2 = 0.999;
   float epsilon = 1e-7f;
+  // Keras's Adam(weight_decay=...): decoupled decay as AdamW applies it (with AdamW's rounding), finite and
+  // >= 0; 0 (the default): none, and the updates are the kernel's bits.
+  float weight_decay = 0.0f;
+  std::shared_ptr<const Array> weight_decays = nullptr;  // per-member values replacing weight_decay; null: none
 
   template <class P> State init(const P& params) const { return detail::init_tree(*this, params); }
   template <class P> std::pair<P, State> update(const P& grads, const State& state, const P& params) const {
@@ -54,10 +58,15 @@ struct Adam {
   State init_leaves(const Leaves& params) const;
   std::vector<Array> update_leaves(const Leaves& grads, State& state, const Leaves& params) const;
   void validate() const;
-  // Per-member hyper-parameters (optim/base.h): "learning_rate" (the schedule's bases).
+  // Per-member hyper-parameters (optim/base.h): "learning_rate" (the schedule's bases), and "weight_decay"
+  // when weight_decay is not 0 (a decaying transformation: without decay it leaves the per-member decay to
+  // another transformation of a chain, such as add_decayed_weights).
   bool inject(std::string_view name, const std::shared_ptr<const Array>& values) {
-    if (name != "learning_rate") return false;
-    if (values) learning_rate.bases = values;
+    auto* field = name == "learning_rate"                          ? &learning_rate.bases
+                  : name == "weight_decay" && weight_decay != 0.0f ? &weight_decays
+                                                                   : nullptr;
+    if (field == nullptr) return false;
+    if (values) *field = values;
     return true;
   }
 };

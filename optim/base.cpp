@@ -75,6 +75,13 @@ Array per_member(const char* fn, const Array& v, const Array& like) {
   return ops::broadcast_to(ops::reshape(v, rows), like.shape());
 }
 
+Array decayed(const char* fn, const Array& p, float decay, const std::shared_ptr<const Array>& decays,
+              const Array& lr) {
+  // p * wd: with per-member values (p * wd[m]) * 1 + 0, the bits of the one-value form p * wd + 0.
+  Array d = decays ? ops::scale(ops::multiply(p, per_member(fn, *decays, p)), 1.0f) : ops::scale(p, decay);
+  return ops::subtract(p, ops::multiply(d, per_member(fn, lr, p)));
+}
+
 void ambiguous_hyperparam(const char* chain, std::string_view name, int takers) {
   throw ValueError(std::string(chain) + ": " + std::to_string(takers) + " of its transformations take the "
                    "per-member hyper-parameter '" + std::string(name) + "'; give it to one of them only");

@@ -71,6 +71,11 @@ namespace detail {
 Array per_member(const char* fn, const Array& v, const Array& like);
 // ShapeError naming fn unless v has one value or like's leading size (per_member's check, without the copy).
 void check_per_member(const char* fn, const Array& v, const Array& like);
+// Decoupled weight decay as Keras applies it before an optimizer's step: p - (p * wd) * lr, with wd the
+// per-member values `decays` when set (one per row of p's leading axis), else `decay`; lr one value or one per
+// member. The single-value and per-member forms give the same bits for the same values.
+Array decayed(const char* fn, const Array& p, float decay, const std::shared_ptr<const Array>& decays,
+              const Array& lr);
 // ValueError: `takers` transformations of `chain` have the hyper-parameter `name`.
 [[noreturn]] void ambiguous_hyperparam(const char* chain, std::string_view name, int takers);
 // Each f32 Array leaf of a tree, in tree order (scalar leaves are not parameters).

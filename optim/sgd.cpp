@@ -8,6 +8,7 @@ namespace pmap::optim {
 void Sgd::validate() const {
   detail::check_schedule(kName, "learning_rate", learning_rate);
   detail::require_finite_nonnegative(kName, "momentum", momentum);
+  detail::require_finite_nonnegative(kName, "weight_decay", weight_decay);
 }
 
 SgdState Sgd::init_leaves(const Leaves& params) const {
@@ -46,6 +47,12 @@ std::vector<Array> Sgd::update_leaves(const Leaves& grads, SgdState& state, cons
       updates.push_back(ops::negative(ops::multiply(next, detail::per_member(kName, lr, g))));  // -(lr * m)
     }
     state.trace[i] = std::move(next);
+  }
+  if (weight_decay != 0.0f || weight_decays) {  // from the decayed parameters: (p - (p * wd) * lr + u) - p
+    for (std::size_t i = 0; i < updates.size(); ++i) {
+      const Array& p = *params[i];
+      updates[i] = ops::subtract(ops::add(detail::decayed(kName, p, weight_decay, weight_decays, lr), updates[i]), p);
+    }
   }
   state.count = ops::eager::increment(state.count);
   return updates;

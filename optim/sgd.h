@@ -42,6 +42,11 @@ struct Sgd {
   Schedule learning_rate = 0.01f;
   float momentum = 0.0f;
   bool nesterov = false;
+  // Keras's SGD(weight_decay=...): each parameter first decayed with the step's rate, p - (p * wd) * lr, then
+  // the step taken from it; the updates are that minus p (AdamW's rounding, optim/adam.h). Finite and >= 0;
+  // 0 (the default): none, and the updates are the kernel's bits.
+  float weight_decay = 0.0f;
+  std::shared_ptr<const Array> weight_decays = nullptr;  // per-member values replacing weight_decay; null: none
 
   template <class P> State init(const P& params) const { return detail::init_tree(*this, params); }
   template <class P> std::pair<P, State> update(const P& grads, const State& state, const P& params) const {
@@ -52,10 +57,15 @@ struct Sgd {
   State init_leaves(const Leaves& params) const;
   std::vector<Array> update_leaves(const Leaves& grads, State& state, const Leaves& params) const;
   void validate() const;
-  // Per-member hyper-parameters (optim/base.h): "learning_rate" (the schedule's bases).
+  // Per-member hyper-parameters (optim/base.h): "learning_rate" (the schedule's bases), and "weight_decay"
+  // when weight_decay is not 0 (a decaying transformation: without decay it leaves the per-member decay to
+  // another transformation of a chain, such as add_decayed_weights).
   bool inject(std::string_view name, const std::shared_ptr<const Array>& values) {
-    if (name != "learning_rate") return false;
-    if (values) learning_rate.bases = values;
+    auto* field = name == "learning_rate"                          ? &learning_rate.bases
+                  : name == "weight_decay" && weight_decay != 0.0f ? &weight_decays
+                                                                   : nullptr;
+    if (field == nullptr) return false;
+    if (values) *field = values;
     return true;
   }
 };

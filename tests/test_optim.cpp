@@ -225,6 +225,40 @@ TEST_CASE("optim sgd: momentum and Nesterov follow optax.sgd in float over 4 ste
   }
 }
 
+TEST_CASE("optim sgd and adam with weight_decay: Keras's decoupled decay, and who takes the per-member decay") {
+  // SGD: p <- p - (p * wd) * lr, then the step from it, in float (one more rounding than the fused kernel's
+  // in-place update, optim/adam.h: within an ulp of it).
+  const auto ours = run(optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f, .weight_decay = 0.3f}, 4);
+  Host p = initial_params(), m = {std::vector<float>(12), std::vector<float>(4)};
+  for (int t = 0; t < 4; ++t) {
+    const Host g = grads_at(t);
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      for (std::size_t k = 0; k < p[i].size(); ++k) {
+        p[i][k] -= p[i][k] * 0.3f * 0.1f;
+        m[i][k] = 0.9f * m[i][k] + g[i][k];
+        p[i][k] -= 0.1f * m[i][k];
+      }
+    }
+    CHECK(max_relative_error(ours[static_cast<std::size_t>(t)], p) <= 1e-6);
+  }
+  const auto plain = run(optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f}, 4);
+  CHECK(max_relative_error(ours.back(), plain.back()) > 1e-3);  // the decay did something
+  // Adam with a decay is AdamW with it; without one, Adam.
+  const optim::Schedule lr = warmup_cosine();
+  CHECK(same_bits(run(optim::Adam{.learning_rate = lr, .weight_decay = 0.5f}, 5).back(),
+                  run(optim::AdamW{.learning_rate = lr, .weight_decay = 0.5f}, 5).back()));
+  CHECK(same_bits(run(optim::Adam{.learning_rate = lr}, 5).back(),
+                  run(optim::AdamW{.learning_rate = lr, .weight_decay = 0.0f}, 5).back()));
+  // A decaying Sgd or Adam takes the per-member "weight_decay"; without a decay it leaves it to another
+  // transformation of a chain (add_decayed_weights), so that the chain is not ambiguous.
+  optim::Sgd decaying{.weight_decay = 0.1f}, plain_sgd{};
+  CHECK(optim::inject(decaying, "weight_decay", nullptr));
+  CHECK_FALSE(optim::inject(plain_sgd, "weight_decay", nullptr));
+  optim::Adam decaying_adam{.weight_decay = 0.1f}, plain_adam{};
+  CHECK(optim::inject(decaying_adam, "weight_decay", nullptr));
+  CHECK_FALSE(optim::inject(plain_adam, "weight_decay", nullptr));
+}
+
 TEST_CASE("optim sgd: one pass outside grad (ops::eager::sgd_trace), the ops inside it, so grad follows the update") {
   // Outside any transformation the update is one kernel; the bits are the ops' (the case above) and the
   // Trainer's. Inside grad: f(p) = sum(p + sgd's update with g = p and a zero trace) = (1 - lr) sum(p).
@@ -581,6 +615,8 @@ TEST_CASE("optim errors: every bad field is a ValueError naming the optimizer an
   CHECK_VALUE_ERROR((optim::Sgd{.learning_rate = -0.1f}.init(params)), "optim::Sgd", "learning_rate", ">= 0");
   CHECK_VALUE_ERROR((optim::Sgd{.learning_rate = NAN}.init(params)), "optim::Sgd", "learning_rate");
   CHECK_VALUE_ERROR((optim::Sgd{.momentum = -1.0f}.init(params)), "optim::Sgd", "momentum");
+  CHECK_VALUE_ERROR((optim::Sgd{.weight_decay = -0.1f}.init(params)), "optim::Sgd", "weight_decay");
+  CHECK_VALUE_ERROR((optim::Adam{.weight_decay = NAN}.init(params)), "optim::Adam", "weight_decay");
   CHECK_VALUE_ERROR((optim::Adam{.learning_rate = -1.0f}.init(params)), "optim::Adam", "learning_rate");
   CHECK_VALUE_ERROR((optim::Adam{.beta_1 = 1.0}.init(params)), "optim::Adam", "beta_1", "[0, 1)");
   CHECK_VALUE_ERROR((optim::Adam{.beta_1 = -0.1}.init(params)), "optim::Adam", "beta_1");

@@ -1,0 +1,39 @@
+// The program's flags on the differentiable core: what a TrainConfig (the command line) means for
+// train::Trainer, as the runner (ensemble::Trainer) reads it. The model by its --model name; the optimizer of
+// --optimizer with its schedule (--lr-schedule, --warmup-steps), clipping (--clip-norm) and decay
+// (--weight-decay); each member's own --lr, --weight-decay and --dropout values; and the Trainer's options.
+// Errors name the flag. Ensemble and data-parallel modes only: a weight split over "model" (--mode
+// model-parallel, --mesh AxM with M > 1) is refused, naming the flag.
+#pragma once
+
+#include <cstdint>
+
+#include <pmapcc/ensemble/config.h>
+#include <pmapcc/train/model.h>
+#include <pmapcc/train/optimizer.h>
+#include <pmapcc/train/trainer.h>
+
+namespace pmap::ensemble {
+
+// c.model on `data`'s images (rows, cols, 1) and classes. ValueError naming --model for an unknown name.
+train::Model recipe_model(const TrainConfig& c, const Dataset& data);
+
+// The optimizer of `o` for `members` members and a run of `run_steps` steps (a cosine schedule without its
+// steps decays over the run's steps after --warmup-steps, as the runner's): SGD with momentum (Nesterov),
+// Adam or AdamW (Keras's betas and epsilon) with --lr's rate (a per-member list: its first value, replaced
+// per member by recipe_hyperparams) under the schedule, the decoupled decay of --weight-decay, and, with
+// --clip-norm, each member's gradients clipped to that global norm first. ValueError naming the flag for a
+// setting that cannot run (OptimizerConfig::check's, and a warmup that leaves a cosine no step).
+train::Optimizer recipe_optimizer(const OptimizerConfig& o, int members, std::int64_t run_steps);
+
+// The per-member values of a hyper-parameter ensemble: --lr and --weight-decay when they give one value per
+// member (a single value is the optimizer's own), --dropout's rate (one value or one per member, each member
+// its own). Empty lists where nothing is per member.
+train::MemberHyperparams recipe_hyperparams(const TrainConfig& c, int members);
+
+// The Trainer's options for `members` members: mode, batch, seed, report interval, evaluation batch, members
+// per vmap (--member-group), precision, and the per-member values. ValueError naming --mode or --mesh for a
+// weight split over "model".
+train::TrainerOptions recipe_options(const TrainConfig& c, int members);
+
+}  // namespace pmap::ensemble

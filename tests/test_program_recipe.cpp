@@ -1,0 +1,151 @@
+// The program's flags on the differentiable core (examples/mnist_ensemble/recipe.h): a TrainConfig's model,
+// optimizer, schedule, clipping, weight decay, per-member values and options give train::Trainer the
+// runner's (ensemble::Trainer's) run: bit for bit where the arithmetic is the same, within rounding where the
+// decoupled decay is rounded apart (optim/adam.h); and the settings the Trainer cannot run are refused,
+// naming the flag.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+#include <pmap/pmap.h>
+#include <pmapcc/ensemble/trainer.h>
+#include <pmapcc/train/trainer.h>
+
+#include "examples/mnist_ensemble/recipe.h"
+#include "synthetic.h"
+
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
+namespace pe = pmap::ensemble;
+namespace train = pmap::train;
+
+namespace {
+
+const pmap::testing::TrainingData& data() { return pmap::testing::training_data(); }
+
+struct Compared {
+  std::vector<double> old_loss, new_loss;  // each epoch's train loss
+  std::vector<float> old_params, new_params;
+  std::vector<float> old_state, new_state;
+};
+
+// `c` trained for its epochs by the runner and by train::Trainer from the recipe, on c.devices CPU devices.
+Compared compare(const pe::TrainConfig& c) {
+  Compared out;
+  pe::Trainer old(c, data().train, data().test);
+  const int members = old.total_members();
+  const std::int64_t run_steps = static_cast<std::int64_t>(c.epochs) * old.steps_per_epoch();
+  train::Trainer now(pe::recipe_model(c, data().train), pe::recipe_optimizer(c.optimizer, members, run_steps),
+                     pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cpu, c.devices),
+                                c.mode == pe::Mode::ensemble ? "ensemble" : "data"),
+                     pe::recipe_options(c, members));
+  for (int e = 0; e < c.epochs; ++e) {
+    out.old_loss.push_back(old.run_epoch().train_loss);
+    out.new_loss.push_back(now.run_epoch(data().train).train_loss);
+  }
+  out.old_params = old.params();
+  out.new_params = pmap::testing::stacked(now.params(), now.model().param_names());
+  out.old_state = old.model_state();
+  out.new_state = pmap::testing::stacked(now.model_state(), now.model().state_names());
+  return out;
+}
+
+// The largest |a - b| / max(1, |a|) over the elements.
+double max_relative(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]) / std::max(1.0, std::abs(static_cast<double>(a[i]))));
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("program recipe: SGD with Nesterov, per-member rates, a cosine after warmup and clipping, bit for bit") {
+  pe::TrainConfig c = pmap::testing::small_config(2, 4, 2);
+  c.seed = 5;
+  c.optimizer.nesterov = true;
+  c.optimizer.learning_rate = {0.1f, 0.05f, 0.2f, 0.1f};
+  c.optimizer.schedule = pe::parse_schedule("cosine:0.1");
+  c.optimizer.schedule.warmup_steps = 3;
+  c.optimizer.clip_norm = 1.0f;
+  const Compared r = compare(c);
+  CHECK(r.new_loss == r.old_loss);
+  CHECK(r.new_params == r.old_params);
+  // Without clipping and with the members' rates all 0.1 as one value: the same bits again.
+  c.optimizer.clip_norm = 0;
+  c.optimizer.learning_rate = {0.1f};
+  c.optimizer.schedule = pe::parse_schedule("exponential:0.5:4");
+  const Compared plain = compare(c);
+  CHECK(plain.new_params == plain.old_params);
+  CHECK(plain.new_params != r.new_params);
+}
+
+TEST_CASE("program recipe: Adam data parallel with BatchNorm and dropout, and a zero decay, bit for bit") {
+  pe::TrainConfig c = pmap::testing::small_config(2, 1, 1);
+  c.model = "keras-convnet";
+  c.optimizer.name = "adam";
+  c.mode = pe::Mode::data_parallel;
+  c.dropout = {0.25f};
+  c.optimizer.weight_decay = {0.0f};
+  const Compared r = compare(c);
+  CHECK(r.new_params == r.old_params);
+  CHECK(r.new_state == r.old_state);
+  CHECK(r.new_loss[0] == doctest::Approx(r.old_loss[0]).epsilon(1e-6));  // the devices' losses pmean'd
+}
+
+TEST_CASE("program recipe: weight decay (one value and per member) and per-member dropout, within rounding") {
+  // The decayed parameter is rounded once more than in the runner's fused kernel (optim/adam.h): a few
+  // elements an ulp apart after a step, which training carries on without growing far.
+  for (const char* name : {"sgd", "adam", "adamw"}) {
+    CAPTURE(name);
+    pe::TrainConfig c = pmap::testing::small_config(2, 2, 2);
+    c.model = "keras-convnet";
+    c.optimizer.name = name;
+    c.optimizer.learning_rate = {std::string(name) == "sgd" ? 0.05f : 2e-3f};
+    c.optimizer.weight_decay = {0.0f, 0.02f};
+    c.dropout = {0.1f, 0.3f};
+    const Compared r = compare(c);
+    CHECK(max_relative(r.old_params, r.new_params) < 1e-4);
+    CHECK(max_relative(r.old_state, r.new_state) < 1e-4);
+    for (std::size_t e = 0; e < r.old_loss.size(); ++e)
+      CHECK(r.new_loss[e] == doctest::Approx(r.old_loss[e]).epsilon(1e-5));
+    // The decay is applied: without it the members end elsewhere.
+    c.optimizer.weight_decay = {0.0f};
+    if (std::string(name) == "adamw") c.optimizer.weight_decay = {0.0f, 0.0f};
+    const Compared none = compare(c);
+    CHECK(none.new_params == none.old_params);  // no member decays: the kernel's bits
+    CHECK(max_relative(none.new_params, r.new_params) > 1e-3);
+  }
+}
+
+TEST_CASE("program recipe: what the Trainer cannot run is refused, naming the flag") {
+  pe::TrainConfig c = pmap::testing::small_config(2, 2, 1);
+  c.mode = pe::Mode::model_parallel;
+  CHECK_THROWS_WITH_AS(pe::recipe_options(c, 1), doctest::Contains("--mode model-parallel splits weights"),
+                       pmap::ValueError);
+  c.mode = pe::Mode::ensemble;
+  c.mesh_axis = 1;
+  c.mesh_model = 2;
+  CHECK_THROWS_WITH_AS(pe::recipe_options(c, 2), doctest::Contains("--mesh 1x2 splits weights"), pmap::ValueError);
+  c.model = "lenet";
+  CHECK_THROWS_WITH_AS(pe::recipe_model(c, data().train), "--model must be one of flax-cnn, keras-convnet, got 'lenet'",
+                       pmap::ValueError);
+  pe::OptimizerConfig o;
+  o.schedule = pe::parse_schedule("cosine");
+  o.schedule.warmup_steps = 20;
+  CHECK_THROWS_WITH_AS(pe::recipe_optimizer(o, 2, 20),
+                       "--lr-schedule cosine: --warmup-steps 20 leaves none of the run's 20 steps for the decay",
+                       pmap::ValueError);
+  CHECK_NOTHROW(pe::recipe_optimizer(o, 2, 21));
+  o.learning_rate = {0.1f, 0.2f, 0.3f};
+  CHECK_THROWS_WITH_AS(pe::recipe_optimizer(o, 2, 21), doctest::Contains("--lr gives 3 values for 2 member(s)"),
+                       pmap::ValueError);
+  o.learning_rate = {};
+  o.name = "rmsprop";
+  CHECK_THROWS_WITH_AS(pe::recipe_optimizer(o, 2, 21), doctest::Contains("--optimizer must be one of"),
+                       pmap::ValueError);
+}
+
+}  // namespace PMAPCC_TEST_FILE
