@@ -14,6 +14,7 @@
 #include <pmap/pmap.h>
 #include <pmapcc/ensemble/trainer.h>
 #include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/cpu_backend.h>
 #include <pmapcc/kernels/ops.h>
 #include <pmapcc/optim/optim.h>
 #include <pmapcc/train/trainer.h>
@@ -217,17 +218,24 @@ TEST_CASE("trainer on GPUs: an ensemble trains as the runner's Trainer on the sa
 
 namespace {
 
-// Bitwise; with `rounded`, the sums of NLL and Brier score up to their rounding (added in another grouping).
+// Whether an example's logits are the same bits whatever batch it is evaluated in. The avx512 variant's own
+// GEMM computes every row alike; Eigen's kernels (the avx2 and generic variants) take the rows of a partial
+// tile another way, so an example's logits round apart by where it falls in a batch of another size.
+bool rows_alike() { return pmap::kernels::cpu::isa() == "avx512"; }
+
+// Bitwise; with `rounded`, the sums of NLL, Brier score and entropy up to their rounding (added in another
+// grouping).
 void check_same(const pmap::io::Calibration& now, const pmap::io::Calibration& old, bool rounded = false) {
   if (rounded) {
     CHECK(now.nll == doctest::Approx(old.nll).epsilon(1e-12));
     CHECK(now.brier == doctest::Approx(old.brier).epsilon(1e-12));
+    CHECK(now.entropy == doctest::Approx(old.entropy).epsilon(1e-12));
   } else {
     CHECK(now.nll == old.nll);
     CHECK(now.brier == old.brier);
+    CHECK(now.entropy == old.entropy);
   }
   CHECK(now.ece == old.ece);
-  CHECK(now.entropy == old.entropy);
   REQUIRE(now.bins.size() == old.bins.size());
   for (std::size_t b = 0; b < old.bins.size(); ++b) {
     CHECK(now.bins[b].count == old.bins[b].count);
@@ -288,7 +296,7 @@ TEST_CASE("trainer: evaluation gives the runner's member and ensemble accuracies
       CAPTURE(g);
       CHECK(e.member_accuracy[g] == m.member_test_accuracy[g]);
       // Data parallel, the runner sums a member's rows in pieces of a device's training rows (32), each piece's
-      // sum then added: NLL and Brier score rounded apart from the one pass over a batch's 64 rows.
+      // sum then added: NLL, Brier score and entropy rounded apart from the one pass over a batch's 64 rows.
       check_same(e.member_calibration[g], m.member_calibration[g], dp);
     }
     CHECK(e.ensemble_accuracy == m.ensemble_test_accuracy);
@@ -318,7 +326,8 @@ TEST_CASE("trainer: evaluation in batches of any size, and the errors of data an
   // The sums of 29 batches add in another order: the same numbers up to rounding, the same counts.
   CHECK(pieces.member_accuracy == whole.member_accuracy);
   CHECK(pieces.ensemble_accuracy == whole.ensemble_accuracy);
-  CHECK(pieces.ensemble_calibration.nll == doctest::Approx(whole.ensemble_calibration.nll).epsilon(1e-12));
+  CHECK(pieces.ensemble_calibration.nll ==
+        doctest::Approx(whole.ensemble_calibration.nll).epsilon(rows_alike() ? 1e-12 : 1e-6));
   // A batch larger than the data: the data in one batch, the same bits as a batch of its size.
   train::Trainer large(train::flax_cnn({12, 12, 1}), train::Optimizer(pmap::optim::Sgd{}), cpu_mesh(2, "ensemble"),
                        {.members = 2, .eval_batch = 256});

@@ -25,6 +25,7 @@
 #include <pmapcc/core/vmap.h>
 #include <pmapcc/kernels/array_ops.h>
 #include <pmapcc/kernels/backend.h>
+#include <pmapcc/kernels/cpu_backend.h>
 
 namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
 
@@ -85,6 +86,11 @@ std::vector<float> concat(const std::vector<std::vector<float>>& parts) {
   for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
   return out;
 }
+
+// The gradients' bound: the avx512 variant computes a row the same way wherever it lies (masked tails); the
+// avx2 and generic variants run a vector loop then a scalar tail, so the stacked members' elements and one
+// member's alone may take different paths (exp, the sums' grouping) and round apart a little more.
+float grad_tolerance() { return pmap::kernels::cpu::isa() == "avx512" ? 2e-5f : 5e-5f; }
 
 void check_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what, float tol) {
   INFO(what);
@@ -182,7 +188,8 @@ void check_gradients(const VCase& c, const std::vector<bool>& mapped) {
   std::size_t j = 0;
   for (std::size_t i = 0; i < n; ++i) {
     if (is_labels(c, i)) continue;
-    check_close(floats(grads[j++]), loop_grads[i], what + ": vmap(value_and_grad), input " + std::to_string(i), 2e-5f);
+    check_close(floats(grads[j++]), loop_grads[i], what + ": vmap(value_and_grad), input " + std::to_string(i),
+                grad_tolerance());
   }
   // grad of vmap: d/d(inputs) of the members' summed losses; a shared input's gradient is the members' sum.
   std::vector<Array> mf, ml, sf, sl;
@@ -210,7 +217,7 @@ void check_gradients(const VCase& c, const std::vector<bool>& mapped) {
     if (is_labels(c, i)) continue;
     const std::string input_name = what + ": grad(vmap), input " + std::to_string(i);
     if (mapped[i]) {
-      check_close(floats(g_mapped[jm++]), loop_grads[i], input_name, 2e-5f);
+      check_close(floats(g_mapped[jm++]), loop_grads[i], input_name, grad_tolerance());
     } else {
       // (the members' products summed in one product, or one after another: reassociation)
       check_close(floats(g_shared[js++]), summed[i], input_name, 1e-4f);
