@@ -288,6 +288,95 @@ TEST_CASE("trainer checkpoints: mismatched and corrupt files are refused before 
   CHECK(fresh.step() == 10);
 }
 
+// Row `g` of each (members, ...) host tensor, as its bytes.
+std::map<std::string, std::vector<std::byte>> row(const train::Variables& v, std::int64_t g) {
+  std::map<std::string, std::vector<std::byte>> out;
+  for (const auto& [name, a] : v) {
+    const std::size_t n = static_cast<std::size_t>(a.nbytes() / a.dim(0));
+    std::vector<std::byte> all(a.nbytes());
+    a.copy_to_host(all.data(), all.size());
+    out.emplace(name, std::vector<std::byte>(all.begin() + static_cast<std::ptrdiff_t>(n * g),
+                                             all.begin() + static_cast<std::ptrdiff_t>(n * (g + 1))));
+  }
+  return out;
+}
+
+TEST_CASE("trainer checkpoints: read_members picks members out of a file, evaluated as they were in the run") {
+  const auto path = temp_path("members.safetensors");
+  train::Trainer t(train::flax_cnn({12, 12, 1}), sgd(), mesh(pmap::DeviceKind::cpu, 2),
+                   {.members = 4, .batch_size = 64, .seed = 4, .hyperparams = {.learning_rate = {0.1f, 0.05f, 0.2f, 0.1f}}});
+  t.run_epoch(data().train);
+  t.save(path);
+  const train::Evaluation whole = t.evaluate(data().test);
+  const train::SavedMembers saved = train::read_members(path, t.model(), {2, 0});
+  CHECK(saved.members == 4);
+  CHECK(saved.metadata.at("format") == "pmapcc.train.v1");
+  CHECK(saved.params.at("Conv_0/kernel").shape() == pmap::Shape{2, 3, 3, 1, 32});
+  CHECK(row(saved.params, 0) == row(t.params(), 2));
+  CHECK(row(saved.params, 1) == row(t.params(), 0));
+  CHECK(saved.state.empty());  // flax-cnn keeps no model state
+  // The two members as an ensemble of their own, on one device: each member's numbers are the run's.
+  train::Trainer two(train::flax_cnn({12, 12, 1}), sgd(), mesh(pmap::DeviceKind::cpu, 1), {.members = 2});
+  two.set_members(saved.params, saved.state, {0, 1});
+  const train::Evaluation picked = two.evaluate(data().test);
+  CHECK(picked.member_accuracy == std::vector<double>{whole.member_accuracy[2], whole.member_accuracy[0]});
+  CHECK(picked.member_calibration[0].nll == whole.member_calibration[2].nll);
+  CHECK(train::read_members(path, t.model()).params.at("Dense_1/bias").dim(0) == 4);  // every member
+
+  // The runner's files: keras-convnet's parameters and its BatchNorm statistics.
+  pe::TrainConfig c = pmap::testing::small_config(2, 2);
+  c.model = "keras-convnet";
+  pe::Trainer old(c, data().train, data().test);
+  old.run_epoch();
+  const auto runner_path = temp_path("members_runner.safetensors");
+  old.save_checkpoint(runner_path);
+  const train::Model keras = train::keras_convnet({12, 12, 1});
+  const train::SavedMembers r = train::read_members(runner_path, keras, {1});
+  CHECK(r.members == 2);
+  train::Trainer from_runner(keras, sgd(), mesh(pmap::DeviceKind::cpu, 2), {.members = 2});
+  from_runner.set_members(train::read_members(runner_path, keras).params, train::read_members(runner_path, keras).state,
+                          {0, 1});
+  CHECK(stacked(from_runner.params(), keras.param_names()) == old.params());
+  CHECK(stacked(from_runner.model_state(), keras.state_names()) == old.model_state());
+  CHECK(row(r.state, 0) == row(from_runner.model_state(), 1));
+
+  // The errors: members outside the file or asked twice, another model, a file that is not a checkpoint, a
+  // tensor missing, misshapen or not finite.
+  CHECK_THROWS_WITH_AS(train::read_members(path, t.model(), {4}),
+                       doctest::Contains("member 4 is not among the 4 members (0..3) of"), pmap::ValueError);
+  CHECK_THROWS_WITH_AS(train::read_members(path, t.model(), {-1}), doctest::Contains("member -1 is not among"),
+                       pmap::ValueError);
+  CHECK_THROWS_WITH_AS(train::read_members(path, t.model(), {1, 3, 1}), "member 1 is asked for twice",
+                       pmap::ValueError);
+  CHECK_THROWS_WITH_AS(train::read_members(path, keras),
+                       doctest::Contains("the checkpoint holds model 'flax-cnn', not 'keras-convnet'"), pmap::DataError);
+  CHECK_THROWS_WITH_AS(train::read_members(runner_path, t.model()),
+                       doctest::Contains("the checkpoint holds model 'keras-convnet', not 'flax-cnn'"), pmap::DataError);
+  const auto bad = temp_path("members_bad.safetensors");
+  rewrite(path, bad, [](auto&, auto& metadata) { metadata.erase("format"); });
+  CHECK_THROWS_WITH_AS(train::read_members(bad, t.model()), doctest::Contains("has no 'format'"), pmap::DataError);
+  rewrite(path, bad, [](auto& tensors, auto&) {
+    std::erase_if(tensors, [](const pmap::io::TensorEntry& e) { return e.name == "params/Dense_0/bias"; });
+  });
+  CHECK_THROWS_WITH_AS(train::read_members(bad, t.model()),
+                       doctest::Contains("tensor 'params/Dense_0/bias' is missing (the model's is F32(4, 256))"),
+                       pmap::DataError);
+  rewrite(path, bad, [](auto& tensors, auto&) {
+    pmap::io::TensorEntry* e = find(tensors, "params/Dense_1/bias");
+    e->shape = {2, 20};
+  });
+  CHECK_THROWS_WITH_AS(train::read_members(bad, t.model()), doctest::Contains("'params/Dense_1/bias' is F32(2, 20)"),
+                       pmap::DataError);
+  rewrite(path, bad, [](auto& tensors, auto&) {
+    pmap::io::TensorEntry* e = find(tensors, "params/Dense_1/bias");
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(e->data.data() + 3 * 10 * sizeof(float), &nan, sizeof nan);  // member 3's first bias
+  });
+  CHECK_NOTHROW(train::read_members(bad, t.model(), {0, 1, 2}));  // the members read are checked
+  CHECK_THROWS_WITH_AS(train::read_members(bad, t.model(), {3}),
+                       doctest::Contains("'params/Dense_1/bias' holds a NaN or an infinity"), pmap::DataError);
+}
+
 TEST_CASE("trainer checkpoints on GPUs: written on fake GPUs, continued on CPU devices as on the GPUs") {
   PMAPCC_REQUIRE_GPU();
   const auto path = temp_path("gpu.safetensors");

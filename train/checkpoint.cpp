@@ -321,4 +321,74 @@ Checkpoint Trainer::load(const std::filesystem::path& path, const std::vector<st
   return out;
 }
 
+SavedMembers read_members(const std::filesystem::path& path, const Model& model, const std::vector<int>& members) {
+  const std::string file = path.string();
+  auto fail = [&](const std::string& what) { throw DataError(file + ": " + what); };
+  const io::SafetensorsFile f = io::load_safetensors(path);
+  const auto fmt = f.metadata.find("format");
+  if (fmt == f.metadata.end()) fail("__metadata__ has no 'format': not a pmapcc checkpoint");
+  const bool runner = fmt->second == kRunnerV2 || fmt->second == kRunnerV1;
+  if (!runner && fmt->second != kFormat)
+    fail("format '" + fmt->second + "' is not " + kFormat + " (nor the runner's " + kRunnerV2 + " or " + kRunnerV1 +
+         ")");
+  std::string saved_model = "flax-cnn";  // the runner's v1 files: the only model there was
+  if (runner) {
+    const io::Json config = f.metadata_json("config");
+    if (config.is_object() && config.contains("model")) {
+      if (!config["model"].is_string()) fail("__metadata__.config.model is not a string");
+      saved_model = config["model"].get<std::string>();
+    }
+  } else {
+    saved_model = text(f, "model");
+  }
+  if (saved_model != model.name())
+    fail("the checkpoint holds model '" + saved_model + "', not '" + model.name() + "'");
+
+  // The file's member count: the leading axis of the model's first tensor (every tensor is checked against it).
+  const auto [params, state] = model.init(key(0));
+  const io::TensorEntry* first = f.find("params/" + model.param_names().at(0));
+  if (first == nullptr || first->shape.empty() || first->shape[0] < 1)
+    fail("tensor 'params/" + model.param_names().at(0) + "' is missing or holds no member");
+  SavedMembers out;
+  out.members = static_cast<int>(first->shape[0]);
+  out.metadata = f.metadata;
+  std::vector<int> pick = members;
+  if (pick.empty())
+    for (int m = 0; m < out.members; ++m) pick.push_back(m);
+  for (std::size_t i = 0; i < pick.size(); ++i) {
+    if (pick[i] < 0 || pick[i] >= out.members)
+      throw ValueError("member " + std::to_string(pick[i]) + " is not among the " + std::to_string(out.members) +
+                       " members (0.." + std::to_string(out.members - 1) + ") of " + file);
+    if (std::count(pick.begin(), pick.begin() + static_cast<std::ptrdiff_t>(i), pick[i]) > 0)
+      throw ValueError("member " + std::to_string(pick[i]) + " is asked for twice");
+  }
+  const auto rows = static_cast<std::int64_t>(pick.size());
+  auto read = [&](const std::string& prefix, const Variables& like, Variables& into) {
+    for (const auto& [name, a] : like) {
+      Shape want = a.shape();
+      want.insert(want.begin(), out.members);
+      const io::TensorEntry* e = f.find(prefix + name);
+      if (e == nullptr)
+        fail("tensor '" + prefix + name + "' is missing (the model's is " +
+             std::string(io::safetensors_dtype_name(a.dtype())) + shape_text(want) + ")");
+      if (e->dtype != DType::f32 || e->shape != want)
+        fail("tensor '" + prefix + name + "' is " + std::string(io::safetensors_dtype_name(e->dtype)) +
+             shape_text(e->shape) + "; the model's is f32" + shape_text(want));
+      const std::size_t row = static_cast<std::size_t>(a.size()) * sizeof(float);
+      Shape picked = want;
+      picked[0] = rows;
+      std::vector<float> values(static_cast<std::size_t>(rows * a.size()));
+      for (std::size_t i = 0; i < pick.size(); ++i)
+        std::memcpy(values.data() + i * static_cast<std::size_t>(a.size()),
+                    e->data.data() + static_cast<std::size_t>(pick[i]) * row, row);
+      if (!std::all_of(values.begin(), values.end(), [](float x) { return std::isfinite(x); }))
+        fail("tensor '" + prefix + name + "' holds a NaN or an infinity");
+      into.emplace(name, Array::from_host(values, picked));
+    }
+  };
+  read("params/", params, out.params);
+  read("state/", state, out.state);
+  return out;
+}
+
 }  // namespace pmap::train

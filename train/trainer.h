@@ -111,6 +111,23 @@ struct Checkpoint {
   Variables tensors;
 };
 
+// A checkpoint's members on the host, as Trainer::set_members takes them: each tensor (k, ...) holding the members
+// read, in the order asked for.
+struct SavedMembers {
+  Variables params;
+  Variables state;
+  std::map<std::string, std::string> metadata;  // the file's __metadata__
+  int members = 0;                              // the members the file holds
+};
+
+// Members `members` (the file's indices, each once; empty: every one) of a checkpoint that Trainer::save or the
+// runner (ensemble::Trainer, formats pmapcc.ensemble.v1 and v2) wrote, for `model`: their parameters and model
+// state, to evaluate or to continue as another ensemble (set_members). DataError naming the file for one that is
+// not such a checkpoint, that holds another model (naming both), or a missing, misshapen or non-finite tensor of
+// the model's; ValueError naming the member for an index outside the file's members or given twice. Reads the
+// file on this process only (not collective).
+SavedMembers read_members(const std::filesystem::path& path, const Model& model, const std::vector<int>& members = {});
+
 class Trainer {
  public:
   // The members of `options` on `mesh` (one axis: the ensemble's or the batch's, whichever its name), each
