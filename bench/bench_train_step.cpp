@@ -1,10 +1,10 @@
 // bench_train_step: the training layer's traced step (train::TrainStep: module code, value_and_grad, the
-// Optimizer, jit) against the runner's Trainer (ensemble::Trainer) on the same configuration, in one
-// process, their epochs alternating round by round so that a change in the machine's speed falls on both.
-// Each round times one epoch of --steps training steps of each (the data order, keys and batch as the
-// program's; the Trainer's epoch also evaluates on --batch test images, which its rate leaves out) and
-// reports model-images/s, their ratio (traced / runner) per round and the median over the rounds after the
-// first (the warm-up). One JSON line.
+// Optimizer, jit), bare and inside its loop (train::Trainer: the feed, the per-step numbers), against the
+// runner's Trainer (ensemble::Trainer) on the same configuration, in one process, their epochs alternating
+// round by round so that a change in the machine's speed falls on all three. Each round times one epoch of
+// --steps training steps of each (the data order, keys and batch as the program's; the runner's epoch also
+// evaluates on --batch test images, which its rate leaves out) and reports model-images/s, the ratios to the
+// runner per round and their medians over the rounds after the first (the warm-up). One JSON line.
 //   bench_train_step --data DIR [--model flax-cnn|keras-convnet] [--members M] [--devices D]
 //                    [--mode ensemble|data-parallel] [--precision fp32|bf16] [--steps S] [--rounds R]
 //                    [--batch B] (default: the model's recipe) [--member-batch N] (the traced step's members per
@@ -24,6 +24,7 @@
 #include <pmapcc/kernels/cpu_backend.h>
 #include <pmapcc/optim/optim.h>
 #include <pmapcc/train/step.h>
+#include <pmapcc/train/trainer.h>
 
 #include "machine.h"
 
@@ -114,11 +115,18 @@ int main(int argc, char** argv) {
       return static_cast<double>(dp ? 1 : c.members) * c.batch_size * steps /
              std::chrono::duration<double>(Clock::now() - t0).count();
     };
-    std::vector<double> old_rate, new_rate, ratio;
+    // The loop around the step: train::Trainer on the same devices, keys and data order.
+    train::Trainer trainer(model, tx, Mesh(local_devices(DeviceKind::cpu, c.devices), axis),
+                           {.members = c.members, .data_parallel = dp, .batch_size = c.batch_size,
+                            .eval_batch = c.batch_size, .member_batch = step.options().member_batch,
+                            .precision = c.precision});
+    std::vector<double> old_rate, new_rate, loop_rate, ratio, loop_ratio;
     for (int r = 0; r < rounds; ++r) {
       old_rate.push_back(runner.run_epoch().model_images_per_second);
       new_rate.push_back(traced_epoch(r));
+      loop_rate.push_back(trainer.run_epoch(train).images_per_second);
       if (r > 0) ratio.push_back(new_rate.back() / old_rate.back());
+      if (r > 0) loop_ratio.push_back(loop_rate.back() / old_rate.back());
     }
     Json j = Json::object();
     j["kind"] = "train_step";
@@ -132,8 +140,12 @@ int main(int argc, char** argv) {
     j["traced_model_images_per_s"] = new_rate;
     j["median_runner"] = median(std::vector<double>(old_rate.begin() + 1, old_rate.end()));
     j["median_traced"] = median(std::vector<double>(new_rate.begin() + 1, new_rate.end()));
+    j["trainer_model_images_per_s"] = loop_rate;
+    j["median_trainer"] = median(std::vector<double>(loop_rate.begin() + 1, loop_rate.end()));
     j["ratios_traced_over_runner"] = ratio;
     j["median_ratio"] = median(ratio);
+    j["ratios_trainer_over_runner"] = loop_ratio;
+    j["median_trainer_ratio"] = median(loop_ratio);
     std::printf("%s\n", j.dump().c_str());
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_train_step: %s\n", e.what());

@@ -57,8 +57,8 @@ std::vector<Array> adam_steps(const Hyper& h, const Leaves& grads, AdamState& st
 
 // Adam's steps taken from the decayed parameters: (p - (p * wd) * lr - step) - p per leaf, or -step without
 // decay (p + (-step) == p - step in IEEE arithmetic).
-std::vector<Array> decoupled_updates(const char* name, std::vector<Array>& steps, const Leaves& params, float decay,
-                                     const std::shared_ptr<const Array>& decays, const Array& lr) {
+std::vector<Array> decoupled_updates(const char* name, const std::vector<Array>& steps, const Leaves& params,
+                                     float decay, const std::shared_ptr<const Array>& decays, const Array& lr) {
   std::vector<Array> updates;
   for (std::size_t i = 0; i < steps.size(); ++i) {
     if (decay == 0.0f && !decays) {

@@ -77,7 +77,9 @@ struct Adam {
 // kernel's bits) wherever p2 - p is exact in float, which holds whenever p2 is within a factor 2 of p
 // (Sterbenz); elsewhere (p changing sign, say: about 0.3% of elements in a first step at lr 0.05) no float
 // u makes p + u round to p2 for every p, and params + updates is within one ulp of p2 - p of it. Use
-// the Trainer's fused kernel when every bit must match. weight_decay finite and >= 0 (Keras's default).
+// the Trainer's fused kernel when every bit must match. weight_decay finite and >= 0 (Keras's default); 0
+// without per-member values takes no decay at all: Adam's updates, the kernel's bits (and an infinite
+// parameter stays infinite, where p - (p * 0) * lr would make it NaN).
 struct AdamW {
   static constexpr const char* kName = "optim::AdamW";
   static constexpr bool kElementwise = true;

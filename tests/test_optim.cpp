@@ -243,6 +243,11 @@ TEST_CASE("optim sgd and adam with weight_decay: Keras's decoupled decay, and wh
   }
   const auto plain = run(optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f}, 4);
   CHECK(max_relative_error(ours.back(), plain.back()) > 1e-3);  // the decay did something
+  // The per-member form (here one value for the one member) gives the one-value form's bits.
+  optim::Sgd injected{.learning_rate = 0.1f, .momentum = 0.9f, .weight_decay = 1.0f};
+  REQUIRE(optim::inject(injected, "weight_decay",
+                        std::make_shared<const Array>(Array::from_host(std::vector<float>{0.3f}, Shape{1}))));
+  CHECK(same_bits(run(injected, 4).back(), ours.back()));
   // Adam with a decay is AdamW with it; without one, Adam.
   const optim::Schedule lr = warmup_cosine();
   CHECK(same_bits(run(optim::Adam{.learning_rate = lr, .weight_decay = 0.5f}, 5).back(),
@@ -257,6 +262,12 @@ TEST_CASE("optim sgd and adam with weight_decay: Keras's decoupled decay, and wh
   optim::Adam decaying_adam{.weight_decay = 0.1f}, plain_adam{};
   CHECK(optim::inject(decaying_adam, "weight_decay", nullptr));
   CHECK_FALSE(optim::inject(plain_adam, "weight_decay", nullptr));
+  auto both = optim::chain(optim::add_decayed_weights(0.1f), optim::Sgd{.weight_decay = 0.1f});
+  CHECK_THROWS_WITH_AS(optim::inject(both, "weight_decay", nullptr),
+                       doctest::Contains("2 of its transformations take the per-member hyper-parameter 'weight_decay'"),
+                       pmap::ValueError);
+  auto one = optim::chain(optim::add_decayed_weights(0.1f), optim::Sgd{});
+  CHECK(optim::inject(one, "weight_decay", nullptr));
 }
 
 TEST_CASE("optim sgd: one pass outside grad (ops::eager::sgd_trace), the ops inside it, so grad follows the update") {

@@ -79,7 +79,6 @@ TEST_CASE("program recipe: SGD with Nesterov, per-member rates, a cosine after w
   c.optimizer.schedule = pe::parse_schedule("exponential:0.5:4");
   const Compared plain = compare(c);
   CHECK(plain.new_params == plain.old_params);
-  CHECK(plain.new_params != r.new_params);
 }
 
 TEST_CASE("program recipe: Adam data parallel with BatchNorm and dropout, and a zero decay, bit for bit") {
@@ -120,6 +119,43 @@ TEST_CASE("program recipe: weight decay (one value and per member) and per-membe
   }
 }
 
+TEST_CASE("program recipe: AdamW's default decay with clipping, and a runner's checkpoint resumed by the Trainer") {
+  pe::TrainConfig c = pmap::testing::small_config(2, 2, 1);
+  c.model = "keras-convnet";
+  c.optimizer.name = "adamw";  // no --weight-decay: Keras's 0.004 for every member
+  c.optimizer.clip_norm = 0.5f;
+  const Compared r = compare(c);
+  CHECK(max_relative(r.old_params, r.new_params) < 1e-4);
+  c.optimizer.weight_decay = {0.004f};  // Keras's default, given: the same run
+  CHECK(compare(c).new_params == r.new_params);
+  c.optimizer.weight_decay = {0.0f};
+  CHECK(compare(c).new_params != r.new_params);
+
+  // The runner trains an epoch with one dropout rate for all (recorded as one number) and a decay list of
+  // zeros (one value for all); the Trainer made by the recipe resumes its file and ends as the runner does.
+  pe::TrainConfig k = pmap::testing::small_config(2, 2, 2);
+  k.model = "keras-convnet";
+  k.optimizer.name = "adam";
+  k.dropout = {0.25f};
+  k.optimizer.weight_decay = {0.0f, 0.0f};
+  pe::Trainer straight(k, data().train, data().test);
+  straight.run_epoch();
+  straight.run_epoch();
+  pe::Trainer half(k, data().train, data().test);
+  half.run_epoch();
+  const auto path = pmap::testing::scratch_dir("pmapcc_recipe_test") / "half.safetensors";
+  half.save_checkpoint(path);
+  const std::int64_t run_steps = static_cast<std::int64_t>(k.epochs) * half.steps_per_epoch();
+  train::Trainer resumed(pe::recipe_model(k, data().train), pe::recipe_optimizer(k.optimizer, 2, run_steps),
+                         pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cpu, 2), "ensemble"),
+                         pe::recipe_options(k, 2));
+  resumed.load(path);
+  CHECK(resumed.epochs_done() == 1);
+  resumed.run_epoch(data().train);
+  CHECK(pmap::testing::stacked(resumed.params(), resumed.model().param_names()) == straight.params());
+  CHECK(pmap::testing::stacked(resumed.model_state(), resumed.model().state_names()) == straight.model_state());
+}
+
 TEST_CASE("program recipe: what the Trainer cannot run is refused, naming the flag") {
   pe::TrainConfig c = pmap::testing::small_config(2, 2, 1);
   c.mode = pe::Mode::model_parallel;
@@ -139,8 +175,20 @@ TEST_CASE("program recipe: what the Trainer cannot run is refused, naming the fl
                        "--lr-schedule cosine: --warmup-steps 20 leaves none of the run's 20 steps for the decay",
                        pmap::ValueError);
   CHECK_NOTHROW(pe::recipe_optimizer(o, 2, 21));
+  CHECK_NOTHROW(pe::recipe_optimizer(o, 2, 0));  // a run of no step (an evaluation): any warmup
   o.learning_rate = {0.1f, 0.2f, 0.3f};
   CHECK_THROWS_WITH_AS(pe::recipe_optimizer(o, 2, 21), doctest::Contains("--lr gives 3 values for 2 member(s)"),
+                       pmap::ValueError);
+  c = pmap::testing::small_config(2, 2, 1);
+  c.optimizer.learning_rate = {0.1f, 0.2f, 0.3f};
+  CHECK_THROWS_WITH_AS(pe::recipe_hyperparams(c, 2), doctest::Contains("--lr gives 3 values for 2 member(s)"),
+                       pmap::ValueError);
+  c.optimizer.learning_rate = {};
+  c.dropout = {0.1f, 0.2f, 0.3f};
+  CHECK_THROWS_WITH_AS(pe::recipe_options(c, 2), "--dropout gives 3 values for 2 member(s): give one value, or one "
+                       "per member", pmap::ValueError);
+  c.dropout = {1.0f};
+  CHECK_THROWS_WITH_AS(pe::recipe_hyperparams(c, 2), "--dropout must be in [0, 1), got 1",
                        pmap::ValueError);
   o.learning_rate = {};
   o.name = "rmsprop";

@@ -304,7 +304,8 @@ std::map<std::string, std::vector<std::byte>> row(const train::Variables& v, std
 TEST_CASE("trainer checkpoints: read_members picks members out of a file, evaluated as they were in the run") {
   const auto path = temp_path("members.safetensors");
   train::Trainer t(train::flax_cnn({12, 12, 1}), sgd(), mesh(pmap::DeviceKind::cpu, 2),
-                   {.members = 4, .batch_size = 64, .seed = 4, .hyperparams = {.learning_rate = {0.1f, 0.05f, 0.2f, 0.1f}}});
+                   {.members = 4, .batch_size = 64, .seed = 4,
+                    .hyperparams = {.learning_rate = {0.1f, 0.05f, 0.2f, 0.1f}}});
   t.run_epoch(data().train);
   t.save(path);
   const train::Evaluation whole = t.evaluate(data().test);
@@ -349,9 +350,11 @@ TEST_CASE("trainer checkpoints: read_members picks members out of a file, evalua
   CHECK_THROWS_WITH_AS(train::read_members(path, t.model(), {1, 3, 1}), "member 1 is asked for twice",
                        pmap::ValueError);
   CHECK_THROWS_WITH_AS(train::read_members(path, keras),
-                       doctest::Contains("the checkpoint holds model 'flax-cnn', not 'keras-convnet'"), pmap::DataError);
+                       doctest::Contains("the checkpoint holds model 'flax-cnn', not 'keras-convnet'"),
+                       pmap::DataError);
   CHECK_THROWS_WITH_AS(train::read_members(runner_path, t.model()),
-                       doctest::Contains("the checkpoint holds model 'keras-convnet', not 'flax-cnn'"), pmap::DataError);
+                       doctest::Contains("the checkpoint holds model 'keras-convnet', not 'flax-cnn'"),
+                       pmap::DataError);
   const auto bad = temp_path("members_bad.safetensors");
   rewrite(path, bad, [](auto&, auto& metadata) { metadata.erase("format"); });
   CHECK_THROWS_WITH_AS(train::read_members(bad, t.model()), doctest::Contains("has no 'format'"), pmap::DataError);
@@ -366,6 +369,20 @@ TEST_CASE("trainer checkpoints: read_members picks members out of a file, evalua
     e->shape = {2, 20};
   });
   CHECK_THROWS_WITH_AS(train::read_members(bad, t.model()), doctest::Contains("'params/Dense_1/bias' is F32(2, 20)"),
+                       pmap::DataError);
+  rewrite(path, bad, [](auto& tensors, auto&) {
+    pmap::io::TensorEntry* e = find(tensors, "params/Dense_1/bias");
+    e->dtype = pmap::DType::i32;  // the same bytes, read as integers
+  });
+  CHECK_THROWS_WITH_AS(train::read_members(bad, t.model()), doctest::Contains("'params/Dense_1/bias' is I32(4, 10)"),
+                       pmap::DataError);
+  rewrite(path, bad, [](auto& tensors, auto&) {
+    pmap::io::TensorEntry* e = find(tensors, "params/Conv_0/kernel");
+    e->shape[0] = 0;
+    e->data.clear();
+  });
+  CHECK_THROWS_WITH_AS(train::read_members(bad, t.model()),
+                       doctest::Contains("tensor 'params/Conv_0/kernel' is missing or holds no member"),
                        pmap::DataError);
   rewrite(path, bad, [](auto& tensors, auto&) {
     pmap::io::TensorEntry* e = find(tensors, "params/Dense_1/bias");

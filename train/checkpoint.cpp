@@ -185,12 +185,16 @@ Checkpoint Trainer::load(const std::filesystem::path& path, const std::vector<st
       if (saved_mode == "ensemble" && field("members") != io::Json(members))
         fail("the checkpoint holds " + io::dump_json(field("members")) + " members; this Trainer has " +
              std::to_string(members) + " (options.members)");
-      // A per-member list the runner trained with must be this Trainer's per-member values (checked below).
+      // A per-member list the runner trained with must be this Trainer's per-member values (checked below),
+      // unless its values are all one (one value for every member, as the optimizer's or the model's own).
       for (const auto& [flag, name] : {std::pair{"lr", "learning_rate"}, std::pair{"weight_decay", "weight_decay"},
-                                       std::pair{"dropout", "dropout_rate"}})
-        if (config.contains(flag) && config[flag].is_array() && !states_[0].hyperparams.contains(name))
+                                       std::pair{"dropout", "dropout_rate"}}) {
+        if (!config.contains(flag) || !config[flag].is_array() || states_[0].hyperparams.contains(name)) continue;
+        const io::Json& list = config[flag];
+        if (std::any_of(list.begin(), list.end(), [&](const io::Json& v) { return v != list.front(); }))
           fail(std::string("the checkpoint's members were trained with one ") + name + " each (" +
-               io::dump_json(config[flag]) + "); give them as options.hyperparams." + name);
+               io::dump_json(list) + "); give them as options.hyperparams." + name);
+      }
     } else {
       saved_model = text(f, "model");
       saved_mode = text(f, "mode");
@@ -245,7 +249,8 @@ Checkpoint Trainer::load(const std::filesystem::path& path, const std::vector<st
         }
         if (runner && hyper) {  // the runner's per-member lists, from its configuration
           const char* field = name == "learning_rate" ? "lr" : name == "dropout_rate" ? "dropout" : name.c_str();
-          const io::Json list = config.contains(field) ? config[field] : io::Json();
+          io::Json list = config.contains(field) ? config[field] : io::Json();
+          if (list.is_number()) list = io::Json(std::vector<io::Json>(static_cast<std::size_t>(members), list));
           if (!list.is_array() || list.size() != static_cast<std::size_t>(members))
             fail("the checkpoint was trained with one " + name + " for every member; this Trainer has one per member "
                  "(options.hyperparams." + name + ")");

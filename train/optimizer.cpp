@@ -50,4 +50,8 @@ std::vector<std::string> names_of(const Variables& v) {
   return out;
 }
 
+std::string hyperparam_hint(std::string_view name) {
+  return name == "weight_decay" ? " (optim::Sgd and optim::Adam take it when their own weight_decay is not 0)" : "";
+}
+
 }  // namespace pmap::train::detail

@@ -35,6 +35,9 @@ namespace detail {
 std::vector<std::string> state_names(const std::vector<std::string>& paths, const std::vector<std::string>& names,
                                      const char* optimizer);
 std::vector<std::string> names_of(const Variables& v);
+// What an error about a missing per-member hyper-parameter `name` adds: for "weight_decay", that optim::Sgd
+// and optim::Adam take it only when their own weight_decay is not 0.
+std::string hyperparam_hint(std::string_view name);
 }  // namespace detail
 
 class Optimizer {
@@ -101,7 +104,8 @@ class Optimizer {
                                std::to_string(values.size()) + " values and parameter '" + leaf + "' is " +
                                p.signature() + "; each must stack as many members on its leading axis");
         if (!optim::inject(injected, name, std::make_shared<const Array>(vmap_detail::alias(values))))
-          throw ValueError(std::string(Tx::kName) + " has no per-member hyper-parameter '" + name + "'");
+          throw ValueError(std::string(Tx::kName) + " has no per-member hyper-parameter '" + name + "'" +
+                           detail::hyperparam_hint(name));
       }
       auto [updates, next] = injected.update(grads, typed, params);
       return {std::move(updates), named(std::move(next), params)};

@@ -193,7 +193,8 @@ TrainState TrainStep::init(std::span<const Key> keys, const Device& device, cons
       if (model_.dropout_layers() == 0)
         throw ValueError(field + ": model '" + model_.name() + "' declares no Dropout layer (Model's dropout_layers)");
     } else if (!optimizer_.has_hyperparam(name))
-      throw ValueError(field + ": " + optimizer_.name() + " has no per-member hyper-parameter '" + name + "'");
+      throw ValueError(field + ": " + optimizer_.name() + " has no per-member hyper-parameter '" + name + "'" +
+                       detail::hyperparam_hint(name));
     std::vector<float> held(values->begin(), values->end());
     for (float& v : held) v += 0.0f;  // -0 as +0: the one-value forms compute with +0 (lr + 0, wd * x + 0)
     hyperparams.emplace(name, Array::from_host(held, {static_cast<std::int64_t>(held.size())}).to(device));

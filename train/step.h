@@ -56,8 +56,9 @@ PMAPCC_TREE(TrainState, params, state, opt, hyperparams, dropout_keys, step)
 // learning rate replaces the schedule's base rate (its warmup and decay still apply); it and the weight decay
 // must be hyper-parameters the optimizer takes (Optimizer::has_hyperparam: Sgd, Adam, AdamW, RmsProp the
 // learning rate; AdamW, add_decayed_weights, and Sgd and Adam given a weight_decay the weight decay; in a
-// chain, the one transformation that has it). The dropout rate, in [0, 1), replaces the rate of every Dropout layer of the model (Call::dropout_rate;
-// a model that declares no Dropout layer, Model::dropout_layers, refuses it). A member trains bit for bit as
+// chain, the one transformation that has it). The dropout rate, in [0, 1), replaces the rate of every Dropout
+// layer of the model (Call::dropout_rate; a model that declares no Dropout layer, Model::dropout_layers,
+// refuses it). A member trains bit for bit as
 // it would with its values given to all. Data parallel: give every replica the same values.
 struct MemberHyperparams {
   std::vector<float> learning_rate = {};

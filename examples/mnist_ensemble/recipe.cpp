@@ -2,6 +2,7 @@
 #include "examples/mnist_ensemble/recipe.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,10 +18,10 @@ namespace {
 optim::Schedule schedule_of(const OptimizerConfig& o, float base, std::int64_t run_steps) {
   Schedule s = o.schedule;
   if (s.kind == kernels::ScheduleKind::cosine && s.decay_steps == 0) {
-    if (run_steps - s.warmup_steps < 1)
+    if (run_steps > 0 && run_steps - s.warmup_steps < 1)  // (a run of no step, to evaluate: any length)
       throw ValueError("--lr-schedule " + s.str() + ": --warmup-steps " + std::to_string(s.warmup_steps) +
                        " leaves none of the run's " + std::to_string(run_steps) + " steps for the decay");
-    s.decay_steps = run_steps - s.warmup_steps;
+    s.decay_steps = std::max<std::int64_t>(1, run_steps - s.warmup_steps);
   }
   return optim::Schedule(base, s.params());
 }
@@ -36,7 +37,8 @@ std::vector<float> per_member(const std::vector<float>& values, int members) {
   return members > 1 && values.size() == static_cast<std::size_t>(members) ? values : std::vector<float>{};
 }
 
-// Whether any member decays (the runner decays every member then, and none otherwise).
+// Whether any member decays: every member then takes the decay's arithmetic, a member of decay 0 too (the runner
+// decides device by device; a 0 decays by nothing either way, rounded apart only by the updates' form).
 bool decays(const OptimizerConfig& o, int members) {
   const std::vector<float> wds = o.weight_decays(members);
   return std::any_of(wds.begin(), wds.end(), [](float w) { return w != 0.0f; });
@@ -64,11 +66,23 @@ train::Optimizer recipe_optimizer(const OptimizerConfig& o, int members, std::in
   if (o.name == "adam")
     return clipped(o, optim::Adam{.learning_rate = lr, .beta_1 = o.beta_1, .beta_2 = o.beta_2,
                                   .epsilon = o.epsilon, .weight_decay = decay});
-  return clipped(o, optim::AdamW{.learning_rate = lr, .beta_1 = o.beta_1, .beta_2 = o.beta_2, .epsilon = o.epsilon,
-                                 .weight_decay = decay});
+  if (o.name == "adamw")
+    return clipped(o, optim::AdamW{.learning_rate = lr, .beta_1 = o.beta_1, .beta_2 = o.beta_2,
+                                   .epsilon = o.epsilon, .weight_decay = decay});
+  throw ValueError("--optimizer " + o.name + ": the Trainer has no recipe for it");
 }
 
 train::MemberHyperparams recipe_hyperparams(const TrainConfig& c, int members) {
+  c.optimizer.check(members);
+  if (c.dropout.size() > 1 && c.dropout.size() != static_cast<std::size_t>(members))
+    throw ValueError("--dropout gives " + std::to_string(c.dropout.size()) + " values for " + std::to_string(members) +
+                     " member(s): give one value, or one per member");
+  for (float d : c.dropout)
+    if (!(d >= 0.0f && d < 1.0f)) {
+      char text[32];
+      std::snprintf(text, sizeof text, "%g", static_cast<double>(d));
+      throw ValueError(std::string("--dropout must be in [0, 1), got ") + text);
+    }
   train::MemberHyperparams h;
   h.learning_rate = per_member(c.optimizer.learning_rate, members);
   if (decays(c.optimizer, members)) h.weight_decay = per_member(c.optimizer.weight_decay, members);

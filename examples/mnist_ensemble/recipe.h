@@ -3,7 +3,16 @@
 // --optimizer with its schedule (--lr-schedule, --warmup-steps), clipping (--clip-norm) and decay
 // (--weight-decay); each member's own --lr, --weight-decay and --dropout values; and the Trainer's options.
 // Errors name the flag. Ensemble and data-parallel modes only: a weight split over "model" (--mode
-// model-parallel, --mesh AxM with M > 1) is refused, naming the flag.
+// model-parallel, --mesh AxM with M > 1) is refused, naming the flag. The rest is the caller's: the mesh
+// (--devices, --backend, --kernels, --pin-threads), the validation split and early stopping (train/data.h's
+// split_validation, train::EarlyStopping: run_steps then counts the steps of the training set after the
+// hold-out), and the checks of --precision against the CPU (the Trainer's first step refuses bf16 where it
+// cannot run, naming the op).
+//
+// Where the Trainer's run is the runner's: bit for bit for SGD and Adam without weight decay, any schedule,
+// clipping, per-member rates and dropout; with a weight decay, within the rounding of optim/adam.h's updates
+// (a member of decay 0 beside decaying ones takes the decay's arithmetic too: the runner decides that device
+// by device, the Trainer for all).
 #pragma once
 
 #include <cstdint>
@@ -23,12 +32,14 @@ train::Model recipe_model(const TrainConfig& c, const Dataset& data);
 // Adam or AdamW (Keras's betas and epsilon) with --lr's rate (a per-member list: its first value, replaced
 // per member by recipe_hyperparams) under the schedule, the decoupled decay of --weight-decay, and, with
 // --clip-norm, each member's gradients clipped to that global norm first. ValueError naming the flag for a
-// setting that cannot run (OptimizerConfig::check's, and a warmup that leaves a cosine no step).
+// setting that cannot run (OptimizerConfig::check's, and a warmup that leaves a cosine no step of a run that has
+// steps).
 train::Optimizer recipe_optimizer(const OptimizerConfig& o, int members, std::int64_t run_steps);
 
 // The per-member values of a hyper-parameter ensemble: --lr and --weight-decay when they give one value per
 // member (a single value is the optimizer's own), --dropout's rate (one value or one per member, each member
-// its own). Empty lists where nothing is per member.
+// its own). Empty lists where nothing is per member. ValueError naming the flag for a list of another length or
+// a value out of range.
 train::MemberHyperparams recipe_hyperparams(const TrainConfig& c, int members);
 
 // The Trainer's options for `members` members: mode, batch, seed, report interval, evaluation batch, members
