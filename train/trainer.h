@@ -201,7 +201,8 @@ class Trainer {
   // misshapen or non-finite tensor), before anything changes. The runner's checkpoints (ensemble::Trainer's,
   // formats pmapcc.ensemble.v1 and v2) load too: their optimizer slots "opt/momentum|m|v/<tensor>" (v1:
   // "momentum/<tensor>") become "trace", "mu" and "nu", an element-wise optimizer's count their step, and
-  // their per-member lists (lr, weight_decay, dropout) the hyper-parameters. Collective: every process reads
+  // their per-member lists (lr, weight_decay, dropout) the hyper-parameters (a value recorded as one number is
+  // every member's; a list of one value repeated needs no per-member values). Collective: every process reads
   // the file (a path all of them see). Tensors outside the Trainer's own are refused unless their names start
   // with one of `others` (the parts' tensors, such as EarlyStopping's "best/"). Returns the file's __metadata__
   // and those tensors.
