@@ -152,6 +152,9 @@ else
     "early stopping resumes exactly"             # 124 s
     "mismatched and corrupt checkpoints"         # a parser, one thread: 124 s
     "train step: per-member learning rates"      # 115 s under ASan; "trainer: the same seed" injects them too
+    "early stopping callback: a run saved"       # 229 s under ASan; the trainer checkpoint cases stay there
+    "program recipe: SGD with Nesterov"          # 80 s under ASan (runner comparisons); the resume case stays
+    "program recipe: weight decay"               # 56 s under ASan
   )
   tsan_long=(
     "${long_everywhere[@]}"
@@ -161,7 +164,6 @@ else
     "per-member learning rates"                  # 52 s
     "trainer: an ensemble's epochs"              # 41 s
     "trainer on GPUs"                            # 184 s with 4 members (2 now); its CPU cases stay
-    "early stopping callback: a run saved"       # 189 s; the BatchNorm and error cases stay
     "early stopping callback: each member"       # 130 s
     "trainer checkpoints on GPUs"                # 123 s; the data-parallel and corrupt-file cases stay
     "trainer checkpoints: the runner's files"    # 71 s
@@ -181,8 +183,6 @@ else
     "a captured step \\(the CUDA kernels"         # 30 s
     "version 1 checkpoints"                      # 28 s
     "bf16 training is reproducible"              # 22 s
-    "program recipe: SGD with Nesterov"          # 3.4 s in the default build (about 70-130 s under TSan)
-    "program recipe: weight decay"               # 2.5 s in the default build; the recipe's resume case stays
   )
   tsan_skip+="|^($(alternatives "${tsan_long[@]}"))"
   preset_stages tsan -E "$tsan_skip" \
