@@ -37,11 +37,14 @@ std::vector<float> per_member(const std::vector<float>& values, int members) {
   return members > 1 && values.size() == static_cast<std::size_t>(members) ? values : std::vector<float>{};
 }
 
-// Whether any member decays: every member then takes the decay's arithmetic, a member of decay 0 too (the runner
-// decides device by device; a 0 decays by nothing either way, rounded apart only by the updates' form).
-bool decays(const OptimizerConfig& o, int members) {
+// The first member's decay that is not 0, or 0 when no member decays. When one does, every member takes the
+// decay's arithmetic, a member of decay 0 too (the runner decides device by device; a 0 decays by nothing either
+// way, rounded apart only by the updates' form). It is the optimizer's decay: every member's when it is one
+// value; with one per member, the value that marks SGD and Adam as decaying (each member's own replaces it).
+float first_decay(const OptimizerConfig& o, int members) {
   const std::vector<float> wds = o.weight_decays(members);
-  return std::any_of(wds.begin(), wds.end(), [](float w) { return w != 0.0f; });
+  const auto it = std::find_if(wds.begin(), wds.end(), [](float w) { return w != 0.0f; });
+  return it == wds.end() ? 0.0f : *it;
 }
 
 }  // namespace
@@ -53,13 +56,7 @@ train::Model recipe_model(const TrainConfig& c, const Dataset& data) {
 train::Optimizer recipe_optimizer(const OptimizerConfig& o, int members, std::int64_t run_steps) {
   o.check(members);
   const optim::Schedule lr = schedule_of(o, o.learning_rate_of(0), run_steps);
-  // The decay every member has when it is one value; with one per member, a value that is not 0 (each member's
-  // own replaces it), which marks SGD and Adam as decaying; 0 when no member decays.
-  float decay = 0.0f;
-  if (decays(o, members)) {
-    const std::vector<float> wds = o.weight_decays(members);
-    decay = *std::find_if(wds.begin(), wds.end(), [](float w) { return w != 0.0f; });
-  }
+  const float decay = first_decay(o, members);
   if (o.name == "sgd")
     return clipped(o, optim::Sgd{.learning_rate = lr, .momentum = o.momentum, .nesterov = o.nesterov,
                                  .weight_decay = decay});
@@ -85,7 +82,7 @@ train::MemberHyperparams recipe_hyperparams(const TrainConfig& c, int members) {
     }
   train::MemberHyperparams h;
   h.learning_rate = per_member(c.optimizer.learning_rate, members);
-  if (decays(c.optimizer, members)) h.weight_decay = per_member(c.optimizer.weight_decay, members);
+  if (first_decay(c.optimizer, members) != 0.0f) h.weight_decay = per_member(c.optimizer.weight_decay, members);
   if (c.dropout.size() == 1) h.dropout_rate.assign(static_cast<std::size_t>(members), c.dropout[0]);
   if (c.dropout.size() > 1) h.dropout_rate = c.dropout;
   return h;
