@@ -8,6 +8,7 @@
 
 #include <pmap/array.h>
 #include <pmap/error.h>
+#include <pmapcc/train/model.h>
 
 namespace pmap::ensemble {
 namespace {
@@ -103,30 +104,10 @@ namespace {
 
 std::string dims_text(const Dims& d) { return shape_str(d); }
 
-// 824458 as "824,458".
-std::string grouped(std::int64_t n) {
-  std::string digits = std::to_string(n), out;
-  for (std::size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return out;
-}
-
-// "(3.15 MB)": n float32 values.
-std::string bytes_text(std::int64_t n) {
-  char buf[32];
-  const double b = 4.0 * static_cast<double>(n);
-  if (b >= 1024.0 * 1024.0) std::snprintf(buf, sizeof buf, "(%.2f MB)", b / (1024.0 * 1024.0));
-  else if (b >= 1024.0) std::snprintf(buf, sizeof buf, "(%.2f KB)", b / 1024.0);
-  else std::snprintf(buf, sizeof buf, "(%.2f B)", b);
-  return buf;
-}
-
 }  // namespace
 
 std::string Sequential::summary() const {
-  std::vector<std::array<std::string, 3>> rows;
+  std::vector<train::SummaryRow> rows;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     std::int64_t n = 0;
     for (const auto& spec : layers_[i]->params(shapes_[i])) n += product(spec.shape);
@@ -135,32 +116,9 @@ std::string Sequential::summary() const {
     out.insert(out.end(), shapes_[i + 1].begin(), shapes_[i + 1].end());
     std::string shape = dims_text(out);
     shape.replace(1, 2, "None");
-    rows.push_back({layers_[i]->name() + " (" + layers_[i]->describe() + ")", shape, grouped(n)});
+    rows.push_back({layers_[i]->name() + " (" + layers_[i]->describe() + ")", shape, n});
   }
-  std::array<std::size_t, 3> width{12, 12, 7};  // "Layer (type)", "Output Shape", "Param #"
-  for (const auto& r : rows)
-    for (std::size_t c = 0; c < 3; ++c) width[c] = std::max(width[c], r[c].size());
-  auto line = [&] {
-    std::string s = "+";
-    for (std::size_t w : width) s += std::string(w + 2, '-') + "+";
-    return s + "\n";
-  };
-  auto row = [&](const std::array<std::string, 3>& r) {
-    std::string s = "|";
-    for (std::size_t c = 0; c < 3; ++c) {
-      const std::string pad(width[c] - r[c].size(), ' ');
-      s += " " + (c == 2 ? pad + r[c] : r[c] + pad) + " |";
-    }
-    return s + "\n";
-  };
-  std::string out = "Model: \"" + name_ + "\"\n" + line() + row({"Layer (type)", "Output Shape", "Param #"}) + line();
-  for (const auto& r : rows) out += row(r);
-  out += line();
-  const std::int64_t trainable = params_.per_member, fixed = state_.per_member;
-  out += " Total params: " + grouped(trainable + fixed) + " " + bytes_text(trainable + fixed) + "\n";
-  out += " Trainable params: " + grouped(trainable) + " " + bytes_text(trainable) + "\n";
-  out += " Non-trainable params: " + grouped(fixed) + " " + bytes_text(fixed) + "\n";
-  return out;
+  return train::summary_table(name_, rows, params_.per_member, state_.per_member);
 }
 
 std::vector<std::string> Sequential::architecture() const {

@@ -6,6 +6,7 @@
 #include <pmap/error.h>
 
 #include <pmapcc/nn/init.h>
+#include <pmapcc/nn/summary.h>
 
 namespace pmap::nn {
 namespace {
@@ -27,7 +28,10 @@ DenseParams Dense::init(Key key, std::int64_t in, const Device& device) const {
 }
 
 Array Dense::operator()(const DenseParams& p, const Array& x, bool relu) const {
-  return ops::linear(x, p.kernel, p.bias, relu);
+  Array y = ops::linear(x, p.kernel, p.bias, relu);
+  if (recording_modules())
+    record_module_call("Dense", std::to_string(features) + (relu ? ", relu" : ""), {&p.kernel, &p.bias}, y);
+  return y;
 }
 
 ConvKernel Conv::init_kernel(Key key, std::int64_t in_channels, const Device& device) const {
@@ -45,11 +49,27 @@ ConvParams Conv::init(Key key, std::int64_t in_channels, const Device& device) c
 }
 
 Array Conv::operator()(const ConvParams& p, const Array& x, bool relu) const {
-  return ops::conv2d(x, p.kernel, p.bias, {.stride_h = stride_h, .stride_w = stride_w, .same = same, .relu = relu});
+  Array y = ops::conv2d(x, p.kernel, p.bias, {.stride_h = stride_h, .stride_w = stride_w, .same = same, .relu = relu});
+  if (recording_modules()) record_module_call("Conv2D", settings(true, relu), {&p.kernel, &p.bias}, y);
+  return y;
 }
 
 Array Conv::operator()(const ConvKernel& p, const Array& x, bool relu) const {
-  return ops::conv2d(x, p.kernel, Array(), {.stride_h = stride_h, .stride_w = stride_w, .same = same, .relu = relu});
+  Array y = ops::conv2d(x, p.kernel, Array(), {.stride_h = stride_h, .stride_w = stride_w, .same = same, .relu = relu});
+  if (recording_modules()) record_module_call("Conv2D", settings(false, relu), {&p.kernel}, y);
+  return y;
+}
+
+// "32, 3x3", then ", stride 2" (or "2x1"), ", valid", ", no bias", ", relu" where they apply.
+std::string Conv::settings(bool bias, bool relu) const {
+  std::string s = std::to_string(features) + ", " + std::to_string(kernel_h) + "x" + std::to_string(kernel_w);
+  if (stride_h != 1 || stride_w != 1)
+    s += ", stride " + (stride_h == stride_w ? std::to_string(stride_h)
+                                             : std::to_string(stride_h) + "x" + std::to_string(stride_w));
+  if (!same) s += ", valid";
+  if (!bias) s += ", no bias";
+  if (relu) s += ", relu";
+  return s;
 }
 
 }  // namespace pmap::nn

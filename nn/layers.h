@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include <pmap/array.h>
 #include <pmap/random.h>
@@ -68,6 +69,8 @@ struct Conv {
   ConvKernel init_kernel(Key key, std::int64_t in_channels, const Device& device = {}) const;
   Array operator()(const ConvParams& p, const Array& x, bool relu = false) const;
   Array operator()(const ConvKernel& p, const Array& x, bool relu = false) const;
+  // Its settings as a summary shows them: "24, 6x6, stride 2, valid, no bias".
+  std::string settings(bool bias, bool relu) const;
 };
 
 }  // namespace pmap::nn

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include <pmap/array.h>
@@ -59,6 +60,8 @@ struct BatchNorm {
                                               BatchNormCall call = {}) const;
   std::pair<Array, BatchNormState> operator()(const BatchNormCenter& p, const BatchNormState& s, const Array& x,
                                               BatchNormCall call = {}) const;
+  // Its settings as a summary shows them: "momentum 0.99, epsilon 0.001, no scale".
+  std::string settings(bool scale, bool relu) const;
 };
 
 // Where a step's dropout masks come from: a key (2) u32 and the step counter (1) i64 on the device (an

@@ -4,6 +4,7 @@
 #include "cuda_testing.h"
 
 #include <cmath>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,8 @@
 #include <pmapcc/nn/init.h>
 #include <pmapcc/nn/layers.h>
 #include <pmapcc/nn/normalization.h>
+#include <pmapcc/nn/summary.h>
+#include <pmapcc/train/model.h>
 
 namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
 
@@ -201,6 +204,138 @@ TEST_CASE("nn: bad hyper-parameters and missing randomness raise ValueError nami
   const nn::DropoutCall training_without_rng{.train = true, .rng = {}};
   CHECK_THROWS_WITH_AS(nn::Dropout{}(x, training_without_rng), doctest::Contains("needs DropoutCall::rng's key"),
                        pmap::ValueError);
+}
+
+// A user's model for the summary: Dense_0 called twice (a residual block with shared weights), a scale read by
+// ops alone, and a Dense whose kernel is made inside apply (none of the model's tensors).
+struct Residual {
+  nn::DenseParams Dense_0;
+  Array scale;
+};
+PMAPCC_TREE(Residual, Dense_0, scale)
+
+namespace {
+
+// The summary's box rows: {"name (description)", "output shape", "count"} each, in order.
+std::vector<std::vector<std::string>> summary_rows(const std::string& summary) {
+  std::vector<std::vector<std::string>> rows;
+  std::istringstream lines(summary);
+  std::string line;
+  int boxes = 0;
+  while (std::getline(lines, line)) {
+    if (line.starts_with("+")) ++boxes;
+    if (boxes != 2 || !line.starts_with("|")) continue;  // the rows lie between the 2nd and 3rd lines of dashes
+    std::vector<std::string> cells;
+    std::istringstream parts(line.substr(1));
+    std::string cell;
+    while (std::getline(parts, cell, '|')) {
+      const auto first = cell.find_first_not_of(' '), last = cell.find_last_not_of(' ');
+      cells.push_back(first == std::string::npos ? "" : cell.substr(first, last - first + 1));
+    }
+    rows.push_back(cells);
+  }
+  return rows;
+}
+
+// The elements of the tensors of `vars` named `prefix/...`.
+std::int64_t elements(const pmap::train::Variables& vars, const std::string& prefix) {
+  std::int64_t n = 0;
+  for (const auto& [name, a] : vars)
+    if (name.starts_with(prefix + "/")) n += a.size();
+  return n;
+}
+
+// The same count as the summary writes it ("18,496").
+std::string count(const pmap::train::Variables& params, const std::string& prefix) {
+  std::string digits = std::to_string(elements(params, prefix)), out;
+  for (std::size_t i = 0; i < digits.size(); ++i) out += (i > 0 && (digits.size() - i) % 3 == 0 ? "," : "") +
+                                                          std::string(1, digits[i]);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("nn: a model's summary has a row per module call, with its output shape and the tensors it read") {
+  namespace train = pmap::train;
+  SUBCASE("flax-cnn: the convolutions with their fused ReLU, the Dense layers; pooling is an op, not a row") {
+    const train::Model model = train::flax_cnn({28, 28, 1});
+    const auto params = model.init(pmap::key(0)).first;
+    const std::string summary = model.summary();
+    CHECK(summary.starts_with("Model: \"flax-cnn\"\n"));
+    const std::vector<std::vector<std::string>> expected{
+        {"Conv_0 (Conv2D(32, 3x3, relu))", "(None, 28, 28, 32)", count(params, "Conv_0")},
+        {"Conv_1 (Conv2D(64, 3x3, relu))", "(None, 14, 14, 64)", count(params, "Conv_1")},
+        {"Dense_0 (Dense(256, relu))", "(None, 256)", count(params, "Dense_0")},
+        {"Dense_1 (Dense(10))", "(None, 10)", count(params, "Dense_1")}};
+    CHECK(summary_rows(summary) == expected);
+    CHECK(summary.ends_with(" Total params: 824,458 (3.15 MB)\n Trainable params: 824,458 (3.15 MB)\n"
+                            " Non-trainable params: 0 (0.00 B)\n"));
+  }
+  SUBCASE("keras-convnet: BatchNorm's moving statistics counted in its row and as non-trainable, Dropout's row") {
+    const train::Model model = train::keras_convnet({28, 28, 1});
+    const auto [params, state] = model.init(pmap::key(0));
+    const std::vector<std::vector<std::string>> rows = summary_rows(model.summary());
+    REQUIRE(rows.size() == 9);
+    CHECK(rows[0] == std::vector<std::string>{"Conv_0 (Conv2D(12, 3x3, no bias))", "(None, 28, 28, 12)", "108"});
+    // BatchNorm's row: its 12 offsets and 24 moving statistics.
+    CHECK(elements(params, "BatchNorm_0") + elements(state, "BatchNorm_0") == 36);
+    CHECK(rows[1] == std::vector<std::string>{
+                         "BatchNorm_0 (BatchNormalization(momentum 0.99, epsilon 0.001, no scale, relu))",
+                         "(None, 28, 28, 12)", "36"});
+    CHECK(rows[2] == std::vector<std::string>{"Conv_1 (Conv2D(24, 6x6, stride 2, valid, no bias))",
+                                              "(None, 12, 12, 24)", count(params, "Conv_1")});
+    CHECK(rows[4] == std::vector<std::string>{"large_k (Conv2D(32, 6x6, stride 2))", "(None, 6, 6, 32)",
+                                              count(params, "large_k")});
+    CHECK(rows[6] == std::vector<std::string>{"Dense_0 (Dense(256, relu))", "(None, 256)", count(params, "Dense_0")});
+    CHECK(rows[7] == std::vector<std::string>{"dropout (Dropout(0.5))", "(None, 256)", "0"});
+    CHECK(rows[8] == std::vector<std::string>{"Dense_1 (Dense(10))", "(None, 10)", count(params, "Dense_1")});
+    std::int64_t moving = 0;
+    for (const auto& [name, a] : state) moving += a.size();
+    CHECK(moving == 136);
+    CHECK(model.summary().find(" Non-trainable params: 136 (544.00 B)\n") != std::string::npos);
+  }
+  SUBCASE("a user's model: a module called twice, a tensor read by ops alone, a module on tensors of its own") {
+    const nn::Dense square{.features = 4}, head{.features = 2};
+    const train::Model model = train::make_model<Residual>(
+        "residual", {2, 2, 1}, 2,
+        [=](pmap::Key key, const pmap::Device& d) {
+          return std::pair{Residual{square.init(key, 4, d), nn::ones({4}, d)}, train::NoState{}};
+        },
+        [=](const Residual& p, const train::NoState& s, const Array& x, const train::Call&) {
+          const Array flat = ops::reshape(x, {x.dim(0), 4});
+          const Array h = ops::add(flat, square(p.Dense_0, square(p.Dense_0, flat, /*relu=*/true)));
+          const nn::DenseParams made{nn::zeros({4, 2}), nn::zeros({2})};
+          return std::pair{head(made, ops::multiply(h, ops::broadcast_to(p.scale, h.shape()))), s};
+        });
+    const std::vector<std::vector<std::string>> expected{{"Dense_0 (Dense(4, relu))", "(None, 4)", "20"},
+                                                         {"Dense_0 (Dense(4))", "(None, 4)", "20"},
+                                                         {"dense (Dense(2))", "(None, 2)", "0"},
+                                                         {"scale (not read by a module)", "", "4"}};
+    CHECK(summary_rows(model.summary()) == expected);
+    CHECK(model.summary().find(" Total params: 24 (96.00 B)\n") != std::string::npos);
+  }
+  SUBCASE("recorders nest, and record nothing once gone") {
+    const nn::Dense dense{.features = 3};
+    const nn::DenseParams p = dense.init(pmap::key(1), 2);
+    const Array x = host({1, 2}, {1, 2});
+    CHECK_FALSE(nn::recording_modules());
+    nn::ModuleRecorder outer;
+    (void)dense(p, x);
+    {
+      nn::ModuleRecorder inner;
+      CHECK(nn::recording_modules());
+      (void)dense(p, x, /*relu=*/true);
+      REQUIRE(inner.calls().size() == 1);
+      CHECK(inner.calls()[0].description == "Dense(3, relu)");
+      CHECK(inner.calls()[0].output == Shape{1, 3});
+      CHECK(inner.calls()[0].tensors == std::vector<const void*>{p.kernel.raw_data(), p.bias.raw_data()});
+    }
+    (void)nn::Dropout{.rate = 0.25f}(x, {});
+    REQUIRE(outer.calls().size() == 2);
+    CHECK(outer.calls()[0].description == "Dense(3)");
+    CHECK(outer.calls()[1].description == "Dropout(0.25)");
+    CHECK(outer.calls()[1].tensors.empty());
+  }
 }
 
 }  // namespace PMAPCC_TEST_FILE

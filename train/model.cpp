@@ -1,11 +1,17 @@
 #include <pmapcc/train/model.h>
 
 #include <algorithm>
+#include <array>
+#include <cctype>
+#include <cstdio>
+#include <map>
+#include <set>
 
 #include <pmap/error.h>
 #include <pmapcc/core/ops.h>
 #include <pmapcc/nn/layers.h>
 #include <pmapcc/nn/normalization.h>
+#include <pmapcc/nn/summary.h>
 
 namespace pmap::train {
 
@@ -77,6 +83,118 @@ struct ConvnetState {
 PMAPCC_TREE(ConvnetState, BatchNorm_0, BatchNorm_1, BatchNorm_2)
 
 }  // namespace
+
+namespace {
+
+// 824458 as "824,458".
+std::string grouped(std::int64_t n) {
+  const std::string digits = std::to_string(n);
+  std::string out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+// "(3.15 MB)": n float32 values.
+std::string bytes_text(std::int64_t n) {
+  char buf[32];
+  const double b = 4.0 * static_cast<double>(n);
+  if (b >= 1024.0 * 1024.0) std::snprintf(buf, sizeof buf, "(%.2f MB)", b / (1024.0 * 1024.0));
+  else if (b >= 1024.0) std::snprintf(buf, sizeof buf, "(%.2f KB)", b / 1024.0);
+  else std::snprintf(buf, sizeof buf, "(%.2f B)", b);
+  return buf;
+}
+
+std::string prefix_of(const std::string& name) {
+  const std::size_t slash = name.rfind('/');
+  return slash == std::string::npos ? name : name.substr(0, slash);
+}
+
+}  // namespace
+
+std::string summary_table(const std::string& model, const std::vector<SummaryRow>& rows, std::int64_t trainable,
+                          std::int64_t fixed) {
+  std::vector<std::array<std::string, 3>> cells;
+  for (const SummaryRow& r : rows) cells.push_back({r.layer, r.output, grouped(r.params)});
+  std::array<std::size_t, 3> width{12, 12, 7};  // "Layer (type)", "Output Shape", "Param #"
+  for (const auto& r : cells)
+    for (std::size_t c = 0; c < 3; ++c) width[c] = std::max(width[c], r[c].size());
+  auto line = [&] {
+    std::string s = "+";
+    for (std::size_t w : width) s += std::string(w + 2, '-') + "+";
+    return s + "\n";
+  };
+  auto row = [&](const std::array<std::string, 3>& r) {
+    std::string s = "|";
+    for (std::size_t c = 0; c < 3; ++c) {
+      const std::string pad(width[c] - r[c].size(), ' ');
+      s += " " + (c == 2 ? pad + r[c] : r[c] + pad) + " |";
+    }
+    return s + "\n";
+  };
+  std::string out = "Model: \"" + model + "\"\n" + line() + row({"Layer (type)", "Output Shape", "Param #"}) + line();
+  for (const auto& r : cells) out += row(r);
+  out += line();
+  out += " Total params: " + grouped(trainable + fixed) + " " + bytes_text(trainable + fixed) + "\n";
+  out += " Trainable params: " + grouped(trainable) + " " + bytes_text(trainable) + "\n";
+  out += " Non-trainable params: " + grouped(fixed) + " " + bytes_text(fixed) + "\n";
+  return out;
+}
+
+std::string Model::summary() const {
+  const auto [params, state] = init(key(0));
+  struct Tensor {
+    std::string name;
+    std::int64_t size = 0;
+  };
+  std::map<const void*, Tensor> tensors;  // by storage: what a module call read
+  std::int64_t trainable = 0, fixed = 0;
+  for (const auto& [name, a] : params) {
+    tensors[a.raw_data()] = {name, a.size()};
+    trainable += a.size();
+  }
+  for (const auto& [name, a] : state) {
+    tensors[a.raw_data()] = {name, a.size()};
+    fixed += a.size();
+  }
+  Shape shape{1};
+  shape.insert(shape.end(), input_.begin(), input_.end());
+  const Array x = Array::from_host(std::vector<float>(static_cast<std::size_t>(input_[0] * input_[1] * input_[2])),
+                                   shape);  // one image of zeros
+  std::vector<SummaryRow> rows;
+  std::set<std::string> read;
+  {
+    nn::ModuleRecorder recorder;
+    apply(params, state, x, Call{});
+    for (const nn::ModuleCall& call : recorder.calls()) {
+      SummaryRow r;
+      std::set<std::string> prefixes;
+      for (const void* t : call.tensors) {
+        const auto it = tensors.find(t);
+        if (it == tensors.end()) continue;  // not one of the model's tensors (one made inside apply)
+        r.params += it->second.size;
+        prefixes.insert(prefix_of(it->second.name));
+        read.insert(it->second.name);
+      }
+      std::string name;
+      for (const std::string& p : prefixes) name += (name.empty() ? "" : "+") + p;
+      if (name.empty())
+        for (const char c : call.kind) name += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      r.layer = name + " (" + call.description + ")";
+      std::string out = "(None";
+      for (std::size_t d = 1; d < call.output.size(); ++d) out += ", " + std::to_string(call.output[d]);
+      r.output = out + ")";
+      rows.push_back(std::move(r));
+    }
+  }
+  std::map<std::string, std::int64_t> unread;  // by prefix, in name order
+  for (const auto& [storage, t] : tensors)
+    if (!read.contains(t.name)) unread[prefix_of(t.name)] += t.size;
+  for (const auto& [prefix, n] : unread) rows.push_back({prefix + " (not read by a module)", "", n});
+  return summary_table(name_, rows, trainable, fixed);
+}
 
 Model flax_cnn(Shape input, int classes) {
   if (input.size() != 3) throw ValueError("flax_cnn: the input shape must be (H, W, C)");

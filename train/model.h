@@ -71,6 +71,12 @@ class Model {
   // Logits (N, classes) of x (N, input...) and the new model state (the given one in inference).
   std::pair<Array, Variables> apply(const Variables& params, const Variables& state, const Array& x,
                                     const Call& call) const;
+  // Keras's model.summary() table: one row per nn/ module call of one inference apply on one image (on the
+  // host): its name (its tensors' common prefix, "Conv_0"; the kind for a module without tensors, "dropout"),
+  // what it is, its output shape (None, ...) and the tensors it read; then the totals (the model state is
+  // the non-trainable part). A tensor no module read (one the model uses with ops directly) gets a row of
+  // its own prefix, "not read by a module". Ops between modules (pooling, reshapes) have no row.
+  std::string summary() const;
 
  private:
   std::string name_;
@@ -81,6 +87,17 @@ class Model {
   Apply apply_;
   int dropout_layers_ = 0;
 };
+
+// One row of a summary table: "name (description)", the output shape "(None, ...)", the parameter count.
+struct SummaryRow {
+  std::string layer;
+  std::string output;
+  std::int64_t params = 0;
+};
+// Keras's model.summary() layout: 'Model: "name"', the rows in a box, then the total, trainable and
+// non-trainable (`fixed`) counts with their f32 sizes.
+std::string summary_table(const std::string& model, const std::vector<SummaryRow>& rows, std::int64_t trainable,
+                          std::int64_t fixed);
 
 // A Model from typed module code: init(key, device) -> std::pair<P, S>, apply(p, s, x, call) -> std::pair<Array,
 // S>, P and S PMAPCC_TREE structs of fixed Array fields (S NoState for a model without state; Model::init
