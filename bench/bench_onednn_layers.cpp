@@ -1,0 +1,343 @@
+// The anchor for pmapcc's CPU kernels: oneDNN 2.6 (Debian's libdnnl-dev, what PyTorch 1.13 runs its CPU
+// convolutions on) and pmapcc's kernels on the same layers, in one run: each product layer of the Flax CNN
+// and of the Keras convnet at batch B, one member, T threads each (a device's share of the cores), fp32 and
+// bf16 (bf16 operands, fp32 sums and results, as pmapcc's bf16 path computes).
+//
+//   build/default/bench/bench_onednn_layers [--batch 128] [--reps 15] [--threads 1] [--precision fp32|bf16|both]
+//
+// Times are medians of R calls after one warm-up, inputs random. Forward: the product with its bias and a
+// fused ReLU where the model has one. Backward: pmapcc's one call (dW, db and, but for a model's first layer,
+// dX) against oneDNN's backward-weights (with the bias) plus backward-data. oneDNN runs at its best: it picks
+// its own memory layouts ("any") and the inputs are reordered into them before the clock starts; pmapcc
+// reads NHWC and HWIO as the models hold them. Every layer here takes a bias (Keras's first two convolutions
+// have none: theirs are timed with one). A precision the CPU (or oneDNN's build) cannot run prints n/a.
+// Built only where CMake finds oneDNN (find_package(dnnl)); scripts/setup.sh --bench installs it.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+
+#include <dnnl.hpp>
+
+#include <pmap/error.h>
+#include <pmapcc/kernels/backend.h>
+#include <pmapcc/kernels/cpu_backend.h>
+
+#include "machine.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace kernels = pmap::kernels;
+using tag = dnnl::memory::format_tag;
+using dt = dnnl::memory::data_type;
+
+struct Layer {
+  const char* model;
+  const char* name;
+  bool conv;
+  int size, cin, cout, kernel, stride;  // conv: input H = W, channels, kernel, stride; dense: cin -> cout
+  bool same, relu, first;               // SAME padding; a fused ReLU; a model's first layer (no dX)
+};
+
+// The product layers of the two models at 28x28x1, in order.
+const std::vector<Layer> kLayers{
+    {"flax-cnn", "Conv_0", true, 28, 1, 32, 3, 1, true, true, true},
+    {"flax-cnn", "Conv_1", true, 14, 32, 64, 3, 1, true, true, false},
+    {"flax-cnn", "Dense_0", false, 0, 3136, 256, 0, 0, false, true, false},
+    {"flax-cnn", "Dense_1", false, 0, 256, 10, 0, 0, false, false, false},
+    {"keras-convnet", "Conv_1", true, 28, 12, 24, 6, 2, false, false, false},
+    {"keras-convnet", "large_k", true, 12, 24, 32, 6, 2, true, false, false},
+    {"keras-convnet", "Dense_0", false, 0, 32, 256, 0, 0, false, true, false},
+};
+
+struct Options {
+  int batch = 128, reps = 15, threads = 1;
+  std::string precision = "both";
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) throw pmap::ValueError(flag + " needs a value (see the top of bench/bench_onednn_layers.cpp)");
+    const std::string value = argv[++i];
+    auto number = [&](int lo, int hi) {
+      char* end = nullptr;
+      const long v = std::strtol(value.c_str(), &end, 10);
+      if (end == value.c_str() || *end != '\0' || v < lo || v > hi)
+        throw pmap::ValueError(flag + " must be a whole number from " + std::to_string(lo) + " to " +
+                               std::to_string(hi) + ", got '" + value + "'");
+      return static_cast<int>(v);
+    };
+    if (flag == "--batch") o.batch = number(1, 4096);
+    else if (flag == "--reps") o.reps = number(1, 1000);
+    else if (flag == "--threads") o.threads = number(1, 64);
+    else if (flag == "--precision" && (value == "fp32" || value == "bf16" || value == "both")) o.precision = value;
+    else throw pmap::ValueError("unknown flag or value: " + flag + " " + value +
+                                " (--batch, --reps, --threads, --precision fp32|bf16|both)");
+  }
+  return o;
+}
+
+double median_seconds(int reps, const std::function<void()>& fn) {
+  fn();
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+std::vector<float> randoms(std::mt19937& rng, std::size_t n) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+int out_size(const Layer& l) {
+  return l.same ? (l.size + l.stride - 1) / l.stride : (l.size - l.kernel) / l.stride + 1;
+}
+
+// SAME's split (Flax's and Keras's): the extra pixel after.
+std::pair<int, int> same_pads(const Layer& l) {
+  const int total = std::max(0, (out_size(l) - 1) * l.stride + l.kernel - l.size);
+  return {total / 2, total - total / 2};
+}
+
+struct Times {
+  double forward = 0, backward = 0;
+};
+
+// pmapcc's kernels on the layer (fp32 or bf16 products).
+Times time_pmapcc(const Layer& l, const Options& o, kernels::Precision precision, std::mt19937& rng) {
+  const kernels::Backend& be = kernels::cpu_backend();
+  Times t;
+  if (l.conv) {
+    kernels::Conv2dParams p;
+    p.batch = o.batch, p.height = p.width = l.size, p.in_channels = l.cin, p.out_channels = l.cout;
+    p.kernel_h = p.kernel_w = l.kernel, p.stride_h = p.stride_w = l.stride;
+    p.padding = l.same ? kernels::Padding::same : kernels::Padding::valid;
+    p.relu = l.relu, p.precision = precision;
+    const int os = out_size(l);
+    const auto x = randoms(rng, std::size_t(o.batch) * l.size * l.size * l.cin);
+    const auto w = randoms(rng, std::size_t(l.kernel) * l.kernel * l.cin * l.cout);
+    const auto b = randoms(rng, std::size_t(l.cout));
+    const auto dy = randoms(rng, std::size_t(o.batch) * os * os * l.cout);
+    std::vector<float> y(dy.size()), dx(x.size()), dw(w.size()), db(b.size());
+    std::vector<unsigned char> ws(be.conv().conv2d_workspace_bytes(p));
+    float* dx_or_none = l.first ? nullptr : dx.data();
+    t.forward = median_seconds(o.reps, [&] { be.conv().conv2d_forward(p, x.data(), w.data(), b.data(), y.data(), ws.data()); });
+    t.backward = median_seconds(o.reps, [&] {
+      be.conv().conv2d_backward(p, x.data(), w.data(), dy.data(), dx_or_none, dw.data(), db.data(), ws.data());
+    });
+  } else {
+    kernels::DenseParams p;
+    p.batch = o.batch, p.in_features = l.cin, p.out_features = l.cout, p.relu = l.relu, p.precision = precision;
+    const auto x = randoms(rng, std::size_t(o.batch) * l.cin), w = randoms(rng, std::size_t(l.cin) * l.cout);
+    const auto b = randoms(rng, std::size_t(l.cout)), dy = randoms(rng, std::size_t(o.batch) * l.cout);
+    std::vector<float> y(dy.size()), dx(x.size()), dw(w.size()), db(b.size());
+    std::vector<unsigned char> ws(be.dense().dense_workspace_bytes(p));
+    t.forward = median_seconds(o.reps, [&] { be.dense().dense_forward(p, x.data(), w.data(), b.data(), y.data(), ws.data()); });
+    t.backward = median_seconds(o.reps, [&] {
+      be.dense().dense_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), ws.data());
+    });
+  }
+  return t;
+}
+
+// A memory in oneDNN's chosen layout `want`, filled from plain data (`plain` layout, f32) by a reorder.
+dnnl::memory prepared(const dnnl::engine& eng, dnnl::stream& s, const dnnl::memory::desc& want,
+                      const dnnl::memory::dims& dims, tag plain, const std::vector<float>& values) {
+  dnnl::memory src({dims, dt::f32, plain}, eng, const_cast<float*>(values.data()));
+  dnnl::memory dst(want, eng);
+  dnnl::reorder(src, dst).execute(s, src, dst);
+  s.wait();
+  return dst;
+}
+
+// oneDNN on the layer: forward (bias, fused ReLU), backward-weights (bias) + backward-data (not for a first
+// layer). bf16: bf16 operands (sources, weights, output gradients), f32 results.
+Times time_onednn(const Layer& l, const Options& o, bool bf16, std::mt19937& rng) {
+  const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream s(eng);
+  const dt in = bf16 ? dt::bf16 : dt::f32;
+  const dnnl::memory::dim n = o.batch;
+  dnnl::post_ops relu;
+  if (l.relu) relu.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(relu);
+  Times t;
+  if (l.conv) {
+    const int os = out_size(l);
+    const auto [pad_lo, pad_hi] = l.same ? same_pads(l) : std::pair{0, 0};
+    const dnnl::memory::dims src_d{n, l.cin, l.size, l.size}, wei_d{l.cout, l.cin, l.kernel, l.kernel},
+        bias_d{l.cout}, dst_d{n, l.cout, os, os}, strides{l.stride, l.stride}, lo{pad_lo, pad_lo}, hi{pad_hi, pad_hi};
+    const dnnl::memory::desc src_any(src_d, in, tag::any), wei_any(wei_d, in, tag::any), bias_md(bias_d, dt::f32, tag::a),
+        dst_f32(dst_d, dt::f32, tag::any), ddst_any(dst_d, in, tag::any), dsrc_f32(src_d, dt::f32, tag::any),
+        dwei_f32(wei_d, dt::f32, tag::any);
+    const dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+                                             src_any, wei_any, bias_md, dst_f32, strides, lo, hi);
+    const dnnl::convolution_forward::primitive_desc fpd(fd, attr, eng);
+    const auto x = randoms(rng, std::size_t(n) * l.size * l.size * l.cin);
+    const auto w = randoms(rng, std::size_t(l.kernel) * l.kernel * l.cin * l.cout);
+    const auto b = randoms(rng, std::size_t(l.cout));
+    const auto dy = randoms(rng, std::size_t(n) * os * os * l.cout);
+    dnnl::memory src = prepared(eng, s, fpd.src_desc(), src_d, tag::nhwc, x);
+    dnnl::memory wei = prepared(eng, s, fpd.weights_desc(), wei_d, tag::hwio, w);
+    dnnl::memory bias({bias_d, dt::f32, tag::a}, eng, const_cast<float*>(b.data()));
+    dnnl::memory dst(fpd.dst_desc(), eng);
+    const dnnl::convolution_forward fwd(fpd);
+    t.forward = median_seconds(o.reps, [&] {
+      fwd.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_BIAS, bias}, {DNNL_ARG_DST, dst}});
+      s.wait();
+    });
+    const dnnl::convolution_backward_weights::desc wd(dnnl::algorithm::convolution_direct, src_any, dwei_f32, bias_md,
+                                                      ddst_any, strides, lo, hi);
+    const dnnl::convolution_backward_weights::primitive_desc wpd(wd, eng, fpd);
+    dnnl::memory src_w = prepared(eng, s, wpd.src_desc(), src_d, tag::nhwc, x);
+    dnnl::memory ddst_w = prepared(eng, s, wpd.diff_dst_desc(), dst_d, tag::nhwc, dy);
+    dnnl::memory dwei(wpd.diff_weights_desc(), eng), dbias({bias_d, dt::f32, tag::a}, eng);
+    const dnnl::convolution_backward_weights bww(wpd);
+    std::function<void()> backward_data = [] {};
+    dnnl::memory ddst_d, wei_d2, dsrc;
+    std::unique_ptr<dnnl::convolution_backward_data> bwd_data;
+    if (!l.first) {
+      const dnnl::convolution_backward_data::desc dd(dnnl::algorithm::convolution_direct, dsrc_f32, wei_any, ddst_any,
+                                                     strides, lo, hi);
+      const dnnl::convolution_backward_data::primitive_desc dpd(dd, eng, fpd);
+      ddst_d = prepared(eng, s, dpd.diff_dst_desc(), dst_d, tag::nhwc, dy);
+      wei_d2 = prepared(eng, s, dpd.weights_desc(), wei_d, tag::hwio, w);
+      dsrc = dnnl::memory(dpd.diff_src_desc(), eng);
+      bwd_data = std::make_unique<dnnl::convolution_backward_data>(dpd);
+      backward_data = [&] {
+        bwd_data->execute(s, {{DNNL_ARG_DIFF_DST, ddst_d}, {DNNL_ARG_WEIGHTS, wei_d2}, {DNNL_ARG_DIFF_SRC, dsrc}});
+      };
+    }
+    t.backward = median_seconds(o.reps, [&] {
+      bww.execute(s, {{DNNL_ARG_SRC, src_w}, {DNNL_ARG_DIFF_DST, ddst_w}, {DNNL_ARG_DIFF_WEIGHTS, dwei},
+                      {DNNL_ARG_DIFF_BIAS, dbias}});
+      backward_data();
+      s.wait();
+    });
+  } else {
+    const dnnl::memory::dims src_d{n, l.cin}, wei_d{l.cout, l.cin}, bias_d{l.cout}, dst_d{n, l.cout};
+    const dnnl::memory::desc src_any(src_d, in, tag::any), wei_any(wei_d, in, tag::any), bias_md(bias_d, dt::f32, tag::a),
+        dst_f32(dst_d, dt::f32, tag::any), ddst_any(dst_d, in, tag::any), dsrc_f32(src_d, dt::f32, tag::any),
+        dwei_f32(wei_d, dt::f32, tag::any);
+    const dnnl::inner_product_forward::desc fd(dnnl::prop_kind::forward_training, src_any, wei_any, bias_md, dst_f32);
+    const dnnl::inner_product_forward::primitive_desc fpd(fd, attr, eng);
+    const auto x = randoms(rng, std::size_t(n) * l.cin), w = randoms(rng, std::size_t(l.cin) * l.cout);
+    const auto b = randoms(rng, std::size_t(l.cout)), dy = randoms(rng, std::size_t(n) * l.cout);
+    dnnl::memory src = prepared(eng, s, fpd.src_desc(), src_d, tag::nc, x);
+    dnnl::memory wei = prepared(eng, s, fpd.weights_desc(), wei_d, tag::io, w);
+    dnnl::memory bias({bias_d, dt::f32, tag::a}, eng, const_cast<float*>(b.data()));
+    dnnl::memory dst(fpd.dst_desc(), eng);
+    const dnnl::inner_product_forward fwd(fpd);
+    t.forward = median_seconds(o.reps, [&] {
+      fwd.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_BIAS, bias}, {DNNL_ARG_DST, dst}});
+      s.wait();
+    });
+    const dnnl::inner_product_backward_weights::desc wd(src_any, dwei_f32, bias_md, ddst_any);
+    const dnnl::inner_product_backward_weights::primitive_desc wpd(wd, eng, fpd);
+    const dnnl::inner_product_backward_data::desc dd(dsrc_f32, wei_any, ddst_any);
+    const dnnl::inner_product_backward_data::primitive_desc dpd(dd, eng, fpd);
+    dnnl::memory src_w = prepared(eng, s, wpd.src_desc(), src_d, tag::nc, x);
+    dnnl::memory ddst_w = prepared(eng, s, wpd.diff_dst_desc(), dst_d, tag::nc, dy);
+    dnnl::memory ddst_d = prepared(eng, s, dpd.diff_dst_desc(), dst_d, tag::nc, dy);
+    dnnl::memory wei_d2 = prepared(eng, s, dpd.weights_desc(), wei_d, tag::io, w);
+    dnnl::memory dwei(wpd.diff_weights_desc(), eng), dbias({bias_d, dt::f32, tag::a}, eng), dsrc(dpd.diff_src_desc(), eng);
+    const dnnl::inner_product_backward_weights bww(wpd);
+    const dnnl::inner_product_backward_data bwd(dpd);
+    t.backward = median_seconds(o.reps, [&] {
+      bww.execute(s, {{DNNL_ARG_SRC, src_w}, {DNNL_ARG_DIFF_DST, ddst_w}, {DNNL_ARG_DIFF_WEIGHTS, dwei},
+                      {DNNL_ARG_DIFF_BIAS, dbias}});
+      bwd.execute(s, {{DNNL_ARG_DIFF_DST, ddst_d}, {DNNL_ARG_WEIGHTS, wei_d2}, {DNNL_ARG_DIFF_SRC, dsrc}});
+      s.wait();
+    });
+  }
+  return t;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  try {
+    o = parse(argc, argv);
+  } catch (const pmap::Error& e) {
+    std::fprintf(stderr, "bench_onednn_layers: %s\n", e.what());
+    return 2;
+  }
+  // oneDNN's threads: OpenMP reads OMP_NUM_THREADS when the program loads, so the program starts itself
+  // again with it set; pmapcc's through its own setting.
+  const std::string threads = std::to_string(o.threads);
+  if (const char* set = std::getenv("OMP_NUM_THREADS"); set == nullptr || threads != set) {
+    setenv("OMP_NUM_THREADS", threads.c_str(), 1);
+    execv("/proc/self/exe", argv);
+    std::perror("bench_onednn_layers: cannot restart itself with OMP_NUM_THREADS set: execv /proc/self/exe");
+    return 1;
+  }
+  kernels::cpu::set_threads(o.threads);
+  std::printf("machine: %s, %u hardware threads; load %s\ncommand: %s\n", bench::cpu_model().c_str(),
+              std::thread::hardware_concurrency(), bench::first_line("/proc/loadavg").c_str(),
+              bench::command_line(argc, argv).c_str());
+  std::printf("oneDNN %d.%d.%d, pmapcc CPU kernels %s; batch %d, %d thread(s) each, median of %d calls\n\n",
+              dnnl::version()->major, dnnl::version()->minor, dnnl::version()->patch, kernels::cpu::isa().c_str(), o.batch,
+              o.threads, o.reps);
+  std::printf("%-28s %-5s %11s %11s %8s %11s %11s %8s\n", "layer", "prec", "pmapcc fwd", "oneDNN fwd", "ratio",
+              "pmapcc bwd", "oneDNN bwd", "ratio");
+  std::printf("%-28s %-5s %11s %11s %8s %11s %11s %8s\n", "", "", "ms", "ms", "oD/pm", "ms", "ms", "oD/pm");
+  std::mt19937 rng(1);
+  std::vector<std::string> why;  // what a library said where it printed n/a
+  for (const bool bf16 : {false, true}) {
+    if (o.precision != "both" && (o.precision == "bf16") != bf16) continue;
+    for (const Layer& l : kLayers) {
+      const std::string name = std::string(l.model) + " " + l.name;
+      Times p, d;
+      std::string pm_note, od_note;
+      try {
+        p = time_pmapcc(l, o, bf16 ? kernels::Precision::bf16 : kernels::Precision::fp32, rng);
+      } catch (const pmap::Error& e) {  // bf16 on a CPU without AVX-512: refused
+        pm_note = "n/a";
+        if (why.empty() || why.back().rfind("pmapcc", 0) != 0) why.push_back(std::string("pmapcc: ") + e.what());
+      }
+      try {
+        d = time_onednn(l, o, bf16, rng);
+      } catch (const dnnl::error& e) {  // no implementation for this CPU and data type
+        od_note = "n/a";
+        if (why.empty() || why.back().rfind("oneDNN", 0) != 0) why.push_back(std::string("oneDNN: ") + e.what());
+      }
+      auto cell = [](const std::string& note, double seconds) {
+        char buf[32];
+        if (note.empty()) std::snprintf(buf, sizeof buf, "%.3f", seconds * 1e3);
+        return note.empty() ? std::string(buf) : note;
+      };
+      auto ratio = [&](double pm, double od) {
+        char buf[32];
+        if (!pm_note.empty() || !od_note.empty()) return std::string("-");
+        std::snprintf(buf, sizeof buf, "%.2f", od / pm);
+        return std::string(buf);
+      };
+      std::printf("%-28s %-5s %11s %11s %8s %11s %11s %8s\n", name.c_str(), bf16 ? "bf16" : "fp32",
+                  cell(pm_note, p.forward).c_str(), cell(od_note, d.forward).c_str(), ratio(p.forward, d.forward).c_str(),
+                  cell(pm_note, p.backward).c_str(), cell(od_note, d.backward).c_str(),
+                  ratio(p.backward, d.backward).c_str());
+    }
+  }
+  std::printf("\nratio: oneDNN's time over pmapcc's (above 1: pmapcc is faster)\n");
+  for (const std::string& w : why) std::printf("n/a: %s\n", w.c_str());
+  return 0;
+}
