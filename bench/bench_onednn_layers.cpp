@@ -139,7 +139,9 @@ Times time_pmapcc(const Layer& l, const Options& o, kernels::Precision precision
     std::vector<float> y(dy.size()), dx(x.size()), dw(w.size()), db(b.size());
     std::vector<unsigned char> ws(be.conv().conv2d_workspace_bytes(p));
     float* dx_or_none = l.first ? nullptr : dx.data();
-    t.forward = median_seconds(o.reps, [&] { be.conv().conv2d_forward(p, x.data(), w.data(), b.data(), y.data(), ws.data()); });
+    t.forward = median_seconds(o.reps, [&] {
+      be.conv().conv2d_forward(p, x.data(), w.data(), b.data(), y.data(), ws.data());
+    });
     t.backward = median_seconds(o.reps, [&] {
       be.conv().conv2d_backward(p, x.data(), w.data(), dy.data(), dx_or_none, dw.data(), db.data(), ws.data());
     });
@@ -150,7 +152,9 @@ Times time_pmapcc(const Layer& l, const Options& o, kernels::Precision precision
     const auto b = randoms(rng, std::size_t(l.cout)), dy = randoms(rng, std::size_t(o.batch) * l.cout);
     std::vector<float> y(dy.size()), dx(x.size()), dw(w.size()), db(b.size());
     std::vector<unsigned char> ws(be.dense().dense_workspace_bytes(p));
-    t.forward = median_seconds(o.reps, [&] { be.dense().dense_forward(p, x.data(), w.data(), b.data(), y.data(), ws.data()); });
+    t.forward = median_seconds(o.reps, [&] {
+      be.dense().dense_forward(p, x.data(), w.data(), b.data(), y.data(), ws.data());
+    });
     t.backward = median_seconds(o.reps, [&] {
       be.dense().dense_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), ws.data());
     });
@@ -185,7 +189,8 @@ Times time_onednn(const Layer& l, const Options& o, bool bf16, std::mt19937& rng
     const auto [pad_lo, pad_hi] = l.same ? same_pads(l) : std::pair{0, 0};
     const dnnl::memory::dims src_d{n, l.cin, l.size, l.size}, wei_d{l.cout, l.cin, l.kernel, l.kernel},
         bias_d{l.cout}, dst_d{n, l.cout, os, os}, strides{l.stride, l.stride}, lo{pad_lo, pad_lo}, hi{pad_hi, pad_hi};
-    const dnnl::memory::desc src_any(src_d, in, tag::any), wei_any(wei_d, in, tag::any), bias_md(bias_d, dt::f32, tag::a),
+    const dnnl::memory::desc src_any(src_d, in, tag::any), wei_any(wei_d, in, tag::any),
+        bias_md(bias_d, dt::f32, tag::a),
         dst_f32(dst_d, dt::f32, tag::any), ddst_any(dst_d, in, tag::any), dsrc_f32(src_d, dt::f32, tag::any),
         dwei_f32(wei_d, dt::f32, tag::any);
     const dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
@@ -234,7 +239,8 @@ Times time_onednn(const Layer& l, const Options& o, bool bf16, std::mt19937& rng
     });
   } else {
     const dnnl::memory::dims src_d{n, l.cin}, wei_d{l.cout, l.cin}, bias_d{l.cout}, dst_d{n, l.cout};
-    const dnnl::memory::desc src_any(src_d, in, tag::any), wei_any(wei_d, in, tag::any), bias_md(bias_d, dt::f32, tag::a),
+    const dnnl::memory::desc src_any(src_d, in, tag::any), wei_any(wei_d, in, tag::any),
+        bias_md(bias_d, dt::f32, tag::a),
         dst_f32(dst_d, dt::f32, tag::any), ddst_any(dst_d, in, tag::any), dsrc_f32(src_d, dt::f32, tag::any),
         dwei_f32(wei_d, dt::f32, tag::any);
     const dnnl::inner_product_forward::desc fd(dnnl::prop_kind::forward_training, src_any, wei_any, bias_md, dst_f32);
@@ -258,7 +264,8 @@ Times time_onednn(const Layer& l, const Options& o, bool bf16, std::mt19937& rng
     dnnl::memory ddst_w = prepared(eng, s, wpd.diff_dst_desc(), dst_d, tag::nc, dy);
     dnnl::memory ddst_d = prepared(eng, s, dpd.diff_dst_desc(), dst_d, tag::nc, dy);
     dnnl::memory wei_d2 = prepared(eng, s, dpd.weights_desc(), wei_d, tag::io, w);
-    dnnl::memory dwei(wpd.diff_weights_desc(), eng), dbias({bias_d, dt::f32, tag::a}, eng), dsrc(dpd.diff_src_desc(), eng);
+    dnnl::memory dwei(wpd.diff_weights_desc(), eng), dbias({bias_d, dt::f32, tag::a}, eng),
+        dsrc(dpd.diff_src_desc(), eng);
     const dnnl::inner_product_backward_weights bww(wpd);
     const dnnl::inner_product_backward_data bwd(dpd);
     t.backward = median_seconds(o.reps, [&] {
@@ -295,8 +302,8 @@ int main(int argc, char** argv) {
               std::thread::hardware_concurrency(), bench::first_line("/proc/loadavg").c_str(),
               bench::command_line(argc, argv).c_str());
   std::printf("oneDNN %d.%d.%d, pmapcc CPU kernels %s; batch %d, %d thread(s) each, median of %d calls\n\n",
-              dnnl::version()->major, dnnl::version()->minor, dnnl::version()->patch, kernels::cpu::isa().c_str(), o.batch,
-              o.threads, o.reps);
+              dnnl::version()->major, dnnl::version()->minor, dnnl::version()->patch, kernels::cpu::isa().c_str(),
+              o.batch, o.threads, o.reps);
   std::printf("%-28s %-5s %11s %11s %8s %11s %11s %8s\n", "layer", "prec", "pmapcc fwd", "oneDNN fwd", "ratio",
               "pmapcc bwd", "oneDNN bwd", "ratio");
   std::printf("%-28s %-5s %11s %11s %8s %11s %11s %8s\n", "", "", "ms", "ms", "oD/pm", "ms", "ms", "oD/pm");
@@ -332,7 +339,8 @@ int main(int argc, char** argv) {
         return std::string(buf);
       };
       std::printf("%-28s %-5s %11s %11s %8s %11s %11s %8s\n", name.c_str(), bf16 ? "bf16" : "fp32",
-                  cell(pm_note, p.forward).c_str(), cell(od_note, d.forward).c_str(), ratio(p.forward, d.forward).c_str(),
+                  cell(pm_note, p.forward).c_str(), cell(od_note, d.forward).c_str(),
+                  ratio(p.forward, d.forward).c_str(),
                   cell(pm_note, p.backward).c_str(), cell(od_note, d.backward).c_str(),
                   ratio(p.backward, d.backward).c_str());
     }
