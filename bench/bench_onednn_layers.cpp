@@ -9,8 +9,10 @@
 // fused ReLU where the model has one. Backward: pmapcc's one call (dW, db and, but for a model's first layer,
 // dX) against oneDNN's backward-weights (with the bias) plus backward-data. oneDNN runs at its best: it picks
 // its own memory layouts ("any") and the inputs are reordered into them before the clock starts; pmapcc
-// reads NHWC and HWIO as the models hold them. Every layer here takes a bias (Keras's first two convolutions
-// have none: theirs are timed with one). A precision the CPU (or oneDNN's build) cannot run prints n/a.
+// reads NHWC and HWIO as the models hold them. Every layer here takes a bias (Keras's Conv_0 and Conv_1 have
+// none: theirs are timed with one), and a ReLU is fused only where it follows the product directly (the
+// Keras convolutions' ReLU comes after a BatchNorm). A precision the CPU (or oneDNN's build) cannot run prints
+// n/a with each library's reason; the end lists the implementations oneDNN chose (DNNL_VERBOSE's names).
 // Built only where CMake finds oneDNN (find_package(dnnl)); scripts/setup.sh --bench installs it.
 #include <algorithm>
 #include <chrono>
@@ -21,6 +23,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include <unistd.h>
@@ -54,9 +57,11 @@ const std::vector<Layer> kLayers{
     {"flax-cnn", "Conv_1", true, 14, 32, 64, 3, 1, true, true, false},
     {"flax-cnn", "Dense_0", false, 0, 3136, 256, 0, 0, false, true, false},
     {"flax-cnn", "Dense_1", false, 0, 256, 10, 0, 0, false, false, false},
+    {"keras-convnet", "Conv_0", true, 28, 1, 12, 3, 1, true, false, true},
     {"keras-convnet", "Conv_1", true, 28, 12, 24, 6, 2, false, false, false},
     {"keras-convnet", "large_k", true, 12, 24, 32, 6, 2, true, false, false},
     {"keras-convnet", "Dense_0", false, 0, 32, 256, 0, 0, false, true, false},
+    {"keras-convnet", "Dense_1", false, 0, 256, 10, 0, 0, false, false, false},
 };
 
 struct Options {
@@ -172,110 +177,127 @@ dnnl::memory prepared(const dnnl::engine& eng, dnnl::stream& s, const dnnl::memo
   return dst;
 }
 
-// oneDNN on the layer: forward (bias, fused ReLU), backward-weights (bias) + backward-data (not for a first
-// layer). bf16: bf16 operands (sources, weights, output gradients), f32 results.
-Times time_onednn(const Layer& l, const Options& o, bool bf16, std::mt19937& rng) {
-  const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  dnnl::stream s(eng);
-  const dt in = bf16 ? dt::bf16 : dt::f32;
-  const dnnl::memory::dim n = o.batch;
-  dnnl::post_ops relu;
-  if (l.relu) relu.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
-  dnnl::primitive_attr attr;
-  attr.set_post_ops(relu);
-  Times t;
-  if (l.conv) {
-    const int os = out_size(l);
-    const auto [pad_lo, pad_hi] = l.same ? same_pads(l) : std::pair{0, 0};
-    const dnnl::memory::dims src_d{n, l.cin, l.size, l.size}, wei_d{l.cout, l.cin, l.kernel, l.kernel},
-        bias_d{l.cout}, dst_d{n, l.cout, os, os}, strides{l.stride, l.stride}, lo{pad_lo, pad_lo}, hi{pad_hi, pad_hi};
-    const dnnl::memory::desc src_any(src_d, in, tag::any), wei_any(wei_d, in, tag::any),
-        bias_md(bias_d, dt::f32, tag::a),
-        dst_f32(dst_d, dt::f32, tag::any), ddst_any(dst_d, in, tag::any), dsrc_f32(src_d, dt::f32, tag::any),
-        dwei_f32(wei_d, dt::f32, tag::any);
-    const dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-                                             src_any, wei_any, bias_md, dst_f32, strides, lo, hi);
-    const dnnl::convolution_forward::primitive_desc fpd(fd, attr, eng);
-    const auto x = randoms(rng, std::size_t(n) * l.size * l.size * l.cin);
-    const auto w = randoms(rng, std::size_t(l.kernel) * l.kernel * l.cin * l.cout);
-    const auto b = randoms(rng, std::size_t(l.cout));
-    const auto dy = randoms(rng, std::size_t(n) * os * os * l.cout);
-    dnnl::memory src = prepared(eng, s, fpd.src_desc(), src_d, tag::nhwc, x);
-    dnnl::memory wei = prepared(eng, s, fpd.weights_desc(), wei_d, tag::hwio, w);
-    dnnl::memory bias({bias_d, dt::f32, tag::a}, eng, const_cast<float*>(b.data()));
-    dnnl::memory dst(fpd.dst_desc(), eng);
-    const dnnl::convolution_forward fwd(fpd);
-    t.forward = median_seconds(o.reps, [&] {
-      fwd.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_BIAS, bias}, {DNNL_ARG_DST, dst}});
-      s.wait();
-    });
-    const dnnl::convolution_backward_weights::desc wd(dnnl::algorithm::convolution_direct, src_any, dwei_f32, bias_md,
-                                                      ddst_any, strides, lo, hi);
-    const dnnl::convolution_backward_weights::primitive_desc wpd(wd, eng, fpd);
-    dnnl::memory src_w = prepared(eng, s, wpd.src_desc(), src_d, tag::nhwc, x);
-    dnnl::memory ddst_w = prepared(eng, s, wpd.diff_dst_desc(), dst_d, tag::nhwc, dy);
-    dnnl::memory dwei(wpd.diff_weights_desc(), eng), dbias({bias_d, dt::f32, tag::a}, eng);
-    const dnnl::convolution_backward_weights bww(wpd);
-    std::function<void()> backward_data = [] {};
-    dnnl::memory ddst_d, wei_d2, dsrc;
-    std::unique_ptr<dnnl::convolution_backward_data> bwd_data;
-    if (!l.first) {
-      const dnnl::convolution_backward_data::desc dd(dnnl::algorithm::convolution_direct, dsrc_f32, wei_any, ddst_any,
-                                                     strides, lo, hi);
-      const dnnl::convolution_backward_data::primitive_desc dpd(dd, eng, fpd);
-      ddst_d = prepared(eng, s, dpd.diff_dst_desc(), dst_d, tag::nhwc, dy);
-      wei_d2 = prepared(eng, s, dpd.weights_desc(), wei_d, tag::hwio, w);
-      dsrc = dnnl::memory(dpd.diff_src_desc(), eng);
-      bwd_data = std::make_unique<dnnl::convolution_backward_data>(dpd);
-      backward_data = [&] {
-        bwd_data->execute(s, {{DNNL_ARG_DIFF_DST, ddst_d}, {DNNL_ARG_WEIGHTS, wei_d2}, {DNNL_ARG_DIFF_SRC, dsrc}});
-      };
-    }
-    t.backward = median_seconds(o.reps, [&] {
-      bww.execute(s, {{DNNL_ARG_SRC, src_w}, {DNNL_ARG_DIFF_DST, ddst_w}, {DNNL_ARG_DIFF_WEIGHTS, dwei},
-                      {DNNL_ARG_DIFF_BIAS, dbias}});
-      backward_data();
-      s.wait();
-    });
-  } else {
-    const dnnl::memory::dims src_d{n, l.cin}, wei_d{l.cout, l.cin}, bias_d{l.cout}, dst_d{n, l.cout};
-    const dnnl::memory::desc src_any(src_d, in, tag::any), wei_any(wei_d, in, tag::any),
-        bias_md(bias_d, dt::f32, tag::a),
-        dst_f32(dst_d, dt::f32, tag::any), ddst_any(dst_d, in, tag::any), dsrc_f32(src_d, dt::f32, tag::any),
-        dwei_f32(wei_d, dt::f32, tag::any);
-    const dnnl::inner_product_forward::desc fd(dnnl::prop_kind::forward_training, src_any, wei_any, bias_md, dst_f32);
-    const dnnl::inner_product_forward::primitive_desc fpd(fd, attr, eng);
-    const auto x = randoms(rng, std::size_t(n) * l.cin), w = randoms(rng, std::size_t(l.cin) * l.cout);
-    const auto b = randoms(rng, std::size_t(l.cout)), dy = randoms(rng, std::size_t(n) * l.cout);
-    dnnl::memory src = prepared(eng, s, fpd.src_desc(), src_d, tag::nc, x);
-    dnnl::memory wei = prepared(eng, s, fpd.weights_desc(), wei_d, tag::io, w);
-    dnnl::memory bias({bias_d, dt::f32, tag::a}, eng, const_cast<float*>(b.data()));
-    dnnl::memory dst(fpd.dst_desc(), eng);
-    const dnnl::inner_product_forward fwd(fpd);
-    t.forward = median_seconds(o.reps, [&] {
-      fwd.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_BIAS, bias}, {DNNL_ARG_DST, dst}});
-      s.wait();
-    });
-    const dnnl::inner_product_backward_weights::desc wd(src_any, dwei_f32, bias_md, ddst_any);
-    const dnnl::inner_product_backward_weights::primitive_desc wpd(wd, eng, fpd);
-    const dnnl::inner_product_backward_data::desc dd(dsrc_f32, wei_any, ddst_any);
-    const dnnl::inner_product_backward_data::primitive_desc dpd(dd, eng, fpd);
-    dnnl::memory src_w = prepared(eng, s, wpd.src_desc(), src_d, tag::nc, x);
-    dnnl::memory ddst_w = prepared(eng, s, wpd.diff_dst_desc(), dst_d, tag::nc, dy);
-    dnnl::memory ddst_d = prepared(eng, s, dpd.diff_dst_desc(), dst_d, tag::nc, dy);
-    dnnl::memory wei_d2 = prepared(eng, s, dpd.weights_desc(), wei_d, tag::io, w);
-    dnnl::memory dwei(wpd.diff_weights_desc(), eng), dbias({bias_d, dt::f32, tag::a}, eng),
-        dsrc(dpd.diff_src_desc(), eng);
-    const dnnl::inner_product_backward_weights bww(wpd);
-    const dnnl::inner_product_backward_data bwd(dpd);
-    t.backward = median_seconds(o.reps, [&] {
-      bww.execute(s, {{DNNL_ARG_SRC, src_w}, {DNNL_ARG_DIFF_DST, ddst_w}, {DNNL_ARG_DIFF_WEIGHTS, dwei},
-                      {DNNL_ARG_DIFF_BIAS, dbias}});
-      bwd.execute(s, {{DNNL_ARG_DIFF_DST, ddst_d}, {DNNL_ARG_WEIGHTS, wei_d2}, {DNNL_ARG_DIFF_SRC, dsrc}});
-      s.wait();
-    });
+// What oneDNN needs for one layer: the engine, a stream, the operands' data type, the forward's fused ReLU.
+struct OneDnn {
+  OneDnn(const Layer& l, bool bf16) : in(bf16 ? dt::bf16 : dt::f32) {
+    dnnl::post_ops ops;
+    if (l.relu) ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    attr.set_post_ops(ops);
   }
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream s{eng};
+  dt in;
+  dnnl::primitive_attr attr;
+};
+
+// oneDNN's implementations of the three primitives ("fwd jit:avx2, bwd-w gemm:jit, bwd-d ..."), as
+// DNNL_VERBOSE names them.
+std::string implementations(const std::string& forward, const std::string& weights, const std::string& data) {
+  return "fwd " + forward + ", bwd-w " + weights + (data.empty() ? "" : ", bwd-d " + data);
+}
+
+// oneDNN on a convolution: forward (bias, fused ReLU), backward-weights (bias) + backward-data (not for a
+// first layer). bf16: bf16 operands (sources, weights, output gradients), f32 results.
+Times time_onednn_conv(const Layer& l, const Options& o, bool bf16, std::mt19937& rng, std::string& impl) {
+  OneDnn d(l, bf16);
+  const dnnl::memory::dim n = o.batch;
+  const int os = out_size(l);
+  const auto [pad_lo, pad_hi] = l.same ? same_pads(l) : std::pair{0, 0};
+  const dnnl::memory::dims src_d{n, l.cin, l.size, l.size}, wei_d{l.cout, l.cin, l.kernel, l.kernel},
+      bias_d{l.cout}, dst_d{n, l.cout, os, os}, strides{l.stride, l.stride}, lo{pad_lo, pad_lo}, hi{pad_hi, pad_hi};
+  const dnnl::memory::desc src_any(src_d, d.in, tag::any), wei_any(wei_d, d.in, tag::any),
+      bias_md(bias_d, dt::f32, tag::a), dst_f32(dst_d, dt::f32, tag::any), ddst_any(dst_d, d.in, tag::any),
+      dsrc_f32(src_d, dt::f32, tag::any), dwei_f32(wei_d, dt::f32, tag::any);
+  const auto direct = dnnl::algorithm::convolution_direct;
+  const dnnl::convolution_forward::primitive_desc fpd(
+      {dnnl::prop_kind::forward_training, direct, src_any, wei_any, bias_md, dst_f32, strides, lo, hi}, d.attr, d.eng);
+  const auto x = randoms(rng, std::size_t(n) * l.size * l.size * l.cin);
+  const auto w = randoms(rng, std::size_t(l.kernel) * l.kernel * l.cin * l.cout);
+  const auto b = randoms(rng, std::size_t(l.cout));
+  const auto dy = randoms(rng, std::size_t(n) * os * os * l.cout);
+  dnnl::memory src = prepared(d.eng, d.s, fpd.src_desc(), src_d, tag::nhwc, x);
+  dnnl::memory wei = prepared(d.eng, d.s, fpd.weights_desc(), wei_d, tag::hwio, w);
+  dnnl::memory bias({bias_d, dt::f32, tag::a}, d.eng, const_cast<float*>(b.data()));
+  dnnl::memory dst(fpd.dst_desc(), d.eng);
+  const dnnl::convolution_forward fwd(fpd);
+  Times t;
+  t.forward = median_seconds(o.reps, [&] {
+    fwd.execute(d.s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_BIAS, bias}, {DNNL_ARG_DST, dst}});
+    d.s.wait();
+  });
+  const dnnl::convolution_backward_weights::primitive_desc wpd(
+      {direct, src_any, dwei_f32, bias_md, ddst_any, strides, lo, hi}, d.eng, fpd);
+  dnnl::memory src_w = prepared(d.eng, d.s, wpd.src_desc(), src_d, tag::nhwc, x);
+  dnnl::memory ddst_w = prepared(d.eng, d.s, wpd.diff_dst_desc(), dst_d, tag::nhwc, dy);
+  dnnl::memory dwei(wpd.diff_weights_desc(), d.eng), dbias({bias_d, dt::f32, tag::a}, d.eng);
+  const dnnl::convolution_backward_weights bww(wpd);
+  std::unique_ptr<dnnl::convolution_backward_data> bwd;
+  std::unordered_map<int, dnnl::memory> data_args;
+  std::string data_impl;
+  if (!l.first) {
+    const dnnl::convolution_backward_data::primitive_desc dpd({direct, dsrc_f32, wei_any, ddst_any, strides, lo, hi},
+                                                              d.eng, fpd);
+    data_args = {{DNNL_ARG_DIFF_DST, prepared(d.eng, d.s, dpd.diff_dst_desc(), dst_d, tag::nhwc, dy)},
+                 {DNNL_ARG_WEIGHTS, prepared(d.eng, d.s, dpd.weights_desc(), wei_d, tag::hwio, w)},
+                 {DNNL_ARG_DIFF_SRC, dnnl::memory(dpd.diff_src_desc(), d.eng)}};
+    bwd = std::make_unique<dnnl::convolution_backward_data>(dpd);
+    data_impl = dpd.impl_info_str();
+  }
+  t.backward = median_seconds(o.reps, [&] {
+    bww.execute(d.s, {{DNNL_ARG_SRC, src_w}, {DNNL_ARG_DIFF_DST, ddst_w}, {DNNL_ARG_DIFF_WEIGHTS, dwei},
+                      {DNNL_ARG_DIFF_BIAS, dbias}});
+    if (bwd) bwd->execute(d.s, data_args);
+    d.s.wait();
+  });
+  impl = implementations(fpd.impl_info_str(), wpd.impl_info_str(), data_impl);
   return t;
+}
+
+// oneDNN on a dense layer (an inner product), as time_onednn_conv.
+Times time_onednn_dense(const Layer& l, const Options& o, bool bf16, std::mt19937& rng, std::string& impl) {
+  OneDnn d(l, bf16);
+  const dnnl::memory::dim n = o.batch;
+  const dnnl::memory::dims src_d{n, l.cin}, wei_d{l.cout, l.cin}, bias_d{l.cout}, dst_d{n, l.cout};
+  const dnnl::memory::desc src_any(src_d, d.in, tag::any), wei_any(wei_d, d.in, tag::any),
+      bias_md(bias_d, dt::f32, tag::a), dst_f32(dst_d, dt::f32, tag::any), ddst_any(dst_d, d.in, tag::any),
+      dsrc_f32(src_d, dt::f32, tag::any), dwei_f32(wei_d, dt::f32, tag::any);
+  const dnnl::inner_product_forward::primitive_desc fpd(
+      {dnnl::prop_kind::forward_training, src_any, wei_any, bias_md, dst_f32}, d.attr, d.eng);
+  const auto x = randoms(rng, std::size_t(n) * l.cin), w = randoms(rng, std::size_t(l.cin) * l.cout);
+  const auto b = randoms(rng, std::size_t(l.cout)), dy = randoms(rng, std::size_t(n) * l.cout);
+  dnnl::memory src = prepared(d.eng, d.s, fpd.src_desc(), src_d, tag::nc, x);
+  dnnl::memory wei = prepared(d.eng, d.s, fpd.weights_desc(), wei_d, tag::io, w);
+  dnnl::memory bias({bias_d, dt::f32, tag::a}, d.eng, const_cast<float*>(b.data()));
+  dnnl::memory dst(fpd.dst_desc(), d.eng);
+  const dnnl::inner_product_forward fwd(fpd);
+  Times t;
+  t.forward = median_seconds(o.reps, [&] {
+    fwd.execute(d.s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_BIAS, bias}, {DNNL_ARG_DST, dst}});
+    d.s.wait();
+  });
+  const dnnl::inner_product_backward_weights::primitive_desc wpd({src_any, dwei_f32, bias_md, ddst_any}, d.eng, fpd);
+  const dnnl::inner_product_backward_data::primitive_desc dpd({dsrc_f32, wei_any, ddst_any}, d.eng, fpd);
+  dnnl::memory src_w = prepared(d.eng, d.s, wpd.src_desc(), src_d, tag::nc, x);
+  dnnl::memory ddst_w = prepared(d.eng, d.s, wpd.diff_dst_desc(), dst_d, tag::nc, dy);
+  dnnl::memory ddst_d = prepared(d.eng, d.s, dpd.diff_dst_desc(), dst_d, tag::nc, dy);
+  dnnl::memory wei_d2 = prepared(d.eng, d.s, dpd.weights_desc(), wei_d, tag::io, w);
+  dnnl::memory dwei(wpd.diff_weights_desc(), d.eng), dbias({bias_d, dt::f32, tag::a}, d.eng);
+  dnnl::memory dsrc(dpd.diff_src_desc(), d.eng);
+  const dnnl::inner_product_backward_weights bww(wpd);
+  const dnnl::inner_product_backward_data bwd(dpd);
+  t.backward = median_seconds(o.reps, [&] {
+    bww.execute(d.s, {{DNNL_ARG_SRC, src_w}, {DNNL_ARG_DIFF_DST, ddst_w}, {DNNL_ARG_DIFF_WEIGHTS, dwei},
+                      {DNNL_ARG_DIFF_BIAS, dbias}});
+    bwd.execute(d.s, {{DNNL_ARG_DIFF_DST, ddst_d}, {DNNL_ARG_WEIGHTS, wei_d2}, {DNNL_ARG_DIFF_SRC, dsrc}});
+    d.s.wait();
+  });
+  impl = implementations(fpd.impl_info_str(), wpd.impl_info_str(), dpd.impl_info_str());
+  return t;
+}
+
+// Each reason once, in the order first given.
+void add_reason(std::vector<std::string>& reasons, const std::string& reason) {
+  if (std::find(reasons.begin(), reasons.end(), reason) == reasons.end()) reasons.push_back(reason);
 }
 
 }  // namespace
@@ -308,7 +330,8 @@ int main(int argc, char** argv) {
               "pmapcc bwd", "oneDNN bwd", "ratio");
   std::printf("%-28s %-5s %11s %11s %8s %11s %11s %8s\n", "", "", "ms", "ms", "oD/pm", "ms", "ms", "oD/pm");
   std::mt19937 rng(1);
-  std::vector<std::string> why;  // what a library said where it printed n/a
+  std::vector<std::string> why;    // what a library said where it printed n/a
+  std::vector<std::string> impls;  // oneDNN's implementations, per row
   for (const bool bf16 : {false, true}) {
     if (o.precision != "both" && (o.precision == "bf16") != bf16) continue;
     for (const Layer& l : kLayers) {
@@ -319,14 +342,16 @@ int main(int argc, char** argv) {
         p = time_pmapcc(l, o, bf16 ? kernels::Precision::bf16 : kernels::Precision::fp32, rng);
       } catch (const pmap::Error& e) {  // bf16 on a CPU without AVX-512: refused
         pm_note = "n/a";
-        if (why.empty() || why.back().rfind("pmapcc", 0) != 0) why.push_back(std::string("pmapcc: ") + e.what());
+        add_reason(why, std::string("pmapcc: ") + e.what());
       }
+      std::string impl;
       try {
-        d = time_onednn(l, o, bf16, rng);
+        d = l.conv ? time_onednn_conv(l, o, bf16, rng, impl) : time_onednn_dense(l, o, bf16, rng, impl);
       } catch (const dnnl::error& e) {  // no implementation for this CPU and data type
         od_note = "n/a";
-        if (why.empty() || why.back().rfind("oneDNN", 0) != 0) why.push_back(std::string("oneDNN: ") + e.what());
+        add_reason(why, std::string("oneDNN: ") + e.what());
       }
+      if (!impl.empty()) impls.push_back(name + (bf16 ? " bf16: " : " fp32: ") + impl);
       auto cell = [](const std::string& note, double seconds) {
         char buf[32];
         if (note.empty()) std::snprintf(buf, sizeof buf, "%.3f", seconds * 1e3);
@@ -347,5 +372,7 @@ int main(int argc, char** argv) {
   }
   std::printf("\nratio: oneDNN's time over pmapcc's (above 1: pmapcc is faster)\n");
   for (const std::string& w : why) std::printf("n/a: %s\n", w.c_str());
+  std::printf("\noneDNN's implementations:\n");
+  for (const std::string& i : impls) std::printf("  %s\n", i.c_str());
   return 0;
 }

@@ -2,9 +2,7 @@
 #include <pmapcc/ensemble/model.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
-#include <cstdio>
 
 #include <pmap/array.h>
 #include <pmap/error.h>

@@ -1,6 +1,7 @@
 // nn/summary.h: the thread's innermost ModuleRecorder, and the record a module leaves in it.
 #include <pmapcc/nn/summary.h>
 
+#include <cassert>
 #include <utility>
 
 namespace pmap::nn {
@@ -12,7 +13,10 @@ thread_local ModuleRecorder* innermost = nullptr;
 
 ModuleRecorder::ModuleRecorder() : outer_(innermost) { innermost = this; }
 
-ModuleRecorder::~ModuleRecorder() { innermost = outer_; }
+ModuleRecorder::~ModuleRecorder() {
+  assert(innermost == this && "nn::ModuleRecorder: destroyed out of order or on another thread");
+  innermost = outer_;
+}
 
 bool recording_modules() { return innermost != nullptr; }
 

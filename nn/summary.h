@@ -19,7 +19,8 @@ struct ModuleCall {
 };
 
 // Records the module calls of this thread from construction to destruction. Recorders nest: the innermost
-// one records, and the outer one again after it is gone. Not copyable or movable.
+// one records, and the outer one again after it is gone; each is destroyed on its thread, innermost first
+// (a local variable is). Not copyable or movable.
 class ModuleRecorder {
  public:
   ModuleRecorder();

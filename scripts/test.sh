@@ -21,9 +21,9 @@ usage: bash scripts/test.sh [--quick] [--no-setup] [-h|--help]
               whose threads shorter tests drive; PMAPCC_TSAN_ROUNDS rounds, default 1)
     asan      cmake --preset asan (AddressSanitizer + LeakSanitizer + UndefinedBehaviorSanitizer in one
               stand-in build; a UBSan report exits 87), build, ctest (the suite but the CLI tables and
-              six long training comparisons; also what the cuda-standin preset checks: the multi-GPU
-              tests on 1 and 4 fake GPUs, none skipped, mnist_ensemble --backend cuda end to end, and 2
-              MPI processes of one fake GPU each)
+              the longest training comparisons, long_everywhere in this script; also what the
+              cuda-standin preset checks: the multi-GPU tests on 1 and 4 fake GPUs, none skipped,
+              mnist_ensemble --backend cuda end to end, and 2 MPI processes of one fake GPU each)
     fuzz      scripts/fuzz.sh: the clang libFuzzer build (ASan + UBSan), the corpora replayed, then every
               parser's fuzz target for 40 s
     consumer  install the default build into a scratch prefix, build and run tests/consumer against it
@@ -163,7 +163,8 @@ else
     "train step: the state keeps its shapes"     # 56 s
     "the member group changes no result"         # 53 s; "members run in any vmap batch" above, default
     "trainer: an ensemble's epochs"              # 50 s (against the runner)
-    "per-member values on GPUs"                  # fake GPUs only: about 20x its 18 s in the stand-in build
+    "per-member values on GPUs"                  # fake GPUs only: about 20x its 25 s in the stand-in build;
+                                                 # run by the cuda-standin build and on a GPU (gpu_checks.sh)
   )
   tsan_long=(
     "${long_everywhere[@]}"

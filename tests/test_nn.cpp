@@ -319,22 +319,26 @@ TEST_CASE("nn: a model's summary has a row per module call, with its output shap
     const nn::DenseParams p = dense.init(pmap::key(1), 2);
     const Array x = host({1, 2}, {1, 2});
     CHECK_FALSE(nn::recording_modules());
-    nn::ModuleRecorder outer;
-    (void)dense(p, x);
     {
-      nn::ModuleRecorder inner;
-      CHECK(nn::recording_modules());
-      (void)dense(p, x, /*relu=*/true);
-      REQUIRE(inner.calls().size() == 1);
-      CHECK(inner.calls()[0].description == "Dense(3, relu)");
-      CHECK(inner.calls()[0].output == Shape{1, 3});
-      CHECK(inner.calls()[0].tensors == std::vector<const void*>{p.kernel.raw_data(), p.bias.raw_data()});
+      nn::ModuleRecorder outer;
+      (void)dense(p, x);
+      {
+        nn::ModuleRecorder inner;
+        CHECK(nn::recording_modules());
+        (void)dense(p, x, /*relu=*/true);
+        REQUIRE(inner.calls().size() == 1);
+        CHECK(inner.calls()[0].description == "Dense(3, relu)");
+        CHECK(inner.calls()[0].output == Shape{1, 3});
+        CHECK(inner.calls()[0].tensors == std::vector<const void*>{p.kernel.raw_data(), p.bias.raw_data()});
+      }
+      (void)nn::Dropout{.rate = 0.25f}(x, {});
+      REQUIRE(outer.calls().size() == 2);
+      CHECK(outer.calls()[0].description == "Dense(3)");
+      CHECK(outer.calls()[1].description == "Dropout(0.25)");
+      CHECK(outer.calls()[1].tensors.empty());
     }
-    (void)nn::Dropout{.rate = 0.25f}(x, {});
-    REQUIRE(outer.calls().size() == 2);
-    CHECK(outer.calls()[0].description == "Dense(3)");
-    CHECK(outer.calls()[1].description == "Dropout(0.25)");
-    CHECK(outer.calls()[1].tensors.empty());
+    CHECK_FALSE(nn::recording_modules());  // gone: a module call records nowhere
+    (void)dense(p, x);
   }
 }
 

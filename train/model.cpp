@@ -82,10 +82,6 @@ struct ConvnetState {
 };
 PMAPCC_TREE(ConvnetState, BatchNorm_0, BatchNorm_1, BatchNorm_2)
 
-}  // namespace
-
-namespace {
-
 // 824458 as "824,458".
 std::string grouped(std::int64_t n) {
   const std::string digits = std::to_string(n);
@@ -149,14 +145,15 @@ std::string Model::summary() const {
     std::string name;
     std::int64_t size = 0;
   };
-  std::map<const void*, Tensor> tensors;  // by storage: what a module call read
+  // By storage: what a module call read (tensors of no element have none, and no row counts them).
+  std::map<const void*, std::vector<Tensor>> tensors;
   std::int64_t trainable = 0, fixed = 0;
   for (const auto& [name, a] : params) {
-    tensors[a.raw_data()] = {name, a.size()};
+    if (a.size() > 0) tensors[a.raw_data()].push_back({name, a.size()});
     trainable += a.size();
   }
   for (const auto& [name, a] : state) {
-    tensors[a.raw_data()] = {name, a.size()};
+    if (a.size() > 0) tensors[a.raw_data()].push_back({name, a.size()});
     fixed += a.size();
   }
   Shape shape{1};
@@ -174,9 +171,11 @@ std::string Model::summary() const {
       for (const void* t : call.tensors) {
         const auto it = tensors.find(t);
         if (it == tensors.end()) continue;  // not one of the model's tensors (one made inside apply)
-        r.params += it->second.size;
-        prefixes.insert(prefix_of(it->second.name));
-        read.insert(it->second.name);
+        r.params += it->second.front().size;
+        for (const Tensor& named : it->second) {  // tensors sharing storage: each name is read
+          prefixes.insert(prefix_of(named.name));
+          read.insert(named.name);
+        }
       }
       std::string name;
       for (const std::string& p : prefixes) name += (name.empty() ? "" : "+") + p;
@@ -190,8 +189,9 @@ std::string Model::summary() const {
     }
   }
   std::map<std::string, std::int64_t> unread;  // by prefix, in name order
-  for (const auto& [storage, t] : tensors)
-    if (!read.contains(t.name)) unread[prefix_of(t.name)] += t.size;
+  for (const auto& [storage, named] : tensors)
+    for (const Tensor& t : named)
+      if (!read.contains(t.name)) unread[prefix_of(t.name)] += t.size;
   for (const auto& [prefix, n] : unread) rows.push_back({prefix + " (not read by a module)", "", n});
   return summary_table(name_, rows, trainable, fixed);
 }

@@ -72,10 +72,11 @@ class Model {
   std::pair<Array, Variables> apply(const Variables& params, const Variables& state, const Array& x,
                                     const Call& call) const;
   // Keras's model.summary() table: one row per nn/ module call of one inference apply on one image (on the
-  // host): its name (its tensors' common prefix, "Conv_0"; the kind for a module without tensors, "dropout"),
-  // what it is, its output shape (None, ...) and the tensors it read; then the totals (the model state is
-  // the non-trainable part). A tensor no module read (one the model uses with ops directly) gets a row of
-  // its own prefix, "not read by a module". Ops between modules (pooling, reshapes) have no row.
+  // host): its name (the prefix of the tensors it read, "Conv_0", several joined by '+'; the kind for a
+  // module that read none of the model's, "dropout"), what it is, its output shape (None, ...) and how many
+  // elements those tensors hold; then the totals (the model state is the non-trainable part). The tensors
+  // no module read (ones the model uses with ops directly) get a row per prefix, "not read by a module".
+  // Ops between modules (pooling, reshapes) have no row.
   std::string summary() const;
 
  private:
