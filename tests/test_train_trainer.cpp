@@ -14,6 +14,7 @@
 #include <pmap/pmap.h>
 #include <pmapcc/ensemble/trainer.h>
 #include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/backend.h>
 #include <pmapcc/kernels/cpu_backend.h>
 #include <pmapcc/kernels/ops.h>
 #include <pmapcc/optim/optim.h>
@@ -214,6 +215,63 @@ TEST_CASE("trainer on GPUs: an ensemble trains as the runner's Trainer on the sa
   const float diff = pmap::testing::max_abs_diff(stacked(now.params(), now.model().param_names()), old.params());
   MESSAGE("max |parameter difference| from the runner on the GPU after an epoch: " << diff);
   CHECK(diff <= 1e-5f);  // the products' sums may run in another order than the runner's
+}
+
+TEST_CASE("trainer: options.cpu_backend computes with other kernels: the CUDA ones on the host, as a GPU would") {
+  // flax-cnn, 2 members on 2 CPU devices, 2 steps (the host run's GEMM is a plain loop, slow under the
+  // sanitizers), then an evaluation; with the CUDA kernels run on the host.
+  const pe::Dataset train = pmap::testing::synthetic_dataset(128, 12, 1);
+  const pe::Dataset test = pmap::testing::synthetic_dataset(96, 12, 2);
+  const train::Optimizer sgd(pmap::optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f});
+  const train::TrainerOptions on_host{.members = 2, .batch_size = 64, .seed = 5, .eval_batch = 64,
+                                      .cpu_backend = &pmap::kernels::cuda_backend_on_host()};
+  struct Result {
+    train::Variables params;
+    train::Evaluation evaluation;
+  };
+  auto run = [&](pmap::Mesh mesh, train::TrainerOptions options) {
+    train::Trainer t(train::flax_cnn({12, 12, 1}), sgd, std::move(mesh), options);
+    t.run_epoch(train);
+    return Result{t.params(), t.evaluate(test)};
+  };
+  SUBCASE("its steps and evaluation differ from the CPU kernels' by rounding only") {
+    const Result host = run(cpu_mesh(2, "ensemble"), on_host);
+    train::TrainerOptions plain = on_host;
+    plain.cpu_backend = nullptr;
+    const Result cpu = run(cpu_mesh(2, "ensemble"), plain);
+    const auto names = train::flax_cnn({12, 12, 1}).param_names();
+    const float diff = pmap::testing::max_abs_diff(stacked(host.params, names), stacked(cpu.params, names));
+    MESSAGE("max |parameter difference| between the CUDA kernels on the host and the CPU kernels: " << diff);
+    CHECK(diff > 0);  // other kernels ran (cuBLAS's GEMM order is not Eigen's): the check can fail
+    CHECK(diff <= 1e-4f);
+    const double nll = cpu.evaluation.ensemble_calibration.nll;
+    CHECK(host.evaluation.ensemble_calibration.nll == doctest::Approx(nll).epsilon(1e-4));
+  }
+  SUBCASE("the errors: kernels for other memory, and a mesh of other devices") {
+    PMAPCC_REQUIRE_GPU();
+    train::TrainerOptions bad = on_host;
+    bad.cpu_backend = &pmap::kernels::backend_for(pmap::DeviceKind::cuda);
+    CHECK_THROWS_WITH_AS(train::Trainer(train::flax_cnn({12, 12, 1}), sgd, cpu_mesh(2, "ensemble"), bad),
+                         doctest::Contains("train::Trainer: options.cpu_backend is cuda, which does not compute "
+                                           "on host memory"),
+                         pmap::ValueError);
+    auto gpus = [] { return pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cuda, 2), "ensemble"); };
+    CHECK_THROWS_WITH_AS(train::Trainer(train::flax_cnn({12, 12, 1}), sgd, gpus(), on_host),
+                         doctest::Contains("options.cpu_backend computes for CPU devices, and the mesh"),
+                         pmap::ValueError);
+  }
+  // Last: without a GPU it returns.
+  SUBCASE("on the fake GPUs the same kernels give the same bits (the stand-in runs them on the host)") {
+    PMAPCC_REQUIRE_GPU();
+    const Result host = run(cpu_mesh(2, "ensemble"), on_host);
+    train::TrainerOptions plain = on_host;
+    plain.cpu_backend = nullptr;
+    const Result gpu = run(pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cuda, 2), "ensemble"), plain);
+    const auto names = train::flax_cnn({12, 12, 1}).param_names();
+    CHECK(stacked(host.params, names) == stacked(gpu.params, names));
+    CHECK(host.evaluation.member_accuracy == gpu.evaluation.member_accuracy);
+    CHECK(host.evaluation.ensemble_calibration.nll == gpu.evaluation.ensemble_calibration.nll);
+  }
 }
 
 namespace {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -14,6 +15,7 @@
 #include <pmap/pmap.h>
 #include <pmapcc/core/batching.h>
 #include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/backend.h>
 #include <pmapcc/kernels/ops.h>
 
 namespace pmap::train {
@@ -31,6 +33,13 @@ std::string axis_of(const Mesh& mesh) {
     throw ValueError("train::Trainer: the mesh " + mesh.str() +
                      " has several axes; the Trainer runs an ensemble or data parallel over one");
   return mesh.axes()[0].name;
+}
+
+// While it lives, options.cpu_backend computes the calling thread's ops (nothing without one). Every pmap
+// body of the Trainer that computes opens one: the scope is the thread's.
+std::optional<ops::detail::ScopedBackend> backend_scope(const kernels::Backend* backend) {
+  if (backend == nullptr) return std::nullopt;
+  return std::optional<ops::detail::ScopedBackend>(std::in_place, *backend);
 }
 
 // The per-member values [first, first + count) of a hyper-parameter list (empty stays empty).
@@ -89,6 +98,15 @@ Trainer::Trainer(Model model, Optimizer optimizer, Mesh mesh, TrainerOptions opt
   if (o.report_every < 0)
     throw ValueError(option("report_every") + " is " + std::to_string(o.report_every) + "; 0 (automatic) or more");
   check_hyperparams(o.hyperparams, static_cast<std::size_t>(o.members), option("hyperparams."));
+  if (o.cpu_backend != nullptr) {
+    if (o.cpu_backend->kind() != DeviceKind::cpu)
+      throw ValueError(option("cpu_backend") + " is " + o.cpu_backend->name() +
+                       ", which does not compute on host memory; it must compute for CPU devices");
+    for (const Device& d : mesh_.devices())
+      if (d.kind != DeviceKind::cpu)
+        throw ValueError(option("cpu_backend") + " computes for CPU devices, and the mesh " + mesh_.str() +
+                         " holds " + d.str());
+  }
   if (options_.report_every == 0)
     options_.report_every = mesh_.local_devices()[0].kind == DeviceKind::cpu ? 1 : 16;
   per_device_ = o.data_parallel ? 1 : o.members / devices;
@@ -98,6 +116,7 @@ Trainer::Trainer(Model model, Optimizer optimizer, Mesh mesh, TrainerOptions opt
   const auto keys = split(root[0], static_cast<std::uint32_t>(o.members));
   const std::string axis = step_.options().axis;
   states_ = pmap::pmap([&](int) {
+    const auto scope = backend_scope(o.cpu_backend);
     const auto first = o.data_parallel ? std::size_t{0} : static_cast<std::size_t>(axis_index(axis) * per_device_);
     const auto n = static_cast<std::size_t>(per_device_);
     const MemberHyperparams& h = o.hyperparams;
@@ -154,7 +173,10 @@ EpochReport Trainer::run_epoch(const Dataset& data, const StepCallback& on_step)
     feed.push();
   };
   const std::string axis = step_.options().axis;
-  auto run = pmap::pmap([this](TrainState& s, const Batch& b) { return step_(s, b.images, b.labels); }, mesh_, axis);
+  auto run = pmap::pmap([this](TrainState& s, const Batch& b) {
+    const auto scope = backend_scope(options_.cpu_backend);
+    return step_(s, b.images, b.labels);
+  }, mesh_, axis);
   // The pending steps' metrics, gathered over the axis at a report point: (devices, members) per step. The
   // steps are summed in one order (step, device, member) whichever the processes, so every process holds the
   // same bits.
@@ -258,6 +280,7 @@ Evaluation Trainer::evaluate(const Dataset& data, const EvaluateOptions& options
   const int members = options_.members;
   const Device first_local = mesh_.local_devices()[0];
   auto run = pmap::pmap([&](const TrainState& s, const Batch& b, std::int64_t rows) {
+    const auto scope = backend_scope(options_.cpu_backend);
     // The batch's first `rows` rows (the last batch may have fewer), viewed in place.
     const Array x = Array::borrow(const_cast<void*>(b.images.raw_data()), {rows, in[0], in[1], in[2]}, DType::f32,
                                   b.images.device());

@@ -49,6 +49,11 @@ struct TrainerOptions {
   int eval_batch = 128;       // examples an evaluation step (the last one of a dataset may have fewer)
   std::int64_t member_batch = 0;                            // StepOptions::member_batch
   kernels::Precision precision = kernels::Precision::fp32;  // StepOptions::precision
+  // On CPU devices, the kernels that compute the Trainer's ops (null: the CPU kernels); for instance
+  // kernels::cuda_backend_on_host(), the CUDA kernels run on the host, which compute as a GPU does (the
+  // program's --kernels cuda-on-host; much slower). ValueError naming it on a mesh of other devices, or for
+  // kernels that do not compute on host memory.
+  const kernels::Backend* cpu_backend = nullptr;
 };
 
 // One batch on its way to the devices (Feed's tree).
