@@ -32,6 +32,7 @@ namespace {
 
 constexpr const char* kFormat = "pmapcc.ensemble.v2";
 constexpr const char* kFormatV1 = "pmapcc.ensemble.v1";
+constexpr const char* kTrainerFormat = "pmapcc.train.v1";  // train::Trainer's (train/checkpoint.cpp)
 
 std::vector<std::int64_t> stacked_shape(std::int64_t members, const Dims& per_member) {
   std::vector<std::int64_t> s{members};
@@ -192,13 +193,19 @@ void Trainer::save_checkpoint(const std::filesystem::path& path) const {
 
 namespace {
 
-// The file, checked to be a pmapcc checkpoint (its __metadata__ "format").
-SafetensorsFile load_checkpoint_file(const std::filesystem::path& path) {
+// The file, checked to be a pmapcc checkpoint (its __metadata__ "format"): the runner's, or (with
+// `trainer_files`) train::Trainer's, whose members the runner reads for evaluation.
+SafetensorsFile load_checkpoint_file(const std::filesystem::path& path, bool trainer_files) {
   SafetensorsFile f = load_safetensors(path);
   auto it = f.metadata.find("format");
   if (it == f.metadata.end()) throw DataError(path.string() + ": __metadata__ has no 'format': not a pmapcc checkpoint");
-  if (it->second != kFormat && it->second != kFormatV1)
-    throw DataError(path.string() + ": format '" + it->second + "' is not " + kFormat + " (or " + kFormatV1 + ")");
+  if (it->second == kTrainerFormat && !trainer_files)
+    throw DataError(path.string() + ": written by train::Trainer (format " + kTrainerFormat +
+                    "): resume it with train::Trainer::load; this Trainer reads its members for evaluation only "
+                    "(load_members)");
+  if (it->second != kFormat && it->second != kFormatV1 && it->second != kTrainerFormat)
+    throw DataError(path.string() + ": format '" + it->second + "' is not " + kFormat + " (or " + kFormatV1 + ", or " +
+                    kTrainerFormat + " for evaluation)");
   return f;
 }
 
@@ -214,6 +221,19 @@ std::int64_t metadata_count(const SafetensorsFile& f, const char* key) {
 
 CheckpointSummary summary_of(const SafetensorsFile& f) {
   CheckpointSummary s;
+  if (f.metadata.at("format") == kTrainerFormat) {  // its own "members" and "model"; the caller's "config", if any
+    s.members = static_cast<int>(metadata_count(f, "members"));
+    if (s.members < 1 || s.members > 1'000'000)
+      throw DataError(f.path.string() + ": __metadata__.members is not a member count");
+    s.epochs_done = static_cast<int>(metadata_count(f, "epochs_done"));
+    const auto model = f.metadata.find("model");
+    if (model == f.metadata.end()) throw DataError(f.path.string() + ": __metadata__ has no 'model'");
+    s.config = f.metadata.find("config") != f.metadata.end() ? f.metadata_json("config") : Json::object();
+    if (!s.config.is_object()) throw DataError(f.path.string() + ": __metadata__.config is not a JSON object");
+    s.config["model"] = model->second;
+    s.config["members"] = s.members;
+    return s;
+  }
   s.config = f.metadata_json("config");
   const JsonView members = JsonView(s.config, f.path.string(), "__metadata__.config")["members"];
   if (members.as_int() < 1 || members.as_int() > 1'000'000) members.fail("is not a member count");
@@ -224,10 +244,12 @@ CheckpointSummary summary_of(const SafetensorsFile& f) {
 
 }  // namespace
 
-CheckpointSummary inspect_checkpoint(const std::filesystem::path& path) { return summary_of(load_checkpoint_file(path)); }
+CheckpointSummary inspect_checkpoint(const std::filesystem::path& path) {
+  return summary_of(load_checkpoint_file(path, true));
+}
 
 void Trainer::load_members(const std::filesystem::path& path, const std::vector<int>& subset) {
-  const SafetensorsFile f = load_checkpoint_file(path);
+  const SafetensorsFile f = load_checkpoint_file(path, true);
   const CheckpointSummary s = summary_of(f);
   if (s.config.contains("architecture"))  // before it was recorded: the flax CNN, whose tensors are checked below
     check_architecture(f, JsonView(s.config, path.string(), "__metadata__.config")["architecture"],
@@ -264,7 +286,7 @@ void Trainer::load_members(const std::filesystem::path& path, const std::vector<
 }
 
 void Trainer::load_checkpoint(const std::filesystem::path& path) {
-  const SafetensorsFile f = load_checkpoint_file(path);
+  const SafetensorsFile f = load_checkpoint_file(path, false);
   check_same(f, f.metadata_json("config"), config_.to_json());
   auto integer = [&](const char* key) { return metadata_count(f, key); };
   const std::int64_t step = integer("step"), epochs = integer("epochs_done");

@@ -394,6 +394,50 @@ TEST_CASE("trainer checkpoints: read_members picks members out of a file, evalua
                        doctest::Contains("'params/Dense_1/bias' holds a NaN or an infinity"), pmap::DataError);
 }
 
+TEST_CASE("trainer checkpoints: the runner evaluates a Trainer file's members, and refuses to resume it") {
+  const auto path = temp_path("for_runner.safetensors");
+  train::Trainer t(train::flax_cnn({12, 12, 1}), sgd(), mesh(pmap::DeviceKind::cpu, 2),
+                   {.members = 4, .batch_size = 64, .seed = 6});
+  t.run_epoch(data().train);
+  t.save(path);
+  const train::Evaluation whole = t.evaluate(data().test);
+  const pe::CheckpointSummary s = pe::inspect_checkpoint(path);
+  CHECK(s.members == 4);
+  CHECK(s.epochs_done == 1);
+  CHECK(s.config.size() == 2);
+  CHECK(s.config.at("members") == 4);
+  CHECK(s.config.at("model") == "flax-cnn");
+  // Members 3 and 1 as the runner's two members: their accuracies and NLLs are the run's.
+  pe::Trainer old(pmap::testing::small_config(2, 2), data().train, data().test);
+  old.load_members(path, {3, 1});
+  pe::EpochMetrics m;
+  old.evaluate(m);
+  CHECK(m.member_test_accuracy == std::vector<double>{whole.member_accuracy[3], whole.member_accuracy[1]});
+  CHECK(m.member_calibration[0].nll == doctest::Approx(whole.member_calibration[3].nll).epsilon(1e-9));
+  CHECK(m.member_calibration[1].nll == doctest::Approx(whole.member_calibration[1].nll).epsilon(1e-9));
+  CHECK_THROWS_WITH_AS(old.load_checkpoint(path),
+                       doctest::Contains("written by train::Trainer (format pmapcc.train.v1): resume it with "
+                                         "train::Trainer::load"),
+                       pmap::DataError);
+  // A caller's configuration in the metadata is kept; the model and the members are the file's own.
+  const auto with_config = temp_path("for_runner_config.safetensors");
+  t.save(with_config, {{"config", R"({"batch_size": 32, "members": 9})"}});
+  const pe::CheckpointSummary c = pe::inspect_checkpoint(with_config);
+  CHECK(c.config.size() == 3);
+  CHECK(c.config.at("batch_size") == 32);
+  CHECK(c.config.at("members") == 4);
+  CHECK(c.config.at("model") == "flax-cnn");
+  t.save(with_config, {{"config", "[1, 2]"}});
+  CHECK_THROWS_WITH_AS(pe::inspect_checkpoint(with_config),
+                       doctest::Contains("for_runner_config.safetensors: __metadata__.config is not a JSON object"),
+                       pmap::DataError);
+  rewrite(path, with_config, [](auto&, auto& metadata) { metadata["format"] = "pmapcc.other"; });
+  CHECK_THROWS_WITH_AS(pe::inspect_checkpoint(with_config),
+                       doctest::Contains("format 'pmapcc.other' is not pmapcc.ensemble.v2 (or pmapcc.ensemble.v1, or "
+                                         "pmapcc.train.v1 for evaluation)"),
+                       pmap::DataError);
+}
+
 TEST_CASE("trainer checkpoints on GPUs: written on fake GPUs, continued on CPU devices as on the GPUs") {
   PMAPCC_REQUIRE_GPU();
   const auto path = temp_path("gpu.safetensors");
