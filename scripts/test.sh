@@ -156,12 +156,12 @@ else
     "program recipe: SGD with Nesterov"          # 80 s under ASan (runner comparisons); the resume case stays
     "program recipe: weight decay"               # 56 s under ASan
     # Bit-for-bit comparisons, many epochs of steps that shorter cases run under ASan too (ASan seconds,
-    # 2026-12-06): 413 s of test time, 7 minutes of the 65-minute CI's target.
+    # 2026-12-06): 413 s of test time, about 3.5 minutes of the stage's wall time at -j2.
     "early stopping callback: each member"       # 101 s; "... BatchNorm's moving statistics" stays
     "early stopping: each member stops"          # 81 s (the runner's)
     "trainer checkpoints: the runner's files"    # 72 s; read_members reads a runner file under ASan
     "train step: the state keeps its shapes"     # 56 s
-    "the member group changes no result"         # 53 s; "members run in any vmap batch" above, default
+    "the member group changes no result"         # 53 s
     "trainer: an ensemble's epochs"              # 50 s (against the runner)
     "per-member values on GPUs"                  # fake GPUs only: about 20x its 25 s in the stand-in build;
                                                  # run by the cuda-standin build and on a GPU (gpu_checks.sh)
