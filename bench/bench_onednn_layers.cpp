@@ -15,11 +15,8 @@
 // n/a with each library's reason; the end lists the implementations oneDNN chose (DNNL_VERBOSE's names).
 // Built only where CMake finds oneDNN (find_package(dnnl)); scripts/setup.sh --bench installs it.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
-#include <random>
 #include <memory>
 #include <string>
 #include <thread>
@@ -38,7 +35,6 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 namespace kernels = pmap::kernels;
 using tag = dnnl::memory::format_tag;
 using dt = dnnl::memory::data_type;
@@ -93,25 +89,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-double median_seconds(int reps, const std::function<void()>& fn) {
-  fn();
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = Clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-std::vector<float> randoms(std::mt19937& rng, std::size_t n) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
-}
-
 int out_size(const Layer& l) {
   return l.same ? (l.size + l.stride - 1) / l.stride : (l.size - l.kernel) / l.stride + 1;
 }
@@ -127,7 +104,7 @@ struct Times {
 };
 
 // pmapcc's kernels on the layer (fp32 or bf16 products).
-Times time_pmapcc(const Layer& l, const Options& o, kernels::Precision precision, std::mt19937& rng) {
+Times time_pmapcc(const Layer& l, const Options& o, kernels::Precision precision, bench::Normals& randoms) {
   const kernels::Backend& be = kernels::cpu_backend();
   Times t;
   if (l.conv) {
@@ -137,30 +114,30 @@ Times time_pmapcc(const Layer& l, const Options& o, kernels::Precision precision
     p.padding = l.same ? kernels::Padding::same : kernels::Padding::valid;
     p.relu = l.relu, p.precision = precision;
     const int os = out_size(l);
-    const auto x = randoms(rng, std::size_t(o.batch) * l.size * l.size * l.cin);
-    const auto w = randoms(rng, std::size_t(l.kernel) * l.kernel * l.cin * l.cout);
-    const auto b = randoms(rng, std::size_t(l.cout));
-    const auto dy = randoms(rng, std::size_t(o.batch) * os * os * l.cout);
+    const auto x = randoms(std::size_t(o.batch) * l.size * l.size * l.cin);
+    const auto w = randoms(std::size_t(l.kernel) * l.kernel * l.cin * l.cout);
+    const auto b = randoms(std::size_t(l.cout));
+    const auto dy = randoms(std::size_t(o.batch) * os * os * l.cout);
     std::vector<float> y(dy.size()), dx(x.size()), dw(w.size()), db(b.size());
     std::vector<unsigned char> ws(be.conv().conv2d_workspace_bytes(p));
     float* dx_or_none = l.first ? nullptr : dx.data();
-    t.forward = median_seconds(o.reps, [&] {
+    t.forward = bench::median_seconds(o.reps, [&] {
       be.conv().conv2d_forward(p, x.data(), w.data(), b.data(), y.data(), ws.data());
     });
-    t.backward = median_seconds(o.reps, [&] {
+    t.backward = bench::median_seconds(o.reps, [&] {
       be.conv().conv2d_backward(p, x.data(), w.data(), dy.data(), dx_or_none, dw.data(), db.data(), ws.data());
     });
   } else {
     kernels::DenseParams p;
     p.batch = o.batch, p.in_features = l.cin, p.out_features = l.cout, p.relu = l.relu, p.precision = precision;
-    const auto x = randoms(rng, std::size_t(o.batch) * l.cin), w = randoms(rng, std::size_t(l.cin) * l.cout);
-    const auto b = randoms(rng, std::size_t(l.cout)), dy = randoms(rng, std::size_t(o.batch) * l.cout);
+    const auto x = randoms(std::size_t(o.batch) * l.cin), w = randoms(std::size_t(l.cin) * l.cout);
+    const auto b = randoms(std::size_t(l.cout)), dy = randoms(std::size_t(o.batch) * l.cout);
     std::vector<float> y(dy.size()), dx(x.size()), dw(w.size()), db(b.size());
     std::vector<unsigned char> ws(be.dense().dense_workspace_bytes(p));
-    t.forward = median_seconds(o.reps, [&] {
+    t.forward = bench::median_seconds(o.reps, [&] {
       be.dense().dense_forward(p, x.data(), w.data(), b.data(), y.data(), ws.data());
     });
-    t.backward = median_seconds(o.reps, [&] {
+    t.backward = bench::median_seconds(o.reps, [&] {
       be.dense().dense_backward(p, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), ws.data());
     });
   }
@@ -196,9 +173,26 @@ std::string implementations(const std::string& forward, const std::string& weigh
   return "fwd " + forward + ", bwd-w " + weights + (data.empty() ? "" : ", bwd-d " + data);
 }
 
+// oneDNN's forward `fpd` timed: its source, weights and bias from plain data (NHWC or NC, HWIO or IO), as
+// pmapcc's read them.
+template <class Forward>
+double time_forward(OneDnn& d, const typename Forward::primitive_desc& fpd, int reps, const dnnl::memory::dims& src_d,
+                    tag src_tag, const std::vector<float>& x, const dnnl::memory::dims& wei_d, tag wei_tag,
+                    const std::vector<float>& w, const std::vector<float>& b) {
+  dnnl::memory src = prepared(d.eng, d.s, fpd.src_desc(), src_d, src_tag, x);
+  dnnl::memory wei = prepared(d.eng, d.s, fpd.weights_desc(), wei_d, wei_tag, w);
+  dnnl::memory bias({{static_cast<dnnl::memory::dim>(b.size())}, dt::f32, tag::a}, d.eng, const_cast<float*>(b.data()));
+  dnnl::memory dst(fpd.dst_desc(), d.eng);
+  const Forward fwd(fpd);
+  return bench::median_seconds(reps, [&] {
+    fwd.execute(d.s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_BIAS, bias}, {DNNL_ARG_DST, dst}});
+    d.s.wait();
+  });
+}
+
 // oneDNN on a convolution: forward (bias, fused ReLU), backward-weights (bias) + backward-data (not for a
 // first layer). bf16: bf16 operands (sources, weights, output gradients), f32 results.
-Times time_onednn_conv(const Layer& l, const Options& o, bool bf16, std::mt19937& rng, std::string& impl) {
+Times time_onednn_conv(const Layer& l, const Options& o, bool bf16, bench::Normals& randoms, std::string& impl) {
   OneDnn d(l, bf16);
   const dnnl::memory::dim n = o.batch;
   const int os = out_size(l);
@@ -211,20 +205,12 @@ Times time_onednn_conv(const Layer& l, const Options& o, bool bf16, std::mt19937
   const auto direct = dnnl::algorithm::convolution_direct;
   const dnnl::convolution_forward::primitive_desc fpd(
       {dnnl::prop_kind::forward_training, direct, src_any, wei_any, bias_md, dst_f32, strides, lo, hi}, d.attr, d.eng);
-  const auto x = randoms(rng, std::size_t(n) * l.size * l.size * l.cin);
-  const auto w = randoms(rng, std::size_t(l.kernel) * l.kernel * l.cin * l.cout);
-  const auto b = randoms(rng, std::size_t(l.cout));
-  const auto dy = randoms(rng, std::size_t(n) * os * os * l.cout);
-  dnnl::memory src = prepared(d.eng, d.s, fpd.src_desc(), src_d, tag::nhwc, x);
-  dnnl::memory wei = prepared(d.eng, d.s, fpd.weights_desc(), wei_d, tag::hwio, w);
-  dnnl::memory bias({bias_d, dt::f32, tag::a}, d.eng, const_cast<float*>(b.data()));
-  dnnl::memory dst(fpd.dst_desc(), d.eng);
-  const dnnl::convolution_forward fwd(fpd);
+  const auto x = randoms(std::size_t(n) * l.size * l.size * l.cin);
+  const auto w = randoms(std::size_t(l.kernel) * l.kernel * l.cin * l.cout);
+  const auto b = randoms(std::size_t(l.cout));
+  const auto dy = randoms(std::size_t(n) * os * os * l.cout);
   Times t;
-  t.forward = median_seconds(o.reps, [&] {
-    fwd.execute(d.s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_BIAS, bias}, {DNNL_ARG_DST, dst}});
-    d.s.wait();
-  });
+  t.forward = time_forward<dnnl::convolution_forward>(d, fpd, o.reps, src_d, tag::nhwc, x, wei_d, tag::hwio, w, b);
   const dnnl::convolution_backward_weights::primitive_desc wpd(
       {direct, src_any, dwei_f32, bias_md, ddst_any, strides, lo, hi}, d.eng, fpd);
   dnnl::memory src_w = prepared(d.eng, d.s, wpd.src_desc(), src_d, tag::nhwc, x);
@@ -243,7 +229,7 @@ Times time_onednn_conv(const Layer& l, const Options& o, bool bf16, std::mt19937
     bwd = std::make_unique<dnnl::convolution_backward_data>(dpd);
     data_impl = dpd.impl_info_str();
   }
-  t.backward = median_seconds(o.reps, [&] {
+  t.backward = bench::median_seconds(o.reps, [&] {
     bww.execute(d.s, {{DNNL_ARG_SRC, src_w}, {DNNL_ARG_DIFF_DST, ddst_w}, {DNNL_ARG_DIFF_WEIGHTS, dwei},
                       {DNNL_ARG_DIFF_BIAS, dbias}});
     if (bwd) bwd->execute(d.s, data_args);
@@ -254,7 +240,7 @@ Times time_onednn_conv(const Layer& l, const Options& o, bool bf16, std::mt19937
 }
 
 // oneDNN on a dense layer (an inner product), as time_onednn_conv.
-Times time_onednn_dense(const Layer& l, const Options& o, bool bf16, std::mt19937& rng, std::string& impl) {
+Times time_onednn_dense(const Layer& l, const Options& o, bool bf16, bench::Normals& randoms, std::string& impl) {
   OneDnn d(l, bf16);
   const dnnl::memory::dim n = o.batch;
   const dnnl::memory::dims src_d{n, l.cin}, wei_d{l.cout, l.cin}, bias_d{l.cout}, dst_d{n, l.cout};
@@ -263,18 +249,10 @@ Times time_onednn_dense(const Layer& l, const Options& o, bool bf16, std::mt1993
       dsrc_f32(src_d, dt::f32, tag::any), dwei_f32(wei_d, dt::f32, tag::any);
   const dnnl::inner_product_forward::primitive_desc fpd(
       {dnnl::prop_kind::forward_training, src_any, wei_any, bias_md, dst_f32}, d.attr, d.eng);
-  const auto x = randoms(rng, std::size_t(n) * l.cin), w = randoms(rng, std::size_t(l.cin) * l.cout);
-  const auto b = randoms(rng, std::size_t(l.cout)), dy = randoms(rng, std::size_t(n) * l.cout);
-  dnnl::memory src = prepared(d.eng, d.s, fpd.src_desc(), src_d, tag::nc, x);
-  dnnl::memory wei = prepared(d.eng, d.s, fpd.weights_desc(), wei_d, tag::io, w);
-  dnnl::memory bias({bias_d, dt::f32, tag::a}, d.eng, const_cast<float*>(b.data()));
-  dnnl::memory dst(fpd.dst_desc(), d.eng);
-  const dnnl::inner_product_forward fwd(fpd);
+  const auto x = randoms(std::size_t(n) * l.cin), w = randoms(std::size_t(l.cin) * l.cout);
+  const auto b = randoms(std::size_t(l.cout)), dy = randoms(std::size_t(n) * l.cout);
   Times t;
-  t.forward = median_seconds(o.reps, [&] {
-    fwd.execute(d.s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_BIAS, bias}, {DNNL_ARG_DST, dst}});
-    d.s.wait();
-  });
+  t.forward = time_forward<dnnl::inner_product_forward>(d, fpd, o.reps, src_d, tag::nc, x, wei_d, tag::io, w, b);
   const dnnl::inner_product_backward_weights::primitive_desc wpd({src_any, dwei_f32, bias_md, ddst_any}, d.eng, fpd);
   const dnnl::inner_product_backward_data::primitive_desc dpd({dsrc_f32, wei_any, ddst_any}, d.eng, fpd);
   dnnl::memory src_w = prepared(d.eng, d.s, wpd.src_desc(), src_d, tag::nc, x);
@@ -285,7 +263,7 @@ Times time_onednn_dense(const Layer& l, const Options& o, bool bf16, std::mt1993
   dnnl::memory dsrc(dpd.diff_src_desc(), d.eng);
   const dnnl::inner_product_backward_weights bww(wpd);
   const dnnl::inner_product_backward_data bwd(dpd);
-  t.backward = median_seconds(o.reps, [&] {
+  t.backward = bench::median_seconds(o.reps, [&] {
     bww.execute(d.s, {{DNNL_ARG_SRC, src_w}, {DNNL_ARG_DIFF_DST, ddst_w}, {DNNL_ARG_DIFF_WEIGHTS, dwei},
                       {DNNL_ARG_DIFF_BIAS, dbias}});
     bwd.execute(d.s, {{DNNL_ARG_DIFF_DST, ddst_d}, {DNNL_ARG_WEIGHTS, wei_d2}, {DNNL_ARG_DIFF_SRC, dsrc}});
@@ -329,7 +307,7 @@ int main(int argc, char** argv) {
   std::printf("%-28s %-5s %11s %11s %8s %11s %11s %8s\n", "layer", "prec", "pmapcc fwd", "oneDNN fwd", "ratio",
               "pmapcc bwd", "oneDNN bwd", "ratio");
   std::printf("%-28s %-5s %11s %11s %8s %11s %11s %8s\n", "", "", "ms", "ms", "oD/pm", "ms", "ms", "oD/pm");
-  std::mt19937 rng(1);
+  bench::Normals randoms(1);
   std::vector<std::string> why;    // what a library said where it printed n/a
   std::vector<std::string> impls;  // oneDNN's implementations, per row
   for (const bool bf16 : {false, true}) {
@@ -339,14 +317,14 @@ int main(int argc, char** argv) {
       Times p, d;
       std::string pm_note, od_note;
       try {
-        p = time_pmapcc(l, o, bf16 ? kernels::Precision::bf16 : kernels::Precision::fp32, rng);
+        p = time_pmapcc(l, o, bf16 ? kernels::Precision::bf16 : kernels::Precision::fp32, randoms);
       } catch (const pmap::Error& e) {  // bf16 on a CPU without AVX-512: refused
         pm_note = "n/a";
         add_reason(why, std::string("pmapcc: ") + e.what());
       }
       std::string impl;
       try {
-        d = l.conv ? time_onednn_conv(l, o, bf16, rng, impl) : time_onednn_dense(l, o, bf16, rng, impl);
+        d = l.conv ? time_onednn_conv(l, o, bf16, randoms, impl) : time_onednn_dense(l, o, bf16, randoms, impl);
       } catch (const dnnl::error& e) {  // no implementation for this CPU and data type
         od_note = "n/a";
         add_reason(why, std::string("oneDNN: ") + e.what());

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -33,6 +34,8 @@
 #include <pmapcc/ensemble/trainer.h>
 #include <pmapcc/io/json.h>
 #include <pmapcc/kernels/cpu_backend.h>
+
+#include "machine.h"
 
 using namespace pmap;
 using namespace pmap::ensemble;
@@ -364,25 +367,8 @@ Json run_layers(const Args& a) {
   if (reps < 1) throw ValueError("--reps must be >= 1, got " + std::to_string(reps));
   const kernels::Precision precision = kernels::parse_precision(a.get("precision", "fp32").c_str(), "--precision");
   const kernels::Backend& be = kernels::cpu_backend();
-  std::mt19937 rng(1);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  const auto randoms = [&](std::size_t n) {
-    std::vector<float> v(n);
-    for (float& x : v) x = normal(rng);
-    return v;
-  };
-  // Median seconds of reps calls of fn after one warm-up call.
-  const auto median_seconds = [&](const auto& fn) {
-    fn();
-    std::vector<double> t;
-    for (int r = 0; r < reps; ++r) {
-      const auto t0 = Clock::now();
-      fn();
-      t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-  };
+  bench::Normals randoms(1);
+  const auto median_seconds = [&](const std::function<void()>& fn) { return bench::median_seconds(reps, fn); };
   // FLOPs and which layers compute dX: the model's own count (count_flops, as the training rows use), in
   // the order of the shapes below.
   const std::vector<LayerFlops> counted = count_flops(*flax_mnist_cnn());

@@ -1,10 +1,14 @@
-// What every benchmark prints first (the machine, its load, the command that ran), and the device-count
-// list flag they share.
+// What every benchmark prints first (the machine, its load, the command that ran), the device-count list
+// flag they share, and the layer benchmarks' timing and random inputs.
 #pragma once
 
 #include <cstdio>
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -53,5 +57,33 @@ inline std::vector<int> parse_device_list(const char* program, const char* text)
   }
   return out;
 }
+
+// The median seconds of `reps` calls of fn, after one warm-up call.
+inline double median_seconds(int reps, const std::function<void()>& fn) {
+  fn();
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Normal(0, 1) floats from one seeded stream: normals(n) gives the next n.
+class Normals {
+ public:
+  explicit Normals(unsigned seed) : rng_(seed) {}
+  std::vector<float> operator()(std::size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = normal_(rng_);
+    return v;
+  }
+
+ private:
+  std::mt19937 rng_;
+  std::normal_distribution<float> normal_{0.0f, 1.0f};
+};
 
 }  // namespace bench
