@@ -10,6 +10,7 @@
 #include <pmap/error.h>
 
 #include <pmapcc/ensemble/member_layout.h>
+#include <pmapcc/ensemble/run_checks.h>
 #include <pmapcc/ensemble/trainer.h>
 #include <pmapcc/io/metrics.h>
 #include <pmapcc/io/safetensors.h>
@@ -48,76 +49,6 @@ std::string shape_text(const std::vector<std::int64_t>& s) {
 
 // Where an optimizer slot's tensors are named: "opt/<slot>/<tensor>"; version 1 (SGD only) "<slot>/<tensor>".
 std::string slot_prefix(const std::string& slot, bool v1) { return (v1 ? "" : "opt/") + slot + "/"; }
-
-// A float recorded in a configuration, or a per-member list of them.
-bool same_floats(const Json& a, const Json& b) {
-  if (a.is_number() && b.is_number()) return static_cast<float>(a.get<double>()) == static_cast<float>(b.get<double>());
-  if (!a.is_array() || !b.is_array() || a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (!same_floats(a[i], b[i])) return false;
-  return true;
-}
-
-// Two recorded values of a field agree. Floats are compared as such (checkpoints before the configuration
-// was recorded as given hold the float's exact double, 0.10000000149011612).
-bool same_setting(std::string_view field, const Json& a, const Json& b) {
-  for (const char* f : {"lr", "momentum", "weight_decay", "clip_norm", "epsilon"})
-    if (field == f) return same_floats(a, b);
-  return a == b;
-}
-
-// What a checkpoint written before a field was recorded ran with: MNIST and the Flax CNN (the only data and
-// model there were), and before optimizers were parts, SGD with momentum, constant rate, no decay or
-// clipping.
-const Json* legacy_value(std::string_view field) {
-  static const Json values{{"dataset", "mnist"},     {"optimizer", "sgd"},    {"nesterov", false},
-                           {"model", "flax-cnn"},
-                           {"weight_decay", 0.0},    {"clip_norm", 0.0},      {"lr_schedule", "constant"},
-                           {"warmup_steps", 0},      {"dropout", nullptr},    {"validation_split", 0.0},
-                           {"early_stopping_patience", 0}};
-  const std::string key(field);
-  return values.contains(key) ? &values[key] : nullptr;
-}
-
-// The checkpoint's model computes what this run's does: the same input shape and layers, named as here.
-void check_architecture(const SafetensorsFile& f, const JsonView& saved, const Json& now) {
-  const std::size_t n = std::max(saved.size(), now.size());
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::string mine = i < now.size() ? now[i].get<std::string>() : "nothing";
-    const std::string theirs = i < saved.size() ? saved[i].as_string() : "nothing";
-    if (mine == theirs) continue;
-    const std::string what = i == 0 ? "input " : "layer " + std::to_string(i - 1) + " ";
-    throw DataError(f.path.string() + ": the checkpoint's model has " + what + theirs + " where this run's has " +
-                    mine + " (resume with the same model)");
-  }
-}
-
-// The fields a resumed run must share with the run that wrote the checkpoint to continue exactly: the
-// recipe, and every optimizer field this run records.
-void check_same(const SafetensorsFile& f, const Json& saved, const Json& now) {
-  const JsonView s(saved, f.path.string(), "__metadata__.config");
-  std::vector<std::string> fields{"model", "mode", "members", "seed", "batch_size", "train_limit", "dataset", "optimizer"};
-  if (saved.contains("architecture")) fields.emplace_back("architecture");  // before it was recorded: the flax CNN
-  for (const char* o : {"lr", "momentum", "nesterov", "beta_1", "beta_2", "epsilon", "weight_decay", "clip_norm",
-                        "lr_schedule", "warmup_steps", "decay_steps", "dropout", "validation_split",
-                        "early_stopping_patience"})
-    if (now.contains(o)) fields.emplace_back(o);
-  for (const std::string& field : fields) {
-    if (field == "architecture") {
-      check_architecture(f, s["architecture"], now.at("architecture"));
-      continue;
-    }
-    const Json* a = saved.contains(field) ? &saved[field] : legacy_value(field);
-    const Json& b = now.at(field);
-    if (a == nullptr) s.fail(std::string("missing field '") + field + "'");
-    if (!same_setting(field, *a, b))
-      throw DataError(f.path.string() + ": the checkpoint was written with " + field + " = " + dump_json(*a) +
-                      ", this run has " + dump_json(b) +
-                      (field == "decay_steps" ? " (a cosine schedule decays over the run's steps after warmup: resume "
-                                                "with the same --epochs and --warmup-steps)"
-                                              : " (resume with the same setting)"));
-  }
-}
 
 std::vector<float> read_stacked(const SafetensorsFile& f, const std::string& prefix, const TensorLayout& layout,
                                 std::int64_t members) {
@@ -230,6 +161,11 @@ CheckpointSummary summary_of(const SafetensorsFile& f) {
     if (model == f.metadata.end()) throw DataError(f.path.string() + ": __metadata__ has no 'model'");
     s.config = f.metadata.find("config") != f.metadata.end() ? f.metadata_json("config") : Json::object();
     if (!s.config.is_object()) throw DataError(f.path.string() + ": __metadata__.config is not a JSON object");
+    // A caller's record of the model and members must be the file's own (a file edited in one place).
+    for (const auto& [key, value] : {std::pair<std::string, Json>{"model", model->second}, {"members", s.members}})
+      if (s.config.contains(key) && s.config[key] != value)
+        throw DataError(f.path.string() + ": __metadata__.config records " + key + " " + dump_json(s.config[key]) +
+                        ", the file's __metadata__." + key + " is " + dump_json(value) + ": the file was altered");
     s.config["model"] = model->second;
     s.config["members"] = s.members;
     return s;
@@ -252,19 +188,11 @@ void Trainer::load_members(const std::filesystem::path& path, const std::vector<
   const SafetensorsFile f = load_checkpoint_file(path, true);
   const CheckpointSummary s = summary_of(f);
   if (s.config.contains("architecture"))  // before it was recorded: the flax CNN, whose tensors are checked below
-    check_architecture(f, JsonView(s.config, path.string(), "__metadata__.config")["architecture"],
-                       config_.to_json().at("architecture"));
+    check_architecture(path, s.config.at("architecture"), config_.to_json().at("architecture"));
+  check_member_subset(subset, s.members, path);
   std::vector<int> pick = subset;
   if (pick.empty())
     for (int m = 0; m < s.members; ++m) pick.push_back(m);
-  for (std::size_t i = 0; i < pick.size(); ++i) {
-    if (pick[i] < 0 || pick[i] >= s.members)
-      throw ValueError("--members-subset: member " + std::to_string(pick[i]) + " is not among the checkpoint's " +
-                       std::to_string(s.members) + " members (0.." + std::to_string(s.members - 1) + ") in " +
-                       path.string());
-    if (std::find(pick.begin(), pick.begin() + static_cast<std::ptrdiff_t>(i), pick[i]) != pick.begin() + static_cast<std::ptrdiff_t>(i))
-      throw ValueError("--members-subset: member " + std::to_string(pick[i]) + " is named twice");
-  }
   if (static_cast<int>(pick.size()) != total_members())
     throw ValueError("evaluating " + std::to_string(pick.size()) + " member(s) of " + path.string() + " needs a trainer of " +
                      std::to_string(pick.size()) + " members, this one has " + std::to_string(total_members()));
@@ -287,7 +215,7 @@ void Trainer::load_members(const std::filesystem::path& path, const std::vector<
 
 void Trainer::load_checkpoint(const std::filesystem::path& path) {
   const SafetensorsFile f = load_checkpoint_file(path, false);
-  check_same(f, f.metadata_json("config"), config_.to_json());
+  check_resumable(path, f.metadata_json("config"), config_.to_json());
   auto integer = [&](const char* key) { return metadata_count(f, key); };
   const std::int64_t step = integer("step"), epochs = integer("epochs_done");
   if (integer("train_examples") != train_.count)
@@ -302,7 +230,7 @@ void Trainer::load_checkpoint(const std::filesystem::path& path) {
   for (std::size_t i = 0; i < hv.size(); ++i) restored.push_back(epoch_metrics_from_json(hv[i]));
   const auto params = read_stacked(f, "params/", model_->params_layout(), total_members());
   const auto state = read_stacked(f, "state/", model_->state_layout(), total_members());
-  // Version 1: SGD's momentum as "momentum/<tensor>" (check_same has made sure the optimizer is SGD).
+  // Version 1: SGD's momentum as "momentum/<tensor>" (check_resumable has made sure the optimizer is SGD).
   const bool v1 = f.metadata.at("format") == kFormatV1;
   std::map<std::string, std::vector<float>> opt;
   for (const std::string& slot : optimizer_->slots())
@@ -310,7 +238,7 @@ void Trainer::load_checkpoint(const std::filesystem::path& path) {
   std::vector<MemberStopping> stopping(stopping_.size());
   std::vector<float> best_params, best_state;
   std::size_t best_tensors = 0;
-  if (!stopping_.empty()) {  // early stopping's state (check_same has made sure the run has it on too)
+  if (!stopping_.empty()) {  // early stopping's state (check_resumable has made sure the run has it on too)
     if (f.metadata.find("early_stopping") == f.metadata.end())
       throw DataError(path.string() + ": __metadata__ has no 'early_stopping', which a run with "
                       "--early-stopping-patience writes");

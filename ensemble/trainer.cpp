@@ -9,14 +9,11 @@
 #include <span>
 #include <tuple>
 
-#include <unistd.h>
-
-#include <pmap/detail/hash.h>
 #include <pmap/distributed.h>
 #include <pmap/error.h>
 
 #include <pmapcc/ensemble/member_layout.h>
-#include <pmapcc/kernels/bf16_gemm.h>
+#include <pmapcc/ensemble/run_checks.h>
 #include <pmapcc/kernels/cpu_backend.h>
 
 namespace pmap::ensemble {
@@ -30,25 +27,6 @@ constexpr std::uint32_t kValidationStream = 0x76616c69;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-// The mesh's axes: the mode's axis ("ensemble" or "data") by "model" when --mesh was given or weights are
-// split (2-D), else the mode's axis over every device (1-D, as before model parallelism).
-std::vector<AxisSpec> mesh_axes(const TrainConfig& c, int devices) {
-  const std::string first = c.mode == Mode::ensemble ? "ensemble" : "data";
-  const std::string given = c.mesh_text();
-  if (c.mesh_axis > 0 && c.mesh_axis * c.mesh_model != devices)
-    throw ValueError("--mesh " + given + " needs " + std::to_string(c.mesh_axis * c.mesh_model) +
-                     " devices, the run has " + std::to_string(devices) +
-                     " (--devices, per process under mpirun)");
-  if (c.mode == Mode::data_parallel && c.mesh_model > 1)
-    throw ValueError("--mesh " + given + ": --mode data-parallel keeps the whole model on every device (--mesh " +
-                     std::to_string(devices) + "x1); --mode model-parallel splits its weights over 'model'");
-  if (c.mesh_axis > 0 || c.mode == Mode::model_parallel) {
-    const int model = c.mesh_axis > 0 ? c.mesh_model : devices;
-    return {{first, devices / model}, {"model", model}};
-  }
-  return {{first, devices}};
-}
 
 // The model, checked against the data: it takes the images whole and gives one output per class.
 std::unique_ptr<Sequential> checked_model(std::unique_ptr<Sequential> model, const Dataset& data) {
@@ -81,76 +59,6 @@ void copy_member(const TensorLayout& layout, std::int64_t members, int g, const 
     const auto at = static_cast<std::ptrdiff_t>(t.offset * members + g * t.size);
     std::copy_n(from.begin() + at, t.size, to.begin() + at);
   }
-}
-
-// --precision bf16 where the kernels can run it: the CUDA kernels (cuBLAS's bf16 GEMMs, or their host
-// run), or the CPU's avx512 kernels on a CPU with AVX512_BF16.
-void check_precision(const TrainConfig& c) {
-  if (c.precision == kernels::Precision::fp32) return;
-  if (c.backend != DeviceKind::cpu || c.cuda_kernels_on_host) return;
-  const std::string flag = std::string("--precision ") + kernels::name(c.precision);
-  if (!kernels::bf16::supported())
-    throw ValueError(flag + ": this CPU lacks AVX512_BF16 (with AVX512F, BW and VL), which bf16 needs: use fp32");
-  if (kernels::cpu::isa() != "avx512")
-    throw ValueError(flag + ": bf16 runs in the avx512 CPU kernels, and PMAPCC_CPU_ISA selects " + kernels::cpu::isa() +
-                     ": use fp32, or PMAPCC_CPU_ISA=avx512 or auto");
-  kernels::bf16::active_path();  // a bad PMAPCC_BF16_PATH is refused here, before anything runs
-}
-
-Mesh build_mesh(const TrainConfig& c) {
-  if (c.cuda_kernels_on_host && c.backend != DeviceKind::cpu)
-    throw ValueError("cuda_kernels_on_host runs the CUDA kernels on the host, for CPU devices: use --backend cpu");
-  check_precision(c);
-  // Under mpirun/srun (distributed::initialize() called), the mesh spans every process's devices; a --mesh
-  // without --devices spreads its devices evenly over the processes.
-  const int processes = distributed::process_count();
-  int local_n = c.devices > 0 ? c.devices : -1;
-  if (c.devices == 0 && c.mesh_axis > 0) {
-    const int want = c.mesh_axis * c.mesh_model;
-    if (want % processes != 0)
-      throw ValueError("--mesh " + c.mesh_text() + ": its " + std::to_string(want) +
-                       " devices do not split evenly over the " + std::to_string(processes) +
-                       " processes (give --devices per process)");
-    local_n = want / processes;
-  }
-  auto devices = processes > 1 ? distributed::global_devices(c.backend, local_n) : local_devices(c.backend, local_n);
-  MeshOptions options;
-  options.pin_threads = c.pin_threads;
-  auto axes = mesh_axes(c, static_cast<int>(devices.size()));
-  return Mesh(std::move(devices), std::move(axes), options);
-}
-
-// The members' parameters, optimizer state and gradients must fit in this machine's memory (CPU devices; a GPU's
-// own limit shows as a CUDA allocation error naming the size): a clear error instead of std::bad_alloc or
-// the system's out-of-memory killer.
-// `devices`: along the mode's axis; params_per_member: the floats a device holds per member; `copies`: of
-// them per member (parameters, gradients and the optimizer's slots).
-void check_memory(const TrainConfig& c, int devices, std::int64_t params_per_member, int copies) {
-  if (c.backend != DeviceKind::cpu) return;
-  const double per_device = c.mode == Mode::ensemble ? static_cast<double>(c.members) / devices : 1.0;
-  const double local_devices = c.devices > 0 ? c.devices : devices;
-  const double need = copies * 4.0 * static_cast<double>(params_per_member) * per_device * local_devices;
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page <= 0) return;
-  const double have = static_cast<double>(pages) * static_cast<double>(page);
-  if (need <= have) return;
-  throw ValueError(std::to_string(c.members) + " members (--members; one per device by default): their parameters, "
-                   "gradients and optimizer state alone need " +
-                   std::to_string(static_cast<long long>(need / 1e9)) + " GB; this machine has " +
-                   std::to_string(static_cast<long long>(have / 1e9)) + " GB of memory");
-}
-
-std::uint64_t fingerprint(const io::Json& config, const Dataset& train, const Dataset& test) {
-  const std::string text = io::dump_json(config);
-  using pmap::detail::fnv1a;
-  std::uint64_t h = fnv1a(text);
-  for (const Dataset* d : {&train, &test}) {
-    const std::int64_t dims[3] = {d->count, d->rows, d->cols};
-    h = fnv1a({reinterpret_cast<const std::uint8_t*>(dims), sizeof(dims)}, h);
-    h = fnv1a(d->images, h);
-    h = fnv1a(d->labels, h);
-  }
-  return h;
 }
 
 // Clipping with split weights: which of the local model's tensors are blocks, and the mesh axes a psum of
@@ -216,7 +124,7 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<Sequential> model, const Da
   options_.member_dropout = !config_.dropout.empty();
   if (config_.report_every == 0) config_.report_every = config_.backend == DeviceKind::cpu ? 1 : 16;
   make_device_work();
-  if (config_.processes > 1) check_processes_agree();
+  if (config_.processes > 1) check_processes_agree(mesh_, config_.to_json(), train_, test_);
   init_members();
   if (config_.patience > 0) stopping_.assign(static_cast<std::size_t>(total_members()), MemberStopping{});
 }
@@ -279,22 +187,6 @@ void Trainer::make_device_work() {
                                              members_per_device(), total_members());
   // Handles and workspaces the steps use are created now, on the devices' threads: steps allocate nothing.
   pmap::pmap([](DeviceWork* w) { w->backend.prepare(); }, mesh_)(work_ptrs_);
-}
-
-void Trainer::check_processes_agree() const {
-  // Processes started with different flags or data would train different things under one mesh.
-  const std::uint64_t mine = fingerprint(config_.to_json(), train_, test_);
-  const auto all = distributed::process_allgather(mesh_, std::vector<std::vector<std::int64_t>>(
-      static_cast<std::size_t>(mesh_.local_size()), std::vector<std::int64_t>{static_cast<std::int64_t>(mine)}));
-  std::string differ;
-  for (std::size_t d = 0; d < all.size(); ++d)
-    if (static_cast<std::uint64_t>(all[d]) != static_cast<std::uint64_t>(all[0]))
-      differ += (differ.empty() ? "" : ", ") + std::to_string(mesh_.devices()[d].process);
-  if (!differ.empty())
-    throw ValueError("the processes of this run differ in their flags or data (process " + differ +
-                     " against process 0): every process must get the same flags and the same data files; this "
-                     "process has " + io::dump_json(config_.to_json()) + " and " + std::to_string(train_.count) +
-                     " + " + std::to_string(test_.count) + " examples");
 }
 
 Trainer::~Trainer() = default;

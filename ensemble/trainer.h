@@ -149,7 +149,6 @@ class Trainer {
   // The schedule's kernel parameters, a cosine decay over the run's steps after warmup filled in
   // (config_.optimizer.schedule.decay_steps); ValueError when nothing is left to decay over.
   kernels::ScheduleParams schedule_params();
-  void check_processes_agree() const;  // ValueError unless every process has the same config and data
   // The members' variable `name` stacked, and the reverse, at `step` (Placement::stacked, restore).
   std::vector<float> stacked(const std::string& name) const { return placement_->stacked(states_, name); }
   void restore(const std::vector<float>& params, const std::vector<float>& state,

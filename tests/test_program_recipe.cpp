@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <pmap/pmap.h>
+#include <pmapcc/ensemble/run_checks.h>
 #include <pmapcc/ensemble/trainer.h>
 #include <pmapcc/train/trainer.h>
 
@@ -194,6 +195,72 @@ TEST_CASE("program recipe: what the Trainer cannot run is refused, naming the fl
   o.name = "rmsprop";
   CHECK_THROWS_WITH_AS(pe::recipe_optimizer(o, 2, 21), doctest::Contains("--optimizer must be one of"),
                        pmap::ValueError);
+}
+
+TEST_CASE("program recipe: the run's checks: a one-axis mesh for --mesh Ax1, a checkpoint's recipe, memory") {
+  pe::TrainConfig c = pmap::testing::small_config(2, 2, 1);
+  c.mesh_axis = 2;
+  c.mesh_model = 1;
+  const pmap::Mesh grid = pe::build_mesh(c);  // the runner's: (ensemble, model) even with M = 1
+  REQUIRE(grid.axes().size() == 2);
+  CHECK(grid.axes()[1].name == "model");
+  CHECK(grid.axes()[1].size == 1);
+  const pmap::Mesh line = pe::build_mesh(c, pe::MeshAxes::one_axis);
+  REQUIRE(line.axes().size() == 1);
+  CHECK(line.axes()[0].name == "ensemble");
+  CHECK(line.axes()[0].size == 2);
+  c.mode = pe::Mode::data_parallel;
+  CHECK(pe::build_mesh(c, pe::MeshAxes::one_axis).axes()[0].name == "data");
+  c.mesh_axis = 1;
+  c.mesh_model = 2;
+  c.mode = pe::Mode::ensemble;
+  CHECK_THROWS_WITH_AS(pe::build_mesh(c, pe::MeshAxes::one_axis),
+                       "--mesh 1x2 splits weights over 'model', which a one-axis mesh does not", pmap::ValueError);
+  CHECK(pe::build_mesh(c).axes()[1].size == 2);
+  c.mesh_axis = c.mesh_model = 0;
+  c.mode = pe::Mode::model_parallel;
+  CHECK_THROWS_WITH_AS(pe::build_mesh(c, pe::MeshAxes::one_axis), doctest::Contains("--mode model-parallel"),
+                       pmap::ValueError);
+  c.mode = pe::Mode::ensemble;
+  c.mesh_axis = 3;
+  c.mesh_model = 1;
+  CHECK_THROWS_WITH_AS(pe::build_mesh(c, pe::MeshAxes::one_axis), doctest::Contains("--mesh 3x1 needs 3 devices"),
+                       pmap::ValueError);
+
+  // A checkpoint's recorded recipe against this run's: each field named with both values.
+  c = pmap::testing::small_config(2, 2, 1);
+  c.architecture = {"(8, 8, 1)", "Dense(10)"};
+  const pmap::io::Json saved = c.to_json();
+  CHECK_NOTHROW(pe::check_resumable("ckpt.safetensors", saved, c.to_json()));
+  pe::TrainConfig other = c;
+  other.optimizer.learning_rate = {0.05f};
+  CHECK_THROWS_WITH_AS(pe::check_resumable("ckpt.safetensors", saved, other.to_json()),
+                       doctest::Contains("ckpt.safetensors: the checkpoint was written with lr = 0.1, this run "
+                                         "has 0.05"),
+                       pmap::DataError);
+  other = c;
+  other.members = 4;
+  CHECK_THROWS_WITH_AS(pe::check_resumable("ckpt.safetensors", saved, other.to_json()),
+                       doctest::Contains("members = 2, this run has 4"), pmap::DataError);
+  other = c;
+  other.architecture = {"(8, 8, 1)", "Dense(12)"};
+  CHECK_THROWS_WITH_AS(pe::check_resumable("ckpt.safetensors", saved, other.to_json()),
+                       "ckpt.safetensors: the checkpoint's model has layer 0 Dense(10) where this run's has Dense(12) "
+                       "(resume with the same model)", pmap::DataError);
+  // A file from before a field was recorded ran with its old value: SGD, no weight decay.
+  pmap::io::Json old = saved;
+  old.erase("weight_decay");
+  CHECK_NOTHROW(pe::check_resumable("ckpt.safetensors", old, c.to_json()));
+  other = c;
+  other.optimizer.weight_decay = {0.01f};
+  CHECK_THROWS_WITH_AS(pe::check_resumable("ckpt.safetensors", old, other.to_json()),
+                       doctest::Contains("written with weight_decay = 0.0, this run has 0.01"), pmap::DataError);
+
+  // Memory: a million members of the Flax CNN do not fit this machine, and the error names --members.
+  c = pmap::testing::small_config(1, 1'000'000, 1);
+  CHECK_THROWS_WITH_AS(pe::check_memory(c, 1, 824'458, 3), doctest::Contains("1000000 members (--members;"),
+                       pmap::ValueError);
+  CHECK_NOTHROW(pe::check_memory(pmap::testing::small_config(1, 2, 1), 1, 824'458, 3));
 }
 
 }  // namespace PMAPCC_TEST_FILE

@@ -419,14 +419,25 @@ TEST_CASE("trainer checkpoints: the runner evaluates a Trainer file's members, a
                        doctest::Contains("written by train::Trainer (format pmapcc.train.v1): resume it with "
                                          "train::Trainer::load"),
                        pmap::DataError);
-  // A caller's configuration in the metadata is kept; the model and the members are the file's own.
+  // A caller's configuration in the metadata is kept, the model and the members the file's own; a caller's
+  // record of them that differs from the file's is an altered file.
   const auto with_config = temp_path("for_runner_config.safetensors");
-  t.save(with_config, {{"config", R"({"batch_size": 32, "members": 9})"}});
+  t.save(with_config, {{"config", R"({"batch_size": 32, "members": 4})"}});
   const pe::CheckpointSummary c = pe::inspect_checkpoint(with_config);
   CHECK(c.config.size() == 3);
   CHECK(c.config.at("batch_size") == 32);
   CHECK(c.config.at("members") == 4);
   CHECK(c.config.at("model") == "flax-cnn");
+  t.save(with_config, {{"config", R"({"batch_size": 32, "members": 9})"}});
+  CHECK_THROWS_WITH_AS(pe::inspect_checkpoint(with_config),
+                       doctest::Contains("for_runner_config.safetensors: __metadata__.config records members 9, the "
+                                         "file's __metadata__.members is 4: the file was altered"),
+                       pmap::DataError);
+  t.save(with_config, {{"config", R"({"model": "keras-convnet"})"}});
+  CHECK_THROWS_WITH_AS(pe::inspect_checkpoint(with_config),
+                       doctest::Contains("__metadata__.config records model \"keras-convnet\", the file's "
+                                         "__metadata__.model is \"flax-cnn\""),
+                       pmap::DataError);
   t.save(with_config, {{"config", "[1, 2]"}});
   CHECK_THROWS_WITH_AS(pe::inspect_checkpoint(with_config),
                        doctest::Contains("for_runner_config.safetensors: __metadata__.config is not a JSON object"),

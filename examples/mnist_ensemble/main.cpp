@@ -2,23 +2,39 @@
 // parallel over the devices) and reports each member's and the ensemble's test accuracy and calibration,
 // and at the end the ensemble-size curve; or (--evaluate) evaluates a saved ensemble. Under mpirun or srun
 // the mesh spans the processes (--devices per process); only the main process prints and writes.
+// train::Trainer runs the members, made from the flags by recipe.h, with run_parts.h's pieces around it; a run
+// that splits weights over 'model' (--mode model-parallel, --mesh AxM with M > 1) is the runner's
+// (ensemble::Trainer) until model parallelism moves onto the core.
 #include <algorithm>
-#include <cmath>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <limits>
+#include <map>
+#include <memory>
 #include <new>
-#include <thread>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include <pmap/backends.h>
 #include <pmap/distributed.h>
 
 #include "cli.h"
 #include "progress.h"
+#include "recipe.h"
 #include "report.h"
+#include "run_parts.h"
+#include <pmapcc/ensemble/run_checks.h>
 #include <pmapcc/ensemble/trainer.h>
+#include <pmapcc/kernels/backend.h>
 #include <pmapcc/kernels/cpu_backend.h>
+#include <pmapcc/train/data.h>
+#include <pmapcc/train/early_stopping.h>
+#include <pmapcc/train/trainer.h>
 #ifdef PMAPCC_HAVE_ONNX
 #include <pmapcc/ensemble/onnx/export.h>
 #endif
@@ -27,56 +43,72 @@ using namespace pmap::ensemble;
 
 namespace {
 
-// Early stopping's outcome per member, for the metrics JSON: [{"member", "best_epoch", "best_validation_nll",
-// "stopped_epoch" (null: trained every epoch)}]; null when it is off.
-pmap::io::Json early_stopping_json(const Trainer& t) {
-  if (t.early_stopping().empty()) return nullptr;
-  pmap::io::Json list = pmap::io::Json::array();
-  for (std::size_t g = 0; g < t.early_stopping().size(); ++g) {
-    const MemberStopping& s = t.early_stopping()[g];
-    list.push_back({{"member", static_cast<int>(g)},
-                    {"best_epoch", s.best_epoch},
-                    {"best_validation_nll", std::isfinite(s.best_nll) ? pmap::io::Json(s.best_nll) : nullptr},
-                    {"stopped_epoch", s.stopped_epoch > 0 ? pmap::io::Json(s.stopped_epoch) : nullptr}});
-  }
-  return list;
+using Clock = std::chrono::steady_clock;
+
+// What the outputs need of a run, whichever engine trains it: train::Trainer (the members whole on each device)
+// or the runner (ensemble::Trainer: weights split over 'model').
+struct RunView {
+  const TrainConfig* config = nullptr;  // as the run resolved it
+  const pmap::Mesh* mesh = nullptr;
+  int members_per_device = 1;
+  int members = 1;
+  std::int64_t params_per_member = 0;
+  const ShardingPlan* plan = nullptr;   // split weights (the runner's), else nullptr
+  std::int64_t validation_examples = 0;
+  const std::vector<EpochMetrics>* history = nullptr;
+  std::vector<pmap::train::MemberStopping> stopping;  // empty: early stopping is off
+  bool main_process = true;
+};
+
+RunView view_of(const Trainer& t) {
+  RunView v{&t.config(), &t.mesh(), t.members_per_device(), t.total_members(), t.model().params_per_member(), t.plan(),
+            t.validation_data().count, &t.history(), {}, t.is_main_process()};
+  for (const MemberStopping& s : t.early_stopping())
+    v.stopping.push_back({s.best_epoch, s.best_nll, s.wait, s.stopped_epoch});
+  return v;
 }
 
-// Checkpoints gather every member from every process; the metrics are the same on every process, and
-// only the main one writes them. `final_test`: the test set's evaluation at the end of a run whose epochs
-// were evaluated on a validation set (the metrics JSON's "final").
-void write_outputs(const CliOptions& o, const Trainer& t, const EnsembleReport* report,
-                   const EpochMetrics* final_test = nullptr) {
-  if (!o.save.empty()) t.save_checkpoint(o.save);
-  if (!t.is_main_process()) return;
+bool all_stopped(const RunView& v) {
+  return !v.stopping.empty() && std::all_of(v.stopping.begin(), v.stopping.end(),
+                                            [](const pmap::train::MemberStopping& s) { return s.stopped_epoch > 0; });
+}
+
+// The metrics are the same on every process, and only the main one writes them (checkpoints: `save`, which
+// every process calls, gathers every member). `final_test`: the test set's evaluation at the end of a run whose
+// epochs were evaluated on a validation set (the metrics JSON's "final").
+void write_outputs(const CliOptions& o, const RunView& v, const std::function<void()>& save,
+                   const EnsembleReport* report, const EpochMetrics* final_test = nullptr) {
+  if (!o.save.empty()) save();
+  if (!v.main_process) return;
   const std::vector<SizePoint> curve = report == nullptr ? std::vector<SizePoint>{} : report->size_curve;
   pmap::io::Json extra = pmap::io::Json::object();
   if (final_test != nullptr) extra["final"] = pmap::io::epoch_json(*final_test);
-  if (!t.early_stopping().empty()) extra["early_stopping"] = early_stopping_json(t);
-  if (!o.metrics_json.empty()) write_metrics_json(o.metrics_json, t.config().to_json(), t.history(), curve, extra);
-  if (!o.metrics_csv.empty()) write_metrics_csv(o.metrics_csv, t.history());
-  if (!o.plot.empty()) write_plot_svg(o.plot, t.history(), PlotExtras{dataset_title(t.config().dataset), curve});
+  if (!v.stopping.empty()) extra["early_stopping"] = early_stopping_json(v.stopping);
+  const TrainConfig& c = *v.config;
+  if (!o.metrics_json.empty()) write_metrics_json(o.metrics_json, c.to_json(), *v.history, curve, extra);
+  if (!o.metrics_csv.empty()) write_metrics_csv(o.metrics_csv, *v.history);
+  if (!o.plot.empty()) write_plot_svg(o.plot, *v.history, PlotExtras{dataset_title(c.dataset), curve});
   if (!o.predict.empty() && report != nullptr) write_predictions_csv(o.predict, report->predictions);
 }
 
-// --export-onnx: the trainer's members as one ensemble graph, or --export-member's member alone, with the
-// recipe and the test accuracy and NLL of the evaluation `m` in the file's metadata. `members` are the
-// members' own indices (their checkpoint's, with --members-subset; empty: 0, 1, ...). Collective (every
-// process gathers the members); the main process writes.
-void export_onnx(const CliOptions& o, const Trainer& t, const EpochMetrics& m, const std::vector<int>& members) {
+// --export-onnx: the members (`params` and `state` stacked as the runner stacks them, of `model`) as one
+// ensemble graph, or --export-member's member alone, with the recipe and the test accuracy and NLL of the
+// evaluation `m` in the file's metadata. `members` are the members' own indices (their checkpoint's, with
+// --members-subset; empty: 0, 1, ...). The main process writes.
+void export_onnx(const CliOptions& o, const RunView& v, const Sequential& model, const std::vector<float>& params,
+                 const std::vector<float>& state, const EpochMetrics& m, const std::vector<int>& members) {
 #ifdef PMAPCC_HAVE_ONNX
-  const std::vector<float> params = t.params(), state = t.model_state();
-  if (!t.is_main_process()) return;
-  const TrainConfig& c = t.config();
+  if (!v.main_process) return;
+  const TrainConfig& c = *v.config;
   auto index_of = [&](int i) { return members.empty() ? i : members[static_cast<std::size_t>(i)]; };
-  int position = -1;  // --export-member's place among the trainer's members
-  for (int i = 0; i < t.total_members() && o.export_member >= 0; ++i)
+  int position = -1;  // --export-member's place among the run's members
+  for (int i = 0; i < v.members && o.export_member >= 0; ++i)
     if (index_of(i) == o.export_member) position = i;
   if (o.export_member >= 0 && position < 0)
     throw pmap::ValueError("--export-member " + std::to_string(o.export_member) + ": no such member among the " +
-                           std::to_string(t.total_members()) + (members.empty() ? "" : " evaluated") + " members");
+                           std::to_string(v.members) + (members.empty() ? "" : " evaluated") + " members");
   std::string list;
-  for (int i = 0; i < t.total_members(); ++i) list += (i ? "," : "") + std::to_string(index_of(i));
+  for (int i = 0; i < v.members; ++i) list += (i ? "," : "") + std::to_string(index_of(i));
   onnx::ExportInfo info;
   info.metadata = {{"model", c.model},
                    {"recipe", pmap::io::dump_json(c.to_json())},
@@ -92,16 +124,29 @@ void export_onnx(const CliOptions& o, const Trainer& t, const EpochMetrics& m, c
   info.metadata["test_accuracy"] = acc;
   info.metadata["test_nll"] = nll;
   info.doc = member ? "member " + std::to_string(o.export_member) + " of a pmapcc " + c.model + " ensemble"
-                    : "a pmapcc ensemble of " + std::to_string(t.total_members()) + " " + c.model +
+                    : "a pmapcc ensemble of " + std::to_string(v.members) + " " + c.model +
                           " members: the mean of their softmax probabilities";
-  const onnx::TrainedMembers trained{t.model(), params, state, t.total_members()};
+  const onnx::TrainedMembers trained{model, params, state, v.members};
   if (member) {
     onnx::export_member(trained, position, o.export_onnx, info);
   } else {
     onnx::export_ensemble(trained, o.export_onnx, info);
   }
 #else
-  (void)o, (void)t, (void)m, (void)members;  // parse_cli refuses --export-onnx in such a build
+  (void)o, (void)v, (void)model, (void)params, (void)state, (void)m, (void)members;  // parse_cli refuses the flag
+#endif
+}
+
+// Before a run: its model can be exported (not found out after the run) and --export-member names one of its
+// members.
+void check_export(const CliOptions& o, const Sequential& model, int members) {
+#ifdef PMAPCC_HAVE_ONNX
+  if (!o.export_onnx.empty()) onnx::check_exportable(model);
+  if (o.export_member >= members)
+    throw pmap::ValueError("--export-member " + std::to_string(o.export_member) + ": no such member among the " +
+                           std::to_string(members) + " members");
+#else
+  (void)o, (void)model, (void)members;
 #endif
 }
 
@@ -111,20 +156,20 @@ void print_exported(const CliOptions& o) {
   std::printf("\nONNX: %s written to %s\n", what.c_str(), o.export_onnx.c_str());
 }
 
-void print_header(const Trainer& t, std::int64_t train_count, std::int64_t test_count, const std::string& what) {
-  const TrainConfig& c = t.config();
-  const std::int64_t validation = train_count > 0 ? t.validation_data().count : 0;
+void print_header(const RunView& v, std::int64_t train_count, std::int64_t test_count, const std::string& what) {
+  const TrainConfig& c = *v.config;
+  const std::int64_t validation = train_count > 0 ? v.validation_examples : 0;
   const std::string images = (train_count > 0 ? std::to_string(train_count) + " train / " : std::string()) +
                              (validation > 0 ? std::to_string(validation) + " validation / " : std::string()) +
                              std::to_string(test_count) + " test images";
   std::printf("pmapcc mnist_ensemble: %s: %d CNN member(s) on %s (%d per device), mode %s, %s, %s\n", what.c_str(),
-              t.total_members(), t.mesh().str().c_str(), t.members_per_device(), std::string(to_string(c.mode)).c_str(),
+              v.members, v.mesh->str().c_str(), v.members_per_device, std::string(to_string(c.mode)).c_str(),
               dataset_title(c.dataset).c_str(), images.c_str());
   if (train_count > 0)
     std::printf("%s, %lld parameters per member; epochs %d, batch %d, %s, seed %llu\n", c.model.c_str(),
-                static_cast<long long>(t.model().params_per_member()), c.epochs, c.batch_size,
-                c.optimizer.str().c_str(), static_cast<unsigned long long>(c.seed));
-  if (const ShardingPlan* plan = t.plan()) {
+                static_cast<long long>(v.params_per_member), c.epochs, c.batch_size, c.optimizer.str().c_str(),
+                static_cast<unsigned long long>(c.seed));
+  if (const ShardingPlan* plan = v.plan) {
     std::string split;
     for (const ShardedTensor& w : plan->tensors())
       if (!w.spec.replicated()) split += (split.empty() ? "" : ", ") + w.name + " " + w.spec.str();
@@ -135,30 +180,30 @@ void print_header(const Trainer& t, std::int64_t train_count, std::int64_t test_
   if (c.cuda_kernels_on_host) std::printf("the CUDA kernels run on the host (--kernels cuda-on-host)\n");
   if (c.processes > 1)
     std::printf("%d processes, %d device(s) each; this process prints and writes the outputs\n", c.processes,
-                t.mesh().local_size());
+                v.mesh->local_size());
   std::fflush(stdout);
 }
 
 // The members early stopping stopped after `epoch`, each with its best epoch.
-void print_stopped(const Trainer& t, int epoch) {
-  for (std::size_t g = 0; g < t.early_stopping().size(); ++g) {
-    const MemberStopping& s = t.early_stopping()[g];
+void print_stopped(const RunView& v, int epoch) {
+  for (std::size_t g = 0; g < v.stopping.size(); ++g) {
+    const pmap::train::MemberStopping& s = v.stopping[g];
     if (s.stopped_epoch != epoch) continue;
     std::printf("early stopping: member %zu stopped after epoch %d, %d epoch(s) without a better validation NLL; "
                 "back to epoch %d's parameters (NLL %.4f)\n",
-                g, epoch, t.config().patience, s.best_epoch, s.best_nll);
+                g, epoch, v.config->patience, s.best_epoch, s.best_nll);
   }
-  if (t.all_stopped()) std::printf("early stopping: every member has stopped\n");
+  if (all_stopped(v)) std::printf("early stopping: every member has stopped\n");
   std::fflush(stdout);
 }
 
 // Early stopping's outcome: each member's best epoch, and when it stopped.
-void print_early_stopping(const Trainer& t) {
-  if (t.early_stopping().empty()) return;
+void print_early_stopping(const RunView& v) {
+  if (v.stopping.empty()) return;
   std::printf("\nearly stopping (patience %d, on the validation NLL): each member keeps its best epoch\n",
-              t.config().patience);
-  for (std::size_t g = 0; g < t.early_stopping().size(); ++g) {
-    const MemberStopping& s = t.early_stopping()[g];
+              v.config->patience);
+  for (std::size_t g = 0; g < v.stopping.size(); ++g) {
+    const pmap::train::MemberStopping& s = v.stopping[g];
     const std::string end = s.stopped_epoch > 0 ? "stopped after epoch " + std::to_string(s.stopped_epoch)
                                                 : "trained every epoch";
     std::printf("  member %zu: best epoch %d (validation NLL %.4f), %s\n", g, s.best_epoch, s.best_nll, end.c_str());
@@ -172,30 +217,63 @@ void print_size_curve(const std::vector<SizePoint>& curve) {
     std::printf("%8d  %11.2f %%  %7.4f  %7.4f\n", p.members, 100 * p.accuracy, p.calibration.nll, p.calibration.ece);
 }
 
-// --cpu-threads (kernels/cpu_backend.h's cpu::set_threads): auto gives each of this process's CPU devices
-// its share of the cores; without the flag a set PMAPCC_CPU_THREADS stands. Results are the same bits either
-// way; only the speed differs.
-void apply_cpu_threads(const CliOptions& o, const Trainer& t) {
-  if (t.config().backend != pmap::DeviceKind::cpu || t.config().cuda_kernels_on_host) return;
-  pmap::kernels::cpu::share_cores(t.mesh().local_size(), o.cpu_threads);
+// The final evaluation's numbers (`evaluated`: of the test set) as the table and the metrics show them: after
+// epochs evaluated on the test set, the last epoch's own; after epochs evaluated on a validation set, the test
+// set's with the last epoch's training figures; with no epoch run, the initial or resumed members'.
+EpochMetrics final_metrics(const EpochMetrics& evaluated, const std::vector<EpochMetrics>& history, bool validated) {
+  if (history.empty()) return evaluated;
+  const EpochMetrics& back = history.back();
+  if (!validated) return back;
+  EpochMetrics last = evaluated;
+  last.epoch = back.epoch;
+  last.train_loss = back.train_loss;
+  last.train_accuracy = back.train_accuracy;
+  last.seconds = back.seconds;
+  last.model_images_per_second = back.model_images_per_second;
+  return last;
 }
 
-int run_training(const CliOptions& o) {
+void print_final(const RunView& v, const EpochMetrics& last, const EnsembleReport& report) {
+  std::printf("\n%s", final_table(last, v.members_per_device).c_str());
+  print_size_curve(report.size_curve);
+  print_early_stopping(v);
+}
+
+void print_evaluating_test(const RunView& v, std::int64_t test_count) {
+  std::printf("\nevaluating on the %lld test images%s\n", static_cast<long long>(test_count),
+              v.stopping.empty() ? "" : " (every member at its best epoch)");
+  std::fflush(stdout);
+}
+
+// --cpu-threads (kernels/cpu_backend.h's cpu::share_cores): auto gives each of this process's CPU devices its
+// share of the cores; without the flag a set PMAPCC_CPU_THREADS stands. Results are the same bits either way;
+// only the speed differs.
+void apply_cpu_threads(const CliOptions& o, const TrainConfig& c, const pmap::Mesh& mesh) {
+  if (c.backend != pmap::DeviceKind::cpu || c.cuda_kernels_on_host) return;
+  pmap::kernels::cpu::share_cores(mesh.local_size(), o.cpu_threads);
+}
+
+// The Trainer's options for the resolved run `r`: the recipe's, and the CUDA kernels on the host
+// (--kernels cuda-on-host).
+pmap::train::TrainerOptions trainer_options(const TrainConfig& r) {
+  pmap::train::TrainerOptions options = recipe_options(r, r.members);
+  if (r.cuda_kernels_on_host) options.cpu_backend = &pmap::kernels::cuda_backend_on_host();
+  return options;
+}
+
+// A run that splits weights over 'model' (--mode model-parallel, --mesh AxM with M > 1): the runner trains it.
+int run_split_training(const CliOptions& o) {
   const Dataset train = load_mnist(o.data, Split::train, o.train.train_limit);
   const Dataset test = load_mnist(o.data, Split::test, o.train.test_limit);
   Trainer trainer(o.train, train, test);
-  apply_cpu_threads(o, trainer);
+  apply_cpu_threads(o, trainer.config(), trainer.mesh());
   if (!o.resume.empty()) trainer.load_checkpoint(o.resume);
   const TrainConfig& c = trainer.config();
   const bool main_process = trainer.is_main_process();
-#ifdef PMAPCC_HAVE_ONNX
-  if (!o.export_onnx.empty()) onnx::check_exportable(trainer.model());  // before the run, not after it
-  if (o.export_member >= trainer.total_members())
-    throw pmap::ValueError("--export-member " + std::to_string(o.export_member) + ": no such member among the " +
-                           std::to_string(trainer.total_members()) + " members");
-#endif
+  check_export(o, trainer.model(), trainer.total_members());
+  const auto save = [&] { trainer.save_checkpoint(o.save); };
   if (main_process)
-    print_header(trainer, trainer.train_data().count, test.count,
+    print_header(view_of(trainer), trainer.train_data().count, test.count,
                  o.resume.empty() ? "training" : "resumed after epoch " + std::to_string(trainer.epochs_done()));
   if (main_process && !o.no_summary) std::printf("\n%s\n", trainer.model().summary().c_str());
   ProgressBar bar(stdout, main_process ? parse_progress_mode(o.progress) : ProgressMode::none, std::max(1, c.epochs));
@@ -206,39 +284,101 @@ int run_training(const CliOptions& o) {
             [&](const StepReport& r) { bar.update(r.step, r.running_loss, r.images_per_second, r.running_accuracy); },
             [&] { bar.evaluating(trainer.validation_data().count > 0 ? "validation" : "test"); });
     bar.end_epoch(m);
-    if (main_process) print_stopped(trainer, m.epoch);
-    if (trainer.epochs_done() < c.epochs && !trainer.all_stopped()) write_outputs(o, trainer, nullptr);
+    if (main_process) print_stopped(view_of(trainer), m.epoch);
+    if (trainer.epochs_done() < c.epochs && !trainer.all_stopped()) write_outputs(o, view_of(trainer), save, nullptr);
   }
-  // The final evaluation on the test set (without a validation set: the last epoch's, again, with the size
-  // curve and per-image results; or, with no epoch run, of the initial or resumed members), and every
-  // output asked for.
-  EpochMetrics last;
   const bool validated = trainer.validation_data().count > 0;
-  if (main_process && validated) {
-    std::printf("\nevaluating on the %lld test images%s\n", static_cast<long long>(test.count),
-                trainer.early_stopping().empty() ? "" : " (every member at its best epoch)");
-    std::fflush(stdout);
+  if (main_process && validated) print_evaluating_test(view_of(trainer), test.count);
+  EpochMetrics evaluated;
+  const EnsembleReport report = trainer.evaluate_report(evaluated);
+  const EpochMetrics last = final_metrics(evaluated, trainer.history(), validated);
+  write_outputs(o, view_of(trainer), save, &report, validated ? &last : nullptr);
+  if (main_process) print_final(view_of(trainer), last, report);
+  if (!o.export_onnx.empty())
+    export_onnx(o, view_of(trainer), trainer.model(), trainer.params(), trainer.model_state(), last, {});
+  if (main_process) print_exported(o);
+  return 0;
+}
+
+// Everything else: train::Trainer trains the members, on a mesh of one axis, from the recipe of the flags.
+int run_training(const CliOptions& o) {
+  if (o.train.splits_weights()) return run_split_training(o);
+  const Dataset train = load_mnist(o.data, Split::train, o.train.train_limit);
+  const Dataset test = load_mnist(o.data, Split::test, o.train.test_limit);
+  TrainConfig c = o.train;
+  // The validation set, held out of the training set with the data key.
+  if (!(c.validation_split >= 0 && c.validation_split < 1))
+    throw pmap::ValueError("--validation-split must be in [0, 1), got " + pmap::io::dump_json(c.validation_split));
+  Dataset fit = train, validation;
+  if (c.validation_split > 0)
+    std::tie(fit, validation) =
+        pmap::train::split_validation(train, c.validation_split, pmap::train::validation_key(c.seed));
+  pmap::Mesh mesh = build_mesh(c, MeshAxes::one_axis);
+  const TrainConfig r = resolved_config(c, mesh, fit, test);
+  const std::unique_ptr<Sequential> layers = make_model(r.model, {fit.rows, fit.cols, 1}, fit.num_classes);
+  check_memory(r, mesh.size(), layers->params_per_member(),
+               2 + static_cast<int>(make_optimizer(r.optimizer)->slots().size()));
+  if (r.processes > 1) check_processes_agree(mesh, r.to_json(), fit, test);
+  apply_cpu_threads(o, r, mesh);
+  const std::int64_t steps = pmap::train::steps_per_epoch(fit.count, r.batch_size);
+  pmap::train::Trainer trainer(recipe_model(r, fit), recipe_optimizer(r.optimizer, r.members, r.epochs * steps),
+                               std::move(mesh), trainer_options(r));
+  std::optional<pmap::train::EarlyStopping> stop;
+  if (r.patience > 0) stop.emplace(r.patience);
+  std::vector<EpochMetrics> history;
+  if (!o.resume.empty()) {
+    check_resume(o.resume, r);
+    const pmap::train::Checkpoint ck = trainer.load(o.resume, {"best/"});
+    history = resumed_history(o.resume, ck, fit.count, steps, trainer.step());
+    if (stop) stop->restore(ck, trainer, o.resume.string());
   }
-  const EnsembleReport report = trainer.evaluate_report(last);
-  if (!trainer.history().empty()) {
-    const EpochMetrics& back = trainer.history().back();
-    if (validated) {  // the test set's numbers, with the last epoch's training figures
-      last.epoch = back.epoch;
-      last.train_loss = back.train_loss;
-      last.train_accuracy = back.train_accuracy;
-      last.seconds = back.seconds;
-      last.model_images_per_second = back.model_images_per_second;
-    } else {
-      last = back;
-    }
+  auto view = [&] {
+    return RunView{&r, &trainer.mesh(), trainer.members_per_device(), r.members, layers->params_per_member(),
+                   nullptr, validation.count, &history,
+                   stop ? stopping_records(*stop, r.members) : std::vector<pmap::train::MemberStopping>{},
+                   is_main_process(trainer.mesh())};
+  };
+  const auto save = [&] {
+    std::map<std::string, std::string> metadata = checkpoint_metadata(r, history, fit.count);
+    pmap::train::Variables tensors;
+    if (stop) stop->save_to(metadata, tensors);
+    trainer.save(o.save, metadata, tensors);
+  };
+  const bool main_process = view().main_process;
+  check_export(o, *layers, r.members);
+  if (main_process)
+    print_header(view(), fit.count, test.count,
+                 o.resume.empty() ? "training" : "resumed after epoch " + std::to_string(trainer.epochs_done()));
+  if (main_process && !o.no_summary) std::printf("\n%s\n", trainer.model().summary().c_str());
+  ProgressBar bar(stdout, main_process ? parse_progress_mode(o.progress) : ProgressMode::none, std::max(1, r.epochs));
+  const bool validated = validation.count > 0;
+  auto running = [&] { return trainer.epochs_done() < r.epochs && !(stop && stop->all_stopped()); };
+  while (running()) {
+    bar.begin_epoch(trainer.epochs_done() + 1, static_cast<int>(steps));
+    const pmap::train::EpochReport epoch = trainer.run_epoch(fit, [&](const pmap::train::StepReport& s) {
+      bar.update(s.step, s.running_loss, s.images_per_second, s.running_accuracy);
+    });
+    bar.evaluating(validated ? "validation" : "test");
+    const auto t0 = Clock::now();
+    const pmap::train::Evaluation evaluation = stop                ? stop->end_epoch(trainer, validation)
+                                               : validated         ? trainer.evaluate(validation)
+                                                                   : trainer.evaluate(test);
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    history.push_back(epoch_metrics(&epoch, evaluation, validated ? "validation" : "test", seconds));
+    bar.end_epoch(history.back());
+    if (main_process) print_stopped(view(), history.back().epoch);
+    if (running()) write_outputs(o, view(), save, nullptr);
   }
-  write_outputs(o, trainer, &report, validated ? &last : nullptr);
-  if (main_process) {
-    std::printf("\n%s", final_table(last, trainer.members_per_device()).c_str());
-    print_size_curve(report.size_curve);
-    print_early_stopping(trainer);
-  }
-  if (!o.export_onnx.empty()) export_onnx(o, trainer, last, {});
+  if (stop) stop->restore_best(trainer);  // the run is over: every member at its best epoch
+  if (main_process && validated) print_evaluating_test(view(), test.count);
+  const pmap::train::Evaluation evaluation = trainer.evaluate(test, {.size_curve = true, .predictions = true});
+  const EnsembleReport report{evaluation.size_curve, evaluation.predictions};
+  const EpochMetrics last = final_metrics(epoch_metrics(nullptr, evaluation), history, validated);
+  write_outputs(o, view(), save, &report, validated ? &last : nullptr);
+  if (main_process) print_final(view(), last, report);
+  if (!o.export_onnx.empty())
+    export_onnx(o, view(), *layers, stacked_members(trainer.params(), trainer.model().param_names()),
+                stacked_members(trainer.model_state(), trainer.model().state_names()), last, {});
   if (main_process) print_exported(o);
   return 0;
 }
@@ -256,7 +396,7 @@ int run_evaluation(const CliOptions& o) {
     int n = 0;
     try {
       n = static_cast<int>(pmap::local_devices(c.backend, -1).size());
-    } catch (const pmap::Error&) {  // (no GPU: the Trainer says so)
+    } catch (const pmap::Error&) {  // (no GPU: building the mesh says so)
     }
     const int all = n;
     while (n > 1 && c.members % n != 0) --n;
@@ -269,28 +409,65 @@ int run_evaluation(const CliOptions& o) {
     const auto names = model_names();
     if (std::find(names.begin(), names.end(), model->get<std::string>()) == names.end())
       throw pmap::DataError(o.evaluate.string() + ": its model '" + model->get<std::string>() +
-                      "' is not one this program builds (--model)");
+                            "' is not one this program builds (--model)");
     c.model = model->get<std::string>();
   }
-  // Evaluated in the pieces the run was trained with, so a CPU evaluation gives that run's own numbers.
+  // Evaluated in the pieces the run was trained with (its recorded batch; the runner's split weights).
   if (const auto batch = saved.config.find("batch_size"); batch != saved.config.end() && batch->is_number_integer())
     c.batch_size = batch->get<int>();
-  Trainer trainer(c, test, test);  // trains nothing: the test set stands in for the training set
-  apply_cpu_threads(o, trainer);
-  trainer.load_members(o.evaluate, o.members_subset);
-  if (o.summary && trainer.is_main_process()) std::printf("%s\n", trainer.model().summary().c_str());
   EpochMetrics m;
+  EnsembleReport report;
+  RunView v;
+  std::unique_ptr<Trainer> runner;  // --mesh AxM with M > 1: the runner evaluates on split weights
+  std::unique_ptr<pmap::train::Trainer> trainer;
+  std::unique_ptr<Sequential> layers;
+  std::optional<TrainConfig> resolved;
+  const std::vector<EpochMetrics> no_history;
+  if (c.splits_weights()) {
+    runner = std::make_unique<Trainer>(c, test, test);  // trains nothing: the test set stands in for the training set
+    apply_cpu_threads(o, runner->config(), runner->mesh());
+    runner->load_members(o.evaluate, o.members_subset);
+    report = runner->evaluate_report(m);
+    v = view_of(*runner);
+  } else {
+    pmap::Mesh mesh = build_mesh(c, MeshAxes::one_axis);
+    resolved = resolved_config(c, mesh, test, test);
+    const TrainConfig& r = *resolved;
+    layers = make_model(r.model, {test.rows, test.cols, 1}, test.num_classes);
+    apply_cpu_threads(o, r, mesh);
+    trainer = std::make_unique<pmap::train::Trainer>(recipe_model(r, test), recipe_optimizer(r.optimizer, r.members, 0),
+                                                     std::move(mesh), trainer_options(r));
+    if (saved.config.contains("architecture"))  // before it was recorded: the flax CNN, whose tensors are checked
+      check_architecture(o.evaluate, saved.config.at("architecture"), r.to_json().at("architecture"));
+    check_member_subset(o.members_subset, saved.members, o.evaluate);
+    const pmap::train::SavedMembers s = pmap::train::read_members(o.evaluate, trainer->model(), o.members_subset);
+    std::vector<int> all(static_cast<std::size_t>(r.members));
+    for (int g = 0; g < r.members; ++g) all[static_cast<std::size_t>(g)] = g;
+    trainer->set_members(s.params, s.state, all);
+    const pmap::train::Evaluation e = trainer->evaluate(test, {.size_curve = true, .predictions = true});
+    m = epoch_metrics(nullptr, e);
+    report = EnsembleReport{e.size_curve, e.predictions};
+    v = RunView{&r, &trainer->mesh(), trainer->members_per_device(), r.members, layers->params_per_member(),
+                nullptr, 0, &no_history, {}, is_main_process(trainer->mesh())};
+  }
+  if (o.summary && v.main_process)
+    std::printf("%s\n", runner ? runner->model().summary().c_str() : trainer->model().summary().c_str());
   m.epoch = saved.epochs_done;
-  const EnsembleReport report = trainer.evaluate_report(m);
   // Nothing was trained: no train loss or accuracy (null in the JSON, left out of the plot), not 0.
   m.train_loss = m.train_accuracy = std::numeric_limits<double>::quiet_NaN();
-  if (!o.export_onnx.empty()) export_onnx(o, trainer, m, o.members_subset);  // collective
-  if (!trainer.is_main_process()) return 0;
-  print_header(trainer, 0, test.count, "evaluating " + o.evaluate.string() + " (epoch " + std::to_string(m.epoch) + ")");
-  std::printf("\n%s", final_table(m, trainer.members_per_device(), o.members_subset).c_str());
+  if (!o.export_onnx.empty()) {  // collective: every process gathers the members
+    if (runner)
+      export_onnx(o, v, runner->model(), runner->params(), runner->model_state(), m, o.members_subset);
+    else
+      export_onnx(o, v, *layers, stacked_members(trainer->params(), trainer->model().param_names()),
+                  stacked_members(trainer->model_state(), trainer->model().state_names()), m, o.members_subset);
+  }
+  if (!v.main_process) return 0;
+  print_header(v, 0, test.count, "evaluating " + o.evaluate.string() + " (epoch " + std::to_string(m.epoch) + ")");
+  std::printf("\n%s", final_table(m, v.members_per_device, o.members_subset).c_str());
   print_size_curve(report.size_curve);
   if (!o.metrics_json.empty()) {
-    const pmap::io::Json doc = {{"config", trainer.config().to_json()},
+    const pmap::io::Json doc = {{"config", v.config->to_json()},
                                 {"checkpoint", o.evaluate.string()},
                                 {"members_subset", o.members_subset},
                                 {"evaluation", pmap::io::epoch_json(m)},

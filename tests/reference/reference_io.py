@@ -12,8 +12,11 @@ def read_idx(path):
         return np.frombuffer(f.read(), dtype=np.uint8).reshape(dims)
 
 
+DTYPES = {"F32": "<f4", "I64": "<i8", "I32": "<i4"}  # what pmapcc's checkpoints hold (a step count is I64)
+
+
 def read_safetensors(path):
-    """The F32 tensors by name, and the __metadata__ strings."""
+    """The tensors by name (F32, I64 or I32), and the __metadata__ strings."""
     with open(path, "rb") as f:
         n, = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))
@@ -21,9 +24,9 @@ def read_safetensors(path):
     meta = header.pop("__metadata__", {})
     out = {}
     for name, e in header.items():
-        assert e["dtype"] == "F32", f"{path}: {name} is {e['dtype']}"
+        assert e["dtype"] in DTYPES, f"{path}: {name} is {e['dtype']}"
         b, end = e["data_offsets"]
-        out[name] = np.frombuffer(blob[b:end], dtype="<f4").reshape(e["shape"]).copy()
+        out[name] = np.frombuffer(blob[b:end], dtype=DTYPES[e["dtype"]]).reshape(e["shape"]).copy()
     return out, meta
 
 

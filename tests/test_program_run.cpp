@@ -1,0 +1,199 @@
+// The parts of the program's run around train::Trainer (examples/mnist_ensemble/run_parts.h) give what the
+// runner (ensemble::Trainer) gives: the configuration its files record, an epoch's metrics, early stopping's
+// records, a checkpoint's history and the checks of a resumed run, and the members stacked for ONNX.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include <pmap/pmap.h>
+#include <pmapcc/ensemble/run_checks.h>
+#include <pmapcc/ensemble/trainer.h>
+#include <pmapcc/io/metrics.h>
+#include <pmapcc/train/trainer.h>
+
+#include "examples/mnist_ensemble/recipe.h"
+#include "examples/mnist_ensemble/run_parts.h"
+#include "synthetic.h"
+
+namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
+
+namespace pe = pmap::ensemble;
+namespace train = pmap::train;
+
+namespace {
+
+const pmap::testing::TrainingData& data() { return pmap::testing::training_data(); }
+
+// The set a run of `c` trains on: the training set, less its validation split.
+pe::Dataset fit_set(const pe::TrainConfig& c) {
+  if (c.validation_split == 0) return data().train;
+  return train::split_validation(data().train, c.validation_split, train::validation_key(c.seed)).first;
+}
+
+// The Trainer of `c` (resolved) from the recipe, on the mesh the program builds.
+std::unique_ptr<train::Trainer> new_trainer(const pe::TrainConfig& r) {
+  const std::int64_t run_steps =
+      static_cast<std::int64_t>(r.epochs) * train::steps_per_epoch(fit_set(r).count, r.batch_size);
+  return std::make_unique<train::Trainer>(pe::recipe_model(r, data().train),
+                                          pe::recipe_optimizer(r.optimizer, r.members, run_steps),
+                                          pe::build_mesh(r, pe::MeshAxes::one_axis), pe::recipe_options(r, r.members));
+}
+
+}  // namespace
+
+TEST_CASE("program run: the resolved configuration is the one the runner records") {
+  std::vector<pe::TrainConfig> configs;
+  configs.push_back(pmap::testing::small_config(2, 0, 1));  // members: one per device
+  pe::TrainConfig dp = pmap::testing::small_config(2, 0, 2);
+  dp.mode = pe::Mode::data_parallel;
+  dp.model = "keras-convnet";
+  dp.dropout = {0.3f};
+  configs.push_back(dp);
+  pe::TrainConfig cosine = pmap::testing::small_config(1, 2, 3);
+  cosine.optimizer.schedule = pe::parse_schedule("cosine:0.1");
+  cosine.optimizer.schedule.warmup_steps = 4;
+  cosine.optimizer.learning_rate = {0.1f, 0.05f};
+  configs.push_back(cosine);
+  pe::TrainConfig held = pmap::testing::small_config(2, 4, 2);
+  held.validation_split = 0.2;
+  held.patience = 1;
+  held.mesh_axis = 2;
+  held.mesh_model = 1;
+  held.optimizer.name = "adamw";
+  configs.push_back(held);
+  for (const pe::TrainConfig& c : configs) {
+    CAPTURE(pmap::io::dump_json(c.to_json()));
+    const pe::Trainer old(c, data().train, data().test);
+    const pmap::Mesh mesh = pe::build_mesh(c, pe::MeshAxes::one_axis);
+    const pe::TrainConfig r = pe::resolved_config(c, mesh, fit_set(c), data().test);
+    CHECK(pmap::io::dump_json(r.to_json()) == pmap::io::dump_json(old.config().to_json()));
+  }
+  // What the runner refuses, refused alike, naming the flag.
+  pe::TrainConfig c = pmap::testing::small_config(2, 3, 1);
+  const pmap::Mesh two = pe::build_mesh(c, pe::MeshAxes::one_axis);
+  CHECK_THROWS_WITH_AS(pe::resolved_config(c, two, data().train, data().test),
+                       doctest::Contains("--members 3 is not a multiple of --devices 2"), pmap::ValueError);
+  c.members = 2;
+  c.dropout = {0.2f};
+  CHECK_THROWS_WITH_AS(pe::resolved_config(c, two, data().train, data().test),
+                       "--dropout sets the rate of the model's Dropout layers, and flax-cnn has none",
+                       pmap::ValueError);
+  c.dropout = {};
+  c.optimizer.schedule = pe::parse_schedule("cosine");
+  c.optimizer.schedule.warmup_steps = 10;
+  CHECK_THROWS_WITH_AS(pe::resolved_config(c, two, data().train, data().test),
+                       "--lr-schedule cosine: --warmup-steps 10 leaves none of the run's 10 steps (--epochs 1 x 10) "
+                       "for the decay", pmap::ValueError);
+  c.epochs = 0;  // nothing to decay over, nothing refused
+  CHECK(pe::resolved_config(c, two, data().train, data().test).optimizer.schedule.decay_steps == 1);
+  c = pmap::testing::small_config(2, 2, 1);
+  c.batch_size = 700;
+  CHECK_THROWS_WITH_AS(pe::resolved_config(c, two, data().train, data().test),
+                       "--batch-size 700 is larger than the 640 training examples (see --train-limit)",
+                       pmap::ValueError);
+}
+
+TEST_CASE("program run: an epoch's metrics, the members for ONNX and a checkpoint's history are the runner's") {
+  const pe::TrainConfig c = pmap::testing::small_config(2, 2, 2);
+  pe::Trainer old(c, data().train, data().test);
+  const pe::EpochMetrics was = old.run_epoch();
+  const pe::TrainConfig r = pe::resolved_config(c, pe::build_mesh(c, pe::MeshAxes::one_axis), data().train,
+                                                data().test);
+  auto now = new_trainer(r);
+  const train::EpochReport report = now->run_epoch(data().train);
+  const pe::EpochMetrics m = pe::epoch_metrics(&report, now->evaluate(data().test), "test", 0.25);
+  CHECK(m.epoch == was.epoch);
+  CHECK(m.train_loss == was.train_loss);
+  CHECK(m.train_accuracy == was.train_accuracy);
+  CHECK(m.member_test_accuracy == was.member_test_accuracy);
+  CHECK(m.ensemble_test_accuracy == was.ensemble_test_accuracy);
+  CHECK(m.test_loss == doctest::Approx(was.test_loss).epsilon(1e-6));
+  REQUIRE(m.member_calibration.size() == 2);
+  CHECK(m.member_calibration[1].nll == doctest::Approx(was.member_calibration[1].nll).epsilon(1e-6));
+  CHECK(m.ensemble_calibration.ece == doctest::Approx(was.ensemble_calibration.ece).epsilon(1e-6));
+  CHECK(m.eval_seconds == 0.25);
+  CHECK(m.evaluated_on == "test");
+  CHECK(m.seconds == report.seconds);
+  CHECK(m.model_images_per_second == report.images_per_second);
+  // No training (an evaluation): the test fields only.
+  const pe::EpochMetrics only = pe::epoch_metrics(nullptr, now->evaluate(data().test), "validation");
+  CHECK(only.epoch == 0);
+  CHECK(only.train_loss == 0);
+  CHECK(only.evaluated_on == "validation");
+  CHECK(only.ensemble_test_accuracy == m.ensemble_test_accuracy);
+
+  // The members stacked as the runner stacks them (the ONNX exporter's input).
+  CHECK(pe::stacked_members(now->params(), now->model().param_names()) == old.params());
+  CHECK_THROWS_WITH_AS(pe::stacked_members(now->params(), {"Dense_9/kernel"}),
+                       "stacked_members: no tensor 'Dense_9/kernel'", pmap::ValueError);
+
+  // The program's entries in a Trainer checkpoint: its configuration and history come back on resume.
+  const auto dir = pmap::testing::scratch_dir("pmapcc_program_run_test");
+  now->save(dir / "one.safetensors", pe::checkpoint_metadata(r, {m}, data().train.count));
+  auto again = new_trainer(r);
+  pe::check_resume(dir / "one.safetensors", r);
+  const train::Checkpoint ck = again->load(dir / "one.safetensors");
+  const std::vector<pe::EpochMetrics> history =
+      pe::resumed_history(dir / "one.safetensors", ck, data().train.count, 10, again->step());
+  REQUIRE(history.size() == 1);
+  CHECK(pmap::io::dump_json(pmap::io::epoch_json(history[0])) == pmap::io::dump_json(pmap::io::epoch_json(m)));
+  CHECK_THROWS_WITH_AS(pe::resumed_history(dir / "one.safetensors", ck, 600, 10, again->step()),
+                       doctest::Contains("one.safetensors: the checkpoint was trained on 640 examples, this run "
+                                         "has 600"),
+                       pmap::DataError);
+  CHECK_THROWS_WITH_AS(pe::resumed_history(dir / "one.safetensors", ck, 640, 9, again->step()),
+                       doctest::Contains("one.safetensors: step 10 does not match 1 epochs of 9 steps"),
+                       pmap::DataError);
+  // A run of another recipe is refused before the load, naming the field: from the Trainer's file and from
+  // the runner's.
+  old.save_checkpoint(dir / "runner.safetensors");
+  pe::TrainConfig other = c;
+  other.optimizer.learning_rate = {0.05f};
+  const pe::TrainConfig ro = pe::resolved_config(other, pe::build_mesh(other, pe::MeshAxes::one_axis), data().train,
+                                                 data().test);
+  for (const char* file : {"one.safetensors", "runner.safetensors"})
+    CHECK_THROWS_WITH_AS(pe::check_resume(dir / file, ro),
+                         doctest::Contains("written with lr = 0.1, this run has 0.05"), pmap::DataError);
+  CHECK_NOTHROW(pe::check_resume(dir / "runner.safetensors", r));
+  // The runner's file resumed by the Trainer: its history is the runner's.
+  auto from_runner = new_trainer(r);
+  const train::Checkpoint rk = from_runner->load(dir / "runner.safetensors");
+  const auto runner_history =
+      pe::resumed_history(dir / "runner.safetensors", rk, data().train.count, 10, from_runner->step());
+  REQUIRE(runner_history.size() == 1);
+  CHECK(pmap::io::dump_json(pmap::io::epoch_json(runner_history[0])) ==
+        pmap::io::dump_json(pmap::io::epoch_json(old.history()[0])));
+  CHECK(pe::is_main_process(now->mesh()));
+}
+
+TEST_CASE("program run: early stopping's records before the first epoch and after, as the runner's JSON") {
+  pe::TrainConfig c = pmap::testing::small_config(2, 2, 0);
+  c.validation_split = 0.2;
+  c.patience = 1;
+  const pe::Trainer old(c, data().train, data().test);  // --epochs 0: a record of no epoch per member
+  train::EarlyStopping stop(1);
+  const auto none = pe::stopping_records(stop, 2);
+  REQUIRE(none.size() == 2);
+  CHECK(none[1].best_epoch == 0);
+  std::vector<train::MemberStopping> runner;
+  for (const pe::MemberStopping& s : old.early_stopping())
+    runner.push_back({s.best_epoch, s.best_nll, s.wait, s.stopped_epoch});
+  CHECK(pmap::io::dump_json(pe::early_stopping_json(none)) == pmap::io::dump_json(pe::early_stopping_json(runner)));
+  // After epochs: the EarlyStopping's own records, a NaN as null and a member that stopped with its epoch.
+  std::vector<train::MemberStopping> records{{2, 0.5, 0, 0}, {1, std::nan(""), 1, 2}};
+  const pmap::io::Json j = pe::early_stopping_json(records);
+  CHECK(pmap::io::dump_json(j) ==
+        "[{\"member\":0,\"best_epoch\":2,\"best_validation_nll\":0.5,\"stopped_epoch\":null},"
+        "{\"member\":1,\"best_epoch\":1,\"best_validation_nll\":null,\"stopped_epoch\":2}]");
+  const pe::TrainConfig r =
+      pe::resolved_config(c, pe::build_mesh(c, pe::MeshAxes::one_axis), fit_set(c), data().test);
+  auto t = new_trainer(r);
+  const auto split = train::split_validation(data().train, 0.2, train::validation_key(c.seed));
+  t->run_epoch(split.first);
+  stop.end_epoch(*t, split.second);
+  CHECK(pe::stopping_records(stop, 2).size() == 2);
+  CHECK(pe::stopping_records(stop, 2)[0].best_epoch == 1);
+}
+
+}  // namespace PMAPCC_TEST_FILE
