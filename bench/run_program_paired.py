@@ -67,8 +67,7 @@ def parse_args():
             fail(f"--precision {p!r}: expected fp32 and/or bf16")
     if a.rounds < 1:
         fail(f"--rounds {a.rounds}: at least 1")
-    if a.train_limit < 128:
-        fail(f"--train-limit {a.train_limit}: at least one batch of 128")
+
     for flag, path in (("--old", a.old), ("--new", a.new)):
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
             fail(f"{flag} {path}: not an executable file")
@@ -76,6 +75,8 @@ def parse_args():
         fail(f"--data {a.data}: no train-images-idx3-ubyte there (scripts/get_data.sh)")
     if a.quick:
         a.rounds, a.train_limit, a.test_limit = 1, 256, 100
+    elif a.train_limit < 128:
+        fail(f"--train-limit {a.train_limit}: at least one batch of 128")
     return a
 
 
@@ -111,6 +112,8 @@ def command(a, exe, members, devices, precision, metrics):
 
 
 def run_once(cmd, metrics):
+    if os.path.exists(metrics):
+        os.remove(metrics)  # a run that writes none must not report the previous run's number
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-5:])
@@ -156,7 +159,9 @@ def main():
     for c in configs:
         old, new = runs[c]["old"], runs[c]["new"]
         ratios = [n / o for n, o in zip(new, old) if o > 0]
-        ratio = statistics.median(ratios) if ratios else float("nan")
+        if not ratios:
+            fail(f"{c}: the old binary reported no training speed (0 images/s) in every round", 1)
+        ratio = statistics.median(ratios)
         low = ratio < a.min_ratio
         rows.append({"members": c[0], "devices": c[1], "precision": c[2], "old": old, "new": new,
                      "ratios": ratios, "median_ratio": ratio, "below_min": low, "commands": commands[c]})

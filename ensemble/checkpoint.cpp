@@ -130,10 +130,10 @@ SafetensorsFile load_checkpoint_file(const std::filesystem::path& path, bool tra
   SafetensorsFile f = load_safetensors(path);
   auto it = f.metadata.find("format");
   if (it == f.metadata.end()) throw DataError(path.string() + ": __metadata__ has no 'format': not a pmapcc checkpoint");
-  if (it->second == kTrainerFormat && !trainer_files)
+  if (it->second == kTrainerFormat && !trainer_files && f.metadata.find("config") == f.metadata.end())
     throw DataError(path.string() + ": written by train::Trainer (format " + kTrainerFormat +
-                    "): resume it with train::Trainer::load; this Trainer reads its members for evaluation only "
-                    "(load_members)");
+                    ") without a program's configuration (__metadata__.config): resume it with "
+                    "train::Trainer::load; this Trainer reads its members for evaluation only (load_members)");
   if (it->second != kFormat && it->second != kFormatV1 && it->second != kTrainerFormat)
     throw DataError(path.string() + ": format '" + it->second + "' is not " + kFormat + " (or " + kFormatV1 + ", or " +
                     kTrainerFormat + " for evaluation)");
@@ -150,8 +150,36 @@ std::int64_t metadata_count(const SafetensorsFile& f, const char* key) {
   return n;
 }
 
+// A train::Trainer file that mnist_ensemble wrote (its configuration, history and training examples in
+// __metadata__) as this Trainer's: the optimizer's per-parameter leaves "opt/[<i>/]trace|mu|nu/<tensor>" (a
+// chain's i-th transformation) become "opt/momentum|m|v/<tensor>", and the leaves this Trainer keeps elsewhere
+// are dropped: the optimizer's step count (the file's "step") and the per-member values "hyperparams/..." (the
+// configuration's lists).
+void as_runner_file(SafetensorsFile& f) {
+  std::vector<TensorEntry> kept;
+  for (TensorEntry& t : f.tensors) {
+    if (t.name.starts_with("hyperparams/")) continue;
+    if (t.name.starts_with("opt/")) {
+      std::string rest = t.name.substr(4);
+      const std::size_t slash = rest.find('/');
+      if (slash != std::string::npos && slash > 0 &&
+          std::all_of(rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(slash), [](char ch) {
+            return ch >= '0' && ch <= '9';
+          }))
+        rest = rest.substr(slash + 1);  // the chain's transformation
+      if (rest == "count") continue;
+      for (const auto& [from, to] : {std::pair{"trace/", "momentum/"}, std::pair{"mu/", "m/"}, std::pair{"nu/", "v/"}})
+        if (rest.starts_with(from)) rest = to + rest.substr(std::string(from).size());
+      t.name = "opt/" + rest;
+    }
+    kept.push_back(std::move(t));
+  }
+  f.tensors = std::move(kept);
+}
+
 CheckpointSummary summary_of(const SafetensorsFile& f) {
   CheckpointSummary s;
+  s.format = f.metadata.at("format");
   if (f.metadata.at("format") == kTrainerFormat) {  // its own "members" and "model"; the caller's "config", if any
     s.members = static_cast<int>(metadata_count(f, "members"));
     if (s.members < 1 || s.members > 1'000'000)
@@ -214,7 +242,8 @@ void Trainer::load_members(const std::filesystem::path& path, const std::vector<
 }
 
 void Trainer::load_checkpoint(const std::filesystem::path& path) {
-  const SafetensorsFile f = load_checkpoint_file(path, false);
+  SafetensorsFile f = load_checkpoint_file(path, false);
+  if (f.metadata.at("format") == kTrainerFormat) as_runner_file(f);
   check_resumable(path, f.metadata_json("config"), config_.to_json());
   auto integer = [&](const char* key) { return metadata_count(f, key); };
   const std::int64_t step = integer("step"), epochs = integer("epochs_done");

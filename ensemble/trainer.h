@@ -35,11 +35,13 @@
 namespace pmap::ensemble {
 
 
-// What a checkpoint holds, for setting up its evaluation: its members, epochs and recorded configuration.
+// What a checkpoint holds, for setting up its evaluation: its members, epochs and recorded configuration, and
+// its format (the runner's "pmapcc.ensemble.v2" or "v1", train::Trainer's "pmapcc.train.v1").
 struct CheckpointSummary {
   int members = 0;
   int epochs_done = 0;
   io::Json config;
+  std::string format;
 };
 CheckpointSummary inspect_checkpoint(const std::filesystem::path& path);
 
@@ -133,7 +135,9 @@ class Trainer {
   // Checkpoints (safetensors): everything needed to continue exactly. load_checkpoint checks that the
   // file was written for the same model, members, seed, batch size and optimizer settings. Across
   // processes both are collective: save_checkpoint gathers every member and only the main process
-  // writes; every process reads the file in load_checkpoint (a path all of them can see).
+  // writes; every process reads the file in load_checkpoint (a path all of them can see). load_checkpoint
+  // also continues a train::Trainer file that carries a program's configuration, history and training
+  // examples (mnist_ensemble's): its optimizer leaves trace, mu and nu are the momentum, m and v here.
   void save_checkpoint(const std::filesystem::path& path) const;
   void load_checkpoint(const std::filesystem::path& path);
   // Evaluation of a saved ensemble: this trainer's members (config().members of them) become the

@@ -190,6 +190,7 @@ else
     "trainer: evaluation gives the runner's"     # 52 s; "trainer: a callback or an evaluation" stays
     "resume continues exactly"                   # 45 s (the runner's; the Trainer's resume cases stay)
     "program recipe: AdamW's default decay"      # 43 s (against the runner)
+    "program run: an epoch's metrics"            # the runner's epoch beside the Trainer's, and three loads
   )
   tsan_skip+="|^($(alternatives "${tsan_long[@]}"))"
   preset_stages tsan -E "$tsan_skip" \

@@ -69,6 +69,12 @@ TEST_CASE("program run: the resolved configuration is the one the runner records
     const pe::TrainConfig r = pe::resolved_config(c, mesh, fit_set(c), data().test);
     CHECK(pmap::io::dump_json(r.to_json()) == pmap::io::dump_json(old.config().to_json()));
   }
+  // The Trainer's mesh has one axis.
+  pe::TrainConfig grid = pmap::testing::small_config(2, 2, 1);
+  grid.mesh_axis = 2;
+  grid.mesh_model = 1;
+  CHECK_THROWS_WITH_AS(pe::resolved_config(grid, pe::build_mesh(grid), data().train, data().test),
+                       "resolved_config: a mesh of one axis, got 2", pmap::ValueError);
   // What the runner refuses, refused alike, naming the flag.
   pe::TrainConfig c = pmap::testing::small_config(2, 3, 1);
   const pmap::Mesh two = pe::build_mesh(c, pe::MeshAxes::one_axis);
@@ -135,14 +141,14 @@ TEST_CASE("program run: an epoch's metrics, the members for ONNX and a checkpoin
   pe::check_resume(dir / "one.safetensors", r);
   const train::Checkpoint ck = again->load(dir / "one.safetensors");
   const std::vector<pe::EpochMetrics> history =
-      pe::resumed_history(dir / "one.safetensors", ck, data().train.count, 10, again->step());
+      pe::resumed_history(dir / "one.safetensors", ck, data().train.count, 10, again->step(), 1);
   REQUIRE(history.size() == 1);
   CHECK(pmap::io::dump_json(pmap::io::epoch_json(history[0])) == pmap::io::dump_json(pmap::io::epoch_json(m)));
-  CHECK_THROWS_WITH_AS(pe::resumed_history(dir / "one.safetensors", ck, 600, 10, again->step()),
+  CHECK_THROWS_WITH_AS(pe::resumed_history(dir / "one.safetensors", ck, 600, 10, again->step(), 1),
                        doctest::Contains("one.safetensors: the checkpoint was trained on 640 examples, this run "
                                          "has 600"),
                        pmap::DataError);
-  CHECK_THROWS_WITH_AS(pe::resumed_history(dir / "one.safetensors", ck, 640, 9, again->step()),
+  CHECK_THROWS_WITH_AS(pe::resumed_history(dir / "one.safetensors", ck, 640, 9, again->step(), 1),
                        doctest::Contains("one.safetensors: step 10 does not match 1 epochs of 9 steps"),
                        pmap::DataError);
   // A run of another recipe is refused before the load, naming the field: from the Trainer's file and from
@@ -156,11 +162,14 @@ TEST_CASE("program run: an epoch's metrics, the members for ONNX and a checkpoin
     CHECK_THROWS_WITH_AS(pe::check_resume(dir / file, ro),
                          doctest::Contains("written with lr = 0.1, this run has 0.05"), pmap::DataError);
   CHECK_NOTHROW(pe::check_resume(dir / "runner.safetensors", r));
+  // A Trainer file without a program's configuration: Trainer::load's own checks only.
+  now->save(dir / "bare.safetensors");
+  CHECK_NOTHROW(pe::check_resume(dir / "bare.safetensors", ro));
   // The runner's file resumed by the Trainer: its history is the runner's.
   auto from_runner = new_trainer(r);
   const train::Checkpoint rk = from_runner->load(dir / "runner.safetensors");
   const auto runner_history =
-      pe::resumed_history(dir / "runner.safetensors", rk, data().train.count, 10, from_runner->step());
+      pe::resumed_history(dir / "runner.safetensors", rk, data().train.count, 10, from_runner->step(), 1);
   REQUIRE(runner_history.size() == 1);
   CHECK(pmap::io::dump_json(pmap::io::epoch_json(runner_history[0])) ==
         pmap::io::dump_json(pmap::io::epoch_json(old.history()[0])));
@@ -194,6 +203,54 @@ TEST_CASE("program run: early stopping's records before the first epoch and afte
   stop.end_epoch(*t, split.second);
   CHECK(pe::stopping_records(stop, 2).size() == 2);
   CHECK(pe::stopping_records(stop, 2)[0].best_epoch == 1);
+}
+
+TEST_CASE("program run: the program's Trainer checkpoint resumes on the runner (a mesh that splits weights)") {
+  // An epoch on train::Trainer, saved as the program saves it; the runner continues it as its own first epoch.
+  for (const char* optimizer : {"sgd", "adam"}) {
+    CAPTURE(optimizer);
+    pe::TrainConfig c = pmap::testing::small_config(2, 2, 2);
+    c.optimizer.name = optimizer;
+    if (std::string(optimizer) == "adam") c.optimizer.learning_rate = {1e-3f};
+    c.optimizer.clip_norm = 1.0f;  // the Trainer keeps the optimizer's state in a chain: "opt/1/..."
+    const pe::TrainConfig r = pe::resolved_config(c, pe::build_mesh(c, pe::MeshAxes::one_axis), data().train,
+                                                  data().test);
+    auto now = new_trainer(r);
+    const train::EpochReport report = now->run_epoch(data().train);
+    const pe::EpochMetrics m = pe::epoch_metrics(&report, now->evaluate(data().test));
+    const auto path = pmap::testing::scratch_dir("pmapcc_program_run_resume") / "one.safetensors";
+    now->save(path, pe::checkpoint_metadata(r, {m}, data().train.count));
+    pe::Trainer straight(c, data().train, data().test);
+    straight.run_epoch();
+    straight.run_epoch();
+    pe::Trainer resumed(c, data().train, data().test);
+    resumed.load_checkpoint(path);
+    CHECK(resumed.epochs_done() == 1);
+    REQUIRE(resumed.history().size() == 1);
+    CHECK(resumed.history()[0].train_loss == m.train_loss);
+    resumed.run_epoch();
+    CHECK(resumed.params() == straight.params());
+    // On a mesh that splits the weights over 'model' (resharded on load): it runs, from the same epoch.
+    pe::TrainConfig split = c;
+    split.mesh_axis = 1;
+    split.mesh_model = 2;
+    pe::Trainer on_grid(split, data().train, data().test);
+    on_grid.load_checkpoint(path);
+    CHECK(on_grid.epochs_done() == 1);
+    on_grid.run_epoch();
+    CHECK(on_grid.epochs_done() == 2);
+  }
+  // A Trainer file of another recipe is refused naming the field, as a runner file is.
+  pe::TrainConfig c = pmap::testing::small_config(2, 2, 2);
+  const pe::TrainConfig r = pe::resolved_config(c, pe::build_mesh(c, pe::MeshAxes::one_axis), data().train,
+                                                data().test);
+  auto now = new_trainer(r);
+  const auto path = pmap::testing::scratch_dir("pmapcc_program_run_resume") / "zero.safetensors";
+  now->save(path, pe::checkpoint_metadata(r, {}, data().train.count));
+  c.seed = 9;
+  pe::Trainer other(c, data().train, data().test);
+  CHECK_THROWS_WITH_AS(other.load_checkpoint(path), doctest::Contains("written with seed = 0, this run has 9"),
+                       pmap::DataError);
 }
 
 }  // namespace PMAPCC_TEST_FILE

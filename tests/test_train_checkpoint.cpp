@@ -416,8 +416,8 @@ TEST_CASE("trainer checkpoints: the runner evaluates a Trainer file's members, a
   CHECK(m.member_calibration[0].nll == doctest::Approx(whole.member_calibration[3].nll).epsilon(1e-9));
   CHECK(m.member_calibration[1].nll == doctest::Approx(whole.member_calibration[1].nll).epsilon(1e-9));
   CHECK_THROWS_WITH_AS(old.load_checkpoint(path),
-                       doctest::Contains("written by train::Trainer (format pmapcc.train.v1): resume it with "
-                                         "train::Trainer::load"),
+                       doctest::Contains("written by train::Trainer (format pmapcc.train.v1) without a program's "
+                                         "configuration (__metadata__.config): resume it with train::Trainer::load"),
                        pmap::DataError);
   // A caller's configuration in the metadata is kept, the model and the members the file's own; a caller's
   // record of them that differs from the file's is an altered file.

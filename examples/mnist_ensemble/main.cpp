@@ -329,7 +329,7 @@ int run_training(const CliOptions& o) {
   if (!o.resume.empty()) {
     check_resume(o.resume, r);
     const pmap::train::Checkpoint ck = trainer.load(o.resume, {"best/"});
-    history = resumed_history(o.resume, ck, fit.count, steps, trainer.step());
+    history = resumed_history(o.resume, ck, fit.count, steps, trainer.step(), trainer.epochs_done());
     if (stop) stop->restore(ck, trainer, o.resume.string());
   }
   auto view = [&] {
@@ -359,7 +359,7 @@ int run_training(const CliOptions& o) {
       bar.update(s.step, s.running_loss, s.images_per_second, s.running_accuracy);
     });
     bar.evaluating(validated ? "validation" : "test");
-    const auto t0 = Clock::now();
+    const auto t0 = Clock::now();  // eval_seconds: early stopping's bookkeeping included
     const pmap::train::Evaluation evaluation = stop                ? stop->end_epoch(trainer, validation)
                                                : validated         ? trainer.evaluate(validation)
                                                                    : trainer.evaluate(test);
@@ -434,6 +434,9 @@ int run_evaluation(const CliOptions& o) {
     resolved = resolved_config(c, mesh, test, test);
     const TrainConfig& r = *resolved;
     layers = make_model(r.model, {test.rows, test.cols, 1}, test.num_classes);
+    check_memory(r, mesh.size(), layers->params_per_member(),
+                 2 + static_cast<int>(make_optimizer(r.optimizer)->slots().size()));
+    if (r.processes > 1) check_processes_agree(mesh, r.to_json(), test, test);
     apply_cpu_threads(o, r, mesh);
     trainer = std::make_unique<pmap::train::Trainer>(recipe_model(r, test), recipe_optimizer(r.optimizer, r.members, 0),
                                                      std::move(mesh), trainer_options(r));

@@ -94,23 +94,21 @@ std::map<std::string, std::string> checkpoint_metadata(const TrainConfig& resolv
 
 void check_resume(const std::filesystem::path& path, const TrainConfig& resolved) {
   const CheckpointSummary saved = inspect_checkpoint(path);
-  if (saved.config.contains("mode")) check_resumable(path, saved.config, resolved.to_json());
+  // (a program's configuration always records the mode; a Trainer file without one holds only its own)
+  if (saved.format == "pmapcc.train.v1" && !saved.config.contains("mode")) return;
+  check_resumable(path, saved.config, resolved.to_json());
 }
 
 std::vector<EpochMetrics> resumed_history(const std::filesystem::path& path, const train::Checkpoint& checkpoint,
                                           std::int64_t train_examples, std::int64_t steps_per_epoch,
-                                          std::int64_t step) {
+                                          std::int64_t step, std::int64_t epochs_done) {
   const auto& meta = checkpoint.metadata;
   if (const auto it = meta.find("train_examples"); it != meta.end() && it->second != std::to_string(train_examples))
     throw DataError(path.string() + ": the checkpoint was trained on " + it->second + " examples, this run has " +
                     std::to_string(train_examples));
-  const auto epochs_it = meta.find("epochs_done");
-  if (epochs_it == meta.end()) throw DataError(path.string() + ": __metadata__ has no 'epochs_done'");
-  const io::Json epochs_json = io::parse_json(epochs_it->second, path.string() + ": __metadata__.epochs_done");
-  const std::int64_t epochs = io::JsonView(epochs_json, path.string(), "__metadata__.epochs_done").as_int();
-  if (step != epochs * steps_per_epoch)
-    throw DataError(path.string() + ": step " + std::to_string(step) + " does not match " + std::to_string(epochs) +
-                    " epochs of " + std::to_string(steps_per_epoch) + " steps");
+  if (step != epochs_done * steps_per_epoch)
+    throw DataError(path.string() + ": step " + std::to_string(step) + " does not match " +
+                    std::to_string(epochs_done) + " epochs of " + std::to_string(steps_per_epoch) + " steps");
   std::vector<EpochMetrics> history;
   const auto it = meta.find("history");
   if (it == meta.end()) return history;

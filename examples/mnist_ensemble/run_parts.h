@@ -50,14 +50,15 @@ std::map<std::string, std::string> checkpoint_metadata(const TrainConfig& resolv
 
 // Before a resumed run loads `path`: the checkpoint's recorded configuration (the runner's, or one that
 // checkpoint_metadata wrote) against this run's `resolved` one (check_resumable: DataError naming the field).
-// A Trainer file without the program's configuration is left to Trainer::load's checks.
+// A train::Trainer file without a program's configuration is left to Trainer::load's checks.
 void check_resume(const std::filesystem::path& path, const TrainConfig& resolved);
 
-// After Trainer::load: the file's training examples against this run's (DataError naming both), its step
-// against its epochs of `steps_per_epoch` steps, and its history, the epochs' metrics (empty: none recorded).
+// After Trainer::load: the file's training examples against this run's (DataError naming both), its `step`
+// against its `epochs_done` epochs of `steps_per_epoch` steps, and its history, the epochs' metrics (empty:
+// none recorded).
 std::vector<EpochMetrics> resumed_history(const std::filesystem::path& path, const train::Checkpoint& checkpoint,
                                           std::int64_t train_examples, std::int64_t steps_per_epoch,
-                                          std::int64_t step);
+                                          std::int64_t step, std::int64_t epochs_done);
 
 // The members' tensors (members, ...) of `names`, one after another: the runner's stacked layout
 // (ensemble::Trainer::params()), as the ONNX exporter takes it.

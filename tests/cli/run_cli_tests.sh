@@ -345,6 +345,24 @@ header = next(csv.reader(open(sys.argv[2])))
 assert "val_loss" in header and "ensemble_val_accuracy" in header and not any("test" in h for h in header), header
 assert "Validation accuracy" in open(sys.argv[3]).read()
 PY
+# A run with early stopping resumes from its checkpoint (each member's record and best tensors load): 2 epochs
+# saved and resumed for a third end as 3 straight epochs (patience 5: no member stops, and each member's best
+# is its last epoch, so the end of the 2-epoch run restores nothing). That the records themselves carry over
+# is tests/test_train_early_stopping.cpp's ("a run saved ...").
+es=("${run[@]}" --train-limit 384 --validation-split 0.25 --early-stopping-patience 5 --no-summary)
+expect "early stopping: 2 epochs saved" 0 "early stopping" -- "${es[@]}" --epochs 2 --save "$work/es2.st"
+expect "early stopping: resumed for a third" 0 "resumed after epoch 2" -- "${es[@]}" --epochs 3 \
+  --resume "$work/es2.st" --save "$work/es3b.st" --metrics-json "$work/es3b.json"
+expect "early stopping: 3 straight" 0 "early stopping" -- "${es[@]}" --epochs 3 --save "$work/es3.st" \
+  --metrics-json "$work/es3.json"
+same_tensors "$work/es3.st" "$work/es3b.st" && python3 - "$work/es3.json" "$work/es3b.json" <<'PY' &&
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+assert a["early_stopping"] == b["early_stopping"], (a["early_stopping"], b["early_stopping"])
+assert [s["best_epoch"] for s in a["early_stopping"]] == [3, 3], a["early_stopping"]
+assert [e["member_test_nll"] for e in a["epochs"]] == [e["member_test_nll"] for e in b["epochs"]]
+PY
+  pass "early stopping resumes exactly (tensors, records, history)" || fail "early stopping resumes exactly"
 expect "patience needs a validation split" 2 "--early-stopping-patience watches the validation NLL" -- \
   "$bin" --early-stopping-patience 2
 expect "validation split out of range" 2 "--validation-split: must be in \\[0, 1\\), got 1.5" -- "$bin" --validation-split 1.5
