@@ -191,6 +191,7 @@ else
     "resume continues exactly"                   # 45 s (the runner's; the Trainer's resume cases stay)
     "program recipe: AdamW's default decay"      # 43 s (against the runner)
     "program run: an epoch's metrics"            # the runner's epoch beside the Trainer's, and three loads
+    "program run: the program's Trainer checkpo" # 107 s (2026-12-06); ASan runs it (54 s)
   )
   tsan_skip+="|^($(alternatives "${tsan_long[@]}"))"
   preset_stages tsan -E "$tsan_skip" \
