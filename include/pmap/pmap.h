@@ -3,7 +3,7 @@
 // argument is broadcast (the same object, read-only, to every device: JAX's in_axes=None). The
 // results come back as Sharded<R>. On a mesh spanning processes, the function runs on this process's
 // devices and Sharded values hold their entries only (distributed.h). This header also pulls in the
-// rest of the public API.
+// rest of the public API, shard_map (shard_map.h) included.
 #pragma once
 
 #include <functional>
@@ -100,3 +100,5 @@ template <class F> Pmapped<std::decay_t<F>> pmap(F&& fn, const Mesh& mesh, AxisN
 }
 
 }  // namespace pmap
+
+#include <pmap/shard_map.h>  // shard_map builds on Pmapped above

@@ -63,6 +63,8 @@ std::vector<P> specs_of_leaves(const std::vector<std::string>& paths, const std:
 Specs one_spec(const std::vector<std::string>& paths, const P& spec);
 // ShapeError unless a Sharded value of `entries` entries has one per local device of the mesh.
 void check_entries(std::size_t entries, const Mesh& mesh);
+// shard by specs, its errors starting with `who` ("shard", "shard_map: argument 1"); defined below.
+template <class T> Sharded<T> shard_as(const char* who, const T& tree, const Mesh& mesh, const Specs& specs);
 // The paths of the tree's Array leaves, in tree order.
 template <class T> std::vector<std::string> array_paths(const T& tree) {
   std::vector<std::string> paths;
@@ -132,15 +134,24 @@ template <class T> Sharded<T> shard(const T& tree, const Mesh& mesh, const AxisN
 // are. The result knows the specs (Sharded::specs), so unshard(result, mesh) assembles it. Every process
 // passes the whole tree and keeps its devices' blocks.
 template <class T> Sharded<T> shard(const T& tree, const Mesh& mesh, const Specs& specs) {
+  return detail::shard_as("shard", tree, mesh, specs);
+}
+// One spec for every Array leaf.
+template <class T> Sharded<T> shard(const T& tree, const Mesh& mesh, const P& spec) {
+  return shard(tree, mesh, detail::one_spec(detail::array_paths(tree), spec));
+}
+
+namespace detail {
+template <class T> Sharded<T> shard_as(const char* who, const T& tree, const Mesh& mesh, const Specs& specs) {
   const std::vector<std::string> paths = detail::array_paths(tree);
-  const std::vector<P> spec = detail::specs_of_leaves(paths, specs.by_path(), "shard");
+  const std::vector<P> spec = detail::specs_of_leaves(paths, specs.by_path(), who);
   std::vector<detail::Split> splits;
   std::vector<std::vector<std::vector<int>>> index;  // [leaf][device][dimension]
   std::vector<Array> host(paths.size());  // a leaf on a GPU: copied to the host once
   std::size_t k = 0;
   tree_for_each(tree, [&](const auto& leaf) {
     if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
-      splits.push_back(detail::split_of("shard", paths[k], leaf.shape(), leaf.dtype(), spec[k], mesh));
+      splits.push_back(detail::split_of(who, paths[k], leaf.shape(), leaf.dtype(), spec[k], mesh));
       index.push_back(detail::block_index(mesh, splits.back()));
       if (!leaf.device().is_cpu()) host[k] = leaf.to(Device{});
       ++k;
@@ -164,10 +175,7 @@ template <class T> Sharded<T> shard(const T& tree, const Mesh& mesh, const Specs
   for (std::size_t i = 0; i < paths.size(); ++i) leaf_specs.push_back({paths[i], spec[i]});
   return Sharded<T>(std::move(out), std::move(leaf_specs));
 }
-// One spec for every Array leaf.
-template <class T> Sharded<T> shard(const T& tree, const Mesh& mesh, const P& spec) {
-  return shard(tree, mesh, detail::one_spec(detail::array_paths(tree), spec));
-}
+}  // namespace detail
 
 // The inverse of shard by specs: each leaf assembled whole in host memory from its blocks, reading each block
 // from the first local device holding it (ShapeError when only other processes' devices hold one).

@@ -69,6 +69,31 @@ static int check_sharded_by_specs(const std::vector<pmap::Device>& devices, int 
   return bad;
 }
 
+// shard_map on a mesh (x = n / 2, y = 2) spanning the processes: a (n, 4) input split over both axes, summed
+// over "y" and gathered over "x" (replicated, so every process assembles it: the check compares this
+// process's devices), bitwise the single-process run of n CPU devices; sharded() keeps the local blocks.
+static int check_shard_map(const std::vector<pmap::Device>& devices, int rank) {
+  const auto n = static_cast<int>(devices.size());
+  const pmap::Array x = hard_floats(0, n * 4).reshape({n, 4});
+  auto run = [&](const pmap::Mesh& mesh) {
+    return pmap::shard_map([](const pmap::Array& block) { return pmap::all_gather(pmap::psum(block, "y"), "x", 0, true); },
+                           mesh, {pmap::P("x", "y")}, pmap::P())(x);
+  };
+  pmap::Mesh mesh(devices, {{"x", n / 2}, {"y", 2}});
+  pmap::Mesh reference(pmap::local_devices(pmap::DeviceKind::cpu, n), {{"x", n / 2}, {"y", 2}});
+  std::vector<std::uint32_t> got, want;
+  append_bits(got, run(mesh));
+  append_bits(want, run(reference));
+  int bad = got != want;
+  auto blocks = pmap::shard_map([](const pmap::Array& block) { return pmap::psum(block, "y"); }, mesh,
+                                {pmap::P("x", "y")}, pmap::P("x"))
+                    .sharded(x);
+  bad += blocks.size() != static_cast<std::size_t>(mesh.local_size());
+  std::printf("rank %d: shard_map over %s: %zu result words %s the %d-device single-process run\n", rank,
+              mesh.str().c_str(), got.size(), bad == 0 ? "bitwise equal to" : "DIFFER from", n);
+  return bad;
+}
+
 int check_sharded(const std::vector<pmap::Device>& devices, int rank, int processes) {
   const auto n = static_cast<std::int64_t>(devices.size());
   pmap::Mesh mesh(devices, "i");
@@ -97,7 +122,7 @@ int check_sharded(const std::vector<pmap::Device>& devices, int rank, int proces
   bad += unshard_refused != (processes > 1);
   std::printf("rank %d: shard/replicate/pmap over %s hold %zu local entries: %s\n", rank, mesh.str().c_str(),
               sharded.size(), bad == 0 ? "ok" : "FAILED");
-  if (n % 2 == 0) bad += check_sharded_by_specs(devices, rank, processes);
+  if (n % 2 == 0) bad += check_sharded_by_specs(devices, rank, processes) + check_shard_map(devices, rank);
   return bad;
 }
 

@@ -1,0 +1,165 @@
+// shard_map: JAX's jax.shard_map(f, mesh=, in_specs=, out_specs=). f is written for one device's blocks: each
+// argument is split as its in spec says, f runs on every device of the mesh (over all of its axes, as pmap
+// does: collectives inside name the mesh's axes), and its result is assembled from the devices' blocks as the
+// out specs say. An axis an out spec does not name is a promise that the output is the same along it (psum'd
+// or pmean'd over it, or computed only from values replicated along it). With ShardMapOptions::check (on by
+// default; JAX's check_vma, here checked on the values) every device's block of every output is compared bit
+// for bit with those of the devices that hold the same block, and a difference raises ValueError naming the
+// output, the two devices and the axes.
+//
+//   pmap::Mesh mesh(devices, {{"data", 2}, {"model", 2}});
+//   auto matmul = pmap::shard_map([](const Array& x, const Array& w) {
+//     return pmap::psum(ops::matmul(x, w), "model");  // a block of rows, summed over the split K
+//   }, mesh, {P("data", "model"), P("model", pmap::none)}, P("data", pmap::none));
+//   Array y = matmul(x, w);                           // x (B, K), w (K, N): y = x w, (B, N)
+//
+// The specs of one argument (a TreeSpec) are one P for every Array leaf of its tree, or pmap::Specs by leaf
+// path (tree.h's paths; a leaf not named is replicated). An argument is a whole tree (on the host or on any
+// device: it is split onto the mesh's devices), or a Sharded value that shard or sharded() made with the same
+// specs, used as it is; its leaves that are not Arrays reach every device as they are. f returns a tree:
+// operator() gives it whole, in host memory; sharded() gives the devices' blocks as a Sharded value that knows
+// its specs, so a training loop can pass one call's result to the next without the host.
+// On a mesh spanning processes f runs on this process's devices, the check compares them, and operator()
+// needs every block of the result on a local device (sharded() does not).
+// The gradients of a loss computed inside f (pmap::grad in f's body) come with the collectives' transposes
+// (core/grad.h); grad of a function that calls shard_map is not supported.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <pmap/pmap.h>
+
+namespace pmap {
+
+// The specs of one tree: one P for every Array leaf, or Specs by leaf path.
+class TreeSpec {
+ public:
+  TreeSpec(P spec) : spec_(std::move(spec)) {}            // NOLINT: implicit, as JAX takes a bare P
+  TreeSpec(Specs by_path) : spec_(std::move(by_path)) {}  // NOLINT
+  // Per Array leaf (`paths`, in tree order), its spec; a path Specs names that is not a leaf raises
+  // ValueError starting with `who`.
+  std::vector<P> of_leaves(const std::vector<std::string>& paths, const std::string& who) const;
+  // As Specs, for shard.
+  Specs by_path(const std::vector<std::string>& paths) const;
+
+ private:
+  std::variant<P, Specs> spec_;
+};
+
+struct ShardMapOptions {
+  // Compare the blocks of each output along the axes its spec does not name, bit for bit (JAX's check_vma).
+  // It copies every device's blocks to the host once; turn it off in a loop whose body is known to keep
+  // its promises.
+  bool check = true;
+};
+
+namespace detail {
+
+// ValueError unless there is one in spec per argument.
+void check_in_spec_count(std::size_t specs, std::size_t arguments);
+// The checks on a Sharded argument: one entry per local device, and specs equal to `want` leaf by leaf.
+void check_sharded_argument(std::size_t index, std::size_t entries, const std::vector<LeafSpec>& have,
+                            const std::vector<std::string>& paths, const std::vector<P>& want, const Mesh& mesh);
+
+// One device's output tree, flattened: its Array leaves, and the bytes of its scalar leaves by path.
+struct OutputLeaves {
+  std::vector<const Array*> arrays;
+  std::vector<std::pair<std::string, std::string>> scalars;
+};
+// Checks the outputs of every local device against the out specs (`paths`: the Array leaves' paths, `specs`
+// their specs): the same tree on every device, blocks of one shape and dtype that the specs can assemble,
+// and, with `compare`, equal bits wherever two devices hold the same block and equal scalar leaves.
+void check_outputs(const Mesh& mesh, const std::vector<std::string>& paths, const std::vector<P>& specs,
+                   const std::vector<OutputLeaves>& devices, bool compare);
+
+// What f's parameter sees of an argument of type A: a device's tree.
+template <class A> struct block_of { using type = A; };
+template <class T> struct block_of<Sharded<T>> { using type = T; };
+template <class A> using block_t = typename block_of<A>::type;
+
+template <class T> OutputLeaves output_leaves(const T& tree) {
+  OutputLeaves out;
+  tree_for_each_with_path(tree, [&](const std::string& path, const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+      out.arrays.push_back(&leaf);
+    } else {
+      out.scalars.emplace_back(path, std::string(reinterpret_cast<const char*>(&leaf), sizeof(leaf)));
+    }
+  });
+  return out;
+}
+
+}  // namespace detail
+
+template <class F> class ShardMapped {
+ public:
+  ShardMapped(F fn, const Mesh& mesh, std::vector<TreeSpec> in_specs, TreeSpec out_specs, ShardMapOptions options)
+      : fn_(std::move(fn)), mesh_(&mesh), in_(std::move(in_specs)), out_(std::move(out_specs)), options_(options) {}
+
+  // f's result, assembled whole in host memory.
+  template <class... Args> auto operator()(const Args&... args) {
+    auto blocks = sharded(args...);
+    return unshard(blocks, *mesh_);
+  }
+
+  // f's result as the devices' blocks, knowing the out specs (unshard(result, mesh) assembles it).
+  template <class... Args> auto sharded(const Args&... args) {
+    detail::check_in_spec_count(in_.size(), sizeof...(Args));
+    return run(std::index_sequence_for<Args...>{}, args...);
+  }
+
+ private:
+  template <std::size_t... I, class... Args> auto run(std::index_sequence<I...>, const Args&... args) {
+    // Braced: the arguments are split left to right.
+    std::tuple<decltype(blocks_of<I>(args))...> blocks{blocks_of<I>(args)...};
+    static_assert(!std::is_void_v<std::invoke_result_t<F&, const detail::block_t<Args>&...>>,
+                  "shard_map: f must return a tree (its result is assembled by out_specs)");
+    auto out = std::apply([&](const auto&... b) { return pmap(std::ref(fn_), *mesh_)(b...); }, blocks);
+    using V = std::remove_cvref_t<decltype(out[0])>;
+    const std::vector<std::string> paths = detail::array_paths(out[0]);
+    const std::vector<P> specs = out_.of_leaves(paths, "shard_map: out_specs");
+    std::vector<detail::OutputLeaves> leaves;
+    for (const V& tree : out) leaves.push_back(detail::output_leaves(tree));
+    detail::check_outputs(*mesh_, paths, specs, leaves, options_.check);
+    std::vector<LeafSpec> leaf_specs;
+    for (std::size_t i = 0; i < paths.size(); ++i) leaf_specs.push_back({paths[i], specs[i]});
+    return Sharded<V>(std::move(out.values()), std::move(leaf_specs));
+  }
+
+  // A whole tree split by in spec I (a new Sharded value); a Sharded argument checked and passed on.
+  template <std::size_t I, class A> decltype(auto) blocks_of(const A& arg) {
+    const std::string who = "shard_map: argument " + std::to_string(I);
+    if constexpr (is_sharded_v<A>) {
+      const std::vector<std::string> paths =
+          arg.size() == 0 ? std::vector<std::string>() : detail::array_paths(arg[0]);
+      detail::check_sharded_argument(I, arg.size(), arg.specs(), paths, in_[I].of_leaves(paths, who), *mesh_);
+      return static_cast<const A&>(arg);
+    } else {
+      const std::vector<std::string> paths = detail::array_paths(arg);
+      return detail::shard_as(who.c_str(), arg, *mesh_, in_[I].by_path(paths));
+    }
+  }
+
+  F fn_;
+  const Mesh* mesh_;
+  std::vector<TreeSpec> in_;
+  TreeSpec out_;
+  ShardMapOptions options_;
+};
+
+// shard_map(f, mesh, in_specs, out_specs[, options]): one TreeSpec per argument of f (a P, or Specs by leaf
+// path), one for its result. The mesh must outlive the result.
+template <class F>
+ShardMapped<std::decay_t<F>> shard_map(F&& fn, const Mesh& mesh, std::vector<TreeSpec> in_specs, TreeSpec out_specs,
+                                       ShardMapOptions options = {}) {
+  return ShardMapped<std::decay_t<F>>(std::forward<F>(fn), mesh, std::move(in_specs), std::move(out_specs), options);
+}
+
+}  // namespace pmap
