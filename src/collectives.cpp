@@ -4,6 +4,8 @@
 #include <pmap/collectives.h>
 
 #include <atomic>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <set>
@@ -84,7 +86,8 @@ void reduce_into(const char* name, const Array& x, Array& out, const AxisNames& 
   run(t, op, x, out);
 }
 
-void divide_by(Array& x, int n) {
+// x / n, each element rounded once (n as x's dtype: a device count, or a sum of weights).
+void divide_by(Array& x, double n) {
   if (x.device().is_cpu()) {
     if (x.dtype() == DType::f32) {
       float* p = x.data<float>();
@@ -97,6 +100,22 @@ void divide_by(Array& x, int n) {
     return;
   }
   detail::cuda_divide(x.device().ordinal, x.raw_data(), static_cast<std::size_t>(x.size()), x.dtype(), n);
+}
+
+// x * w, each element rounded once (w as x's dtype).
+void multiply_by(Array& x, double w) {
+  if (x.device().is_cpu()) {
+    if (x.dtype() == DType::f32) {
+      float* p = x.data<float>();
+      const float f = static_cast<float>(w);
+      for (std::int64_t i = 0; i < x.size(); ++i) p[i] *= f;
+    } else {
+      double* p = x.data<double>();
+      for (std::int64_t i = 0; i < x.size(); ++i) p[i] *= w;
+    }
+    return;
+  }
+  detail::cuda_multiply(x.device().ordinal, x.raw_data(), static_cast<std::size_t>(x.size()), x.dtype(), w);
 }
 
 // x for a message raised on the calling device, which pmap names first: "f32(2, 3)", and " on <device>"
@@ -184,6 +203,42 @@ Array pmean(const Array& x, const AxisNames& axes) {
   reduce_into("pmean", x, out, axes, ReduceOp::sum);
   divide_by(out, axis_size(axes));
   return out;
+}
+
+namespace detail {
+
+double total_weight(double weight, const AxisNames& axes) {
+  if (!std::isfinite(weight) || weight < 0) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", weight);
+    throw ValueError(std::string("pmean: weight ") + text + ": a weight must be finite and non-negative");
+  }
+  const double total = psum(weight, axes);
+  if (!(total > 0)) throw ValueError("pmean: every weight over " + axes.str() + " is 0; there is nothing to average");
+  return total;
+}
+
+Array weighted_mean(const Array& x, const AxisNames& axes, double weight, double total) {
+  if (traced(x))
+    throw ValueError("pmean with a weight of " + x.signature() + " inside grad or vmap: not supported there; "
+                     "inside grad, divide the loss's sum by psum(count) and psum the gradients instead");
+  check_floating("pmean", x);
+  Array out = x.copy();
+  if (weight == 0) {
+    out.fill_zero();  // adds nothing, even where x is NaN
+  } else if (weight != 1) {
+    multiply_by(out, weight);
+  }
+  reduce_into("pmean", out, out, axes, ReduceOp::sum);
+  divide_by(out, total);
+  return out;
+}
+
+}  // namespace detail
+
+Array pmean(const Array& x, const AxisNames& axes, double weight) {
+  if (traced(x)) return detail::weighted_mean(x, axes, weight, 1);  // raises, naming what to do
+  return detail::weighted_mean(x, axes, weight, detail::total_weight(weight, axes));
 }
 
 void psum_inplace(Array& x, const AxisNames& axes) {

@@ -97,8 +97,10 @@ class DeviceStream {
 // ---- Device-side helpers of the runtime -----------------------------------------------------------
 
 // x[i] /= n for `count` elements of a floating dtype in device memory of GPU `ordinal`, on the calling
-// thread's stream there (the same rounding as the host's division). Asynchronous.
-void cuda_divide(int ordinal, void* x, std::size_t count, DType dtype, int n);
+// thread's stream there (n as the dtype: the same rounding as the host's division). Asynchronous.
+void cuda_divide(int ordinal, void* x, std::size_t count, DType dtype, double n);
+// x[i] *= w, likewise.
+void cuda_multiply(int ordinal, void* x, std::size_t count, DType dtype, double w);
 
 // dst (outer, n, block) = src (n, outer, block), blocks of block_bytes each, in device memory of GPU
 // `ordinal` (not overlapping): an all_gather's stacked result laid out along an inner axis. On the calling

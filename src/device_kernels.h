@@ -56,6 +56,11 @@ template <class T> struct DivideBy {
   T divisor = 1;
   PMAPCC_HD void operator()(std::size_t i) const { x[i] = x[i] / divisor; }
 };
+template <class T> struct MultiplyBy {
+  T* x = nullptr;
+  T factor = 1;
+  PMAPCC_HD void operator()(std::size_t i) const { x[i] = x[i] * factor; }
+};
 
 // pmax/pmin over NCCL (review F2). NCCL's ncclMax/ncclMin on floats are fmaxf/fminf, which return the other
 // operand when one is NaN; every other path propagates NaN. So floats travel as integers in the same order:

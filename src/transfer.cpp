@@ -9,18 +9,20 @@
 namespace pmap::detail {
 
 std::int64_t check_shardable(const std::vector<std::pair<std::string, const Array*>>& leaves,
-                             const std::vector<std::string>& scalar_paths, int parts, const std::string& axes) {
+                             const std::vector<std::string>& scalar_paths, int parts, const std::string& axes,
+                             const char* who) {
   auto label = [](const std::string& p) { return p.empty() ? std::string("the array") : "'" + p + "'"; };
+  const std::string fn = who;
   if (!scalar_paths.empty())
-    throw ShapeError("shard: " + label(scalar_paths[0]) + " is a scalar and has no leading axis to split");
-  if (leaves.empty()) throw ShapeError("shard: the tree has no arrays");
+    throw ShapeError(fn + ": " + label(scalar_paths[0]) + " is a scalar and has no leading axis to split");
+  if (leaves.empty()) throw ShapeError(fn + ": the tree has no arrays");
   for (const auto& [path, a] : leaves)
-    if (a->ndim() == 0) throw ShapeError("shard: " + label(path) + " is a scalar array and has no leading axis");
+    if (a->ndim() == 0) throw ShapeError(fn + ": " + label(path) + " is a scalar array and has no leading axis");
   const std::int64_t rows = leaves[0].second->shape()[0];
   bool same = true;
   for (const auto& [path, a] : leaves) same = same && a->shape()[0] == rows;
   if (!same) {
-    std::string msg = "shard: leaves have different leading sizes:";
+    std::string msg = fn + ": leaves have different leading sizes:";
     for (const auto& [path, a] : leaves) msg += " " + label(path) + " has " + std::to_string(a->shape()[0]) + ";";
     msg.pop_back();
     throw ShapeError(msg);
@@ -30,6 +32,15 @@ std::int64_t check_shardable(const std::vector<std::pair<std::string, const Arra
                      std::to_string(rows) + " of " + label(leaves[0].first) + " is not divisible by " +
                      std::to_string(parts));
   return rows;
+}
+
+std::string mesh_identity(const Mesh& mesh) {
+  std::string s = "Mesh(";
+  for (std::size_t k = 0; k < mesh.axes().size(); ++k)
+    s += (k ? ", " : "") + mesh.axes()[k].name + "=" + std::to_string(mesh.axes()[k].size);
+  s += ";";
+  for (std::size_t d = 0; d < mesh.devices().size(); ++d) s += (d ? ", " : " ") + mesh.devices()[d].str();
+  return s + ")";
 }
 
 std::vector<int> piece_of_device(const Mesh& mesh, const AxisNames& axes) {

@@ -51,11 +51,12 @@ std::vector<float> host_matmul(const std::vector<float>& a, const std::vector<fl
 }
 
 void check_matmul(const std::vector<pmap::Device>& devices) {
-  const std::int64_t rows = 8, k = 12, cols = 5;
+  const std::int64_t rows = 12, k = 12, cols = 5;
   const auto xs = random_floats(static_cast<std::size_t>(rows * k), 1);
   const auto ws = random_floats(static_cast<std::size_t>(k * cols), 2);
   const auto want = host_matmul(xs, ws, rows, k, cols, 0, k);
-  for (auto [data, model] : {std::pair{1, 1}, {1, 2}, {2, 1}, {2, 2}, {1, 4}, {4, 1}}) {
+  for (auto mesh_shape : {std::pair{1, 1}, {1, 2}, {2, 1}, {2, 2}, {1, 3}, {3, 1}, {1, 4}, {4, 1}}) {
+    const int data = mesh_shape.first, model = mesh_shape.second;  // not a structured binding: lambdas capture it
     CAPTURE(data);
     CAPTURE(model);
     pmap::Mesh mesh = mesh_of(devices, data, model);
@@ -80,6 +81,7 @@ void check_matmul(const std::vector<pmap::Device>& devices) {
                                    P("data"));
     const auto twice = doubled(blocks).to_vector<float>();
     const auto once = y.to_vector<float>();
+    REQUIRE(twice.size() == once.size());
     for (std::size_t i = 0; i < once.size(); ++i) CHECK(twice[i] == 2.0f * once[i]);
   }
 }
@@ -103,7 +105,7 @@ TEST_CASE("shard_map: an axis the out spec does not name must hold equal blocks 
   auto partial = [](const Array& xd, const Array& wd) { return ops::matmul(xd, wd); };
   const std::vector<pmap::TreeSpec> in{P("data", "model"), P("model", pmap::none)};
   CHECK_THROWS_WITH_AS(pmap::shard_map(partial, mesh, in, P("data", pmap::none))(x, w),
-                       doctest::Contains("shard_map: output the array f32(2, 3) (out spec P('data', None)) differs "
+                       doctest::Contains("shard_map: output f32(2, 3) (out spec P('data', None)) differs "
                                          "between cpu:0 (data 0, model 0) and cpu:1 (data 0, model 1), which hold the "
                                          "same block: the spec does not name 'model'"),
                        pmap::ValueError);
@@ -127,11 +129,19 @@ TEST_CASE("shard_map: an axis the out spec does not name must hold equal blocks 
                            {P("data", "model")}, P());
   };
   CHECK_THROWS_WITH_AS(mean_over("data")(x), doctest::Contains("the spec does not name 'model'"), pmap::ValueError);
+  auto last_differs = [](const Array& xd) {  // equal on cpu:0-2; cpu:3 differs from cpu:0 along both axes
+    const bool last = pmap::axis_index("data") == 1 && pmap::axis_index("model") == 1;
+    return ops::scale(ops::sum(xd), 0.0f, last ? 1.0f : 0.0f);
+  };
+  CHECK_THROWS_WITH_AS(pmap::shard_map(last_differs, mesh, {P("data", "model")}, P())(x),
+                       doctest::Contains("the spec does not name 'data', 'model', a promise that the output is equal "
+                                         "along them"),
+                       pmap::ValueError);
   CHECK(std::abs(mean_over(pmap::AxisNames{"data", "model"})(x).item<float>() -
                  [&] { double s = 0; for (float v : xs) s += v; return float(s / 4); }()) <= 1e-5f);
   // Scalar leaves have no spec: they must be equal everywhere.
-  auto scalar = pmap::shard_map([](const Array& xd) { return std::pair(ops::scale(xd, 1.0f), pmap::axis_index("model")); },
-                                mesh, {P("data", "model")}, P("data", "model"));
+  auto with_index = [](const Array& xd) { return std::pair(ops::scale(xd, 1.0f), pmap::axis_index("model")); };
+  auto scalar = pmap::shard_map(with_index, mesh, {P("data", "model")}, P("data", "model"));
   CHECK_THROWS_WITH_AS(scalar(x), doctest::Contains("shard_map: output '1' (a scalar leaf: it has no spec, so it must "
                                                     "be the same on every device) differs between cpu:0"),
                        pmap::ValueError);
@@ -177,7 +187,8 @@ TEST_CASE("shard_map with grad inside: a Megatron MLP gives the unsplit model's 
   Mlp trained = sgd(full, g, 0.1f);
   for (int s = 1; s < 3; ++s) trained = sgd(trained, unsplit(trained), 0.1f);
 
-  for (auto [data, model] : {std::pair{1, 1}, {1, 2}, {2, 2}, {1, 4}}) {
+  for (auto mesh_shape : {std::pair{1, 1}, {1, 2}, {2, 2}, {1, 4}}) {
+    const int data = mesh_shape.first, model = mesh_shape.second;  // not a structured binding: lambdas capture it
     CAPTURE(data);
     CAPTURE(model);
     pmap::Mesh mesh = mesh_of(cpu_devices(), data, model);
@@ -208,6 +219,7 @@ TEST_CASE("shard_map with grad inside: a Megatron MLP gives the unsplit model's 
     for (int s = 0; s < 3; ++s) p = step.sharded(p, x, t);
     const Mlp after = pmap::unshard(p, mesh);
     CHECK(relative_error(values(after.w1), values(trained.w1)) <= 1e-5);
+    CHECK(relative_error(values(after.b1), values(trained.b1)) <= 1e-5);
     CHECK(relative_error(values(after.w2), values(trained.w2)) <= 1e-5);
     CHECK(relative_error(values(after.b2), values(trained.b2)) <= 1e-5);
   }
@@ -266,8 +278,17 @@ TEST_CASE("shard_map: bad specs and arguments raise naming the argument, the lea
     return pmap::axis_index("model") == 0 ? ops::scale(a, 1.0f) : ops::slice(a, {0, 0}, {1, 6});
   };
   CHECK_THROWS_WITH_AS(pmap::shard_map(ragged, mesh, {P("data")}, P("data", "model"))(x),
-                       "shard_map: output the array: cpu:1 (data 0, model 1)'s block is f32(1, 6), cpu:0 (data 0, "
+                       "shard_map: output: cpu:1 (data 0, model 1)'s block is f32(1, 6), cpu:0 (data 0, "
                        "model 0)'s f32(2, 6); every device's block of an output has one shape and dtype",
+                       pmap::ShapeError);
+  auto keyed = [](const Array& a) {  // a tree whose key depends on the device
+    std::map<std::string, Array> out;
+    out.emplace(pmap::axis_index("model") == 0 ? "a" : "b", ops::scale(a, 1.0f));
+    return out;
+  };
+  CHECK_THROWS_WITH_AS(pmap::shard_map(keyed, mesh, {P("data")}, P("data", "model"))(x),
+                       "shard_map: cpu:1 (data 0, model 1) returned a tree of 1 arrays and 0 scalars, not the leaves "
+                       "of cpu:0 (data 0, model 0)'s (1 arrays and 0 scalars)",
                        pmap::ShapeError);
   // Sharded arguments: split otherwise, carrying no specs, or for another mesh.
   auto by_rows = pmap::shard(x, mesh, P("data"));
@@ -285,6 +306,20 @@ TEST_CASE("shard_map: bad specs and arguments raise naming the argument, the lea
   CHECK_THROWS_WITH_AS(pmap::shard_map(id, small, {P("data")}, P("data"))(by_rows),
                        "shard_map: argument 0 is a Sharded value of 4 entries, but the mesh has 2 local devices",
                        pmap::ShapeError);
+  pmap::Mesh rows4 = mesh_of(cpu_devices(), 4, 1);  // the same devices, other axes: blocks of another size
+  CHECK_THROWS_WITH_AS(pmap::shard_map(id, rows4, {P("data")}, P("data"))(by_rows),
+                       "shard_map: argument 0 was split on Mesh(data=2, model=2; cpu:0, cpu:1, cpu:2, cpu:3), not on "
+                       "this Mesh(data=4, model=1; cpu:0, cpu:1, cpu:2, cpu:3); unshard it there and pass the whole "
+                       "tree",
+                       pmap::ValueError);
+  const auto eight = pmap::local_devices(pmap::DeviceKind::cpu, 8);
+  pmap::Mesh others(std::vector<pmap::Device>(eight.begin() + 4, eight.end()), {{"data", 2}, {"model", 2}});
+  std::vector<Array> entries;  // made by hand: no mesh recorded, on cpu:0..3
+  for (const Array& e : by_rows) entries.push_back(e.copy());
+  const pmap::Sharded<Array> by_hand(std::move(entries), by_rows.specs());
+  CHECK_THROWS_WITH_AS(pmap::shard_map(id, others, {P("data")}, P("data"))(by_hand),
+                       "shard_map: argument 0: entry 0 holds an array on cpu:0, but the mesh's local device 0 is cpu:4",
+                       pmap::ValueError);
 }
 
 }  // namespace

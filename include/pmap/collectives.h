@@ -38,6 +38,14 @@ Array pmean(const Array& x, const AxisNames& axes);  // floating dtypes only (Va
 // where the hubs keep either. (Not yet run on several GPUs; the keys are checked on the host.)
 Array pmax(const Array& x, const AxisNames& axes);
 Array pmin(const Array& x, const AxisNames& axes);
+// The weighted mean over the devices: the sum of weight_d * x_d over the devices, divided by the sum of
+// their weights (x floating; the weight and the sum are rounded to x's dtype, exact for f32 up to 2^24). For
+// blocks that shard_padded (padded.h) padded, a mean over each device's real rows weighted by its real row
+// count (Padded::count) is the mean over every real row. Weights must be finite and non-negative
+// (ValueError), and not all 0; a device of weight 0 adds nothing, even a NaN (the mean of no rows). Not inside
+// grad or vmap (ValueError): inside grad, divide the loss's sum by psum(count) and psum the gradients, which
+// gives the same mean. The trees' overload sums the weights once for all the leaves.
+Array pmean(const Array& x, const AxisNames& axes, double weight);
 void psum_inplace(Array& x, const AxisNames& axes);
 void pmean_inplace(Array& x, const AxisNames& axes);
 void pmax_inplace(Array& x, const AxisNames& axes);
@@ -75,6 +83,10 @@ template <ScalarLeaf T> T pmean(T x, const AxisNames& axes) {
   static_assert(std::is_floating_point_v<T>, "pmean needs a floating-point value");
   return pmean(Array::scalar(x), axes).template item<T>();
 }
+template <ScalarLeaf T> T pmean(T x, const AxisNames& axes, double weight) {
+  static_assert(std::is_floating_point_v<T>, "pmean needs a floating-point value");
+  return pmean(Array::scalar(x), axes, weight).template item<T>();
+}
 template <ScalarLeaf T> std::vector<T> all_gather(T x, const AxisNames& axes) {
   return all_gather(Array::scalar(x), axes).template to_vector<T>();
 }
@@ -91,6 +103,26 @@ PMAPCC_TREE_COLLECTIVE(pmean)
 PMAPCC_TREE_COLLECTIVE(pmax)
 PMAPCC_TREE_COLLECTIVE(pmin)
 #undef PMAPCC_TREE_COLLECTIVE
+
+namespace detail {
+// The weights' sum over the axes, checked (pmean with weights).
+double total_weight(double weight, const AxisNames& axes);
+Array weighted_mean(const Array& x, const AxisNames& axes, double weight, double total);
+}  // namespace detail
+template <class T>
+  requires(!Leaf<T>)
+T pmean(const T& tree, const AxisNames& axes, double weight) {
+  const double total = detail::total_weight(weight, axes);
+  return tree_map(tree, [&](const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+      return detail::weighted_mean(leaf, axes, weight, total);
+    } else {
+      using S = std::remove_cvref_t<decltype(leaf)>;
+      static_assert(std::is_floating_point_v<S>, "pmean needs floating-point leaves");
+      return detail::weighted_mean(Array::scalar(leaf), axes, weight, total).template item<S>();
+    }
+  });
+}
 
 template <class T>
   requires(!Leaf<T>)

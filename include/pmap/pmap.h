@@ -102,3 +102,4 @@ template <class F> Pmapped<std::decay_t<F>> pmap(F&& fn, const Mesh& mesh, AxisN
 }  // namespace pmap
 
 #include <pmap/shard_map.h>  // shard_map builds on Pmapped above
+#include <pmap/padded.h>     // shard_padded: sizes that do not divide

@@ -15,12 +15,13 @@
 //
 // The specs of one argument (a TreeSpec) are one P for every Array leaf of its tree, or pmap::Specs by leaf
 // path (tree.h's paths; a leaf not named is replicated). An argument is a whole tree (on the host or on any
-// device: it is split onto the mesh's devices), or a Sharded value that shard or sharded() made with the same
-// specs, used as it is; its leaves that are not Arrays reach every device as they are. f returns a tree:
+// device: it is split onto the mesh's devices), or a Sharded value that shard or sharded() made on this mesh with
+// the same specs, used as it is; its leaves that are not Arrays reach every device as they are. f returns a tree:
 // operator() gives it whole, in host memory; sharded() gives the devices' blocks as a Sharded value that knows
 // its specs, so a training loop can pass one call's result to the next without the host.
-// On a mesh spanning processes f runs on this process's devices, the check compares them, and operator()
-// needs every block of the result on a local device (sharded() does not).
+// On a mesh spanning processes f runs on this process's devices, and operator() needs every block of the result
+// on a local device (sharded() does not); the check compares every device's blocks by a hash gathered onto
+// every process, so each process raises the same error.
 // The gradients of a loss computed inside f (pmap::grad in f's body) come with the collectives' transposes
 // (core/grad.h); grad of a function that calls shard_map is not supported.
 #pragma once
@@ -64,13 +65,19 @@ namespace detail {
 
 // ValueError unless there is one in spec per argument.
 void check_in_spec_count(std::size_t specs, std::size_t arguments);
-// The checks on a Sharded argument: one entry per local device, and specs equal to `want` leaf by leaf.
-void check_sharded_argument(std::size_t index, std::size_t entries, const std::vector<LeafSpec>& have,
-                            const std::vector<std::string>& paths, const std::vector<P>& want, const Mesh& mesh);
+// The checks on a Sharded argument (`index`: its position): one entry per local device, split on this mesh
+// (`made_on`: Sharded::mesh()), each entry's arrays on its device (`devices[d]`: entry d's leaves' devices).
+void check_sharded_entries(std::size_t index, std::size_t entries, const std::string& made_on,
+                           const std::vector<std::vector<Device>>& devices, const Mesh& mesh);
+// Its specs equal to `want`, leaf by leaf.
+void check_sharded_specs(std::size_t index, const std::vector<LeafSpec>& have, const std::vector<std::string>& paths,
+                         const std::vector<P>& want);
 
-// One device's output tree, flattened: its Array leaves, and the bytes of its scalar leaves by path.
+// One device's output tree, flattened: its Array leaves and their paths, and the bytes of its scalar leaves by
+// path.
 struct OutputLeaves {
   std::vector<const Array*> arrays;
+  std::vector<std::string> paths;
   std::vector<std::pair<std::string, std::string>> scalars;
 };
 // Checks the outputs of every local device against the out specs (`paths`: the Array leaves' paths, `specs`
@@ -89,6 +96,7 @@ template <class T> OutputLeaves output_leaves(const T& tree) {
   tree_for_each_with_path(tree, [&](const std::string& path, const auto& leaf) {
     if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
       out.arrays.push_back(&leaf);
+      out.paths.push_back(path);
     } else {
       out.scalars.emplace_back(path, std::string(reinterpret_cast<const char*>(&leaf), sizeof(leaf)));
     }
@@ -124,22 +132,27 @@ template <class F> class ShardMapped {
     auto out = std::apply([&](const auto&... b) { return pmap(std::ref(fn_), *mesh_)(b...); }, blocks);
     using V = std::remove_cvref_t<decltype(out[0])>;
     const std::vector<std::string> paths = detail::array_paths(out[0]);
-    const std::vector<P> specs = out_.of_leaves(paths, "shard_map: out_specs");
+    const std::vector<P> specs = out_.of_leaves(paths, "shard_map: out_specs");  // checks the paths
     std::vector<detail::OutputLeaves> leaves;
     for (const V& tree : out) leaves.push_back(detail::output_leaves(tree));
     detail::check_outputs(*mesh_, paths, specs, leaves, options_.check);
     std::vector<LeafSpec> leaf_specs;
     for (std::size_t i = 0; i < paths.size(); ++i) leaf_specs.push_back({paths[i], specs[i]});
-    return Sharded<V>(std::move(out.values()), std::move(leaf_specs));
+    return Sharded<V>(std::move(out.values()), std::move(leaf_specs), detail::mesh_identity(*mesh_));
   }
 
   // A whole tree split by in spec I (a new Sharded value); a Sharded argument checked and passed on.
   template <std::size_t I, class A> decltype(auto) blocks_of(const A& arg) {
     const std::string who = "shard_map: argument " + std::to_string(I);
     if constexpr (is_sharded_v<A>) {
-      const std::vector<std::string> paths =
-          arg.size() == 0 ? std::vector<std::string>() : detail::array_paths(arg[0]);
-      detail::check_sharded_argument(I, arg.size(), arg.specs(), paths, in_[I].of_leaves(paths, who), *mesh_);
+      std::vector<std::vector<Device>> devices(arg.size());
+      for (std::size_t d = 0; d < arg.size(); ++d)
+        tree_for_each(arg[d], [&](const auto& leaf) {
+          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) devices[d].push_back(leaf.device());
+        });
+      detail::check_sharded_entries(I, arg.size(), arg.mesh(), devices, *mesh_);
+      const std::vector<std::string> paths = detail::array_paths(arg[0]);
+      detail::check_sharded_specs(I, arg.specs(), paths, in_[I].of_leaves(paths, who));
       return static_cast<const A&>(arg);
     } else {
       const std::vector<std::string> paths = detail::array_paths(arg);

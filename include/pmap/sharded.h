@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -16,7 +17,8 @@ template <class T> class Sharded {
  public:
   Sharded() = default;
   explicit Sharded(std::vector<T> values) : values_(std::move(values)) {}
-  Sharded(std::vector<T> values, std::vector<LeafSpec> specs) : values_(std::move(values)), specs_(std::move(specs)) {}
+  Sharded(std::vector<T> values, std::vector<LeafSpec> specs, std::string mesh = {})
+      : values_(std::move(values)), specs_(std::move(specs)), mesh_(std::move(mesh)) {}
 
   std::size_t size() const { return values_.size(); }
   T& operator[](std::size_t device) { return values_[device]; }
@@ -30,10 +32,14 @@ template <class T> class Sharded {
   // How it was split: each Array leaf's path and spec, in tree order. Empty for a value not made by specs
   // (pmap's results, replicate, shard over the leading axis).
   const std::vector<LeafSpec>& specs() const { return specs_; }
+  // The mesh it was split on (its axes and every device, in order) when shard by specs or shard_map made it;
+  // else empty. shard_map refuses a value split on another mesh.
+  const std::string& mesh() const { return mesh_; }
 
  private:
   std::vector<T> values_;
   std::vector<LeafSpec> specs_;
+  std::string mesh_;
 };
 
 template <class T> struct is_sharded : std::false_type {};

@@ -17,9 +17,11 @@ namespace pmap {
 
 namespace detail {
 // Checks that every Array leaf can be split `parts` ways along its leading axis, and that all leaves
-// agree on the leading size; throws ShapeError naming each leaf and its size. Returns the leading size.
+// agree on the leading size; throws ShapeError naming the caller (`who`), each leaf and its size. Returns the
+// leading size.
 std::int64_t check_shardable(const std::vector<std::pair<std::string, const Array*>>& leaves,
-                             const std::vector<std::string>& scalar_paths, int parts, const std::string& axes);
+                             const std::vector<std::string>& scalar_paths, int parts, const std::string& axes,
+                             const char* who = "shard");
 // Piece index of each local device of the mesh when splitting over `axes` (row-major over the axes).
 std::vector<int> piece_of_device(const Mesh& mesh, const AxisNames& axes);
 // For each of `parts` pieces, the first local device holding it; ShapeError when another process
@@ -65,6 +67,8 @@ Specs one_spec(const std::vector<std::string>& paths, const P& spec);
 void check_entries(std::size_t entries, const Mesh& mesh);
 // shard by specs, its errors starting with `who` ("shard", "shard_map: argument 1"); defined below.
 template <class T> Sharded<T> shard_as(const char* who, const T& tree, const Mesh& mesh, const Specs& specs);
+// The mesh's axes and every device, in order: "Mesh(data=2, model=2; cpu:0, cpu:1, cpu:2, cpu:3)" (Sharded::mesh).
+std::string mesh_identity(const Mesh& mesh);
 // The paths of the tree's Array leaves, in tree order.
 template <class T> std::vector<std::string> array_paths(const T& tree) {
   std::vector<std::string> paths;
@@ -173,7 +177,7 @@ template <class T> Sharded<T> shard_as(const char* who, const T& tree, const Mes
   }
   std::vector<LeafSpec> leaf_specs;
   for (std::size_t i = 0; i < paths.size(); ++i) leaf_specs.push_back({paths[i], spec[i]});
-  return Sharded<T>(std::move(out), std::move(leaf_specs));
+  return Sharded<T>(std::move(out), std::move(leaf_specs), detail::mesh_identity(mesh));
 }
 }  // namespace detail
 

@@ -90,16 +90,29 @@ void device_execute(const CollectiveOp& op, const std::vector<const void*>& send
   if (synchronize) PMAPCC_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
 }
 
-void cuda_divide(int ordinal, void* x, std::size_t count, DType dtype, int n) {
+void cuda_divide(int ordinal, void* x, std::size_t count, DType dtype, double n) {
   if (count == 0) return;
   DeviceScope scope(ordinal);
   const cudaStream_t stream = stream_for_gpu(ordinal);
   if (dtype == DType::f32) {
     gpu_launch(DivideBy<float>{static_cast<float*>(x), static_cast<float>(n)}, count, hub_grid(count), stream);
   } else if (dtype == DType::f64) {
-    gpu_launch(DivideBy<double>{static_cast<double*>(x), static_cast<double>(n)}, count, hub_grid(count), stream);
+    gpu_launch(DivideBy<double>{static_cast<double*>(x), n}, count, hub_grid(count), stream);
   } else {
     throw ValueError("cuda_divide: needs f32 or f64, got " + std::string(name(dtype)));
+  }
+}
+
+void cuda_multiply(int ordinal, void* x, std::size_t count, DType dtype, double w) {
+  if (count == 0) return;
+  DeviceScope scope(ordinal);
+  const cudaStream_t stream = stream_for_gpu(ordinal);
+  if (dtype == DType::f32) {
+    gpu_launch(MultiplyBy<float>{static_cast<float*>(x), static_cast<float>(w)}, count, hub_grid(count), stream);
+  } else if (dtype == DType::f64) {
+    gpu_launch(MultiplyBy<double>{static_cast<double*>(x), w}, count, hub_grid(count), stream);
+  } else {
+    throw ValueError("cuda_multiply: needs f32 or f64, got " + std::string(name(dtype)));
   }
 }
 

@@ -40,7 +40,8 @@ void cuda_set_thread_stream(StreamHandle) {}
 StreamHandle cuda_thread_stream() noexcept { return nullptr; }
 void cuda_sync_current_stream() {}
 void cuda_drain_current_stream() noexcept {}
-void cuda_divide(int, void*, std::size_t, DType, int) { unavailable(); }
+void cuda_divide(int, void*, std::size_t, DType, double) { unavailable(); }
+void cuda_multiply(int, void*, std::size_t, DType, double) { unavailable(); }
 void cuda_to_order_keys(void*, const void*, std::size_t, DType, bool, StreamHandle) { unavailable(); }
 void cuda_from_order_keys(void*, std::size_t, DType, StreamHandle) { unavailable(); }
 void cuda_copy_blocks(int, void*, const void*, std::size_t, std::size_t, std::size_t) { unavailable(); }

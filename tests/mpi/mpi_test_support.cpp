@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 namespace {
 
@@ -70,27 +71,69 @@ static int check_sharded_by_specs(const std::vector<pmap::Device>& devices, int 
 }
 
 // shard_map on a mesh (x = n / 2, y = 2) spanning the processes: a (n, 4) input split over both axes, summed
-// over "y" and gathered over "x" (replicated, so every process assembles it: the check compares this
-// process's devices), bitwise the single-process run of n CPU devices; sharded() keeps the local blocks.
+// over "y" and gathered over "x" (replicated, so every process assembles it), bitwise the single-process run of
+// n CPU devices; sharded()'s local blocks bitwise that run's blocks of the same devices; and an output that
+// differs along "x" (across the processes) under an out spec that does not name it raises on every process.
 static int check_shard_map(const std::vector<pmap::Device>& devices, int rank) {
   const auto n = static_cast<int>(devices.size());
   const pmap::Array x = hard_floats(0, n * 4).reshape({n, 4});
-  auto run = [&](const pmap::Mesh& mesh) {
-    return pmap::shard_map([](const pmap::Array& block) { return pmap::all_gather(pmap::psum(block, "y"), "x", 0, true); },
-                           mesh, {pmap::P("x", "y")}, pmap::P())(x);
-  };
+  auto summed = [](const pmap::Array& block) { return pmap::psum(block, "y"); };
+  auto gathered = [](const pmap::Array& block) { return pmap::all_gather(pmap::psum(block, "y"), "x", 0, true); };
   pmap::Mesh mesh(devices, {{"x", n / 2}, {"y", 2}});
   pmap::Mesh reference(pmap::local_devices(pmap::DeviceKind::cpu, n), {{"x", n / 2}, {"y", 2}});
+  const std::vector<pmap::TreeSpec> in{pmap::P("x", "y")};
   std::vector<std::uint32_t> got, want;
-  append_bits(got, run(mesh));
-  append_bits(want, run(reference));
+  append_bits(got, pmap::shard_map(gathered, mesh, in, pmap::P())(x));
+  append_bits(want, pmap::shard_map(gathered, reference, in, pmap::P())(x));
   int bad = got != want;
-  auto blocks = pmap::shard_map([](const pmap::Array& block) { return pmap::psum(block, "y"); }, mesh,
-                                {pmap::P("x", "y")}, pmap::P("x"))
-                    .sharded(x);
-  bad += blocks.size() != static_cast<std::size_t>(mesh.local_size());
-  std::printf("rank %d: shard_map over %s: %zu result words %s the %d-device single-process run\n", rank,
-              mesh.str().c_str(), got.size(), bad == 0 ? "bitwise equal to" : "DIFFER from", n);
+  const auto mine = pmap::shard_map(summed, mesh, in, pmap::P("x")).sharded(x);
+  const auto all = pmap::shard_map(summed, reference, in, pmap::P("x")).sharded(x);
+  for (int i = 0; i < mesh.local_size(); ++i) {
+    std::vector<std::uint32_t> a, b;
+    append_bits(a, mine[static_cast<std::size_t>(i)]);
+    append_bits(b, all[static_cast<std::size_t>(mesh.local_devices()[static_cast<std::size_t>(i)].index)]);
+    bad += a != b;
+  }
+  std::string refused = "nothing raised";
+  try {
+    (void)pmap::shard_map(summed, mesh, in, pmap::P())(x);
+    ++bad;
+  } catch (const pmap::ValueError& e) {
+    refused = e.what();
+    bad += refused.find("does not name 'x'") == std::string::npos ||
+           refused.find("compared by hash across the processes") == std::string::npos;
+  }
+  std::printf("rank %d: shard_map over %s: %zu result words and its blocks %s the %d-device single-process run; "
+              "an unreduced 'x' refused: %s\n",
+              rank, mesh.str().c_str(), got.size(), bad == 0 ? "bitwise equal to" : "DIFFER from", n,
+              refused.c_str());
+  // Faults that only some processes see: every process must raise (none may wait for the others).
+  const bool one = rank == 1;
+  auto expect = [&](const char* what, auto f, const char* here, const char* there) {
+    std::string message = "nothing raised";
+    try {
+      (void)pmap::shard_map(f, mesh, in, pmap::P("x", "y"))(x);
+    } catch (const pmap::Error& e) {
+      message = e.what();
+    }
+    const bool ok = message.find(one ? here : there) != std::string::npos;
+    bad += !ok;
+    std::printf("rank %d: shard_map, %s: %s: %s\n", rank, what, ok ? "raised" : "WRONG", message.c_str());
+  };
+  auto short_here = [one](const pmap::Array& block) {  // rank 1's blocks are one row short
+    return one ? block.slice_rows(0, 1, block.device()) : block.copy();
+  };
+  expect("rank 1's blocks short", short_here, "returned other leaves, dtypes or block shapes than cpu:0",
+         "returned other leaves, dtypes or block shapes than cpu:0");
+  auto ragged_here = [one](const pmap::Array& block) {  // rank 1's devices disagree with each other
+    return one && pmap::axis_index("y") == 1 ? block.slice_rows(0, 1, block.device()) : block.copy();
+  };
+  expect("rank 1's blocks ragged", ragged_here, "every device's block of an output has one shape and dtype",
+         "the outputs of process 1");
+  auto rank_scalar = [](const pmap::Array& block) {
+    return std::pair(block.copy(), pmap::distributed::process_index());
+  };
+  expect("a scalar that differs by process", rank_scalar, "output '1' (a scalar leaf", "output '1' (a scalar leaf");
   return bad;
 }
 
