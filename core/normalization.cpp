@@ -69,9 +69,12 @@ class BatchNorm final : public core::Primitive {
   }
 
  private:
+  // The rows the statistics are taken over: this device's, or every device's along the axis.
   double count(const Array& x) const {
     const double rows = static_cast<double>(x.size() / x.dim(-1));
-    return o_.train && !o_.axis_name.empty() ? rows * axis_size(o_.axis_name) : rows;
+    if (!o_.train || o_.axis_name.empty()) return rows;
+    if (o_.batch_examples > 0) return rows / static_cast<double>(x.dim(0)) * static_cast<double>(o_.batch_examples);
+    return rows * axis_size(o_.axis_name);
   }
   // (2, C): 0 over the means, 1 over the inverse standard deviations.
   static Array mean_dropped(std::int64_t c, const Device& d) {
@@ -111,6 +114,15 @@ class Dropout final : public core::Primitive {
 
 BatchNormResult batch_norm(const Array& x, const Array& gamma, const Array& beta, const Array& moving_mean,
                            const Array& moving_variance, const BatchNormOptions& options) {
+  if (options.batch_examples != 0) {
+    const std::string given = "ops::batch_norm: batch_examples " + std::to_string(options.batch_examples);
+    if (options.batch_examples < 0) throw ValueError(given + " must be >= 0 (0: x.dim(0) times the axis size)");
+    if (options.axis_name.empty() || !options.train)
+      throw ValueError(given + " counts the examples of every device's batch: it needs train and an axis_name");
+    if (!x.valid() || x.ndim() < 2 || options.batch_examples < x.dim(0))
+      throw ValueError(given + " needs x (N, ..., C) with N <= " + std::to_string(options.batch_examples) + ", got " +
+                       (x.valid() ? x.signature() : std::string("an empty x")));
+  }
   std::vector<const Array*> in{&x};
   if (gamma.valid()) in.push_back(&gamma);
   if (beta.valid()) in.push_back(&beta);

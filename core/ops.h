@@ -127,6 +127,10 @@ struct BatchNormOptions {
   float epsilon = 1e-3f;    // Keras's default (Flax's is 1e-5)
   float momentum = 0.99f;   // moving = moving * momentum + batch * (1 - momentum)
   bool relu = false;        // max(y, 0), fused
+  // Training over axis_name: the examples of every device's batch together, when the devices' batches differ
+  // in size (a batch that does not split evenly); x's first dimension counts this device's. 0: x.dim(0) times
+  // the axis size (every device the same).
+  std::int64_t batch_examples = 0;
 };
 struct BatchNormResult {
   Array y;                                // x's shape

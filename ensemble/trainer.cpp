@@ -101,6 +101,10 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<Sequential> model, const Da
   for (const Device& d : mesh_.devices()) config_.processes = std::max(config_.processes, d.process + 1);
   if (config_.members == 0) config_.members = config_.mode == Mode::ensemble ? along : 1;
   config_.check(along, train_, test);
+  if (config_.mode != Mode::ensemble && config_.batch_size % along != 0)
+    throw ValueError("--batch-size " + std::to_string(config_.batch_size) + " does not split evenly over the " +
+                     std::to_string(along) + " devices of 'data': the runner (ensemble::Trainer) needs equal " +
+                     "blocks; train::Trainer, the program's, takes any batch size");
   if (!config_.dropout.empty() &&
       std::none_of(model_->layers().begin(), model_->layers().end(), [](const auto& l) { return l->random(); }))
     throw ValueError("--dropout sets the rate of the model's Dropout layers, and " + model_->name() + " has none");

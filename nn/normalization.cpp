@@ -21,7 +21,7 @@ std::pair<Array, BatchNormState> batch_norm(const BatchNorm& m, const Array& gam
                                             const BatchNormState& s, const Array& x, BatchNormCall call) {
   auto r = ops::batch_norm(x, gamma, beta, s.moving_mean, s.moving_variance,
                            {.train = call.train, .axis_name = m.axis_name, .epsilon = m.epsilon,
-                            .momentum = m.momentum, .relu = call.relu});
+                            .momentum = m.momentum, .relu = call.relu, .batch_examples = call.batch_examples});
   return {std::move(r.y), BatchNormState{std::move(r.moving_mean), std::move(r.moving_variance)}};
 }
 

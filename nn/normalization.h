@@ -41,11 +41,14 @@ PMAPCC_TREE(BatchNormState, moving_mean, moving_variance)
 struct BatchNormCall {
   bool train = false;  // the batch's statistics (and new moving ones); else the moving statistics
   bool relu = false;   // max(y, 0), fused
+  // Training over axis_name with devices' batches of different sizes: the examples of all of them together
+  // (ops::BatchNormOptions::batch_examples; train::Call::batch_examples). 0: every device's batch the same.
+  std::int64_t batch_examples = 0;
 };
 
 // BatchNormalization over x (..., C): every axis but the last is a row. In training it normalizes with the
 // batch's mean and (biased) variance, over the devices of axis_name too when it is set (Flax's
-// BatchNorm(axis_name=): every device's batch must have the same rows), and returns the moving statistics
+// BatchNorm(axis_name=); batches of different sizes give BatchNormCall::batch_examples), and returns the moving statistics
 // moved towards them (moving * momentum + batch * (1 - momentum)); in inference it uses the moving ones and
 // returns them unchanged. Differentiable in x and the parameters; the state is not differentiated.
 struct BatchNorm {

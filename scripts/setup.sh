@@ -12,7 +12,7 @@ usage: scripts/setup.sh [--bench] [--fuzz] [-h|--help]
   scripts/get_onnxruntime.sh ONNX Runtime).
   --bench also installs what the benchmarks compare against: python3-torch and libopenblas0-pthread
   (bench/run_train_bench.py: Debian's PyTorch on OpenBLAS, the reference's set-up) and libdnnl-dev
-  (bench_onednn_layers: oneDNN 2.6 on the models' layers).
+  with ocl-icd-opencl-dev (bench_onednn_layers: oneDNN 2.6 on the models' layers; its CMake config needs OpenCL).
   --fuzz also installs what the fuzz build (scripts/fuzz.sh) needs: clang and libclang-rt-14-dev
   (libFuzzer and clang's sanitizer runtimes).
   Runs apt-get as root, or through sudo when not root. Prints nothing when everything is installed.
@@ -28,7 +28,7 @@ packages=(cmake ninja-build g++ pkg-config libeigen3-dev doctest-dev zlib1g-dev 
 for arg in "$@"; do
   case "$arg" in
     -h | --help) usage; exit 0 ;;
-    --bench) packages+=(python3-torch libopenblas0-pthread libdnnl-dev) ;;
+    --bench) packages+=(python3-torch libopenblas0-pthread libdnnl-dev ocl-icd-opencl-dev) ;;
     --fuzz) packages+=(clang libclang-rt-14-dev) ;;
     *) usage >&2; echo "setup.sh: error: unknown option '$arg'" >&2; exit 2 ;;
   esac

@@ -315,6 +315,68 @@ TEST_CASE("grad inside pmap: batch_norm over 'data' uses the whole batch's stati
   }
 }
 
+TEST_CASE("grad inside pmap: batch_norm over blocks of different sizes counts every device's rows (batch_examples)") {
+  // 7 rows on 3 devices, blocks of 3, 2 and 2: with batch_examples 7 the statistics, outputs and moving
+  // statistics are the whole batch's, and with each device's loss its sum over the whole batch's elements,
+  // the psum'd parameter gradients and each block's input gradient are the whole batch's.
+  const std::int64_t rows = 7;
+  const auto xs = random_floats(static_cast<std::size_t>(rows * 3), 44);
+  const Norm p{Array::from_host(random_floats(3, 45, 0.5f, 1.5f), {3}), Array::from_host(random_floats(3, 46), {3})};
+  const Array x = Array::from_host(xs, {rows, 3});
+  const Norm whole = pmap::grad([](const Norm& q, const Array& xx) { return bn_loss(q, xx, false); })(p, x);
+  const Array whole_x = pmap::grad<1>([](const Norm& q, const Array& xx) { return bn_loss(q, xx, false); })(p, x);
+  const auto y_whole = ops::batch_norm(x, p.gamma, p.beta, Array(Shape{3}, pmap::DType::f32),
+                                       Array::from_host(std::vector<float>{1, 1, 1}, {3}));
+  const std::int64_t first[] = {0, 3, 5, 7};
+  pmap::Mesh mesh = cpu_mesh(3, "data");
+  auto out = pmap::pmap([&](const Norm& q, const Array& all) {
+    const int d = pmap::axis_index("data");
+    const Array xd = all.slice_rows(first[d], first[d + 1], pmap::current_device());
+    auto loss = [&](const Norm& qq, const Array& xx, Array* y, Array* moving_variance) {
+      const Array mean(Shape{3}, pmap::DType::f32, xx.device());
+      const Array var = Array::from_host(std::vector<float>{1, 1, 1}, {3}, xx.device());
+      auto r = ops::batch_norm(xx, qq.gamma, qq.beta, mean, var, {.axis_name = "data", .batch_examples = rows});
+      if (y != nullptr) *y = r.y.copy();
+      if (moving_variance != nullptr) *moving_variance = r.moving_variance.copy();
+      const Array shifted = ops::add(r.y, Array::from_host(std::vector<float>{0.5f, -1.0f, 0.25f}, {3}, xx.device()));
+      return ops::scale(ops::sum(ops::square(shifted)), 1.0f / static_cast<float>(rows * 3));
+    };
+    Array y, mv;
+    loss(q, xd, &y, &mv);
+    auto [g, gx] = pmap::grad<0, 1>([&](const Norm& qq, const Array& xx) { return loss(qq, xx, nullptr, nullptr); })(
+        q, xd);
+    return std::make_tuple(pmap::psum(g, "data"), std::move(gx), std::move(y), std::move(mv));
+  }, mesh)(pmap::replicate(p, mesh), pmap::replicate(x, mesh));
+  for (int d = 0; d < 3; ++d) {
+    CAPTURE(d);
+    const auto& [g, gx, y, mv] = out[static_cast<std::size_t>(d)];
+    const auto begin = static_cast<std::size_t>(first[d] * 3);
+    const auto count = static_cast<std::size_t>((first[d + 1] - first[d]) * 3);
+    CHECK(relative_error(g.gamma.to_vector<float>(), whole.gamma.to_vector<float>()) <= 1e-5);
+    CHECK(relative_error(g.beta.to_vector<float>(), whole.beta.to_vector<float>()) <= 1e-5);
+    CHECK(relative_error(gx.to_vector<float>(), slice(whole_x.to_vector<float>(), begin, count)) <= 1e-5);
+    CHECK(relative_error(y.to_vector<float>(), slice(y_whole.y.to_vector<float>(), begin, count)) <= 1e-5);
+    CHECK(relative_error(mv.to_vector<float>(), y_whole.moving_variance.to_vector<float>()) <= 1e-6);
+  }
+  // The count must be this device's rows or more, and means the devices of an axis, in training.
+  const Array m(Shape{3}, pmap::DType::f32), v = Array::from_host(std::vector<float>{1, 1, 1}, {3});
+  CHECK_THROWS_WITH_AS(ops::batch_norm(x, p.gamma, p.beta, m, v, {.batch_examples = -1}),
+                       "ops::batch_norm: batch_examples -1 must be >= 0 (0: x.dim(0) times the axis size)",
+                       pmap::ValueError);
+  CHECK_THROWS_WITH_AS(ops::batch_norm(x, p.gamma, p.beta, m, v, {.batch_examples = 7}),
+                       "ops::batch_norm: batch_examples 7 counts the examples of every device's batch: it needs train "
+                       "and an axis_name",
+                       pmap::ValueError);
+  const pmap::Mesh one = cpu_mesh(1, "data");
+  CHECK_THROWS_WITH_AS(pmap::pmap([&](const Array& xx) {
+                         return ops::batch_norm(xx, Array(), Array(), m.to(xx.device()), v.to(xx.device()),
+                                                {.axis_name = "data", .batch_examples = 6}).y;
+                       }, one)(pmap::replicate(x, one)),
+                       doctest::Contains("ops::batch_norm: batch_examples 6 needs x (N, ..., C) with N <= 6, got "
+                                         "f32(7, 3)"),
+                       pmap::ValueError);
+}
+
 // A small CNN: conv (SAME, fused ReLU) -> avg_pool -> dense, the mean cross-entropy.
 struct Cnn {
   Array w, b, dense, dense_b;

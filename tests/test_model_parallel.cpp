@@ -336,6 +336,13 @@ TEST_CASE("model-parallel configurations that cannot run are refused, naming the
   refused(config(pe::Mode::model_parallel, 2, 2, 2), "--members must be 1");
   c = config(pe::Mode::model_parallel, 3, 1);
   refused(c, "--batch-size 64 does not split evenly over the 3 devices");
+  // Data parallel: any batch of one example a device or more (train::Trainer's); the runner needs equal blocks.
+  c = config(pe::Mode::data_parallel, 3, 1);
+  refused(c, "--batch-size 64 does not split evenly over the 3 devices of 'data': the runner (ensemble::Trainer) "
+             "needs equal blocks; train::Trainer, the program's, takes any batch size");
+  c.batch_size = 2;
+  refused(c, "--batch-size 2 is smaller than --devices 3: data parallel gives every "
+             "device at least one example");
   for (const auto& [pattern, spec, text] : {
            std::tuple{"Dense_0/kernel", "data,None", "layout of Dense_0/kernel (shape (576, 256)): ('data', None): "
                                                      "splits it over 'data', which holds other examples"},

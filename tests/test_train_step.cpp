@@ -578,6 +578,21 @@ TEST_CASE("train optimizer: state named for checkpoints, and the errors of bad v
                        pmap::ShapeError);
   CHECK_THROWS_WITH_AS(step(state, x, Array::from_host(std::vector<std::int32_t>{0}, {1})),
                        "TrainStep: labels are i32(1,); they must be i32 (2), one per image", pmap::ShapeError);
+  // Rows that do not place the block in a global batch, and rows an ensemble does not take.
+  CHECK_THROWS_WITH_AS(step(state, x, y, {1, 2}),
+                       "TrainStep: rows {offset 1, total 2} for a block of 2 examples: an ensemble's members each see "
+                       "the whole batch, {0, 2}",
+                       pmap::ValueError);
+  const train::TrainStep dp(m, sgd, train::softmax_cross_entropy_loss, {.axis = "data", .data_parallel = true});
+  train::TrainState replica = dp.init(std::vector<pmap::Key>{pmap::key(1)}, pmap::Device{});
+  for (const train::BatchRows rows : {train::BatchRows{4, 5}, train::BatchRows{0, 1}, train::BatchRows{-1, 7}}) {
+    CAPTURE(rows.offset);
+    CHECK_THROWS_WITH_AS(dp(replica, x, y, rows),
+                         doctest::Contains("for a block of 2 examples: the block must lie within the global batch, "
+                                           "0 <= offset <= total - 2"),
+                         pmap::ValueError);
+  }
+  CHECK(replica.step.to_vector<std::int64_t>() == std::vector<std::int64_t>{0});  // no step was taken
   // A model whose init does not make the tensors it names.
   const train::Model wrong("wrong", {12, 12, 1}, 10, {"w"}, {}, [](pmap::Key, const pmap::Device&) {
     return std::pair{train::Variables{}, train::Variables{}};

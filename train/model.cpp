@@ -244,7 +244,7 @@ Model keras_convnet(Shape input, int classes, float dropout) {
                          ConvnetState{bn.init_state(12, d), bn.init_state(24, d), bn.init_state(32, d)}};
       },
       [=](const ConvnetParams& p, const ConvnetState& s, const Array& x, const Call& call) {
-        const nn::BatchNormCall bc{.train = call.train, .relu = true};
+        const nn::BatchNormCall bc{.train = call.train, .relu = true, .batch_examples = call.batch_examples};
         const nn::BatchNorm norm{.axis_name = call.batch_axis};
         auto [h0, s0] = norm(p.BatchNorm_0, s.BatchNorm_0, conv0(p.Conv_0, x), bc);
         auto [h1, s1] = norm(p.BatchNorm_1, s.BatchNorm_1, conv1(p.Conv_1, h0), bc);

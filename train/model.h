@@ -42,6 +42,9 @@ struct Call {
   // Training: the member's dropout rate (one f32 value on the device) for the model's Dropout layers, in place
   // of their own (a hyper-parameter ensemble's; pass it as nn::DropoutCall::rate); null: their own rates.
   const Array* dropout_rate = nullptr;
+  // Training over batch_axis: the examples of every device's batch together, when they differ in size (a
+  // data-parallel batch that does not split evenly); pass it as nn::BatchNormCall::batch_examples. 0: equal.
+  std::int64_t batch_examples = 0;
 };
 
 class Model {

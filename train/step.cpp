@@ -56,19 +56,29 @@ struct StepParts {
   StepOptions options;
 };
 
-// Each member's loss, logits, new model state and gradients on (x, y), `batch` members per vmap; `offset` the
-// global index of x's first row (the dropout masks').
+// Each member's loss, logits, new model state and gradients on (x, y), `batch` members per vmap; `rows` place x
+// in the global batch (data parallel; the dropout masks' offset).
 MemberGrads member_grads(const StepParts& k, const TrainState& s, const Array& x, const Array& y, std::int64_t batch,
-                         std::int64_t offset) {
-  const AxisNames bn_axis = k.options.data_parallel ? AxisNames{k.options.axis} : AxisNames{};
+                         BatchRows rows) {
+  const bool dp = k.options.data_parallel;
+  const AxisNames bn_axis = dp ? AxisNames{k.options.axis} : AxisNames{};
+  // Data parallel with blocks of different sizes: each device's mean loss weighted by its share of the batch
+  // (N * devices / total), inside the gradient, so that the cotangents BatchNorm's VJP sums over the devices
+  // are all the global mean's and the pmean of the gradients is the global batch's. Equal blocks: weight 1,
+  // left out.
+  const std::int64_t shares = dp ? x.dim(0) * axis_size(bn_axis) : rows.total;
+  const bool weighted = shares != rows.total;
+  const auto weight = static_cast<float>(static_cast<double>(shares) / static_cast<double>(rows.total));
   auto grads_of = map(
       [&](const Variables& params, const Variables& state, const Array& key, const Variables& hyper) {
         const auto rate = hyper.find(kDropoutRate);
-        const Call call{.train = true, .rng = {&key, &s.step, offset}, .batch_axis = bn_axis,
-                        .dropout_rate = rate == hyper.end() ? nullptr : &rate->second};
+        const Call call{.train = true, .rng = {&key, &s.step, rows.offset}, .batch_axis = bn_axis,
+                        .dropout_rate = rate == hyper.end() ? nullptr : &rate->second,
+                        .batch_examples = dp ? rows.total : 0};
         auto loss_fn = [&](const Variables& p) {
           auto [logits, next] = k.model.apply(p, state, x, call);
           Array value = k.loss(logits, y);
+          if (weighted) value = ops::scale(value, weight);
           return std::make_pair(std::move(value), std::make_pair(std::move(logits), std::move(next)));
         };
         auto [value, grads] = value_and_grad(loss_fn, "the loss")(params);
@@ -116,11 +126,11 @@ std::int64_t members_per_vmap(const StepOptions& options, const Device& device, 
   return options.member_batch > 0 ? options.member_batch : (device.is_cpu() ? 1 : members);
 }
 
-Next device_step(const StepParts& k, const TrainState& s, const Array& x, const Array& y, std::int64_t offset) {
+Next device_step(const StepParts& k, const TrainState& s, const Array& x, const Array& y, BatchRows rows) {
   ops::DefaultPrecision precision(k.options.precision);
   const std::int64_t members = s.dropout_keys.dim(0);
   const std::int64_t batch = members_per_vmap(k.options, x.device(), members);
-  MemberGrads g = member_grads(k, s, x, y, batch, offset);
+  MemberGrads g = member_grads(k, s, x, y, batch, rows);
   const AxisNames axis{k.options.axis};
   if (k.options.data_parallel) pmean_inplace(g.grads, axis);  // each replica: the global batch's gradient
   MemberUpdate u = update_members(k.optimizer, s, g.grads);
@@ -161,8 +171,11 @@ Array softmax_cross_entropy_loss(const Array& logits, const Array& labels) {
   return ops::softmax_cross_entropy(logits, labels);
 }
 
+// The step's function: the rows as two numbers (a jitted function's static arguments are scalars).
+using StepFunction = std::function<Next(const TrainState&, const Array&, const Array&, std::int64_t, std::int64_t)>;
+
 struct TrainStep::Jit {
-  Jitted<std::function<Next(const TrainState&, const Array&, const Array&, std::int64_t)>> step;
+  Jitted<StepFunction> step;
 };
 
 TrainStep::TrainStep(Model model, Optimizer optimizer, Loss loss, StepOptions options)
@@ -171,12 +184,10 @@ TrainStep::TrainStep(Model model, Optimizer optimizer, Loss loss, StepOptions op
   if (options_.axis.empty()) throw ValueError("TrainStep: options.axis is empty");
   if (options_.member_batch < 0)
     throw ValueError("TrainStep: options.member_batch must be >= 0, got " + std::to_string(options_.member_batch));
-  // The offset is an argument, not read inside: a captured graph compares it on every call.
-  std::function<Next(const TrainState&, const Array&, const Array&, std::int64_t)> step =
-      [parts = StepParts{model_, optimizer_, loss_, options_}](const TrainState& s, const Array& x, const Array& y,
-                                                               std::int64_t offset) {
-        return device_step(parts, s, x, y, offset);
-      };
+  // The rows are arguments, not read inside: a captured graph compares them on every call.
+  StepFunction step = [parts = StepParts{model_, optimizer_, loss_, options_}](
+                          const TrainState& s, const Array& x, const Array& y, std::int64_t offset,
+                          std::int64_t total) { return device_step(parts, s, x, y, {offset, total}); };
   jit_ = std::make_shared<Jit>(Jit{jit(std::move(step), "the train step")});
 }
 
@@ -218,8 +229,27 @@ TrainState TrainStep::init(std::span<const Key> keys, const Device& device, cons
 
 StepMetrics TrainStep::operator()(TrainState& state, const Array& images, const Array& labels) const {
   check_batch(state, images, labels);
-  const std::int64_t offset = options_.data_parallel ? std::int64_t{axis_index(options_.axis)} * images.dim(0) : 0;
-  Next next = jit_->step(state, images, labels, offset);
+  const std::int64_t n = images.dim(0);
+  if (!options_.data_parallel) return take(state, images, labels, {0, n});
+  const AxisNames axis{options_.axis};
+  return take(state, images, labels, {std::int64_t{axis_index(axis)} * n, n * axis_size(axis)});
+}
+
+StepMetrics TrainStep::operator()(TrainState& state, const Array& images, const Array& labels, BatchRows rows) const {
+  check_batch(state, images, labels);
+  const std::int64_t n = images.dim(0);
+  const std::string given = "TrainStep: rows {offset " + std::to_string(rows.offset) + ", total " +
+                            std::to_string(rows.total) + "} for a block of " + std::to_string(n) + " examples";
+  if (!options_.data_parallel && (rows.offset != 0 || rows.total != n))
+    throw ValueError(given + ": an ensemble's members each see the whole batch, {0, " + std::to_string(n) + "}");
+  if (rows.offset < 0 || rows.total < n || rows.offset > rows.total - n)
+    throw ValueError(given + ": the block must lie within the global batch, 0 <= offset <= total - " +
+                     std::to_string(n));
+  return take(state, images, labels, rows);
+}
+
+StepMetrics TrainStep::take(TrainState& state, const Array& images, const Array& labels, BatchRows rows) const {
+  Next next = jit_->step(state, images, labels, rows.offset, rows.total);
   state.params = std::move(next.params);
   state.state = std::move(next.state);
   state.opt = std::move(next.opt);

@@ -81,6 +81,13 @@ PMAPCC_TREE(StepMetrics, loss, correct)
 using Loss = std::function<Array(const Array& logits, const Array& labels)>;
 Array softmax_cross_entropy_loss(const Array& logits, const Array& labels);  // ops::softmax_cross_entropy
 
+// Where a device's block sits in a data-parallel step's global batch, when the blocks differ in size (a batch
+// that does not split evenly over the devices: Trainer's are 43, 43 and 42 examples of 128 on 3 devices).
+struct BatchRows {
+  std::int64_t offset = 0;  // the global index of the block's first example (the dropout masks')
+  std::int64_t total = 0;   // the global batch's examples: every device's block together
+};
+
 struct StepOptions {
   std::string axis = "ensemble";   // the mesh axis the step runs over (its collectives' axis)
   bool data_parallel = false;      // the batch is split over `axis`: gradients pmean'd, BatchNorm global
@@ -107,6 +114,14 @@ class TrainStep {
   // next. images (N, H, W, C) f32 of the model's input shape, labels (N) i32, on the state's device
   // (ShapeError / DeviceError otherwise). Data parallel: every device's block has the same N.
   StepMetrics operator()(TrainState& state, const Array& images, const Array& labels) const;
+  // Data parallel, with blocks of any sizes (N >= 1 each): `rows` places this device's block in the global
+  // batch. The step is the global batch's: each device's gradient and loss weighted by its N / rows.total
+  // before the pmean, BatchNorm's statistics over rows.total examples (Call::batch_examples), the dropout
+  // masks by global index; so it equals one device's step on the whole batch, up to the sums' order. Every
+  // device must give the same total and blocks that tile [0, total) (not checked: that would cost a
+  // collective). ValueError for a total or offset that cannot hold this block, or rows other than {0, N} in
+  // an ensemble.
+  StepMetrics operator()(TrainState& state, const Array& images, const Array& labels, BatchRows rows) const;
 
   // The logits (members, N, classes) f32 of this device's members on images (N, H, W, C) in inference
   // (BatchNorm's moving statistics, no dropout), at options().precision, options().member_batch members per
@@ -119,6 +134,7 @@ class TrainStep {
 
  private:
   struct Jit;
+  StepMetrics take(TrainState& state, const Array& images, const Array& labels, BatchRows rows) const;
   void check_images(const TrainState& state, const Array& images) const;
   void check_batch(const TrainState& state, const Array& images, const Array& labels) const;
   Model model_;

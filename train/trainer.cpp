@@ -49,6 +49,14 @@ std::vector<float> part(const std::vector<float>& v, std::size_t first, std::siz
                             v.begin() + static_cast<std::ptrdiff_t>(first + count));
 }
 
+// A view of a's first `rows` rows, in place (a batch's real rows: an evaluation's last batch, a data-parallel
+// block that the batch's padding ends).
+Array first_rows(const Array& a, std::int64_t rows) {
+  Shape shape = a.shape();
+  shape[0] = rows;
+  return Array::borrow(const_cast<void*>(a.raw_data()), std::move(shape), a.dtype(), a.device());
+}
+
 // A call's batches on a feed: what it pushed and has not popped when it ends early (a step or a callback
 // raised) is taken off, so that the next call starts on an empty feed.
 class FeedUse {
@@ -90,9 +98,11 @@ Trainer::Trainer(Model model, Optimizer optimizer, Mesh mesh, TrainerOptions opt
   if (!o.data_parallel && (o.members < 1 || o.members % devices != 0))
     throw ValueError(option("members") + " is " + std::to_string(o.members) + "; it must be a positive multiple of " +
                      "the mesh's " + std::to_string(devices) + " devices");
-  if (o.batch_size < 1 || (o.data_parallel && o.batch_size % devices != 0))
+  if (o.batch_size < 1 || (o.data_parallel && o.batch_size < devices))
     throw ValueError(option("batch_size") + " is " + std::to_string(o.batch_size) + "; it must be positive" +
-                     (o.data_parallel ? " and a multiple of the mesh's " + std::to_string(devices) + " devices" : ""));
+                     (o.data_parallel ? ", and data parallel at least one example for each of the mesh's " +
+                                            std::to_string(devices) + " devices"
+                                      : ""));
   if (o.eval_batch < 1)
     throw ValueError(option("eval_batch") + " is " + std::to_string(o.eval_batch) + "; it must be positive");
   if (o.report_every < 0)
@@ -125,13 +135,32 @@ Trainer::Trainer(Model model, Optimizer optimizer, Mesh mesh, TrainerOptions opt
     return step_.init(std::span(keys).subspan(first, n), current_device(), mine);
   }, mesh_)(0);
   const Shape& in = step_.model().input_shape();
+  // Data parallel, a batch that does not split evenly: every device's block padded to the largest.
+  const std::int64_t rows = o.data_parallel ? block_rows() * devices : o.batch_size;
   feed_ = std::make_unique<Feed<Batch>>(
-      mesh_,
-      Batch{Array(Shape{o.batch_size, in[0], in[1], in[2]}, DType::f32), Array(Shape{o.batch_size}, DType::i32)},
+      mesh_, Batch{Array(Shape{rows, in[0], in[1], in[2]}, DType::f32), Array(Shape{rows}, DType::i32)},
       o.data_parallel ? FeedLayout::sharded({axis}) : FeedLayout::replicated());
 }
 
 Trainer::~Trainer() = default;
+
+std::int64_t Trainer::block_rows() const {
+  const std::int64_t devices = mesh_.size();
+  return (options_.batch_size + devices - 1) / devices;
+}
+
+BatchRows Trainer::rows_of(int device) const {
+  if (!options_.data_parallel) return {0, options_.batch_size};
+  const std::int64_t devices = mesh_.size(), even = options_.batch_size / devices,
+                     extra = options_.batch_size % devices;
+  return {device * even + std::min<std::int64_t>(device, extra), options_.batch_size};
+}
+
+std::int64_t Trainer::count_of(int device) const {
+  if (!options_.data_parallel) return options_.batch_size;
+  const std::int64_t devices = mesh_.size();
+  return options_.batch_size / devices + (device < options_.batch_size % devices ? 1 : 0);
+}
 
 void Trainer::check_data(const Dataset& data, const char* where) const {
   const Model& m = step_.model();
@@ -166,16 +195,31 @@ EpochReport Trainer::run_epoch(const Dataset& data, const StepCallback& on_step)
                                  static_cast<std::uint32_t>(data.count));
   const int steps = static_cast<int>(steps_per_epoch(data.count, batch));
   FeedUse feed(*feed_);
+  // Data parallel: device d's examples, rows_of(d), at the start of its block of block_rows(), the rest zeros.
+  const int blocks = options_.data_parallel ? mesh_.size() : 1;
+  const std::int64_t block = options_.data_parallel ? block_rows() : batch;
+  const auto image_size = static_cast<std::size_t>(data.image_size());
   auto fill = [&](int s) {
     Batch& host = feed.next();
-    gather_batch(data, std::span(order).subspan(static_cast<std::size_t>(s) * batch, static_cast<std::size_t>(batch)),
-                 host.images.data<float>(), host.labels.data<std::int32_t>());
+    for (int d = 0; d < blocks; ++d) {
+      const auto first = static_cast<std::size_t>(d * block), count = static_cast<std::size_t>(count_of(d));
+      float* images = host.images.data<float>() + first * image_size;
+      std::int32_t* labels = host.labels.data<std::int32_t>() + first;
+      const std::size_t from = static_cast<std::size_t>(s) * batch + static_cast<std::size_t>(rows_of(d).offset);
+      gather_batch(data, std::span(order).subspan(from, count), images, labels);
+      const std::size_t pad = static_cast<std::size_t>(block) - count;
+      std::fill_n(images + count * image_size, pad * image_size, 0.0f);
+      std::fill_n(labels + count, pad, 0);
+    }
     feed.push();
   };
   const std::string axis = step_.options().axis;
-  auto run = pmap::pmap([this](TrainState& s, const Batch& b) {
+  auto run = pmap::pmap([this, &axis](TrainState& s, const Batch& b) {
     const auto scope = backend_scope(options_.cpu_backend);
-    return step_(s, b.images, b.labels);
+    if (!options_.data_parallel) return step_(s, b.images, b.labels);
+    const int d = axis_index(AxisNames{axis});
+    const std::int64_t n = count_of(d);
+    return step_(s, first_rows(b.images, n), first_rows(b.labels, n), rows_of(d));
   }, mesh_, axis);
   // The pending steps' metrics, gathered over the axis at a report point: (devices, members) per step. The
   // steps are summed in one order (step, device, member) whichever the processes, so every process holds the
@@ -282,9 +326,7 @@ Evaluation Trainer::evaluate(const Dataset& data, const EvaluateOptions& options
   auto run = pmap::pmap([&](const TrainState& s, const Batch& b, std::int64_t rows) {
     const auto scope = backend_scope(options_.cpu_backend);
     // The batch's first `rows` rows (the last batch may have fewer), viewed in place.
-    const Array x = Array::borrow(const_cast<void*>(b.images.raw_data()), {rows, in[0], in[1], in[2]}, DType::f32,
-                                  b.images.device());
-    const Array y = Array::borrow(const_cast<void*>(b.labels.raw_data()), {rows}, DType::i32, b.labels.device());
+    const Array x = first_rows(b.images, rows), y = first_rows(b.labels, rows);
     const Array probs = ops::eager::softmax(step_.logits(s, x));  // (members, rows, K)
     Array sum = ops::eager::sum_members(probs);                    // in member order, as floats
     if (!dp) {  // over every member of the mesh (data parallel: the one model)

@@ -40,7 +40,8 @@ struct TrainerOptions {
   int members = 1;            // the ensemble's members over the whole mesh, a multiple of its devices
                               // (data parallel: 1, the one model)
   bool data_parallel = false;  // one model; each batch split over the mesh's devices, gradients pmean'd
-  int batch_size = 64;        // examples a step; data parallel: the global batch, a multiple of the devices
+  int batch_size = 64;        // examples a step; data parallel: the global batch, at least one per device (any
+                              // size: 128 on 3 devices are blocks of 43, 43 and 42, the step the whole batch's)
   std::uint64_t seed = 0;
   MemberHyperparams hyperparams = {};  // one value per member (TrainStep::init; data parallel: one value)
   // Steps between the reads of the per-step losses (each one gathered over the mesh and copied to the host):
@@ -137,7 +138,7 @@ class Trainer {
  public:
   // The members of `options` on `mesh` (one axis: the ensemble's or the batch's, whichever its name), each
   // initialized from its key. ValueError naming the option: members < 1 or not a multiple of the mesh's devices
-  // (data parallel: not 1), batch_size < 1 (data parallel: not a multiple of the devices), eval_batch < 1,
+  // (data parallel: not 1), batch_size < 1 (data parallel: fewer than the devices), eval_batch < 1,
   // report_every < 0, a mesh of more than one axis, member_batch < 0 (TrainStep's), hyperparams that check_hyperparams
   // refuses (naming the member); what TrainStep::init refuses in hyperparams (a hyper-parameter the optimizer
   // or the model does not take).
@@ -221,6 +222,12 @@ class Trainer {
   // Whether the optimizer keeps state leaf `name` once for a device's stacked members (not per member).
   bool shared_leaf(const std::string& name) const;
   void check_data(const Dataset& data, const char* where) const;
+  // Data parallel: the rows of a device's block of the feed (ceil(batch_size / devices)), and device d's
+  // examples, the global batch's [rows_of(d).offset, + count_of(d)): the first batch_size % devices devices
+  // one more than the rest. An ensemble: the whole batch, {0, batch_size}.
+  std::int64_t block_rows() const;
+  BatchRows rows_of(int device) const;
+  std::int64_t count_of(int device) const;
 
   TrainStep step_;
   Mesh mesh_;
