@@ -138,8 +138,10 @@ struct BatchNormResult {
 };
 // BatchNormalization over x (..., C) (every axis but the last is a row), with gamma and beta (C) each optional
 // (an empty Array: Keras's scale=False / center=False) and the moving statistics (C). Differentiable in x,
-// gamma and beta; the moving statistics are state, not differentiated. With axis_name, every device's
-// batch must have the same rows; the gradients are each device's share (pmean them as the step does).
+// gamma and beta; the moving statistics are state, not differentiated. With axis_name the statistics are
+// every device's batch's (psum'd sums over x.dim(0) times the axis size rows, or over batch_examples when the
+// devices' batches differ); the gradients are each device's share (pmean them as the step does, each device's
+// loss weighted by its share of the batch when they differ: train/step.h).
 BatchNormResult batch_norm(const Array& x, const Array& gamma, const Array& beta, const Array& moving_mean,
                            const Array& moving_variance, const BatchNormOptions& options = {});
 // Inverted dropout with a mask drawn from (key (2) u32, step (1) i64, example_offset + row, feature, stream):

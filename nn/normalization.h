@@ -48,8 +48,8 @@ struct BatchNormCall {
 
 // BatchNormalization over x (..., C): every axis but the last is a row. In training it normalizes with the
 // batch's mean and (biased) variance, over the devices of axis_name too when it is set (Flax's
-// BatchNorm(axis_name=); batches of different sizes give BatchNormCall::batch_examples), and returns the moving statistics
-// moved towards them (moving * momentum + batch * (1 - momentum)); in inference it uses the moving ones and
+// BatchNorm(axis_name=); when the devices' batches differ in size, BatchNormCall::batch_examples gives their
+// total), and returns the moving statistics moved towards them (moving * momentum + batch * (1 - momentum)); in inference it uses the moving ones and
 // returns them unchanged. Differentiable in x and the parameters; the state is not differentiated.
 struct BatchNorm {
   float momentum = 0.99f;  // Keras's defaults (Flax's: 0.99 and 1e-5)
@@ -69,8 +69,8 @@ struct BatchNorm {
 
 // Where a step's dropout masks come from: a key (2) u32 and the step counter (1) i64 on the device (an
 // optimizer state's count), both the caller's (they must outlive the call), and the global index of this
-// device's first row (data parallel: axis_index("data") * rows), so a mask depends on neither the device
-// count nor the split.
+// device's first row (data parallel: train::BatchRows::offset, axis_index("data") * rows for equal blocks),
+// so a mask depends on neither the device count nor the split.
 struct Rng {
   const Array* key = nullptr;
   const Array* step = nullptr;

@@ -74,6 +74,13 @@ std::string element_str(const Array& host, std::int64_t k) {
 
 }  // namespace
 
+void refuse_traced(std::size_t index, const std::string& path) {
+  throw NotAvailable("shard_map: argument " + std::to_string(index) + (path.empty() ? "" : ", leaf '" + path + "',") +
+                     " is a value that grad or vmap traces: grad or vmap of a function that calls shard_map is not "
+                     "supported (f's blocks would be copies the gradient does not follow); take grad inside f, "
+                     "whose collectives have transposes");
+}
+
 void check_in_spec_count(std::size_t specs, std::size_t arguments) {
   if (specs != arguments)
     throw ValueError("shard_map: in_specs has " + std::to_string(specs) + " entries, but f is called with " +

@@ -367,6 +367,14 @@ TEST_CASE("grad inside pmap: batch_norm over blocks of different sizes counts ev
                        "ops::batch_norm: batch_examples 7 counts the examples of every device's batch: it needs train "
                        "and an axis_name",
                        pmap::ValueError);
+  CHECK_THROWS_WITH_AS(ops::batch_norm(x, p.gamma, p.beta, m, v, {.train = false, .axis_name = "data",
+                                                                  .batch_examples = 7}),
+                       doctest::Contains("batch_examples 7 counts the examples of every device's batch: it needs "
+                                         "train"),
+                       pmap::ValueError);
+  CHECK_THROWS_WITH_AS(ops::batch_norm(p.gamma, Array(), Array(), m, v, {.axis_name = "data", .batch_examples = 3}),
+                       "ops::batch_norm: batch_examples 3 needs x (N, ..., C) with N <= 3, got f32(3,)",
+                       pmap::ValueError);
   const pmap::Mesh one = cpu_mesh(1, "data");
   CHECK_THROWS_WITH_AS(pmap::pmap([&](const Array& xx) {
                          return ops::batch_norm(xx, Array(), Array(), m.to(xx.device()), v.to(xx.device()),

@@ -5,6 +5,7 @@
 #include "cuda_testing.h"
 
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -230,6 +231,22 @@ TEST_CASE("shard_map: bad specs and arguments raise naming the argument, the lea
   const Array x = Array::from_host(random_floats(24, 5), {4, 6});
   auto id = [](const Array& a) { return ops::scale(a, 1.0f); };
   auto two = [](const Array& a, const Array&) { return ops::scale(a, 1.0f); };
+  // grad of a function that calls shard_map: its traced argument is refused, not copied without a gradient.
+  auto w_only = [](const std::map<std::string, Array>& m) { return ops::scale(m.at("w"), 1.0f); };
+  auto total = [&](const std::map<std::string, Array>& p) {
+    return ops::sum(pmap::shard_map(w_only, mesh, {pmap::Specs{{"w", P("data")}}}, P("data"))(p));
+  };
+  std::map<std::string, Array> params;
+  params.emplace("b", Array::from_host(random_floats(2, 6), {2}));
+  params.emplace("w", x.copy());
+  CHECK_THROWS_WITH_AS(pmap::grad([&](const Array& a) { return ops::sum(pmap::shard_map(id, mesh, {P("data")},
+                                                                                        P("data"))(a)); })(x),
+                       "shard_map: argument 0 is a value that grad or vmap traces: grad or vmap of a function that "
+                       "calls shard_map is not supported (f's blocks would be copies the gradient does not follow); "
+                       "take grad inside f, whose collectives have transposes",
+                       pmap::NotAvailable);
+  CHECK_THROWS_WITH_AS(pmap::grad(total)(params), doctest::Contains("shard_map: argument 0, leaf 'b', is a value"),
+                       pmap::NotAvailable);
   CHECK_THROWS_WITH_AS(pmap::shard_map(two, mesh, {P("data")}, P("data"))(x, x),
                        "shard_map: in_specs has 1 entries, but f is called with 2 argument(s); give one (a P, or "
                        "Specs by leaf path) per argument",

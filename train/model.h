@@ -43,7 +43,9 @@ struct Call {
   // of their own (a hyper-parameter ensemble's; pass it as nn::DropoutCall::rate); null: their own rates.
   const Array* dropout_rate = nullptr;
   // Training over batch_axis: the examples of every device's batch together, when they differ in size (a
-  // data-parallel batch that does not split evenly); pass it as nn::BatchNormCall::batch_examples. 0: equal.
+  // data-parallel batch that does not split evenly); 0 when they are equal. A model must pass it to each
+  // nn::BatchNormCall::batch_examples (its BatchNorm's statistics are otherwise wrong on such batches, without
+  // an error), of a BatchNorm whose input's first dimension is the examples.
   std::int64_t batch_examples = 0;
 };
 

@@ -64,8 +64,8 @@ MemberGrads member_grads(const StepParts& k, const TrainState& s, const Array& x
   const AxisNames bn_axis = dp ? AxisNames{k.options.axis} : AxisNames{};
   // Data parallel with blocks of different sizes: each device's mean loss weighted by its share of the batch
   // (N * devices / total), inside the gradient, so that the cotangents BatchNorm's VJP sums over the devices
-  // are all the global mean's and the pmean of the gradients is the global batch's. Equal blocks: weight 1,
-  // left out.
+  // are all the global mean's and the pmean of the gradients is the global batch's; BatchNorm counts the
+  // total's rows. Equal blocks: weight 1 and the count of x's rows times the devices, as before.
   const std::int64_t shares = dp ? x.dim(0) * axis_size(bn_axis) : rows.total;
   const bool weighted = shares != rows.total;
   const auto weight = static_cast<float>(static_cast<double>(shares) / static_cast<double>(rows.total));
@@ -74,7 +74,7 @@ MemberGrads member_grads(const StepParts& k, const TrainState& s, const Array& x
         const auto rate = hyper.find(kDropoutRate);
         const Call call{.train = true, .rng = {&key, &s.step, rows.offset}, .batch_axis = bn_axis,
                         .dropout_rate = rate == hyper.end() ? nullptr : &rate->second,
-                        .batch_examples = dp ? rows.total : 0};
+                        .batch_examples = weighted ? rows.total : 0};
         auto loss_fn = [&](const Variables& p) {
           auto [logits, next] = k.model.apply(p, state, x, call);
           Array value = k.loss(logits, y);

@@ -77,7 +77,8 @@ struct StepMetrics {
 };
 PMAPCC_TREE(StepMetrics, loss, correct)
 
-// The loss of a batch's logits (N, K) f32 and labels (N) i32: a scalar f32, differentiable in the logits.
+// The loss of a batch's logits (N, K) f32 and labels (N) i32: a scalar f32, differentiable in the logits; the
+// mean over the examples (data parallel weights it by the block's share of the batch).
 using Loss = std::function<Array(const Array& logits, const Array& labels)>;
 Array softmax_cross_entropy_loss(const Array& logits, const Array& labels);  // ops::softmax_cross_entropy
 
@@ -115,8 +116,9 @@ class TrainStep {
   // (ShapeError / DeviceError otherwise). Data parallel: every device's block has the same N.
   StepMetrics operator()(TrainState& state, const Array& images, const Array& labels) const;
   // Data parallel, with blocks of any sizes (N >= 1 each): `rows` places this device's block in the global
-  // batch. The step is the global batch's: each device's gradient and loss weighted by its N / rows.total
-  // before the pmean, BatchNorm's statistics over rows.total examples (Call::batch_examples), the dropout
+  // batch (the overload above takes equal blocks: use this one for others). The step is the global batch's:
+  // each device's loss weighted by N * devices / rows.total inside the gradient, so the pmean is the global
+  // mean, BatchNorm's statistics over rows.total examples (Call::batch_examples), the dropout
   // masks by global index; so it equals one device's step on the whole batch, up to the sums' order. Every
   // device must give the same total and blocks that tile [0, total) (not checked: that would cost a
   // collective). ValueError for a total or offset that cannot hold this block, or rows other than {0, N} in

@@ -98,11 +98,11 @@ Trainer::Trainer(Model model, Optimizer optimizer, Mesh mesh, TrainerOptions opt
   if (!o.data_parallel && (o.members < 1 || o.members % devices != 0))
     throw ValueError(option("members") + " is " + std::to_string(o.members) + "; it must be a positive multiple of " +
                      "the mesh's " + std::to_string(devices) + " devices");
-  if (o.batch_size < 1 || (o.data_parallel && o.batch_size < devices))
-    throw ValueError(option("batch_size") + " is " + std::to_string(o.batch_size) + "; it must be positive" +
-                     (o.data_parallel ? ", and data parallel at least one example for each of the mesh's " +
-                                            std::to_string(devices) + " devices"
-                                      : ""));
+  if (o.batch_size < 1)
+    throw ValueError(option("batch_size") + " is " + std::to_string(o.batch_size) + "; it must be positive");
+  if (o.data_parallel && o.batch_size < devices)
+    throw ValueError(option("batch_size") + " is " + std::to_string(o.batch_size) + "; data parallel needs at " +
+                     "least one example per device (the mesh has " + std::to_string(devices) + ")");
   if (o.eval_batch < 1)
     throw ValueError(option("eval_batch") + " is " + std::to_string(o.eval_batch) + "; it must be positive");
   if (o.report_every < 0)

@@ -23,7 +23,8 @@
 // on a local device (sharded() does not); the check compares every device's blocks by a hash gathered onto
 // every process, so each process raises the same error.
 // The gradients of a loss computed inside f (pmap::grad in f's body) come with the collectives' transposes
-// (core/grad.h); grad of a function that calls shard_map is not supported.
+// (core/grad.h). grad (or vmap) of a function that calls shard_map is not supported: an argument that grad
+// or vmap traces raises NotAvailable naming it (a value f captures instead is read as a constant).
 #pragma once
 
 #include <cstddef>
@@ -91,6 +92,16 @@ template <class A> struct block_of { using type = A; };
 template <class T> struct block_of<Sharded<T>> { using type = T; };
 template <class A> using block_t = typename block_of<A>::type;
 
+// NotAvailable for argument `index`'s leaf at `path`, a value that grad or vmap traces: the blocks f would see
+// are copies that the transformation does not follow.
+[[noreturn]] void refuse_traced(std::size_t index, const std::string& path);
+template <class T> void check_untraced(std::size_t index, const T& tree) {
+  tree_for_each_with_path(tree, [&](const std::string& path, const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>)
+      if (trace_tag(leaf) != 0) refuse_traced(index, path);
+  });
+}
+
 template <class T> OutputLeaves output_leaves(const T& tree) {
   OutputLeaves out;
   tree_for_each_with_path(tree, [&](const std::string& path, const auto& leaf) {
@@ -145,6 +156,7 @@ template <class F> class ShardMapped {
   template <std::size_t I, class A> decltype(auto) blocks_of(const A& arg) {
     const std::string who = "shard_map: argument " + std::to_string(I);
     if constexpr (is_sharded_v<A>) {
+      for (std::size_t d = 0; d < arg.size(); ++d) detail::check_untraced(I, arg[d]);
       std::vector<std::vector<Device>> devices(arg.size());
       for (std::size_t d = 0; d < arg.size(); ++d)
         tree_for_each(arg[d], [&](const auto& leaf) {
@@ -155,6 +167,7 @@ template <class F> class ShardMapped {
       detail::check_sharded_specs(I, arg.specs(), paths, in_[I].of_leaves(paths, who));
       return static_cast<const A&>(arg);
     } else {
+      detail::check_untraced(I, arg);
       const std::vector<std::string> paths = detail::array_paths(arg);
       return detail::shard_as(who.c_str(), arg, *mesh_, in_[I].by_path(paths));
     }
