@@ -186,6 +186,23 @@ expect "resume from epoch 0" 0 "resumed after epoch 0" -- "${run[@]}" --epochs 1
 same_tensors "$work/ck1.safetensors" "$work/ck0b.safetensors" && pass "resume from epoch 0 is exact" \
   || fail "resume from epoch 0 is exact"
 
+# Data parallelism with a batch the devices do not divide: 64 on 3 devices (blocks of 22, 21 and 21) trains
+# as one device does, to rounding; a batch smaller than the devices is refused.
+dp=("$bin" --data "$work/data" --mode data-parallel --batch-size 64 --epochs 1 --progress plain)
+expect "data parallel, 64 on 3 devices" 0 "ensemble" -- "${dp[@]}" --devices 3 --metrics-json "$work/dp3.json"
+expect "data parallel, 64 on 1 device" 0 "ensemble" -- "${dp[@]}" --devices 1 --metrics-json "$work/dp1.json"
+python3 - "$work/dp3.json" "$work/dp1.json" <<'PY' && pass "data parallel: 3 uneven blocks train as 1 device" \
+  || fail "data parallel: 3 uneven blocks train as 1 device"
+import json, sys
+three, one = (json.load(open(p))["epochs"][-1] for p in sys.argv[1:])
+for k in ("train_loss", "test_loss"):
+    assert abs(three[k] - one[k]) <= 1e-5 * abs(one[k]), (k, three[k], one[k])
+assert three["train_accuracy"] == one["train_accuracy"], (three["train_accuracy"], one["train_accuracy"])
+PY
+expect "data parallel, batch below the devices" 1 \
+  "--batch-size 2 is smaller than --devices 3: data parallel gives every device at least one example" -- \
+  "$bin" --data "$work/data" --mode data-parallel --batch-size 2 --devices 3 --epochs 1
+
 # Model parallelism: one model, its dense weights split over 'model' (the header and the metrics say how),
 # checkpoints of whole tensors that reshard onto another mesh shape bit for bit, an evaluation on the
 # training's split that gives its numbers, and the errors that name the flag or the weight.
