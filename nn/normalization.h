@@ -49,8 +49,9 @@ struct BatchNormCall {
 // BatchNormalization over x (..., C): every axis but the last is a row. In training it normalizes with the
 // batch's mean and (biased) variance, over the devices of axis_name too when it is set (Flax's
 // BatchNorm(axis_name=); when the devices' batches differ in size, BatchNormCall::batch_examples gives their
-// total), and returns the moving statistics moved towards them (moving * momentum + batch * (1 - momentum)); in inference it uses the moving ones and
-// returns them unchanged. Differentiable in x and the parameters; the state is not differentiated.
+// total), and returns the moving statistics moved towards them (moving * momentum + batch * (1 - momentum));
+// in inference it uses the moving ones and returns them unchanged. Differentiable in x and the parameters;
+// the state is not differentiated.
 struct BatchNorm {
   float momentum = 0.99f;  // Keras's defaults (Flax's: 0.99 and 1e-5)
   float epsilon = 1e-3f;
