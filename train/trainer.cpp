@@ -158,8 +158,7 @@ BatchRows Trainer::rows_of(int device) const {
 
 std::int64_t Trainer::count_of(int device) const {
   if (!options_.data_parallel) return options_.batch_size;
-  const std::int64_t devices = mesh_.size();
-  return options_.batch_size / devices + (device < options_.batch_size % devices ? 1 : 0);
+  return rows_of(device + 1).offset - rows_of(device).offset;  // the next block starts where this one ends
 }
 
 void Trainer::check_data(const Dataset& data, const char* where) const {
