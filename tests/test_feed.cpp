@@ -156,6 +156,18 @@ void check_partitioned_feed(const std::vector<pmap::Device>& devices) {
       return same && mine.at("mask").to_vector<float>() == block_2d(b, 3, 0, 1, 0, 3);
     }, mesh)(got);
     for (bool o : ok) CHECK(o);
+    // It knows its mesh, as shard's values do: shard_map takes it on this mesh, and refuses it on another mesh
+    // of the same devices (their axes differ).
+    CHECK(got.mesh() == pmap::detail::mesh_identity(mesh));
+    const pmap::Specs in{{"x", pmap::P(pmap::none, "model")}, {"labels", pmap::P("data")}};
+    auto rows = pmap::shard_map([](const Leaves& mine) { return pmap::psum(mine.at("x"), "model"); }, mesh, {in},
+                                pmap::P());
+    CHECK(rows(got).shape() == pmap::Shape{4, 3});
+    pmap::Mesh other(devices, {{"a", 2}, {"b", 2}});
+    const pmap::Specs in_other{{"x", pmap::P(pmap::none, "b")}, {"labels", pmap::P("a")}};
+    auto on_other = pmap::shard_map([](const Leaves& mine) { return mine.at("mask").copy(); }, other, {in_other},
+                                    pmap::P());
+    CHECK_THROWS_WITH_AS(on_other(got), doctest::Contains("shard_map: argument 0 was split on "), pmap::ValueError);
   }
   // Bad specs raise as shard's do, naming the Feed.
   CHECK_THROWS_WITH_AS(pmap::Feed<Leaves>(mesh, prototype, pmap::FeedLayout::partitioned(pmap::P(pmap::none, "nope"))),

@@ -3,7 +3,7 @@
 // (FeedLayout::replicated(), ensemble training), split along the leading axis over mesh axes
 // (FeedLayout::sharded(axes), data parallelism: device i along the axes gets block i, as shard()), or split
 // as PartitionSpecs say (FeedLayout::partitioned(specs), as shard(tree, mesh, specs); pop()'s value knows
-// its specs).
+// its specs and its mesh, so shard_map takes it as it is on this mesh and refuses it on another).
 //
 // On CUDA devices the host buffers are pinned and each device copies on a stream of its own, so the copy
 // of batch s+1 runs while step s computes; the device's stream waits for a batch's copy (on the GPU, not
@@ -158,7 +158,8 @@ template <class T> class Feed {
           }
         }));
       }
-      device_[slot] = Sharded<T>(std::move(per_device), leaf_specs);
+      device_[slot] = Sharded<T>(std::move(per_device), leaf_specs,
+                                 layout.by_spec ? detail::mesh_identity(mesh) : std::string());
       for (T& tree : device_[slot]) leaves_of(tree, device_leaves[slot].emplace_back());
       leaves_of(fill_first_device_ ? device_[slot][0] : host_[slot], host_leaves[slot]);
     }
