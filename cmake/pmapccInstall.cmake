@@ -22,7 +22,7 @@ if(PMAPCC_HAVE_ONNX)  # pmapcc::onnx, the exporter, where it was built
   install(TARGETS pmapcc_onnx EXPORT pmapccTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 endif()
 install(DIRECTORY include/pmap DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(DIRECTORY kernels core nn optim train io ensemble DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pmapcc  # <pmapcc/kernels/...>
+install(DIRECTORY kernels core nn optim train io ensemble export DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pmapcc  # <pmapcc/kernels/...>
         FILES_MATCHING PATTERN "*.h"
         PATTERN "cpu" EXCLUDE PATTERN "cuda" EXCLUDE PATTERN "array_ops_checks.h" EXCLUDE)  # internal headers
 install(EXPORT pmapccTargets NAMESPACE pmapcc:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/pmapcc)

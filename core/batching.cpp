@@ -233,6 +233,11 @@ class Batched final : public Primitive {
   Batched(std::shared_ptr<const Primitive> p, std::vector<bool> batched, std::int64_t members)
       : p_(std::move(p)), batched_(std::move(batched)), members_(members) {}
   std::string name() const override { return "vmap(" + p_->name() + ")"; }
+  Attributes attributes() const override {
+    Attributes a = p_->attributes();
+    a.emplace_back("members", members_);
+    return a;
+  }
   std::vector<Array> eval(Arrays in) const override {
     std::vector<Array> out = p_->batch(in, batched_, members_);
     for (const Array& o : out) {

@@ -36,6 +36,15 @@ class Collective final : public Primitive {
  public:
   explicit Collective(TracedCollective call) : call_(std::move(call)) {}
   std::string name() const override { return kind_name(call_.kind); }
+  Attributes attributes() const override {
+    std::vector<std::int64_t> perm;
+    for (const auto& [from, to] : call_.perm) perm.insert(perm.end(), {from, to});
+    return {{"axes", call_.axes.str()},
+            {"axis", std::int64_t{call_.axis}},
+            {"tiled", std::int64_t{call_.tiled}},
+            {"perm", perm},
+            {"split_axis", std::int64_t{call_.split_axis}}};
+  }
 
   std::vector<Array> eval(Arrays in) const override {
     const Array& x = *in[0];

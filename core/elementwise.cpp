@@ -184,6 +184,7 @@ class Scale final : public core::Primitive {
  public:
   Scale(float factor, float offset) : factor_(factor), offset_(offset) {}
   std::string name() const override { return "scale"; }
+  core::Attributes attributes() const override { return {{"factor", double{factor_}}, {"offset", double{offset_}}}; }
   std::vector<Array> eval(Arrays in) const override {
     std::vector<Array> out;
     out.push_back(eager::scale(*in[0], factor_, offset_));

@@ -22,6 +22,11 @@ class Conv2d final : public core::Primitive {
          kernels::Precision precision = eager::default_precision())
       : o_(o), bias_(bias), premasked_(premasked), precision_(precision) {}
   std::string name() const override { return o_.relu ? "conv2d(relu)" : "conv2d"; }
+  core::Attributes attributes() const override {
+    return {{"stride_h", std::int64_t{o_.stride_h}}, {"stride_w", std::int64_t{o_.stride_w}},
+            {"same", std::int64_t{o_.same}},         {"relu", std::int64_t{o_.relu}},
+            {"bias", std::int64_t{bias_}},           {"precision", std::string(kernels::name(precision_))}};
+  }
   bool output_is_relu() const override { return o_.relu; }
   std::shared_ptr<const Primitive> premasked() const override {
     return o_.relu ? std::make_shared<Conv2d>(o_, bias_, true, precision_) : nullptr;
@@ -102,6 +107,10 @@ class AvgPool final : public core::Primitive {
   enum class Mask { none, masking, over_input };
   AvgPool(int wh, int ww, int sh, int sw, Mask mask = Mask::none) : wh_(wh), ww_(ww), sh_(sh), sw_(sw), mask_(mask) {}
   std::string name() const override { return "avg_pool"; }
+  core::Attributes attributes() const override {
+    return {{"window_h", std::int64_t{wh_}}, {"window_w", std::int64_t{ww_}}, {"stride_h", std::int64_t{sh_}},
+            {"stride_w", std::int64_t{sw_}}};
+  }
   std::shared_ptr<const Primitive> masking_input(bool over_input) const override {
     return std::make_shared<AvgPool>(wh_, ww_, sh_, sw_, over_input ? Mask::over_input : Mask::masking);
   }

@@ -58,6 +58,9 @@ class ReduceAxes final : public core::Primitive {
   ReduceAxes(ReduceOp op, std::vector<int> axes, bool keepdims)
       : op_(op), axes_(std::move(axes)), keep_(keepdims) {}
   std::string name() const override { return kernels::to_string(op_); }
+  core::Attributes attributes() const override {
+    return {{"axes", std::vector<std::int64_t>(axes_.begin(), axes_.end())}, {"keepdims", std::int64_t{keep_}}};
+  }
   std::vector<Array> eval(Arrays in) const override {
     switch (op_) {
       case ReduceOp::sum: return one(eager::sum(*in[0], axes_, keep_));
@@ -122,6 +125,9 @@ class Transpose final : public core::Primitive {
  public:
   explicit Transpose(std::vector<int> perm) : perm_(std::move(perm)) {}
   std::string name() const override { return "transpose"; }
+  core::Attributes attributes() const override {
+    return {{"permutation", std::vector<std::int64_t>(perm_.begin(), perm_.end())}};
+  }
   std::vector<Array> eval(Arrays in) const override { return one(eager::transpose(*in[0], perm_)); }
   std::vector<Array> vjp(Arrays in, Arrays, Arrays cts, const std::vector<bool>& w) const override {
     std::vector<Array> g(1);
@@ -160,6 +166,9 @@ class BroadcastTo final : public core::Primitive {
  public:
   explicit BroadcastTo(Shape shape) : shape_(std::move(shape)) {}
   std::string name() const override { return "broadcast_to"; }
+  core::Attributes attributes() const override {
+    return {{"shape", std::vector<std::int64_t>(shape_.begin(), shape_.end())}};
+  }
   std::vector<Array> eval(Arrays in) const override { return one(eager::broadcast_to(*in[0], shape_)); }
   std::vector<Array> vjp(Arrays in, Arrays, Arrays cts, const std::vector<bool>& w) const override {
     std::vector<Array> g(1);
@@ -212,6 +221,7 @@ class Slice final : public core::Primitive {
   Slice(std::vector<std::int64_t> start, std::vector<std::int64_t> stop)
       : start_(std::move(start)), stop_(std::move(stop)) {}
   std::string name() const override { return "slice"; }
+  core::Attributes attributes() const override { return {{"start", start_}, {"stop", stop_}}; }
   std::vector<Array> eval(Arrays in) const override { return one(eager::slice(*in[0], start_, stop_)); }
   std::vector<Array> vjp(Arrays in, Arrays, Arrays cts, const std::vector<bool>& w) const override {
     std::vector<Array> g(1);
@@ -242,6 +252,7 @@ class Concatenate final : public core::Primitive {
  public:
   explicit Concatenate(int axis) : axis_(axis) {}
   std::string name() const override { return "concatenate"; }
+  core::Attributes attributes() const override { return {{"axis", std::int64_t{axis_}}}; }
   std::vector<Array> eval(Arrays in) const override {
     return one(eager::concatenate(std::vector<const Array*>(in.begin(), in.end()), axis_));
   }
@@ -303,6 +314,11 @@ class MaxPool final : public core::Primitive {
  public:
   explicit MaxPool(MaxPoolOptions o) : o_(o) {}
   std::string name() const override { return o_.same ? "max_pool(same)" : "max_pool"; }
+  core::Attributes attributes() const override {
+    return {{"window_h", std::int64_t{o_.window_h}}, {"window_w", std::int64_t{o_.window_w}},
+            {"stride_h", std::int64_t{o_.stride_h}}, {"stride_w", std::int64_t{o_.stride_w}},
+            {"same", std::int64_t{o_.same}}};
+  }
   std::vector<Array> eval(Arrays in) const override { return one(eager::max_pool(*in[0], o_)); }
   std::vector<Array> vjp(Arrays in, Arrays, Arrays cts, const std::vector<bool>& w) const override {
     std::vector<Array> g(1);

@@ -28,6 +28,10 @@ class MatMul final : public core::Primitive {
  public:
   MatMul(bool ta, bool tb) : ta_(ta), tb_(tb) {}
   std::string name() const override { return "matmul"; }
+  core::Attributes attributes() const override {
+    return {{"transpose_a", std::int64_t{ta_}}, {"transpose_b", std::int64_t{tb_}},
+            {"precision", std::string(kernels::name(precision_))}};
+  }
   std::vector<Array> eval(Arrays in) const override {
     eager::DefaultPrecision scope(precision_);
     return one(eager::matmul(*in[0], *in[1], ta_, tb_));
@@ -71,6 +75,9 @@ class Linear final : public core::Primitive {
   explicit Linear(bool relu, bool premasked = false, kernels::Precision precision = eager::default_precision())
       : relu_(relu), premasked_(premasked), precision_(precision) {}
   std::string name() const override { return relu_ ? "linear(relu)" : "linear"; }
+  core::Attributes attributes() const override {
+    return {{"relu", std::int64_t{relu_}}, {"precision", std::string(kernels::name(precision_))}};
+  }
   bool output_is_relu() const override { return relu_; }
   std::shared_ptr<const Primitive> premasked() const override {
     return relu_ ? std::make_shared<Linear>(true, true, precision_) : nullptr;
@@ -190,6 +197,9 @@ class Reshape final : public core::Primitive {
  public:
   explicit Reshape(Shape shape) : shape_(std::move(shape)) {}
   std::string name() const override { return "reshape"; }
+  core::Attributes attributes() const override {
+    return {{"shape", std::vector<std::int64_t>(shape_.begin(), shape_.end())}};
+  }
   std::vector<Array> eval(Arrays in) const override { return one(eager::reshape(*in[0], shape_)); }
   std::vector<Array> vjp(Arrays in, Arrays, Arrays cts, const std::vector<bool>& w) const override {
     std::vector<Array> g(1);

@@ -24,6 +24,16 @@ class BatchNorm final : public core::Primitive {
  public:
   BatchNorm(BatchNormOptions o, bool gamma, bool beta) : o_(std::move(o)), gamma_(gamma), beta_(beta) {}
   std::string name() const override { return "batch_norm"; }
+  core::Attributes attributes() const override {
+    return {{"train", std::int64_t{o_.train}},
+            {"axis_name", o_.axis_name.str()},
+            {"epsilon", double{o_.epsilon}},
+            {"momentum", double{o_.momentum}},
+            {"relu", std::int64_t{o_.relu}},
+            {"gamma", std::int64_t{gamma_}},
+            {"beta", std::int64_t{beta_}},
+            {"batch_examples", o_.batch_examples}};
+  }
 
   std::vector<Array> eval(Arrays in) const override {
     const Array& x = *in[0];
@@ -91,6 +101,9 @@ class Dropout final : public core::Primitive {
  public:
   explicit Dropout(DropoutOptions o) : o_(o) {}
   std::string name() const override { return "dropout"; }
+  core::Attributes attributes() const override {
+    return {{"rate", double{o_.rate}}, {"example_offset", o_.example_offset}, {"stream", std::int64_t{o_.stream}}};
+  }
   // in: x, key, step and, when the rate is read from the device, the rate.
   std::vector<Array> eval(Arrays in) const override {
     std::vector<Array> out;

@@ -10,6 +10,8 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include <pmap/array.h>
@@ -18,11 +20,19 @@ namespace pmap::core {
 
 using Arrays = std::span<const Array* const>;
 
+// A primitive's static parameters, what its operands do not say (a jaxpr equation's params): strides, axes, a
+// fused ReLU. Printed by Program::str() and read by exporters (export/onnx), by name, in the primitive's order.
+using Attribute = std::variant<std::int64_t, double, std::vector<std::int64_t>, std::string>;
+using Attributes = std::vector<std::pair<std::string, Attribute>>;
+
 class Primitive {
  public:
   virtual ~Primitive() = default;
   // "matmul", "psum": what error messages and the trace name.
   virtual std::string name() const = 0;
+  // Its static parameters (none by default). Every parameter that changes what eval computes is listed, so an
+  // exporter that knows the name and reads these reproduces eval.
+  virtual Attributes attributes() const { return {}; }
   // The outputs of the inputs, new arrays on the inputs' device. Inputs are untagged views (no trace
   // follows them). Checks shapes and dtypes: ShapeError / ValueError naming the op and the operand.
   virtual std::vector<Array> eval(Arrays inputs) const = 0;
@@ -63,6 +73,9 @@ class Primitive {
   virtual std::shared_ptr<const Primitive> masking_input(bool /*over_input*/) const { return nullptr; }
   virtual std::shared_ptr<const Primitive> premasked() const { return nullptr; }
 };
+
+// The attribute `name` of p, or nullptr.
+const Attribute* find_attribute(const Attributes& attributes, const std::string& name);
 
 // Evaluates p on inputs (all on one device, in the order p expects) and returns its outputs. While the
 // calling thread differentiates a function and an input is one of its traced values, the call is recorded

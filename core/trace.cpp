@@ -4,6 +4,7 @@
 #include <pmapcc/core/trace.h>
 
 #include <pmapcc/core/batching.h>
+#include <pmapcc/core/program.h>
 
 #include <atomic>
 #include <utility>
@@ -259,6 +260,35 @@ void Trace::release(Array& result) const {
   traces(result, "grad of '" + function_ + "'", 0);
   Paused paused;
   result = ops::eager::copy(untagged(result));
+}
+
+Program Trace::program(const std::string& name, std::size_t inputs,
+                       const std::vector<const Array*>& results) const {
+  Paused paused;
+  std::vector<Program::Value> values;
+  values.reserve(values_.size());
+  for (const Array& v : values_) values.push_back({v.shape(), v.dtype()});
+  std::vector<Array> constants;
+  auto constant = [&](const Array& c) {
+    constants.push_back(ops::eager::copy(untagged(c)));
+    return Program::Operand{constants.size() - 1, true};
+  };
+  std::vector<Program::Equation> equations;
+  equations.reserve(nodes_.size());
+  for (const Node& n : nodes_) {
+    Program::Equation e{n.primitive, {}, n.outputs};
+    std::size_t c = 0;
+    for (std::size_t s : n.inputs)
+      e.inputs.push_back(s == Node::kConstant ? constant(n.constants[c++]) : Program::Operand{s, false});
+    equations.push_back(std::move(e));
+  }
+  std::vector<Program::Operand> outputs;
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    if (!results[i]->valid()) throw ValueError(name + ": result " + std::to_string(i) + " is an empty Array handle");
+    outputs.push_back(traces(*results[i], name, i) ? Program::Operand{slot_of(*results[i]), false}
+                                                   : constant(*results[i]));
+  }
+  return Program(name, std::move(values), inputs, std::move(constants), std::move(equations), std::move(outputs));
 }
 
 namespace {

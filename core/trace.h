@@ -14,6 +14,8 @@
 
 namespace pmap::core {
 
+class Program;  // pmapcc/core/program.h
+
 class Trace {
  public:
   // Begins tracing on the calling thread. `function` names the differentiated function in errors. A trace
@@ -41,6 +43,10 @@ class Trace {
   // A result of the function made independent of the trace: a traced value is replaced by an untraced
   // copy; anything else is left as it is.
   void release(Array& result) const;
+  // The record so far as a Program named `name` (pmapcc/core/program.h; make_program's): its inputs the first
+  // `inputs` values input() gave, before anything was recorded; its outputs `results`, values of this trace or
+  // constants (copied, as the constants the equations read are).
+  Program program(const std::string& name, std::size_t inputs, const std::vector<const Array*>& results) const;
 
   // How many values' ReLU masks backward passes have fused into the VJP that reads them (Primitive::
   // masking_input), in the whole process: tests check that a fusion happened.

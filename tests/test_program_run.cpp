@@ -129,10 +129,19 @@ TEST_CASE("program run: an epoch's metrics, the members for ONNX and a checkpoin
   CHECK(only.evaluated_on == "validation");
   CHECK(only.ensemble_test_accuracy == m.ensemble_test_accuracy);
 
-  // The members stacked as the runner stacks them (the ONNX exporter's input).
-  CHECK(pe::stacked_members(now->params(), now->model().param_names()) == old.params());
-  CHECK_THROWS_WITH_AS(pe::stacked_members(now->params(), {"Dense_9/kernel"}),
-                       "stacked_members: no tensor 'Dense_9/kernel'", pmap::ValueError);
+  // The runner's stacked buffer as tensors by name, as the Trainer gives them (what a model-parallel run exports).
+  const pmap::train::Variables tensors =
+      pe::member_tensors(old.params(), old.model().params_layout(), old.total_members());
+  const pmap::train::Variables want = now->params();
+  REQUIRE(tensors.size() == want.size());
+  for (const auto& entry : want) {
+    INFO(entry.first);
+    REQUIRE(tensors.count(entry.first) == 1);
+    CHECK(tensors.at(entry.first).shape() == entry.second.shape());
+    CHECK(tensors.at(entry.first).to_vector<float>() == entry.second.to_vector<float>());
+  }
+  CHECK_THROWS_WITH_AS(pe::member_tensors(old.params(), old.model().params_layout(), old.total_members() + 1),
+                       doctest::Contains("member_tensors: "), pmap::ValueError);
 
   // The program's entries in a Trainer checkpoint: its configuration and history come back on resume.
   const auto dir = pmap::testing::scratch_dir("pmapcc_program_run_test");

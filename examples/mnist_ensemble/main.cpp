@@ -36,7 +36,7 @@
 #include <pmapcc/train/early_stopping.h>
 #include <pmapcc/train/trainer.h>
 #ifdef PMAPCC_HAVE_ONNX
-#include <pmapcc/ensemble/onnx/export.h>
+#include <pmapcc/export/onnx/export.h>
 #endif
 
 using namespace pmap::ensemble;
@@ -91,12 +91,13 @@ void write_outputs(const CliOptions& o, const RunView& v, const std::function<vo
   if (!o.predict.empty() && report != nullptr) write_predictions_csv(o.predict, report->predictions);
 }
 
-// --export-onnx: the members (`params` and `state` stacked as the runner stacks them, of `model`) as one
-// ensemble graph, or --export-member's member alone, with the recipe and the test accuracy and NLL of the
-// evaluation `m` in the file's metadata. `members` are the members' own indices (their checkpoint's, with
-// --members-subset; empty: 0, 1, ...). The main process writes.
-void export_onnx(const CliOptions& o, const RunView& v, const Sequential& model, const std::vector<float>& params,
-                 const std::vector<float>& state, const EpochMetrics& m, const std::vector<int>& members) {
+// --export-onnx: the members (`params` and `state`: tensors (members, ...) as train::Trainer::params() gives them,
+// of `model`) as one ensemble graph, or --export-member's member alone, with the recipe and the test accuracy and
+// NLL of the evaluation `m` in the file's metadata. `members` are the members' own indices (their checkpoint's,
+// with --members-subset; empty: 0, 1, ...). The main process writes.
+void export_onnx(const CliOptions& o, const RunView& v, const pmap::train::Model& model,
+                 const pmap::train::Variables& params, const pmap::train::Variables& state, const EpochMetrics& m,
+                 const std::vector<int>& members) {
 #ifdef PMAPCC_HAVE_ONNX
   if (!v.main_process) return;
   const TrainConfig& c = *v.config;
@@ -109,7 +110,7 @@ void export_onnx(const CliOptions& o, const RunView& v, const Sequential& model,
                            std::to_string(v.members) + (members.empty() ? "" : " evaluated") + " members");
   std::string list;
   for (int i = 0; i < v.members; ++i) list += (i ? "," : "") + std::to_string(index_of(i));
-  onnx::ExportInfo info;
+  pmap::onnx::ExportInfo info;
   info.metadata = {{"model", c.model},
                    {"recipe", pmap::io::dump_json(c.to_json())},
                    {"dataset", c.dataset},
@@ -126,22 +127,29 @@ void export_onnx(const CliOptions& o, const RunView& v, const Sequential& model,
   info.doc = member ? "member " + std::to_string(o.export_member) + " of a pmapcc " + c.model + " ensemble"
                     : "a pmapcc ensemble of " + std::to_string(v.members) + " " + c.model +
                           " members: the mean of their softmax probabilities";
-  const onnx::TrainedMembers trained{model, params, state, v.members};
+  const pmap::onnx::Network network = pmap::onnx::network_of(model);
+  const std::vector<pmap::train::Variables> all = pmap::onnx::members_of(model, params, state);
   if (member) {
-    onnx::export_member(trained, position, o.export_onnx, info);
+    pmap::onnx::export_member(network, all.at(p), o.export_onnx, info);
   } else {
-    onnx::export_ensemble(trained, o.export_onnx, info);
+    pmap::onnx::export_ensemble(network, all, o.export_onnx, info);
   }
 #else
   (void)o, (void)v, (void)model, (void)params, (void)state, (void)m, (void)members;  // parse_cli refuses the flag
 #endif
 }
 
-// Before a run: its model can be exported (not found out after the run) and --export-member names one of its
-// members.
-void check_export(const CliOptions& o, const Sequential& model, int members) {
+// Before a run: its model can be exported (recorded on a member drawn as the run would; not found out after
+// the run) and --export-member names one of its members.
+void check_export(const CliOptions& o, const pmap::train::Model& model, int members) {
 #ifdef PMAPCC_HAVE_ONNX
-  if (!o.export_onnx.empty()) onnx::check_exportable(model);
+  if (!o.export_onnx.empty()) {
+    auto [params, state] = model.init(pmap::key(0));
+    pmap::train::Variables member;
+    for (auto& [name, tensor] : params) member.emplace("params/" + name, std::move(tensor));
+    for (auto& [name, tensor] : state) member.emplace("state/" + name, std::move(tensor));
+    pmap::onnx::check_exportable(pmap::onnx::network_of(model), member);
+  }
   if (o.export_member >= members)
     throw pmap::ValueError("--export-member " + std::to_string(o.export_member) + ": no such member among the " +
                            std::to_string(members) + " members");
@@ -270,7 +278,8 @@ int run_split_training(const CliOptions& o) {
   if (!o.resume.empty()) trainer.load_checkpoint(o.resume);
   const TrainConfig& c = trainer.config();
   const bool main_process = trainer.is_main_process();
-  check_export(o, trainer.model(), trainer.total_members());
+  const pmap::train::Model model = recipe_model(c, trainer.train_data());  // the runner's, as module code
+  check_export(o, model, trainer.total_members());
   const auto save = [&] { trainer.save_checkpoint(o.save); };
   if (main_process)
     print_header(view_of(trainer), trainer.train_data().count, test.count,
@@ -295,7 +304,9 @@ int run_split_training(const CliOptions& o) {
   write_outputs(o, view_of(trainer), save, &report, validated ? &last : nullptr);
   if (main_process) print_final(view_of(trainer), last, report);
   if (!o.export_onnx.empty())
-    export_onnx(o, view_of(trainer), trainer.model(), trainer.params(), trainer.model_state(), last, {});
+    export_onnx(o, view_of(trainer), model,
+                member_tensors(trainer.params(), trainer.model().params_layout(), c.members),
+                member_tensors(trainer.model_state(), trainer.model().state_layout(), c.members), last, {});
   if (main_process) print_exported(o);
   return 0;
 }
@@ -345,7 +356,7 @@ int run_training(const CliOptions& o) {
     trainer.save(o.save, metadata, tensors);
   };
   const bool main_process = view().main_process;
-  check_export(o, *layers, r.members);
+  check_export(o, trainer.model(), r.members);
   if (main_process)
     print_header(view(), fit.count, test.count,
                  o.resume.empty() ? "training" : "resumed after epoch " + std::to_string(trainer.epochs_done()));
@@ -377,8 +388,7 @@ int run_training(const CliOptions& o) {
   write_outputs(o, view(), save, &report, validated ? &last : nullptr);
   if (main_process) print_final(view(), last, report);
   if (!o.export_onnx.empty())
-    export_onnx(o, view(), *layers, stacked_members(trainer.params(), trainer.model().param_names()),
-                stacked_members(trainer.model_state(), trainer.model().state_names()), last, {});
+    export_onnx(o, view(), trainer.model(), trainer.params(), trainer.model_state(), last, {});
   if (main_process) print_exported(o);
   return 0;
 }
@@ -459,11 +469,14 @@ int run_evaluation(const CliOptions& o) {
   // Nothing was trained: no train loss or accuracy (null in the JSON, left out of the plot), not 0.
   m.train_loss = m.train_accuracy = std::numeric_limits<double>::quiet_NaN();
   if (!o.export_onnx.empty()) {  // collective: every process gathers the members
-    if (runner)
-      export_onnx(o, v, runner->model(), runner->params(), runner->model_state(), m, o.members_subset);
-    else
-      export_onnx(o, v, *layers, stacked_members(trainer->params(), trainer->model().param_names()),
-                  stacked_members(trainer->model_state(), trainer->model().state_names()), m, o.members_subset);
+    if (runner) {
+      const pmap::train::Model model = recipe_model(runner->config(), test);
+      export_onnx(o, v, model, member_tensors(runner->params(), runner->model().params_layout(), v.members),
+                  member_tensors(runner->model_state(), runner->model().state_layout(), v.members), m,
+                  o.members_subset);
+    } else {
+      export_onnx(o, v, trainer->model(), trainer->params(), trainer->model_state(), m, o.members_subset);
+    }
   }
   if (!v.main_process) return 0;
   print_header(v, 0, test.count, "evaluating " + o.evaluate.string() + " (epoch " + std::to_string(m.epoch) + ")");

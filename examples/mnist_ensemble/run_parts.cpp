@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 
 #include <pmap/distributed.h>
 #include <pmap/error.h>
@@ -118,13 +119,17 @@ std::vector<EpochMetrics> resumed_history(const std::filesystem::path& path, con
   return history;
 }
 
-std::vector<float> stacked_members(const train::Variables& tensors, const std::vector<std::string>& names) {
-  std::vector<float> out;
-  for (const std::string& n : names) {
-    const auto it = tensors.find(n);
-    if (it == tensors.end()) throw ValueError("stacked_members: no tensor '" + n + "'");
-    const std::vector<float> t = it->second.to_vector<float>();
-    out.insert(out.end(), t.begin(), t.end());
+train::Variables member_tensors(const std::vector<float>& stacked, const TensorLayout& layout, int members) {
+  if (static_cast<std::int64_t>(stacked.size()) != layout.per_member * members)
+    throw ValueError("member_tensors: " + std::to_string(stacked.size()) + " values for " + std::to_string(members) +
+                     " members of " + std::to_string(layout.per_member));
+  train::Variables out;
+  for (const TensorSlot& t : layout.tensors) {
+    Shape shape{members};
+    shape.insert(shape.end(), t.shape.begin(), t.shape.end());
+    const auto begin = static_cast<std::size_t>(t.offset * members);
+    out.emplace(t.name, Array::from_host(std::span<const float>(stacked.data() + begin,
+                                                                 static_cast<std::size_t>(t.size * members)), shape));
   }
   return out;
 }

@@ -14,6 +14,7 @@
 #include <pmap/mesh.h>
 
 #include <pmapcc/ensemble/config.h>
+#include <pmapcc/ensemble/model.h>
 #include <pmapcc/ensemble/metrics.h>
 #include <pmapcc/io/json.h>
 #include <pmapcc/train/early_stopping.h>
@@ -60,9 +61,9 @@ std::vector<EpochMetrics> resumed_history(const std::filesystem::path& path, con
                                           std::int64_t train_examples, std::int64_t steps_per_epoch,
                                           std::int64_t step, std::int64_t epochs_done);
 
-// The members' tensors (members, ...) of `names`, one after another: the runner's stacked layout
-// (ensemble::Trainer::params()), as the ONNX exporter takes it.
-std::vector<float> stacked_members(const train::Variables& tensors, const std::vector<std::string>& names);
+// The runner's stacked buffer (ensemble::Trainer::params(): `layout`'s tensors one after another, each (members,
+// ...)) as host tensors by name, as train::Trainer::params() gives them.
+train::Variables member_tensors(const std::vector<float>& stacked, const TensorLayout& layout, int members);
 
 // Whether this process writes the outputs: the one of the mesh's first device.
 bool is_main_process(const Mesh& mesh);

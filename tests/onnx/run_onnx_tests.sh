@@ -5,9 +5,12 @@
 # MNIST test images: the same class as pmapcc's --predict for every image, probabilities within 1e-5. Then
 # the error paths. Exits 77 (skipped) without MNIST, or without ONNX Runtime, node or python3-onnx unless
 # PMAPCC_REQUIRE_ORT=1 (scripts/test.sh sets it: CI must run this), which makes those a failure.
-# usage: run_onnx_tests.sh /path/to/mnist_ensemble
+# Then the exporter's zoo (every primitive with an emitter in one network) and a residual network, which
+# pmapcc_tests writes with pmapcc's logits, in ONNX Runtime.
+# usage: run_onnx_tests.sh /path/to/mnist_ensemble /path/to/pmapcc_tests
 set -uo pipefail
 bin=$(realpath "$1")
+tests_bin=$(realpath "$2")
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 mnist=${PMAPCC_MNIST:-$repo/data/mnist}
@@ -70,7 +73,11 @@ assert abs(float(meta["test_accuracy"]) - final["ensemble_test_accuracy"]) < 1e-
 assert abs(float(meta["test_nll"]) - final["ensemble_test_nll"]) < 1e-6, (meta, final)
 assert [o.name for o in m.graph.output] == ["probabilities", "class"]
 ops = {n.op_type for n in m.graph.node}
-assert "Dropout" not in ops and {"Conv", "BatchNormalization", "GlobalAveragePool", "Mean", "ArgMax"} <= ops, ops
+assert "Dropout" not in ops and {"Conv", "BatchNormalization", "AveragePool", "Mean", "ArgMax"} <= ops, ops
+# Channels first from the images' transpose to the one before the Dense layers' reshape: two per member.
+inits = {i.name for i in m.graph.initializer}
+moves = [n for n in m.graph.node if n.op_type == "Transpose" and n.input[0] not in inits]
+assert len(moves) == 4, [n.name for n in moves]
 PY
 
 # One member alone, from the checkpoint (--evaluate, --members-subset keeps its index).
@@ -93,6 +100,21 @@ compare "flax-cnn model-parallel" "$work/f.onnx" "$work/f.csv"
 run "keras-convnet data-parallel: export" 0 --model keras-convnet "${f[@]}" --mode data-parallel \
   --predict "$work/d.csv" --export-onnx "$work/d.onnx"
 compare "keras-convnet data-parallel" "$work/d.onnx" "$work/d.csv"
+
+# Every primitive's emitter (the zoo) and a residual network, written by pmapcc_tests with pmapcc's logits.
+if PMAPCC_ONNX_ZOO_DIR="$work" "$tests_bin" -tc="onnx export: the zoo*" >"$work/out" 2>&1; then
+  pass "zoo and resnet: pmapcc_tests writes them"
+  for name in zoo resnet; do
+    "$py" - "$work/$name.onnx" <<'PY' && pass "$name: onnx.checker accepts it" || fail "$name: onnx.checker"
+import onnx, sys
+onnx.checker.check_model(onnx.load(sys.argv[1]), full_check=True)
+PY
+  done
+  node "$here/ort_zoo.js" "$work" zoo resnet && pass "zoo and resnet: ONNX Runtime = pmapcc" ||
+    fail "zoo and resnet: ONNX Runtime = pmapcc"
+else
+  fail "zoo and resnet: pmapcc_tests: $(tail -c 400 "$work/out")"
+fi
 
 # Bad input: one line, the right status, no file left behind.
 run "--export-member without --export-onnx" 2 --evaluate "$work/k.st" --export-member 0
