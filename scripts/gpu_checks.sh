@@ -10,8 +10,20 @@
 # then each device call carries it, and the stages find what is in it by default:
 #   carry: [".gpurun"]    command: bash scripts/gpu_checks.sh preflight info build cuda
 #
-# usage: scripts/gpu_checks.sh [--build DIR] [--data DIR] [--deps FILE] STAGE...
+# On a lent machine, two calls of the device tool's 10 minutes each (on its 16 cores) hold a whole run, each
+# with what it measured copied back through $OUT:
+#   command: bash scripts/gpu_checks.sh --budget 560 preflight info build cuda train
+#   command: bash scripts/gpu_checks.sh --budget 560 sanitize bench summary
+#
+# usage: scripts/gpu_checks.sh [--build DIR] [--data DIR] [--deps FILE] [--budget SECONDS] STAGE...
 #        (no stage, or `all`: preflight info build cuda suite sanitize train bench summary)
+#   --budget S   this invocation's wall-clock seconds (a device call's limit less a margin): each stage's timeout
+#                is cut to what is left (less 15 s), and a stage with under 30 s left is not started (recorded
+#                as skipped, exit 125, and counted as failed), so the script ends before the caller kills it
+#   OUT=DIR      (the device tool's folder of files that come back) every stage's log is written under
+#                DIR/gpu_checks/ as the stage runs, so a run killed mid-stage still leaves what it printed;
+#                the stage results (stages.jsonl), earlier invocations' logs and the summary JSON are copied
+#                there after each stage and on exit (an EXIT/INT/TERM trap)
 #   --data DIR   MNIST's four IDX files, raw or .gz (default data/mnist, or .gpurun/mnist where that is absent)
 #   --deps FILE  the headers tarball (default .gpudeps/deps.tar.gz, or .gpurun/deps.tar.gz where that is absent)
 #   ANCHORS=DIR  a folder with jax_cnn_ensemble.py for bench (default .gpurun/anchors where that exists)
@@ -60,12 +72,17 @@ deps_arg=""  # --deps as given: where pack-deps writes (.gpudeps/deps.tar.gz wit
 [[ ! -s $deps && -s .gpurun/deps.tar.gz ]] && deps=.gpurun/deps.tar.gz
 [[ -z ${ANCHORS:-} && -d .gpurun/anchors ]] && ANCHORS=$root/.gpurun/anchors
 default_stages=(preflight info build cuda suite sanitize train bench summary)
+budget=""
 stages=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --deps) deps=$2; deps_arg=$2; shift 2 ;;
+    --budget)
+      budget=$2
+      [[ $budget =~ ^[0-9]+$ ]] || { echo "gpu_checks.sh: --budget '$budget' is not a number of seconds" >&2; exit 2; }
+      shift 2 ;;
     -h | --help) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 0 ;;  # the comment block above
     pack | pack-deps | preflight | info | build | cuda | suite | sanitize | train | bench | summary | all)
       stages+=("$1"); shift ;;
@@ -77,6 +94,27 @@ logs="$build/gpu_checks"
 mkdir -p "$logs"
 results="$logs/stages.jsonl"
 failed=()
+started="$logs/.started-$$"  # what this invocation wrote is newer than this
+touch "$started"
+# $OUT: where a lent machine's files come back from (see the top).
+out_dir=""
+if [[ -n ${OUT:-} ]]; then
+  out_dir="$OUT/gpu_checks"
+  mkdir -p "$out_dir" || { echo "gpu_checks.sh: cannot create $out_dir (OUT)" >&2; exit 2; }
+fi
+# Copies the logs, the stage results and this invocation's summary JSON to $OUT (nothing without it).
+sync_out() {
+  [[ -n $out_dir ]] || return 0
+  local f
+  for f in "$logs"/*.log "$results"; do
+    [[ -f $f && ! $f -ef $out_dir/$(basename "$f") ]] && cp -f "$f" "$out_dir/"
+  done
+  find bench/results -maxdepth 1 -name 'gpu-checks-*.json' -newer "$started" -exec cp -f {} "$out_dir/" \; 2>/dev/null
+  return 0
+}
+trap 'sync_out; rm -f "$started"' EXIT
+trap 'echo "gpu_checks.sh: interrupted"; exit 130' INT
+trap 'echo "gpu_checks.sh: terminated"; exit 143' TERM
 export PMAPCC_REQUIRE_GPU=1  # a GPU test that skips is a failure here (tests/cuda_testing.h, the CLI test)
 # The stages run in child shells: what they read goes through the environment (arrays as words).
 ANCHORS=${ANCHORS:-}
@@ -88,9 +126,25 @@ export build data deps deps_arg logs root ANCHORS stages_run default_stages_run
 # `full`, prints the whole log (else its last line, or its last 25 lines when the stage fails).
 run_stage() {
   local name=$1 limit=$2 fn=$3 show=${4:-} t0=$SECONDS rc
+  if [[ -n $budget ]]; then  # what is left of --budget, less a margin for the copies and the summary
+    local left=$((budget - SECONDS - 15))
+    if ((left < 30)); then
+      echo "== [$name] not started: ${left} s of --budget $budget left"
+      printf '{"stage": "%s", "exit": 125, "seconds": 0, "at": "%s", "skipped": "budget"}\n' "$name" \
+        "$(date -u +%FT%TZ)" >>"$results"
+      failed+=("$name")
+      sync_out
+      return
+    fi
+    ((left < limit)) && limit=$left
+  fi
   echo "== [$name] (limit ${limit} s, log $logs/$name.log)"
-  timeout --kill-after=10 "$limit" bash -c "$(declare -f); stage_helpers; $fn" >"$logs/$name.log" 2>&1
+  # With OUT, the log is written there as the stage runs (what a killed run leaves), then copied here.
+  local log="$logs/$name.log"
+  [[ -n $out_dir ]] && log="$out_dir/$name.log"
+  timeout --kill-after=10 "$limit" bash -c "$(declare -f); stage_helpers; $fn" >"$log" 2>&1
   rc=$?
+  [[ $log != "$logs/$name.log" ]] && cp -f "$log" "$logs/$name.log"
   local secs=$((SECONDS - t0))
   if [[ $rc -eq 0 && $show == full ]]; then
     echo "   ok in ${secs} s:"
@@ -112,6 +166,7 @@ run_stage() {
   fi
   printf '{"stage": "%s", "exit": %d, "seconds": %d, "at": "%s"}\n' "$name" "$rc" "$secs" "$(date -u +%FT%TZ)" \
     >>"$results"
+  sync_out
 }
 
 # Shared by the stages (they run in child shells): paths and small helpers.

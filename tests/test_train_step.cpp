@@ -262,7 +262,9 @@ TEST_CASE("train step: the state keeps its shapes (one trace a device), and memb
     const std::vector<pmap::Key> keys = pmap::split(pmap::key(5), 3);
     const train::TrainState fresh = step.init(keys, pmap::Device{});
     const Run run = run_epoch(step, 2, 4, 64);
-    for (const auto& [name, a] : run.states[0].opt) {
+    for (const auto& entry : run.states[0].opt) {  // (not a structured binding: clang's CAPTURE cannot take one)
+      const std::string& name = entry.first;
+      const Array& a = entry.second;
       CAPTURE(name);
       CHECK(fresh.opt.at(name).shape().size() == a.shape().size());  // (3, ...) there, (2, ...) here
       CHECK(std::equal(a.shape().begin() + 1, a.shape().end(), fresh.opt.at(name).shape().begin() + 1));
