@@ -76,6 +76,8 @@ class Primitive {
 
 // The attribute `name` of p, or nullptr.
 const Attribute* find_attribute(const Attributes& attributes, const std::string& name);
+// As Program::str() prints it: 3, 0.5, (2, 3), 'fp32'.
+std::string attribute_text(const Attribute& attribute);
 
 // Evaluates p on inputs (all on one device, in the order p expects) and returns its outputs. While the
 // calling thread differentiates a function and an input is one of its traced values, the call is recorded

@@ -35,6 +35,8 @@ std::string shape_text(const Shape& shape) {
   return s + (shape.size() == 1 ? ",)" : ")");
 }
 
+}  // namespace
+
 std::string attribute_text(const Attribute& a) {
   if (const auto* i = std::get_if<std::int64_t>(&a)) return std::to_string(*i);
   if (const auto* d = std::get_if<double>(&a)) {
@@ -45,8 +47,6 @@ std::string attribute_text(const Attribute& a) {
   if (const auto* v = std::get_if<std::vector<std::int64_t>>(&a)) return shape_text(*v);
   return "'" + std::get<std::string>(a) + "'";
 }
-
-}  // namespace
 
 std::string Program::str() const {
   auto value = [&](std::size_t v) {

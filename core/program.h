@@ -16,7 +16,7 @@
 //   read, Array::to(), an op on values the function made without the inputs (that result is a constant).
 // - The function runs once, eagerly, on the inputs' device, with every op: the record is of that run (a
 //   branch on a value's bits records the branch taken, as JAX's tracing does with concrete values).
-// - Not inside grad (NotAvailable: the trace is grad's) nor on a member's value inside vmap (ValueError).
+// - Not inside grad (NotAvailable: the trace is grad's) nor inside vmap (NotAvailable).
 #pragma once
 
 #include <cstddef>

@@ -25,11 +25,6 @@ class BatchNormalization final : public Layer {
                   static_cast<double>(o_.epsilon), o_.center ? "" : ", no center", o_.scale ? "" : ", no scale");
     return buf;
   }
-  LayerConfig config() const override {
-    return {kind(),
-            {{"momentum", o_.momentum}, {"epsilon", o_.epsilon}, {"center", o_.center ? 1.0 : 0.0}, {"scale", o_.scale ? 1.0 : 0.0}},
-            {}};
-  }
   std::unique_ptr<Layer> clone() const override { return std::make_unique<BatchNormalization>(*this); }
   Dims output_shape(const Dims& in) const override {
     if (in.empty()) throw ShapeError(name_ + ": expects (..., C) inputs");

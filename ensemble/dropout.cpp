@@ -23,7 +23,6 @@ class Dropout final : public Layer {
     std::snprintf(buf, sizeof buf, "Dropout(%g)", static_cast<double>(rate_));
     return buf;
   }
-  LayerConfig config() const override { return {kind(), {{"rate", rate_}}, {}}; }
   std::unique_ptr<Layer> clone() const override { return std::make_unique<Dropout>(*this); }
   Dims output_shape(const Dims& in) const override { return in; }
   std::vector<ParamSpec> params(const Dims&) const override { return {}; }

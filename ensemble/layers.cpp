@@ -14,12 +14,6 @@ std::int64_t product(const Dims& d) {
   return n;
 }
 
-double LayerConfig::number(const std::string& key) const {
-  const auto it = numbers.find(key);
-  if (it == numbers.end()) throw ValueError(kind + ": its configuration has no '" + key + "'");
-  return it->second;
-}
-
 void Layer::backward_through_relu(const kernels::Backend&, const LayerCall&, const float*, const float*,
                                   float*) const {
   throw Error(name() + ": cannot run its backward through a ReLU");
@@ -46,12 +40,6 @@ class Conv2D final : public Layer {
     return "Conv2D(" + std::to_string(features_) + ", " + k + "x" + k +
            (o_.stride == 1 ? "" : ", stride " + std::to_string(o_.stride)) +
            (o_.padding == kernels::Padding::valid ? ", valid" : "") + (o_.use_bias ? "" : ", no bias") + ")";
-  }
-  LayerConfig config() const override {
-    return {kind(),
-            {{"filters", double(features_)}, {"kernel", double(o_.kernel)}, {"stride", double(o_.stride)},
-             {"use_bias", o_.use_bias ? 1.0 : 0.0}},
-            {{"padding", o_.padding == kernels::Padding::valid ? "valid" : "same"}}};
   }
   Dims output_shape(const Dims& in) const override {
     check(in);
@@ -117,7 +105,6 @@ class Dense final : public Layer {
   std::string name() const override { return name_; }
   std::string kind() const override { return "Dense"; }
   std::string describe() const override { return "Dense(" + std::to_string(features_) + ")"; }
-  LayerConfig config() const override { return {kind(), {{"units", double(features_)}}, {}}; }
   Dims output_shape(const Dims& in) const override {
     check(in);
     return {features_};
@@ -199,10 +186,6 @@ class AvgPool final : public Layer {
   std::string describe() const override {
     return window_ == 0 ? kind() : "AveragePooling2D(" + std::to_string(window_) + ")";
   }
-  LayerConfig config() const override {
-    if (window_ == 0) return {kind(), {}, {}};
-    return {kind(), {{"pool_size", double(window_)}, {"strides", double(window_)}}, {{"padding", "valid"}}};
-  }
   std::unique_ptr<Layer> clone() const override { return std::make_unique<AvgPool>(window_); }
   bool keeps_feature_blocks(const Dims&) const override { return true; }  // per channel
   Dims output_shape(const Dims& in) const override {
@@ -275,7 +258,6 @@ class GatherFeatures final : public Layer {
   std::string name() const override { return "gather_features"; }
   std::string kind() const override { return "GatherFeatures"; }
   std::string describe() const override { return "GatherFeatures(" + std::to_string(parts_) + ")"; }
-  LayerConfig config() const override { return {kind(), {{"parts", double(parts_)}}, {}}; }
   std::unique_ptr<Layer> clone() const override { return std::make_unique<GatherFeatures>(parts_); }
   Dims output_shape(const Dims& in) const override {
     Dims out = in;

@@ -8,7 +8,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,18 +63,6 @@ struct LayerCall {
   bool training() const { return context != nullptr && context->training; }
 };
 
-// What a layer computes, as Keras's get_config(): its kind and the settings that change the computation, by
-// name, numbers and text apart (Conv2D: filters, kernel, stride, use_bias, and padding "same" or "valid").
-// For code that rebuilds the network elsewhere (the ONNX exporter), which needs no layer's internals.
-struct LayerConfig {
-  std::string kind;
-  std::map<std::string, double> numbers;
-  std::map<std::string, std::string> text;
-
-  // The setting `key`; ValueError naming the layer kind and the key when it has none.
-  double number(const std::string& key) const;
-};
-
 // A buffer a layer keeps from its forward to its backward: `count` values of `dtype` for a call's members.
 struct BufferSpec {
   std::int64_t count;
@@ -90,8 +77,6 @@ class Layer {
   // The kind and the settings that change what it computes, e.g. "Conv2D(32, 3x3, stride 2, valid, no bias)":
   // what Sequential::summary() and architecture() print. The default: kind().
   virtual std::string describe() const { return kind(); }
-  // The same as data (LayerConfig). The default: the kind, no settings.
-  virtual LayerConfig config() const { return {kind(), {}, {}}; }
   virtual Dims output_shape(const Dims& input) const = 0;
   virtual std::vector<ParamSpec> params(const Dims& input) const = 0;
   // Model state: variables the forward updates in training and reads in inference, not trained by the

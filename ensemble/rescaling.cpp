@@ -21,7 +21,6 @@ class Rescaling final : public Layer {
     std::snprintf(buf, sizeof buf, "Rescaling(%g, %g)", static_cast<double>(scale_), static_cast<double>(offset_));
     return buf;
   }
-  LayerConfig config() const override { return {kind(), {{"scale", scale_}, {"offset", offset_}}, {}}; }
   std::unique_ptr<Layer> clone() const override { return std::make_unique<Rescaling>(*this); }
   bool keeps_feature_blocks(const Dims&) const override { return true; }
   bool keeps_shared() const override { return true; }

@@ -24,6 +24,7 @@
 #include <pmap/random.h>
 
 #include <pmapcc/core/ops.h>
+#include <pmapcc/core/vmap.h>
 #include <pmapcc/export/onnx/export.h>
 #include <pmapcc/io/json.h>
 #include <pmapcc/train/model.h>
@@ -106,7 +107,7 @@ Array zoo(const Variables& v, const Array& images) {
   h = ops::add(h, ops::scale(ops::broadcast_to(ops::max(h, {-1}, true), {n, 16}), 0.1f));
   h = ops::subtract(h, ops::mean_rows(h));                       // over the examples
   h = ops::add(h, ops::scale(ops::sum_rows(joined), 0.01f));
-  h = ops::gelu(ops::stop_gradient(h));
+  h = ops::gelu(ops::stop_gradient(ops::sum(h, {})));  // a sum over no axis is a copy
   const Array gap = ops::global_avg_pool(c2);                      // (N, 3)
   const Array corners = ops::reshape(ops::sum(c3, {1, 2}), {n, 2});  // (N, 2)
   const Array side = ops::concatenate({&gap, &corners}, 1);       // (N, 5)
@@ -115,7 +116,9 @@ Array zoo(const Variables& v, const Array& images) {
   logits = ops::add(logits, ops::linear(side, at("side/kernel"), at("side/bias")));
   logits = ops::add(logits, ops::scale(ops::softmax(logits), 2.0f));
   logits = ops::add(logits, ops::log_softmax(logits));
-  return ops::add(logits, ops::scale(ops::mean(ops::sum(c3)), 0.001f));  // one element over every example
+  // One element of the whole batch, by a one-element (1,) constant: the product keeps the scalar's shape.
+  const Array small = Array::from_host(std::vector<float>{0.001f}, {1});
+  return ops::add(logits, ops::multiply(ops::mean(ops::sum(c3)), small));
 }
 
 // A residual network (the resnet_ensemble example's kind, smaller) on images (N, 8, 8, 2): a stem, a block that
@@ -292,9 +295,18 @@ TEST_CASE("onnx export: members_of splits stacked tensors into members, refusing
   CHECK(split[1].at("params/Conv_0/kernel").to_vector<float>() ==
         member(model, 1).at("params/Conv_0/kernel").to_vector<float>());
   CHECK(split[0].at("params/Dense_1/bias").shape() == pmap::Shape{3});
+  Array bias = std::move(params.at("Dense_1/bias"));
   params.erase("Dense_1/bias");
   CHECK(message([&] { px::members_of(model, params, state); }) ==
         "onnx export: 7 params tensors given, model flax-cnn has 8");
+  params.emplace("Dense_1/bias", ops::slice(bias, {0, 0}, {1, 3}));  // one member's rows
+  CHECK(message([&] { px::members_of(model, params, state); })
+            .ends_with("'Dense_1/bias' is f32(1, 3), 'Conv_0/kernel' holds 2 members"));
+  // A Network from a model reads params/ and state/ only.
+  Variables other = member(model, 0);
+  other.emplace("extra/x", uniform_array(61, {1}));
+  CHECK(message([&] { px::export_member(px::network_of(model), other, "unused.onnx"); }) ==
+        "onnx export: variable 'extra/x' is neither params/... nor state/...");
 }
 
 TEST_CASE("onnx export: the zoo of every primitive's emitter and a residual network, checker-valid (and in ORT)") {
@@ -382,7 +394,8 @@ TEST_CASE("onnx export: what has no ONNX form is refused, naming the primitive, 
                               return ops::add(dense(v, x), ones);
                             }),
                             z, file);
-        }).find("f32(2, 10) depends on the number of examples") != std::string::npos);
+        }).find("a constant of f32(2, 10) (f32(3, 10) for 3 examples) depends on the number of examples") !=
+        std::string::npos);
   // Other primitives for other batch sizes.
   CHECK(message([&] {
           px::export_member(net([&](const Variables& v, const Array& x) {
@@ -404,6 +417,94 @@ TEST_CASE("onnx export: what has no ONNX form is refused, naming the primitive, 
             return Array::scalar(0.0f);
           }, mesh)(0);
         }).find("psum is a collective, which has no ONNX form") != std::string::npos);
+  // What would be right for 2 and 3 examples only: an attribute or a constant of the batch's size, a reshape that
+  // splits the examples, a slice of some of them, an image op whose image size follows them.
+  CHECK(message([&] {
+          px::export_member(net([&](const Variables& v, const Array& x) {
+                              return ops::scale(dense(v, x), 1.0f / static_cast<float>(x.dim(0)));
+                            }),
+                            z, file);
+        }) == "onnx export: the member: scale's factor is 0.5 for 2 examples and 0.333333343 for 3; the exported "
+              "graph must be one for any number of examples");
+  CHECK(message([&] {
+          px::export_member(net([&](const Variables& v, const Array& x) {
+                              const float n = static_cast<float>(x.dim(0));
+                              return ops::multiply(dense(v, x), Array::from_host(std::vector<float>{n}, {1}));
+                            }),
+                            z, file);
+        }).starts_with("onnx export: the member: a constant of f32(1,) (f32(1,) for 3 examples) depends on the number "
+                       "of examples"));
+  CHECK(message([&] {
+          px::export_member(net([&](const Variables& v, const Array& x) {
+                              const std::int64_t n = x.dim(0);
+                              const Array split = ops::reshape(ops::reshape(x, {n, 72}), {n, n, 72 / n});
+                              return dense(v, ops::reshape(split, {n, 6, 6, 2}));
+                            }),
+                            z, file);
+        }).find("reshape to (2, 2, 36) splits the examples over several axes") != std::string::npos);
+  CHECK(message([&] {
+          px::export_member(net([&](const Variables& v, const Array& x) {
+                              const Array y = dense(v, x);
+                              const Array first = ops::slice(y, {0, 0}, {1, 10});
+                              const Array rest = ops::slice(y, {1, 0}, {x.dim(0), 10});
+                              return ops::concatenate({&first, &rest}, 0);
+                            }),
+                            z, file);
+        }).find("slice of part of the examples") != std::string::npos);
+  CHECK(message([&] {
+          px::export_member(net([&](const Variables& v, const Array& x) {
+                              const std::int64_t n = x.dim(0);
+                              const Array tall = ops::reshape(x, {1, 6 * n, 6, 2});  // the examples stacked as rows
+                              const Array pooled = ops::avg_pool(tall, 1, 1, 1, 1);
+                              return dense(v, ops::reshape(pooled, {n, 6, 6, 2}));
+                            }),
+                            z, file);
+        }).find("avg_pool of images whose axis 1 depends on the number of examples") != std::string::npos);
+  CHECK(message([&] {
+          px::export_member(net([&](const Variables& v, const Array& x) {
+                              const Array flat = ops::reshape(x, {x.dim(0), 72});
+                              const Array gram = ops::matmul(flat, flat, true);  // (72, 72): over the examples
+                              return ops::linear(ops::matmul(flat, gram), v.at("w72"), v.at("dense/bias"));
+                            }),
+                            z, file);
+        }).find("matmul with transpose_a (a gradient's product) has no ONNX emitter") != std::string::npos);
+  // Names the exporter makes never meet: a fused ReLU's tensor and a relu's value once took the same name.
+  Variables one;
+  one.emplace("k", uniform_array(60, {1, 1, 1, 2}));
+  const px::Network relus{"relus", {1, 1, 1}, [](const Variables& v, const Array& x) {
+                            const Array c = ops::conv2d(x, v.at("k"), Array(), {.relu = true});
+                            return ops::reshape(ops::relu(c), {x.dim(0), 2});
+                          }};
+  px::export_member(relus, one, file);
+  CHECK_NOTHROW(load(file));  // the checker: every name assigned once
+  std::filesystem::remove(file);
+  // Members that disagree, and what the exporter is given that it cannot use.
+  std::vector<Variables> two;
+  two.push_back(zoo_variables());
+  two.back().emplace("w72", uniform_array(50, {72, 10}));
+  two.push_back(zoo_variables());
+  two.back().emplace("w72", uniform_array(51, {72, 5}));
+  two.back().erase("dense/bias");
+  two.back().emplace("dense/bias", uniform_array(52, {5}));
+  CHECK(message([&] { px::export_ensemble(net(dense), two, file); }) ==
+        "onnx export: member 1 gives 5 classes, member 0 10");
+  CHECK(message([&] { px::export_ensemble(net(dense), {}, file); }) ==
+        "onnx export: needs at least one member, got none");
+  CHECK(message([&] { px::export_member(px::Network{"none", {6, 6, 2}, {}}, z, file); }) ==
+        "onnx export: network 'none' has no logits function");
+  Variables odd = zoo_variables();
+  odd.emplace("%w", uniform_array(53, {2}));
+  CHECK(message([&] { px::export_member(net(dense), odd, file); })
+            .find("variable '%w': a name must not be empty or start with '%'") != std::string::npos);
+  // A vmapped call inside the function (over the 10 classes: over the examples, its member count would vary).
+  CHECK(message([&] {
+          px::export_member(net([&](const Variables& v, const Array& x) {
+                              const Array by_class = ops::transpose(dense(v, x), {1, 0});
+                              auto relu = pmap::vmap([](const Array& column) { return ops::relu(column); }, {0}, "c");
+                              return ops::transpose(relu(by_class), {1, 0});
+                            }),
+                            z, file);
+        }).find("vmap(relu) (a call batched over members by vmap) has no ONNX emitter") != std::string::npos);
   // Variables that are not f32.
   Variables bad = zoo_variables();
   bad.emplace("count", Array::from_host(std::vector<std::int32_t>{1}, {1}));

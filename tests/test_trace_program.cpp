@@ -11,6 +11,7 @@
 #include <pmapcc/core/grad.h>
 #include <pmapcc/core/ops.h>
 #include <pmapcc/core/program.h>
+#include <pmapcc/core/vmap.h>
 
 namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
 
@@ -124,8 +125,21 @@ TEST_CASE("program: bad inputs and records made where they cannot be are refused
   CHECK_THROWS_WITH_AS(pmap::grad(inside, "outer")(x), doctest::Contains("make_program of 'inner' inside 'outer'"),
                        pmap::NotAvailable);
 
+  // Inside vmap.
+  const Array stacked = uniform_array(5, {3, 2});
+  CHECK_THROWS_WITH_AS(pmap::vmap([&](const Array& row) {
+                         pmap::core::make_program("in vmap", {&x}, one);
+                         return ops::relu(row);
+                       }, {0}, "rows")(stacked),
+                       "make_program of 'in vmap' inside vmap: a program is recorded outside vmap", pmap::NotAvailable);
+
   const Program p = pmap::core::make_program("mlp", {&x, &w, &b, &v}, mlp);
   CHECK_THROWS_WITH_AS(p.run({&x, &w}), "program 'mlp': 2 inputs given, it takes 4", pmap::ValueError);
+  CHECK_THROWS_WITH_AS(p.run({&x, &empty, &b, &v}), "program 'mlp': input 1 is an empty Array handle",
+                       pmap::ValueError);
+  const Array elsewhere = w.to(pmap::Device{pmap::DeviceKind::cpu, 1, 1});
+  CHECK_THROWS_WITH_AS(p.run({&x, &elsewhere, &b, &v}), "program 'mlp': input 1 is on cpu:1, input 0 on cpu:0",
+                       pmap::ValueError);
   const Array wide = uniform_array(5, {2, 4});
   CHECK_THROWS_WITH_AS(p.run({&wide, &w, &b, &v}), "program 'mlp': input 0 is f32(2, 4), recorded as f32(2, 3)",
                        pmap::ShapeError);

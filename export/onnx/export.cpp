@@ -110,16 +110,23 @@ class Graph {
 
 // ---- one member's program as nodes ----------------------------------------------------------------------------
 
-core::Attribute attribute(const core::Primitive& p, const std::string& name) {
+// Attribute `name` of p as a T: Error naming the primitive and the attribute when it has none of that type (an
+// emitter out of step with its primitive).
+template <class T> T attribute(const core::Primitive& p, const std::string& name) {
   const core::Attributes all = p.attributes();
   const core::Attribute* a = core::find_attribute(all, name);
-  if (a == nullptr) throw Error("onnx export: " + p.name() + " has no attribute '" + name + "'");
-  return *a;
+  const T* value = a == nullptr ? nullptr : std::get_if<T>(a);
+  if (value == nullptr)
+    throw Error("onnx export: " + p.name() + " has no attribute '" + name + "' of the type its emitter reads");
+  return *value;
 }
 std::int64_t int_attribute(const core::Primitive& p, const std::string& name) {
-  return std::get<std::int64_t>(attribute(p, name));
+  return attribute<std::int64_t>(p, name);
 }
-Ints ints_attribute(const core::Primitive& p, const std::string& name) { return std::get<Ints>(attribute(p, name)); }
+Ints ints_attribute(const core::Primitive& p, const std::string& name) { return attribute<Ints>(p, name); }
+float float_attribute(const core::Primitive& p, const std::string& name) {
+  return static_cast<float>(attribute<double>(p, name));
+}
 
 // "conv2d(relu)" -> "conv2d"
 std::string base_name(const std::string& name) { return name.substr(0, name.find('(')); }
@@ -142,8 +149,8 @@ class Member {
   // `a` and `b`: the member's function recorded at batch sizes kBatchA and kBatchB; `prefix` starts every name
   // this member adds; `where` names it in errors ("member 1").
   Member(Graph& g, const Program& a, const Program& b, std::string prefix, std::string where)
-      : g_(g), a_(a), prefix_(std::move(prefix)), where_(std::move(where)) {
-    check_same(b);
+      : g_(g), a_(a), b_(b), prefix_(std::move(prefix)), where_(std::move(where)) {
+    check_same();
     names_.resize(a.values().size());
     for (std::size_t v = 0; v < a.values().size(); ++v) {
       const Shape& sa = a.values()[v].shape;
@@ -151,12 +158,6 @@ class Member {
       std::vector<bool> d(sa.size());
       for (std::size_t k = 0; k < sa.size(); ++k) d[k] = sa[k] != sb[k];
       dynamic_.push_back(std::move(d));
-    }
-    for (std::size_t c = 0; c < a.constants().size(); ++c) {
-      if (a.constants()[c].shape() != b.constants()[c].shape())
-        throw NotAvailable("onnx export: " + where_ + ": a constant of " + a.constants()[c].signature() +
-                           " depends on the number of examples (one made with the batch's size inside the "
-                           "function); the exported graph takes any number");
     }
   }
 
@@ -188,25 +189,70 @@ class Member {
     Ints perm;
   };
 
-  void check_same(const Program& b) const {
+  // The two records must be one program that differs only in the sizes that follow the examples: the same
+  // primitives reading the same operands, the same attributes but for those that hold such sizes (reshape's
+  // and broadcast_to's shape, slice's stop: their emitters check them), and the same constants, bit for bit.
+  void check_same() const {
+    const Program& b = b_;
     const auto& ea = a_.equations();
     const auto& eb = b.equations();
     bool same = ea.size() == eb.size() && a_.values().size() == b.values().size() &&
                 a_.constants().size() == b.constants().size() && a_.outputs().size() == b.outputs().size();
-    for (std::size_t k = 0; same && k < ea.size(); ++k)
+    auto same_operand = [](const Program::Operand& x, const Program::Operand& y) {
+      return x.constant == y.constant && x.index == y.index;
+    };
+    for (std::size_t k = 0; same && k < ea.size(); ++k) {
       same = ea[k].primitive->name() == eb[k].primitive->name() && ea[k].inputs.size() == eb[k].inputs.size() &&
              ea[k].outputs == eb[k].outputs;
+      for (std::size_t i = 0; same && i < ea[k].inputs.size(); ++i)
+        same = same_operand(ea[k].inputs[i], eb[k].inputs[i]);
+    }
+    for (std::size_t o = 0; same && o < a_.outputs().size(); ++o) same = same_operand(a_.outputs()[o], b.outputs()[o]);
     for (std::size_t v = 0; same && v < a_.values().size(); ++v)
-      same = a_.values()[v].shape.size() == b.values()[v].shape.size();
+      same = a_.values()[v].shape.size() == b.values()[v].shape.size() && a_.values()[v].dtype == b.values()[v].dtype;
     if (!same)
       throw NotAvailable("onnx export: " + where_ + ": the function applies other primitives to " +
                          std::to_string(kBatchA) + " examples than to " + std::to_string(kBatchB) +
                          "; the exported graph must be one for any number of examples");
+    for (std::size_t k = 0; k < ea.size(); ++k) {
+      const core::Attributes x = ea[k].primitive->attributes(), y = eb[k].primitive->attributes();
+      const std::string name = base_name(ea[k].primitive->name());
+      for (std::size_t i = 0; i < x.size() && i < y.size(); ++i) {
+        if (x[i].second == y[i].second) continue;
+        const bool sized = (x[i].first == "shape" && (name == "reshape" || name == "broadcast_to")) ||
+                           (x[i].first == "stop" && name == "slice");
+        if (!sized)
+          throw NotAvailable("onnx export: " + where_ + ": " + ea[k].primitive->name() + "'s " + x[i].first + " is " +
+                             core::attribute_text(x[i].second) + " for " + std::to_string(kBatchA) + " examples and " +
+                             core::attribute_text(y[i].second) + " for " + std::to_string(kBatchB) +
+                             "; the exported graph must be one for any number of examples");
+      }
+    }
+    for (std::size_t c = 0; c < a_.constants().size(); ++c) {
+      const Array& x = a_.constants()[c];
+      const Array& y = b.constants()[c];
+      bool equal = x.shape() == y.shape() && x.dtype() == y.dtype();
+      if (equal) {
+        std::string bx(x.nbytes(), '\0'), by(y.nbytes(), '\0');
+        x.copy_to_host(bx.data(), bx.size());
+        y.copy_to_host(by.data(), by.size());
+        equal = bx == by;
+      }
+      if (!equal)
+        throw NotAvailable("onnx export: " + where_ + ": a constant of " + x.signature() + " (" + y.signature() +
+                           " for " + std::to_string(kBatchB) + " examples) depends on the number of examples (made "
+                           "with the batch's size inside the function); the exported graph takes any number");
+    }
   }
 
-  std::string fresh(const std::string& what) { return prefix_ + what + "_" + std::to_string(serial_++); }
+  // The names this member's nodes make start with '%' after the prefix (variables' names do not: record()):
+  // "%12_relu" for value 12, "%t5_relu" for a tensor between nodes, "%c3" for constant 3.
+  std::string fresh(const std::string& what) { return prefix_ + "%t" + std::to_string(serial_++) + "_" + what; }
   std::string value_name(std::size_t v, const Program::Equation& e) {
-    return prefix_ + base_name(e.primitive->name()) + "_" + std::to_string(v);
+    return prefix_ + "%" + std::to_string(v) + "_" + base_name(e.primitive->name());
+  }
+  std::size_t equation_index(const Program::Equation& e) const {
+    return static_cast<std::size_t>(&e - a_.equations().data());
   }
   [[noreturn]] void refuse(const Program::Equation& e, const std::string& why) const {
     throw NotAvailable("onnx export: " + where_ + ": " + e.primitive->name() + " " + why);
@@ -216,7 +262,7 @@ class Member {
     auto [it, added] = constants_.emplace(c, std::string());
     if (added) {
       const std::string n = std::to_string(c);
-      it->second = g_.initializer(prefix_ + "constant_" + n, a_.constants()[c], where_ + "'s constant " + n);
+      it->second = g_.initializer(prefix_ + "%c" + n, a_.constants()[c], where_ + "'s constant " + n);
     }
     return it->second;
   }
@@ -427,12 +473,15 @@ class Member {
     const core::Primitive& p = *e.primitive;
     const Program::Operand& x = e.inputs[0];
     const Ints start = ints_attribute(p, "start"), stop = ints_attribute(p, "stop");
+    const Ints stop_b = ints_attribute(*b_.equations()[equation_index(e)].primitive, "stop");
     const Shape& xs = shape(x);
+    const Shape& xs_b = x.constant ? xs : b_.values()[x.index].shape;
     Ints starts, ends, axes;
     for (std::size_t k = 0; k < xs.size(); ++k) {
-      const bool whole = start[k] == 0 && stop[k] == xs[k];
+      const bool whole = start[k] == 0 && stop[k] == xs[k] && stop_b[k] == xs_b[k];  // at both records
       if (dynamic(x, k) && !whole) refuse(e, "of part of the examples; the exported graph takes any number of them");
-      if (whole) continue;  // (an axis of the examples is whole at both records: its stop differs with it)
+      if (stop[k] != stop_b[k] && !dynamic(x, k)) refuse(e, "'s end depends on the number of examples");
+      if (whole) continue;
       starts.push_back(start[k]);
       ends.push_back(stop[k]);
       axes.push_back(static_cast<std::int64_t>(k));
@@ -470,7 +519,7 @@ class Member {
     const std::string in = transposed(x, to_first);
     std::string y = fresh("batch_norm");
     Graph::real(g_.node("BatchNormalization", {in, scale, bias, use(mean), use(variance)}, y), "epsilon",
-                static_cast<float>(std::get<double>(attribute(p, "epsilon"))));
+                float_attribute(p, "epsilon"));
     if (int_attribute(p, "relu") != 0) {
       const std::string r = fresh("relu");
       g_.node("Relu", {y}, r);
@@ -498,13 +547,20 @@ class Member {
     if (auto u = unary.find(name); u != unary.end() && e.inputs.size() == 1) {
       simple(e, u->second);
     } else if (auto b = binary.find(name); b != binary.end() && e.inputs.size() == 2) {
-      simple(e, b->second);
+      // b is a's shape, its trailing axes, or one element: the result has a's shape, so a one-element b of more
+      // axes than a becomes a scalar (ONNX would broadcast a up to b's rank).
+      std::string rhs = use(e.inputs[1]);
+      if (shape(e.inputs[1]).size() > shape(e.inputs[0]).size()) {
+        const std::string scalar = fresh("scalar");
+        g_.node("Reshape", {rhs, g_.int64s(fresh("shape"), {})}, scalar);
+        rhs = scalar;
+      }
+      simple(e, b->second, {use(e.inputs[0]), rhs});
     } else if (name == "square") {
       const std::string x = use(e.inputs[0]);
       simple(e, "Mul", {x, x});
     } else if (name == "scale") {
-      const auto factor = static_cast<float>(std::get<double>(attribute(p, "factor")));
-      const auto offset = static_cast<float>(std::get<double>(attribute(p, "offset")));
+      const float factor = float_attribute(p, "factor"), offset = float_attribute(p, "offset");
       if (offset == 0.0f) {
         simple(e, "Mul", {use(e.inputs[0]), g_.scalar(fresh("factor"), factor)});
       } else {
@@ -519,8 +575,10 @@ class Member {
     } else if ((name == "sum" || name == "mean" || name == "max") && e.inputs.size() == 1) {
       const core::Attributes attributes = p.attributes();
       const core::Attribute* axes = core::find_attribute(attributes, "axes");
-      if (axes != nullptr) {
-        reduce(e, name, std::get<Ints>(*axes), int_attribute(p, "keepdims") != 0);
+      if (axes != nullptr && ints_attribute(p, "axes").empty()) {
+        set(e.outputs[0], use(e.inputs[0]));  // over no axis: a copy
+      } else if (axes != nullptr) {
+        reduce(e, name, ints_attribute(p, "axes"), int_attribute(p, "keepdims") != 0);
       } else {
         reduce(e, name, {}, false);
       }
@@ -580,6 +638,7 @@ class Member {
 
   Graph& g_;
   const Program& a_;
+  const Program& b_;
   std::string prefix_, where_;
   std::vector<std::vector<bool>> dynamic_;       // per value, per axis: depends on the number of examples
   std::vector<std::string> names_;               // per value: its tensor ("!why": none can be made)
@@ -603,6 +662,9 @@ Program record(const Network& net, const train::Variables& member, std::int64_t 
   for (const auto& [name, tensor] : member) {
     if (!tensor.valid())
       throw ValueError("onnx export: " + where + "'s variable '" + name + "' is an empty Array handle");
+    if (name.empty() || name.front() == '%')
+      throw ValueError("onnx export: " + where + "'s variable '" + name + "': a name must not be empty or start "
+                       "with '%' (the exporter's own names do)");
     if (tensor.dtype() != DType::f32)
       throw ValueError("onnx export: " + where + "'s variable '" + name + "' is " + tensor.signature() + ", not f32");
     if (tensor.device() != device)
@@ -736,7 +798,7 @@ void check_exportable(const Network& network, const train::Variables& member) {
 }
 
 Network network_of(const train::Model& model) {
-  return {model.name(), model.input_shape(), [&model](const train::Variables& v, const Array& images) {
+  return {model.name(), model.input_shape(), [model](const train::Variables& v, const Array& images) {
             train::Variables params, state;
             for (const auto& [name, tensor] : v) {
               if (name.starts_with("params/")) {

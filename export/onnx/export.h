@@ -11,8 +11,11 @@
 //
 // - The graph takes "images" (N, *Network::input) f32 for any N, as the function does (MNIST's trained
 //   models: (N, 28, 28, 1), channels last, pixel / 255). How each value depends on N is found by recording
-//   the function at two batch sizes; a primitive that would fix N in the graph (a reshape that merges the
-//   examples axis with another, a broadcast to the batch's size, a slice of the examples) is refused.
+//   the function at two batch sizes, which must give one program but for those sizes (the same primitives,
+//   operands, attributes and constants); a primitive that would fix N in the graph (a reshape that splits the
+//   examples over several axes, a broadcast to the batch's size, a slice of part of the examples, an image
+//   op on images whose height, width or channels follow N) is refused. A reshape that merges the examples'
+//   axis with others is emitted with -1 there.
 // - Images stay channels last as in the function: each convolution or pooling transposes to ONNX's channels
 //   first and back, and transposes that undo each other are left out, so a chain of them runs channels first.
 // - Products run in f32 (a bf16 precision scope's results differ from the file's by bf16 rounding).
@@ -65,9 +68,10 @@ void export_member(const Network& network, const train::Variables& member, const
 // long run, so an export cannot fail after it.
 void check_exportable(const Network& network, const train::Variables& member);
 
-// A train::Model as a Network (its apply in inference), and the members of stacked tensors (members, ...) as
-// Trainer::params() and Trainer::model_state() give them: member m's variables are "params/<name>" and
-// "state/<name>", row m of each. ValueError naming a tensor whose rows are not the members.
+// A train::Model as a Network (its apply in inference; the Network holds a copy of the model), and the members
+// of stacked tensors (members, ...) as Trainer::params() and Trainer::model_state() give them: member m's
+// variables are "params/<name>" and "state/<name>", row m of each. ValueError naming a tensor whose rows are
+// not the members.
 Network network_of(const train::Model& model);
 std::vector<train::Variables> members_of(const train::Model& model, const train::Variables& params,
                                          const train::Variables& state);
