@@ -11,14 +11,18 @@ fails=0
 check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1"; fails=$((fails + 1)); fi; }
 
 OUT="$work/out1" bash "$repo/scripts/gpu_checks.sh" --build "$work/b1" --budget 120 preflight >"$work/log1" 2>&1
-check "preflight within the budget runs (it fails without a GPU)" "[[ $? -le 1 ]] && grep -q '== \\[preflight\\] (limit 105 s' $work/log1"
-check "its log is in \$OUT" "[[ -s $work/out1/gpu_checks/preflight.log ]] && grep -q cmake $work/out1/gpu_checks/preflight.log"
-check "its result is in \$OUT" "grep -q '\"stage\": \"preflight\", \"exit\": [01]' $work/out1/gpu_checks/stages.jsonl"
+status=$?
+out1="$work/out1/gpu_checks"
+check "preflight within the budget runs (it fails without a GPU)" \
+  "[[ $status -le 1 ]] && grep -q '== \\[preflight\\] (limit 105 s' $work/log1"
+check "its log is in \$OUT" "[[ -s $out1/preflight.log ]] && grep -q cmake $out1/preflight.log"
+check "its result is in \$OUT" "grep -q '\"stage\": \"preflight\", \"exit\": [01]' $out1/stages.jsonl"
 
 OUT="$work/out2" bash "$repo/scripts/gpu_checks.sh" --build "$work/b2" --budget 40 preflight >"$work/log2" 2>&1
 check "a stage the budget cannot hold fails the run" "[[ $? -eq 1 ]]"
 check "  ...says so" "grep -q 'not started: 25 s of --budget 40 left' $work/log2"
-check "  ...and is recorded in \$OUT" "grep -q '\"exit\": 125.*\"skipped\": \"budget\"' $work/out2/gpu_checks/stages.jsonl"
+check "  ...and is recorded in \$OUT" \
+  "grep -q '\"exit\": 125.*\"skipped\": \"budget\"' $work/out2/gpu_checks/stages.jsonl"
 
 bash "$repo/scripts/gpu_checks.sh" --build "$work/b3" --budget soon preflight >"$work/log3" 2>&1
 check "--budget soon is refused" "[[ $? -eq 2 ]] && grep -q \"budget 'soon' is not a number of seconds\" $work/log3"
