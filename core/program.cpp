@@ -27,16 +27,6 @@ Program::Program(std::string name, std::vector<Value> values, std::size_t inputs
       equations_(std::move(equations)),
       outputs_(std::move(outputs)) {}
 
-namespace {
-
-std::string shape_text(const Shape& shape) {
-  std::string s = "(";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + (shape.size() == 1 ? ",)" : ")");
-}
-
-}  // namespace
-
 std::string attribute_text(const Attribute& a) {
   if (const auto* i = std::get_if<std::int64_t>(&a)) return std::to_string(*i);
   if (const auto* d = std::get_if<double>(&a)) {
@@ -44,13 +34,13 @@ std::string attribute_text(const Attribute& a) {
     std::snprintf(text, sizeof text, "%.9g", *d);
     return text;
   }
-  if (const auto* v = std::get_if<std::vector<std::int64_t>>(&a)) return shape_text(*v);
+  if (const auto* v = std::get_if<std::vector<std::int64_t>>(&a)) return shape_str(*v);
   return "'" + std::get<std::string>(a) + "'";
 }
 
 std::string Program::str() const {
   auto value = [&](std::size_t v) {
-    return "%" + std::to_string(v) + ":" + std::string(pmap::name(values_[v].dtype)) + shape_text(values_[v].shape);
+    return "%" + std::to_string(v) + ":" + std::string(pmap::name(values_[v].dtype)) + shape_str(values_[v].shape);
   };
   auto operand = [&](const Operand& o) {
     if (!o.constant) return "%" + std::to_string(o.index);
@@ -88,7 +78,7 @@ std::vector<Array> Program::run(const std::vector<const Array*>& inputs) const {
       throw ValueError("program '" + name_ + "': input " + std::to_string(i) + " is an empty Array handle");
     if (inputs[i]->dtype() != values_[i].dtype || inputs[i]->shape() != values_[i].shape) {
       throw ShapeError("program '" + name_ + "': input " + std::to_string(i) + " is " + inputs[i]->signature() +
-                       ", recorded as " + std::string(pmap::name(values_[i].dtype)) + shape_text(values_[i].shape));
+                       ", recorded as " + std::string(pmap::name(values_[i].dtype)) + shape_str(values_[i].shape));
     }
     if (inputs[i]->device() != inputs[0]->device()) {
       throw ValueError("program '" + name_ + "': input " + std::to_string(i) + " is on " +

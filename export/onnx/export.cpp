@@ -30,12 +30,6 @@ constexpr int kOpset = 17;
 // examples' axis (ONNX's dynamic "N"), or a multiple of it.
 constexpr std::int64_t kBatchA = 2, kBatchB = 3;
 
-std::string shape_str(const Shape& s) {
-  std::string t = "(";
-  for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + (s.size() == 1 ? ",)" : ")");
-}
-
 // ---- the graph under construction ---------------------------------------------------------------------------
 
 class Graph {
