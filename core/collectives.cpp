@@ -106,6 +106,66 @@ class Collective final : public Primitive {
   TracedCollective call_;
 };
 
+// pvary: x itself; its cotangent is psum'd over the axes (each device used x for its own part of the result).
+class Pvary final : public Primitive {
+ public:
+  explicit Pvary(AxisNames axes) : axes_(std::move(axes)) {}
+  std::string name() const override { return "pvary"; }
+  Attributes attributes() const override { return {{"axes", axes_.str()}}; }
+  std::vector<Array> eval(Arrays in) const override {
+    std::vector<Array> out;
+    out.push_back(ops::eager::copy(*in[0]));
+    return out;
+  }
+  std::vector<Array> vjp(Arrays, Arrays, Arrays cts, const std::vector<bool>& wanted) const override {
+    std::vector<Array> g(1);
+    if (wanted[0]) g[0] = psum(*cts[0], axes_);
+    return g;
+  }
+  std::vector<Array> batch(Arrays in, const std::vector<bool>&, std::int64_t) const override { return eval(in); }
+  std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& wanted,
+                               const std::vector<bool>&, std::int64_t) const override {
+    return vjp(in, out, cts, wanted);
+  }
+
+ private:
+  AxisNames axes_;
+};
+
+// all_gather_invariant: the gathered whole, which every device uses alike; x's cotangent is this device's block of
+// the whole's.
+class AllGatherInvariant final : public Primitive {
+ public:
+  AllGatherInvariant(AxisNames axes, int axis, bool tiled) : axes_(std::move(axes)), axis_(axis), tiled_(tiled) {}
+  std::string name() const override { return "all_gather_invariant"; }
+  Attributes attributes() const override {
+    return {{"axes", axes_.str()}, {"axis", std::int64_t{axis_}}, {"tiled", std::int64_t{tiled_}}};
+  }
+  std::vector<Array> eval(Arrays in) const override {
+    std::vector<Array> out;
+    out.push_back(all_gather(*in[0], axes_, axis_, tiled_));
+    return out;
+  }
+  std::vector<Array> vjp(Arrays in, Arrays, Arrays cts, const std::vector<bool>& wanted) const override {
+    std::vector<Array> g(1);
+    if (!wanted[0]) return g;
+    const Array& ct = *cts[0];
+    const auto d = static_cast<std::size_t>(axis_);
+    const std::int64_t i = axis_index(axes_), n = tiled_ ? in[0]->dim(axis_) : 1;
+    std::vector<std::int64_t> start(ct.shape().size(), 0), stop(ct.shape().begin(), ct.shape().end());
+    start[d] = i * n;
+    stop[d] = (i + 1) * n;
+    g[0] = ops::eager::slice(ct, start, stop);
+    if (!tiled_) g[0] = ops::eager::reshape(g[0], in[0]->shape());
+    return g;
+  }
+
+ private:
+  AxisNames axes_;
+  int axis_;
+  bool tiled_;
+};
+
 Array traced_collective(const TracedCollective& call, const Array& x) {
   if (call.kind == Kind::all_gather && call.axis != 0) {
     throw NotAvailable("grad through all_gather(axis=" + std::to_string(call.axis) + ") over " + call.axes.str() +
@@ -120,3 +180,19 @@ Array traced_collective(const TracedCollective& call, const Array& x) {
 void register_traced_collectives() noexcept { detail::set_traced_collective_handler(&traced_collective); }
 
 }  // namespace pmap::core
+
+namespace pmap {
+
+Array pvary(const Array& x, const AxisNames& axes) {
+  return core::apply1(std::make_shared<core::Pvary>(axes), {&x});
+}
+
+Array all_gather_invariant(const Array& x, const AxisNames& axes, int axis, bool tiled) {
+  const int rank = static_cast<int>(x.ndim());
+  if (axis < 0 || axis > (tiled ? rank - 1 : rank))
+    throw ValueError("all_gather_invariant: axis " + std::to_string(axis) + " is outside " + x.signature() +
+                     (tiled ? " (tiled: an existing axis)" : " (stacked: 0.." + std::to_string(rank) + ")"));
+  return core::apply1(std::make_shared<core::AllGatherInvariant>(axes, axis, tiled), {&x});
+}
+
+}  // namespace pmap

@@ -165,3 +165,20 @@ Array softmax(const Array& logits);
 Array softmax_cross_entropy(const Array& logits, const Array& labels);
 
 }  // namespace pmap::ops
+
+namespace pmap {
+
+// ---- collectives for tensor parallelism (Megatron's f and g; JAX's pvary and all_gather_invariant) -------------
+// Inside pmap over `axes`, for values the same on every device along them (invariant) that the devices use in
+// parts (grad.h's psum passes a result's cotangent through unchanged: the devices' loss is one value).
+// pvary: x unchanged, and x's cotangent psum'd over `axes`. Put it where an invariant x starts to be used for
+// each device's own part of the result: the input of a column-parallel layer, whose devices each compute a block
+// of its features from the whole x (the gradient of x is the sum of the blocks').
+Array pvary(const Array& x, const AxisNames& axes);
+// all_gather(x, axes, axis, tiled) (pmap/collectives.h), its result used alike by every device: x's cotangent is
+// this device's block of the result's. Where features split over `axes` are made whole for the rest of the
+// model. (all_gather's own cotangent, psum_scatter, sums the devices' parts: a result each device uses for its
+// own part.) ValueError for an axis outside x's (tiled: 0..rank-1, stacked: 0..rank).
+Array all_gather_invariant(const Array& x, const AxisNames& axes, int axis = 0, bool tiled = false);
+
+}  // namespace pmap

@@ -7,6 +7,7 @@
 #include <limits>
 #include <string>
 
+#include <pmap/collectives.h>
 #include <pmap/error.h>
 
 #include <pmapcc/kernels/array_ops.h>
@@ -67,20 +68,37 @@ Array adam_step_size(const kernels::AdamParams& params, const Array& step, const
 }
 
 Array clip_factor(const std::vector<const Array*>& xs, float max_norm) {
+  return clip_factor(xs, max_norm, std::vector<AxisNames>(xs.size()));
+}
+
+Array clip_factor(const std::vector<const Array*>& xs, float max_norm, const std::vector<AxisNames>& split) {
   if (xs.empty()) throw ValueError("ops::clip_factor: no arrays to take the norm of");
   if (!(max_norm > 0) || !std::isfinite(max_norm)) {
     throw ValueError("ops::clip_factor: max_norm must be a positive number, got " + std::to_string(max_norm));
   }
-  for (const Array* x : xs) {
-    require_dtype("clip_factor", "x", *x, DType::f32);
-    require_same_device("clip_factor", *x, "x", *xs.front(), "the first array");
+  if (split.size() != xs.size())
+    throw ValueError("ops::clip_factor: " + std::to_string(split.size()) + " split axes for " +
+                     std::to_string(xs.size()) + " arrays");
+  AxisNames over;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    require_dtype("clip_factor", "x", *xs[i], DType::f32);
+    require_same_device("clip_factor", *xs[i], "x", *xs.front(), "the first array");
+    if (split[i].empty()) continue;
+    if (!over.empty() && split[i] != over)
+      throw ValueError("ops::clip_factor: arrays split over " + over.str() + " and " + split[i].str() +
+                       "; the split ones must share their axes");
+    over = split[i];
   }
   const Device device = xs.front()->device();
   const kernels::Backend& be = backend_of("clip_factor", device);
   Array sumsq = zeros_on(__func__, Shape{1}, DType::f64, device);  // zero-filled: every tensor accumulates into it
-  for (const Array* x : xs) {
-    if (x->size() == 0) continue;
-    be.optimizer().sum_squares(1, static_cast<std::size_t>(x->size()), x->data<float>(), sumsq.data<double>(), true);
+  for (int pass = over.empty() ? 1 : 0; pass < 2; ++pass) {  // the split blocks (psum'd), then the whole arrays
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      if (xs[i]->size() == 0 || split[i].empty() != (pass == 1)) continue;
+      be.optimizer().sum_squares(1, static_cast<std::size_t>(xs[i]->size()), xs[i]->data<float>(),
+                                 sumsq.data<double>(), true);
+    }
+    if (pass == 0) psum_inplace(sumsq, over);
   }
   Array factor = zeros_on(__func__, Shape{1}, DType::f32, device);
   be.optimizer().clip_factor(1, sumsq.data<double>(), max_norm, factor.data<float>());

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <pmap/array.h>
+#include <pmap/mesh.h>
 
 #include <pmapcc/kernels/optimizer_ops.h>
 
@@ -31,6 +32,11 @@ Array adam_step_size(const kernels::AdamParams& params, const Array& step, const
 // sqrt(sum of x^2) <= max_norm, else max_norm / that norm; the squares summed in double, array by array in
 // order, each in index order (as the Trainer's clipping). max_norm > 0 (ValueError otherwise); xs not empty.
 Array clip_factor(const std::vector<const Array*>& xs, float max_norm);
+// The same for arrays some of which are blocks of tensors split over mesh axes (tensor parallelism, inside pmap):
+// split[i] the axes xs[i] is split over (empty: whole on every device; every split array's the same axes). The
+// blocks' squares are summed first and psum'd over their axes, then the whole arrays' added, so every device
+// computes the factor of the unsplit tensors. ValueError for split of another length or of different axes.
+Array clip_factor(const std::vector<const Array*>& xs, float max_norm, const std::vector<AxisNames>& split);
 
 // optim::Sgd's update of one leaf in one pass (kernels::OptimizerOps::sgd_trace): {next, updates}, new arrays
 // in grads' shape on its device, next = momentum * trace + grads and updates = -(lr * next) (nesterov:

@@ -1,6 +1,10 @@
 // clip_by_global_norm's and add_decayed_weights' leaf functions (optim/transforms.h).
 #include <pmapcc/optim/transforms.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include <pmapcc/kernels/array_ops_optim.h>
 
 namespace pmap::optim {
@@ -16,11 +20,26 @@ EmptyState ClipByGlobalNorm::init_leaves(const Leaves& params) const {
 std::vector<Array> ClipByGlobalNorm::update_leaves(const Leaves& grads, EmptyState&, const Leaves& params) const {
   validate();
   detail::params_device("optim::clip_by_global_norm::update", params);
-  const Array factor = ops::eager::clip_factor(grads, max_norm);
+  const std::vector<AxisNames>* split = SplitLeaves::current();
+  if (split != nullptr && split->size() != grads.size())
+    throw ValueError(std::string(kName) + ": an optim::SplitLeaves scope gives " + std::to_string(split->size()) +
+                     " leaves' axes for " + std::to_string(grads.size()) + " gradients");
+  const Array factor = split != nullptr ? ops::eager::clip_factor(grads, max_norm, *split)
+                                        : ops::eager::clip_factor(grads, max_norm);
   std::vector<Array> updates;
   for (const Array* g : grads) updates.push_back(ops::multiply(*g, factor));  // the kernels' g *= grad_scale
   return updates;
 }
+
+namespace {
+thread_local const std::vector<AxisNames>* split_leaves = nullptr;
+}  // namespace
+
+SplitLeaves::SplitLeaves(std::vector<AxisNames> split) : split_(std::move(split)), previous_(split_leaves) {
+  split_leaves = &split_;
+}
+SplitLeaves::~SplitLeaves() { split_leaves = previous_; }
+const std::vector<AxisNames>* SplitLeaves::current() { return split_leaves; }
 
 ClipByGlobalNorm clip_by_global_norm(float max_norm) {
   ClipByGlobalNorm tx{.max_norm = max_norm};

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <pmap/array.h>
+#include <pmap/mesh.h>
 #include <pmap/tree.h>
 
 #include <pmapcc/optim/base.h>
@@ -42,6 +43,25 @@ struct ClipByGlobalNorm {
   void validate() const;
 };
 ClipByGlobalNorm clip_by_global_norm(float max_norm);  // checked at once (ValueError naming max_norm)
+
+// While it lives on the calling thread, clip_by_global_norm takes the norm of gradients some of whose leaves are
+// blocks of tensors split over mesh axes (tensor parallelism, inside pmap): split[i] the axes of leaf i (tree
+// order; empty: whole on every device). The blocks' squares are psum'd over their axes before the whole leaves'
+// are added, so every device clips by the unsplit model's norm. The Trainer's step opens one around each
+// member's update when its layout splits parameters. A clip of another leaf count under it: ValueError.
+class SplitLeaves {
+ public:
+  explicit SplitLeaves(std::vector<AxisNames> split);
+  ~SplitLeaves();
+  SplitLeaves(const SplitLeaves&) = delete;
+  SplitLeaves& operator=(const SplitLeaves&) = delete;
+  // The innermost one's axes on this thread, or nullptr.
+  static const std::vector<AxisNames>* current();
+
+ private:
+  std::vector<AxisNames> split_;
+  const std::vector<AxisNames>* previous_;
+};
 
 // optax.add_decayed_weights: g + weight_decay * p (in float, p * weight_decay then the sum). Before an
 // optimizer it is L2 regularization (coupled decay); after scale-like steps it is decoupled decay.

@@ -265,6 +265,100 @@ TEST_CASE("grad inside pmap: a model-parallel MLP split over 'model' gives the u
   }
 }
 
+// The column-parallel layer's input x is invariant: pvary makes its gradient the sum of the blocks' (the unsplit
+// model's); without it each device holds only its own block's part. all_gather_invariant makes the hidden features
+// whole again for a layer that needs them whole (here the second layer, unsplit): each block's cotangent is the
+// device's block of the whole's.
+Array tp_loss(const Megatron& p, const Array& x, const Array& t, int mode) {
+  // mode 0: unsplit; 1: column then row (psum); 2: column then gathered whole (w2 whole); 3: as 1 without pvary;
+  // 4: as 2, gathered stacked along a new axis 0 and transposed back.
+  const bool split = mode != 0;
+  Array h = split && mode != 3 ? ops::linear(pmap::pvary(x, "model"), p.w1, p.b1, true)
+                                : ops::linear(x, p.w1, p.b1, true);
+  if (mode == 2) h = pmap::all_gather_invariant(h, "model", 1, true);
+  if (mode == 4) {  // (n, rows, H/n) -> (rows, n, H/n) -> (rows, H)
+    const std::int64_t rows = h.dim(0), block = h.dim(1);
+    h = pmap::all_gather_invariant(h, "model");
+    h = ops::reshape(ops::transpose(h, {1, 0, 2}), {rows, h.dim(0) * block});
+  }
+  Array partial = ops::matmul(h, p.w2);
+  Array y = ops::add(mode == 1 || mode == 3 ? pmap::psum(partial, "model") : std::move(partial), p.b2);
+  return ops::mean(ops::square(ops::subtract(y, t)));
+}
+
+TEST_CASE("grad inside pmap: pvary and all_gather_invariant give the unsplit model's input and weight gradients") {
+  const std::int64_t rows = 5, in = 3, hidden = 12, out = 2;
+  const auto xs = random_floats(static_cast<std::size_t>(rows * in), 21);
+  const auto ts = random_floats(static_cast<std::size_t>(rows * out), 22);
+  const auto w1 = random_floats(static_cast<std::size_t>(in * hidden), 23);
+  const auto b1 = random_floats(static_cast<std::size_t>(hidden), 24);
+  const auto w2 = random_floats(static_cast<std::size_t>(hidden * out), 25);
+  const auto b2 = random_floats(static_cast<std::size_t>(out), 26);
+  const Megatron full{Array::from_host(w1, {in, hidden}), Array::from_host(b1, {hidden}),
+                      Array::from_host(w2, {hidden, out}), Array::from_host(b2, {out})};
+  const Array x = Array::from_host(xs, {rows, in}), t = Array::from_host(ts, {rows, out});
+  auto [g, gx] = pmap::grad<0, 1>([&](const Megatron& p, const Array& v) { return tp_loss(p, v, t, 0); })(full, x);
+  const auto want_x = gx.to_vector<float>(), gw1 = g.w1.to_vector<float>(), gw2 = g.w2.to_vector<float>();
+  for (int n : {1, 2, 3}) {
+    const std::int64_t h = hidden / n;
+    pmap::Mesh mesh = cpu_mesh(n, "model");
+    for (int mode : {1, 2, 3, 4}) {
+      CAPTURE(n);
+      CAPTURE(mode);
+      const bool w2_whole = mode == 2 || mode == 4;
+      std::vector<Megatron> shards;
+      for (int d = 0; d < n; ++d) {
+        std::vector<float> w1d;
+        for (std::int64_t r = 0; r < in; ++r)
+          for (std::int64_t c = 0; c < h; ++c) w1d.push_back(w1[static_cast<std::size_t>(r * hidden + d * h + c)]);
+        const auto first = static_cast<std::size_t>(d * h);
+        shards.push_back({Array::from_host(w1d, {in, h}),
+                          Array::from_host(slice(b1, first, static_cast<std::size_t>(h)), {h}),
+                          w2_whole ? full.w2.copy()
+                                   : Array::from_host(slice(w2, first * out, static_cast<std::size_t>(h * out)),
+                                                      {h, out}),
+                          Array::from_host(b2, {out})});
+      }
+      auto grads = pmap::pmap([&](const Megatron& p) {
+        return pmap::grad<0, 1>([&](const Megatron& q, const Array& v) { return tp_loss(q, v, t, mode); })(p, x);
+      }, mesh)(pmap::Sharded<Megatron>(std::move(shards)));
+      std::vector<float> sum_x(want_x.size(), 0.0f);
+      for (int d = 0; d < n; ++d) {
+        CAPTURE(d);
+        const auto& [gd, gxd] = grads[static_cast<std::size_t>(d)];
+        std::vector<float> want_w1;
+        for (std::int64_t r = 0; r < in; ++r)
+          for (std::int64_t c = 0; c < h; ++c) want_w1.push_back(gw1[static_cast<std::size_t>(r * hidden + d * h + c)]);
+        CHECK(relative_error(gd.w1.to_vector<float>(), want_w1) <= 1e-5);
+        CHECK(relative_error(gd.w2.to_vector<float>(),
+                             w2_whole ? gw2
+                                      : slice(gw2, static_cast<std::size_t>(d * h * out),
+                                              static_cast<std::size_t>(h * out))) <= 1e-5);
+        const auto xd = gxd.to_vector<float>();
+        if (mode == 3) {  // no pvary: each device's part of x's gradient, which sum to the whole
+          for (std::size_t i = 0; i < xd.size(); ++i) sum_x[i] += xd[i];
+        } else {
+          CHECK(relative_error(xd, want_x) <= 1e-5);
+        }
+      }
+      if (mode == 3) {
+        CHECK(relative_error(sum_x, want_x) <= 1e-5);
+        if (n > 1) CHECK(relative_error(std::get<1>(grads[0]).to_vector<float>(), want_x) > 1e-2);
+      }
+    }
+  }
+  // Outside pmap's trace: pvary is x; all_gather_invariant refuses an axis outside x.
+  pmap::Mesh two = cpu_mesh(2, "model");
+  auto plain = pmap::pmap([](const Array& v) {
+    return std::make_pair(pmap::pvary(v, "model"), pmap::all_gather_invariant(v, "model", 1, true));
+  }, two)(pmap::replicate(x, two));
+  CHECK(plain[1].first.to_vector<float>() == xs);
+  CHECK(plain[1].second.shape() == Shape{rows, 2 * in});
+  CHECK_THROWS_WITH_AS(pmap::pmap([](const Array& v) { return pmap::all_gather_invariant(v, "model", 2, true); },
+                                  two)(pmap::replicate(x, two)),
+                       doctest::Contains("all_gather_invariant: axis 2 is outside"), pmap::ValueError);
+}
+
 struct Norm {
   Array gamma, beta;
 };

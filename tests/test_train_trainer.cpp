@@ -209,11 +209,6 @@ TEST_CASE("trainer: bad options and data are refused by name, before any step") 
                        pmap::ValueError);
   CHECK_THROWS_WITH_AS(make({.members = 2, .hyperparams = {.weight_decay = {0.1f, 0.2f}}}),
                        doctest::Contains("has no per-member hyper-parameter 'weight_decay'"), pmap::ValueError);
-  CHECK_THROWS_WITH_AS(train::Trainer(train::flax_cnn({12, 12, 1}), sgd,
-                                      pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cpu, 2),
-                                                 {{"ensemble", 1}, {"model", 2}}),
-                                      {.members = 2}),
-                       doctest::Contains("has several axes"), pmap::ValueError);
 
   train::Trainer t = make({.members = 2, .batch_size = 64});
   const auto before = stacked(t.params(), t.model().param_names());

@@ -137,7 +137,7 @@ void Trainer::save(const std::filesystem::path& path, const std::map<std::string
   // mesh (so a load right after a save reads the new file, and a failed write raises in every process).
   const float failed = writer && failure ? 1.0f : 0.0f;
   const auto outcome = pmap::pmap([&](int) {
-    return psum(Array::from_host(std::vector<float>{failed}, Shape{1}, current_device()), {step_.options().axis});
+    return psum(Array::from_host(std::vector<float>{failed}, Shape{1}, current_device()), all_axes());
   }, mesh_)(0);
   if (failure) std::rethrow_exception(failure);
   if (outcome[0].to_vector<float>()[0] > 0)
@@ -177,6 +177,7 @@ Checkpoint Trainer::load(const std::filesystem::path& path, const std::vector<st
           fail(std::string("__metadata__.config.") + name + " is not a string");
       saved_model = config.contains("model") ? field("model").get<std::string>() : "flax-cnn";  // v1: the only one
       saved_mode = config.contains("mode") ? field("mode").get<std::string>() : "ensemble";
+      if (saved_mode == "model-parallel") saved_mode = "data-parallel";  // one model, its batch split over "data"
       if (!field("seed").is_number_integer()) fail("__metadata__.config.seed is not a whole number");
       saved_seed = static_cast<std::uint64_t>(field("seed").get<std::int64_t>());  // written as int64(seed)
       // The optimizer's class (its settings, the momentum or the betas, are the caller's to keep; a chain, the
@@ -235,6 +236,9 @@ Checkpoint Trainer::load(const std::filesystem::path& path, const std::vector<st
         const bool shared = opt && shared_leaf(name);
         Shape want = a.shape();
         if (!shared) want[0] = members;
+        const P spec = spec_of(role.member, name);  // a split leaf's whole shape: its block's times the axes' sizes
+        for (std::size_t d = 0; d < spec.size(); ++d)
+          if (!spec.dims()[d].empty()) want[d + 1] *= mesh_.axis_size(spec.dims()[d]);
         std::string from = role.prefix + name;  // the file's name for it
         if (runner && opt) {
           if (shared) {  // an element-wise optimizer's count: the runner's step
@@ -315,7 +319,7 @@ Checkpoint Trainer::load(const std::filesystem::path& path, const std::vector<st
   // Every process read the file alike, or every process raises (none goes on into a collective alone).
   const float failed = failure ? 1.0f : 0.0f;
   const auto outcome = pmap::pmap([&](int) {
-    return psum(Array::from_host(std::vector<float>{failed}, Shape{1}, current_device()), {step_.options().axis});
+    return psum(Array::from_host(std::vector<float>{failed}, Shape{1}, current_device()), all_axes());
   }, mesh_)(0);
   if (failure) std::rethrow_exception(failure);
   if (outcome[0].to_vector<float>()[0] > 0)

@@ -11,6 +11,7 @@
 #include <pmapcc/core/ops.h>
 #include <pmapcc/nn/layers.h>
 #include <pmapcc/nn/normalization.h>
+#include <pmapcc/nn/parallel.h>
 #include <pmapcc/nn/summary.h>
 
 namespace pmap::train {
@@ -210,11 +211,16 @@ Model flax_cnn(Shape input, int classes) {
                                    dense0.init(fold_in(key, 4), flat, d), dense1.init(fold_in(key, 6), 256, d)},
                          NoState{}};
       },
-      [=](const CnnParams& p, const NoState& s, const Array& x, const Call&) {
-        Array h = ops::avg_pool(conv0(p.Conv_0, x, /*relu=*/true), 2, 2, 2, 2);
-        h = ops::avg_pool(conv1(p.Conv_1, h, /*relu=*/true), 2, 2, 2, 2);
-        h = dense0(p.Dense_0, ops::reshape(h, {h.dim(0), h.size() / h.dim(0)}), /*relu=*/true);
-        return std::pair{dense1(p.Dense_1, h), s};
+      [=](const CnnParams& p, const NoState& s, const Array& x, const Call& call) {
+        const nn::TensorParallel tp(call.sharding);  // whole layers without one
+        nn::Features h = tp.conv(conv0, p.Conv_0, "Conv_0", nn::features(x), /*relu=*/true);
+        h.value = ops::avg_pool(h.value, 2, 2, 2, 2);
+        h = tp.conv(conv1, p.Conv_1, "Conv_1", h, /*relu=*/true);
+        h.value = ops::avg_pool(h.value, 2, 2, 2, 2);
+        const Array image = tp.whole(h, "Flatten");  // Flatten mixes the channels: whole
+        h = tp.dense(dense0, p.Dense_0, "Dense_0", {ops::reshape(image, {image.dim(0), image.size() / image.dim(0)})},
+                     /*relu=*/true);
+        return std::pair{tp.whole(tp.dense(dense1, p.Dense_1, "Dense_1", h), "the logits"), s};
       });
 }
 
@@ -246,12 +252,21 @@ Model keras_convnet(Shape input, int classes, float dropout) {
       [=](const ConvnetParams& p, const ConvnetState& s, const Array& x, const Call& call) {
         const nn::BatchNormCall bc{.train = call.train, .relu = true, .batch_examples = call.batch_examples};
         const nn::BatchNorm norm{.axis_name = call.batch_axis};
-        auto [h0, s0] = norm(p.BatchNorm_0, s.BatchNorm_0, conv0(p.Conv_0, x), bc);
-        auto [h1, s1] = norm(p.BatchNorm_1, s.BatchNorm_1, conv1(p.Conv_1, h0), bc);
-        auto [h2, s2] = norm(p.BatchNorm_2, s.BatchNorm_2, large_k(p.large_k, h1), bc);
-        Array h = dense0(p.Dense_0, ops::global_avg_pool(h2), /*relu=*/true);
-        h = drop(h, {.train = call.train, .rng = call.rng, .rate = call.dropout_rate});
-        return std::pair{dense1(p.Dense_1, h), ConvnetState{std::move(s0), std::move(s1), std::move(s2)}};
+        const nn::TensorParallel tp(call.sharding);  // whole layers without one
+        for (const char* n : {"BatchNorm_0/beta", "BatchNorm_1/beta", "BatchNorm_2/beta"})
+          tp.require_whole(n, "BatchNormalization");
+        auto [h0, s0] = norm(p.BatchNorm_0, s.BatchNorm_0,
+                             tp.whole(tp.conv(conv0, p.Conv_0, "Conv_0", nn::features(x)), "BatchNorm_0"), bc);
+        auto [h1, s1] = norm(p.BatchNorm_1, s.BatchNorm_1,
+                             tp.whole(tp.conv(conv1, p.Conv_1, "Conv_1", nn::features(h0)), "BatchNorm_1"), bc);
+        auto [h2, s2] = norm(p.BatchNorm_2, s.BatchNorm_2,
+                             tp.whole(tp.conv(large_k, p.large_k, "large_k", nn::features(h1)), "BatchNorm_2"), bc);
+        nn::Features h = tp.dense(dense0, p.Dense_0, "Dense_0", {ops::global_avg_pool(h2)}, /*relu=*/true);
+        h = tp.on_whole(h, [&](const Array& v) {
+          return drop(v, {.train = call.train, .rng = call.rng, .rate = call.dropout_rate});
+        });
+        return std::pair{tp.whole(tp.dense(dense1, p.Dense_1, "Dense_1", h), "the logits"),
+                         ConvnetState{std::move(s0), std::move(s1), std::move(s2)}};
       },
       /*dropout_layers=*/1);
 }

@@ -26,6 +26,7 @@
 
 #include <pmapcc/core/ops.h>
 #include <pmapcc/nn/normalization.h>
+#include <pmapcc/nn/parallel.h>
 #include <pmapcc/train/variables.h>
 
 namespace pmap::train {
@@ -47,6 +48,9 @@ struct Call {
   // nn::BatchNormCall::batch_examples (its BatchNorm's statistics are otherwise wrong on such batches, without
   // an error), of a BatchNorm whose input's first dimension is the examples.
   std::int64_t batch_examples = 0;
+  // Tensor parallelism: the layout the parameters are split by (each device holds its blocks) and the layers'
+  // output layouts, for the model's nn::TensorParallel (nn/parallel.h); null: nothing split.
+  const nn::Sharding* sharding = nullptr;
 };
 
 class Model {
@@ -130,13 +134,16 @@ Model make_model(std::string name, Shape input, int classes, InitFn init, ApplyF
 // The Flax MNIST CNN ("flax-cnn"): Conv(32, 3x3, SAME) ReLU AvgPool(2) Conv(64, 3x3, SAME) ReLU AvgPool(2)
 // Flatten Dense(256) ReLU Dense(classes); LeCun-normal kernels, zero biases. 824,458 parameters on (28, 28, 1).
 // Tensor t (in the order Conv_0/kernel, Conv_0/bias, Conv_1/kernel, ...) is drawn from fold_in(key, t), as the
-// program has always drawn it.
+// program has always drawn it. Its Conv and Dense layers run as Call::sharding splits them (nn::TensorParallel).
 Model flax_cnn(Shape input = {28, 28, 1}, int classes = 10);
 
 // The Keras multi-GPU guides' convnet ("keras-convnet"): Conv2D(12, 3x3, no bias) BN ReLU, Conv2D(24, 6x6,
 // stride 2, valid, no bias) BN ReLU, Conv2D(32, 6x6, stride 2) BN ReLU, GlobalAveragePooling2D, Dense(256)
 // ReLU, Dropout(dropout), Dense(classes); BatchNorm center only, glorot_uniform kernels. 49,242 parameters
 // and 136 moving statistics on (28, 28, 1). Images come scaled to [0, 1], so the guides' Rescaling is left out.
+// Its Conv and Dense layers run as Call::sharding splits them (nn::TensorParallel); the BatchNorms take whole
+// features (a split convolution's are gathered first) and their weights whole; Dropout's masks are the unsplit
+// model's.
 Model keras_convnet(Shape input = {28, 28, 1}, int classes = 10, float dropout = 0.5f);
 
 // The models the program builds by name (--model): "flax-cnn", "keras-convnet"; ValueError naming `what`

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -17,6 +18,7 @@
 #include <pmapcc/kernels/array_ops.h>
 #include <pmapcc/kernels/array_ops_optim.h>
 #include <pmapcc/optim/base.h>
+#include <pmapcc/optim/transforms.h>
 
 namespace pmap::train {
 
@@ -56,6 +58,42 @@ struct StepParts {
   StepOptions options;
 };
 
+// The model's Call::sharding: null when nothing is split.
+const nn::Sharding* sharding_of(const StepOptions& options) {
+  return options.sharding.empty() ? nullptr : &options.sharding;
+}
+
+// Every mesh axis leaf `name`'s spec splits it over (empty: whole).
+AxisNames split_axes(const nn::Sharding& sharding, const std::string& name) {
+  const auto it = sharding.params.by_path().find(name);
+  AxisNames out;
+  if (it == sharding.params.by_path().end()) return out;
+  std::vector<std::string> names;
+  for (const AxisNames& dim : it->second.dims())
+    for (const std::string& a : dim.names()) names.push_back(a);
+  return AxisNames(names);
+}
+
+// This device's block of a member's whole tensor `a` (parameter `name`) under its spec (inside pmap).
+Array block_of(const std::string& name, const Array& a, const P& spec) {
+  const std::string about = "TrainStep::init: layout of " + name + " " + a.signature() + ": " + spec.str() + ": ";
+  if (spec.size() > a.shape().size())
+    throw ValueError(about + "has " + std::to_string(spec.size()) + " entries for " + std::to_string(a.ndim()) +
+                     " dimensions");
+  std::vector<std::int64_t> start(a.shape().size(), 0), stop(a.shape().begin(), a.shape().end());
+  for (std::size_t d = 0; d < spec.size(); ++d) {
+    const AxisNames& axes = spec.dims()[d];
+    if (axes.empty()) continue;
+    const std::int64_t n = axis_size(axes), i = axis_index(axes), len = a.dim(static_cast<int>(d));
+    if (len % n != 0)
+      throw ValueError(about + "dimension " + std::to_string(d) + " (" + std::to_string(len) + ") does not split " +
+                       "over the " + std::to_string(n) + " devices of " + axes.str());
+    start[d] = i * (len / n);
+    stop[d] = (i + 1) * (len / n);
+  }
+  return ops::eager::slice(a, start, stop);
+}
+
 // Each member's loss, logits, new model state and gradients on (x, y), `batch` members per vmap; `rows` place x
 // in the global batch (data parallel; the dropout masks' offset).
 MemberGrads member_grads(const StepParts& k, const TrainState& s, const Array& x, const Array& y, std::int64_t batch,
@@ -74,7 +112,7 @@ MemberGrads member_grads(const StepParts& k, const TrainState& s, const Array& x
         const auto rate = hyper.find(kDropoutRate);
         const Call call{.train = true, .rng = {&key, &s.step, rows.offset}, .batch_axis = bn_axis,
                         .dropout_rate = rate == hyper.end() ? nullptr : &rate->second,
-                        .batch_examples = weighted ? rows.total : 0};
+                        .batch_examples = weighted ? rows.total : 0, .sharding = sharding_of(k.options)};
         auto loss_fn = [&](const Variables& p) {
           auto [logits, next] = k.model.apply(p, state, x, call);
           Array value = k.loss(logits, y);
@@ -106,7 +144,14 @@ Variables member_of(const Variables& stacked, std::int64_t m) {
 // The members' new parameters and optimizer state: an element-by-element optimizer (optim/base.h's
 // kElementwise) updates the stacked members at once with one state; any other, member by member on views of
 // each member's slices (each its own state: a global norm's clipping is the member's), restacked.
-MemberUpdate update_members(const Optimizer& optimizer, const TrainState& s, const Variables& grads) {
+MemberUpdate update_members(const Optimizer& optimizer, const TrainState& s, const Variables& grads,
+                            const nn::Sharding& sharding) {
+  std::optional<optim::SplitLeaves> split;  // a clipped norm over the split parameters' blocks: the unsplit one's
+  if (!sharding.params.by_path().empty()) {
+    std::vector<AxisNames> axes;
+    for (const auto& entry : grads) axes.push_back(split_axes(sharding, entry.first));
+    split.emplace(std::move(axes));
+  }
   if (optimizer.elementwise()) {  // per-member hyper-parameters (members) along the leaves' member axis
     auto [updates, next] = optimizer.update(grads, s.opt, s.params, optimizer_hyperparams(s.hyperparams));
     return {optim::apply_updates(s.params, updates), std::move(next)};
@@ -133,7 +178,7 @@ Next device_step(const StepParts& k, const TrainState& s, const Array& x, const 
   MemberGrads g = member_grads(k, s, x, y, batch, rows);
   const AxisNames axis{k.options.axis};
   if (k.options.data_parallel) pmean_inplace(g.grads, axis);  // each replica: the global batch's gradient
-  MemberUpdate u = update_members(k.optimizer, s, g.grads);
+  MemberUpdate u = update_members(k.optimizer, s, g.grads, k.options.sharding);
   StepMetrics m{std::move(g.loss), ops::eager::argmax_hits(g.logits, y)};
   if (k.options.data_parallel) m = {pmean(m.loss, axis), psum(m.correct, axis)};
   return {std::move(u.params), std::move(g.state), std::move(u.opt), ops::eager::increment(s.step), std::move(m)};
@@ -214,6 +259,13 @@ TrainState TrainStep::init(std::span<const Key> keys, const Device& device, cons
   std::vector<std::uint32_t> dropout;
   for (const Key& k : keys) {
     auto [p, s] = model_.init(k, device);
+    for (const auto& [name, spec] : options_.sharding.params.by_path()) {
+      const auto it = p.find(name);
+      if (it == p.end())
+        throw ValueError("TrainStep::init: the layout names '" + name + "', which is not a parameter of model '" +
+                         model_.name() + "'");
+      if (!spec.replicated()) it->second = block_of(name, it->second, spec);
+    }
     if (!optimizer_.elementwise()) opts.push_back(optimizer_.init(p));
     params.push_back(std::move(p));
     states.push_back(std::move(s));
@@ -262,7 +314,9 @@ Array TrainStep::logits(const TrainState& state, const Array& images) const {
   ops::DefaultPrecision precision(options_.precision);
   const std::int64_t batch = members_per_vmap(options_, images.device(), state.dropout_keys.dim(0));
   auto infer = map([&](const Variables& params, const Variables& model_state) {
-    return model_.apply(params, model_state, images, Call{}).first;
+    Call call;
+    call.sharding = sharding_of(options_);
+    return model_.apply(params, model_state, images, call).first;
   }, batch, {0, 0}, "the model's inference");
   return infer(state.params, state.state);
 }

@@ -94,6 +94,11 @@ struct StepOptions {
   bool data_parallel = false;      // the batch is split over `axis`: gradients pmean'd, BatchNorm global
   std::int64_t member_batch = 0;   // members per vmap (pmap::map's batch_size); 0: one on CPU devices, all on GPUs
   kernels::Precision precision = kernels::Precision::fp32;  // of the conv and dense products
+  // Tensor parallelism: the parameters split by sharding.params over mesh axes other than `axis` (a mesh's
+  // "model" axis), each device holding its blocks of them (init takes each member's from its whole tensors), and
+  // the model's Call::sharding. The loss and the logits are every device's of the axes alike; a clipped norm is
+  // the unsplit model's (optim::SplitLeaves). Empty: nothing split.
+  nn::Sharding sharding = {};
 };
 
 class TrainStep {
@@ -104,11 +109,13 @@ class TrainStep {
   const Optimizer& optimizer() const { return optimizer_; }
   const StepOptions& options() const { return options_; }
 
-  // The members of `keys` on `device`: each member's variables from model().init(key), its optimizer state,
+  // The members of `keys` on `device` (inside pmap when options().sharding splits parameters: this device's
+  // blocks of them): each member's variables from model().init(key), its optimizer state,
   // its dropout key and its hyper-parameters of `hyper`, stacked; the step counter zero. ValueError naming the
   // field of `hyper` for a list that is not one value per key, a value that is negative or not finite (a
   // dropout rate not below 1), a hyper-parameter the optimizer does not take, or dropout rates for a model
-  // that declares no Dropout layer.
+  // that declares no Dropout layer; for a layout that does not fit a parameter (a spec of more entries than its
+  // dimensions, or a dimension its axes' size does not divide), naming it.
   TrainState init(std::span<const Key> keys, const Device& device, const MemberHyperparams& hyper = {}) const;
 
   // One step of this device's members on its batch (inside pmap over options().axis): state becomes the

@@ -27,12 +27,42 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 std::string option(const char* name) { return std::string("train::Trainer: options.") + name; }
 
-// The mesh's one axis, checked.
+// The mesh's first axis (the members' or the batch's), the mesh checked.
 std::string axis_of(const Mesh& mesh) {
-  if (mesh.axes().size() != 1)
-    throw ValueError("train::Trainer: the mesh " + mesh.str() +
-                     " has several axes; the Trainer runs an ensemble or data parallel over one");
+  if (mesh.axes().size() > 2)
+    throw ValueError("train::Trainer: the mesh " + mesh.str() + " has " + std::to_string(mesh.axes().size()) +
+                     " axes; the Trainer runs an ensemble or data parallel over the first and splits parameters over " +
+                     "a second (options.sharding)");
   return mesh.axes()[0].name;
+}
+
+// options.sharding against the mesh: a layout needs a second axis, and names only the mesh's axes after the first.
+void check_sharding(const nn::Sharding& sharding, const Mesh& mesh) {
+  if (sharding.empty()) return;
+  const std::string first = mesh.axes()[0].name;
+  if (mesh.axes().size() < 2)
+    throw ValueError(option("sharding") + " splits parameters, but the mesh " + mesh.str() + " has one axis: " +
+                     "tensor parallelism needs a second axis (the ensemble's or the batch's, then the model's)");
+  auto check = [&](const std::string& path, const P& spec, const char* field) {
+    for (const AxisNames& dim : spec.dims())
+      for (const std::string& a : dim.names()) {
+        if (a == first)
+          throw ValueError(option("sharding.") + field + " '" + path + "' is " + spec.str() + ": the mesh's first " +
+                           "axis '" + first + "' holds the " + "members or the batch; split over '" +
+                           mesh.axes()[1].name + "'");
+        bool found = false;
+        for (const AxisSpec& axis : mesh.axes()) found = found || axis.name == a;
+        if (!found)
+          throw ValueError(option("sharding.") + field + " '" + path + "' is " + spec.str() + ": the mesh " +
+                           mesh.str() + " has no axis '" + a + "'");
+      }
+  };
+  for (const auto& [path, spec] : sharding.params.by_path()) check(path, spec, "params");
+  for (const auto& [path, spec] : sharding.outputs.by_path()) {
+    if (!path.ends_with("/output"))
+      throw ValueError(option("sharding.outputs") + " names '" + path + "'; an output layout is '<layer>/output'");
+    check(path, spec, "outputs");
+  }
 }
 
 // While it lives, options.cpu_backend computes the calling thread's ops (nothing without one). Every pmap
@@ -88,16 +118,20 @@ class FeedUse {
 Trainer::Trainer(Model model, Optimizer optimizer, Mesh mesh, TrainerOptions options, Loss loss)
     : step_(std::move(model), std::move(optimizer), std::move(loss),
             StepOptions{.axis = axis_of(mesh), .data_parallel = options.data_parallel,
-                        .member_batch = options.member_batch, .precision = options.precision}),
+                        .member_batch = options.member_batch, .precision = options.precision,
+                        .sharding = options.sharding}),
       mesh_(std::move(mesh)), options_(std::move(options)) {
-  const int devices = mesh_.size();
+  along_ = mesh_.axes()[0].size;
+  const int devices = along_;  // the devices the members or the batch are spread over
   const TrainerOptions& o = options_;
+  check_sharding(o.sharding, mesh_);
   if (o.data_parallel && o.members != 1)
     throw ValueError(option("members") + " is " + std::to_string(o.members) +
                      "; data parallel trains one model (members 1)");
   if (!o.data_parallel && (o.members < 1 || o.members % devices != 0))
     throw ValueError(option("members") + " is " + std::to_string(o.members) + "; it must be a positive multiple of " +
-                     "the mesh's " + std::to_string(devices) + " devices");
+                     "the mesh's " + std::to_string(devices) + " devices" +
+                     (mesh_.axes().size() > 1 ? " along '" + mesh_.axes()[0].name + "'" : std::string()));
   if (o.batch_size < 1)
     throw ValueError(option("batch_size") + " is " + std::to_string(o.batch_size) + "; it must be positive");
   if (o.data_parallel && o.batch_size < devices)
@@ -134,6 +168,13 @@ Trainer::Trainer(Model model, Optimizer optimizer, Mesh mesh, TrainerOptions opt
                                  part(h.dropout_rate, first, n)};
     return step_.init(std::span(keys).subspan(first, n), current_device(), mine);
   }, mesh_)(0);
+  if (!o.sharding.empty()) {  // the layers' layout errors now, from one inference, rather than at the first step
+    const Shape& shape = step_.model().input_shape();
+    pmap::pmap([&](const TrainState& s) {
+      const auto scope = backend_scope(o.cpu_backend);
+      (void)step_.logits(s, Array(Shape{1, shape[0], shape[1], shape[2]}, DType::f32, current_device()));
+    }, mesh_)(states_);
+  }
   const Shape& in = step_.model().input_shape();
   // Data parallel, a batch that does not split evenly: every device's block padded to the largest.
   const std::int64_t rows = o.data_parallel ? block_rows() * devices : o.batch_size;
@@ -145,13 +186,13 @@ Trainer::Trainer(Model model, Optimizer optimizer, Mesh mesh, TrainerOptions opt
 Trainer::~Trainer() = default;
 
 std::int64_t Trainer::block_rows() const {
-  const std::int64_t devices = mesh_.size();
+  const std::int64_t devices = along_;
   return (options_.batch_size + devices - 1) / devices;
 }
 
 BatchRows Trainer::rows_of(int device) const {
   if (!options_.data_parallel) return {0, options_.batch_size};
-  const std::int64_t devices = mesh_.size(), even = options_.batch_size / devices,
+  const std::int64_t devices = along_, even = options_.batch_size / devices,
                      extra = options_.batch_size % devices;
   return {device * even + std::min<std::int64_t>(device, extra), options_.batch_size};
 }
@@ -195,7 +236,7 @@ EpochReport Trainer::run_epoch(const Dataset& data, const StepCallback& on_step)
   const int steps = static_cast<int>(steps_per_epoch(data.count, batch));
   FeedUse feed(*feed_);
   // Data parallel: device d's examples, rows_of(d), at the start of its block of block_rows(), the rest zeros.
-  const int blocks = options_.data_parallel ? mesh_.size() : 1;
+  const int blocks = options_.data_parallel ? along_ : 1;
   const std::int64_t block = options_.data_parallel ? block_rows() : batch;
   const auto image_size = static_cast<std::size_t>(data.image_size());
   auto fill = [&](int s) {
@@ -219,7 +260,7 @@ EpochReport Trainer::run_epoch(const Dataset& data, const StepCallback& on_step)
     const int d = axis_index(AxisNames{axis});
     const std::int64_t n = count_of(d);
     return step_(s, first_rows(b.images, n), first_rows(b.labels, n), rows_of(d));
-  }, mesh_, axis);
+  }, mesh_);
   // The pending steps' metrics, gathered over the axis at a report point: (devices, members) per step. The
   // steps are summed in one order (step, device, member) whichever the processes, so every process holds the
   // same bits.
@@ -411,13 +452,50 @@ bool Trainer::shared_leaf(const std::string& name) const {
   return true;
 }
 
+AxisNames Trainer::all_axes() const {
+  std::vector<std::string> names;
+  for (const AxisSpec& a : mesh_.axes()) names.push_back(a.name);
+  return AxisNames(names);
+}
+
+P Trainer::spec_of(Variables TrainState::*role, const std::string& name) const {
+  const auto& specs = options_.sharding.params.by_path();
+  if (role == &TrainState::params) {
+    const auto it = specs.find(name);
+    return it == specs.end() ? P() : it->second;
+  }
+  if (role != &TrainState::opt) return P();
+  // An optimizer leaf of a parameter ("trace/Dense_0/kernel") is split as the parameter: the longest name it ends with.
+  const P* best = nullptr;
+  std::size_t length = 0;
+  for (const auto& [param, spec] : specs)
+    if (name.size() > param.size() && name.ends_with(param) && name[name.size() - param.size() - 1] == '/' &&
+        param.size() > length) {
+      best = &spec;
+      length = param.size();
+    }
+  return best != nullptr ? *best : P();
+}
+
 Variables Trainer::gathered(Variables TrainState::*role) const {
   const std::string axis = step_.options().axis;
   const bool dp = options_.data_parallel, opt = role == &TrainState::opt;
   auto all = pmap::pmap([&](const TrainState& s) {
     Variables out;
-    for (const auto& [name, a] : s.*role)
-      out.emplace(name, dp || (opt && shared_leaf(name)) ? a.copy() : all_gather(a, {axis}, true));
+    for (const auto& [name, a] : s.*role) {
+      if (opt && shared_leaf(name)) {
+        out.emplace(name, a.copy());
+        continue;
+      }
+      // A split leaf's blocks first (dimension d of a member is d + 1 of the stacked leaf), then the members.
+      const P spec = spec_of(role, name);
+      Array whole;
+      for (std::size_t d = 0; d < spec.size(); ++d)
+        if (!spec.dims()[d].empty())
+          whole = all_gather(whole.valid() ? whole : a, spec.dims()[d], static_cast<int>(d + 1), true);
+      const Array& member_rows = whole.valid() ? whole : a;
+      out.emplace(name, dp ? member_rows.copy() : all_gather(member_rows, {axis}, true));
+    }
     return out;
   }, mesh_)(states_);
   Variables host;
@@ -433,10 +511,24 @@ void Trainer::put(Variables TrainState::*role, const Variables& host) {
     const std::int64_t row = options_.data_parallel ? 0 : axis_index(axis) * n;
     for (auto& [name, a] : s.*role) {
       const Array& all = host.at(name);
-      if (opt && shared_leaf(name))
+      if (opt && shared_leaf(name)) {
         a.copy_from(all);
-      else
-        a.copy_from(all.slice_rows(row, row + n, Device{}));
+        continue;
+      }
+      Array rows = all.slice_rows(row, row + n, Device{});
+      const P spec = spec_of(role, name);
+      if (!spec.replicated()) {  // this device's block of a split leaf (dimension d of a member is d + 1 here)
+        std::vector<std::int64_t> start(rows.shape().size(), 0), stop(rows.shape().begin(), rows.shape().end());
+        for (std::size_t d = 0; d < spec.size(); ++d) {
+          const AxisNames& axes = spec.dims()[d];
+          if (axes.empty()) continue;
+          const std::int64_t len = rows.dim(static_cast<int>(d + 1)) / axis_size(axes), i = axis_index(axes);
+          start[d + 1] = i * len;
+          stop[d + 1] = (i + 1) * len;
+        }
+        rows = ops::eager::slice(rows, start, stop);
+      }
+      a.copy_from(rows);
     }
   }, mesh_)(states_);
 }

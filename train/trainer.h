@@ -55,6 +55,14 @@ struct TrainerOptions {
   // program's --kernels cuda-on-host; much slower). ValueError naming it on a mesh of other devices, or for
   // kernels that do not compute on host memory.
   const kernels::Backend* cpu_backend = nullptr;
+  // Tensor parallelism (Megatron's, nn/parallel.h), on a mesh of two axes: the first the ensemble's or the
+  // batch's (as a one-axis mesh's), the second the one the layout splits parameters over ("model"). Each device
+  // holds its blocks of its members' parameters (and of their optimizer state); a model written with
+  // nn::TensorParallel (flax_cnn, keras_convnet) runs each layer as the layout says. The members are spread over
+  // the first axis only, and every device along the second computes the same loss and logits. params(),
+  // checkpoints and set_members deal in whole tensors, so a checkpoint resumes under any layout or none. Empty:
+  // nothing split (on a mesh of two axes, every device along the second holds the whole model).
+  nn::Sharding sharding = {};
 };
 
 // One batch on its way to the devices (Feed's tree).
@@ -136,10 +144,14 @@ SavedMembers read_members(const std::filesystem::path& path, const Model& model,
 
 class Trainer {
  public:
-  // The members of `options` on `mesh` (one axis: the ensemble's or the batch's, whichever its name), each
-  // initialized from its key. ValueError naming the option: members < 1 or not a multiple of the mesh's devices
-  // (data parallel: not 1), batch_size < 1 (data parallel: fewer than the devices), eval_batch < 1,
-  // report_every < 0, a mesh of more than one axis, member_batch < 0 (TrainStep's), hyperparams that check_hyperparams
+  // The members of `options` on `mesh` (one axis: the ensemble's or the batch's, whichever its name; or two, that
+  // one then the model's: options.sharding), each initialized from its key. ValueError naming the option: members <
+  // 1 or not a multiple of the devices along the first axis (data parallel: not 1), batch_size < 1 (data parallel:
+  // fewer than those devices), eval_batch < 1, report_every < 0, a mesh of more than two axes, a sharding on a
+  // mesh of one axis or that names the first axis or an axis the mesh does not have, a layout that does not fit
+  // the model (a parameter it does not have, a dimension the axis does not divide, a layer that cannot run that
+  // split: nn::TensorParallel's errors, found by one inference at construction), member_batch < 0 (TrainStep's),
+  // hyperparams that check_hyperparams
   // refuses (naming the member); what TrainStep::init refuses in hyperparams (a hyper-parameter the optimizer
   // or the model does not take).
   Trainer(Model model, Optimizer optimizer, Mesh mesh, TrainerOptions options = {},
@@ -229,10 +241,16 @@ class Trainer {
   BatchRows rows_of(int device) const;
   std::int64_t count_of(int device) const;
 
+  // Every axis of the mesh: what the checkpoints' outcomes are summed over.
+  AxisNames all_axes() const;
+  // The spec of a leaf of `role` (a parameter's, or an optimizer leaf's of a parameter) under options.sharding.
+  P spec_of(Variables TrainState::*role, const std::string& name) const;
+
   TrainStep step_;
   Mesh mesh_;
   TrainerOptions options_;
   int per_device_ = 1;
+  int along_ = 1;  // devices along the first axis (the members' or the batch's)
   Key data_key_{};
   Sharded<TrainState> states_;
   std::unique_ptr<Feed<Batch>> feed_;
