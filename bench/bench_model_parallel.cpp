@@ -1,7 +1,8 @@
 // bench_model_parallel: model parallelism's memory and speed on CPU devices. For each mesh shape DxM
 // ("data" x "model"; Dx1 is data parallel, bit for bit) it trains the reference CNN (28x28, the Flax MNIST
 // model) with the Megatron layout (Dense_0 column-parallel, Dense_1 row-parallel: 97 % of the weights split
-// over "model") on a global batch through the model-parallel Trainer, in a child process of its own, and
+// over "model") on a global batch through train::Trainer (options.sharding, SGD with momentum), in a child
+// process of its own, and
 // prints side by side: the floats each device holds for its weights (and so for gradients and momentum),
 // the child's peak RSS, the median step time and images per second. Usage: --help.
 #include <sys/resource.h>
@@ -20,11 +21,13 @@
 
 #include <pmap/pmap.h>
 
-#include <pmapcc/ensemble/trainer.h>
+#include <pmapcc/nn/parallel.h>
+#include <pmapcc/optim/optim.h>
+#include <pmapcc/train/trainer.h>
 
 #include "machine.h"
 
-namespace pe = pmap::ensemble;
+namespace train = pmap::train;
 
 namespace {
 
@@ -72,8 +75,8 @@ std::vector<std::pair<int, int>> parse_meshes(const char* text) {
 
 
 // Noise images and labels: the step's cost does not depend on what it learns.
-pe::Dataset noise(std::int64_t count, std::uint64_t seed) {
-  pe::Dataset d;
+train::Dataset noise(std::int64_t count, std::uint64_t seed) {
+  train::Dataset d;
   d.count = count;
   d.rows = d.cols = 28;
   std::vector<std::uint32_t> bits(static_cast<std::size_t>(count * (d.image_size() + 1)));
@@ -91,23 +94,26 @@ int run_one(int d_size, int m_size, int batch, int steps) {
     std::fprintf(stderr, "bench_model_parallel: batch %d does not split over %d data devices\n", batch, d_size);
     return 2;
   }
-  const pe::Dataset train = noise(static_cast<std::int64_t>(batch) * (steps + 2), 1), test = noise(16, 2);
-  pe::TrainConfig c;
-  c.mode = pe::Mode::model_parallel;
-  c.mesh_axis = d_size;
-  c.mesh_model = m_size;
-  c.batch_size = batch;
-  c.epochs = 1;
-  c.eval_batch = 16;
-  pe::Trainer trainer(c, train, test);
+  const train::Dataset data = noise(static_cast<std::int64_t>(batch) * (steps + 2), 1);
+  train::TrainerOptions o{.data_parallel = true, .batch_size = batch};
+  o.sharding.params.set("Dense_0/kernel", pmap::P(pmap::none, "model"));
+  o.sharding.params.set("Dense_0/bias", pmap::P("model"));
+  o.sharding.params.set("Dense_1/kernel", pmap::P("model", pmap::none));
+  const train::Optimizer sgd(pmap::optim::Sgd{.learning_rate = 0.01f, .momentum = 0.9f});
+  train::Trainer trainer(train::flax_cnn(), sgd,
+                         pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cpu, d_size * m_size),
+                                    {{"data", d_size}, {"model", m_size}}),
+                         o);
+  long long local = 0;  // the floats of the first device's weights
+  for (const auto& entry : trainer.states()[0].params) local += entry.second.size();
   using Clock = std::chrono::steady_clock;
   std::vector<Clock::time_point> at{Clock::now()};
-  trainer.run_epoch([&](const pe::StepReport&) { at.push_back(Clock::now()); });
+  trainer.run_epoch(data, [&](const train::StepReport&) { at.push_back(Clock::now()); });
   std::vector<double> seconds;
   for (std::size_t s = 3; s < at.size(); ++s)  // after 2 warm-up steps
     seconds.push_back(std::chrono::duration<double>(at[s] - at[s - 1]).count());
   std::sort(seconds.begin(), seconds.end());
-  std::printf("%lld %.9f\n", static_cast<long long>(trainer.plan()->local_params()), seconds[seconds.size() / 2]);
+  std::printf("%lld %.9f\n", local, seconds[seconds.size() / 2]);
   return 0;
 }
 

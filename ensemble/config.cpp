@@ -124,10 +124,9 @@ void TrainConfig::check(int along, const Dataset& train, const Dataset& test) co
   if (c.mode != Mode::ensemble && c.members != 1)
     bad("--mode " + std::string(to_string(c.mode)) + " trains one model over the devices: --members must be 1, got " +
         std::to_string(c.members));
-  // Data parallel splits a batch of any size (train::Trainer pads the blocks); split weights need equal blocks.
-  if (c.splits_weights() && c.batch_size % along != 0)
-    bad("--batch-size " + std::to_string(c.batch_size) + " does not split evenly over " + over);
-  if (c.mode == Mode::data_parallel && c.batch_size < along)
+  // Data parallel (model parallel too, over the first axis) splits a batch of any size: train::Trainer pads the
+  // blocks.
+  if (c.mode != Mode::ensemble && c.batch_size < along)
     bad("--batch-size " + std::to_string(c.batch_size) + " is smaller than " + over +
         ": data parallel gives every device at least one example");
   if (c.epochs > 0 && train.count < c.batch_size)

@@ -139,8 +139,8 @@ Features TensorParallel::dense(const Dense& m, const DenseParams& p, const std::
 Features TensorParallel::conv(const Conv& m, const ConvParams& p, const std::string& name, const Features& x,
                               bool relu) const {
   return layer(name, p.kernel, &p.bias, x, relu, [&](const Array& in, bool partial) {
-    return partial ? ops::conv2d(in, p.kernel, Array(), {.stride_h = m.stride_h, .stride_w = m.stride_w, .same = m.same})
-                   : m(p, in, relu);
+    const ops::Conv2dOptions no_bias{.stride_h = m.stride_h, .stride_w = m.stride_w, .same = m.same};
+    return partial ? ops::conv2d(in, p.kernel, Array(), no_bias) : m(p, in, relu);
   });
 }
 

@@ -60,9 +60,12 @@ class TensorParallel {
   // The layer `name` ("Dense_0": its parameters are "<name>/kernel" and "<name>/bias") on x. Whole and
   // column-parallel layers take the whole features (gathered first when x arrives split); a row-parallel one
   // takes x's blocks, split over the axes its kernel's input dimension names. relu: max(y, 0) after the psum.
-  Features dense(const Dense& m, const DenseParams& p, const std::string& name, const Features& x, bool relu = false) const;
-  Features conv(const Conv& m, const ConvParams& p, const std::string& name, const Features& x, bool relu = false) const;
-  Features conv(const Conv& m, const ConvKernel& p, const std::string& name, const Features& x, bool relu = false) const;
+  Features dense(const Dense& m, const DenseParams& p, const std::string& name, const Features& x,
+                 bool relu = false) const;
+  Features conv(const Conv& m, const ConvParams& p, const std::string& name, const Features& x,
+                bool relu = false) const;
+  Features conv(const Conv& m, const ConvKernel& p, const std::string& name, const Features& x,
+                bool relu = false) const;
 
   // Refuses a layout that splits parameter `name` (ValueError naming `what`, the layer that needs it whole).
   void require_whole(const std::string& name, const std::string& what) const;

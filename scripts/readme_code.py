@@ -45,7 +45,9 @@ def generate(readme, out_path):
     body = ["// Generated from README.md by scripts/readme_code.py: its C++ blocks, each a function.",
             "#include <cstdio>", "#include <memory>", "#include <vector>",
             "#include <pmap/pmap.h>", "#include <pmap/distributed.h>",
-            "#include <pmapcc/ensemble/trainer.h>", "#include <pmapcc/core/grad.h>", "#include <pmapcc/core/ops.h>", ""]
+            "#include <pmapcc/ensemble/trainer.h>", "#include <pmapcc/core/grad.h>", "#include <pmapcc/core/ops.h>",
+            "#include <pmapcc/nn/parallel.h>", "#include <pmapcc/optim/optim.h>", "#include <pmapcc/train/trainer.h>",
+            ""]
     runs, faults = [], []
     for line, kind, arg, code in blocks(text):
         if kind is None:

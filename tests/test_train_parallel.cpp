@@ -124,9 +124,10 @@ TEST_CASE("tensor parallel: keras-convnet data parallel over 'data' and split ov
   for (const train::Optimizer* opt : {&momentum(), &clipped}) {
     const Run whole = train_run(convnet, *opt, pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cpu, 1), "data"),
                                 {.data_parallel = true, .batch_size = 32});
-    nn::Sharding conv = megatron();  // large_k column-parallel, gathered for its BatchNorm
-    conv.params.set("large_k/kernel", P(none, none, none, "model"));
+    nn::Sharding conv = megatron();  // large_k column-parallel, gathered for its BatchNorm; Dense_0's output
+    conv.params.set("large_k/kernel", P(none, none, none, "model"));  // kept split (the examples over 'data')
     conv.params.set("large_k/bias", P("model"));
+    conv.outputs.set("Dense_0/output", P("data", "model"));
     for (const auto& [first, model, sharding] : {std::tuple{2, 2, megatron()}, std::tuple{1, 2, conv}}) {
       CAPTURE(first);
       CAPTURE(model);

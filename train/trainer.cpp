@@ -8,6 +8,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <pmap/collectives.h>
@@ -44,9 +45,10 @@ void check_sharding(const nn::Sharding& sharding, const Mesh& mesh) {
     throw ValueError(option("sharding") + " splits parameters, but the mesh " + mesh.str() + " has one axis: " +
                      "tensor parallelism needs a second axis (the ensemble's or the batch's, then the model's)");
   auto check = [&](const std::string& path, const P& spec, const char* field) {
-    for (const AxisNames& dim : spec.dims())
-      for (const std::string& a : dim.names()) {
-        if (a == first)
+    const bool output = std::string_view(field) == "outputs";  // an output's first dimension is the examples
+    for (std::size_t d = 0; d < spec.size(); ++d)
+      for (const std::string& a : spec.dims()[d].names()) {
+        if (a == first && !(output && d == 0))
           throw ValueError(option("sharding.") + field + " '" + path + "' is " + spec.str() + ": the mesh's first " +
                            "axis '" + first + "' holds the " + "members or the batch; split over '" +
                            mesh.axes()[1].name + "'");

@@ -3,8 +3,8 @@
 // and at the end the ensemble-size curve; or (--evaluate) evaluates a saved ensemble. Under mpirun or srun
 // the mesh spans the processes (--devices per process); only the main process prints and writes.
 // train::Trainer runs the members, made from the flags by recipe.h, with run_parts.h's pieces around it; a run
-// that splits weights over 'model' (--mode model-parallel, --mesh AxM with M > 1) is the runner's
-// (ensemble::Trainer) until model parallelism moves onto the core.
+// that splits weights over 'model' (--mode model-parallel, --mesh AxM with M > 1) is the Trainer's too, its
+// parameters sharded by --layout (recipe_sharding) on a mesh of two axes.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -29,7 +29,6 @@
 #include "report.h"
 #include "run_parts.h"
 #include <pmapcc/ensemble/run_checks.h>
-#include <pmapcc/ensemble/trainer.h>
 #include <pmapcc/kernels/backend.h>
 #include <pmapcc/kernels/cpu_backend.h>
 #include <pmapcc/train/data.h>
@@ -45,28 +44,19 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// What the outputs need of a run, whichever engine trains it: train::Trainer (the members whole on each device)
-// or the runner (ensemble::Trainer: weights split over 'model').
+// What the outputs need of a run.
 struct RunView {
   const TrainConfig* config = nullptr;  // as the run resolved it
   const pmap::Mesh* mesh = nullptr;
   int members_per_device = 1;
   int members = 1;
   std::int64_t params_per_member = 0;
-  const ShardingPlan* plan = nullptr;   // split weights (the runner's), else nullptr
+  const RecipeSharding* split = nullptr;  // how --layout splits the weights, when it does; else nullptr
   std::int64_t validation_examples = 0;
   const std::vector<EpochMetrics>* history = nullptr;
   std::vector<pmap::train::MemberStopping> stopping;  // empty: early stopping is off
   bool main_process = true;
 };
-
-RunView view_of(const Trainer& t) {
-  RunView v{&t.config(), &t.mesh(), t.members_per_device(), t.total_members(), t.model().params_per_member(), t.plan(),
-            t.validation_data().count, &t.history(), {}, t.is_main_process()};
-  for (const MemberStopping& s : t.early_stopping())
-    v.stopping.push_back({s.best_epoch, s.best_nll, s.wait, s.stopped_epoch});
-  return v;
-}
 
 bool all_stopped(const RunView& v) {
   return !v.stopping.empty() && std::all_of(v.stopping.begin(), v.stopping.end(),
@@ -177,14 +167,10 @@ void print_header(const RunView& v, std::int64_t train_count, std::int64_t test_
     std::printf("%s, %lld parameters per member; epochs %d, batch %d, %s, seed %llu\n", c.model.c_str(),
                 static_cast<long long>(v.params_per_member), c.epochs, c.batch_size, c.optimizer.str().c_str(),
                 static_cast<unsigned long long>(c.seed));
-  if (const ShardingPlan* plan = v.plan) {
-    std::string split;
-    for (const ShardedTensor& w : plan->tensors())
-      if (!w.spec.replicated()) split += (split.empty() ? "" : ", ") + w.name + " " + w.spec.str();
+  if (const RecipeSharding* split = v.split)
     std::printf("weights split over 'model': %s; the rest replicated: %lld of %lld weights per device\n",
-                split.empty() ? "none" : split.c_str(), static_cast<long long>(plan->local_params()),
-                static_cast<long long>(plan->full_params()));
-  }
+                split->split.empty() ? "none" : split->split.c_str(), static_cast<long long>(split->local_params),
+                static_cast<long long>(split->full_params));
   if (c.cuda_kernels_on_host) std::printf("the CUDA kernels run on the host (--kernels cuda-on-host)\n");
   if (c.processes > 1)
     std::printf("%d processes, %d device(s) each; this process prints and writes the outputs\n", c.processes,
@@ -261,59 +247,18 @@ void apply_cpu_threads(const CliOptions& o, const TrainConfig& c, const pmap::Me
   pmap::kernels::cpu::share_cores(mesh.local_size(), o.cpu_threads);
 }
 
-// The Trainer's options for the resolved run `r`: the recipe's, and the CUDA kernels on the host
-// (--kernels cuda-on-host).
-pmap::train::TrainerOptions trainer_options(const TrainConfig& r) {
+// The Trainer's options for the resolved run `r`: the recipe's, the layout's sharding, and the CUDA kernels on the
+// host (--kernels cuda-on-host).
+pmap::train::TrainerOptions trainer_options(const TrainConfig& r, const RecipeSharding& split) {
   pmap::train::TrainerOptions options = recipe_options(r, r.members);
+  options.sharding = split.sharding;
   if (r.cuda_kernels_on_host) options.cpu_backend = &pmap::kernels::cuda_backend_on_host();
   return options;
 }
 
-// A run that splits weights over 'model' (--mode model-parallel, --mesh AxM with M > 1): the runner trains it.
-int run_split_training(const CliOptions& o) {
-  const Dataset train = load_mnist(o.data, Split::train, o.train.train_limit);
-  const Dataset test = load_mnist(o.data, Split::test, o.train.test_limit);
-  Trainer trainer(o.train, train, test);
-  apply_cpu_threads(o, trainer.config(), trainer.mesh());
-  if (!o.resume.empty()) trainer.load_checkpoint(o.resume);
-  const TrainConfig& c = trainer.config();
-  const bool main_process = trainer.is_main_process();
-  const pmap::train::Model model = recipe_model(c, trainer.train_data());  // the runner's, as module code
-  check_export(o, model, trainer.total_members());
-  const auto save = [&] { trainer.save_checkpoint(o.save); };
-  if (main_process)
-    print_header(view_of(trainer), trainer.train_data().count, test.count,
-                 o.resume.empty() ? "training" : "resumed after epoch " + std::to_string(trainer.epochs_done()));
-  if (main_process && !o.no_summary) std::printf("\n%s\n", trainer.model().summary().c_str());
-  ProgressBar bar(stdout, main_process ? parse_progress_mode(o.progress) : ProgressMode::none, std::max(1, c.epochs));
-  while (trainer.epochs_done() < c.epochs && !trainer.all_stopped()) {
-    bar.begin_epoch(trainer.epochs_done() + 1, trainer.steps_per_epoch());
-    EpochMetrics m =
-        trainer.run_epoch(
-            [&](const StepReport& r) { bar.update(r.step, r.running_loss, r.images_per_second, r.running_accuracy); },
-            [&] { bar.evaluating(trainer.validation_data().count > 0 ? "validation" : "test"); });
-    bar.end_epoch(m);
-    if (main_process) print_stopped(view_of(trainer), m.epoch);
-    if (trainer.epochs_done() < c.epochs && !trainer.all_stopped()) write_outputs(o, view_of(trainer), save, nullptr);
-  }
-  const bool validated = trainer.validation_data().count > 0;
-  if (main_process && validated) print_evaluating_test(view_of(trainer), test.count);
-  EpochMetrics evaluated;
-  const EnsembleReport report = trainer.evaluate_report(evaluated);
-  const EpochMetrics last = final_metrics(evaluated, trainer.history(), validated);
-  write_outputs(o, view_of(trainer), save, &report, validated ? &last : nullptr);
-  if (main_process) print_final(view_of(trainer), last, report);
-  if (!o.export_onnx.empty())
-    export_onnx(o, view_of(trainer), model,
-                member_tensors(trainer.params(), trainer.model().params_layout(), c.members),
-                member_tensors(trainer.model_state(), trainer.model().state_layout(), c.members), last, {});
-  if (main_process) print_exported(o);
-  return 0;
-}
-
-// Everything else: train::Trainer trains the members, on a mesh of one axis, from the recipe of the flags.
+// train::Trainer trains the members from the recipe of the flags: on a mesh of one axis, or of two when weights
+// are split over 'model'.
 int run_training(const CliOptions& o) {
-  if (o.train.splits_weights()) return run_split_training(o);
   const Dataset train = load_mnist(o.data, Split::train, o.train.train_limit);
   const Dataset test = load_mnist(o.data, Split::test, o.train.test_limit);
   TrainConfig c = o.train;
@@ -324,16 +269,16 @@ int run_training(const CliOptions& o) {
   if (c.validation_split > 0)
     std::tie(fit, validation) =
         pmap::train::split_validation(train, c.validation_split, pmap::train::validation_key(c.seed));
-  pmap::Mesh mesh = build_mesh(c, MeshAxes::one_axis);
+  pmap::Mesh mesh = build_mesh(c);
   const TrainConfig r = resolved_config(c, mesh, fit, test);
-  const std::unique_ptr<Sequential> layers = make_model(r.model, {fit.rows, fit.cols, 1}, fit.num_classes);
-  check_memory(r, mesh.size(), layers->params_per_member(),
-               2 + static_cast<int>(make_optimizer(r.optimizer)->slots().size()));
+  pmap::train::Model model = recipe_model(r, fit);
+  const RecipeSharding split = recipe_sharding(r, model, mesh.axes());
+  check_memory(r, r.mesh_axis, split.local_params, 2 + static_cast<int>(make_optimizer(r.optimizer)->slots().size()));
   if (r.processes > 1) check_processes_agree(mesh, r.to_json(), fit, test);
   apply_cpu_threads(o, r, mesh);
   const std::int64_t steps = pmap::train::steps_per_epoch(fit.count, r.batch_size);
-  pmap::train::Trainer trainer(recipe_model(r, fit), recipe_optimizer(r.optimizer, r.members, r.epochs * steps),
-                               std::move(mesh), trainer_options(r));
+  pmap::train::Trainer trainer(std::move(model), recipe_optimizer(r.optimizer, r.members, r.epochs * steps),
+                               std::move(mesh), trainer_options(r, split));
   std::optional<pmap::train::EarlyStopping> stop;
   if (r.patience > 0) stop.emplace(r.patience);
   std::vector<EpochMetrics> history;
@@ -344,8 +289,8 @@ int run_training(const CliOptions& o) {
     if (stop) stop->restore(ck, trainer, o.resume.string());
   }
   auto view = [&] {
-    return RunView{&r, &trainer.mesh(), trainer.members_per_device(), r.members, layers->params_per_member(),
-                   nullptr, validation.count, &history,
+    return RunView{&r, &trainer.mesh(), trainer.members_per_device(), r.members, split.full_params,
+                   r.splits_weights() ? &split : nullptr, validation.count, &history,
                    stop ? stopping_records(*stop, r.members) : std::vector<pmap::train::MemberStopping>{},
                    is_main_process(trainer.mesh())};
   };
@@ -422,62 +367,40 @@ int run_evaluation(const CliOptions& o) {
                             "' is not one this program builds (--model)");
     c.model = model->get<std::string>();
   }
-  // Evaluated in the pieces the run was trained with (its recorded batch; the runner's split weights).
+  // The run's recorded batch (the data-parallel blocks it was trained in).
   if (const auto batch = saved.config.find("batch_size"); batch != saved.config.end() && batch->is_number_integer())
     c.batch_size = batch->get<int>();
   EpochMetrics m;
   EnsembleReport report;
-  RunView v;
-  std::unique_ptr<Trainer> runner;  // --mesh AxM with M > 1: the runner evaluates on split weights
-  std::unique_ptr<pmap::train::Trainer> trainer;
-  std::unique_ptr<Sequential> layers;
-  std::optional<TrainConfig> resolved;
   const std::vector<EpochMetrics> no_history;
-  if (c.splits_weights()) {
-    runner = std::make_unique<Trainer>(c, test, test);  // trains nothing: the test set stands in for the training set
-    apply_cpu_threads(o, runner->config(), runner->mesh());
-    runner->load_members(o.evaluate, o.members_subset);
-    report = runner->evaluate_report(m);
-    v = view_of(*runner);
-  } else {
-    pmap::Mesh mesh = build_mesh(c, MeshAxes::one_axis);
-    resolved = resolved_config(c, mesh, test, test);
-    const TrainConfig& r = *resolved;
-    layers = make_model(r.model, {test.rows, test.cols, 1}, test.num_classes);
-    check_memory(r, mesh.size(), layers->params_per_member(),
-                 2 + static_cast<int>(make_optimizer(r.optimizer)->slots().size()));
-    if (r.processes > 1) check_processes_agree(mesh, r.to_json(), test, test);
-    apply_cpu_threads(o, r, mesh);
-    trainer = std::make_unique<pmap::train::Trainer>(recipe_model(r, test), recipe_optimizer(r.optimizer, r.members, 0),
-                                                     std::move(mesh), trainer_options(r));
-    if (saved.config.contains("architecture"))  // before it was recorded: the flax CNN, whose tensors are checked
-      check_architecture(o.evaluate, saved.config.at("architecture"), r.to_json().at("architecture"));
-    check_member_subset(o.members_subset, saved.members, o.evaluate);
-    const pmap::train::SavedMembers s = pmap::train::read_members(o.evaluate, trainer->model(), o.members_subset);
-    std::vector<int> all(static_cast<std::size_t>(r.members));
-    for (int g = 0; g < r.members; ++g) all[static_cast<std::size_t>(g)] = g;
-    trainer->set_members(s.params, s.state, all);
-    const pmap::train::Evaluation e = trainer->evaluate(test, {.size_curve = true, .predictions = true});
-    m = epoch_metrics(nullptr, e);
-    report = EnsembleReport{e.size_curve, e.predictions};
-    v = RunView{&r, &trainer->mesh(), trainer->members_per_device(), r.members, layers->params_per_member(),
-                nullptr, 0, &no_history, {}, is_main_process(trainer->mesh())};
-  }
+  pmap::Mesh mesh = build_mesh(c);  // --mesh AxM with M > 1: the members' weights split over 'model' by --layout
+  const TrainConfig r = resolved_config(c, mesh, test, test);
+  pmap::train::Model model = recipe_model(r, test);
+  const RecipeSharding split = recipe_sharding(r, model, mesh.axes());
+  check_memory(r, r.mesh_axis, split.local_params, 2 + static_cast<int>(make_optimizer(r.optimizer)->slots().size()));
+  if (r.processes > 1) check_processes_agree(mesh, r.to_json(), test, test);
+  apply_cpu_threads(o, r, mesh);
+  pmap::train::Trainer trainer(std::move(model), recipe_optimizer(r.optimizer, r.members, 0), std::move(mesh),
+                               trainer_options(r, split));
+  if (saved.config.contains("architecture"))  // before it was recorded: the flax CNN, whose tensors are checked
+    check_architecture(o.evaluate, saved.config.at("architecture"), r.to_json().at("architecture"));
+  check_member_subset(o.members_subset, saved.members, o.evaluate);
+  const pmap::train::SavedMembers s = pmap::train::read_members(o.evaluate, trainer.model(), o.members_subset);
+  std::vector<int> all(static_cast<std::size_t>(r.members));
+  for (int g = 0; g < r.members; ++g) all[static_cast<std::size_t>(g)] = g;
+  trainer.set_members(s.params, s.state, all);
+  const pmap::train::Evaluation e = trainer.evaluate(test, {.size_curve = true, .predictions = true});
+  m = epoch_metrics(nullptr, e);
+  report = EnsembleReport{e.size_curve, e.predictions};
+  const RunView v{&r, &trainer.mesh(), trainer.members_per_device(), r.members, split.full_params,
+                  r.splits_weights() ? &split : nullptr, 0, &no_history, {}, is_main_process(trainer.mesh())};
   if (o.summary && v.main_process)
-    std::printf("%s\n", runner ? runner->model().summary().c_str() : trainer->model().summary().c_str());
+    std::printf("%s\n", trainer.model().summary().c_str());
   m.epoch = saved.epochs_done;
   // Nothing was trained: no train loss or accuracy (null in the JSON, left out of the plot), not 0.
   m.train_loss = m.train_accuracy = std::numeric_limits<double>::quiet_NaN();
-  if (!o.export_onnx.empty()) {  // collective: every process gathers the members
-    if (runner) {
-      const pmap::train::Model model = recipe_model(runner->config(), test);
-      export_onnx(o, v, model, member_tensors(runner->params(), runner->model().params_layout(), v.members),
-                  member_tensors(runner->model_state(), runner->model().state_layout(), v.members), m,
-                  o.members_subset);
-    } else {
-      export_onnx(o, v, trainer->model(), trainer->params(), trainer->model_state(), m, o.members_subset);
-    }
-  }
+  if (!o.export_onnx.empty())  // collective: every process gathers the members
+    export_onnx(o, v, trainer.model(), trainer.params(), trainer.model_state(), m, o.members_subset);
   if (!v.main_process) return 0;
   print_header(v, 0, test.count, "evaluating " + o.evaluate.string() + " (epoch " + std::to_string(m.epoch) + ")");
   std::printf("\n%s", final_table(m, v.members_per_device, o.members_subset).c_str());

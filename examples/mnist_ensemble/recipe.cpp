@@ -3,11 +3,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <pmap/error.h>
+#include <pmap/random.h>
 #include <pmapcc/optim/optim.h>
 
 namespace pmap::ensemble {
@@ -89,13 +91,9 @@ train::MemberHyperparams recipe_hyperparams(const TrainConfig& c, int members) {
 }
 
 train::TrainerOptions recipe_options(const TrainConfig& c, int members) {
-  if (c.mode == Mode::model_parallel)
-    throw ValueError("--mode model-parallel splits weights over 'model', which the Trainer does not (yet)");
-  if (c.mesh_model > 1)
-    throw ValueError("--mesh " + c.mesh_text() + " splits weights over 'model', which the Trainer does not (yet)");
   train::TrainerOptions t;
   t.members = members;
-  t.data_parallel = c.mode == Mode::data_parallel;
+  t.data_parallel = c.mode != Mode::ensemble;  // model parallel: one model, its batch split over "data" too
   t.batch_size = c.batch_size;
   t.seed = c.seed;
   t.hyperparams = recipe_hyperparams(c, members);
@@ -104,6 +102,84 @@ train::TrainerOptions recipe_options(const TrainConfig& c, int members) {
   t.member_batch = c.member_group;
   t.precision = c.precision;
   return t;
+}
+
+RecipeSharding recipe_sharding(const TrainConfig& c, const train::Model& model, const std::vector<AxisSpec>& axes) {
+  RecipeSharding out;
+  const auto [params, state] = model.init(key(0), Device{});  // the shapes (on the host)
+  for (const std::string& name : model.param_names()) out.full_params += params.at(name).size();
+  out.local_params = out.full_params;
+  if (!c.splits_weights()) return out;
+  const LayoutMap& layouts = c.layout;
+  std::vector<bool> used(layouts.entries().size(), false);
+  std::vector<std::string> layers;  // "<layer>/output" of each parameter's prefix, once, in model order
+  std::string weights;
+  for (const std::string& name : model.param_names()) {
+    const Array& a = params.at(name);
+    weights += (weights.empty() ? "" : ", ") + name;
+    const std::string layer = name.substr(0, name.rfind('/')) + "/output";
+    if (name.find('/') != std::string::npos && std::find(layers.begin(), layers.end(), layer) == layers.end())
+      layers.push_back(layer);
+    std::optional<std::size_t> from;
+    const PartitionSpec spec = layouts.layout_of(name, &from);
+    if (!from) continue;
+    used[*from] = true;
+    const Shape& shape = a.shape();
+    const std::string where = "layout of " + name + " (shape " + shape_str(shape) + "): " + spec.str() +
+                              " (from pattern '" + layouts.entries()[*from].pattern + "'): ";
+    if (spec.dims.size() > shape.size())
+      throw ValueError(where + "has " + std::to_string(spec.dims.size()) + " entries for a " +
+                       std::to_string(shape.size()) + "-dimensional weight");
+    std::vector<AxisNames> dims;
+    std::vector<std::string> seen;
+    std::int64_t local = a.size();
+    for (std::size_t d = 0; d < spec.dims.size(); ++d) {
+      dims.emplace_back();
+      if (!spec.dims[d]) continue;
+      const std::string& axis = *spec.dims[d];
+      const auto it = std::find_if(axes.begin(), axes.end(), [&](const AxisSpec& x) { return x.name == axis; });
+      if (it == axes.end()) {
+        std::string names;
+        for (const AxisSpec& x : axes) names += (names.empty() ? "" : ", ") + ("'" + x.name + "'");
+        throw ValueError(where + "'" + axis + "' is not an axis of the mesh (" + names + ")");
+      }
+      if (it == axes.begin())
+        throw ValueError(where + "splits it over '" + axis + "', which holds " +
+                         (c.mode == Mode::ensemble ? "other members" : "other examples") +
+                         ": weights may be split over 'model' only (--layout)");
+      if (std::find(seen.begin(), seen.end(), axis) != seen.end())
+        throw ValueError(where + "axis '" + axis + "' splits two dimensions");
+      seen.push_back(axis);
+      if (shape[d] % it->size != 0)
+        throw ValueError(where + "dimension " + std::to_string(d) + " (" + std::to_string(shape[d]) +
+                         ") is not divisible by the size of '" + axis + "' (" + std::to_string(it->size) + ")");
+      local /= it->size;
+      dims.back() = AxisNames(axis);
+    }
+    out.local_params += local - a.size();
+    if (spec.replicated()) continue;
+    out.sharding.params.set(name, P::from_dims(std::move(dims)));
+    out.split += (out.split.empty() ? "" : ", ") + name + " " + spec.str();
+  }
+  for (const std::string& layer : layers) {
+    std::optional<std::size_t> from;
+    const PartitionSpec spec = layouts.layout_of(layer, &from);
+    if (!from) continue;
+    used[*from] = true;
+    std::vector<AxisNames> dims;
+    for (const auto& d : spec.dims) dims.push_back(d ? AxisNames(*d) : AxisNames());
+    out.sharding.outputs.set(layer, P::from_dims(std::move(dims)));
+  }
+  // A user's rule that gives nothing its layout (it matches no name, or an earlier rule takes every name it
+  // matches) would be ignored without a word: a typo, another model's name.
+  for (std::size_t i = 0; i < layouts.entries().size(); ++i) {
+    const LayoutMap::Entry& e = layouts.entries()[i];
+    if (e.must_match && !used[i])
+      throw ValueError("layout rule '" + e.pattern + "=" + e.spec.str() + "' gives no weight of model '" +
+                       model.name() + "' its layout: it matches none, or an earlier rule takes them (its weights: " +
+                       weights + "; a layer's output is '<layer>/output')");
+  }
+  return out;
 }
 
 }  // namespace pmap::ensemble

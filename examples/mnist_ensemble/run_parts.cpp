@@ -16,19 +16,19 @@
 namespace pmap::ensemble {
 
 TrainConfig resolved_config(TrainConfig c, const Mesh& mesh, const Dataset& fit, const Dataset& test) {
-  if (mesh.axes().size() != 1)
-    throw ValueError("resolved_config: a mesh of one axis, got " + std::to_string(mesh.axes().size()));
+  if (mesh.axes().size() > 2)
+    throw ValueError("resolved_config: a mesh of one or two axes, got " + std::to_string(mesh.axes().size()));
   const std::unique_ptr<Sequential> model = make_model(c.model, {fit.rows, fit.cols, 1}, fit.num_classes);
   c.model = model->name();
   c.architecture = model->architecture();
-  const int devices = mesh.size();
+  const int devices = mesh.size(), along = mesh.axes()[0].size;  // along the mode's axis
   c.devices = devices;
-  c.mesh_axis = devices;
-  c.mesh_model = 1;
+  c.mesh_axis = along;
+  c.mesh_model = devices / along;
   c.processes = 1;
   for (const Device& d : mesh.devices()) c.processes = std::max(c.processes, d.process + 1);
-  if (c.members == 0) c.members = c.mode == Mode::ensemble ? devices : 1;
-  c.check(devices, fit, test);
+  if (c.members == 0) c.members = c.mode == Mode::ensemble ? along : 1;
+  c.check(along, fit, test);
   if (!c.dropout.empty() &&
       std::none_of(model->layers().begin(), model->layers().end(), [](const auto& l) { return l->random(); }))
     throw ValueError("--dropout sets the rate of the model's Dropout layers, and " + model->name() + " has none");

@@ -22,8 +22,8 @@
 
 namespace pmap::ensemble {
 
-// `c` as the run on `mesh` (one axis) resolves it, as the runner's config() does: the model's architecture,
-// the mesh's devices (its axis by 1), processes, members (0: one per device in ensemble mode, else 1), the
+// `c` as the run on `mesh` (one axis, or the mode's axis by "model") resolves it: the model's architecture,
+// the mesh's devices (A x M), processes, members (0: one per device along A in ensemble mode, else 1), the
 // report interval (0: 1 on CPU devices, 16 on GPUs) and a cosine schedule's decay steps (0: the run's steps
 // after the warmup, over the `fit` set's steps). Checks c against the mesh and the data (TrainConfig::check)
 // first, and --dropout against a model without Dropout: ValueError naming the flag.
