@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -28,6 +29,9 @@ Array own_block(const Array& y, const AxisNames& axes) {
   return ops::slice(y, start, stop);
 }
 
+// Over axes of one device a split changes nothing: the collectives are skipped (the layers' checks are not).
+bool one_device(const AxisNames& axes) { return axis_size(axes) == 1; }
+
 }  // namespace
 
 Features features(const Array& x) { return {vmap_detail::alias(x)}; }
@@ -50,11 +54,12 @@ Array TensorParallel::whole(const Features& x, const std::string& what) const {
   if (!x.kept_by.empty())
     throw ValueError("layout of " + x.kept_by + " keeps its features split over " + axes_text(x.split) + ", but " +
                      what + " needs them whole");
+  if (one_device(x.split)) return vmap_detail::alias(x.value);
   return all_gather_invariant(x.value, x.split, static_cast<int>(x.value.ndim()) - 1, /*tiled=*/true);
 }
 
 Features TensorParallel::on_whole(const Features& x, const std::function<Array(const Array&)>& f) const {
-  if (x.split.empty()) return {f(x.value), {}, x.kept_by};
+  if (x.split.empty() || one_device(x.split)) return {f(x.value), x.split, x.kept_by};
   const Array y = f(all_gather_invariant(x.value, x.split, static_cast<int>(x.value.ndim()) - 1, /*tiled=*/true));
   return {own_block(pvary(y, x.split), x.split), x.split, x.kept_by};
 }
@@ -91,7 +96,7 @@ Features TensorParallel::layer(const std::string& name, const Array& kernel, con
     if (out_axes.empty()) {
       out.value = run(in, /*partial=*/false);
     } else {
-      out.value = run(pvary(in, out_axes), false);
+      out.value = one_device(out_axes) ? run(in, false) : run(pvary(in, out_axes), false);
       out.split = out_axes;
     }
   } else {  // row-parallel: this device's block of the input features, the partial products summed
@@ -101,7 +106,8 @@ Features TensorParallel::layer(const std::string& name, const Array& kernel, con
     if (x.split != in_axes)
       throw ValueError(about + "its input arrives split over " + axes_text(x.split) + ", so dimension " +
                        std::to_string(in_dim) + " must be split over " + axes_text(x.split) + " too (row-parallel)");
-    out.value = psum(run(x.value, /*partial=*/true), in_axes);
+    out.value = run(x.value, /*partial=*/true);
+    if (!one_device(in_axes)) out.value = psum(out.value, in_axes);
     if (bias != nullptr) out.value = ops::add(out.value, *bias);
     if (relu) out.value = ops::relu(out.value);
   }

@@ -106,13 +106,32 @@ TEST_CASE("tensor parallel: flax-cnn's layers split over 'model' train an ensemb
   const std::vector<std::tuple<std::string, nn::Sharding, int, int>> cases = {
       {"megatron 1x2", megatron(), 1, 2},   {"megatron 2x2", megatron(), 2, 2}, {"unsplit 1x3", nn::Sharding{}, 1, 3},
       {"convs 1x2", convs, 1, 2},           {"gathered 2x2", gathered, 2, 2},   {"output layout 1x2", output, 1, 2},
-      {"megatron 1x4", megatron(), 1, 4}};
+      {"megatron 1x4", megatron(), 1, 4},   {"megatron 2x1 (no collective)", megatron(), 2, 1}};
   for (const auto& [name, sharding, first, model] : cases) {
     CAPTURE(name);
     const Run split = train_run(cnn, momentum(), mesh_of(first, model), {.members = 2, .batch_size = 32,
                                                                           .sharding = sharding});
     check_close(split, whole, 1e-5f);
   }
+  // Both members of a device in one vmap (as on a GPU): the collectives' batching rules.
+  for (const nn::Sharding* sharding : {&gathered, &convs}) {
+    const Run split = train_run(cnn, momentum(), mesh_of(1, 2), {.members = 2, .batch_size = 32, .member_batch = 2,
+                                                                 .sharding = *sharding});
+    check_close(split, whole, 1e-5f);
+  }
+}
+
+TEST_CASE("tensor parallel: keras-convnet ensemble members vmapped together, split over 'model', as unsplit") {
+  // Dropout's masks on the whole features and BatchNorm on gathered ones, two members per vmap.
+  const train::Model convnet = train::keras_convnet({12, 12, 1});
+  const Run whole = train_run(convnet, momentum(), pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cpu, 1),
+                                                              "ensemble"),
+                              {.members = 2, .batch_size = 32, .member_batch = 2});
+  nn::Sharding conv = megatron();
+  conv.params.set("Conv_1/kernel", P(none, none, none, "model"));
+  const Run split = train_run(convnet, momentum(), mesh_of(1, 2), {.members = 2, .batch_size = 32, .member_batch = 2,
+                                                                   .sharding = conv});
+  check_close(split, whole, 1e-5f);
 }
 
 TEST_CASE("tensor parallel: keras-convnet data parallel over 'data' and split over 'model', clipped, as one device") {
