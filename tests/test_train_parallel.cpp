@@ -17,6 +17,7 @@
 #include <pmapcc/optim/optim.h>
 #include <pmapcc/train/trainer.h>
 
+#include "cuda_testing.h"
 #include "synthetic.h"
 
 namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
@@ -155,6 +156,26 @@ TEST_CASE("tensor parallel: keras-convnet data parallel over 'data' and split ov
       check_close(split, whole, 1e-5f);
     }
   }
+}
+
+TEST_CASE("tensor parallel on GPUs: split over 'model', as the same run on CPU devices") {
+  PMAPCC_REQUIRE_GPU();
+  // keras-convnet data parallel on a 2x2 mesh, and a flax-cnn ensemble of 4 on 1x2 (each GPU's members in one
+  // vmap, the GPUs' default); the same meshes of CPU devices. cuBLAS sums in its own order.
+  const train::Model convnet = train::keras_convnet({12, 12, 1}), cnn = train::flax_cnn({12, 12, 1});
+  auto mesh_on = [](pmap::DeviceKind kind, int first, int model, const char* axis) {
+    return pmap::Mesh(pmap::local_devices(kind, first * model), {{axis, first}, {"model", model}});
+  };
+  const Run gpu_dp = train_run(convnet, momentum(), mesh_on(pmap::DeviceKind::cuda, 2, 2, "data"),
+                               {.data_parallel = true, .batch_size = 32, .sharding = megatron()});
+  const Run cpu_dp = train_run(convnet, momentum(), mesh_on(pmap::DeviceKind::cpu, 2, 2, "data"),
+                               {.data_parallel = true, .batch_size = 32, .sharding = megatron()});
+  check_close(gpu_dp, cpu_dp, 1e-5f);
+  const Run gpu_ens = train_run(cnn, momentum(), mesh_on(pmap::DeviceKind::cuda, 1, 2, "ensemble"),
+                                {.members = 4, .batch_size = 32, .sharding = megatron()});
+  const Run cpu_ens = train_run(cnn, momentum(), mesh_on(pmap::DeviceKind::cpu, 1, 2, "ensemble"),
+                                {.members = 4, .batch_size = 32, .sharding = megatron()});
+  check_close(gpu_ens, cpu_ens, 1e-5f);
 }
 
 TEST_CASE("tensor parallel: checkpoints hold whole tensors, and resume split, unsplit or split another way") {

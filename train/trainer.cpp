@@ -50,8 +50,8 @@ void check_sharding(const nn::Sharding& sharding, const Mesh& mesh) {
       for (const std::string& a : spec.dims()[d].names()) {
         if (a == first && !(output && d == 0))
           throw ValueError(option("sharding.") + field + " '" + path + "' is " + spec.str() + ": the mesh's first " +
-                           "axis '" + first + "' holds the " + "members or the batch; split over '" +
-                           mesh.axes()[1].name + "'");
+                           "axis '" + first + "' holds the members or the batch; split over '" + mesh.axes()[1].name +
+                           "'");
         bool found = false;
         for (const AxisSpec& axis : mesh.axes()) found = found || axis.name == a;
         if (!found)
