@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <pmap/pmap.h>
@@ -69,12 +70,23 @@ TEST_CASE("program run: the resolved configuration is the one the runner records
     const pe::TrainConfig r = pe::resolved_config(c, mesh, fit_set(c), data().test);
     CHECK(pmap::io::dump_json(r.to_json()) == pmap::io::dump_json(old.config().to_json()));
   }
-  // The Trainer's mesh has one axis.
-  pe::TrainConfig grid = pmap::testing::small_config(2, 2, 1);
-  grid.mesh_axis = 2;
-  grid.mesh_model = 1;
-  CHECK_THROWS_WITH_AS(pe::resolved_config(grid, pe::build_mesh(grid), data().train, data().test),
-                       "resolved_config: a mesh of one axis, got 2", pmap::ValueError);
+  // A mesh of two axes (weights split over "model"): the runner's resolution of the same flags.
+  for (const auto& [mode, along, model] : {std::tuple{pe::Mode::ensemble, 2, 1}, std::tuple{pe::Mode::ensemble, 1, 2},
+                                           std::tuple{pe::Mode::model_parallel, 2, 2}}) {
+    pe::TrainConfig grid = pmap::testing::small_config(along * model, mode == pe::Mode::ensemble ? 2 : 1, 1);
+    grid.mode = mode;
+    grid.mesh_axis = along;
+    grid.mesh_model = model;
+    CAPTURE(pmap::io::dump_json(grid.to_json()));
+    const pe::Trainer old(grid, data().train, data().test);
+    const pe::TrainConfig r = pe::resolved_config(grid, pe::build_mesh(grid), data().train, data().test);
+    CHECK(pmap::io::dump_json(r.to_json()) == pmap::io::dump_json(old.config().to_json()));
+  }
+  pe::TrainConfig three = pmap::testing::small_config(2, 2, 1);
+  CHECK_THROWS_WITH_AS(pe::resolved_config(three, pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cpu, 2),
+                                                            {{"ensemble", 1}, {"model", 2}, {"pipe", 1}}),
+                                           data().train, data().test),
+                       "resolved_config: a mesh of one or two axes, got 3", pmap::ValueError);
   // What the runner refuses, refused alike, naming the flag.
   pe::TrainConfig c = pmap::testing::small_config(2, 3, 1);
   const pmap::Mesh two = pe::build_mesh(c, pe::MeshAxes::one_axis);
