@@ -124,8 +124,11 @@ void TrainConfig::check(int along, const Dataset& train, const Dataset& test) co
   if (c.mode != Mode::ensemble && c.members != 1)
     bad("--mode " + std::string(to_string(c.mode)) + " trains one model over the devices: --members must be 1, got " +
         std::to_string(c.members));
-  // Data parallel (model parallel too, over the first axis) splits a batch of any size: train::Trainer pads the
-  // blocks.
+  // Data parallel splits a batch of any size (train::Trainer pads the blocks); split weights need equal blocks (the
+  // collectives over "model" take one shape on every device).
+  if (c.splits_weights() && c.mode != Mode::ensemble && c.batch_size % along != 0)
+    bad("--batch-size " + std::to_string(c.batch_size) + " does not split evenly over " + over +
+        ": model parallelism needs equal blocks");
   if (c.mode != Mode::ensemble && c.batch_size < along)
     bad("--batch-size " + std::to_string(c.batch_size) + " is smaller than " + over +
         ": data parallel gives every device at least one example");

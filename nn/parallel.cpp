@@ -58,6 +58,11 @@ Array TensorParallel::whole(const Features& x, const std::string& what) const {
   return all_gather_invariant(x.value, x.split, static_cast<int>(x.value.ndim()) - 1, /*tiled=*/true);
 }
 
+Array TensorParallel::whole(Features&& x, const std::string& what) const {
+  if (x.split.empty() || (x.kept_by.empty() && one_device(x.split))) return std::move(x.value);
+  return whole(static_cast<const Features&>(x), what);
+}
+
 Features TensorParallel::on_whole(const Features& x, const std::function<Array(const Array&)>& f) const {
   if (x.split.empty() || one_device(x.split)) return {f(x.value), x.split, x.kept_by};
   const Array y = f(all_gather_invariant(x.value, x.split, static_cast<int>(x.value.ndim()) - 1, /*tiled=*/true));
@@ -121,12 +126,12 @@ Features TensorParallel::layer(const std::string& name, const Array& kernel, con
   if (os.size() > out_rank)
     throw ValueError(about_out + "has " + std::to_string(os.size()) + " entries for an output of " +
                      std::to_string(out_rank) + " dimensions");
-  for (std::size_t d = 1; d + 1 < os.size(); ++d)
+  for (std::size_t d = 1; d < os.size() && d + 1 < out_rank; ++d)  // every entry between the examples' and features'
     if (!os.axes_of(d).empty())
       throw ValueError(about_out + "only the first (the examples) and the last (the features) dimension of an " +
                        "output can be split");
   const AxisNames features = os.size() == out_rank ? os.axes_of(out_rank - 1) : AxisNames();
-  if (features.empty()) return {whole(out, name + "/output's layout"), {}, {}};
+  if (features.empty()) return {whole(std::move(out), name + "/output's layout"), {}, {}};
   if (features != out.split)
     throw ValueError(about_out + "splits the features over " + axes_text(features) + ", but " + name + "/kernel is " +
                      ks.str() + ": its outputs come out " +

@@ -69,9 +69,13 @@ class TensorParallel {
 
   // Refuses a layout that splits parameter `name` (ValueError naming `what`, the layer that needs it whole).
   void require_whole(const std::string& name, const std::string& what) const;
-  // x's features whole on every device: all_gather_invariant of the blocks over their axes when split. `what`
-  // names what needs them whole, for the error when an output layout keeps them split.
+  // x's features whole on every device: all_gather_invariant of the blocks over their axes when split (a view of
+  // x's value when whole: it lives as long as x does). `what` names what needs them whole, for the error when an
+  // output layout keeps them split.
   Array whole(const Features& x, const std::string& what) const;
+  // The same for features this call may take: whole ones are moved out (a view of an lvalue's would outlive a
+  // temporary's storage), so `tp.whole(tp.dense(...), "the logits")` owns its result.
+  Array whole(Features&& x, const std::string& what) const;
   // f (an op that mixes the features or draws a value per feature, Dropout's masks) on the whole features, its
   // result split again as x was (pvary, then this device's block): the unsplit model's values. An output layout
   // that keeps x split allows it (the features are whole for f only).

@@ -110,8 +110,8 @@ class TrainStep {
   const StepOptions& options() const { return options_; }
 
   // The members of `keys` on `device` (inside pmap when options().sharding splits parameters: this device's
-  // blocks of them): each member's variables from model().init(key), its optimizer state,
-  // its dropout key and its hyper-parameters of `hyper`, stacked; the step counter zero. ValueError naming the
+  // blocks of them): each member's variables from model().init(key), its optimizer state, its dropout key and
+  // its hyper-parameters of `hyper`, stacked; the step counter zero. ValueError naming the
   // field of `hyper` for a list that is not one value per key, a value that is negative or not finite (a
   // dropout rate not below 1), a hyper-parameter the optimizer does not take, or dropout rates for a model
   // that declares no Dropout layer; for a layout that does not fit a parameter (a spec of more entries than its

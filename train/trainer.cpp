@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include <pmap/collectives.h>
 #include <pmap/error.h>
@@ -37,8 +38,9 @@ std::string axis_of(const Mesh& mesh) {
   return mesh.axes()[0].name;
 }
 
-// options.sharding against the mesh: a layout needs a second axis, and names only the mesh's axes after the first.
-void check_sharding(const nn::Sharding& sharding, const Mesh& mesh) {
+// options.sharding against the mesh: a layout needs a second axis, names only the mesh's axes after the first (an
+// output's examples: the first, in data parallel), each axis once.
+void check_sharding(const nn::Sharding& sharding, const Mesh& mesh, bool data_parallel) {
   if (sharding.empty()) return;
   const std::string first = mesh.axes()[0].name;
   if (mesh.axes().size() < 2)
@@ -46,17 +48,27 @@ void check_sharding(const nn::Sharding& sharding, const Mesh& mesh) {
                      "tensor parallelism needs a second axis (the ensemble's or the batch's, then the model's)");
   auto check = [&](const std::string& path, const P& spec, const char* field) {
     const bool output = std::string_view(field) == "outputs";  // an output's first dimension is the examples
+    const std::string about = option("sharding.") + field + " '" + path + "' is " + spec.str() + ": ";
+    std::vector<std::string> seen;
     for (std::size_t d = 0; d < spec.size(); ++d)
       for (const std::string& a : spec.dims()[d].names()) {
-        if (a == first && !(output && d == 0))
-          throw ValueError(option("sharding.") + field + " '" + path + "' is " + spec.str() + ": the mesh's first " +
-                           "axis '" + first + "' holds the members or the batch; split over '" + mesh.axes()[1].name +
-                           "'");
+        if (std::find(seen.begin(), seen.end(), a) != seen.end())
+          throw ValueError(about + "axis '" + a + "' is named twice");
+        seen.push_back(a);
+        if (output && d == 0) {
+          if (a != first || !data_parallel)
+            throw ValueError(about + "the examples are split over the batch's axis" +
+                             (data_parallel ? " '" + first + "'" : std::string(" (data parallel)")) +
+                             " or not at all");
+          continue;
+        }
+        if (a == first)
+          throw ValueError(about + "the mesh's first axis '" + first + "' holds the members or the batch; split over '" +
+                           mesh.axes()[1].name + "'");
         bool found = false;
         for (const AxisSpec& axis : mesh.axes()) found = found || axis.name == a;
         if (!found)
-          throw ValueError(option("sharding.") + field + " '" + path + "' is " + spec.str() + ": the mesh " +
-                           mesh.str() + " has no axis '" + a + "'");
+          throw ValueError(about + "the mesh " + mesh.str() + " has no axis '" + a + "'");
       }
   };
   for (const auto& [path, spec] : sharding.params.by_path()) check(path, spec, "params");
@@ -126,7 +138,7 @@ Trainer::Trainer(Model model, Optimizer optimizer, Mesh mesh, TrainerOptions opt
   along_ = mesh_.axes()[0].size;
   const int devices = along_;  // the devices the members or the batch are spread over
   const TrainerOptions& o = options_;
-  check_sharding(o.sharding, mesh_);
+  check_sharding(o.sharding, mesh_, o.data_parallel);
   if (o.data_parallel && o.members != 1)
     throw ValueError(option("members") + " is " + std::to_string(o.members) +
                      "; data parallel trains one model (members 1)");
@@ -139,6 +151,10 @@ Trainer::Trainer(Model model, Optimizer optimizer, Mesh mesh, TrainerOptions opt
   if (o.data_parallel && o.batch_size < devices)
     throw ValueError(option("batch_size") + " is " + std::to_string(o.batch_size) + "; data parallel needs at " +
                      "least one example per device (the mesh has " + std::to_string(devices) + ")");
+  if (o.data_parallel && !o.sharding.empty() && o.batch_size % devices != 0)
+    throw ValueError(option("batch_size") + " is " + std::to_string(o.batch_size) + "; with options.sharding it must " +
+                     "split evenly over the " + std::to_string(devices) + " devices of '" + mesh_.axes()[0].name +
+                     "' (the collectives over '" + mesh_.axes().back().name + "' take one shape on every device)");
   if (o.eval_batch < 1)
     throw ValueError(option("eval_batch") + " is " + std::to_string(o.eval_batch) + "; it must be positive");
   if (o.report_every < 0)
@@ -462,21 +478,19 @@ AxisNames Trainer::all_axes() const {
 
 P Trainer::spec_of(Variables TrainState::*role, const std::string& name) const {
   const auto& specs = options_.sharding.params.by_path();
-  if (role == &TrainState::params) {
-    const auto it = specs.find(name);
-    return it == specs.end() ? P() : it->second;
+  if (specs.empty() || (role != &TrainState::params && role != &TrainState::opt)) return P();
+  // The parameter: the leaf itself, or the one an optimizer leaf ("trace/Dense_0/kernel") is of, the longest of
+  // the model's names it ends with after a '/' (so "Block_0/Dense_0/kernel" is not "Dense_0/kernel").
+  const std::string* param = nullptr;
+  for (const std::string& p : step_.model().param_names()) {
+    const bool of = role == &TrainState::params
+                        ? name == p
+                        : name.size() > p.size() && name.ends_with(p) && name[name.size() - p.size() - 1] == '/';
+    if (of && (param == nullptr || p.size() > param->size())) param = &p;
   }
-  if (role != &TrainState::opt) return P();
-  // An optimizer leaf of a parameter ("trace/Dense_0/kernel") is split as the parameter: the longest name it ends with.
-  const P* best = nullptr;
-  std::size_t length = 0;
-  for (const auto& [param, spec] : specs)
-    if (name.size() > param.size() && name.ends_with(param) && name[name.size() - param.size() - 1] == '/' &&
-        param.size() > length) {
-      best = &spec;
-      length = param.size();
-    }
-  return best != nullptr ? *best : P();
+  if (param == nullptr) return P();
+  const auto it = specs.find(*param);
+  return it == specs.end() ? P() : it->second;
 }
 
 Variables Trainer::gathered(Variables TrainState::*role) const {

@@ -147,13 +147,12 @@ class Trainer {
   // The members of `options` on `mesh` (one axis: the ensemble's or the batch's, whichever its name; or two, that
   // one then the model's: options.sharding), each initialized from its key. ValueError naming the option: members <
   // 1 or not a multiple of the devices along the first axis (data parallel: not 1), batch_size < 1 (data parallel:
-  // fewer than those devices), eval_batch < 1, report_every < 0, a mesh of more than two axes, a sharding on a
+  // fewer than those devices; with a sharding, not a multiple of them), eval_batch < 1, report_every < 0, a mesh of more than two axes, a sharding on a
   // mesh of one axis or that names the first axis or an axis the mesh does not have, a layout that does not fit
   // the model (a parameter it does not have, a dimension the axis does not divide, a layer that cannot run that
   // split: nn::TensorParallel's errors, found by one inference at construction), member_batch < 0 (TrainStep's),
-  // hyperparams that check_hyperparams
-  // refuses (naming the member); what TrainStep::init refuses in hyperparams (a hyper-parameter the optimizer
-  // or the model does not take).
+  // hyperparams that check_hyperparams refuses (naming the member); what TrainStep::init refuses in hyperparams (a
+  // hyper-parameter the optimizer or the model does not take).
   Trainer(Model model, Optimizer optimizer, Mesh mesh, TrainerOptions options = {},
           Loss loss = softmax_cross_entropy_loss);
   ~Trainer();
@@ -166,7 +165,8 @@ class Trainer {
   const TrainStep& train_step() const { return step_; }
   int members_per_device() const { return per_device_; }
   int epochs_done() const { return epochs_done_; }
-  // The devices' members (this process's devices, in mesh order).
+  // The devices' members (this process's devices, in mesh order); under options.sharding, each device's blocks of
+  // their split parameters and optimizer state.
   const Sharded<TrainState>& states() const { return states_; }
   Sharded<TrainState>& states() { return states_; }
 

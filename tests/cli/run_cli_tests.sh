@@ -249,7 +249,7 @@ expect "model parallel: a --layout rule that matches no weight" 1 \
 expect "model parallel: gathered for a whole Dense_1" 0 "weights split over 'model': Dense_0/kernel \\(None, 'model'\\), Dense_0/bias \\('model',\\); the rest" \
   -- "${mp[@]}" --mesh 1x2 --epochs 1 --train-limit 128 --test-limit 100 --layout 'Dense_1/kernel=()'
 expect "model parallel: an output layout that cannot be kept" 1 \
-  "layout of Dense_0/output keeps its features split over P\\('model'\\), but Dense_1 \\(its kernel P\\(\\) takes whole" \
+  "layout of Dense_0/output keeps its features split over P\\('model'\\), but Dense_1 \\(its kernel P\\(\\)" \
   -- "${mp[@]}" --mesh 1x2 --epochs 1 --layout 'Dense_1/kernel=()' --layout "Dense_0/output=('data', 'model')"
 expect "model parallel: a weight split over 'data'" 1 "splits it over 'data', which holds other examples" -- \
   "${mp[@]}" --mesh 2x1 --epochs 1 --layout Dense_0/kernel=None,data
