@@ -74,26 +74,6 @@ AxisNames split_axes(const nn::Sharding& sharding, const std::string& name) {
   return AxisNames(names);
 }
 
-// This device's block of a member's whole tensor `a` (parameter `name`) under its spec (inside pmap).
-Array block_of(const std::string& name, const Array& a, const P& spec) {
-  const std::string about = "TrainStep::init: layout of " + name + " " + a.signature() + ": " + spec.str() + ": ";
-  if (spec.size() > a.shape().size())
-    throw ValueError(about + "has " + std::to_string(spec.size()) + " entries for " + std::to_string(a.ndim()) +
-                     " dimensions");
-  std::vector<std::int64_t> start(a.shape().size(), 0), stop(a.shape().begin(), a.shape().end());
-  for (std::size_t d = 0; d < spec.size(); ++d) {
-    const AxisNames& axes = spec.dims()[d];
-    if (axes.empty()) continue;
-    const std::int64_t n = axis_size(axes), i = axis_index(axes), len = a.dim(static_cast<int>(d));
-    if (len % n != 0)
-      throw ValueError(about + "dimension " + std::to_string(d) + " (" + std::to_string(len) + ") does not split " +
-                       "over the " + std::to_string(n) + " devices of " + axes.str());
-    start[d] = i * (len / n);
-    stop[d] = (i + 1) * (len / n);
-  }
-  return ops::eager::slice(a, start, stop);
-}
-
 // Each member's loss, logits, new model state and gradients on (x, y), `batch` members per vmap; `rows` place x
 // in the global batch (data parallel; the dropout masks' offset).
 MemberGrads member_grads(const StepParts& k, const TrainState& s, const Array& x, const Array& y, std::int64_t batch,
@@ -195,6 +175,30 @@ std::array<std::pair<const char*, const std::vector<float>*>, 3> hyper_lists(con
 
 }  // namespace
 
+namespace detail {
+
+Array block_of(const std::string& name, const Array& a, const P& spec, std::size_t first_dim) {
+  const std::string about = "layout of " + name + " " + a.signature() + ": " + spec.str() + ": ";
+  if (spec.size() + first_dim > a.shape().size())
+    throw ValueError(about + "has " + std::to_string(spec.size()) + " entries for " +
+                     std::to_string(a.ndim() - static_cast<int>(first_dim)) + " dimensions");
+  std::vector<std::int64_t> start(a.shape().size(), 0), stop(a.shape().begin(), a.shape().end());
+  for (std::size_t d = 0; d < spec.size(); ++d) {
+    const AxisNames& axes = spec.dims()[d];
+    if (axes.empty()) continue;
+    const std::size_t at = d + first_dim;
+    const std::int64_t n = axis_size(axes), i = axis_index(axes), len = a.dim(static_cast<int>(at));
+    if (len % n != 0)
+      throw ValueError(about + "dimension " + std::to_string(d) + " (" + std::to_string(len) + ") does not split " +
+                       "over the " + std::to_string(n) + " devices of " + axes.str());
+    start[at] = i * (len / n);
+    stop[at] = (i + 1) * (len / n);
+  }
+  return ops::eager::slice(a, start, stop);
+}
+
+}  // namespace detail
+
 void check_hyperparams(const MemberHyperparams& hyper, std::size_t members, const std::string& where) {
   for (const auto& [name, values] : hyper_lists(hyper)) {
     if (values->empty()) continue;
@@ -264,7 +268,7 @@ TrainState TrainStep::init(std::span<const Key> keys, const Device& device, cons
       if (it == p.end())
         throw ValueError("TrainStep::init: the layout names '" + name + "', which is not a parameter of model '" +
                          model_.name() + "'");
-      if (!spec.replicated()) it->second = block_of(name, it->second, spec);
+      if (!spec.replicated()) it->second = detail::block_of(name, it->second, spec);
     }
     if (!optimizer_.elementwise()) opts.push_back(optimizer_.init(p));
     params.push_back(std::move(p));

@@ -101,6 +101,13 @@ struct StepOptions {
   nn::Sharding sharding = {};
 };
 
+namespace detail {
+// This device's block (inside pmap) of tensor `a` whose dimensions from `first_dim` on are a parameter `name`'s
+// (1: stacked members first), split as `spec` says. ValueError naming the parameter for a spec of more entries than
+// its dimensions or a dimension its axes' size does not divide.
+Array block_of(const std::string& name, const Array& a, const P& spec, std::size_t first_dim = 0);
+}  // namespace detail
+
 class TrainStep {
  public:
   TrainStep(Model model, Optimizer optimizer, Loss loss = softmax_cross_entropy_loss, StepOptions options = {});

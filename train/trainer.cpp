@@ -533,17 +533,7 @@ void Trainer::put(Variables TrainState::*role, const Variables& host) {
       }
       Array rows = all.slice_rows(row, row + n, Device{});
       const P spec = spec_of(role, name);
-      if (!spec.replicated()) {  // this device's block of a split leaf (dimension d of a member is d + 1 here)
-        std::vector<std::int64_t> start(rows.shape().size(), 0), stop(rows.shape().begin(), rows.shape().end());
-        for (std::size_t d = 0; d < spec.size(); ++d) {
-          const AxisNames& axes = spec.dims()[d];
-          if (axes.empty()) continue;
-          const std::int64_t len = rows.dim(static_cast<int>(d + 1)) / axis_size(axes), i = axis_index(axes);
-          start[d + 1] = i * len;
-          stop[d + 1] = (i + 1) * len;
-        }
-        rows = ops::eager::slice(rows, start, stop);
-      }
+      if (!spec.replicated()) rows = detail::block_of(name, rows, spec, 1);  // this device's block of a split leaf
       a.copy_from(rows);
     }
   }, mesh_)(states_);

@@ -256,6 +256,25 @@ pmap::train::TrainerOptions trainer_options(const TrainConfig& r, const RecipeSh
   return options;
 }
 
+// What a run is made from, before its Trainer: the flags resolved on `mesh` for the data, the model and how
+// --layout splits it, checked against the machine's memory and the other processes, the CPU threads shared out.
+struct Prepared {
+  TrainConfig config;
+  pmap::train::Model model;
+  RecipeSharding split;
+};
+
+Prepared prepare(const CliOptions& o, const TrainConfig& c, const pmap::Mesh& mesh, const Dataset& fit,
+                 const Dataset& test) {
+  TrainConfig r = resolved_config(c, mesh, fit, test);
+  pmap::train::Model model = recipe_model(r, fit);
+  RecipeSharding split = recipe_sharding(r, model, mesh.axes());
+  check_memory(r, r.mesh_axis, split.local_params, 2 + static_cast<int>(make_optimizer(r.optimizer)->slots().size()));
+  if (r.processes > 1) check_processes_agree(mesh, r.to_json(), fit, test);
+  apply_cpu_threads(o, r, mesh);
+  return {std::move(r), std::move(model), std::move(split)};
+}
+
 // train::Trainer trains the members from the recipe of the flags: on a mesh of one axis, or of two when weights
 // are split over 'model'.
 int run_training(const CliOptions& o) {
@@ -270,14 +289,11 @@ int run_training(const CliOptions& o) {
     std::tie(fit, validation) =
         pmap::train::split_validation(train, c.validation_split, pmap::train::validation_key(c.seed));
   pmap::Mesh mesh = build_mesh(c);
-  const TrainConfig r = resolved_config(c, mesh, fit, test);
-  pmap::train::Model model = recipe_model(r, fit);
-  const RecipeSharding split = recipe_sharding(r, model, mesh.axes());
-  check_memory(r, r.mesh_axis, split.local_params, 2 + static_cast<int>(make_optimizer(r.optimizer)->slots().size()));
-  if (r.processes > 1) check_processes_agree(mesh, r.to_json(), fit, test);
-  apply_cpu_threads(o, r, mesh);
+  Prepared p = prepare(o, c, mesh, fit, test);
+  const TrainConfig& r = p.config;
+  const RecipeSharding& split = p.split;
   const std::int64_t steps = pmap::train::steps_per_epoch(fit.count, r.batch_size);
-  pmap::train::Trainer trainer(std::move(model), recipe_optimizer(r.optimizer, r.members, r.epochs * steps),
+  pmap::train::Trainer trainer(std::move(p.model), recipe_optimizer(r.optimizer, r.members, r.epochs * steps),
                                std::move(mesh), trainer_options(r, split));
   std::optional<pmap::train::EarlyStopping> stop;
   if (r.patience > 0) stop.emplace(r.patience);
@@ -374,13 +390,10 @@ int run_evaluation(const CliOptions& o) {
   EnsembleReport report;
   const std::vector<EpochMetrics> no_history;
   pmap::Mesh mesh = build_mesh(c);  // --mesh AxM with M > 1: the members' weights split over 'model' by --layout
-  const TrainConfig r = resolved_config(c, mesh, test, test);
-  pmap::train::Model model = recipe_model(r, test);
-  const RecipeSharding split = recipe_sharding(r, model, mesh.axes());
-  check_memory(r, r.mesh_axis, split.local_params, 2 + static_cast<int>(make_optimizer(r.optimizer)->slots().size()));
-  if (r.processes > 1) check_processes_agree(mesh, r.to_json(), test, test);
-  apply_cpu_threads(o, r, mesh);
-  pmap::train::Trainer trainer(std::move(model), recipe_optimizer(r.optimizer, r.members, 0), std::move(mesh),
+  Prepared p = prepare(o, c, mesh, test, test);
+  const TrainConfig& r = p.config;
+  const RecipeSharding& split = p.split;
+  pmap::train::Trainer trainer(std::move(p.model), recipe_optimizer(r.optimizer, r.members, 0), std::move(mesh),
                                trainer_options(r, split));
   if (saved.config.contains("architecture"))  // before it was recorded: the flax CNN, whose tensors are checked
     check_architecture(o.evaluate, saved.config.at("architecture"), r.to_json().at("architecture"));
