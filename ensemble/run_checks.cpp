@@ -92,14 +92,47 @@ const Json* legacy_value(std::string_view field) {
   return values.contains(key) ? &values[key] : nullptr;
 }
 
+// A record in the form train::Model::architecture() writes. A record of the runner's (releases before the
+// Trainer) lists every layer: its ReLU layers become the ", relu" of the module before them and its pooling,
+// flattening and gathering layers (ops between modules) are left out, so "Conv_0=Conv2D(32, 3x3)",
+// "relu=ReLU", "avg_pool=AveragePooling2D(2)" reads as "Conv_0=Conv2D(32, 3x3, relu)". A record in this
+// form already is unchanged.
+std::vector<std::string> module_record(const std::vector<std::string>& record) {
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < record.size(); ++i) {
+    const std::string& entry = record[i];
+    const std::size_t eq = entry.find('=');
+    const std::string what = i == 0 || eq == std::string::npos ? "" : entry.substr(eq + 1);
+    if (what == "ReLU" && out.size() > 1) {
+      std::string& before = out.back();
+      if (before.ends_with(")")) before.insert(before.size() - 1, ", relu");
+      else before += "(relu)";
+      continue;
+    }
+    if (what == "Flatten" || what == "GlobalAveragePooling2D" || what.starts_with("AveragePooling2D(") ||
+        what.starts_with("MaxPooling2D(") || what.starts_with("GatherFeatures("))
+      continue;
+    out.push_back(entry);
+  }
+  return out;
+}
+
+std::vector<std::string> record_of(const JsonView& v) {
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < v.size(); ++i) out.push_back(v[i].as_string());
+  return module_record(out);
+}
+
 }  // namespace
 
-void check_architecture(const std::filesystem::path& path, const Json& saved_json, const Json& now) {
-  const JsonView saved(saved_json, path.string(), "__metadata__.config.architecture");
+void check_architecture(const std::filesystem::path& path, const Json& saved_json, const Json& now_json) {
+  const std::vector<std::string> saved =
+      record_of(JsonView(saved_json, path.string(), "__metadata__.config.architecture"));
+  const std::vector<std::string> now = record_of(JsonView(now_json, "this run", "config.architecture"));
   const std::size_t n = std::max(saved.size(), now.size());
   for (std::size_t i = 0; i < n; ++i) {
-    const std::string mine = i < now.size() ? now[i].get<std::string>() : "nothing";
-    const std::string theirs = i < saved.size() ? saved[i].as_string() : "nothing";
+    const std::string mine = i < now.size() ? now[i] : "nothing";
+    const std::string theirs = i < saved.size() ? saved[i] : "nothing";
     if (mine == theirs) continue;
     const std::string what = i == 0 ? "input " : "layer " + std::to_string(i - 1) + " ";
     throw DataError(path.string() + ": the checkpoint's model has " + what + theirs + " where this run's has " +

@@ -52,8 +52,9 @@ void check_processes_agree(const Mesh& mesh, const io::Json& config, const Datas
 void check_resumable(const std::filesystem::path& path, const io::Json& saved, const io::Json& now);
 
 // The checkpoint's model (`saved`: its recorded config's "architecture", TrainConfig::architecture) computes
-// what this run's (`now`) does: the same input shape and layers. DataError naming the file and the first
-// layer that differs.
+// what this run's (`now`) does: the same input shape and modules (train::Model::architecture(); a runner's
+// record, which lists every layer, read as one: its ReLUs folded into the module before them, its pooling and
+// flattening left out). DataError naming the file and the first module that differs.
 void check_architecture(const std::filesystem::path& path, const io::Json& saved, const io::Json& now);
 
 // --members-subset's members against the `members` of the checkpoint `path`: each among them and named once.

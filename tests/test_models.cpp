@@ -197,8 +197,8 @@ TEST_CASE("a model that does not fit the data, or a checkpoint of another archit
                     std::make_unique<pe::Sequential>(pe::Dims{12, 12, 1}, std::move(l), "keras-like"), data().train,
                     data().test);
   CHECK_THROWS_WITH_AS(other.load_checkpoint(path),
-                       doctest::Contains("the checkpoint's model has layer 0 Conv_0=Conv2D(8, 3x3, stride 2, valid) "
-                                         "where this run's has Conv_0=Conv2D(8, 3x3, valid)"),
+                       doctest::Contains("the checkpoint's model has layer 0 Conv_0=Conv2D(8, 3x3, stride 2, valid, relu) "
+                                         "where this run's has Conv_0=Conv2D(8, 3x3, valid, relu)"),
                        pmap::DataError);
   pe::Trainer same(small_config(1, 1), keras_like(), data().train, data().test);
   same.load_checkpoint(path);

@@ -41,6 +41,18 @@ std::unique_ptr<train::Trainer> new_trainer(const pe::TrainConfig& r) {
                                           pe::build_mesh(r, pe::MeshAxes::one_axis), pe::recipe_options(r, r.members));
 }
 
+// The resolved configuration `r` is the runner's `old`: every field, the architecture in the model's record
+// (train::Model::architecture()), which the runner's longer record (every layer) reads as.
+void check_resolution(const pe::TrainConfig& r, const pe::TrainConfig& old, const pe::Dataset& data) {
+  CHECK(r.architecture == pe::recipe_model(r, data).architecture());
+  CHECK_NOTHROW(pe::check_architecture("runner.safetensors", old.to_json().at("architecture"),
+                                       r.to_json().at("architecture")));
+  pmap::io::Json mine = r.to_json(), theirs = old.to_json();
+  mine.erase("architecture");
+  theirs.erase("architecture");
+  CHECK(pmap::io::dump_json(mine) == pmap::io::dump_json(theirs));
+}
+
 }  // namespace
 
 TEST_CASE("program run: the resolved configuration is the one the runner records") {
@@ -68,7 +80,7 @@ TEST_CASE("program run: the resolved configuration is the one the runner records
     const pe::Trainer old(c, data().train, data().test);
     const pmap::Mesh mesh = pe::build_mesh(c, pe::MeshAxes::one_axis);
     const pe::TrainConfig r = pe::resolved_config(c, mesh, fit_set(c), data().test);
-    CHECK(pmap::io::dump_json(r.to_json()) == pmap::io::dump_json(old.config().to_json()));
+    check_resolution(r, old.config(), data().train);
   }
   // A mesh of two axes (weights split over "model"): the runner's resolution of the same flags.
   for (const auto& [mode, along, model] : {std::tuple{pe::Mode::ensemble, 2, 1}, std::tuple{pe::Mode::ensemble, 1, 2},
@@ -80,7 +92,7 @@ TEST_CASE("program run: the resolved configuration is the one the runner records
     CAPTURE(pmap::io::dump_json(grid.to_json()));
     const pe::Trainer old(grid, data().train, data().test);
     const pe::TrainConfig r = pe::resolved_config(grid, pe::build_mesh(grid), data().train, data().test);
-    CHECK(pmap::io::dump_json(r.to_json()) == pmap::io::dump_json(old.config().to_json()));
+    check_resolution(r, old.config(), data().train);
   }
   pe::TrainConfig three = pmap::testing::small_config(2, 2, 1);
   CHECK_THROWS_WITH_AS(pe::resolved_config(three, pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cpu, 2),
@@ -140,20 +152,6 @@ TEST_CASE("program run: an epoch's metrics, the members for ONNX and a checkpoin
   CHECK(only.train_loss == 0);
   CHECK(only.evaluated_on == "validation");
   CHECK(only.ensemble_test_accuracy == m.ensemble_test_accuracy);
-
-  // The runner's stacked buffer as tensors by name, as the Trainer gives them (what a model-parallel run exports).
-  const pmap::train::Variables tensors =
-      pe::member_tensors(old.params(), old.model().params_layout(), old.total_members());
-  const pmap::train::Variables want = now->params();
-  REQUIRE(tensors.size() == want.size());
-  for (const auto& entry : want) {
-    INFO(entry.first);
-    REQUIRE(tensors.count(entry.first) == 1);
-    CHECK(tensors.at(entry.first).shape() == entry.second.shape());
-    CHECK(tensors.at(entry.first).to_vector<float>() == entry.second.to_vector<float>());
-  }
-  CHECK_THROWS_WITH_AS(pe::member_tensors(old.params(), old.model().params_layout(), old.total_members() + 1),
-                       doctest::Contains("member_tensors: "), pmap::ValueError);
 
   // The program's entries in a Trainer checkpoint: its configuration and history come back on resume.
   const auto dir = pmap::testing::scratch_dir("pmapcc_program_run_test");
@@ -271,6 +269,52 @@ TEST_CASE("program run: the program's Trainer checkpoint resumes on the runner (
   c.seed = 9;
   pe::Trainer other(c, data().train, data().test);
   CHECK_THROWS_WITH_AS(other.load_checkpoint(path), doctest::Contains("written with seed = 0, this run has 9"),
+                       pmap::DataError);
+}
+
+TEST_CASE("program run: a checkpoint's architecture, in the model's record or the runner's longer one") {
+  using pmap::io::Json;
+  const pe::Dataset& d = data().train;  // 12x12 images
+  pe::TrainConfig c = pmap::testing::small_config(1, 1, 1);
+  c.model = "keras-convnet";
+  const Json now = pe::recipe_model(c, d).architecture();
+  CHECK(now == Json::parse(R"j(["(12, 12, 1)", "Conv_0=Conv2D(12, 3x3, no bias)",
+      "BatchNorm_0=BatchNormalization(momentum 0.99, epsilon 0.001, no scale, relu)",
+      "Conv_1=Conv2D(24, 6x6, stride 2, valid, no bias)",
+      "BatchNorm_1=BatchNormalization(momentum 0.99, epsilon 0.001, no scale, relu)",
+      "large_k=Conv2D(32, 6x6, stride 2)",
+      "BatchNorm_2=BatchNormalization(momentum 0.99, epsilon 0.001, no scale, relu)",
+      "Dense_0=Dense(256, relu)", "dropout=Dropout(0.5)", "Dense_1=Dense(10)"])j"));
+  CHECK_NOTHROW(pe::check_architecture("mine.safetensors", now, now));
+  // What the runner recorded for keras-convnet: every layer, the ReLUs and the pooling their own.
+  Json runner = Json::parse(R"j(["(12, 12, 1)", "Conv_0=Conv2D(12, 3x3, no bias)",
+      "BatchNorm_0=BatchNormalization(momentum 0.99, epsilon 0.001, no scale)", "relu=ReLU",
+      "Conv_1=Conv2D(24, 6x6, stride 2, valid, no bias)",
+      "BatchNorm_1=BatchNormalization(momentum 0.99, epsilon 0.001, no scale)", "relu=ReLU",
+      "large_k=Conv2D(32, 6x6, stride 2)", "BatchNorm_2=BatchNormalization(momentum 0.99, epsilon 0.001, no scale)",
+      "relu=ReLU", "global_avg_pool=GlobalAveragePooling2D", "Dense_0=Dense(256)", "relu=ReLU",
+      "dropout=Dropout(0.5)", "Dense_1=Dense(10)"])j");
+  CHECK_NOTHROW(pe::check_architecture("runner.safetensors", runner, now));
+  // A module that differs, a ReLU missing, another input or a module too many: refused, naming the first one.
+  Json other = runner;
+  other[11] = "Dense_0=Dense(128)";
+  CHECK_THROWS_WITH_AS(pe::check_architecture("runner.safetensors", other, now),
+                       "runner.safetensors: the checkpoint's model has layer 6 Dense_0=Dense(128, relu) where this "
+                       "run's has Dense_0=Dense(256, relu) (resume with the same model)",
+                       pmap::DataError);
+  other = runner;
+  other.erase(12);
+  CHECK_THROWS_WITH_AS(pe::check_architecture("runner.safetensors", other, now),
+                       doctest::Contains("layer 6 Dense_0=Dense(256) where this run's has Dense_0=Dense(256, relu)"),
+                       pmap::DataError);
+  other = runner;
+  other[0] = "(28, 28, 1)";
+  CHECK_THROWS_WITH_AS(pe::check_architecture("runner.safetensors", other, now),
+                       doctest::Contains("has input (28, 28, 1) where this run's has (12, 12, 1)"), pmap::DataError);
+  other = now;
+  other.push_back("Dense_2=Dense(10)");
+  CHECK_THROWS_WITH_AS(pe::check_architecture("mine.safetensors", other, now),
+                       doctest::Contains("has layer 9 Dense_2=Dense(10) where this run's has nothing"),
                        pmap::DataError);
 }
 

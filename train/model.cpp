@@ -140,7 +140,13 @@ std::string summary_table(const std::string& model, const std::vector<SummaryRow
   return out;
 }
 
-std::string Model::summary() const {
+// One inference apply on one image of zeros (on the host), each nn/ module call a row (summary()'s).
+struct Model::Rows {
+  std::vector<SummaryRow> rows;
+  std::int64_t trainable = 0, fixed = 0;
+};
+
+Model::Rows Model::summary_rows() const {
   const auto [params, state] = init(key(0));
   struct Tensor {
     std::string name;
@@ -194,7 +200,23 @@ std::string Model::summary() const {
     for (const Tensor& t : named)
       if (!read.contains(t.name)) unread[prefix_of(t.name)] += t.size;
   for (const auto& [prefix, n] : unread) rows.push_back({prefix + " (not read by a module)", "", n});
-  return summary_table(name_, rows, trainable, fixed);
+  return {std::move(rows), trainable, fixed};
+}
+
+std::string Model::summary() const {
+  const Rows r = summary_rows();
+  return summary_table(name_, r.rows, r.trainable, r.fixed);
+}
+
+std::vector<std::string> Model::architecture() const {
+  std::string input = "(";
+  for (std::size_t d = 0; d < input_.size(); ++d) input += (d ? ", " : "") + std::to_string(input_[d]);
+  std::vector<std::string> out{input + ")"};
+  for (const SummaryRow& row : summary_rows().rows) {  // "name (description)" -> "name=description"
+    const std::size_t open = row.layer.find(" (");
+    out.push_back(row.layer.substr(0, open) + "=" + row.layer.substr(open + 2, row.layer.size() - open - 3));
+  }
+  return out;
 }
 
 Model flax_cnn(Shape input, int classes) {

@@ -87,8 +87,13 @@ class Model {
   // no module read (ones the model uses with ops directly) get a row per prefix, "not read by a module".
   // Ops between modules (pooling, reshapes) have no row.
   std::string summary() const;
+  // What checkpoints record of the model, to refuse one of another model under the same name: its input shape
+  // "(28, 28, 1)", then one "name=description" per row of summary() ("Conv_0=Conv2D(32, 3x3, relu)").
+  std::vector<std::string> architecture() const;
 
  private:
+  struct Rows;
+  Rows summary_rows() const;
   std::string name_;
   Shape input_;
   int classes_;

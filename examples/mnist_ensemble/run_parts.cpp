@@ -1,14 +1,13 @@
 // The parts of the program's run around train::Trainer (run_parts.h).
 #include "examples/mnist_ensemble/run_parts.h"
+#include "examples/mnist_ensemble/recipe.h"
 
 #include <algorithm>
 #include <cmath>
-#include <span>
 
 #include <pmap/distributed.h>
 #include <pmap/error.h>
 
-#include <pmapcc/ensemble/model.h>
 #include <pmapcc/ensemble/run_checks.h>
 #include <pmapcc/ensemble/trainer.h>
 #include <pmapcc/io/metrics.h>
@@ -18,9 +17,9 @@ namespace pmap::ensemble {
 TrainConfig resolved_config(TrainConfig c, const Mesh& mesh, const Dataset& fit, const Dataset& test) {
   if (mesh.axes().size() > 2)
     throw ValueError("resolved_config: a mesh of one or two axes, got " + std::to_string(mesh.axes().size()));
-  const std::unique_ptr<Sequential> model = make_model(c.model, {fit.rows, fit.cols, 1}, fit.num_classes);
-  c.model = model->name();
-  c.architecture = model->architecture();
+  const train::Model model = recipe_model(c, fit);
+  c.model = model.name();
+  c.architecture = model.architecture();
   const int devices = mesh.size(), along = mesh.axes()[0].size;  // along the mode's axis
   c.devices = devices;
   c.mesh_axis = along;
@@ -29,9 +28,8 @@ TrainConfig resolved_config(TrainConfig c, const Mesh& mesh, const Dataset& fit,
   for (const Device& d : mesh.devices()) c.processes = std::max(c.processes, d.process + 1);
   if (c.members == 0) c.members = c.mode == Mode::ensemble ? along : 1;
   c.check(along, fit, test);
-  if (!c.dropout.empty() &&
-      std::none_of(model->layers().begin(), model->layers().end(), [](const auto& l) { return l->random(); }))
-    throw ValueError("--dropout sets the rate of the model's Dropout layers, and " + model->name() + " has none");
+  if (!c.dropout.empty() && model.dropout_layers() == 0)
+    throw ValueError("--dropout sets the rate of the model's Dropout layers, and " + model.name() + " has none");
   if (c.report_every == 0) c.report_every = c.backend == DeviceKind::cpu ? 1 : 16;
   Schedule& s = c.optimizer.schedule;
   if (s.kind == kernels::ScheduleKind::cosine && s.decay_steps == 0) {
@@ -117,21 +115,6 @@ std::vector<EpochMetrics> resumed_history(const std::filesystem::path& path, con
   const io::JsonView view(json, path.string(), "__metadata__.history");
   for (std::size_t i = 0; i < view.size(); ++i) history.push_back(io::epoch_metrics_from_json(view[i]));
   return history;
-}
-
-train::Variables member_tensors(const std::vector<float>& stacked, const TensorLayout& layout, int members) {
-  if (static_cast<std::int64_t>(stacked.size()) != layout.per_member * members)
-    throw ValueError("member_tensors: " + std::to_string(stacked.size()) + " values for " + std::to_string(members) +
-                     " members of " + std::to_string(layout.per_member));
-  train::Variables out;
-  for (const TensorSlot& t : layout.tensors) {
-    Shape shape{members};
-    shape.insert(shape.end(), t.shape.begin(), t.shape.end());
-    const auto begin = static_cast<std::size_t>(t.offset * members);
-    out.emplace(t.name, Array::from_host(std::span<const float>(stacked.data() + begin,
-                                                                 static_cast<std::size_t>(t.size * members)), shape));
-  }
-  return out;
 }
 
 bool is_main_process(const Mesh& mesh) { return mesh.devices()[0].process == distributed::process_index(); }

@@ -1,8 +1,7 @@
 // The parts of the program's run around train::Trainer, as the runner (ensemble::Trainer) has them, so the
 // program's outputs keep their form: the resolved configuration its files record, an epoch's metrics from the
 // Trainer's report and evaluation, early stopping's records, the checkpoint's own entries (the flags, the
-// history) and the checks of a resumed run, and the members' parameters stacked as the ONNX exporter takes
-// them.
+// history) and the checks of a resumed run.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +13,6 @@
 #include <pmap/mesh.h>
 
 #include <pmapcc/ensemble/config.h>
-#include <pmapcc/ensemble/model.h>
 #include <pmapcc/ensemble/metrics.h>
 #include <pmapcc/io/json.h>
 #include <pmapcc/train/early_stopping.h>
@@ -60,10 +58,6 @@ void check_resume(const std::filesystem::path& path, const TrainConfig& resolved
 std::vector<EpochMetrics> resumed_history(const std::filesystem::path& path, const train::Checkpoint& checkpoint,
                                           std::int64_t train_examples, std::int64_t steps_per_epoch,
                                           std::int64_t step, std::int64_t epochs_done);
-
-// The runner's stacked buffer (ensemble::Trainer::params(): `layout`'s tensors one after another, each (members,
-// ...)) as host tensors by name, as train::Trainer::params() gives them.
-train::Variables member_tensors(const std::vector<float>& stacked, const TensorLayout& layout, int members);
 
 // Whether this process writes the outputs: the one of the mesh's first device.
 bool is_main_process(const Mesh& mesh);
