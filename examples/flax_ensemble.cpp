@@ -25,9 +25,9 @@
 #include <pmapcc/core/jit.h>
 #include <pmapcc/core/ops.h>
 #include <pmapcc/core/vmap.h>
-#include <pmapcc/ensemble/data.h>
 #include <pmapcc/nn/layers.h>
 #include <pmapcc/optim/sgd.h>
+#include <pmapcc/train/data.h>
 
 #include "example_flags.h"
 
@@ -108,10 +108,10 @@ struct Epoch {
 };
 
 // One pass over the training set in the order permutation(key) (full batches; the rest is dropped).
-Epoch train_epoch(pmap::Sharded<TrainState>& states, const pmap::ensemble::Dataset& train,
+Epoch train_epoch(pmap::Sharded<TrainState>& states, const pmap::train::Dataset& train,
                   const examples::Flags& c, pmap::Key key, const pmap::Mesh& mesh, const pmap::optim::Sgd& tx) {
   const auto order = pmap::permutation(key, static_cast<std::uint32_t>(train.count));
-  const auto steps = pmap::ensemble::steps_per_epoch(train.count, c.batch);
+  const auto steps = pmap::train::steps_per_epoch(train.count, c.batch);
   // jax.pmap compiles the steps; here jit plans each device's buffers on the first step and replays the plan,
   // so a step allocates only its results.
   auto apply_jit = pmap::jit(apply_model, "apply_model");
@@ -127,7 +127,7 @@ Epoch train_epoch(pmap::Sharded<TrainState>& states, const pmap::ensemble::Datas
   Epoch e;
   const auto t0 = std::chrono::steady_clock::now();
   for (std::int64_t s = 0; s < steps; ++s) {
-    pmap::ensemble::gather_batch(train, std::span(order).subspan(static_cast<std::size_t>(s * c.batch),
+    pmap::train::gather_batch(train, std::span(order).subspan(static_cast<std::size_t>(s * c.batch),
                                                                  static_cast<std::size_t>(c.batch)),
                                  images.data(), labels.data());
     auto x = pmap::replicate(Array::from_host(images, {c.batch, 28, 28, 1}), mesh);
@@ -152,7 +152,7 @@ struct Predicted {
 
 // Each member's and the ensemble's test accuracy, in chunks of 1000 images.
 std::pair<std::vector<double>, double> evaluate(const pmap::Sharded<TrainState>& states,
-                                                const pmap::ensemble::Dataset& test, const pmap::Mesh& mesh,
+                                                const pmap::train::Dataset& test, const pmap::Mesh& mesh,
                                                 pmap::kernels::Precision precision) {
   auto predict = pmap::pmap([&](const TrainState& s, const Array& x) {
     ops::DefaultPrecision scope(precision);
@@ -168,7 +168,7 @@ std::pair<std::vector<double>, double> evaluate(const pmap::Sharded<TrainState>&
     for (std::int64_t i = 0; i < n; ++i) rows[static_cast<std::size_t>(i)] = static_cast<std::uint32_t>(at + i);
     std::vector<float> images(static_cast<std::size_t>(n) * 784);
     std::vector<std::int32_t> labels(static_cast<std::size_t>(n));
-    pmap::ensemble::gather_batch(test, rows, images.data(), labels.data());
+    pmap::train::gather_batch(test, rows, images.data(), labels.data());
     auto out = predict(states, pmap::replicate(Array::from_host(images, {n, 28, 28, 1}), mesh));
     std::size_t m = 0;
     for (const Predicted& p : out) {
@@ -210,8 +210,8 @@ int main(int argc, char** argv) {
       std::cerr << "flax_ensemble: --members " << c.members << " is not a multiple of --devices " << c.devices << "\n";
       return 2;
     }
-    const auto train = pmap::ensemble::load_mnist(c.data, pmap::ensemble::Split::train, c.train_limit);
-    const auto test = pmap::ensemble::load_mnist(c.data, pmap::ensemble::Split::test, c.test_limit);
+    const auto train = pmap::train::load_mnist(c.data, pmap::train::Split::train, c.train_limit);
+    const auto test = pmap::train::load_mnist(c.data, pmap::train::Split::test, c.test_limit);
     const auto root = pmap::split(pmap::key(c.seed), 2);  // (init_rng, the data's key)
     const auto member_keys = pmap::split(root[0], c.members);
     const pmap::optim::Sgd tx{.learning_rate = c.lr, .momentum = c.momentum};
@@ -234,7 +234,7 @@ int main(int argc, char** argv) {
                                   mesh, tx);
       const auto [members, ensemble] = evaluate(states, test, mesh, c.precision);
       const double rate = static_cast<double>(c.members) * c.batch *
-                          static_cast<double>(pmap::ensemble::steps_per_epoch(train.count, c.batch)) / e.seconds;
+                          static_cast<double>(pmap::train::steps_per_epoch(train.count, c.batch)) / e.seconds;
       metrics.epoch({.epoch = epoch, .train_loss = e.train_loss, .train_accuracy = e.train_accuracy,
                      .member_test_accuracy = members, .ensemble_test_accuracy = ensemble,
                      .model_images_per_second = rate, .seconds = e.seconds});

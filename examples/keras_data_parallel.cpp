@@ -17,10 +17,10 @@
 #include <pmapcc/core/grad.h>
 #include <pmapcc/core/jit.h>
 #include <pmapcc/core/ops.h>
-#include <pmapcc/ensemble/data.h>
 #include <pmapcc/nn/layers.h>
 #include <pmapcc/nn/normalization.h>
 #include <pmapcc/optim/adam.h>
+#include <pmapcc/train/data.h>
 
 #include "example_flags.h"
 
@@ -134,7 +134,7 @@ Predicted predict(const std::vector<Member>& members, const Array& x) {
 }
 
 std::pair<std::vector<double>, double> evaluate(const pmap::Sharded<std::vector<Member>>& state,
-                                                const pmap::ensemble::Dataset& test, const pmap::Mesh& mesh,
+                                                const pmap::train::Dataset& test, const pmap::Mesh& mesh,
                                                 int members) {
   auto run = pmap::pmap(predict, mesh);
   std::vector<double> member_hits(static_cast<std::size_t>(members), 0.0);
@@ -146,7 +146,7 @@ std::pair<std::vector<double>, double> evaluate(const pmap::Sharded<std::vector<
     for (std::int64_t i = 0; i < n; ++i) rows[static_cast<std::size_t>(i)] = static_cast<std::uint32_t>(at + i);
     std::vector<float> images(static_cast<std::size_t>(padded) * 784);
     std::vector<std::int32_t> labels(static_cast<std::size_t>(padded));
-    pmap::ensemble::gather_batch(test, rows, images.data(), labels.data());
+    pmap::train::gather_batch(test, rows, images.data(), labels.data());
     const auto out = run(state, pmap::shard(Array::from_host(images, {padded, 28, 28, 1}), mesh));
     std::size_t row = 0;  // the padding rows (repeats of the chunk's first) are not counted
     for (const Predicted& p : out) {
@@ -165,10 +165,10 @@ struct Epoch {
   double train_loss = 0, seconds = 0;
 };
 
-Epoch train_epoch(pmap::Sharded<std::vector<Member>>& state, const pmap::ensemble::Dataset& train,
+Epoch train_epoch(pmap::Sharded<std::vector<Member>>& state, const pmap::train::Dataset& train,
                   const examples::Flags& f, pmap::Key key, const pmap::Mesh& mesh, const pmap::optim::Adam& tx) {
   const auto order = pmap::permutation(key, static_cast<std::uint32_t>(train.count));
-  const auto steps = pmap::ensemble::steps_per_epoch(train.count, f.batch);
+  const auto steps = pmap::train::steps_per_epoch(train.count, f.batch);
   auto member_jit = pmap::jit([&](const Member& m, const Array& x, const Array& y) { return member_step(m, x, y, tx); },
                               "train_step");
   auto step = pmap::pmap(
@@ -178,7 +178,7 @@ Epoch train_epoch(pmap::Sharded<std::vector<Member>>& state, const pmap::ensembl
   Epoch e;
   const auto t0 = std::chrono::steady_clock::now();
   for (std::int64_t s = 0; s < steps; ++s) {
-    pmap::ensemble::gather_batch(train, std::span(order).subspan(static_cast<std::size_t>(s * f.batch),
+    pmap::train::gather_batch(train, std::span(order).subspan(static_cast<std::size_t>(s * f.batch),
                                                                  static_cast<std::size_t>(f.batch)),
                                  images.data(), labels.data());
     const auto losses = step(state, pmap::shard(Array::from_host(images, {f.batch, 28, 28, 1}), mesh),
@@ -204,8 +204,8 @@ int main(int argc, char** argv) {
       std::cerr << "keras_data_parallel: --batch " << f.batch << " does not split over " << f.devices << " devices\n";
       return 2;
     }
-    const auto train = pmap::ensemble::load_mnist(f.data, pmap::ensemble::Split::train, f.train_limit);
-    const auto test = pmap::ensemble::load_mnist(f.data, pmap::ensemble::Split::test, f.test_limit);
+    const auto train = pmap::train::load_mnist(f.data, pmap::train::Split::train, f.train_limit);
+    const auto test = pmap::train::load_mnist(f.data, pmap::train::Split::test, f.test_limit);
     const auto root = pmap::split(pmap::key(f.seed), 2);  // (the models' keys, the data's key)
     const auto member_keys = pmap::split(root[0], f.members);
     const pmap::optim::Adam tx{.learning_rate = f.lr};
@@ -229,7 +229,7 @@ int main(int argc, char** argv) {
                                   mesh, tx);
       const auto [members, ensemble] = evaluate(state, test, mesh, f.members);
       const double rate = static_cast<double>(f.members) * f.batch *
-                          static_cast<double>(pmap::ensemble::steps_per_epoch(train.count, f.batch)) / e.seconds;
+                          static_cast<double>(pmap::train::steps_per_epoch(train.count, f.batch)) / e.seconds;
       metrics.epoch({.epoch = epoch, .train_loss = e.train_loss, .train_accuracy = -1, .member_test_accuracy = members,
                      .ensemble_test_accuracy = ensemble, .model_images_per_second = rate, .seconds = e.seconds});
     }

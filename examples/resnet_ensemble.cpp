@@ -16,9 +16,9 @@
 #include <pmap/pmap.h>
 #include <pmapcc/core/grad.h>
 #include <pmapcc/core/ops.h>
-#include <pmapcc/ensemble/data.h>
 #include <pmapcc/nn/layers.h>
 #include <pmapcc/optim/sgd.h>
+#include <pmapcc/train/data.h>
 
 #include "example_flags.h"
 
@@ -92,7 +92,7 @@ Predictions predict(const std::vector<Member>& members, const Array& images) {
   return out;
 }
 
-using Dataset = pmap::ensemble::Dataset;
+using Dataset = pmap::train::Dataset;
 
 // (loss, model-images/s) of one epoch over the data in the order permutation(key).
 std::pair<double, double> train_epoch(pmap::Sharded<std::vector<Member>>& members, const Dataset& train,
@@ -101,13 +101,13 @@ std::pair<double, double> train_epoch(pmap::Sharded<std::vector<Member>>& member
   auto step = pmap::pmap([&](std::vector<Member>& m, const Array& x, const Array& y) { return train_step(m, x, y, tx); },
                          mesh, "ensemble");
   const auto order = pmap::permutation(key, static_cast<std::uint32_t>(train.count));
-  const auto steps = pmap::ensemble::steps_per_epoch(train.count, c.batch);
+  const auto steps = pmap::train::steps_per_epoch(train.count, c.batch);
   std::vector<float> images(static_cast<std::size_t>(c.batch) * 784);
   std::vector<std::int32_t> labels(static_cast<std::size_t>(c.batch));
   double loss = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (std::int64_t s = 0; s < steps; ++s) {
-    pmap::ensemble::gather_batch(train, std::span(order).subspan(static_cast<std::size_t>(s * c.batch),
+    pmap::train::gather_batch(train, std::span(order).subspan(static_cast<std::size_t>(s * c.batch),
                                                                  static_cast<std::size_t>(c.batch)),
                                  images.data(), labels.data());
     auto losses = step(members, pmap::replicate(Array::from_host(images, {c.batch, 28, 28, 1}), mesh),
@@ -136,7 +136,7 @@ std::pair<std::vector<double>, double> evaluate(const pmap::Sharded<std::vector<
     for (std::size_t i = 0; i < n; ++i) rows[i] = static_cast<std::uint32_t>(at) + static_cast<std::uint32_t>(i);
     std::vector<float> images(n * 784);
     std::vector<std::int32_t> labels(n);
-    pmap::ensemble::gather_batch(test, rows, images.data(), labels.data());
+    pmap::train::gather_batch(test, rows, images.data(), labels.data());
     auto out = run(members, pmap::replicate(Array::from_host(images, {static_cast<std::int64_t>(n), 28, 28, 1}), mesh));
     std::size_t k = 0;
     for (const Predictions& p : out) {
@@ -164,8 +164,8 @@ int main(int argc, char** argv) {
       std::cerr << "resnet_ensemble: --members " << c.members << " is not a multiple of --devices " << c.devices << "\n";
       return 2;
     }
-    const Dataset train = pmap::ensemble::load_mnist(c.data, pmap::ensemble::Split::train, c.train_limit);
-    const Dataset test = pmap::ensemble::load_mnist(c.data, pmap::ensemble::Split::test, c.test_limit);
+    const Dataset train = pmap::train::load_mnist(c.data, pmap::train::Split::train, c.train_limit);
+    const Dataset test = pmap::train::load_mnist(c.data, pmap::train::Split::test, c.test_limit);
     const auto root = pmap::split(pmap::key(c.seed), 2);
     const auto keys = pmap::split(root[0], c.members);
     const int per_device = c.members / c.devices;
