@@ -1,5 +1,6 @@
 // bench_cuda_train: training throughput of the Flax MNIST CNN on one GPU through the library's own path
-// (Trainer: the runtime's feed, the device-neutral train step, CUDA graphs), in model-images/s (members x
+// (train::Trainer as the program makes it from its flags: the feed, the jitted train step, CUDA graphs), in
+// model-images/s (members x
 // batch x steps / s) at batch 128: 1, 4 and 8 members batched on one device, the same replayed eagerly
 // (no graphs), and one member per virtual device sharing the GPU (each its own stream). Each configuration
 // trains one warm-up epoch (which captures the graphs) and then one timed epoch of --steps steps; the
@@ -18,7 +19,11 @@
 
 #include <pmap/backends.h>
 
-#include <pmapcc/ensemble/trainer.h>
+#include <pmapcc/train/trainer.h>
+
+#include "examples/mnist_ensemble/recipe.h"
+#include "examples/mnist_ensemble/run_checks.h"
+#include "examples/mnist_ensemble/run_parts.h"
 
 using namespace pmap;
 using namespace pmap::ensemble;
@@ -90,18 +95,22 @@ void run(const Row& row, kernels::Precision precision, const Options& o, const D
   c.graphs = row.graphs;
   c.report_every = o.report_every;
   c.precision = precision;
-  Trainer trainer(c, train, test);
-  trainer.run_epoch();                          // warm-up: first steps eager, then capture
-  const EpochMetrics m = trainer.run_epoch();   // timed
-  const double ms_per_step = 1e3 * m.seconds / trainer.steps_per_epoch();
+  Mesh mesh = build_mesh(c, MeshAxes::one_axis);
+  const TrainConfig r = resolved_config(c, mesh, train, test);
+  const std::int64_t steps = steps_per_epoch(train.count, r.batch_size);
+  train::Trainer trainer(recipe_model(r, train), recipe_optimizer(r.optimizer, r.members, r.epochs * steps),
+                         std::move(mesh), recipe_options(r, r.members));
+  trainer.run_epoch(train);                                   // warm-up: first steps eager, then capture
+  const train::EpochReport m = trainer.run_epoch(train);     // timed
+  const double ms_per_step = 1e3 * m.seconds / static_cast<double>(steps);
   const char* p = kernels::name(precision);
   std::printf("%-22s %s  members %2d  devices %2d  %8.3f ms/step  %12.0f model-images/s\n", row.mode, p, row.members,
-              row.devices, ms_per_step, m.model_images_per_second);
+              row.devices, ms_per_step, m.images_per_second);
   std::printf("{\"bench\": \"cuda_train\", \"mode\": \"%s\", \"precision\": \"%s\", \"members\": %d, \"devices\": %d, "
               "\"batch\": %d, \"steps\": %d, \"graphs\": %s, \"report_every\": %d, \"seconds\": %.6f, "
               "\"model_images_per_s\": %.1f}\n",
-              row.mode, p, row.members, row.devices, kBatch, trainer.steps_per_epoch(), row.graphs ? "true" : "false",
-              trainer.config().report_every, m.seconds, m.model_images_per_second);
+              row.mode, p, row.members, row.devices, kBatch, static_cast<int>(steps), row.graphs ? "true" : "false",
+              r.report_every, m.seconds, m.images_per_second);
   std::fflush(stdout);
 }
 

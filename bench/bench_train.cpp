@@ -31,10 +31,14 @@
 
 #include <sys/resource.h>
 
-#include <pmapcc/ensemble/trainer.h>
 #include <pmapcc/io/json.h>
 #include <pmapcc/kernels/cpu_backend.h>
+#include <pmapcc/nn/summary.h>
+#include <pmapcc/train/trainer.h>
 
+#include "examples/mnist_ensemble/recipe.h"
+#include "examples/mnist_ensemble/run_checks.h"
+#include "examples/mnist_ensemble/run_parts.h"
 #include "machine.h"
 
 using namespace pmap;
@@ -86,40 +90,58 @@ double cpu_seconds() {
   return secs(u.ru_utime) + secs(u.ru_stime);
 }
 
-// Multiply-adds per image of one forward pass, counted per layer from the model: a layer with a kernel of
-// shape (..., Cout) does product(kernel) MACs per output position, product(output) / Cout positions.
+// Multiply-adds per image of one forward pass, counted per module from the model: a module with a kernel of
+// shape (..., Cout) does product(kernel) MACs per output position, product(output) / Cout positions (one
+// inference apply on one image, as train::Model::summary runs it, each nn/ module call recorded).
 struct LayerFlops {
   std::string name;
   double forward = 0;   // FLOPs per image: 2 * MACs
   bool computes_dx = true;  // the first layer has no input gradient
 };
 
-std::vector<LayerFlops> count_flops(const Sequential& model) {
-  std::vector<LayerFlops> out;
-  for (std::size_t i = 0; i < model.layers().size(); ++i) {
-    const Layer& layer = *model.layers()[i];
-    for (const ParamSpec& spec : layer.params(model.shapes()[i])) {
-      if (spec.is_bias) continue;
-      const double positions = static_cast<double>(product(model.shapes()[i + 1])) / static_cast<double>(spec.shape.back());
-      out.push_back({layer.name(), 2.0 * static_cast<double>(product(spec.shape)) * positions, i > 0});
+struct ModelCount {
+  std::vector<LayerFlops> layers;
+  std::int64_t activation_floats = 0;  // per example: every module call's output (ops between them not counted)
+  std::int64_t params = 0;             // one member's parameters
+};
+
+std::int64_t product(const Shape& shape) {
+  std::int64_t n = 1;
+  for (const std::int64_t d : shape) n *= d;
+  return n;
+}
+
+ModelCount count_model(const train::Model& model) {
+  const auto [params, state] = model.init(key(0));
+  std::map<const void*, std::pair<std::string, Shape>> kernels;  // by storage: the kernels' names and shapes
+  ModelCount out;
+  for (const auto& [name, a] : params) {
+    out.params += a.size();
+    if (name.ends_with("/kernel")) kernels[a.raw_data()] = {name.substr(0, name.size() - 7), a.shape()};
+  }
+  Shape shape{1};
+  shape.insert(shape.end(), model.input_shape().begin(), model.input_shape().end());
+  const Array x = Array::from_host(std::vector<float>(static_cast<std::size_t>(product(shape))), shape);
+  nn::ModuleRecorder recorder;
+  model.apply(params, state, x, train::Call{});
+  for (const nn::ModuleCall& call : recorder.calls()) {
+    out.activation_floats += product(call.output);
+    for (const void* t : call.tensors) {
+      const auto it = kernels.find(t);
+      if (it == kernels.end()) continue;
+      const Shape& k = it->second.second;
+      const double positions = static_cast<double>(product(call.output)) / static_cast<double>(k.back());
+      out.layers.push_back({it->second.first, 2.0 * static_cast<double>(product(k)) * positions, !out.layers.empty()});
     }
   }
   return out;
 }
 
 // Forward + backward FLOPs per image: forward, dW (same as forward) and dX (same, except the first layer).
-double train_flops_per_image(const Sequential& model) {
+double train_flops_per_image(const ModelCount& model) {
   double total = 0;
-  for (const LayerFlops& l : count_flops(model)) total += l.forward * (l.computes_dx ? 3 : 2);
+  for (const LayerFlops& l : model.layers) total += l.forward * (l.computes_dx ? 3 : 2);
   return total;
-}
-
-// Floats of activations one member keeps for one example: every layer output that is not computed in place.
-std::int64_t activation_floats_per_example(const Sequential& model) {
-  std::int64_t n = 0;
-  for (std::size_t i = 0; i < model.layers().size(); ++i)
-    if (!model.layers()[i]->in_place()) n += product(model.shapes()[i + 1]);
-  return n;
 }
 
 // The first `count` examples of `all`, as a dataset of their own.
@@ -160,24 +182,29 @@ Json run_train(const Args& a) {
   const Dataset train_all = load_mnist(dir, Split::train), test_all = load_mnist(dir, Split::test);
   const Dataset train = head(train_all, static_cast<std::int64_t>(warmup + steps) * c.batch_size);
   const Dataset test = head(test_all, 1000);
-  Trainer trainer(c, train, test);
+  // The Trainer the program makes from these flags (its recipe).
+  Mesh mesh = build_mesh(c, MeshAxes::one_axis);
+  const TrainConfig r = resolved_config(c, mesh, train, test);
+  const train::Model model = recipe_model(r, train);
+  train::Trainer trainer(model, recipe_optimizer(r.optimizer, r.members, steps_per_epoch(train.count, r.batch_size)),
+                         std::move(mesh), recipe_options(r, r.members));
   Clock::time_point t_start = Clock::now(), t_end = t_start;
   double cpu_start = cpu_seconds(), cpu_end = cpu_start;
-  trainer.run_epoch([&](const StepReport& r) {
-    const int step = r.step;
+  const train::EpochReport report = trainer.run_epoch(train, [&](const train::StepReport& s) {
+    const int step = s.step;
     if (step == warmup) t_start = Clock::now(), cpu_start = cpu_seconds();
     if (step == warmup + steps) t_end = Clock::now(), cpu_end = cpu_seconds();
   });
   const double seconds = std::chrono::duration<double>(t_end - t_start).count();
-  const double images = static_cast<double>(trainer.total_members()) * c.batch_size * steps;
-  const Sequential& model = trainer.model();
+  const double images = static_cast<double>(r.members) * c.batch_size * steps;
+  const ModelCount counted = count_model(model);
   const double dataset_bytes = static_cast<double>(train_all.images.size() + train_all.labels.size() +
                                                    test_all.images.size() + test_all.labels.size());
-  const double per_member = 4.0 * (2.0 * static_cast<double>(model.params_per_member()) +
-                                    static_cast<double>(activation_floats_per_example(model) * c.batch_size));
+  const double per_member = 4.0 * (2.0 * static_cast<double>(counted.params) +
+                                    static_cast<double>(counted.activation_floats * c.batch_size));
   Json j = Json::object();
   j["kind"] = "train";
-  j["members"] = trainer.total_members();
+  j["members"] = r.members;
   j["devices"] = trainer.mesh().size();
   j["mode"] = to_string(c.mode);
   j["model"] = c.model;
@@ -185,19 +212,19 @@ Json run_train(const Args& a) {
   j["cpu_threads"] = kernels::cpu::threads();
   j["precision"] = kernels::name(c.precision);
   j["pin_threads"] = c.pin_threads;
-  j["member_group"] = trainer.member_group();
+  j["member_group"] = c.member_group > 0 ? c.member_group : 1;  // the Trainer's default on CPU devices
   j["batch"] = c.batch_size;
   j["warmup_steps"] = warmup;
   j["timed_steps"] = steps;
   j["seconds"] = seconds;
   j["cpu_seconds"] = cpu_end - cpu_start;  // over all threads: seconds * devices when nothing else runs
   j["model_images_per_s"] = images / seconds;
-  j["gflops"] = images * train_flops_per_image(model) / seconds / 1e9;
+  j["gflops"] = images * train_flops_per_image(counted) / seconds / 1e9;
   j["peak_rss_mb"] = peak_rss_bytes() / 1e6;
   j["dataset_mb"] = dataset_bytes / 1e6;
   j["per_member_mb"] = per_member / 1e6;
-  j["budget_mb"] = (dataset_bytes + trainer.total_members() * per_member + 200e6) / 1e6;
-  j["final_train_loss"] = trainer.history().back().train_loss;
+  j["budget_mb"] = (dataset_bytes + r.members * per_member + 200e6) / 1e6;
+  j["final_train_loss"] = report.train_loss;
   return j;
 }
 
@@ -224,14 +251,20 @@ Json run_paired(const Args& a) {
   struct Side {
     std::string name;
     std::unique_ptr<Dataset> train;
-    std::unique_ptr<Trainer> trainer;
+    std::unique_ptr<train::Trainer> trainer;
+    int group = 0, steps = 0;
     std::vector<double> rate;  // model-images/s, per round
   };
   auto make = [&](const std::string& name, int members, int group, int steps) {
     TrainConfig c;
     c.devices = 1, c.members = members, c.member_group = group, c.batch_size = batch, c.eval_batch = batch;
-    Side side{name, std::make_unique<Dataset>(head(train_all, static_cast<std::int64_t>(steps) * batch)), nullptr, {}};
-    side.trainer = std::make_unique<Trainer>(c, *side.train, test);
+    Side side{name, std::make_unique<Dataset>(head(train_all, static_cast<std::int64_t>(steps) * batch)), nullptr,
+              group > 0 ? group : 1, steps, {}};
+    Mesh mesh = build_mesh(c, MeshAxes::one_axis);
+    const TrainConfig r = resolved_config(c, mesh, *side.train, test);
+    side.trainer = std::make_unique<train::Trainer>(recipe_model(r, *side.train),
+                                                    recipe_optimizer(r.optimizer, r.members, steps * rounds),
+                                                    std::move(mesh), recipe_options(r, r.members));
     return side;
   };
   Side sides[2] = {make("a", member_counts[0], a.get_int("group-a", 0), step_counts[0]),
@@ -239,8 +272,7 @@ Json run_paired(const Args& a) {
   std::vector<double> ratios;
   for (int r = 0; r < rounds; ++r) {
     for (Side& side : sides) {
-      const EpochMetrics m = side.trainer->run_epoch();
-      side.rate.push_back(m.model_images_per_second);
+      side.rate.push_back(side.trainer->run_epoch(*side.train).images_per_second);
     }
     if (r > 0) ratios.push_back(sides[1].rate.back() / sides[0].rate.back());
   }
@@ -256,9 +288,9 @@ Json run_paired(const Args& a) {
   j["rounds"] = rounds;
   for (const Side& side : sides) {
     Json s = Json::object();
-    s["members"] = side.trainer->total_members();
-    s["member_group"] = side.trainer->member_group();
-    s["steps_per_round"] = side.trainer->steps_per_epoch();
+    s["members"] = side.trainer->options().members;
+    s["member_group"] = side.group;
+    s["steps_per_round"] = side.steps;
     s["model_images_per_s"] = side.rate;
     s["median_model_images_per_s"] =
         median(std::vector<double>(side.rate.begin() + (side.rate.size() > 1 ? 1 : 0), side.rate.end()));
@@ -338,9 +370,9 @@ Json run_sgemm(const Args& a) {
 }
 
 Json run_flops() {
-  const auto model = flax_mnist_cnn();
+  const ModelCount model = count_model(train::flax_cnn());
   Json layers = Json::array();
-  for (const LayerFlops& l : count_flops(*model)) {
+  for (const LayerFlops& l : model.layers) {
     Json e = Json::object();
     e["layer"] = l.name;
     e["forward_mflop"] = l.forward / 1e6;
@@ -350,9 +382,9 @@ Json run_flops() {
   Json j = Json::object();
   j["kind"] = "flops";
   j["layers"] = std::move(layers);
-  j["train_mflop_per_image"] = train_flops_per_image(*model) / 1e6;
-  j["activation_floats_per_example"] = activation_floats_per_example(*model);
-  j["params_per_member"] = model->params_per_member();
+  j["train_mflop_per_image"] = train_flops_per_image(model) / 1e6;
+  j["activation_floats_per_example"] = model.activation_floats;
+  j["params_per_member"] = model.params;
   return j;
 }
 
@@ -369,9 +401,9 @@ Json run_layers(const Args& a) {
   const kernels::Backend& be = kernels::cpu_backend();
   bench::Normals randoms(1);
   const auto median_seconds = [&](const std::function<void()>& fn) { return bench::median_seconds(reps, fn); };
-  // FLOPs and which layers compute dX: the model's own count (count_flops, as the training rows use), in
+  // FLOPs and which layers compute dX: the model's own count (count_model, as the training rows use), in
   // the order of the shapes below.
-  const std::vector<LayerFlops> counted = count_flops(*flax_mnist_cnn());
+  const std::vector<LayerFlops> counted = count_model(train::flax_cnn()).layers;
   if (counted.size() != 4) throw ValueError("bench_train layers: the Flax CNN has changed its product layers");
   Json layers = Json::array();
   std::size_t next = 0;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch reference for pmapcc's flax-cnn recipe, for bench/run_train_bench.py: an ensemble trained on CPU.
 
-The model of Flax's MNIST example as pmapcc builds it (ensemble/model.h: flax_mnist_cnn): Conv(32, 3x3,
+The model of Flax's MNIST example as pmapcc builds it (train/model.h: train::flax_cnn): Conv(32, 3x3,
 same) - ReLU - AvgPool(2) - Conv(64, 3x3, same) - ReLU - AvgPool(2) - Dense(256) - ReLU - Dense(10), trained
 with SGD (lr 0.1, momentum 0.9) on batches of 128. M members see the same batches, as in pmapcc's ensemble.
 Two ways to run M members in PyTorch:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch reference for pmapcc's keras-convnet recipe: the same model, initializers and optimizer rule.
 
-The model of the Keras multi-GPU guides as pmapcc builds it (ensemble/model.h: keras_convnet) on images
+The model of the Keras multi-GPU guides as pmapcc builds it (train/model.h: train::keras_convnet) on images
 already scaled to [0, 1], trained with Keras's Adam(1e-3) on batches of 64 (the last partial batch
 dropped), data reshuffled every epoch; M members side by side on the same batches, one optimizer over all
 of them (Adam is element-wise, so this is M independent optimizers). Prints one JSON line: the

@@ -106,7 +106,7 @@ if(PMAPCC_SANITIZE)
     list(APPEND _san -fno-sanitize-recover=undefined)
     if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
       # GCC 12's UBSan instrumentation makes -Wmaybe-uninitialized fire inside libstdc++'s <regex> (std::function
-      # moves in its NFA builder; ensemble/layout.cpp), a false positive the uninstrumented builds do not show.
+      # moves in its NFA builder; the program's --layout), a false positive the uninstrumented builds do not show.
       add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-Wno-maybe-uninitialized>)
     endif()
   endif()

@@ -1,4 +1,4 @@
-# Installs headers and libraries and exports pmapcc::{pmapcc,runtime,kernels,core,nn,optim,train,io,ensemble} (and ::onnx) for
+# Installs headers and libraries and exports pmapcc::{pmapcc,runtime,kernels,core,nn,optim,train,io} (and ::onnx) for
 # find_package(pmapcc CONFIG).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
@@ -10,10 +10,8 @@ set_target_properties(pmapcc_nn PROPERTIES EXPORT_NAME nn)
 set_target_properties(pmapcc_optim PROPERTIES EXPORT_NAME optim)
 set_target_properties(pmapcc_train PROPERTIES EXPORT_NAME train)
 set_target_properties(pmapcc_io PROPERTIES EXPORT_NAME io)
-set_target_properties(pmapcc_ensemble PROPERTIES EXPORT_NAME ensemble)
 
 install(TARGETS pmapcc pmapcc_runtime pmapcc_kernels pmapcc_core pmapcc_nn pmapcc_optim pmapcc_train pmapcc_io
-                pmapcc_ensemble
         EXPORT pmapccTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})  # include paths: each target's $<INSTALL_INTERFACE:...>
@@ -22,7 +20,7 @@ if(PMAPCC_HAVE_ONNX)  # pmapcc::onnx, the exporter, where it was built
   install(TARGETS pmapcc_onnx EXPORT pmapccTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 endif()
 install(DIRECTORY include/pmap DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(DIRECTORY kernels core nn optim train io ensemble export DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pmapcc  # <pmapcc/kernels/...>
+install(DIRECTORY kernels core nn optim train io export DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pmapcc  # <pmapcc/kernels/...>
         FILES_MATCHING PATTERN "*.h"
         PATTERN "cpu" EXCLUDE PATTERN "cuda" EXCLUDE PATTERN "array_ops_checks.h" EXCLUDE)  # internal headers
 install(EXPORT pmapccTargets NAMESPACE pmapcc:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/pmapcc)

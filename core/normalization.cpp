@@ -40,7 +40,7 @@ class BatchNorm final : public core::Primitive {
     const Array none;
     const Array& gamma = gamma_ ? *in[1] : none;
     const Array& beta = beta_ ? *in[1 + gamma_] : none;
-    Array mean = in[in.size() - 2]->copy(), variance = in[in.size() - 1]->copy();
+    Array mean = eager::copy(*in[in.size() - 2]), variance = eager::copy(*in[in.size() - 1]);  // queued: capturable
     Array sums;
     if (o_.train) {
       sums = eager::batch_norm_sums(x);

@@ -45,7 +45,7 @@ def generate(readme, out_path):
     body = ["// Generated from README.md by scripts/readme_code.py: its C++ blocks, each a function.",
             "#include <cstdio>", "#include <memory>", "#include <vector>",
             "#include <pmap/pmap.h>", "#include <pmap/distributed.h>",
-            "#include <pmapcc/ensemble/trainer.h>", "#include <pmapcc/core/grad.h>", "#include <pmapcc/core/ops.h>",
+            "#include <pmapcc/core/grad.h>", "#include <pmapcc/core/ops.h>",
             "#include <pmapcc/nn/parallel.h>", "#include <pmapcc/optim/optim.h>", "#include <pmapcc/train/trainer.h>",
             ""]
     runs, faults = [], []
@@ -111,7 +111,7 @@ def check(readme, repo):
                 parts = p.split("/")
                 if parts[1] not in presets and parts[1] not in ("<preset>", "...", "*") and len(parts) > 2:
                     faults.append(f"README.md:{n}: {p}: build/{parts[1]} is no preset's build directory")
-            elif re.match(r"(examples|scripts|bench|tests|kernels|core|ensemble|src|include|io|cmake)/[\w./-]+$", p) \
+            elif re.match(r"(examples|scripts|bench|tests|kernels|core|nn|optim|train|export|src|include|io|cmake)/[\w./-]+$", p) \
                     and not any(c in p for c in "<>*{}") and not os.path.exists(os.path.join(repo, p.rstrip("."))):
                 faults.append(f"README.md:{n}: {p} does not exist")
     if faults:

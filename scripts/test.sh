@@ -135,66 +135,32 @@ else
   # drive under TSan, and cuda_standin_train runs the program end to end there.
   tsan_skip='^(consumer_project|mnist_ensemble_cli|hostile_inputs|isa=generic:.*|fuzz_replay\..*)$'
   # Also left out under TSan: the long training comparisons. They check numbers (the GPU against the CPU,
-  # bf16 against fp32, split weights against whole ones, members in groups, checkpoints' bytes) over epochs
-  # of the same steps, and their threads are those of shorter tests that TSan runs; the default and ASan
-  # builds run them in full. Under TSan they took 3,240 s of test time out of 4,420 (2026-12-05, 2 cores: CI
-  # ran past its 90 minutes). Threads still meet under TSan in the stand-in GPUs' training
+  # bf16 against fp32, split weights against whole ones, members in vmap batches, checkpoints' bytes) over
+  # epochs of the same steps, and their threads are those of shorter tests that TSan runs; the default and
+  # ASan builds run them in full. Threads still meet under TSan in the stand-in GPUs' training
   # (cuda_standin_train, "cuda graphs with collectives", "jit graphs on cuda", "cuda virtual devices"), model
-  # parallelism ("model parallel: 20 steps on every mesh shape"), data parallelism and the trainer ("same
-  # seed", "data parallel over 2 devices", "train step: BatchNorm") and the CPU kernels' helper threads ("CPU
-  # ops split over helper threads"). Test time under TSan (ctest -j2 on the 2-core host) is in the comments.
-  # The longest, left out under ASan too (below).
+  # parallelism ("tensor parallel: "), data parallelism and the trainer ("trainer: the same seed", "trainer:
+  # data parallel", "train step: BatchNorm") and the CPU kernels' helper threads ("CPU ops split over helper
+  # threads"). The runner's comparisons that filled these lists went with it (issue #51); the longest left
+  # out under ASan too (below).
   long_everywhere=(
-    "cuda training: "                            # the GPU against the CPU, 4 cases: 976 s
-    "the model-parallel trainer: a Dx1 mesh"     # 212 s
-    "clipping by global norm with split weights" # 174 s
-    "an ensemble on an \\('ensemble', 'model'\\) mesh" # 112 s
-    "early stopping resumes exactly"             # 124 s
-    "mismatched and corrupt checkpoints"         # a parser, one thread: 124 s
-    "train step: per-member learning rates"      # 115 s under ASan; "trainer: the same seed" injects them too
-    "early stopping callback: a run saved"       # 229 s under ASan; the trainer checkpoint cases stay there
-    "program recipe: SGD with Nesterov"          # 80 s under ASan (runner comparisons); the resume case stays
-    "program recipe: weight decay"               # 56 s under ASan
-    # Bit-for-bit comparisons, many epochs of steps that shorter cases run under ASan too (ASan seconds,
-    # 2026-12-06): 413 s of test time, about 3.5 minutes of the stage's wall time at -j2.
-    "early stopping callback: each member"       # 101 s; "... BatchNorm's moving statistics" stays
-    "early stopping: each member stops"          # 81 s (the runner's)
-    "trainer checkpoints: the runner's files"    # 72 s; read_members reads a runner file under ASan
-    "train step: the state keeps its shapes"     # 56 s
-    "the member group changes no result"         # 53 s
-    "trainer: an ensemble's epochs"              # 50 s (against the runner)
-    # Moved from TSan's list on 2026-12-07 (CI at 67.5 minutes; ASan seconds on the 2-core Intel host, about
-    # half the AMD host's): comparisons of the Trainer with the runner, and resumes on other meshes, whose
-    # steps and files shorter cases run under ASan (the Trainer's own resume and checkpoint cases stay).
-    "trainer checkpoints: an ensemble resumes"   # 17 s
-    "program run: the program's Trainer checkpo" # 17 s
-    "per-member learning rates"                  # 10 s (the runner's)
-    "train step: clipping by each member"        # 9 s
-    "trainer: evaluation gives the runner's"     # 8 s; "trainer: a callback or an evaluation" stays
-    "program recipe: AdamW's default decay"      # 7.5 s (against the runner)
-    "per-member values on GPUs"                  # fake GPUs only: about 20x its 25 s in the stand-in build;
-                                                 # run by the cuda-standin build and on a GPU (gpu_checks.sh)
+    "cuda training: "                            # the GPU against the CPU, 4 cases (the stand-in's fake GPUs)
+    "per-member values on GPUs"                  # fake GPUs only: run by the cuda-standin build and on a GPU
   )
   tsan_long=(
     "${long_everywhere[@]}"
-    "checkpoints of split weights"               # 140 s
-    "trainer on GPUs"                            # 184 s with 4 members (2 now); its CPU cases stay
-    "trainer checkpoints on GPUs"                # 123 s; the data-parallel and corrupt-file cases stay
-    "bf16 training on the CUDA kernels"          # 52 s
-    "bf16=(avx512|fma):"                         # the bf16 paths' reruns (one thread each): 92 s
-    "adamw with warmup, cosine decay"            # 37 s
+    "trainer on GPUs"                            # fake GPUs: cuda_standin_train and the graph tests train there
+    "trainer checkpoints on GPUs"
+    "train step on GPUs"
+    "bf16 training on the CUDA kernels"
+    "bf16=(avx512|fma):"                         # the bf16 paths' reruns (one thread each)
     "pmap_mlp_example"                           # the example's runs, 122 s: pmap's threads, as the ops tests
     "cuda conv2d at a first-layer size"          # the kernels' numbers, one thread each: 45 s
     "bf16 GEMM: products of the rounded"         # 55 s
     "matmul in every variant and layout"         # 35 s
-    "train step on GPUs"                         # 117 s: cuda_standin_train and the graph tests train there
-    "the CUDA backend run on the host trains"    # 56 s
-    "4 members on 4 devices and 4 members on 1"  # 38 s
-    "a captured step \\(the CUDA kernels"         # 30 s
-    "version 1 checkpoints"                      # 28 s
+    "a captured step \\(the CUDA kernels"         # the host run's captures, one thread each
+    "keras-convnet on the CUDA kernels run on the host"
     "bf16 training is reproducible"              # 22 s
-    "resume continues exactly"                   # 45 s (the runner's; the Trainer's resume cases stay)
-    "program run: an epoch's metrics"            # the runner's epoch beside the Trainer's, and three loads
   )
   tsan_skip+="|^($(alternatives "${tsan_long[@]}"))"
   preset_stages tsan -E "$tsan_skip" \
@@ -211,8 +177,9 @@ else
   # And under ASan the generic variant's reruns of whole training runs (about 35 s of ASan test time on the
   # Intel host): the generic kernels' own reruns stay, and the default build reruns these.
   asan_skip='^(consumer_project|mnist_ensemble_cli|hostile_inputs)$'
-  asan_skip+='|^isa=generic:(a 10-step|same seed|4 members|data parallel|resume|BatchNorm and Dropout:'
-  asan_skip+='|a run with BatchNorm)'
+  asan_skip+="|^isa=generic:(trainer: an ensemble's epochs|trainer: the same seed|trainer: the first loss"
+  asan_skip+="|trainer: data parallel|trainer checkpoints: an ensemble resumes|train step: BatchNorm"
+  asan_skip+="|keras-convnet's moving statistics)"
   asan_skip+="|^($(alternatives "${long_everywhere[@]}"))"
   preset_stages asan -E "$asan_skip"
 

@@ -16,13 +16,14 @@
 #include <pmap/array.h>
 #include <pmap/random.h>
 
-#include <pmapcc/ensemble/config.h>
-#include <pmapcc/ensemble/data.h>
+#include <pmapcc/train/data.h>
+
+#include "examples/mnist_ensemble/config.h"
 
 namespace pmap::testing {
 
-inline ensemble::Dataset synthetic_dataset(std::int64_t count, int side, std::uint64_t seed) {
-  ensemble::Dataset d;
+inline train::Dataset synthetic_dataset(std::int64_t count, int side, std::uint64_t seed) {
+  train::Dataset d;
   d.count = count;
   d.rows = d.cols = side;
   d.num_classes = 10;
@@ -46,16 +47,16 @@ inline ensemble::Dataset synthetic_dataset(std::int64_t count, int side, std::ui
 
 // The training tests' data: 640 training and 200 test images of 12x12, made once.
 struct TrainingData {
-  ensemble::Dataset train = synthetic_dataset(640, 12, 1);
-  ensemble::Dataset test = synthetic_dataset(200, 12, 2);
+  train::Dataset train = synthetic_dataset(640, 12, 1);
+  train::Dataset test = synthetic_dataset(200, 12, 2);
 };
 inline const TrainingData& training_data() {
   static const TrainingData d;
   return d;
 }
 
-// The training tests' run on training_data(): `devices` CPU devices, `members` members, `epochs` epochs of
-// 10 steps (batches of 64), eval batches of 128.
+// The program's flags for a run on training_data(): `devices` CPU devices, `members` members, `epochs` epochs of
+// 10 steps (batches of 64), eval batches of 128 (examples/mnist_ensemble/recipe.h makes its Trainer).
 inline ensemble::TrainConfig small_config(int devices, int members, int epochs = 1) {
   ensemble::TrainConfig c;
   c.devices = devices;
@@ -66,8 +67,8 @@ inline ensemble::TrainConfig small_config(int devices, int members, int epochs =
   return c;
 }
 
-// Variables (train::Variables: tensors by name) as one vector, each tensor of `names` in that order: the runner's
-// stacked layout (ensemble::Trainer::params()) for a Trainer's (members, ...) tensors.
+// Variables (train::Variables: tensors by name) as one vector, each tensor of `names` in that order: a
+// Trainer's (members, ...) tensors as one vector, to compare two runs' in one go.
 inline std::vector<float> stacked(const std::map<std::string, Array>& v, const std::vector<std::string>& names) {
   std::vector<float> out;
   for (const std::string& n : names) {

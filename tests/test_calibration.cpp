@@ -1,4 +1,4 @@
-// The calibration statistics (kernels::calibration_sums, ensemble::calibration_from_sums) and per-image
+// The calibration statistics (kernels::calibration_sums, train::calibration_from_sums) and per-image
 // predictions on hand-made probability arrays with computed expectations: NLL, Brier score, predictive
 // entropy, top-label ECE over 15 bins (bins with no samples, a confidence of exactly 1, a probability that
 // underflowed to 0, ties); the CUDA kernels (host run, and a GPU when usable) give the CPU op's bits.
@@ -6,15 +6,15 @@
 
 #include <cmath>
 
-#include <pmapcc/ensemble/metrics.h>
 #include <pmapcc/kernels/backend.h>
+#include <pmapcc/train/metrics.h>
 
 namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
 
 namespace {
 
 namespace k = pmap::kernels;
-using pmap::ensemble::Calibration;
+using pmap::train::Calibration;
 
 // Four rows over 3 classes:
 //   A [0.7, 0.2, 0.1] label 0: hit, confidence 0.7 (bin 10)
@@ -66,14 +66,14 @@ TEST_CASE("calibration sums of hand-made rows: NLL, Brier, entropy, hits and the
   for (double& v : twice) v *= 2;
   check_close(sums, twice);
 
-  const Calibration c = pmap::ensemble::calibration_from_sums(expected_slots());
+  const Calibration c = pmap::train::calibration_from_sums(expected_slots());
   CHECK(c.nll == doctest::Approx((-std::log(0.7) - std::log(0.5) - std::log(1e-30)) / 4).epsilon(1e-7));
   CHECK(c.brier == doctest::Approx((0.14 + 0.5 + 0 + 2) / 4).epsilon(1e-7));
-  CHECK(c.entropy == doctest::Approx((-(0.7 * std::log(0.7) + 0.2 * std::log(0.2) + 0.1 * std::log(0.1)) + std::log(2.0)) / 4)
-                         .epsilon(1e-7));
+  const double entropy_a = -(0.7 * std::log(0.7) + 0.2 * std::log(0.2) + 0.1 * std::log(0.1));
+  CHECK(c.entropy == doctest::Approx((entropy_a + std::log(2.0)) / 4).epsilon(1e-7));
   // ECE = (|1 - 0.7| + |0 - 0.5| + |1 - 2|) / 4: each bin's |hits - confidence sum| over all rows.
   CHECK(c.ece == doctest::Approx((0.3 + 0.5 + 1.0) / 4).epsilon(1e-7));
-  CHECK(pmap::ensemble::accuracy_from_sums(expected_slots()) == 0.5);
+  CHECK(pmap::train::accuracy_from_sums(expected_slots()) == 0.5);
   REQUIRE(c.bins.size() == 15);
   CHECK(c.bins[14].count == 2);
   CHECK(c.bins[14].confidence == 1.0);
@@ -83,7 +83,7 @@ TEST_CASE("calibration sums of hand-made rows: NLL, Brier, entropy, hits and the
   CHECK(std::isnan(c.bins[0].confidence));  // an empty bin has no mean
   CHECK(std::isnan(c.bins[0].accuracy));
   // No rows at all: every mean is NaN, not a division by zero's inf.
-  const Calibration none = pmap::ensemble::calibration_from_sums(std::vector<double>(k::kCalibrationSlots, 0.0));
+  const Calibration none = pmap::train::calibration_from_sums(std::vector<double>(k::kCalibrationSlots, 0.0));
   CHECK(std::isnan(none.nll));
   CHECK(std::isnan(none.ece));
 }
@@ -98,7 +98,7 @@ TEST_CASE("calibration sums of several predictors, and a label out of range") {
   cpu.calibration_sums({2, 4, 3}, two.data(), kLabels.data(), sums.data(), nullptr);
   check_close(std::vector<double>(sums.begin(), sums.begin() + k::kCalibrationSlots), expected_slots());
   const Calibration perfect =
-      pmap::ensemble::calibration_from_sums(std::vector<double>(sums.begin() + k::kCalibrationSlots, sums.end()));
+      pmap::train::calibration_from_sums(std::vector<double>(sums.begin() + k::kCalibrationSlots, sums.end()));
   CHECK(perfect.nll == 0.0);
   CHECK(perfect.brier == 0.0);
   CHECK(perfect.entropy == 0.0);

@@ -14,15 +14,15 @@
 #include <tuple>
 #include <vector>
 
-#include <pmapcc/ensemble/data.h>
 #include <pmapcc/io/idx.h>
+#include <pmapcc/train/data.h>
 #include "pmap/error.h"
 
 namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
 
 namespace fs = std::filesystem;
-using pmap::ensemble::Dataset;
-using pmap::ensemble::Split;
+using pmap::train::Dataset;
+using pmap::train::Split;
 using Bytes = std::vector<std::uint8_t>;
 
 namespace {
@@ -127,13 +127,13 @@ TEST_CASE("IDX files round-trip exactly, raw or gzip, recognised by content not 
   SUBCASE("raw") {
     write_raw(dir / "img", image_file());
     write_raw(dir / "lab", label_file());
-    check_sample(pmap::ensemble::load_idx_pair(dir / "img", dir / "lab"));
+    check_sample(pmap::train::load_idx_pair(dir / "img", dir / "lab"));
   }
   SUBCASE("gzip, one named without .gz and one raw file named .gz") {
     write_gz(dir / "img", image_file());
     write_raw(dir / "lab.gz", label_file());
     CHECK(read_all(dir / "img")[0] == 0x1f);
-    check_sample(pmap::ensemble::load_idx_pair(dir / "img", dir / "lab.gz"));
+    check_sample(pmap::train::load_idx_pair(dir / "img", dir / "lab.gz"));
   }
   SUBCASE("read_idx returns the header's dims") {
     write_gz(dir / "img.gz", image_file());
@@ -147,7 +147,7 @@ TEST_CASE("malformed IDX files raise DataError naming the file and the fault") {
   TempDir dir;
   const fs::path img = dir / "images-idx3-ubyte", lab = dir / "labels-idx1-ubyte";
   write_raw(lab, label_file());
-  auto load = [&] { pmap::ensemble::load_idx_pair(img, lab); };
+  auto load = [&] { pmap::train::load_idx_pair(img, lab); };
   const std::string need = "need " + std::to_string(16 + kCount * kRows * kCols) + " bytes";
 
   SUBCASE("missing") { check_fault(load, img, "no such file"); }
@@ -219,7 +219,7 @@ TEST_CASE("image and label files that disagree raise DataError naming both") {
     Bytes labels = sample_labels();
     labels.pop_back();
     write_raw(lab, idx_bytes(0x801, {kCount - 1}, labels));
-    const std::string msg = data_error([&] { pmap::ensemble::load_idx_pair(img, lab); });
+    const std::string msg = data_error([&] { pmap::train::load_idx_pair(img, lab); });
     INFO(msg);
     CHECK(contains(msg, img.string() + " holds 5 images"));
     CHECK(contains(msg, lab.string() + " holds 4 labels"));
@@ -228,15 +228,15 @@ TEST_CASE("image and label files that disagree raise DataError naming both") {
     Bytes labels = sample_labels();
     labels[3] = 10;
     write_raw(lab, idx_bytes(0x801, {kCount}, labels));
-    check_fault([&] { pmap::ensemble::load_idx_pair(img, lab); }, lab, "label 10 at index 3 is out of range [0, 10)");
+    check_fault([&] { pmap::train::load_idx_pair(img, lab); }, lab, "label 10 at index 3 is out of range [0, 10)");
     // Labels 0, 3, 6, 9, 2: with 4 classes the first bad one is index 2 (value 6).
     write_raw(lab, label_file());
-    check_fault([&] { pmap::ensemble::load_idx_pair(img, lab, 4); }, lab, "label 6 at index 2 is out of range [0, 4)");
+    check_fault([&] { pmap::train::load_idx_pair(img, lab, 4); }, lab, "label 6 at index 2 is out of range [0, 4)");
   }
   SUBCASE("num_classes outside [1, 256] is a ValueError") {
     write_raw(lab, label_file());
-    CHECK_THROWS_AS(pmap::ensemble::load_idx_pair(img, lab, 0), pmap::ValueError);
-    CHECK_THROWS_AS(pmap::ensemble::load_idx_pair(img, lab, 257), pmap::ValueError);
+    CHECK_THROWS_AS(pmap::train::load_idx_pair(img, lab, 0), pmap::ValueError);
+    CHECK_THROWS_AS(pmap::train::load_idx_pair(img, lab, 257), pmap::ValueError);
   }
 }
 
@@ -304,22 +304,22 @@ TEST_CASE("load_mnist finds raw or .gz files, honours limit, and says what it lo
   TempDir dir;
   write_gz(dir / "train-images-idx3-ubyte.gz", image_file());
   write_raw(dir / "train-labels-idx1-ubyte", label_file());
-  check_sample(pmap::ensemble::load_mnist(dir.path, Split::train));
-  check_sample(pmap::ensemble::load_mnist(dir.path, Split::train, 100));
+  check_sample(pmap::train::load_mnist(dir.path, Split::train));
+  check_sample(pmap::train::load_mnist(dir.path, Split::train, 100));
 
-  const Dataset first3 = pmap::ensemble::load_mnist(dir.path, Split::train, 3);
+  const Dataset first3 = pmap::train::load_mnist(dir.path, Split::train, 3);
   CHECK(first3.count == 3);
   const Bytes pixels = sample_pixels();
   CHECK(first3.images == Bytes(pixels.begin(), pixels.begin() + 3 * kRows * kCols));
   CHECK(first3.labels == Bytes{0, 3, 6});
-  CHECK_THROWS_AS(pmap::ensemble::load_mnist(dir.path, Split::train, 0), pmap::ValueError);
-  CHECK_THROWS_AS(pmap::ensemble::load_mnist(dir.path, Split::train, -2), pmap::ValueError);
+  CHECK_THROWS_AS(pmap::train::load_mnist(dir.path, Split::train, 0), pmap::ValueError);
+  CHECK_THROWS_AS(pmap::train::load_mnist(dir.path, Split::train, -2), pmap::ValueError);
 
-  const std::string msg = data_error([&] { pmap::ensemble::load_mnist(dir.path, Split::test); });
+  const std::string msg = data_error([&] { pmap::train::load_mnist(dir.path, Split::test); });
   INFO(msg);
   CHECK(contains(msg, (dir / "t10k-images-idx3-ubyte").string() + " and "));
   CHECK(contains(msg, (dir / "t10k-images-idx3-ubyte.gz").string()));
-  CHECK(contains(data_error([&] { pmap::ensemble::load_mnist(dir / "nope", Split::train); }), "does not exist"));
+  CHECK(contains(data_error([&] { pmap::train::load_mnist(dir / "nope", Split::train); }), "does not exist"));
 }
 
 TEST_CASE("gather_batch scales pixels to [0, 1] and keeps the order of the indices") {
@@ -332,7 +332,7 @@ TEST_CASE("gather_batch scales pixels to [0, 1] and keeps the order of the indic
   const std::vector<std::uint32_t> idx = {3, 0, 3, 1};
   std::vector<float> x(idx.size() * 6, -1.f);
   std::vector<std::int32_t> y(idx.size(), -1);
-  pmap::ensemble::gather_batch(d, idx, x.data(), y.data());
+  pmap::train::gather_batch(d, idx, x.data(), y.data());
   for (std::size_t b = 0; b < idx.size(); ++b) {
     CHECK(y[b] == d.labels[idx[b]]);
     for (std::size_t p = 0; p < 6; ++p) CHECK(x[b * 6 + p] == static_cast<float>(d.images[idx[b] * 6 + p]) / 255.f);
@@ -342,17 +342,17 @@ TEST_CASE("gather_batch scales pixels to [0, 1] and keeps the order of the indic
 
   const std::vector<std::uint32_t> bad = {1, 4};
   std::vector<float> untouched(12, -1.f);
-  CHECK_THROWS_AS(pmap::ensemble::gather_batch(d, bad, untouched.data(), y.data()), pmap::ValueError);
+  CHECK_THROWS_AS(pmap::train::gather_batch(d, bad, untouched.data(), y.data()), pmap::ValueError);
   CHECK(untouched == std::vector<float>(12, -1.f));
 }
 
 TEST_CASE("steps_per_epoch drops the last partial batch") {
-  CHECK(pmap::ensemble::steps_per_epoch(60000, 128) == 468);
-  CHECK(pmap::ensemble::steps_per_epoch(256, 128) == 2);
-  CHECK(pmap::ensemble::steps_per_epoch(127, 128) == 0);
-  CHECK(pmap::ensemble::steps_per_epoch(0, 1) == 0);
-  CHECK_THROWS_AS(pmap::ensemble::steps_per_epoch(10, 0), pmap::ValueError);
-  CHECK_THROWS_AS(pmap::ensemble::steps_per_epoch(-1, 8), pmap::ValueError);
+  CHECK(pmap::train::steps_per_epoch(60000, 128) == 468);
+  CHECK(pmap::train::steps_per_epoch(256, 128) == 2);
+  CHECK(pmap::train::steps_per_epoch(127, 128) == 0);
+  CHECK(pmap::train::steps_per_epoch(0, 1) == 0);
+  CHECK_THROWS_AS(pmap::train::steps_per_epoch(10, 0), pmap::ValueError);
+  CHECK_THROWS_AS(pmap::train::steps_per_epoch(-1, 8), pmap::ValueError);
 }
 
 namespace {
@@ -367,7 +367,7 @@ void check_real(const std::string& name, const std::array<std::int64_t, 10>& tra
   }
   for (const auto& [split, count, hist] : {std::tuple{Split::train, 60000, train_hist},
                                            std::tuple{Split::test, 10000, test_hist}}) {
-    const Dataset d = pmap::ensemble::load_mnist(dir, split);
+    const Dataset d = pmap::train::load_mnist(dir, split);
     CHECK(d.count == count);
     CHECK(d.rows == 28);
     CHECK(d.cols == 28);

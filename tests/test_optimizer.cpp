@@ -1,14 +1,16 @@
-// Tests of the optimizers as parts: the optimizer ops (SGD, Adam, schedules, clipping, the step counter)
-// against their formulas computed independently, the CUDA kernels (run on the host; on a GPU too) against
-// the CPU ops bit for bit, schedules as text, the configuration's checks, and optimizer_step over a
-// model's tensors with per-member hyper-parameters.
+// Tests of the optimizer kernels and the program's optimizer flags: the optimizer ops (SGD, Adam, schedules,
+// clipping, the step counter) against their formulas computed independently, the CUDA kernels (run on the
+// host; on a GPU too) against the CPU ops bit for bit, schedules as text (--lr-schedule), and the checks of
+// the program's OptimizerConfig (examples/mnist_ensemble/config.h), which recipe_optimizer applies too.
 #include "cuda_testing.h"
 
 #include <cmath>
 #include <cstring>
 
-#include <pmapcc/ensemble/optimizer.h>
 #include <pmapcc/kernels/cpu_backend.h>
+
+#include "examples/mnist_ensemble/config.h"
+#include "examples/mnist_ensemble/recipe.h"
 
 namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
 
@@ -73,7 +75,8 @@ TEST_CASE("optimizer ops: sgd_update follows optax per member, with decoupled we
   CHECK(p[0] == doctest::Approx(-0.1 * (2.0 + 3.0 + 3.5)));
 }
 
-TEST_CASE("optimizer ops: sgd_trace keeps the update apart, params + updates is sgd_update's params, zeros' signs too") {
+TEST_CASE("optimizer ops: sgd_trace keeps the update apart, params + updates is sgd_update's params, "
+          "zeros' signs too") {
   const int members = 3;
   const std::size_t n = 41;
   const std::vector<float> lr{0.1f, 0.05f, 0.0f};  // a zero rate makes signed-zero updates
@@ -299,7 +302,7 @@ TEST_CASE("the optimizer configuration's checks name the flag") {
   c.name = "lamb";
   CHECK_THROWS_WITH_AS(c.check(4), doctest::Contains("--optimizer must be one of sgd, adam, adamw, got 'lamb'"),
                        pmap::ValueError);
-  CHECK_THROWS_WITH_AS(pe::make_optimizer(c), doctest::Contains("--optimizer"), pmap::ValueError);
+  CHECK_THROWS_WITH_AS(pe::recipe_optimizer(c, 4, 10), doctest::Contains("--optimizer"), pmap::ValueError);
   c = pe::OptimizerConfig{};
   c.learning_rate = {0.1f, 0.2f, 0.3f};
   CHECK_THROWS_WITH_AS(c.check(4), doctest::Contains("--lr gives 3 values for 4 member(s)"), pmap::ValueError);
@@ -322,41 +325,6 @@ TEST_CASE("the optimizer configuration's checks name the flag") {
   c.clip_norm = -1;
   CHECK_THROWS_WITH_AS(c.check(3), doctest::Contains("--clip-norm"), pmap::ValueError);
   CHECK(pe::optimizer_names() == std::vector<std::string>{"sgd", "adam", "adamw"});
-}
-
-TEST_CASE("optimizer_step updates every tensor of a model, each member with its own rate, and counts the step") {
-  const auto model = pe::flax_mnist_cnn({8, 8, 1}, 3);
-  const int members = 2;
-  const auto p_total = static_cast<std::size_t>(members * model->params_per_member());
-  std::vector<float> init(p_total);
-  const std::vector<pmap::Key> keys{pmap::key(1), pmap::key(2)};
-  model->init(keys, init);
-  const auto grads = random_floats(p_total, 81);
-  const pmap::Device host{pmap::DeviceKind::cpu, 0, 0};
-  for (const char* name : {"sgd", "adam"}) {
-    CAPTURE(name);
-    pe::OptimizerConfig c;
-    c.name = name;
-    c.learning_rate = {0.1f, 0.01f};
-    const auto opt = pe::make_optimizer(c);
-    pe::TrainState state = pe::make_train_state(
-        *opt, pmap::Array::from_host(std::span<const float>(init), {static_cast<std::int64_t>(p_total)}, host));
-    CHECK(state.opt.size() == opt->slots().size());
-    pe::OptimizerWork work(c, members, 0, host);
-    pe::optimizer_step(*opt, pe::UpdateOptions{}, cpu_optimizer(), *model, work, state, grads.data());
-    CHECK(state.step.to_vector<std::int64_t>() == std::vector<std::int64_t>{1});
-    // Every element moved against its gradient by its member's rate: SGD's first step is exactly lr * g,
-    // Adam's about lr (times the gradient's sign).
-    const auto after = state.params.to_vector<float>();
-    for (const pe::TensorSlot& t : model->tensors())
-      for (int m = 0; m < members; ++m) {
-        const std::size_t at = static_cast<std::size_t>(t.offset * members + m * t.size);
-        const float lr = c.learning_rate[static_cast<std::size_t>(m)];
-        const float expect =
-            std::string(name) == "sgd" ? init[at] - lr * grads[at] : init[at] - lr * (grads[at] > 0 ? 1.0f : -1.0f);
-        CHECK(after[at] == doctest::Approx(expect).epsilon(1e-4));
-      }
-  }
 }
 
 }  // namespace PMAPCC_TEST_FILE

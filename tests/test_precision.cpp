@@ -1,22 +1,29 @@
-// bf16 mixed precision (kernels::Precision, TrainConfig::precision, --precision): the CPU's conv and dense
-// ops in bf16 are the fp32 ops on bf16-rounded operands up to fp32 rounding, for every product (forward,
-// weight and input gradients); training in bf16 is reproducible bit for bit and follows fp32's losses
-// closely, on the CPU kernels and on the CUDA kernels' host run; and bf16 is refused, naming what to do,
-// wherever it cannot run.
+// bf16 mixed precision (kernels::Precision, train::TrainerOptions::precision, the program's --precision): the
+// CPU's conv and dense ops in bf16 are the fp32 ops on bf16-rounded operands up to fp32 rounding, for every
+// product (forward, weight and input gradients); a Trainer in bf16 trains reproducibly bit for bit and follows
+// fp32's losses closely, on the CPU kernels and on the CUDA kernels' host run (TrainerOptions::cpu_backend); and
+// bf16 is refused, naming what to do, wherever it cannot run: by the kernels, the Trainer's step and the
+// program's check of --precision (check_precision).
 #include <doctest/doctest.h>
 
 #include <pmap/error.h>
 
-#include <pmapcc/ensemble/trainer.h>
+#include <pmapcc/kernels/backend.h>
 #include <pmapcc/kernels/bf16_gemm.h>
 #include <pmapcc/kernels/cpu_backend.h>
+#include <pmapcc/optim/optim.h>
+#include <pmapcc/train/trainer.h>
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "examples/mnist_ensemble/config.h"
+#include "examples/mnist_ensemble/recipe.h"
+#include "examples/mnist_ensemble/run_checks.h"
 #include "synthetic.h"
 
 namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
@@ -47,6 +54,39 @@ double relative(const std::vector<float>& a, const std::vector<float>& b) {
     scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
   }
   return diff / std::max(scale, 1e-30);
+}
+
+namespace train = pmap::train;
+
+// The program's default recipe (flax-cnn, SGD with momentum 0.9 at 0.1, batches of 64) for `members` members
+// on `devices` CPU devices, at `precision`, computed by `kernels` (null: the CPU kernels).
+std::unique_ptr<train::Trainer> make_trainer(int devices, int members, Precision precision,
+                                             const k::Backend* kernels = nullptr) {
+  return std::make_unique<train::Trainer>(
+      train::flax_cnn({12, 12, 1}), train::Optimizer(pmap::optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f}),
+      pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cpu, devices), "ensemble"),
+      train::TrainerOptions{.members = members, .batch_size = 64, .precision = precision, .cpu_backend = kernels});
+}
+
+// The members' parameters as one vector, tensor after tensor in the model's order.
+std::vector<float> all_params(const train::Trainer& t) {
+  return pmap::testing::stacked(t.params(), t.model().param_names());
+}
+
+// One epoch on the training data; each step's loss.
+std::vector<double> step_losses(train::Trainer& t, train::EpochReport* report = nullptr) {
+  std::vector<double> out;
+  const train::EpochReport e =
+      t.run_epoch(pmap::testing::training_data().train, [&](const train::StepReport& r) { out.push_back(r.loss); });
+  if (report != nullptr) *report = e;
+  return out;
+}
+
+// The largest relative difference of two loss trajectories of one length.
+double worst_relative(const std::vector<double>& a, const std::vector<double>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]) / b[i]);
+  return worst;
 }
 
 // Restores the CPU kernel variant active when the test began.
@@ -193,13 +233,18 @@ TEST_CASE("bf16 is refused where it cannot run, naming what to do") {
   CHECK_THROWS_WITH_AS(k::parse_precision("fp16", "--precision"),
                        doctest::Contains("--precision: expected fp32 or bf16"), pmap::ValueError);
 
-  // The Trainer names the flag.
+  // The program names the flag, before anything runs; the Trainer's first step names the op.
   const auto& data = pmap::testing::training_data();
   pmap::ensemble::TrainConfig config = pmap::testing::small_config(1, 1);
   config.precision = Precision::bf16;
   k::cpu::set_isa(k::cpu::available_isas().front());  // generic
-  CHECK_THROWS_WITH_AS(pmap::ensemble::Trainer(config, data.train, data.test), doctest::Contains("--precision bf16: "),
+  CHECK_THROWS_WITH_AS(pmap::ensemble::check_precision(config), doctest::Contains("--precision bf16: "),
                        pmap::ValueError);
+  CHECK_THROWS_WITH_AS(make_trainer(1, 1, Precision::bf16)->run_epoch(data.train),
+                       doctest::Contains("bf16 precision"), pmap::ValueError);
+  // The CUDA kernels' host run takes it on any CPU.
+  config.cuda_kernels_on_host = true;
+  CHECK_NOTHROW(pmap::ensemble::check_precision(config));
 }
 
 TEST_CASE("bf16 training is reproducible bit for bit and follows fp32's losses") {
@@ -209,50 +254,47 @@ TEST_CASE("bf16 training is reproducible bit for bit and follows fp32's losses")
   }
   IsaGuard guard;
   k::cpu::set_isa("avx512");
-  const auto& data = pmap::testing::training_data();
-  pmap::ensemble::TrainConfig fp32 = pmap::testing::small_config(2, 2);
-  pmap::ensemble::TrainConfig bf16 = fp32;
-  bf16.precision = Precision::bf16;
-  pmap::ensemble::Trainer a(bf16, data.train, data.test), b(bf16, data.train, data.test);
-  pmap::ensemble::Trainer f(fp32, data.train, data.test);
-  CHECK(a.params() == f.params());  // the same initial members: precision changes the arithmetic only
-  std::vector<double> la, lf;
-  const auto ma = a.run_epoch([&](const pmap::ensemble::StepReport& r) { la.push_back(r.loss); });
-  const auto mb = b.run_epoch();
-  const auto mf = f.run_epoch([&](const pmap::ensemble::StepReport& r) { lf.push_back(r.loss); });
-  CHECK(a.params() == b.params());
-  CHECK(ma.train_loss == mb.train_loss);
-  CHECK(ma.ensemble_test_accuracy == mb.ensemble_test_accuracy);
-  CHECK(a.params() != f.params());
+  // flax-cnn, 2 members on 2 devices, one epoch of 10 steps: twice in bf16, once in fp32.
+  const auto a = make_trainer(2, 2, Precision::bf16), b = make_trainer(2, 2, Precision::bf16);
+  const auto f = make_trainer(2, 2, Precision::fp32);
+  CHECK(all_params(*a) == all_params(*f));  // the same initial members: precision changes the arithmetic only
+  train::EpochReport ea, eb;
+  const std::vector<double> la = step_losses(*a, &ea), lb = step_losses(*b, &eb), lf = step_losses(*f);
+  CHECK(all_params(*a) == all_params(*b));
+  CHECK(la == lb);
+  CHECK(ea.train_loss == eb.train_loss);
+  const auto& test = pmap::testing::training_data().test;
+  const train::Evaluation va = a->evaluate(test), vb = b->evaluate(test), vf = f->evaluate(test);
+  CHECK(va.ensemble_accuracy == vb.ensemble_accuracy);
+  CHECK(va.ensemble_calibration.nll == vb.ensemble_calibration.nll);
+  CHECK(all_params(*a) != all_params(*f));
   REQUIRE(la.size() == lf.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < la.size(); ++i) worst = std::max(worst, std::fabs(la[i] - lf[i]) / lf[i]);
+  const double worst = worst_relative(la, lf);
   MESSAGE("bf16 vs fp32, " << la.size() << " steps: worst relative loss difference " << worst << ", last loss "
-                           << la.back() << " vs " << lf.back() << "; test accuracy " << ma.ensemble_test_accuracy
-                           << " vs " << mf.ensemble_test_accuracy);
+                           << la.back() << " vs " << lf.back() << "; test accuracy " << va.ensemble_accuracy
+                           << " vs " << vf.ensemble_accuracy);
   CHECK(worst > 0);
   CHECK(worst <= 0.05);
-  CHECK(a.config().to_json().at("precision").get<std::string>() == "bf16");
-  CHECK(f.config().to_json().at("precision").get<std::string>() == "fp32");
+  // The program's --precision reaches the Trainer's options, and its record.
+  pmap::ensemble::TrainConfig config = pmap::testing::small_config(2, 2);
+  CHECK(pmap::ensemble::recipe_options(config, 2).precision == Precision::fp32);
+  CHECK(config.to_json().at("precision").get<std::string>() == "fp32");
+  config.precision = Precision::bf16;
+  CHECK(pmap::ensemble::recipe_options(config, 2).precision == Precision::bf16);
+  CHECK(config.to_json().at("precision").get<std::string>() == "bf16");
+  CHECK_NOTHROW(pmap::ensemble::check_precision(config));
 }
 
 TEST_CASE("bf16 training on the CUDA kernels (their host run) is reproducible and follows fp32's losses") {
-  const auto& data = pmap::testing::training_data();
-  pmap::ensemble::TrainConfig fp32 = pmap::testing::small_config(1, 2);
-  fp32.cuda_kernels_on_host = true;
-  pmap::ensemble::TrainConfig bf16 = fp32;
-  bf16.precision = Precision::bf16;
-  pmap::ensemble::Trainer a(bf16, data.train, data.test), b(bf16, data.train, data.test);
-  pmap::ensemble::Trainer f(fp32, data.train, data.test);
-  std::vector<double> la, lf;
-  a.run_epoch([&](const pmap::ensemble::StepReport& r) { la.push_back(r.loss); });
-  b.run_epoch();
-  f.run_epoch([&](const pmap::ensemble::StepReport& r) { lf.push_back(r.loss); });
-  CHECK(a.params() == b.params());
-  CHECK(a.params() != f.params());
+  const k::Backend& on_host = k::cuda_backend_on_host();
+  const auto a = make_trainer(1, 2, Precision::bf16, &on_host), b = make_trainer(1, 2, Precision::bf16, &on_host);
+  const auto f = make_trainer(1, 2, Precision::fp32, &on_host);
+  const std::vector<double> la = step_losses(*a), lb = step_losses(*b), lf = step_losses(*f);
+  CHECK(all_params(*a) == all_params(*b));
+  CHECK(la == lb);
+  CHECK(all_params(*a) != all_params(*f));
   REQUIRE(la.size() == lf.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < la.size(); ++i) worst = std::max(worst, std::fabs(la[i] - lf[i]) / lf[i]);
+  const double worst = worst_relative(la, lf);
   MESSAGE("CUDA kernels on the host, bf16 vs fp32, " << la.size() << " steps: worst relative loss difference "
                                                       << worst);
   CHECK(worst > 0);

@@ -1,91 +1,118 @@
-// The train step's graph key (review F4): a captured step freezes the batch's and the state's device
-// pointers, the rows, the optimizer and its by-value options; a call that changes any of them must capture
-// anew, never replay the old values. Checked with the CUDA kernels run on the host, whose graphs record and
-// replay as a GPU's do, against the same calls run eagerly.
+// train::TrainStep's graphs: on a backend that records graphs (the CUDA kernels run on the host here, which
+// record and replay as a GPU's do) the jitted step is captured on its second call and launched from then on,
+// its arguments copied into the graph's places. A call on another state, another batch, or with another
+// per-member learning rate (a hyper-parameter the state holds), and the steps along the optimizer's schedule,
+// must compute what the same calls compute run eagerly (StepOptions::graphs false), never replay the
+// captured call's values.
 #include <doctest/doctest.h>
 
-#include <memory>
+#include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <pmap/pmap.h>
-#include <pmapcc/ensemble/model.h>
-#include <pmapcc/ensemble/optimizer.h>
-#include <pmapcc/ensemble/step.h>
+#include <pmapcc/kernels/array_ops.h>
 #include <pmapcc/kernels/backend.h>
+#include <pmapcc/optim/optim.h>
+#include <pmapcc/train/model.h>
+#include <pmapcc/train/optimizer.h>
+#include <pmapcc/train/step.h>
 
 namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
 
-namespace pe = pmap::ensemble;
+namespace train = pmap::train;
+using pmap::Array;
 
 namespace {
 
 constexpr int kRows = 8, kSide = 12, kClasses = 10;
 
-pe::Batch batch(int seed) {
+struct Batch {
+  Array images, labels;
+};
+
+Batch batch(int seed, const pmap::Device& device) {
   std::vector<float> images(static_cast<std::size_t>(kRows * kSide * kSide));
   pmap::uniform(pmap::key(static_cast<std::uint64_t>(seed)), images);
   std::vector<std::int32_t> labels(kRows);
   for (int i = 0; i < kRows; ++i) labels[static_cast<std::size_t>(i)] = (i * 7 + seed) % kClasses;
-  return {pmap::Array::from_host(images, {kRows, kSide, kSide, 1}), pmap::Array::from_host(labels, {kRows})};
+  return {Array::from_host(images, {kRows, kSide, kSide, 1}, device), Array::from_host(labels, {kRows}, device)};
 }
 
-// One member's train steps, each call given as (which state, which batch, which schedule), on one DeviceWork
-// that captures (graphs = true) or not; returns each state's parameters after the calls.
+// One call of the step: on which state, on which batch, and the learning rate state 0 holds from then on (0:
+// unchanged).
 struct Call {
   int state;
   int batch;
-  bool decayed;  // an exponential schedule instead of the constant one
+  float learning_rate = 0.0f;
 };
 
-std::vector<std::vector<float>> run(bool graphs, const std::vector<Call>& calls) {
-  const auto model = pe::flax_mnist_cnn({kSide, kSide, 1}, kClasses);
-  pe::OptimizerConfig adam;
-  adam.name = "adam";
-  adam.learning_rate = {1e-3f};
-  const auto optimizer = pe::make_optimizer(adam);
+struct Result {
+  std::vector<std::vector<float>> params;  // each state's parameters after the calls, tensor after tensor
+  pmap::JitStats stats;
+};
+
+// One member a state, two states, on one CPU device whose ops the CUDA kernels' host run computes: the
+// calls in order, on a step that captures graphs or not. Adam under a piecewise schedule (its rate computed
+// on the device from the state's count), each state its own learning rate.
+Result run(bool graphs, const std::vector<Call>& calls) {
   const pmap::Device cpu = pmap::local_devices(pmap::DeviceKind::cpu, 1)[0];
-  pe::DeviceWork work(*model, pmap::kernels::cuda_backend_on_host(), cpu, 1, kRows, kRows, 0, 64,
-                      pe::OptimizerWork(adam, 1, 0, cpu), graphs);
-  std::vector<pe::TrainState> states;
-  for (std::uint64_t seed : {1u, 2u}) {
-    std::vector<float> init(static_cast<std::size_t>(model->params_per_member()));
+  const train::TrainStep step(
+      train::flax_cnn({kSide, kSide, 1}, kClasses),
+      train::Optimizer(pmap::optim::Adam{
+          .learning_rate = pmap::optim::piecewise_schedule(1e-3f, {.boundaries = {2, 4}, .factors = {0.5, 0.25}})}),
+      train::softmax_cross_entropy_loss, {.graphs = graphs});
+  std::vector<train::TrainState> states;
+  for (const auto& [seed, lr] : {std::pair{1u, 1e-3f}, std::pair{2u, 2e-3f}}) {
     const std::vector<pmap::Key> keys{pmap::key(seed)};
-    model->init(keys, init);
-    states.push_back(pe::make_train_state(*optimizer, pmap::Array::from_host(init, {model->params_per_member()})));
+    states.push_back(step.init(keys, cpu, {.learning_rate = {lr}}));
   }
-  std::vector<pe::Batch> batches;
-  batches.push_back(batch(3));
-  batches.push_back(batch(4));
-  pe::StepOptions opt;
-  opt.optimizer = optimizer.get();
-  pe::StepOptions decayed = opt;
-  decayed.update.schedule.kind = pmap::kernels::ScheduleKind::exponential;
-  decayed.update.schedule.decay_rate = 0.5;
+  std::vector<Batch> batches;
+  batches.push_back(batch(3, cpu));
+  batches.push_back(batch(4, cpu));
   pmap::Mesh mesh({cpu}, "ensemble");
-  for (const Call& c : calls)
+  for (const Call& c : calls) {
+    if (c.learning_rate != 0.0f)
+      states[0].hyperparams.at("learning_rate") = Array::from_host(std::vector<float>{c.learning_rate}, {1}, cpu);
     pmap::pmap([&] {
-      pe::train_step(states[static_cast<std::size_t>(c.state)], work, batches[static_cast<std::size_t>(c.batch)],
-                     c.decayed ? decayed : opt);
+      pmap::ops::detail::ScopedBackend scope(pmap::kernels::cuda_backend_on_host());
+      const Batch& b = batches[static_cast<std::size_t>(c.batch)];
+      step(states[static_cast<std::size_t>(c.state)], b.images, b.labels);
     }, mesh)();
-  std::vector<std::vector<float>> out;
-  for (const auto& s : states) out.push_back(s.params.to_vector<float>());
-  return out;
+  }
+  Result r{{}, step.stats()};
+  for (const train::TrainState& s : states) {
+    std::vector<float> p;
+    for (const std::string& name : step.model().param_names()) {
+      const auto t = s.params.at(name).to_vector<float>();
+      p.insert(p.end(), t.begin(), t.end());
+    }
+    r.params.push_back(std::move(p));
+  }
+  return r;
 }
 
 }  // namespace
 
-TEST_CASE("a captured train step captures anew for another state, batch or schedule, as eager steps run") {
-  // Warm-up and capture on state 0 and batch 0, then calls that change one frozen input each.
-  const std::vector<Call> calls{{0, 0, false}, {0, 0, false}, {0, 0, false}, {1, 0, false},
-                                {0, 1, false}, {0, 0, true},  {1, 1, true},  {0, 0, false}};
-  const auto captured = run(true, calls);
-  const auto eager = run(false, calls);
-  CHECK(captured[0] == eager[0]);
-  CHECK(captured[1] == eager[1]);
+TEST_CASE("train step graphs: another state, batch or learning rate captures nothing stale, as eager steps run") {
+  // A trace and a capture on state 0 and batch 0, then calls that change one argument of the captured call
+  // each; state 0's six steps cross both of the schedule's boundaries.
+  const std::vector<Call> calls{{0, 0}, {0, 0}, {0, 0}, {1, 0}, {0, 1}, {0, 0, 5e-4f}, {1, 1}, {0, 0}};
+  const Result captured = run(true, calls);
+  const Result eager = run(false, calls);
+  CHECK(captured.params[0] == eager.params[0]);
+  CHECK(captured.params[1] == eager.params[1]);
+  // The graphs ran (one capture, launched for the later calls); the eager step captured none.
+  CHECK(captured.stats.graph_captures >= 1);
+  CHECK(captured.stats.graph_launches >= 4);
+  CHECK(captured.stats.graph_refusals == 0);
+  CHECK(eager.stats.graph_captures == 0);
+  CHECK(eager.stats.graph_launches == 0);
   // The states moved (the comparison is not of untouched parameters).
-  const auto untouched = run(false, {});
-  CHECK(eager[0] != untouched[0]);
-  CHECK(eager[1] != untouched[1]);
+  const Result untouched = run(false, {});
+  CHECK(eager.params[0] != untouched.params[0]);
+  CHECK(eager.params[1] != untouched.params[1]);
 }
 
 }  // namespace PMAPCC_TEST_FILE

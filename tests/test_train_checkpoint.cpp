@@ -1,7 +1,8 @@
 // train::Trainer checkpoints: a run saved after an epoch and loaded continues bit for bit as the run that did
 // not stop, on the same or another device count (an ensemble) and from fake GPUs to CPU devices; the runner's
-// checkpoints (ensemble::Trainer's) load and continue as the runner does; every mismatch and corruption is
-// refused, naming the file and the fault, before the Trainer changes.
+// committed checkpoints (tests/data/runner) load with their members, optimizer slots and per-member rates;
+// read_members picks members out of either; the program's inspect_checkpoint reads both; every mismatch and
+// corruption is refused, naming the file and the fault, before the Trainer changes.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -14,12 +15,12 @@
 #include <vector>
 
 #include <pmap/pmap.h>
-#include <pmapcc/ensemble/trainer.h>
 #include <pmapcc/io/safetensors.h>
 #include <pmapcc/optim/optim.h>
 #include <pmapcc/train/trainer.h>
 
 #include "cuda_testing.h"
+#include "examples/mnist_ensemble/config.h"
 #include "synthetic.h"
 
 namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
@@ -145,77 +146,132 @@ TEST_CASE("trainer checkpoints: data parallel Adam resumes bit for bit, its mome
   CHECK(snapshot(resumed) == snapshot(straight));
 }
 
-TEST_CASE("trainer checkpoints: the runner's files load and continue as the runner continues them") {
-  SUBCASE("an ensemble with SGD's momentum (opt/momentum/<tensor>)") {
-    const auto path = temp_path("runner_sgd.safetensors");
-    pe::TrainConfig c = pmap::testing::small_config(2, 4);
-    c.seed = 3;
-    pe::Trainer old(c, data().train, data().test);
-    old.run_epoch();
-    old.save_checkpoint(path);
-    train::Trainer adam(train::flax_cnn({12, 12, 1}), train::Optimizer(optim::Adam{.learning_rate = 1e-3f}),
-                        mesh(pmap::DeviceKind::cpu, 1), {.members = 4, .batch_size = 64, .seed = 3});
+namespace {
+
+// A checkpoint the runner wrote, committed (tests/data/runner/README.md: its configuration and data).
+std::filesystem::path runner_file(const std::string& name) {
+  return std::filesystem::path(PMAPCC_SOURCE_DIR) / "tests" / "data" / "runner" / name;
+}
+
+// Row g of tensors `prefix + name` of a safetensors file, for each of `names`, as its bytes (by name).
+std::map<std::string, std::vector<std::byte>> file_row(const pmap::io::SafetensorsFile& f, const std::string& prefix,
+                                                       const std::vector<std::string>& names, std::int64_t g) {
+  std::map<std::string, std::vector<std::byte>> out;
+  for (const std::string& n : names) {
+    const pmap::io::TensorEntry* e = f.find(prefix + n);
+    REQUIRE(e != nullptr);
+    const auto row = static_cast<std::ptrdiff_t>(e->data.size()) / static_cast<std::ptrdiff_t>(e->shape.at(0));
+    out.emplace(n, std::vector<std::byte>(e->data.begin() + g * row, e->data.begin() + (g + 1) * row));
+  }
+  return out;
+}
+
+// The tensors `prefix + name` of a safetensors file whole, by `rename(name)` (the Trainer's name for it).
+template <class Rename>
+std::map<std::string, std::vector<std::byte>> file_bits(const pmap::io::SafetensorsFile& f, const std::string& prefix,
+                                                        const std::vector<std::string>& names, Rename rename) {
+  std::map<std::string, std::vector<std::byte>> out;
+  for (const std::string& n : names) {
+    const pmap::io::TensorEntry* e = f.find(prefix + n);
+    REQUIRE(e != nullptr);
+    out.emplace(rename(n), e->data);
+  }
+  return out;
+}
+
+// Those of `all` whose names start with `prefix`.
+std::map<std::string, std::vector<std::byte>> starting(const std::map<std::string, std::vector<std::byte>>& all,
+                                                       const std::string& prefix) {
+  std::map<std::string, std::vector<std::byte>> out;
+  for (const auto& [name, b] : all)
+    if (name.starts_with(prefix)) out.emplace(name, b);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("trainer checkpoints: the runner's files load with their members, optimizer slots and per-member rates") {
+  // What a load restores, against the files' own tensors; their evaluation and continuation on the runner's data
+  // (tests/cli/make_idx.py's) are tests/cli/run_runner_checkpoints.sh's. Each holds one epoch of 256 examples
+  // in batches of 32: 8 steps.
+  auto same_name = [](const std::string& n) { return n; };
+  SUBCASE("an ensemble with SGD's momentum (opt/momentum/<tensor>) and a learning rate each") {
+    // flax-cnn on 4x4 images, 2 members, --lr 0.1,0.05, seed 5.
+    const auto path = runner_file("flax_cnn_ensemble.safetensors");
+    const pmap::io::SafetensorsFile f = pmap::io::load_safetensors(path);
+    const train::Model model = train::flax_cnn({4, 4, 1});
+    const train::TrainerOptions o{.members = 2, .batch_size = 32, .seed = 5,
+                                  .hyperparams = {.learning_rate = {0.1f, 0.05f}}};
+    const train::Optimizer adam_tx(optim::Adam{.learning_rate = 1e-3f});
+    train::Trainer adam(model, adam_tx, mesh(pmap::DeviceKind::cpu, 1), o);
     CHECK_THROWS_WITH_AS(adam.load(path),
                          (path.string() + ": the checkpoint was trained with optim::Sgd, this Trainer with "
                                           "optim::Adam").c_str(), pmap::DataError);
-    train::Trainer now(train::flax_cnn({12, 12, 1}), sgd(), mesh(pmap::DeviceKind::cpu, 1),
-                       {.members = 4, .batch_size = 64, .seed = 3});
-    now.load(path);
-    const auto names = now.model().param_names();
-    CHECK(stacked(now.params(), names) == old.params());
-    CHECK(stacked(now.optimizer_state(), [&] {
-            std::vector<std::string> trace;
-            for (const auto& n : names) trace.push_back("trace/" + n);
-            return trace;
-          }()) == old.optimizer_state("momentum"));
-    CHECK(now.step() == old.step());
-    CHECK(now.epochs_done() == 1);
-    old.run_epoch();
-    now.run_epoch(data().train);
-    CHECK(stacked(now.params(), names) == old.params());
-  }
-  SUBCASE("data parallel keras-convnet with Adam (opt/m, opt/v; the count is the step)") {
-    const auto path = temp_path("runner_adam.safetensors");
-    pe::TrainConfig c = pmap::testing::small_config(2, 1);
-    c.mode = pe::Mode::data_parallel;
-    c.model = "keras-convnet";
-    c.optimizer.name = "adam";
-    pe::Trainer old(c, data().train, data().test);
-    old.run_epoch();
-    old.save_checkpoint(path);
-    train::Trainer now(train::keras_convnet({12, 12, 1}), train::Optimizer(optim::Adam{.learning_rate = 1e-3f}),
-                       mesh(pmap::DeviceKind::cpu, 2), {.data_parallel = true, .batch_size = 64});
-    now.load(path);
-    CHECK(now.optimizer_state().at("count").to_vector<std::int64_t>() == std::vector<std::int64_t>{old.step()});
-    old.run_epoch();
-    now.run_epoch(data().train);
-    const auto names = now.model().param_names();
-    CHECK(stacked(now.params(), names) == old.params());
-    CHECK(stacked(now.model_state(), now.model().state_names()) == old.model_state());
-  }
-  SUBCASE("per-member learning rates: the runner's list is the Trainer's hyper-parameters") {
-    const auto path = temp_path("runner_rates.safetensors");
-    pe::TrainConfig c = pmap::testing::small_config(1, 2);
-    c.optimizer.learning_rate = {0.1f, 0.03f};
-    pe::Trainer old(c, data().train, data().test);
-    old.run_epoch();
-    old.save_checkpoint(path);
-    train::Trainer plain(train::flax_cnn({12, 12, 1}), sgd(), mesh(pmap::DeviceKind::cpu, 1), {.members = 2});
+    train::Trainer plain(model, sgd(), mesh(pmap::DeviceKind::cpu, 1), {.members = 2, .batch_size = 32, .seed = 5});
     CHECK_THROWS_WITH_AS(plain.load(path),
                          (path.string() + ": the checkpoint's members were trained with one learning_rate each "
-                                          "([0.1,0.03]); give them as options.hyperparams.learning_rate").c_str(),
+                                          "([0.1,0.05]); give them as options.hyperparams.learning_rate").c_str(),
                          pmap::DataError);
-    train::Trainer other(train::flax_cnn({12, 12, 1}), sgd(), mesh(pmap::DeviceKind::cpu, 1),
-                         {.members = 2, .hyperparams = {.learning_rate = {0.1f, 0.05f}}});
+    train::TrainerOptions rates = o;
+    rates.hyperparams.learning_rate = {0.1f, 0.03f};
+    train::Trainer other(model, sgd(), mesh(pmap::DeviceKind::cpu, 1), rates);
     CHECK_THROWS_WITH_AS(other.load(path),
-                         doctest::Contains("the checkpoint's members were trained with learning_rate [0.1, 0.03]"),
+                         doctest::Contains("the checkpoint's members were trained with learning_rate [0.1, 0.05]; "
+                                           "this Trainer's are [0.1, 0.03]"),
                          pmap::DataError);
-    train::Trainer now(train::flax_cnn({12, 12, 1}), sgd(), mesh(pmap::DeviceKind::cpu, 1),
-                       {.members = 2, .hyperparams = {.learning_rate = {0.1f, 0.03f}}});
-    now.load(path);
-    old.run_epoch();
-    now.run_epoch(data().train);
-    CHECK(stacked(now.params(), now.model().param_names()) == old.params());
+    train::TrainerOptions seed = o;
+    seed.seed = 6;
+    train::Trainer another(model, sgd(), mesh(pmap::DeviceKind::cpu, 1), seed);
+    CHECK_THROWS_WITH_AS(another.load(path),
+                         doctest::Contains("the checkpoint was trained from seed 5; this Trainer's is 6"),
+                         pmap::DataError);
+    const auto names = model.param_names();
+    for (const int devices : {1, 2}) {
+      CAPTURE(devices);
+      train::Trainer now(model, sgd(), mesh(pmap::DeviceKind::cpu, devices), o);
+      const train::Checkpoint ck = now.load(path);
+      CHECK(ck.metadata.at("format") == "pmapcc.ensemble.v2");
+      CHECK(now.step() == 8);
+      CHECK(now.epochs_done() == 1);
+      CHECK(bits(now.params()) == file_bits(f, "params/", names, same_name));
+      const auto opt = bits(now.optimizer_state());
+      CHECK(starting(opt, "trace/") ==
+            file_bits(f, "opt/momentum/", names, [](const std::string& n) { return "trace/" + n; }));
+      CHECK(now.optimizer_state().at("count").to_vector<std::int64_t>() == std::vector<std::int64_t>{8});
+      std::vector<float> lr;  // each device's members' rates, in mesh order
+      for (std::size_t d = 0; d < now.states().size(); ++d)
+        for (float r : now.states()[d].hyperparams.at("learning_rate").to_vector<float>()) lr.push_back(r);
+      CHECK(lr == std::vector<float>{0.1f, 0.05f});
+    }
+  }
+  SUBCASE("data parallel keras-convnet with Adam (opt/m, opt/v, and the count from the step)") {
+    // keras-convnet on 12x12 images, one model over 2 devices, Adam 1e-3, seed 7.
+    const auto path = runner_file("keras_convnet_data_parallel.safetensors");
+    const pmap::io::SafetensorsFile f = pmap::io::load_safetensors(path);
+    const train::Model model = train::keras_convnet({12, 12, 1});
+    auto adam = [] { return train::Optimizer(optim::Adam{.learning_rate = 1e-3f}); };
+    const auto names = model.param_names();
+    for (const int devices : {2, 1}) {  // the devices it was written from, and another count
+      CAPTURE(devices);
+      train::Trainer now(model, adam(), mesh(pmap::DeviceKind::cpu, devices),
+                         {.data_parallel = true, .batch_size = 32, .seed = 7});
+      now.load(path);
+      CHECK(now.step() == 8);
+      CHECK(now.epochs_done() == 1);
+      CHECK(now.optimizer_state().at("count").to_vector<std::int64_t>() == std::vector<std::int64_t>{8});
+      CHECK(bits(now.params()) == file_bits(f, "params/", names, same_name));
+      CHECK(bits(now.model_state()) == file_bits(f, "state/", model.state_names(), same_name));
+      const auto opt = bits(now.optimizer_state());
+      CHECK(starting(opt, "mu/") == file_bits(f, "opt/m/", names, [](const std::string& n) { return "mu/" + n; }));
+      CHECK(starting(opt, "nu/") == file_bits(f, "opt/v/", names, [](const std::string& n) { return "nu/" + n; }));
+      CHECK(now.params().at("Dense_0/kernel").dim(0) == 1);  // the one model
+    }
+    // Another mode is refused, naming it.
+    train::Trainer ensemble(model, adam(), mesh(pmap::DeviceKind::cpu, 1), {.members = 1, .batch_size = 32, .seed = 7});
+    CHECK_THROWS_WITH_AS(ensemble.load(path),
+                         (path.string() + ": the checkpoint was trained in data-parallel mode; this Trainer trains "
+                                          "an ensemble").c_str(),
+                         pmap::DataError);
   }
 }
 
@@ -324,22 +380,27 @@ TEST_CASE("trainer checkpoints: read_members picks members out of a file, evalua
   CHECK(picked.member_calibration[0].nll == whole.member_calibration[2].nll);
   CHECK(train::read_members(path, t.model()).params.at("Dense_1/bias").dim(0) == 4);  // every member
 
-  // The runner's files: keras-convnet's parameters and its BatchNorm statistics.
-  pe::TrainConfig c = pmap::testing::small_config(2, 2);
-  c.model = "keras-convnet";
-  pe::Trainer old(c, data().train, data().test);
-  old.run_epoch();
-  const auto runner_path = temp_path("members_runner.safetensors");
-  old.save_checkpoint(runner_path);
+  // The runner's files: keras-convnet's parameters and BatchNorm statistics (its one model), into a Trainer of
+  // one member; flax-cnn's two members, picked in another order.
+  const auto runner_path = runner_file("keras_convnet_data_parallel.safetensors");
+  const pmap::io::SafetensorsFile rf = pmap::io::load_safetensors(runner_path);
   const train::Model keras = train::keras_convnet({12, 12, 1});
-  const train::SavedMembers r = train::read_members(runner_path, keras, {1});
-  CHECK(r.members == 2);
-  train::Trainer from_runner(keras, sgd(), mesh(pmap::DeviceKind::cpu, 2), {.members = 2});
-  from_runner.set_members(train::read_members(runner_path, keras).params, train::read_members(runner_path, keras).state,
-                          {0, 1});
-  CHECK(stacked(from_runner.params(), keras.param_names()) == old.params());
-  CHECK(stacked(from_runner.model_state(), keras.state_names()) == old.model_state());
-  CHECK(row(r.state, 0) == row(from_runner.model_state(), 1));
+  const train::SavedMembers r = train::read_members(runner_path, keras);
+  CHECK(r.members == 1);
+  CHECK(r.metadata.at("format") == "pmapcc.ensemble.v2");
+  CHECK(row(r.params, 0) == file_row(rf, "params/", keras.param_names(), 0));
+  CHECK(row(r.state, 0) == file_row(rf, "state/", keras.state_names(), 0));
+  train::Trainer from_runner(keras, sgd(), mesh(pmap::DeviceKind::cpu, 1), {.members = 1});
+  from_runner.set_members(r.params, r.state, {0});
+  CHECK(row(from_runner.params(), 0) == file_row(rf, "params/", keras.param_names(), 0));
+  CHECK(row(from_runner.model_state(), 0) == file_row(rf, "state/", keras.state_names(), 0));
+  const auto flax_path = runner_file("flax_cnn_ensemble.safetensors");
+  const pmap::io::SafetensorsFile ff = pmap::io::load_safetensors(flax_path);
+  const train::Model small = train::flax_cnn({4, 4, 1});
+  const train::SavedMembers swapped = train::read_members(flax_path, small, {1, 0});
+  CHECK(swapped.members == 2);
+  CHECK(row(swapped.params, 0) == file_row(ff, "params/", small.param_names(), 1));
+  CHECK(row(swapped.params, 1) == file_row(ff, "params/", small.param_names(), 0));
 
   // The errors: members outside the file or asked twice, another model, a file that is not a checkpoint, a
   // tensor missing, misshapen or not finite.
@@ -394,34 +455,32 @@ TEST_CASE("trainer checkpoints: read_members picks members out of a file, evalua
                        doctest::Contains("'params/Dense_1/bias' holds a NaN or an infinity"), pmap::DataError);
 }
 
-TEST_CASE("trainer checkpoints: the runner evaluates a Trainer file's members, and refuses to resume it") {
-  const auto path = temp_path("for_runner.safetensors");
+TEST_CASE("trainer checkpoints: the program's inspect_checkpoint reads a Trainer file's and the runner's members") {
+  const auto path = temp_path("for_program.safetensors");
   train::Trainer t(train::flax_cnn({12, 12, 1}), sgd(), mesh(pmap::DeviceKind::cpu, 2),
                    {.members = 4, .batch_size = 64, .seed = 6});
   t.run_epoch(data().train);
   t.save(path);
-  const train::Evaluation whole = t.evaluate(data().test);
   const pe::CheckpointSummary s = pe::inspect_checkpoint(path);
+  CHECK(s.format == "pmapcc.train.v1");
   CHECK(s.members == 4);
   CHECK(s.epochs_done == 1);
   CHECK(s.config.size() == 2);
   CHECK(s.config.at("members") == 4);
   CHECK(s.config.at("model") == "flax-cnn");
-  // Members 3 and 1 as the runner's two members: their accuracies and NLLs are the run's.
-  pe::Trainer old(pmap::testing::small_config(2, 2), data().train, data().test);
-  old.load_members(path, {3, 1});
-  pe::EpochMetrics m;
-  old.evaluate(m);
-  CHECK(m.member_test_accuracy == std::vector<double>{whole.member_accuracy[3], whole.member_accuracy[1]});
-  CHECK(m.member_calibration[0].nll == doctest::Approx(whole.member_calibration[3].nll).epsilon(1e-9));
-  CHECK(m.member_calibration[1].nll == doctest::Approx(whole.member_calibration[1].nll).epsilon(1e-9));
-  CHECK_THROWS_WITH_AS(old.load_checkpoint(path),
-                       doctest::Contains("written by train::Trainer (format pmapcc.train.v1) without a program's "
-                                         "configuration (__metadata__.config): resume it with train::Trainer::load"),
-                       pmap::DataError);
+  // The runner's files: their members, epochs and recorded configuration (tests/data/runner/README.md).
+  const pe::CheckpointSummary flax = pe::inspect_checkpoint(runner_file("flax_cnn_ensemble.safetensors"));
+  CHECK(flax.format == "pmapcc.ensemble.v2");
+  CHECK(flax.members == 2);
+  CHECK(flax.epochs_done == 1);
+  CHECK(flax.config.at("model") == "flax-cnn");
+  CHECK(flax.config.at("seed") == 5);
+  const pe::CheckpointSummary keras = pe::inspect_checkpoint(runner_file("keras_convnet_data_parallel.safetensors"));
+  CHECK(keras.members == 1);
+  CHECK(keras.config.at("mode") == "data-parallel");
   // A caller's configuration in the metadata is kept, the model and the members the file's own; a caller's
   // record of them that differs from the file's is an altered file.
-  const auto with_config = temp_path("for_runner_config.safetensors");
+  const auto with_config = temp_path("for_program_config.safetensors");
   t.save(with_config, {{"config", R"({"batch_size": 32, "members": 4})"}});
   const pe::CheckpointSummary c = pe::inspect_checkpoint(with_config);
   CHECK(c.config.size() == 3);
@@ -430,7 +489,7 @@ TEST_CASE("trainer checkpoints: the runner evaluates a Trainer file's members, a
   CHECK(c.config.at("model") == "flax-cnn");
   t.save(with_config, {{"config", R"({"batch_size": 32, "members": 9})"}});
   CHECK_THROWS_WITH_AS(pe::inspect_checkpoint(with_config),
-                       doctest::Contains("for_runner_config.safetensors: __metadata__.config records members 9, the "
+                       doctest::Contains("for_program_config.safetensors: __metadata__.config records members 9, the "
                                          "file's __metadata__.members is 4: the file was altered"),
                        pmap::DataError);
   t.save(with_config, {{"config", R"({"model": "keras-convnet"})"}});
@@ -440,12 +499,12 @@ TEST_CASE("trainer checkpoints: the runner evaluates a Trainer file's members, a
                        pmap::DataError);
   t.save(with_config, {{"config", "[1, 2]"}});
   CHECK_THROWS_WITH_AS(pe::inspect_checkpoint(with_config),
-                       doctest::Contains("for_runner_config.safetensors: __metadata__.config is not a JSON object"),
+                       doctest::Contains("for_program_config.safetensors: __metadata__.config is not a JSON object"),
                        pmap::DataError);
   rewrite(path, with_config, [](auto&, auto& metadata) { metadata["format"] = "pmapcc.other"; });
   CHECK_THROWS_WITH_AS(pe::inspect_checkpoint(with_config),
-                       doctest::Contains("format 'pmapcc.other' is not pmapcc.ensemble.v2 (or pmapcc.ensemble.v1, or "
-                                         "pmapcc.train.v1 for evaluation)"),
+                       doctest::Contains("format 'pmapcc.other' is not pmapcc.train.v1 (nor the runner's "
+                                         "pmapcc.ensemble.v2 or pmapcc.ensemble.v1)"),
                        pmap::DataError);
 }
 

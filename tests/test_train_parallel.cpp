@@ -14,6 +14,7 @@
 #include <pmap/pmap.h>
 #include <pmapcc/io/safetensors.h>
 #include <pmapcc/kernels/array_ops_optim.h>
+#include <pmapcc/kernels/backend.h>
 #include <pmapcc/nn/parallel.h>
 #include <pmapcc/optim/optim.h>
 #include <pmapcc/train/trainer.h>
@@ -173,6 +174,20 @@ TEST_CASE("tensor parallel: keras-convnet data parallel over 'data' and split ov
                        doctest::Contains("options.batch_size is 31; with options.sharding it must split evenly over "
                                          "the 2 devices of 'data'"),
                        pmap::ValueError);
+}
+
+TEST_CASE("tensor parallel on the CUDA kernels run on the host: split and clipped, as one device") {
+  // The psum of a split clip meets the other devices on the host, so that step replays without a graph (a
+  // captured step records no such collective): it runs eagerly, and trains as the unsplit model does.
+  const train::Model cnn = train::flax_cnn({12, 12, 1});
+  const train::Optimizer clipped(pmap::optim::chain(pmap::optim::clip_by_global_norm(0.05f),
+                                                    pmap::optim::Sgd{.learning_rate = 0.5f, .momentum = 0.9f}));
+  const pmap::kernels::Backend* host = &pmap::kernels::cuda_backend_on_host();
+  const Run whole = train_run(cnn, clipped, pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cpu, 1), "ensemble"),
+                              {.members = 1, .batch_size = 32, .cpu_backend = host});
+  const Run split = train_run(cnn, clipped, mesh_of(1, 2),
+                              {.members = 1, .batch_size = 32, .cpu_backend = host, .sharding = megatron()});
+  check_close(split, whole, 1e-6f);
 }
 
 TEST_CASE("tensor parallel: the split form of clip_factor and SplitLeaves refuse what does not fit") {

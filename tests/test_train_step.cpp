@@ -1,30 +1,30 @@
 // The training layer on the differentiable core (train/): the models as module code draw the program's
-// initial variables under the program's names, and the traced step (value_and_grad, the Optimizer, jit, map
-// over a device's members) trains ensembles and data-parallel replicas as the runner's Trainer does, compared
-// bit for bit after an epoch; and the errors of bad variables, optimizer states and options.
+// initial variables (Model::init of the Trainer's member keys) under the names its checkpoints use, and the
+// traced step (value_and_grad, the Optimizer, jit, map over a device's members) trains an ensemble's members
+// bit for bit alike on any device count and in any vmap batch, a data-parallel model on two devices as on one
+// up to the sums' order, a hyper-parameter ensemble's members each as its values given to all, and on (fake)
+// GPUs as on CPU devices; and the errors of bad variables, optimizer states and options.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
-#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include <pmap/pmap.h>
-#include <pmapcc/ensemble/trainer.h>
 #include <pmapcc/optim/optim.h>
 #include <pmapcc/train/model.h>
 #include <pmapcc/train/optimizer.h>
 #include <pmapcc/train/step.h>
+#include <pmapcc/train/trainer.h>
 
 #include "cuda_testing.h"
 #include "synthetic.h"
 
 namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
 
-namespace pe = pmap::ensemble;
 namespace train = pmap::train;
 using pmap::Array;
 
@@ -84,9 +84,9 @@ Run run_epoch(const train::TrainStep& step, int devices, int members, int batch,
   std::vector<float> images(static_cast<std::size_t>(batch) * 144);
   std::vector<std::int32_t> labels(static_cast<std::size_t>(batch));
   for (std::int64_t s = 0; s < train_set.count / batch; ++s) {
-    pe::gather_batch(train_set,
-                     std::span(order).subspan(static_cast<std::size_t>(s * batch), static_cast<std::size_t>(batch)),
-                     images.data(), labels.data());
+    train::gather_batch(train_set,
+                        std::span(order).subspan(static_cast<std::size_t>(s * batch), static_cast<std::size_t>(batch)),
+                        images.data(), labels.data());
     Array x = Array::from_host(images, {batch, 12, 12, 1}), y = Array::from_host(labels, {batch});
     auto metrics = dp ? run(r.states, pmap::shard(x, mesh), pmap::shard(y, mesh))
                       : run(r.states, pmap::replicate(x, mesh), pmap::replicate(y, mesh));
@@ -106,17 +106,25 @@ Run run_epoch(const train::TrainStep& step, int devices, int members, int batch,
 }  // namespace
 
 TEST_CASE("train models: module code draws the program's initial variables under its names") {
+  // The names the program's checkpoints have always used (the runner's files in tests/data/runner hold them),
+  // in the models' order.
+  const std::vector<std::string> flax_names{"Conv_0/kernel",  "Conv_0/bias",  "Conv_1/kernel",  "Conv_1/bias",
+                                            "Dense_0/kernel", "Dense_0/bias", "Dense_1/kernel", "Dense_1/bias"};
+  const std::vector<std::string> keras_names{"Conv_0/kernel",    "BatchNorm_0/beta", "Conv_1/kernel",
+                                             "BatchNorm_1/beta", "large_k/kernel",   "large_k/bias",
+                                             "BatchNorm_2/beta", "Dense_0/kernel",   "Dense_0/bias",
+                                             "Dense_1/kernel",   "Dense_1/bias"};
+  const std::vector<std::string> keras_state{"BatchNorm_0/moving_mean", "BatchNorm_0/moving_variance",
+                                             "BatchNorm_1/moving_mean", "BatchNorm_1/moving_variance",
+                                             "BatchNorm_2/moving_mean", "BatchNorm_2/moving_variance"};
+  CHECK(train::flax_cnn({12, 12, 1}).param_names() == flax_names);
+  CHECK(train::flax_cnn({12, 12, 1}).state_names().empty());
+  CHECK(train::keras_convnet({12, 12, 1}).param_names() == keras_names);
+  CHECK(train::keras_convnet({12, 12, 1}).state_names() == keras_state);
   for (const std::string name : {"flax-cnn", "keras-convnet"}) {
     CAPTURE(name);
-    pe::TrainConfig c = pmap::testing::small_config(1, 3);
-    c.model = name;
-    pe::Trainer old(c, data().train, data().test);
     const train::Model m = train::model_by_name(name, {12, 12, 1}, 10);
-    std::vector<std::string> params, state;
-    for (const auto& t : old.model().tensors()) params.push_back(t.name);
-    for (const auto& t : old.model().state_layout().tensors) state.push_back(t.name);
-    CHECK(m.param_names() == params);
-    CHECK(m.state_names() == state);
+    // Member g starts from Model::init(split(split(key(seed), 2)[0], members)[g]) (seed 0), whatever the devices.
     const auto keys = pmap::split(pmap::split(pmap::key(0), 2)[0], 3);
     std::vector<train::Variables> p(3), s(3);
     for (std::size_t k = 0; k < 3; ++k) std::tie(p[k], s[k]) = m.init(keys[k]);
@@ -127,9 +135,26 @@ TEST_CASE("train models: module code draws the program's initial variables under
     for (const std::string& n : m.state_names())
       for (const auto& v : s)
         for (float x : v.at(n).to_vector<float>()) flat_state.push_back(x);
-    CHECK(flat == old.params());
-    CHECK(flat_state == old.model_state());
+    for (const int devices : {1, 3}) {
+      CAPTURE(devices);
+      const train::Trainer t(m, train::Optimizer(pmap::optim::Sgd{}),
+                             pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cpu, devices), "ensemble"),
+                             {.members = 3});
+      CHECK(pmap::testing::stacked(t.params(), m.param_names()) == flat);
+      CHECK(pmap::testing::stacked(t.model_state(), m.state_names()) == flat_state);
+    }
+    CHECK(flat != std::vector<float>(flat.size(), flat[0]));  // drawn, not constant
+    // BatchNorm's moving statistics start at mean 0 and variance 1.
+    for (const std::string& n : m.state_names()) {
+      CAPTURE(n);
+      const float start = n.ends_with("moving_variance") ? 1.0f : 0.0f;
+      for (float x : s[1].at(n).to_vector<float>()) CHECK(x == start);
+    }
   }
+  // Flax's biases start at zero.
+  const train::Variables flax = train::flax_cnn({12, 12, 1}).init(pmap::key(2)).first;
+  for (const char* bias : {"Conv_0/bias", "Dense_1/bias"})
+    for (float x : flax.at(bias).to_vector<float>()) CHECK(x == 0.0f);
   // On MNIST's shape: Flax's 824,458 parameters; the convnet's 49,242 and 136 moving statistics.
   auto count = [](const train::Variables& v) {
     std::int64_t n = 0;
@@ -145,65 +170,72 @@ TEST_CASE("train models: module code draws the program's initial variables under
   CHECK_THROWS_AS(train::flax_cnn({2, 2, 1}), pmap::ValueError);
 }
 
-TEST_CASE("train step: an ensemble trains bit for bit as the runner's Trainer trains it") {
-  // flax-cnn, 4 members on 2 devices, SGD lr 0.1 momentum 0.9: one epoch of 10 steps.
-  pe::Trainer old(pmap::testing::small_config(2, 4), data().train, data().test);
-  std::vector<double> old_losses;
-  old.run_epoch([&](const pe::StepReport& r) { old_losses.push_back(r.loss); });
+TEST_CASE("train step: an ensemble's members train bit for bit alike on two devices and on one") {
+  // flax-cnn, 4 members, SGD lr 0.1 momentum 0.9: one epoch of 10 steps, 2 members on each of 2 devices and
+  // the 4 on one (each member from its own key, whatever the device that holds it).
   const train::TrainStep step(train::flax_cnn({12, 12, 1}),
                               train::Optimizer(pmap::optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f}));
-  const Run run = run_epoch(step, 2, 4, 64);
-  const auto names = train::flax_cnn({12, 12, 1}).param_names();
-  CHECK(stacked(run.states, names, &train::TrainState::params) == old.params());
-  REQUIRE(run.losses.size() == old_losses.size());
-  for (std::size_t i = 0; i < old_losses.size(); ++i)
-    CHECK(run.losses[i] == doctest::Approx(old_losses[i]).epsilon(1e-6));
-  CHECK(run.states[0].step.to_vector<std::int64_t>() == std::vector<std::int64_t>{10});
+  const Run two = run_epoch(step, 2, 4, 64);
+  const Run one = run_epoch(step, 1, 4, 64);
+  const auto names = step.model().param_names();
+  CHECK(stacked(two.states, names, &train::TrainState::params) ==
+        stacked(one.states, names, &train::TrainState::params));
+  REQUIRE(two.losses.size() == 10);
+  CHECK(two.losses == one.losses);  // the members' losses summed in member order either way
+  CHECK(two.correct == one.correct);
+  const std::vector<std::int64_t> ten{10};
+  for (const train::TrainState& s : two.states) CHECK(s.step.to_vector<std::int64_t>() == ten);
+  CHECK(one.states[0].step.to_vector<std::int64_t>() == ten);
   // The counts are the examples' argmax: no member classifies more than the batch.
-  for (std::int32_t c : run.correct) CHECK((c >= 0 && c <= 4 * 64));
+  for (std::int32_t c : two.correct) CHECK((c >= 0 && c <= 4 * 64));
 }
 
-TEST_CASE("train step: clipping by each member's global norm steps member by member, as the runner's Trainer") {
-  // chain(clip_by_global_norm, Sgd) is not element by element: each member keeps its own state and count.
-  pe::TrainConfig c = pmap::testing::small_config(2, 4);
-  c.optimizer.clip_norm = 0.5f;
-  pe::Trainer old(c, data().train, data().test);
-  old.run_epoch();
+TEST_CASE("train step: clipping by each member's global norm steps member by member, whatever the devices") {
+  // chain(clip_by_global_norm, Sgd) is not element by element: each member keeps its own state and count, and
+  // its norm is its own. Four members on one device against a member on each of four (where a device's norm
+  // could only be its member's).
   const train::Optimizer tx(pmap::optim::chain(pmap::optim::clip_by_global_norm(0.5f),
                                                pmap::optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f}));
   CHECK_FALSE(tx.elementwise());
   CHECK(train::Optimizer(pmap::optim::Sgd{}).elementwise());
   const train::TrainStep step(train::flax_cnn({12, 12, 1}), tx);
-  const Run run = run_epoch(step, 2, 4, 64);
-  CHECK(stacked(run.states, step.model().param_names(), &train::TrainState::params) == old.params());
-  CHECK(run.states[0].opt.at("1/count").shape() == pmap::Shape{2, 1});  // one count per member
-  // Without the clipping the run differs: the check can fail.
-  pe::Trainer unclipped(pmap::testing::small_config(2, 4), data().train, data().test);
-  unclipped.run_epoch();
-  CHECK(unclipped.params() != old.params());
+  const Run one = run_epoch(step, 1, 4, 64);
+  const Run four = run_epoch(step, 4, 4, 64);
+  const auto names = step.model().param_names();
+  CHECK(stacked(one.states, names, &train::TrainState::params) ==
+        stacked(four.states, names, &train::TrainState::params));
+  CHECK(one.states[0].opt.at("1/count").shape() == pmap::Shape{4, 1});  // one count per member
+  CHECK(four.states[3].opt.at("1/count").shape() == pmap::Shape{1, 1});
+  // Without the clipping the run differs: the checks can fail.
+  const train::TrainStep plain(train::flax_cnn({12, 12, 1}),
+                               train::Optimizer(pmap::optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f}));
+  const Run unclipped = run_epoch(plain, 1, 4, 64);
+  CHECK(stacked(unclipped.states, names, &train::TrainState::params) !=
+        stacked(one.states, names, &train::TrainState::params));
 }
 
 namespace {
 
-// keras-convnet with Adam 1e-3 on the 12x12 data, two members on one device (ensemble) or one model data
-// parallel over two devices: the runner's Trainer after an epoch, and the traced step for the same.
-struct KerasCase {
-  KerasCase(bool dp, pmap::DeviceKind kind)
-      : devices(dp ? 2 : 1), members(dp ? 1 : 2),
-        step(train::keras_convnet({12, 12, 1}), train::Optimizer(pmap::optim::Adam{.learning_rate = 1e-3f}),
-             train::softmax_cross_entropy_loss, {.axis = dp ? "data" : "ensemble", .data_parallel = dp}) {
-    pe::TrainConfig c = pmap::testing::small_config(devices, members);
-    c.backend = kind;
-    c.model = "keras-convnet";
-    c.optimizer.name = "adam";
-    if (dp) c.mode = pe::Mode::data_parallel;
-    runner = std::make_unique<pe::Trainer>(c, data().train, data().test);
-    runner->run_epoch();
+// keras-convnet with Adam 1e-3 on the 12x12 data: an ensemble (the members on the mesh's "ensemble" axis) or
+// one model data parallel (its batch split over "data").
+train::TrainStep keras_step(bool dp) {
+  const train::Optimizer adam(pmap::optim::Adam{.learning_rate = 1e-3f});
+  return train::TrainStep(train::keras_convnet({12, 12, 1}), adam, train::softmax_cross_entropy_loss,
+                          {.axis = dp ? "data" : "ensemble", .data_parallel = dp});
+}
+
+// The largest |difference| between two runs' tensors `names` of `role` (the first device's: a data-parallel
+// replica), each tensor but `skip`.
+float max_diff(const Run& a, const Run& b, const std::vector<std::string>& names,
+               train::Variables train::TrainState::*role, const std::string& skip) {
+  float out = 0;
+  for (const std::string& n : names) {
+    if (n == skip) continue;
+    out = std::max(out, pmap::testing::max_abs_diff((a.states[0].*role).at(n).to_vector<float>(),
+                                                    (b.states[0].*role).at(n).to_vector<float>()));
   }
-  int devices, members;
-  train::TrainStep step;
-  std::unique_ptr<pe::Trainer> runner;
-};
+  return out;
+}
 
 }  // namespace
 
@@ -215,38 +247,66 @@ const std::vector<bool> kModes{true};
 const std::vector<bool> kModes{true, false};
 #endif
 
-TEST_CASE("train step: BatchNorm, Dropout and Adam, data parallel and ensemble, as the runner's Trainer") {
+TEST_CASE("train step: BatchNorm, Dropout and Adam, data parallel and ensemble, on two devices as on one") {
+  // An ensemble: two members on one device and one on each of two, bit for bit. Data parallel: the global
+  // batch's step on two devices is one device's on the whole batch (BatchNorm's statistics over the global
+  // batch, the dropout masks by global example index), up to the order of the sums.
   for (const bool dp : kModes) {
     CAPTURE(dp);
-    const KerasCase k(dp, pmap::DeviceKind::cpu);
-    const Run run = run_epoch(k.step, k.devices, k.members, 64);
-    const train::Model& m = k.step.model();
+    const train::TrainStep step = keras_step(dp);
+    const train::Model& m = step.model();
+    const int members = dp ? 1 : 2;
+    const Run two = run_epoch(step, 2, members, 64);
+    const Run one = run_epoch(step, 1, members, 64);
     const std::size_t replicas = dp ? 1 : 0;
-    const auto params = stacked(run.states, m.param_names(), &train::TrainState::params, replicas);
-    const auto state = stacked(run.states, m.state_names(), &train::TrainState::state, replicas);
-    MESSAGE("max |difference| from the runner after an epoch: params "
-            << pmap::testing::max_abs_diff(params, k.runner->params()) << ", moving statistics "
-            << pmap::testing::max_abs_diff(state, k.runner->model_state()));
-    CHECK(params == k.runner->params());
-    CHECK(state == k.runner->model_state());
-    if (dp) {  // the replicas are bitwise identical
-      for (const std::string& n : m.param_names())
-        CHECK(run.states[1].params.at(n).to_vector<float>() == run.states[0].params.at(n).to_vector<float>());
+    const auto params = stacked(two.states, m.param_names(), &train::TrainState::params, replicas);
+    const auto state = stacked(two.states, m.state_names(), &train::TrainState::state, replicas);
+    const auto one_params = stacked(one.states, m.param_names(), &train::TrainState::params);
+    const auto one_state = stacked(one.states, m.state_names(), &train::TrainState::state);
+    MESSAGE("max |difference| between two devices and one after an epoch: params "
+            << pmap::testing::max_abs_diff(params, one_params) << ", moving statistics "
+            << pmap::testing::max_abs_diff(state, one_state));
+    REQUIRE(two.losses.size() == 10);
+    if (!dp) {
+      CHECK(params == one_params);
+      CHECK(state == one_state);
+      CHECK(two.losses == one.losses);
+      continue;
     }
+    for (std::size_t i = 0; i < 10; ++i) CHECK(two.losses[i] == doctest::Approx(one.losses[i]).epsilon(1e-5));
+    // large_k's bias feeds BatchNorm_2, which subtracts the batch's mean: its gradient is rounding noise, which
+    // Adam scales to steps near its learning rate, in the directions of each run's noise (and BatchNorm_2's
+    // moving mean takes them in). Every other tensor agrees.
+    CHECK(max_diff(two, one, m.param_names(), &train::TrainState::params, "large_k/bias") <= 1e-5f);
+    CHECK(max_diff(two, one, m.state_names(), &train::TrainState::state, "BatchNorm_2/moving_mean") <= 1e-5f);
+    // The replicas are bitwise identical.
+    for (const std::string& n : m.param_names())
+      CHECK(two.states[1].params.at(n).to_vector<float>() == two.states[0].params.at(n).to_vector<float>());
   }
 }
 
-TEST_CASE("train step on GPUs: an ensemble and data parallel train as the runner's Trainer on the same GPUs") {
+TEST_CASE("train step on GPUs: an ensemble and data parallel train on the GPUs as on CPU devices") {
   PMAPCC_REQUIRE_GPU();
   for (const bool dp : kModes) {
     CAPTURE(dp);
-    const KerasCase k(dp, pmap::DeviceKind::cuda);
-    const Run run = run_epoch(k.step, k.devices, k.members, 64, pmap::DeviceKind::cuda);
-    const auto params = stacked(run.states, k.step.model().param_names(), &train::TrainState::params, dp ? 1 : 0);
-    const float diff = pmap::testing::max_abs_diff(params, k.runner->params());
-    MESSAGE("max |parameter difference| from the runner on the GPU after an epoch: " << diff);
-    CHECK(diff <= 1e-5f);  // the products' sums may run in another order than the runner's
-    CHECK(run.states[0].step.to_vector<std::int64_t>() == std::vector<std::int64_t>{10});
+    const train::TrainStep step = keras_step(dp);
+    const int members = dp ? 1 : 2;  // a member a GPU, or the one model over both
+    const Run gpu = run_epoch(step, 2, members, 64, pmap::DeviceKind::cuda);
+    const Run cpu = run_epoch(step, 2, members, 64, pmap::DeviceKind::cpu);
+    const auto& names = step.model().param_names();
+    const std::size_t replicas = dp ? 1 : 0;
+    const float diff = pmap::testing::max_abs_diff(stacked(gpu.states, names, &train::TrainState::params, replicas),
+                                                   stacked(cpu.states, names, &train::TrainState::params, replicas));
+    MESSAGE("max |parameter difference| between the GPUs and CPU devices after an epoch: " << diff);
+    // The products' sums run in another order than the CPU's (and Adam scales large_k's noise, above): the
+    // losses agree.
+    REQUIRE(gpu.losses.size() == 10);
+    for (std::size_t i = 0; i < 10; ++i) CHECK(gpu.losses[i] == doctest::Approx(cpu.losses[i]).epsilon(1e-4));
+    CHECK(gpu.states[0].step.to_vector<std::int64_t>() == std::vector<std::int64_t>{10});
+    if (dp) {  // the replicas on the GPUs are bitwise identical
+      for (const std::string& n : names)
+        CHECK(gpu.states[1].params.at(n).to_vector<float>() == gpu.states[0].params.at(n).to_vector<float>());
+    }
   }
 }
 
@@ -275,18 +335,17 @@ TEST_CASE("train step: the state keeps its shapes (one trace a device), and memb
     CHECK(st.replays == 18);
   }
   // Members vmapped two at a time on a CPU device (the GPU's way): the same bits as one at a time.
-  pe::Trainer old(pmap::testing::small_config(2, 4), data().train, data().test);
-  old.run_epoch();
+  const train::TrainStep singles(train::flax_cnn({12, 12, 1}), sgd);
   const train::TrainStep pairs(train::flax_cnn({12, 12, 1}), sgd, train::softmax_cross_entropy_loss,
                                {.member_batch = 2});
+  const auto names = singles.model().param_names();
   const Run run = run_epoch(pairs, 2, 4, 64);
-  CHECK(stacked(run.states, pairs.model().param_names(), &train::TrainState::params) == old.params());
-  // Three devices, one member each.
-  pe::Trainer three(pmap::testing::small_config(3, 3), data().train, data().test);
-  three.run_epoch();
-  const train::TrainStep step3(train::flax_cnn({12, 12, 1}), sgd);
-  const Run run3 = run_epoch(step3, 3, 3, 64);
-  CHECK(stacked(run3.states, step3.model().param_names(), &train::TrainState::params) == three.params());
+  CHECK(stacked(run.states, names, &train::TrainState::params) ==
+        stacked(run_epoch(singles, 2, 4, 64).states, names, &train::TrainState::params));
+  // Three devices, one member each: the same three members as on one device.
+  const Run run3 = run_epoch(singles, 3, 3, 64);
+  CHECK(stacked(run3.states, names, &train::TrainState::params) ==
+        stacked(run_epoch(singles, 1, 3, 64).states, names, &train::TrainState::params));
 }
 
 namespace {
@@ -311,15 +370,17 @@ std::vector<float> member_params(const Run& run, const train::Model& model, int 
 TEST_CASE("train step: per-member learning rates and weight decays train each member as its values for all do") {
   const train::Model model = train::flax_cnn({12, 12, 1});
   namespace optim = pmap::optim;
-  SUBCASE("Sgd (one fused pass over the stacked members), as the runner's hyper-parameter ensemble") {
-    pe::TrainConfig c = pmap::testing::small_config(2, 4);
-    c.optimizer.learning_rate = {0.1f, 0.03f, 0.2f, 0.05f};
-    pe::Trainer old(c, data().train, data().test);
-    old.run_epoch();
+  SUBCASE("Sgd (one fused pass over the stacked members): each member as a run of its rate for every member") {
+    const std::vector<float> rates{0.1f, 0.03f, 0.2f, 0.05f};
     const train::TrainStep step(model, train::Optimizer(optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f}));
-    const Run run = run_epoch(step, 2, 4, 64, pmap::DeviceKind::cpu, {.learning_rate = c.optimizer.learning_rate});
-    CHECK(stacked(run.states, model.param_names(), &train::TrainState::params) == old.params());
+    const Run run = run_epoch(step, 2, 4, 64, pmap::DeviceKind::cpu, {.learning_rate = rates});
     CHECK(run.states[1].hyperparams.at("learning_rate").to_vector<float>() == std::vector<float>{0.2f, 0.05f});
+    for (const int m : {1, 2}) {  // the first device's second member, the second device's first
+      CAPTURE(m);
+      const std::vector<float> alike(4, rates[static_cast<std::size_t>(m)]);
+      CHECK(member_params(run, model, 4, m) ==
+            member_params(run_epoch(step, 2, 4, 64, pmap::DeviceKind::cpu, {.learning_rate = alike}), model, 4, m));
+    }
     // Every member at 0.1: members 1 to 3 differ (the check can fail), member 0 is the same.
     const Run same = run_epoch(step, 2, 4, 64);
     CHECK(member_params(same, model, 4, 0) == member_params(run, model, 4, 0));
@@ -343,26 +404,23 @@ TEST_CASE("train step: per-member learning rates and weight decays train each me
     CHECK(member_params(run, model, 2, 1) != member_params(first, model, 2, 1));
     CHECK(run.states[0].opt.at("count").shape() == pmap::Shape{1});  // one state for the stacked members
   }
-  SUBCASE("dropout rates: keras-convnet's Dropout takes each member's, as the runner's --dropout list does") {
-    pe::TrainConfig c = pmap::testing::small_config(1, 2);
-    c.model = "keras-convnet";
-    c.optimizer.name = "adam";
-    c.dropout = {0.2f, 0.7f};
-    pe::Trainer old(c, data().train, data().test);
-    old.run_epoch();
+  SUBCASE("dropout rates: keras-convnet's Dropout takes each member's, in any vmap batch") {
     const train::Model convnet = train::keras_convnet({12, 12, 1});
     const train::Optimizer adam(optim::Adam{.learning_rate = 1e-3f});
-    const train::MemberHyperparams rates{.dropout_rate = c.dropout};
+    const train::MemberHyperparams rates{.dropout_rate = {0.2f, 0.7f}};
+    std::vector<Run> runs;
     for (const std::int64_t batch : {1, 2}) {  // one member a vmap, and both
-      CAPTURE(batch);
       const train::TrainStep step(convnet, adam, train::softmax_cross_entropy_loss, {.member_batch = batch});
-      const Run run = run_epoch(step, 1, 2, 64, pmap::DeviceKind::cpu, rates);
-      CHECK(stacked(run.states, convnet.param_names(), &train::TrainState::params) == old.params());
+      runs.push_back(run_epoch(step, 1, 2, 64, pmap::DeviceKind::cpu, rates));
     }
-    // Member 1 as the model built with its rate for all; member 0 not (the check can fail).
+    CHECK(stacked(runs[0].states, convnet.param_names(), &train::TrainState::params) ==
+          stacked(runs[1].states, convnet.param_names(), &train::TrainState::params));
+    // Each member as the model built with its rate for all; member 0 not as member 1's (the check can fail).
     const train::TrainStep mixed(convnet, adam);
-    const Run run = run_epoch(mixed, 1, 2, 64, pmap::DeviceKind::cpu, rates);
+    const Run& run = runs[0];
+    const Run at_02 = run_epoch(train::TrainStep(train::keras_convnet({12, 12, 1}, 10, 0.2f), adam), 1, 2, 64);
     const Run at_07 = run_epoch(train::TrainStep(train::keras_convnet({12, 12, 1}, 10, 0.7f), adam), 1, 2, 64);
+    CHECK(member_params(run, convnet, 2, 0) == member_params(at_02, convnet, 2, 0));
     CHECK(member_params(run, convnet, 2, 1) == member_params(at_07, convnet, 2, 1));
     CHECK(member_params(run, convnet, 2, 0) != member_params(at_07, convnet, 2, 0));
     CHECK_THROWS_WITH_AS(mixed.init(pmap::split(pmap::key(1), 2), pmap::Device{}, {.dropout_rate = {0.5f, 1.0f}}),
@@ -426,10 +484,10 @@ TEST_CASE("train step: per-member learning rates and weight decays train each me
 
 // On the (fake) GPUs: a GPU machine's run of the suite (scripts/gpu_checks.sh) and the cuda-standin build
 // run it; CI's stand-in builds leave it out (under ASan and TSan about 20x its 25 s). SGD is compared with
-// CPU devices. AdamW is compared member by member with GPU runs that give every member one member's values:
-// Adam divides by sqrt(nu), so a weight whose gradients are rounding noise (here 2,048 weights of member 1,
-// lr 3e-3, decay 0.05) takes steps of about lr whose signs follow the noise, and the GPU's sums (in another
-// order than the CPU's) end 2.7e-3 away after an epoch.
+// CPU devices. AdamW and keras-convnet's dropout rates (with Adam) are compared member by member with GPU runs
+// that give every member one member's values: Adam divides by sqrt(nu), so a weight whose gradients are
+// rounding noise (here 2,048 weights of member 1, lr 3e-3, decay 0.05) takes steps of about lr whose signs
+// follow the noise, and the GPU's sums (in another order than the CPU's) end 2.7e-3 away after an epoch.
 TEST_CASE("per-member values on GPUs: the learning rates and decays reach the CUDA kernels and the ops") {
   PMAPCC_REQUIRE_GPU();
   namespace optim = pmap::optim;
@@ -462,20 +520,21 @@ TEST_CASE("per-member values on GPUs: the learning rates and decays reach the CU
       }
     }
   }
-  SUBCASE("dropout rates: keras-convnet's CUDA dropout kernel takes each member's, as the runner's --dropout list") {
-    pe::TrainConfig c = pmap::testing::small_config(2, 4);
-    c.backend = pmap::DeviceKind::cuda;
-    c.model = "keras-convnet";
-    c.optimizer.name = "adam";
-    c.dropout = {0.1f, 0.5f, 0.3f, 0.7f};
-    pe::Trainer old(c, data().train, data().test);
-    old.run_epoch();
+  SUBCASE("dropout rates: keras-convnet's CUDA dropout kernel takes each member's, bit for bit") {
+    // Members 1 (on the first GPU) and 2 (on the second) against runs of their rate for every member.
+    const std::vector<float> dropout{0.1f, 0.5f, 0.3f, 0.7f};
     const train::TrainStep keras(train::keras_convnet({12, 12, 1}), train::Optimizer(optim::Adam{}));
-    const Run gpu = run_epoch(keras, 2, 4, 64, pmap::DeviceKind::cuda, {.dropout_rate = c.dropout});
-    const float diff = pmap::testing::max_abs_diff(
-        stacked(gpu.states, keras.model().param_names(), &train::TrainState::params), old.params());
-    MESSAGE("keras-convnet with per-member dropout rates, against the runner on the same GPUs: " << diff);
-    CHECK(diff <= 1e-5f);  // the products' sums may run in another order than the runner's
+    const train::Model& convnet = keras.model();
+    const Run mixed = run_epoch(keras, 2, 4, 64, pmap::DeviceKind::cuda, {.dropout_rate = dropout});
+    for (const int m : {1, 2}) {
+      CAPTURE(m);
+      const std::vector<float> rate(4, dropout[static_cast<std::size_t>(m)]);
+      const Run alike = run_epoch(keras, 2, 4, 64, pmap::DeviceKind::cuda, {.dropout_rate = rate});
+      CHECK(member_params(mixed, convnet, 4, m) == member_params(alike, convnet, 4, m));
+      for (int other = 0; other < 4; ++other) {  // the others' rates differ: the check above can fail
+        if (other != m) CHECK(member_params(mixed, convnet, 4, other) != member_params(alike, convnet, 4, other));
+      }
+    }
   }
 }
 

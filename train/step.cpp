@@ -237,7 +237,7 @@ TrainStep::TrainStep(Model model, Optimizer optimizer, Loss loss, StepOptions op
   StepFunction step = [parts = StepParts{model_, optimizer_, loss_, options_}](
                           const TrainState& s, const Array& x, const Array& y, std::int64_t offset,
                           std::int64_t total) { return device_step(parts, s, x, y, {offset, total}); };
-  jit_ = std::make_shared<Jit>(Jit{jit(std::move(step), "the train step")});
+  jit_ = std::make_shared<Jit>(Jit{jit(std::move(step), "the train step", {.graphs = options_.graphs})});
 }
 
 JitStats TrainStep::stats() const { return jit_->step.stats(); }

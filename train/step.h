@@ -99,6 +99,9 @@ struct StepOptions {
   // the model's Call::sharding. The loss and the logits are every device's of the axes alike; a clipped norm is
   // the unsplit model's (optim::SplitLeaves). Empty: nothing split.
   nn::Sharding sharding = {};
+  // Replay the step as one graph where the backend records graphs (CUDA; JitOptions::graphs); false runs its
+  // kernels one by one every step (to compare). Changes no result.
+  bool graphs = true;
 };
 
 namespace detail {

@@ -133,7 +133,7 @@ Trainer::Trainer(Model model, Optimizer optimizer, Mesh mesh, TrainerOptions opt
     : step_(std::move(model), std::move(optimizer), std::move(loss),
             StepOptions{.axis = axis_of(mesh), .data_parallel = options.data_parallel,
                         .member_batch = options.member_batch, .precision = options.precision,
-                        .sharding = options.sharding}),
+                        .sharding = options.sharding, .graphs = options.graphs}),
       mesh_(std::move(mesh)), options_(std::move(options)) {
   along_ = mesh_.axes()[0].size;
   const int devices = along_;  // the devices the members or the batch are spread over

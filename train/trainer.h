@@ -63,6 +63,7 @@ struct TrainerOptions {
   // checkpoints and set_members deal in whole tensors, so a checkpoint resumes under any layout or none. Empty:
   // nothing split (on a mesh of two axes, every device along the second holds the whole model).
   nn::Sharding sharding = {};
+  bool graphs = true;  // StepOptions::graphs
 };
 
 // One batch on its way to the devices (Feed's tree).

@@ -7,7 +7,7 @@
 
 #include <pmap/error.h>
 
-#include <pmapcc/ensemble/trainer.h>
+#include "examples/mnist_ensemble/config.h"
 
 namespace pmap::ensemble {
 

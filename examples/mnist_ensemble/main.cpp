@@ -27,8 +27,8 @@
 #include "progress.h"
 #include "recipe.h"
 #include "report.h"
+#include "run_checks.h"
 #include "run_parts.h"
-#include <pmapcc/ensemble/run_checks.h>
 #include <pmapcc/kernels/backend.h>
 #include <pmapcc/kernels/cpu_backend.h>
 #include <pmapcc/train/data.h>
@@ -269,7 +269,7 @@ Prepared prepare(const CliOptions& o, const TrainConfig& c, const pmap::Mesh& me
   TrainConfig r = resolved_config(c, mesh, fit, test);
   pmap::train::Model model = recipe_model(r, fit);
   RecipeSharding split = recipe_sharding(r, model, mesh.axes());
-  check_memory(r, r.mesh_axis, split.local_params, 2 + static_cast<int>(make_optimizer(r.optimizer)->slots().size()));
+  check_memory(r, r.mesh_axis, split.local_params, 2 + r.optimizer.slots());
   if (r.processes > 1) check_processes_agree(mesh, r.to_json(), fit, test);
   apply_cpu_threads(o, r, mesh);
   return {std::move(r), std::move(model), std::move(split)};

@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include <pmapcc/ensemble/metrics.h>
+#include "examples/mnist_ensemble/config.h"
 
 namespace pmap::ensemble {
 

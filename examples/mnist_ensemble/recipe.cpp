@@ -40,7 +40,7 @@ std::vector<float> per_member(const std::vector<float>& values, int members) {
 }
 
 // The first member's decay that is not 0, or 0 when no member decays. When one does, every member takes the
-// decay's arithmetic, a member of decay 0 too (the runner decides device by device; a 0 decays by nothing either
+// decay's arithmetic, a member of decay 0 too (the runner decided device by device; a 0 decays by nothing either
 // way, rounded apart only by the updates' form). It is the optimizer's decay: every member's when it is one
 // value; with one per member, the value that marks SGD and Adam as decaying (each member's own replaces it).
 float first_decay(const OptimizerConfig& o, int members) {
@@ -101,6 +101,7 @@ train::TrainerOptions recipe_options(const TrainConfig& c, int members) {
   t.eval_batch = c.eval_batch;
   t.member_batch = c.member_group;
   t.precision = c.precision;
+  t.graphs = c.graphs;
   return t;
 }
 

@@ -1,5 +1,5 @@
 // The program's flags on the differentiable core: what a TrainConfig (the command line) means for
-// train::Trainer, as the runner (ensemble::Trainer) reads it. The model by its --model name; the optimizer of
+// train::Trainer. The model by its --model name; the optimizer of
 // --optimizer with its schedule (--lr-schedule, --warmup-steps), clipping (--clip-norm) and decay
 // (--weight-decay); each member's own --lr, --weight-decay and --dropout values; and the Trainer's options.
 // Errors name the flag. Weights split over "model" (--mode model-parallel, --mesh AxM with M > 1) are the
@@ -9,10 +9,10 @@
 // hold-out), and the checks of --precision against the CPU (the Trainer's first step refuses bf16 where it
 // cannot run, naming the op).
 //
-// Where the Trainer's run is the runner's: bit for bit for SGD and Adam without weight decay, any schedule,
-// clipping, per-member rates and dropout; with a weight decay, within the rounding of optim/adam.h's updates
-// (a member of decay 0 beside decaying ones takes the decay's arithmetic too: the runner decides that device
-// by device, the Trainer for all).
+// Where its run was the runner's (the training layer before issue #51, whose checkpoints still resume): bit
+// for bit for SGD and Adam without weight decay, any schedule, clipping, per-member rates and dropout; with a
+// weight decay, within the rounding of optim/adam.h's updates (a member of decay 0 beside decaying ones takes
+// the decay's arithmetic too: the runner decided that device by device, the Trainer for all).
 #pragma once
 
 #include <cstdint>
@@ -21,11 +21,12 @@
 
 #include <pmap/mesh.h>
 
-#include <pmapcc/ensemble/config.h>
 #include <pmapcc/nn/parallel.h>
 #include <pmapcc/train/model.h>
 #include <pmapcc/train/optimizer.h>
 #include <pmapcc/train/trainer.h>
+
+#include "examples/mnist_ensemble/config.h"
 
 namespace pmap::ensemble {
 

@@ -8,8 +8,9 @@
 #include <string_view>
 #include <vector>
 
-#include <pmapcc/ensemble/metrics.h>
 #include <pmapcc/io/json.h>
+
+#include "examples/mnist_ensemble/config.h"
 
 namespace pmap::ensemble {
 

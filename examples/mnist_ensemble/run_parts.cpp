@@ -1,6 +1,7 @@
 // The parts of the program's run around train::Trainer (run_parts.h).
 #include "examples/mnist_ensemble/run_parts.h"
 #include "examples/mnist_ensemble/recipe.h"
+#include "examples/mnist_ensemble/run_checks.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,8 +9,6 @@
 #include <pmap/distributed.h>
 #include <pmap/error.h>
 
-#include <pmapcc/ensemble/run_checks.h>
-#include <pmapcc/ensemble/trainer.h>
 #include <pmapcc/io/metrics.h>
 
 namespace pmap::ensemble {

@@ -1,5 +1,5 @@
-// The parts of the program's run around train::Trainer, as the runner (ensemble::Trainer) has them, so the
-// program's outputs keep their form: the resolved configuration its files record, an epoch's metrics from the
+// The parts of the program's run around train::Trainer, as the runner (the training layer before issue #51)
+// had them, so the program's outputs keep their form: the resolved configuration its files record, an epoch's metrics from the
 // Trainer's report and evaluation, early stopping's records, the checkpoint's own entries (the flags, the
 // history) and the checks of a resumed run.
 #pragma once
@@ -12,11 +12,11 @@
 
 #include <pmap/mesh.h>
 
-#include <pmapcc/ensemble/config.h>
-#include <pmapcc/ensemble/metrics.h>
 #include <pmapcc/io/json.h>
 #include <pmapcc/train/early_stopping.h>
 #include <pmapcc/train/trainer.h>
+
+#include "examples/mnist_ensemble/config.h"
 
 namespace pmap::ensemble {
 

@@ -1,7 +1,6 @@
 // A run's checks against the machine and against a checkpoint, from its TrainConfig (the program's flags):
 // the mesh the flags ask for, bf16 where the kernels can run it, memory, the processes of one run agreeing,
-// and a checkpoint's recipe against the resumed run's. The runner (ensemble::Trainer) makes them; a program
-// on train::Trainer makes the same ones, so both give the same errors, each naming the flag.
+// and a checkpoint's recipe against the resumed run's. Each error names the flag.
 #pragma once
 
 #include <cstdint>
@@ -10,9 +9,9 @@
 
 #include <pmap/mesh.h>
 
-#include <pmapcc/ensemble/config.h>
-#include <pmapcc/ensemble/data.h>
 #include <pmapcc/io/json.h>
+
+#include "examples/mnist_ensemble/config.h"
 
 namespace pmap::ensemble {
 

@@ -1,5 +1,5 @@
 // A run's checks against the machine and against a checkpoint (run_checks.h).
-#include <pmapcc/ensemble/run_checks.h>
+#include "examples/mnist_ensemble/run_checks.h"
 
 #include <algorithm>
 #include <string>
