@@ -105,12 +105,6 @@ struct ModelCount {
   std::int64_t params = 0;             // one member's parameters
 };
 
-std::int64_t product(const Shape& shape) {
-  std::int64_t n = 1;
-  for (const std::int64_t d : shape) n *= d;
-  return n;
-}
-
 ModelCount count_model(const train::Model& model) {
   const auto [params, state] = model.init(key(0));
   std::map<const void*, std::pair<std::string, Shape>> kernels;  // by storage: the kernels' names and shapes
@@ -121,17 +115,18 @@ ModelCount count_model(const train::Model& model) {
   }
   Shape shape{1};
   shape.insert(shape.end(), model.input_shape().begin(), model.input_shape().end());
-  const Array x = Array::from_host(std::vector<float>(static_cast<std::size_t>(product(shape))), shape);
+  const Array x = Array::from_host(std::vector<float>(static_cast<std::size_t>(num_elements(shape))), shape);
   nn::ModuleRecorder recorder;
   model.apply(params, state, x, train::Call{});
   for (const nn::ModuleCall& call : recorder.calls()) {
-    out.activation_floats += product(call.output);
+    out.activation_floats += num_elements(call.output);
     for (const void* t : call.tensors) {
       const auto it = kernels.find(t);
       if (it == kernels.end()) continue;
       const Shape& k = it->second.second;
-      const double positions = static_cast<double>(product(call.output)) / static_cast<double>(k.back());
-      out.layers.push_back({it->second.first, 2.0 * static_cast<double>(product(k)) * positions, !out.layers.empty()});
+      const double positions = static_cast<double>(num_elements(call.output)) / static_cast<double>(k.back());
+      const double flops = 2.0 * static_cast<double>(num_elements(k)) * positions;
+      out.layers.push_back({it->second.first, flops, !out.layers.empty()});
     }
   }
   return out;

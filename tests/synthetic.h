@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -76,6 +77,17 @@ inline std::vector<float> stacked(const std::map<std::string, Array>& v, const s
     out.insert(out.end(), t.begin(), t.end());
   }
   return out;
+}
+
+// Two sets of tensors by name (train::Variables, on the host) hold the same names, shapes, dtypes and bits.
+inline bool same_bits(const std::map<std::string, Array>& a, const std::map<std::string, Array>& b) {
+  if (a.size() != b.size()) return false;
+  for (const auto& [name, x] : a) {
+    const auto it = b.find(name);
+    if (it == b.end() || it->second.shape() != x.shape() || it->second.dtype() != x.dtype()) return false;
+    if (x.nbytes() > 0 && std::memcmp(x.raw_data(), it->second.raw_data(), x.nbytes()) != 0) return false;
+  }
+  return true;
 }
 
 // The largest |a[i] - b[i]|; infinity when the sizes differ.

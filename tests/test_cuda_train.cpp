@@ -4,7 +4,6 @@
 // the CUDA kernels' host run, and a checkpoint moving between CPU and GPU. Each case needs a GPU.
 #include "cuda_testing.h"
 
-#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <tuple>
@@ -51,16 +50,7 @@ std::vector<float> params(const train::Trainer& t) {
   return pmap::testing::stacked(t.params(), t.model().param_names());
 }
 
-// Two sets of host tensors hold the same names, shapes, dtypes and bits.
-bool same_bits(const train::Variables& a, const train::Variables& b) {
-  if (a.size() != b.size()) return false;
-  for (const auto& [name, x] : a) {
-    const auto it = b.find(name);
-    if (it == b.end() || it->second.shape() != x.shape() || it->second.dtype() != x.dtype()) return false;
-    if (x.nbytes() > 0 && std::memcmp(x.raw_data(), it->second.raw_data(), x.nbytes()) != 0) return false;
-  }
-  return true;
-}
+using pmap::testing::same_bits;
 
 using pmap::testing::max_abs_diff;
 

@@ -7,7 +7,6 @@
 #include <doctest/doctest.h>
 
 #include <cstddef>
-#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -45,16 +44,7 @@ pmap::Mesh cpu_mesh(int devices, const char* axis = "ensemble") {
   return pmap::Mesh(pmap::local_devices(pmap::DeviceKind::cpu, devices), axis);
 }
 
-// Two sets of host tensors hold the same names, shapes, dtypes and bits.
-bool same_bits(const train::Variables& a, const train::Variables& b) {
-  if (a.size() != b.size()) return false;
-  for (const auto& [name, x] : a) {
-    const auto it = b.find(name);
-    if (it == b.end() || it->second.shape() != x.shape() || it->second.dtype() != x.dtype()) return false;
-    if (x.nbytes() > 0 && std::memcmp(x.raw_data(), it->second.raw_data(), x.nbytes()) != 0) return false;
-  }
-  return true;
-}
+using pmap::testing::same_bits;
 
 // Member g's rows of every tensor (host tensors (members, ...)), tensor after tensor.
 std::vector<float> member_rows(const train::Variables& v, int g) {

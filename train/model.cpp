@@ -143,6 +143,7 @@ std::string summary_table(const std::string& model, const std::vector<SummaryRow
 // One inference apply on one image of zeros (on the host), each nn/ module call a row (summary()'s).
 struct Model::Rows {
   std::vector<SummaryRow> rows;
+  std::vector<std::string> records;  // each row's "name=description" (architecture())
   std::int64_t trainable = 0, fixed = 0;
 };
 
@@ -168,6 +169,7 @@ Model::Rows Model::summary_rows() const {
   const Array x = Array::from_host(std::vector<float>(static_cast<std::size_t>(input_[0] * input_[1] * input_[2])),
                                    shape);  // one image of zeros
   std::vector<SummaryRow> rows;
+  std::vector<std::string> records;
   std::set<std::string> read;
   {
     nn::ModuleRecorder recorder;
@@ -189,6 +191,7 @@ Model::Rows Model::summary_rows() const {
       if (name.empty())
         for (const char c : call.kind) name += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
       r.layer = name + " (" + call.description + ")";
+      records.push_back(name + "=" + call.description);
       std::string out = "(None";
       for (std::size_t d = 1; d < call.output.size(); ++d) out += ", " + std::to_string(call.output[d]);
       r.output = out + ")";
@@ -199,8 +202,11 @@ Model::Rows Model::summary_rows() const {
   for (const auto& [storage, named] : tensors)
     for (const Tensor& t : named)
       if (!read.contains(t.name)) unread[prefix_of(t.name)] += t.size;
-  for (const auto& [prefix, n] : unread) rows.push_back({prefix + " (not read by a module)", "", n});
-  return {std::move(rows), trainable, fixed};
+  for (const auto& [prefix, n] : unread) {
+    rows.push_back({prefix + " (not read by a module)", "", n});
+    records.push_back(prefix + "=not read by a module");
+  }
+  return {std::move(rows), std::move(records), trainable, fixed};
 }
 
 std::string Model::summary() const {
@@ -212,10 +218,7 @@ std::vector<std::string> Model::architecture() const {
   std::string input = "(";
   for (std::size_t d = 0; d < input_.size(); ++d) input += (d ? ", " : "") + std::to_string(input_[d]);
   std::vector<std::string> out{input + ")"};
-  for (const SummaryRow& row : summary_rows().rows) {  // "name (description)" -> "name=description"
-    const std::size_t open = row.layer.find(" (");
-    out.push_back(row.layer.substr(0, open) + "=" + row.layer.substr(open + 2, row.layer.size() - open - 3));
-  }
+  for (std::string& record : summary_rows().records) out.push_back(std::move(record));
   return out;
 }
 
