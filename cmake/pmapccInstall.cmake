@@ -21,7 +21,7 @@ if(PMAPCC_HAVE_ONNX)  # pmapcc::onnx, the exporter, where it was built
 endif()
 install(DIRECTORY include/pmap DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY kernels core nn optim train io export DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pmapcc  # <pmapcc/kernels/...>
-        FILES_MATCHING PATTERN "*.h"
+        FILES_MATCHING PATTERN "*.h" PATTERN "*.def"
         PATTERN "cpu" EXCLUDE PATTERN "cuda" EXCLUDE PATTERN "array_ops_checks.h" EXCLUDE)  # internal headers
 install(EXPORT pmapccTargets NAMESPACE pmapcc:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/pmapcc)
 

@@ -13,18 +13,8 @@ namespace {
 
 class CpuMetricOps final : public MetricOps {
  public:
-  void sum_members(int count, std::size_t n, const float* x, float* out, bool accumulate) const override;
-  void divide(std::size_t n, float* x, float divisor) const override;
-  void argmax_hits(int rows, int classes, const float* scores, const std::int32_t* labels,
-                   std::int32_t* hits) const override;
-  void accumulate_metrics(int count, const float* loss, const std::int32_t* correct, double rows, double* loss_sum,
-                          std::int32_t* hits) const override;
-  void mean_from_sums(int count, const double* sums, double divisor, float* out) const override;
-  std::size_t calibration_workspace_bytes(CalibrationParams p) const override;
-  void calibration_sums(CalibrationParams p, const float* probs, const std::int32_t* labels, double* sums,
-                        void* workspace) const override;
-  void predictions(int rows, int classes, const float* probs, std::int32_t* predicted, float* probability,
-                   float* entropy) const override;
+#define PMAPCC_OP PMAPCC_OP_OVERRIDE
+#include <pmapcc/kernels/metric_ops.def>
 };
 
 void CpuMetricOps::sum_members(int count, std::size_t n, const float* x, float* out, bool accumulate) const {
@@ -56,24 +46,6 @@ void CpuMetricOps::argmax_hits(int rows, int classes, const float* scores, const
       if (s[c] > s[best]) best = c;
     *hits += best == labels[r] ? 1 : 0;
   }
-}
-
-void CpuMetricOps::accumulate_metrics(int count, const float* loss, const std::int32_t* correct, double rows,
-                                      double* loss_sum, std::int32_t* hits) const {
-  require(loss, "accumulate_metrics", "loss");
-  require(correct, "accumulate_metrics", "correct");
-  require(loss_sum, "accumulate_metrics", "loss_sum");
-  require(hits, "accumulate_metrics", "hits");
-  for (int m = 0; m < count; ++m) {
-    loss_sum[m] += static_cast<double>(loss[m]) * rows;
-    hits[m] += correct[m];
-  }
-}
-
-void CpuMetricOps::mean_from_sums(int count, const double* sums, double divisor, float* out) const {
-  require(sums, "mean_from_sums", "sums");
-  require(out, "mean_from_sums", "out");
-  for (int m = 0; m < count; ++m) out[m] = static_cast<float>(sums[m] / divisor);
 }
 
 void CpuMetricOps::calibration_sums(CalibrationParams p, const float* probs, const std::int32_t* labels, double* sums,

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 
+#include <pmapcc/kernels/op_list.h>
 #include <pmapcc/kernels/ops.h>
 
 namespace pmap::kernels {
@@ -14,21 +15,9 @@ class DenseOps {
  public:
   virtual ~DenseOps() = default;
 
-  // Bytes of scratch memory dense_forward and dense_backward need (CPU: GEMM packing space; CUDA: the
-  // bias-gradient partial sums of tall batches, 0 for up to 256 rows).
-  virtual std::size_t dense_workspace_bytes(DenseParams p) const = 0;
-
-  // y = x @ w + b (and max(., 0) with p.relu).  x (M, N, I), or (N, I) with shared_input;  w (M, I, O);
-  // b (M, O) or nullptr;  y (M, N, O), written. Not in place. workspace: dense_workspace_bytes(p) bytes or
-  // nullptr.
-  virtual void dense_forward(DenseParams p, const float* x, const float* w, const float* b, float* y,
-                             void* workspace) const = 0;
-
-  // Gradients of dense_forward given dy (M, N, O):
-  //   dx (M, N, I), or (N, I) summed over members with shared_input; nullptr: not computed
-  //   dw (M, I, O)   db (M, O), nullptr: not computed
-  virtual void dense_backward(DenseParams p, const float* x, const float* w, const float* dy, float* dx,
-                              float* dw, float* db, void* workspace) const = 0;
+  // The ops, each with its contract: kernels/dense_ops.def.
+#define PMAPCC_OP PMAPCC_OP_VIRTUAL
+#include <pmapcc/kernels/dense_ops.def>
 };
 
 }  // namespace pmap::kernels

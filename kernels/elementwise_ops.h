@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <pmapcc/kernels/op_list.h>
+
 namespace pmap::kernels {
 
 enum class UnaryOp : std::uint8_t {
@@ -39,18 +41,9 @@ class ElementwiseOps {
  public:
   virtual ~ElementwiseOps() = default;
 
-  // y[i] = op(x[i]) for n elements; y may be x.
-  virtual void unary(UnaryOp op, std::size_t n, const float* x, float* y) const = 0;
-
-  // The gradient of an activation from its output: dx[i] = dy[i] * f'(x[i]) written with y = f(x):
-  // relu: y > 0 ? dy : 0;  sigmoid: dy * y * (1 - y);  tanh: dy * (1 - y * y);  exp: dy * y. Other ops raise
-  // ValueError. dx may be dy.
-  virtual void activation_backward(UnaryOp op, std::size_t n, const float* y, const float* dy, float* dx) const = 0;
-
-  // y[i] = op(a[i], b[i % nb]) for n elements: b is as long as a (nb == n), one value (nb == 1), or a's
-  // trailing block repeated (numpy's broadcasting of b's shape against a's trailing axes). nb must divide n
-  // (ValueError otherwise; nb == 0 only with n == 0). y may be a or b.
-  virtual void binary(BinaryOp op, std::size_t n, const float* a, std::size_t nb, const float* b, float* y) const = 0;
+  // The ops, each with its contract: kernels/elementwise_ops.def.
+#define PMAPCC_OP PMAPCC_OP_VIRTUAL
+#include <pmapcc/kernels/elementwise_ops.def>
 };
 
 }  // namespace pmap::kernels

@@ -1,7 +1,6 @@
 // LayerOps: the op family of the layers that carry model state or randomness, BatchNormalization and
-// Dropout, and of the element-wise layers, ReLU and Rescaling, with one CPU implementation
-// (kernels/cpu/layers.cpp, the ReLU's elementwise.cpp) and one CUDA one (kernels/cuda/layers.cu, the
-// ReLU's elementwise.cu). The per-element and per-channel arithmetic is written once, in
+// Dropout, and of Keras's Rescaling, with one CPU implementation (kernels/cpu/layers.cpp) and one CUDA one
+// (kernels/cuda/layers.cu). The per-element and per-channel arithmetic is written once, in
 // kernels/layer_math.h, so the CPU ops and the CUDA kernels run on the host give the same bits.
 //
 // Tensors are member-major: x (M, R, C) for BatchNorm, R rows of C channels per member (for images R is
@@ -19,6 +18,8 @@
 
 #include <cstddef>
 #include <cstdint>
+
+#include <pmapcc/kernels/op_list.h>
 
 namespace pmap::kernels {
 
@@ -53,41 +54,9 @@ class LayerOps {
  public:
   virtual ~LayerOps() = default;
 
-  // sums (M, 2, C) f64: per member and channel, the sum of x and of x^2 over the rows.
-  virtual void batch_norm_sums(BatchNormParams p, const float* x, double* sums) const = 0;
-  // stats (M, 2, C) f32: the mean and 1 / sqrt(variance + epsilon) that batch_norm_apply uses. Training:
-  // from sums over `count` rows (mean = sum / count, variance = max(sum of squares / count - mean^2, 0)),
-  // and the moving statistics (M, C) f32 are updated with them (the biased variance, as Keras). Inference
-  // (sums null): from the moving statistics, which are left as they are.
-  virtual void batch_norm_statistics(BatchNormParams p, const double* sums, double count, float* moving_mean,
-                                     float* moving_variance, float* stats) const = 0;
-  // y (M, R, C) = (x - mean) * inv_std * gamma + beta; gamma (M, C) and beta (M, C) nullable (scale=False,
-  // center=False); y may be x.
-  virtual void batch_norm_apply(BatchNormParams p, const float* x, const float* stats, const float* gamma,
-                                const float* beta, float* y) const = 0;
-  // sums (M, 2, C) f64: the sums of dy and of dy * x_hat over the rows (x_hat = (x - mean) * inv_std); dgamma and
-  // dbeta (M, C), nullable, are written with them (this device's share).
-  virtual void batch_norm_backward_sums(BatchNormParams p, const float* x, const float* dy, const float* stats,
-                                        double* sums, float* dgamma, float* dbeta) const = 0;
-  // dx (M, R, C) = gamma * inv_std * (dy - sum(dy) / count - x_hat * sum(dy * x_hat) / count), with the sums
-  // of the whole batch (count rows); gamma nullable (1).
-  virtual void batch_norm_backward(BatchNormParams p, const float* x, const float* dy, const float* stats,
-                                   const double* sums, double count, const float* gamma, float* dx) const = 0;
-
-  // y (M, N, F) = x with Dropout's mask applied; keys (M, 2) u32, step (1) i64. The same op on an output
-  // gradient gives the input gradient. y may be x.
-  virtual void dropout(DropoutParams p, const std::uint32_t* keys, const std::int64_t* step, const float* x,
-                       float* y) const = 0;
-
-  // y (n) = x * scale + offset (Keras's Rescaling); y may be x.
-  virtual void scale_shift(std::size_t n, const float* x, float scale, float offset, float* y) const = 0;
-
-  // y = max(x, 0) over n elements (any shape; members folded in). In place allowed (y == x). NaN stays NaN.
-  virtual void relu_forward(std::size_t n, const float* x, float* y) const = 0;
-
-  // dx = dy where y > 0, else 0, over n elements, from the forward's OUTPUT y (y > 0 exactly where x > 0;
-  // the gradient at 0 is 0, as in JAX). In place allowed (dx == dy).
-  virtual void relu_backward(std::size_t n, const float* y, const float* dy, float* dx) const = 0;
+  // The ops, each with its contract: kernels/layer_ops.def.
+#define PMAPCC_OP PMAPCC_OP_VIRTUAL
+#include <pmapcc/kernels/layer_ops.def>
 };
 
 // Parameter checks shared by the implementations (ValueError naming the field).

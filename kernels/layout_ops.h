@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <pmapcc/kernels/op_list.h>
+
 namespace pmap::kernels {
 
 // The most axes a strided copy or reduction iterates (pmap::ops raises ValueError beyond it).
@@ -81,20 +83,9 @@ class LayoutOps {
  public:
   virtual ~LayoutOps() = default;
 
-  // The strided copy above. src and dst must not overlap.
-  virtual void strided_copy(StridedCopyParams p, const float* src, float* dst) const = 0;
-
-  // y (the outer extents) = op over the inner extents of x. Not in place.
-  virtual void strided_reduce(ReduceOp op, StridedReduceParams p, const float* x, float* y) const = 0;
-
-  // y (N, OH, OW, C) = the largest of each window of x (N, H, W, C). The chosen element of a window is its
-  // first NaN if it has one, else its first maximum in window order (rows, then columns): ties go to the
-  // first. Not in place.
-  virtual void max_pool_forward(MaxPoolParams p, const float* x, float* y) const = 0;
-
-  // dx (N, H, W, C) from x and dy (N, OH, OW, C): each dy added to the element its window chose (as the
-  // forward chooses), the windows added in output order; 0 where no window chose. dx is written whole.
-  virtual void max_pool_backward(MaxPoolParams p, const float* x, const float* dy, float* dx) const = 0;
+  // The ops, each with its contract: kernels/layout_ops.def.
+#define PMAPCC_OP PMAPCC_OP_VIRTUAL
+#include <pmapcc/kernels/layout_ops.def>
 };
 
 }  // namespace pmap::kernels

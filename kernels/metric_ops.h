@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <pmapcc/kernels/op_list.h>
 #include <pmapcc/kernels/ops.h>
 
 namespace pmap::kernels {
@@ -19,38 +20,9 @@ class MetricOps {
  public:
   virtual ~MetricOps() = default;
 
-  // out (n) = x_0 + x_1 + ... + x_{count-1} over count blocks of x (count, n), added in member order as
-  // floats; with accumulate, out + x_0 + ... (a later group of members). out must not overlap x.
-  virtual void sum_members(int count, std::size_t n, const float* x, float* out, bool accumulate) const = 0;
-
-  // x[i] = x[i] / divisor for n elements (the ensemble mean from a sum of members' probabilities).
-  virtual void divide(std::size_t n, float* x, float divisor) const = 0;
-
-  // *hits += the rows r of scores (rows, classes) whose argmax (first index on ties) equals labels[r].
-  virtual void argmax_hits(int rows, int classes, const float* scores, const std::int32_t* labels,
-                           std::int32_t* hits) const = 0;
-
-  // For each of count members: loss_sum[m] += double(loss[m]) * rows; hits[m] += correct[m] (the running
-  // sums of an evaluation over pieces of a batch).
-  virtual void accumulate_metrics(int count, const float* loss, const std::int32_t* correct, double rows,
-                                  double* loss_sum, std::int32_t* hits) const = 0;
-
-  // out[m] = float(sums[m] / divisor) for count members.
-  virtual void mean_from_sums(int count, const double* sums, double divisor, float* out) const = 0;
-
-  // Bytes of workspace calibration_sums needs (CPU: 0).
-  virtual std::size_t calibration_workspace_bytes(CalibrationParams p) const = 0;
-
-  // sums (predictors, kCalibrationSlots) f64 += the calibration sums (see CalibrationParams) of probs
-  // (predictors, rows, classes) against labels (rows), each slot's sum over the rows taken first, in row
-  // order, then added. A label outside [0, classes): the CPU raises ValueError, CUDA leaves the row out.
-  virtual void calibration_sums(CalibrationParams p, const float* probs, const std::int32_t* labels, double* sums,
-                                void* workspace) const = 0;
-
-  // Per row of probs (rows, classes): the predicted class (argmax, first index on ties), its probability
-  // and the predictive entropy -sum_c p log p (computed in double). Each output optional (nullptr).
-  virtual void predictions(int rows, int classes, const float* probs, std::int32_t* predicted, float* probability,
-                           float* entropy) const = 0;
+  // The ops, each with its contract: kernels/metric_ops.def.
+#define PMAPCC_OP PMAPCC_OP_VIRTUAL
+#include <pmapcc/kernels/metric_ops.def>
 };
 
 }  // namespace pmap::kernels

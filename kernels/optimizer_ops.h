@@ -1,12 +1,13 @@
-// OptimizerOps: the op family of optimizer updates (SGD, Adam), learning-rate schedules, gradient clipping
-// by global norm and the step counter, with one CPU implementation (kernels/cpu/optimizer.cpp) and one
-// CUDA one (kernels/cuda/optimizer.cu). Every hyper-parameter that changes between steps or between members
-// (the learning rate, Adam's step size, weight decay, the clipping factor) is read from device memory, never
-// passed by value, so a captured CUDA graph computes the right values at every replay.
+// OptimizerOps: the op family of what pmapcc/optim computes on the device beside its element-wise ops:
+// learning-rate schedules, Adam's step size, gradient clipping by global norm, optax.sgd's update in one pass
+// and the step counter, with one CPU implementation (kernels/cpu/optimizer.cpp) and one CUDA one
+// (kernels/cuda/optimizer.cu). Every value that changes between steps or between members (the learning rate,
+// Adam's step size, the clipping factor) is read from device memory, never passed by value, so a captured
+// CUDA graph computes the right values at every replay.
 //
-// Update ops work on one parameter tensor of M members at a time: (M, n) blocks, member-major, and read
-// per-member scalars from (M) device arrays. The per-element arithmetic is float, in a fixed order and
-// without FMA contraction, and the per-member scalars (schedule factors, Adam's step size, norms) double:
+// sgd_trace and sum_squares work on one parameter tensor of M members at a time: (M, n) blocks, member-major,
+// and read per-member scalars from (M) device arrays. The per-element arithmetic is float, in a fixed order
+// and without FMA contraction, and the per-member scalars (schedule factors, Adam's step size, norms) double:
 // the CPU ops and the CUDA kernels run on the host give the same bits (the CPU ops are the oracle); on a
 // GPU, CUDA's cos, pow and sqrt in double may differ from glibc's in the last bit. sum_squares runs one
 // GPU thread per member over the tensor: right, but slow on a GPU for large tensors (--clip-norm).
@@ -18,6 +19,8 @@
 #include <cstdint>
 
 #include <pmap/detail/launch.h>
+
+#include <pmapcc/kernels/op_list.h>
 
 namespace pmap::kernels {
 
@@ -79,8 +82,8 @@ struct SgdParams {
   bool nesterov = false;
 };
 
-// Adam as Keras computes it (keras.optimizers.Adam; epsilon is added to sqrt(v) before the bias
-// correction, the paper's "epsilon hat"): with t = step + 1,
+// Adam as Keras computes it (keras.optimizers.Adam; optim::Adam from the ops; epsilon is added to sqrt(v)
+// before the bias correction, the paper's "epsilon hat"): with t = step + 1,
 //   m <- m + (g - m) * (1 - beta_1);  v <- v + (g^2 - v) * (1 - beta_2)
 //   p <- p - alpha * m / (sqrt(v) + epsilon),  alpha = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t)
 // The betas are doubles: 1 - beta and beta^t are computed in double (Keras 3 rounds them to float32 first,
@@ -98,55 +101,13 @@ PMAPCC_HD inline float adam_alpha(const AdamParams& p, float lr, std::int64_t t)
   return static_cast<float>(static_cast<double>(lr) * c);
 }
 
-// The per-member scalars an update reads, each an (M) f32 array in device memory:
-//   lr: the learning rate of this step (schedule_lr's output);
-//   weight_decay (nullable: none): decoupled weight decay as Keras applies it, p <- p - p * wd * lr before
-//     the update (AdamW's rule; for SGD, Keras's weight_decay);
-//   grad_scale (nullable: 1): a factor on the gradient (clip_factor's output).
-struct UpdateScalars {
-  const float* lr = nullptr;
-  const float* weight_decay = nullptr;
-  const float* grad_scale = nullptr;
-};
-
 class OptimizerOps {
  public:
   virtual ~OptimizerOps() = default;
 
-  // lr (M) = base_lr[m] * schedule_factor(p, *step), rounded to float once; step: (1) i64.
-  virtual void schedule_lr(ScheduleParams p, int members, const std::int64_t* step, const float* base_lr,
-                           float* lr) const = 0;
-
-  // Adam's step size alpha (M) = lr[m] * sqrt(1 - beta_2^t) / (1 - beta_1^t), t = *step + 1, in double.
-  virtual void adam_step_size(AdamParams p, int members, const std::int64_t* step, const float* lr,
-                              float* alpha) const = 0;
-
-  // sumsq (M) f64 = (or += with accumulate) the sum of x^2 over each member's n values of x (M, n), in
-  // double, in index order: one tensor's share of the global norm.
-  virtual void sum_squares(int members, std::size_t n, const float* x, double* sumsq, bool accumulate) const = 0;
-
-  // factor (M) f32 = 1 where sqrt(sumsq[m]) <= max_norm, else max_norm / sqrt(sumsq[m]) (optax's
-  // clip_by_global_norm). max_norm > 0.
-  virtual void clip_factor(int members, const double* sumsq, float max_norm, float* factor) const = 0;
-
-  // SGD-momentum on params and momentum (M, n) in place, from grads (M, n) (read only); see SgdParams
-  // and UpdateScalars.
-  virtual void sgd_update(SgdParams p, int members, std::size_t n, UpdateScalars s, float* params, float* momentum,
-                          const float* grads) const = 0;
-
-  // optax.sgd's update without the parameters (optim::Sgd in one pass), each (M, n): next = momentum * trace +
-  // grads; updates = -(lr[m] * next), or -(lr[m] * (grads + momentum * next)) with nesterov. params +
-  // updates is sgd_update's params bit for bit. next and updates are written (neither aliases an input),
-  // the rest is read; lr: (M) f32 in device memory.
-  virtual void sgd_trace(SgdParams p, int members, std::size_t n, const float* lr, const float* grads,
-                         const float* trace, float* next, float* updates) const = 0;
-
-  // Adam on params, m and v (M, n) in place, from grads (M, n); alpha: adam_step_size's (M) output.
-  virtual void adam_update(AdamParams p, int members, std::size_t n, UpdateScalars s, const float* alpha, float* params,
-                           float* m, float* v, const float* grads) const = 0;
-
-  // *step += 1 ((1) i64 in device memory).
-  virtual void increment(std::int64_t* step) const = 0;
+  // The ops, each with its contract: kernels/optimizer_ops.def.
+#define PMAPCC_OP PMAPCC_OP_VIRTUAL
+#include <pmapcc/kernels/optimizer_ops.def>
 };
 
 // Validation (backend-neutral); each throws pmap::ValueError naming the bad field.

@@ -1,4 +1,4 @@
-// optim::Adam's and optim::AdamW's leaf functions (optim/adam.h), in kernels::adam_element's order.
+// optim::Adam's and optim::AdamW's leaf functions (optim/adam.h), in Keras's order of operations.
 #include <pmapcc/optim/adam.h>
 
 #include <pmapcc/kernels/array_ops_optim.h>

@@ -1,10 +1,10 @@
-// Adam and AdamW as Keras computes them (keras.optimizers.Adam / AdamW), the Trainer's kernels'
-// arithmetic: the step size's bias correction is computed on the device from the state's step counter.
+// Adam and AdamW as Keras computes them (keras.optimizers.Adam / AdamW): the step size's bias correction is
+// computed on the device from the state's step counter.
 //
 //   optim::Adam tx{.learning_rate = 1e-3f};
 //   auto state = tx.init(params);
 //   auto [updates, next] = tx.update(grads, std::move(state), params);
-//   params = optim::apply_updates(params, updates);  // the Trainer's kernels::adam_element, bit for bit
+//   params = optim::apply_updates(params, updates);
 #pragma once
 
 #include <memory>
@@ -33,7 +33,7 @@ PMAPCC_TREE(AdamState, mu, nu, count)
 //   updates = -((mu * alpha) / (sqrt(nu) + epsilon)),  alpha = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t)
 // epsilon is added to sqrt(nu) after the bias correction (Keras's "epsilon hat"; optax adds it to the
 // corrected sqrt); 1 - beta and alpha are computed in double and rounded to float (kernels::adam_alpha).
-// params + updates is kernels::adam_element's p -= (m alpha) / (sqrt(v) + epsilon) bit for bit.
+// params + updates is p -= (mu alpha) / (sqrt(nu) + epsilon) in float bit for bit (tests/test_optim.cpp).
 // beta_1, beta_2 in [0, 1); epsilon > 0; the rate finite and >= 0.
 struct Adam {
   static constexpr const char* kName = "optim::Adam";
@@ -71,15 +71,14 @@ struct Adam {
   }
 };
 
-// Adam with decoupled weight decay as Keras's AdamW and the Trainer's kernel apply it: each parameter is
-// first decayed with the step's rate, p1 = p - (p * weight_decay) * lr, then Adam's step is taken from p1,
-// p2 = p1 - (mu alpha) / (sqrt(nu) + epsilon); the updates are p2 - p, rounded. params + updates is p2 (the
-// kernel's bits) wherever p2 - p is exact in float, which holds whenever p2 is within a factor 2 of p
-// (Sterbenz); elsewhere (p changing sign, say: about 0.3% of elements in a first step at lr 0.05) no float
-// u makes p + u round to p2 for every p, and params + updates is within one ulp of p2 - p of it. Use
-// the Trainer's fused kernel when every bit must match. weight_decay finite and >= 0 (Keras's default); 0
-// without per-member values takes no decay at all: Adam's updates, the kernel's bits (and an infinite
-// parameter stays infinite, where p - (p * 0) * lr would make it NaN).
+// Adam with decoupled weight decay as Keras's AdamW applies it: each parameter is first decayed with the
+// step's rate, p1 = p - (p * weight_decay) * lr, then Adam's step is taken from p1, p2 = p1 - (mu alpha) /
+// (sqrt(nu) + epsilon); the updates are p2 - p, rounded. params + updates is p2 (the in-place arithmetic's
+// bits) wherever p2 - p is exact in float, which holds whenever p2 is within a factor 2 of p (Sterbenz);
+// elsewhere (p changing sign, say: about 0.3% of elements in a first step at lr 0.05) no float u makes p + u
+// round to p2 for every p, and params + updates is within one ulp of p2 - p of it. weight_decay finite and
+// >= 0 (Keras's default); 0 without per-member values takes no decay at all: Adam's updates and bits (and
+// an infinite parameter stays infinite, where p - (p * 0) * lr would make it NaN).
 struct AdamW {
   static constexpr const char* kName = "optim::AdamW";
   static constexpr bool kElementwise = true;

@@ -1,4 +1,4 @@
-// optim::Sgd's leaf functions (optim/sgd.h), in kernels::sgd_element's order.
+// optim::Sgd's leaf functions (optim/sgd.h), in optax.sgd's order of operations.
 #include <pmapcc/optim/sgd.h>
 
 #include <pmapcc/kernels/array_ops_optim.h>

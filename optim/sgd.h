@@ -32,8 +32,8 @@ struct SgdState {
 PMAPCC_TREE(SgdState, trace, count)
 
 // optax.sgd: trace = momentum * trace + g; updates = -(lr * (nesterov ? g + momentum * trace : trace)), lr the
-// schedule's rate at the state's count (computed on the device). params + updates equals the Trainer's
-// kernels::sgd_element (p -= lr * m) bit for bit. momentum finite and >= 0.
+// schedule's rate at the state's count (computed on the device). params + updates equals
+// optax's p -= lr * trace (Nesterov: lr * (g + momentum * trace)) in float bit for bit. momentum finite and >= 0.
 struct Sgd {
   static constexpr const char* kName = "optim::Sgd";
   static constexpr bool kElementwise = true;  // optim/base.h

@@ -85,14 +85,14 @@ std::vector<float> elementwise_outputs() {
   std::vector<float> y(dy.size()), dx(x.size()), relu(x.size()), masked(x.size());
   cpu_ops().conv().avg_pool_forward(q, x.data(), y.data());
   cpu_ops().conv().avg_pool_backward(q, dy.data(), dx.data());
-  cpu_ops().layers().relu_forward(x.size(), x.data(), relu.data());
+  cpu_ops().elementwise().unary(UnaryOp::relu, x.size(), x.data(), relu.data());
   cpu_ops().conv().avg_pool_relu_backward(q, relu.data(), dy.data(), masked.data());
   append(y), append(dx), append(relu), append(masked);
-  std::vector<float> params = kc::random_floats(77, 11), momentum = kc::random_floats(77, 12);
-  const std::vector<float> lr{0.1f};
-  cpu_ops().optimizer().sgd_update(pmap::kernels::SgdParams{0.9f, true}, 1, 77, pmap::kernels::UpdateScalars{lr.data()},
-                                   params.data(), momentum.data(), x.data());
-  append(params), append(momentum);
+  const std::vector<float> trace = kc::random_floats(77, 12), lr{0.1f};
+  std::vector<float> next(77), updates(77);
+  cpu_ops().optimizer().sgd_trace(pmap::kernels::SgdParams{0.9f, true}, 1, 77, lr.data(), x.data(), trace.data(),
+                                  next.data(), updates.data());
+  append(next), append(updates);
   return out;
 }
 
@@ -298,7 +298,7 @@ TEST_CASE("CPU ops split over helper threads (cpu::set_threads) give the bits of
   CHECK(cpu::threads() == 1);
 }
 
-TEST_CASE("conv2d and dense with relu equal the op then relu_forward, bitwise (GEMM and direct paths)") {
+TEST_CASE("conv2d and dense with relu equal the op then the element-wise relu, bitwise (GEMM and direct paths)") {
   for (const Conv2dParams& base : {conv(2, 3, 9, 1, 12, true), conv(2, 3, 9, 5, 7, false)}) {
     CAPTURE(base.in_channels);
     Conv2dParams p = base;
@@ -306,7 +306,7 @@ TEST_CASE("conv2d and dense with relu equal the op then relu_forward, bitwise (G
     const auto b = kc::random_floats(std::size_t(p.members) * p.out_channels, 33);
     std::vector<float> plain(conv_y(p)), fused(conv_y(p));
     cpu_ops().conv().conv2d_forward(p, x.data(), w.data(), b.data(), plain.data(), nullptr);
-    cpu_ops().layers().relu_forward(plain.size(), plain.data(), plain.data());
+    cpu_ops().elementwise().unary(UnaryOp::relu, plain.size(), plain.data(), plain.data());
     p.relu = true;
     cpu_ops().conv().conv2d_forward(p, x.data(), w.data(), b.data(), fused.data(), nullptr);
     CHECK(kc::same_bits(plain.data(), fused.data(), plain.size()));
@@ -317,13 +317,13 @@ TEST_CASE("conv2d and dense with relu equal the op then relu_forward, bitwise (G
   const auto x = kc::random_floats(2 * 4 * 30, 34), w = kc::random_floats(2 * 30 * 9, 35), b = kc::random_floats(18, 36);
   std::vector<float> plain(2 * 4 * 9), fused(plain.size());
   cpu_ops().dense().dense_forward(d, x.data(), w.data(), b.data(), plain.data(), nullptr);
-  cpu_ops().layers().relu_forward(plain.size(), plain.data(), plain.data());
+  cpu_ops().elementwise().unary(UnaryOp::relu, plain.size(), plain.data(), plain.data());
   d.relu = true;
   cpu_ops().dense().dense_forward(d, x.data(), w.data(), b.data(), fused.data(), nullptr);
   CHECK(kc::same_bits(plain.data(), fused.data(), plain.size()));
 }
 
-TEST_CASE("avg_pool_relu_backward equals avg_pool_backward then relu_backward, bitwise, also in place") {
+TEST_CASE("avg_pool_relu_backward equals avg_pool_backward then relu's activation_backward, bitwise, also in place") {
   IsaGuard guard;
   for (const std::string& isa : cpu::available_isas()) {
     cpu::set_isa(isa);
@@ -345,13 +345,13 @@ TEST_CASE("avg_pool_relu_backward equals avg_pool_backward then relu_backward, b
         std::vector<float> r = kc::random_floats(xs, 41);
         for (std::size_t i = 0; i < xs; i += 7) r[i] = std::nanf("");  // NaN activations: no gradient
         for (std::size_t i = 3; i < xs; i += 11) r[i] = -0.0f;
-        cpu_ops().layers().relu_forward(xs, r.data(), r.data());
+        cpu_ops().elementwise().unary(UnaryOp::relu, xs, r.data(), r.data());
         const auto dy = kc::random_floats(ys, 42);
         std::vector<float> expect(xs), storage(xs + 16, 7.0f);
         float* got = storage.data();
         while (reinterpret_cast<std::uintptr_t>(got) % 64 != 0) ++got;
         cpu_ops().conv().avg_pool_backward(q, dy.data(), expect.data());
-        cpu_ops().layers().relu_backward(xs, r.data(), expect.data(), expect.data());
+        cpu_ops().elementwise().activation_backward(UnaryOp::relu, xs, r.data(), expect.data(), expect.data());
         cpu_ops().conv().avg_pool_relu_backward(q, r.data(), dy.data(), got);
         CHECK(kc::same_bits(expect.data(), got, xs));
         cpu_ops().conv().avg_pool_relu_backward(q, r.data(), dy.data(), r.data());  // over the activation

@@ -5,6 +5,8 @@
 // CUDA graph); also the per-member reductions of the CUDA backend.
 #include "cuda_testing.h"
 
+#include <algorithm>
+
 #include <pmap/detail/capture.h>
 
 #if defined(PMAPCC_CUDA_STANDIN)
@@ -26,14 +28,16 @@ namespace k = pmap::kernels;
 
 // A small training step on fixed buffers of one device: conv (+ReLU) -> dense -> loss -> backward -> SGD
 // at a learning rate that a cosine schedule with warmup computes from the step counter on the device, so
-// every replay of a captured step must use another rate.
+// every replay of a captured step must use another rate. SGD is optax's: sgd_trace's next trace and update,
+// the update added to the weights and the trace copied back (times 1: an element-wise op the capture records),
+// so each replay reads the state the one before wrote.
 struct TinyStep {
   static constexpr int kMembers = 2, kBatch = 8, kSide = 6, kChannels = 4, kClasses = 3;
   const k::Backend& be;
   k::Conv2dParams conv{};
   k::DenseParams dense{};
-  pmap::Array x, labels, w_conv, w_dense, m_conv, m_dense, act, logits, dlogits, dact, g_conv, g_dense, loss,
-      correct, ws, xent_ws, step, base_lr, lr;
+  pmap::Array x, labels, w_conv, w_dense, m_conv, m_dense, next, update, one, act, logits, dlogits, dact, g_conv,
+      g_dense, loss, correct, ws, xent_ws, step, base_lr, lr;
   k::ScheduleParams schedule{};
 
   TinyStep(const k::Backend& backend, const pmap::Device& d) : be(backend) {
@@ -47,6 +51,9 @@ struct TinyStep {
     w_dense = on(d, random_floats(static_cast<std::size_t>(kMembers * dense.in_features * kClasses), 4, -0.1f, 0.1f));
     m_conv = zeros(d, static_cast<std::size_t>(w_conv.size()));
     m_dense = zeros(d, static_cast<std::size_t>(w_dense.size()));
+    const std::size_t largest = static_cast<std::size_t>(std::max(w_conv.size(), w_dense.size()));
+    next = zeros(d, largest), update = zeros(d, largest);
+    one = on(d, std::vector<float>{1.0f});
     act = zeros(d, act_n), dact = zeros(d, act_n);
     logits = zeros(d, kMembers * kBatch * kClasses), dlogits = zeros(d, kMembers * kBatch * kClasses);
     g_conv = zeros(d, static_cast<std::size_t>(w_conv.size()));
@@ -71,18 +78,25 @@ struct TinyStep {
                                     correct.data<std::int32_t>(), nullptr, xent_ws.raw_data());
     be.dense().dense_backward(dense, act.data<float>(), w_dense.data<float>(), dlogits.data<float>(),
                               dact.data<float>(), g_dense.data<float>(), nullptr, nullptr);
-    be.layers().relu_backward(act_n, act.data<float>(), dact.data<float>(), dact.data<float>());
+    be.elementwise().activation_backward(k::UnaryOp::relu, act_n, act.data<float>(), dact.data<float>(),
+                                         dact.data<float>());
     be.conv().conv2d_backward(conv, x.data<float>(), w_conv.data<float>(), dact.data<float>(), nullptr,
                               g_conv.data<float>(), nullptr, ws.raw_data());
     const k::OptimizerOps& ops = be.optimizer();
     ops.schedule_lr(schedule, kMembers, step.data<std::int64_t>(), base_lr.data<float>(), lr.data<float>());
-    const k::SgdParams sgd{0.9f, false};
-    const k::UpdateScalars s{lr.data<float>(), nullptr, nullptr};
-    ops.sgd_update(sgd, kMembers, static_cast<std::size_t>(w_conv.size() / kMembers), s, w_conv.data<float>(),
-                   m_conv.data<float>(), g_conv.data<float>());
-    ops.sgd_update(sgd, kMembers, static_cast<std::size_t>(w_dense.size() / kMembers), s, w_dense.data<float>(),
-                   m_dense.data<float>(), g_dense.data<float>());
+    sgd(w_conv, m_conv, g_conv);
+    sgd(w_dense, m_dense, g_dense);
     ops.increment(step.data<std::int64_t>());
+  }
+
+  // w += SGD's update of w from its gradient g and trace m, and m = the next trace (next and update: scratch
+  // as large as the largest w).
+  void sgd(pmap::Array& w, pmap::Array& m, const pmap::Array& g) {
+    const std::size_t n = static_cast<std::size_t>(w.size());
+    be.optimizer().sgd_trace(k::SgdParams{0.9f, false}, kMembers, n / kMembers, lr.data<float>(), g.data<float>(),
+                             m.data<float>(), next.data<float>(), update.data<float>());
+    be.elementwise().binary(k::BinaryOp::add, n, w.data<float>(), n, update.data<float>(), w.data<float>());
+    be.elementwise().binary(k::BinaryOp::multiply, n, next.data<float>(), 1, one.data<float>(), m.data<float>());
   }
 };
 
@@ -108,6 +122,8 @@ TEST_CASE("cuda graphs: warm-up, capture and replays give bitwise the results of
       }
       CHECK(graphed.w_conv.to_vector<float>() == direct.w_conv.to_vector<float>());
       CHECK(graphed.w_dense.to_vector<float>() == direct.w_dense.to_vector<float>());
+      CHECK(graphed.m_conv.to_vector<float>() == direct.m_conv.to_vector<float>());
+      CHECK(graphed.m_dense.to_vector<float>() == direct.m_dense.to_vector<float>());
       CHECK(graphed.loss.to_vector<float>() == direct.loss.to_vector<float>());
       CHECK(graphed.correct.to_vector<std::int32_t>() == direct.correct.to_vector<std::int32_t>());
       // The replays counted their steps and took the schedule's rate of step 4 (cosine 2 steps into 4).
@@ -198,7 +214,7 @@ TEST_CASE("cuda graphs refuse what a captured step must not do, naming it, and l
                            doctest::Contains("scratch memory"), pmap::CaptureError);
       CHECK(pmap::detail::capturing() == nullptr);
       // The device still works normally afterwards.
-      be.layers().relu_forward(64, buf.data<float>(), buf.data<float>());
+      be.elementwise().unary(k::UnaryOp::relu, 64, buf.data<float>(), buf.data<float>());
       CHECK(buf.to_vector<float>() == std::vector<float>(64, 0.0f));
     });
   }

@@ -100,11 +100,14 @@ TEST_CASE("dense with M members equals M single-member calls bitwise") {
 }
 
 TEST_CASE("relu forward, in place, and backward from the output") {
+  // The element-wise ops' relu: unary(UnaryOp::relu) and its activation_backward from the output.
+  const pmap::kernels::ElementwiseOps& ew = cpu_ops().elementwise();
+  constexpr pmap::kernels::UnaryOp relu = pmap::kernels::UnaryOp::relu;
   std::vector<float> x = kc::random_floats(40, 31);
   for (float& v : x) v += v < 0 ? -0.2f : 0.2f;  // keep away from the kink, where differences are exact
   x[3] = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> y(x.size());
-  cpu_ops().layers().relu_forward(x.size(), x.data(), y.data());
+  ew.unary(relu, x.size(), x.data(), y.data());
   for (std::size_t i = 0; i < x.size(); ++i) {
     if (i == 3) {
       CHECK(std::isnan(y[i]));
@@ -113,21 +116,21 @@ TEST_CASE("relu forward, in place, and backward from the output") {
     }
   }
   x[3] = 0.5f;
-  cpu_ops().layers().relu_forward(x.size(), x.data(), y.data());
+  ew.unary(relu, x.size(), x.data(), y.data());
   std::vector<float> in_place = x;
-  cpu_ops().layers().relu_forward(in_place.size(), in_place.data(), in_place.data());
+  ew.unary(relu, in_place.size(), in_place.data(), in_place.data());
   CHECK(kc::same_bits(in_place.data(), y.data(), y.size()));
 
   const std::vector<float> r = kc::random_floats(x.size(), 32);
   std::vector<float> dx(x.size());
-  cpu_ops().layers().relu_backward(x.size(), y.data(), r.data(), dx.data());
+  ew.activation_backward(relu, x.size(), y.data(), r.data(), dx.data());
   const auto objective = [&] {
-    cpu_ops().layers().relu_forward(x.size(), x.data(), y.data());
+    ew.unary(relu, x.size(), x.data(), y.data());
     return kc::weighted_sum(y, r);
   };
   kc::check_grad("relu dx", dx, kc::numeric_grad(x, objective, 0.05f));
   std::vector<float> dx_in_place = r;
-  cpu_ops().layers().relu_backward(x.size(), y.data(), dx_in_place.data(), dx_in_place.data());
+  ew.activation_backward(relu, x.size(), y.data(), dx_in_place.data(), dx_in_place.data());
   CHECK(kc::same_bits(dx_in_place.data(), dx.data(), dx.size()));
 }
 

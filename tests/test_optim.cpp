@@ -1,7 +1,7 @@
 // pmap::optim (pmapcc/optim): each optimizer against a host reference over several steps, bit for bit against
-// the Trainer's kernels (kernels::OptimizerOps), chain's order, the schedules against kernels::schedule_factor,
-// the step counter on the device, the CUDA kernels run on the host and on a GPU, a data-parallel step inside
-// pmap, the state as a tree (replicate, gather, paths), and every check's error.
+// its formulas in float (the per-step scalars from kernels::OptimizerOps), chain's order, the schedules against
+// kernels::schedule_factor, the step counter on the device, the CUDA kernels run on the host and on a GPU, a
+// data-parallel step inside pmap, the state as a tree (replicate, gather, paths), and every check's error.
 #include "cuda_testing.h"
 
 #include <cmath>
@@ -94,8 +94,11 @@ template <class Tx> std::vector<Host> run(const Tx& tx, int steps, float scale =
   return out;
 }
 
-// ---- the Trainer's kernels on host buffers, one member ------------------------------------------------------
-struct KernelRun {
+// ---- the optimizers' formulas in float on host buffers, one member ---------------------------------------------
+// The per-step scalars come from the CPU optimizer ops (schedule_lr, sum_squares and clip_factor, adam_step_size,
+// increment); each element's arithmetic is written out here in float, in Keras's order: the gradient scaled by the
+// clipping factor, then the decoupled decay p -= p * wd * lr, then the update.
+struct HostFormulas {
   const kernels::OptimizerOps& ops = kernels::backend_for(pmap::DeviceKind::cpu).optimizer();
   optim::Schedule lr;
   float clip_norm = 0.0f;      // > 0: clip_by_global_norm first
@@ -103,41 +106,66 @@ struct KernelRun {
   Host p = initial_params(), m = {std::vector<float>(12), std::vector<float>(4)}, v = m;
   std::int64_t step = 0;
 
-  // The step's lr and gradient scale into the scalars; returns the scalars' pointers.
-  kernels::UpdateScalars scalars(Host& g, float& lr_out, float& scale, float& wd) {
-    ops.schedule_lr(lr.factor, 1, &step, &lr.base, &lr_out);
+  // The step's learning rate; g scaled by the clipping factor of its global norm when clipping.
+  float prepare(Host& g) const {
+    float lr_t = 0;
+    ops.schedule_lr(lr.factor, 1, &step, &lr.base, &lr_t);
     if (clip_norm > 0) {
       double sumsq = 0;
       for (auto& leaf : g) ops.sum_squares(1, leaf.size(), leaf.data(), &sumsq, true);
+      float scale = 1;
       ops.clip_factor(1, &sumsq, clip_norm, &scale);
+      for (auto& leaf : g)
+        for (float& x : leaf) x *= scale;
     }
-    wd = weight_decay;
-    return {&lr_out, weight_decay >= 0 ? &wd : nullptr, clip_norm > 0 ? &scale : nullptr};
+    return lr_t;
+  }
+  void decay(float& x, float lr_t) const {
+    if (weight_decay >= 0) x -= x * weight_decay * lr_t;
   }
   void adam(const kernels::AdamParams& a, Host g) {
-    float lr_t = 0, scale = 1, wd = 0, alpha = 0;
-    const kernels::UpdateScalars s = scalars(g, lr_t, scale, wd);
+    const float lr_t = prepare(g);
+    float alpha = 0;
     ops.adam_step_size(a, 1, &step, &lr_t, &alpha);
-    for (std::size_t i = 0; i < g.size(); ++i) ops.adam_update(a, 1, g[i].size(), s, &alpha, p[i].data(), m[i].data(), v[i].data(), g[i].data());
+    // 1 - beta computed in double, rounded to float once
+    const float one_minus_beta_1 = static_cast<float>(1.0 - a.beta_1);
+    const float one_minus_beta_2 = static_cast<float>(1.0 - a.beta_2);
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      for (std::size_t e = 0; e < g[i].size(); ++e) {
+        const float ge = g[i][e];
+        float &pe = p[i][e], &me = m[i][e], &ve = v[i][e];
+        decay(pe, lr_t);
+        me += (ge - me) * one_minus_beta_1;
+        ve += (ge * ge - ve) * one_minus_beta_2;
+        pe -= (me * alpha) / (std::sqrt(ve) + a.epsilon);
+      }
+    }
     ops.increment(&step);
   }
   void sgd(const kernels::SgdParams& k, Host g) {
-    float lr_t = 0, scale = 1, wd = 0;
-    const kernels::UpdateScalars s = scalars(g, lr_t, scale, wd);
-    for (std::size_t i = 0; i < g.size(); ++i) ops.sgd_update(k, 1, g[i].size(), s, p[i].data(), m[i].data(), g[i].data());
+    const float lr_t = prepare(g);
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      for (std::size_t e = 0; e < g[i].size(); ++e) {
+        const float ge = g[i][e];
+        float &pe = p[i][e], &me = m[i][e];
+        decay(pe, lr_t);
+        me = k.momentum * me + ge;
+        pe -= k.nesterov ? lr_t * (ge + k.momentum * me) : lr_t * me;
+      }
+    }
     ops.increment(&step);
   }
 };
 
 optim::Schedule warmup_cosine() { return optim::cosine_decay_schedule(0.05f, {.decay_steps = 4, .alpha = 0.1, .warmup_steps = 2}); }
 
-// AdamW against the kernel, step by step from the same params (the moments do not depend on them). The
-// kernel's p2 = (p - p wd lr) - step cannot always be reached as p + u with one float u: where p2 - p is
+// AdamW against its formulas, step by step from the same params (the moments do not depend on them). The
+// formulas' p2 = (p - p wd lr) - step cannot always be reached as p + u with one float u: where p2 - p is
 // not exact in float (p changes sign, say) the sums p + u can miss p2. There (and only there) params +
 // updates may differ from p2, by at most one ulp of p2 - p; everywhere else it is p2's bits.
 template <class Tx> void check_adamw_bits(const Tx& tx, float clip, const optim::Schedule& lr, int steps) {
   const kernels::AdamParams a{0.9, 0.999, 1e-7f};
-  KernelRun k{.lr = lr, .clip_norm = clip, .weight_decay = 0.04f};
+  HostFormulas k{.lr = lr, .clip_norm = clip, .weight_decay = 0.04f};
   Net params = net_of(initial_params());
   auto state = tx.init(params);
   std::size_t exact = 0, total = 0;
@@ -168,7 +196,7 @@ template <class Tx> void check_adamw_bits(const Tx& tx, float clip, const optim:
   CHECK(exact >= total * 9 / 10);
 }
 
-TEST_CASE("optim bits: Sgd, Adam, AdamW and clip-then-Adam equal the Trainer's kernels bit for bit") {
+TEST_CASE("optim bits: Sgd, Adam, AdamW and clip-then-Adam equal their formulas in float bit for bit") {
   const int steps = 6;
   for (const optim::Schedule& lr : {optim::Schedule(0.05f), warmup_cosine(),
                                     optim::exponential_decay_schedule(0.05f, {.transition_steps = 2, .decay_rate = 0.5})}) {
@@ -177,7 +205,7 @@ TEST_CASE("optim bits: Sgd, Adam, AdamW and clip-then-Adam equal the Trainer's k
     for (bool nesterov : {false, true}) {
       CAPTURE(nesterov);
       const auto ours = run(optim::Sgd{.learning_rate = lr, .momentum = 0.9f, .nesterov = nesterov}, steps);
-      KernelRun k{.lr = lr};
+      HostFormulas k{.lr = lr};
       for (int t = 0; t < steps; ++t) {
         k.sgd({.momentum = 0.9f, .nesterov = nesterov}, grads_at(t));
         CHECK(same_bits(ours[static_cast<std::size_t>(t)], k.p));
@@ -188,7 +216,7 @@ TEST_CASE("optim bits: Sgd, Adam, AdamW and clip-then-Adam equal the Trainer's k
       CAPTURE(clip);
       const optim::Adam adam{.learning_rate = lr};
       const auto ours = clip > 0 ? run(optim::chain(optim::clip_by_global_norm(clip), adam), steps) : run(adam, steps);
-      KernelRun k{.lr = lr, .clip_norm = clip};
+      HostFormulas k{.lr = lr, .clip_norm = clip};
       for (int t = 0; t < steps; ++t) {
         k.adam(a, grads_at(t));
         CHECK(same_bits(ours[static_cast<std::size_t>(t)], k.p));
@@ -226,8 +254,8 @@ TEST_CASE("optim sgd: momentum and Nesterov follow optax.sgd in float over 4 ste
 }
 
 TEST_CASE("optim sgd and adam with weight_decay: Keras's decoupled decay, and who takes the per-member decay") {
-  // SGD: p <- p - (p * wd) * lr, then the step from it, in float (one more rounding than the fused kernel's
-  // in-place update, optim/adam.h: within an ulp of it).
+  // SGD: p <- p - (p * wd) * lr, then the step from it, in float in place (params + updates rounds once more,
+  // optim/adam.h: within an ulp of it).
   const auto ours = run(optim::Sgd{.learning_rate = 0.1f, .momentum = 0.9f, .weight_decay = 0.3f}, 4);
   Host p = initial_params(), m = {std::vector<float>(12), std::vector<float>(4)};
   for (int t = 0; t < 4; ++t) {
@@ -272,7 +300,8 @@ TEST_CASE("optim sgd and adam with weight_decay: Keras's decoupled decay, and wh
 
 TEST_CASE("optim sgd: one pass outside grad (ops::eager::sgd_trace), the ops inside it, so grad follows the update") {
   // Outside any transformation the update is one kernel; the bits are the ops' (the case above) and the
-  // Trainer's. Inside grad: f(p) = sum(p + sgd's update with g = p and a zero trace) = (1 - lr) sum(p).
+  // formula's in float ("optim bits"). Inside grad: f(p) = sum(p + sgd's update with g = p and a zero trace)
+  // = (1 - lr) sum(p).
   const optim::Sgd tx{.learning_rate = 0.1f, .momentum = 0.9f};
   const Net p0 = net_of(initial_params());
   const auto state = tx.init(p0);

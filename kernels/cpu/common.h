@@ -23,7 +23,7 @@ void column_sums(const float* a, Index rows, Index cols, float* out);
 // out (rows, cols): every row = b (cols), or zeros when b is nullptr. The GEMM then adds onto it.
 void fill_rows(const float* b, Index rows, Index cols, float* out);
 
-// out (count) = max(out, 0) in place, as relu_forward (NaN stays NaN): a ReLU fused into an op's output.
+// out (count) = max(out, 0) in place, as UnaryOp::relu (NaN stays NaN): a ReLU fused into an op's output.
 void relu_in_place(float* out, Index count);
 
 // The caller's workspace, or one allocated for this call when the caller passed none.

@@ -49,22 +49,6 @@ void ElementwiseOpsImpl::binary(BinaryOp op, std::size_t n, const float* a, std:
   });
 }
 
-void LayerOpsImpl::relu_forward(std::size_t n, const float* x, float* y) const {
-  detail::require(x, "relu_forward", "x");
-  detail::require(y, "relu_forward", "y");
-  for (std::size_t i = 0; i < n; ++i) y[i] = x[i] < 0.0f ? 0.0f : x[i];  // NaN is not < 0: it passes
-}
-
-void LayerOpsImpl::relu_backward(std::size_t n, const float* y, const float* dy, float* dx) const {
-  detail::require(y, "relu_backward", "y");
-  detail::require(dy, "relu_backward", "dy");
-  detail::require(dx, "relu_backward", "dx");
-  for (std::size_t i = 0; i < n; ++i) {
-    const float g = dy[i];  // loaded unconditionally, so the select compiles to a vector mask, not a branch
-    dx[i] = y[i] > 0.0f ? g : 0.0f;
-  }
-}
-
 namespace {
 
 // Sum of each member's n values in double, in index order; calls store(m, sum).

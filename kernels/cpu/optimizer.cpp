@@ -16,13 +16,6 @@ void check_members(const char* op, int members) {
   if (members < 1) throw ValueError(std::string(op) + ": members must be >= 1, got " + std::to_string(members));
 }
 
-void check_update(const char* op, int members, UpdateScalars s, const float* params, const float* grads) {
-  check_members(op, members);
-  detail::require(s.lr, op, "lr");
-  detail::require(params, op, "params");
-  detail::require(grads, op, "grads");
-}
-
 }  // namespace
 
 void OptimizerOpsImpl::schedule_lr(ScheduleParams p, int members, const std::int64_t* step, const float* base_lr,
@@ -66,18 +59,6 @@ void OptimizerOpsImpl::clip_factor(int members, const double* sumsq, float max_n
   for (int m = 0; m < members; ++m) factor[m] = clip_scale(sumsq[m], max_norm);
 }
 
-void OptimizerOpsImpl::sgd_update(SgdParams p, int members, std::size_t n, UpdateScalars s, float* params,
-                                  float* momentum, const float* grads) const {
-  validate(p);
-  check_update("sgd_update", members, s, params, grads);
-  detail::require(momentum, "sgd_update", "momentum");
-  for (int mb = 0; mb < members; ++mb) {
-    const std::size_t o = static_cast<std::size_t>(mb) * n;
-    const SgdMember k = sgd_member(p, s, mb);
-    for (std::size_t i = o; i < o + n; ++i) sgd_element(k, params[i], momentum[i], grads[i]);
-  }
-}
-
 void OptimizerOpsImpl::sgd_trace(SgdParams p, int members, std::size_t n, const float* lr, const float* grads,
                                  const float* trace, float* next, float* updates) const {
   validate(p);
@@ -91,20 +72,6 @@ void OptimizerOpsImpl::sgd_trace(SgdParams p, int members, std::size_t n, const 
     const std::size_t o = static_cast<std::size_t>(mb) * n;
     const float r = lr[mb];
     for (std::size_t i = o; i < o + n; ++i) sgd_trace_element(p, r, grads[i], trace[i], next[i], updates[i]);
-  }
-}
-
-void OptimizerOpsImpl::adam_update(AdamParams p, int members, std::size_t n, UpdateScalars s, const float* alpha,
-                                   float* params, float* m, float* v, const float* grads) const {
-  validate(p);
-  check_update("adam_update", members, s, params, grads);
-  detail::require(alpha, "adam_update", "alpha");
-  detail::require(m, "adam_update", "m");
-  detail::require(v, "adam_update", "v");
-  for (int mb = 0; mb < members; ++mb) {
-    const std::size_t o = static_cast<std::size_t>(mb) * n;
-    const AdamMember k = adam_member(p, s, alpha, mb);
-    for (std::size_t i = o; i < o + n; ++i) adam_element(k, params[i], m[i], v[i], grads[i]);
   }
 }
 

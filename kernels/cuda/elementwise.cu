@@ -1,4 +1,4 @@
-// CUDA element-wise ops (ElementwiseOps, relu forward/backward) and the per-member sums, one item
+// CUDA element-wise ops (ElementwiseOps) and the per-member sums (LossOps' reductions), one item
 // per element (per member for the sums). No FMA contraction (-fmad=false): bitwise the CPU ops' results.
 #include <pmap/error.h>
 
@@ -30,22 +30,6 @@ template <BinaryOp Op> struct Binary {
   std::size_t nb;
   float* y;
   PMAPCC_HD void operator()(std::size_t i) const { y[i] = binary_value<Op>(a[i], b[i % nb]); }
-};
-
-struct ReluForward {
-  const float* x;
-  float* y;
-  PMAPCC_HD void operator()(std::size_t i) const {
-    const float v = x[i];
-    y[i] = v < 0.0f ? 0.0f : v;  // NaN is not < 0: it passes
-  }
-};
-
-struct ReluBackward {
-  const float* y;
-  const float* dy;
-  float* dx;
-  PMAPCC_HD void operator()(std::size_t i) const { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; }
 };
 
 // Per member: its n values summed in double in index order (the CPU's order), divided, rounded once.
@@ -94,21 +78,6 @@ void CudaElementwiseOps::binary(BinaryOp op, std::size_t n, const float* a, std:
   check_binary(op, n, a, nb, b, y);
   if (n == 0) return;
   dispatch_binary(op, [&]<BinaryOp Op>() { ex_.launch(Binary<Op>{a, b, nb, y}, n); });
-}
-
-void CudaLayerOps::relu_forward(std::size_t n, const float* x, float* y) const {
-  const Exec& ex = ex_;
-  require(x, "relu_forward", "x");
-  require(y, "relu_forward", "y");
-  ex.launch(ReluForward{x, y}, n);
-}
-
-void CudaLayerOps::relu_backward(std::size_t n, const float* y, const float* dy, float* dx) const {
-  const Exec& ex = ex_;
-  require(y, "relu_backward", "y");
-  require(dy, "relu_backward", "dy");
-  require(dx, "relu_backward", "dx");
-  ex.launch(ReluBackward{y, dy, dx}, n);
 }
 
 void CudaLossOps::reduce_sum(int members, std::size_t n, const float* x, float* out) const {

@@ -1,5 +1,5 @@
 // The CUDA evaluation ops (kernels/metric_ops.h): the sum of members' probabilities, the division to a
-// mean, argmax hit counts, the per-member metric sums, the calibration sums and the predictions.
+// mean, argmax hit counts, the calibration sums and the predictions.
 // One item per element, row or member, in the CPU ops' order, so host runs give the CPU's bits.
 #include <cstdint>
 
@@ -41,25 +41,6 @@ struct ArgmaxHits {
       if (s[c] > s[best]) best = c;
     if (best == labels[row]) detail::atomic_add(hits, 1);
   }
-};
-
-struct AccumulateMetrics {
-  const float* loss;
-  const std::int32_t* correct;
-  double rows;
-  double* loss_sum;
-  std::int32_t* hits;
-  PMAPCC_HD void operator()(std::size_t m) const {
-    loss_sum[m] += static_cast<double>(loss[m]) * rows;
-    hits[m] += correct[m];
-  }
-};
-
-struct MeanFromSums {
-  const double* sums;
-  double divisor;
-  float* out;
-  PMAPCC_HD void operator()(std::size_t m) const { out[m] = static_cast<float>(sums[m] / divisor); }
 };
 
 // Item (predictor, row): the row's statistics into the workspace; bin -1 marks a label out of range (the
@@ -180,23 +161,6 @@ void CudaMetricOps::argmax_hits(int rows, int classes, const float* scores, cons
   require(hits, "argmax_hits", "hits");
   validate_argmax_hits(rows, classes);
   ex.launch(ArgmaxHits{classes, scores, labels, hits}, static_cast<std::size_t>(rows));
-}
-
-void CudaMetricOps::accumulate_metrics(int count, const float* loss, const std::int32_t* correct, double rows,
-                                       double* loss_sum, std::int32_t* hits) const {
-  const Exec& ex = ex_;
-  require(loss, "accumulate_metrics", "loss");
-  require(correct, "accumulate_metrics", "correct");
-  require(loss_sum, "accumulate_metrics", "loss_sum");
-  require(hits, "accumulate_metrics", "hits");
-  ex.launch(AccumulateMetrics{loss, correct, rows, loss_sum, hits}, static_cast<std::size_t>(count < 0 ? 0 : count));
-}
-
-void CudaMetricOps::mean_from_sums(int count, const double* sums, double divisor, float* out) const {
-  const Exec& ex = ex_;
-  require(sums, "mean_from_sums", "sums");
-  require(out, "mean_from_sums", "out");
-  ex.launch(MeanFromSums{sums, divisor, out}, static_cast<std::size_t>(count < 0 ? 0 : count));
 }
 
 }  // namespace pmap::kernels::gpu

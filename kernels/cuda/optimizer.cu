@@ -52,19 +52,6 @@ struct ClipFactor {
   PMAPCC_HD void operator()(std::size_t m) const { factor[m] = clip_scale(sumsq[m], max_norm); }
 };
 
-struct SgdUpdate {
-  SgdParams p;
-  std::size_t n;
-  UpdateScalars s;
-  float* params;
-  float* momentum;
-  const float* grads;
-  PMAPCC_HD void operator()(std::size_t i) const {
-    const SgdMember k = sgd_member(p, s, static_cast<int>(i / n));
-    sgd_element(k, params[i], momentum[i], grads[i]);
-  }
-};
-
 struct SgdTrace {
   SgdParams p;
   std::size_t n;
@@ -78,21 +65,6 @@ struct SgdTrace {
   }
 };
 
-struct AdamUpdate {
-  AdamParams p;
-  std::size_t n;
-  UpdateScalars s;
-  const float* alpha;
-  float* params;
-  float* m;
-  float* v;
-  const float* grads;
-  PMAPCC_HD void operator()(std::size_t i) const {
-    const AdamMember k = adam_member(p, s, alpha, static_cast<int>(i / n));
-    adam_element(k, params[i], m[i], v[i], grads[i]);
-  }
-};
-
 struct Increment {
   std::int64_t* step;
   PMAPCC_HD void operator()(std::size_t) const { ++*step; }
@@ -101,12 +73,6 @@ struct Increment {
 std::size_t items(int members) {
   if (members < 1) throw ValueError("optimizer ops: members must be >= 1, got " + std::to_string(members));
   return static_cast<std::size_t>(members);
-}
-
-void check_update(const char* op, UpdateScalars s, const float* params, const float* grads) {
-  require(s.lr, op, "lr");
-  require(params, op, "params");
-  require(grads, op, "grads");
 }
 
 }  // namespace
@@ -142,14 +108,6 @@ void CudaOptimizerOps::clip_factor(int members, const double* sumsq, float max_n
   ex_.launch(ClipFactor{sumsq, max_norm, factor}, items(members));
 }
 
-void CudaOptimizerOps::sgd_update(SgdParams p, int members, std::size_t n, UpdateScalars s, float* params,
-                                  float* momentum, const float* grads) const {
-  validate(p);
-  check_update("sgd_update", s, params, grads);
-  require(momentum, "sgd_update", "momentum");
-  ex_.launch(SgdUpdate{p, n, s, params, momentum, grads}, items(members) * n);
-}
-
 void CudaOptimizerOps::sgd_trace(SgdParams p, int members, std::size_t n, const float* lr, const float* grads,
                                  const float* trace, float* next, float* updates) const {
   validate(p);
@@ -159,16 +117,6 @@ void CudaOptimizerOps::sgd_trace(SgdParams p, int members, std::size_t n, const 
   require(next, "sgd_trace", "next");
   require(updates, "sgd_trace", "updates");
   ex_.launch(SgdTrace{p, n, lr, grads, trace, next, updates}, items(members) * n);
-}
-
-void CudaOptimizerOps::adam_update(AdamParams p, int members, std::size_t n, UpdateScalars s, const float* alpha,
-                                   float* params, float* m, float* v, const float* grads) const {
-  validate(p);
-  check_update("adam_update", s, params, grads);
-  require(alpha, "adam_update", "alpha");
-  require(m, "adam_update", "m");
-  require(v, "adam_update", "v");
-  ex_.launch(AdamUpdate{p, n, s, alpha, params, m, v, grads}, items(members) * n);
 }
 
 void CudaOptimizerOps::increment(std::int64_t* step) const {
