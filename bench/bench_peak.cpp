@@ -19,7 +19,7 @@
 #include <immintrin.h>
 
 #include <pmap/error.h>
-#include <pmapcc/kernels/bf16_gemm.h>
+#include <pmapcc/kernels/cpu/shared/bf16_gemm.h>
 #include <pmapcc/kernels/cpu_backend.h>
 
 #include "machine.h"
@@ -125,7 +125,7 @@ double sgemm(int n, int reps) {
   return median(rates);
 }
 
-// pmapcc's one-thread bf16 GEMM (bf16 products, fp32 sums; kernels/bf16_gemm.h), n x n x n: median GFLOP/s.
+// pmapcc's one-thread bf16 GEMM (bf16 products, fp32 sums; kernels/cpu/shared/bf16_gemm.h), n x n x n: median GFLOP/s.
 // m x n x k, a transposed or not (stored k x m).
 double gemm_bf16(pmap::kernels::bf16::Path path, long m, long n, long k, bool a_transposed, int reps) {
   std::vector<float> a(static_cast<std::size_t>(m * k), 0.5f), b(static_cast<std::size_t>(k * n), 0.25f),

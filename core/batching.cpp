@@ -9,7 +9,7 @@
 #include <pmap/detail/trace.h>
 #include <pmap/error.h>
 
-#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/eager/array_ops.h>
 #include <pmapcc/kernels/backend.h>
 
 namespace pmap::core {

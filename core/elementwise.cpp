@@ -10,7 +10,7 @@
 
 #include <pmapcc/core/batching.h>
 #include <pmapcc/core/primitive.h>
-#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/eager/array_ops.h>
 #include <pmapcc/kernels/elementwise_ops.h>
 
 namespace pmap::ops {

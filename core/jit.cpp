@@ -16,7 +16,7 @@
 
 #include <pmapcc/core/batching.h>
 #include <pmapcc/core/trace.h>
-#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/eager/array_ops.h>
 #include <pmapcc/kernels/backend.h>
 #include <pmapcc/kernels/graph.h>
 

@@ -12,7 +12,7 @@
 
 #include <pmapcc/core/batching.h>
 #include <pmapcc/core/primitive.h>
-#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/eager/array_ops.h>
 #include <pmapcc/kernels/layout_ops.h>
 
 namespace pmap::ops {

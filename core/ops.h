@@ -1,6 +1,6 @@
 // pmap::ops: the differentiable operations on Arrays a user writes programs with, inside pmap or outside
 // it, on any device (JAX's jnp and jax.nn). Each is a primitive (pmapcc/core/primitive.h): evaluated at
-// once through the operands' device's kernels (the rules of pmapcc/kernels/array_ops.h hold: f32 operands
+// once through the operands' device's kernels (the rules of pmapcc/kernels/eager/array_ops.h hold: f32 operands
 // on one device, results on that device, CUDA arrays only inside pmap, the same bits run after run), and
 // followed by grad and value_and_grad (pmapcc/core/grad.h). Collectives (pmap::psum, pmean, all_gather,
 // psum_scatter, ppermute of pmap/collectives.h) are differentiable too; their transposes are in grad.h.
@@ -17,14 +17,14 @@
 #include <pmap/array.h>
 #include <pmap/mesh.h>
 
-#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/eager/array_ops.h>
 #include <pmapcc/kernels/ops.h>
 
 namespace pmap::ops {
 
 // ---- linear algebra ----------------------------------------------------------------------------------------
 // The products (matmul, linear, conv2d, forward and VJP) run at fp32 unless a DefaultPrecision scope on the
-// calling thread says bf16 (kernels/array_ops.h), as jax.default_matmul_precision does:
+// calling thread says bf16 (kernels/eager/array_ops.h), as jax.default_matmul_precision does:
 //   pmap::pmap([&](...) { ops::DefaultPrecision bf16(pmap::kernels::Precision::bf16); return step(...); }, mesh);
 using eager::DefaultPrecision;
 using eager::default_precision;
@@ -78,7 +78,7 @@ Array stop_gradient(const Array& x);
 // ---- axes and layout (core/layout.cpp) ---------------------------------------------------------------------
 // Axes count from the end when negative (-1: the last); one out of range or given twice raises ValueError
 // naming the op and the argument; shapes that do not fit raise ShapeError (the contracts are
-// pmapcc/kernels/array_ops.h's). At most 8 axes. Results are new contiguous arrays, the same bits on every
+// pmapcc/kernels/eager/array_ops.h's). At most 8 axes. Results are new contiguous arrays, the same bits on every
 // backend.
 //
 // Over the given axes (x's shape without them, or 1 in their place with keepdims), e.g. ops::sum(x, {0, 2}).

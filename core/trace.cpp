@@ -12,7 +12,7 @@
 #include <pmap/detail/trace.h>
 #include <pmap/error.h>
 
-#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/eager/array_ops.h>
 
 namespace pmap::core {
 

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/eager/array_ops.h>
 #include <pmapcc/kernels/backend.h>
 
 namespace pmap::vmap_detail {

@@ -63,10 +63,10 @@ class Backend {
   virtual const LayerOps& layers() const = 0;
   // The evaluation's sums, hits, calibration and predictions on this backend's device (kernels/metric_ops.h).
   virtual const MetricOps& metrics() const = 0;
-  // Element-wise arithmetic and activations (kernels/elementwise_ops.h): what kernels/array_ops.h runs on.
+  // Element-wise arithmetic and activations (kernels/elementwise_ops.h): what kernels/eager/array_ops.h runs on.
   virtual const ElementwiseOps& elementwise() const = 0;
   // Strided copies and reductions, max pooling (kernels/layout_ops.h): transpose, broadcast_to, slice,
-  // concatenate, the axis reductions and max_pool of kernels/array_ops.h.
+  // concatenate, the axis reductions and max_pool of kernels/eager/array_ops.h.
   virtual const LayoutOps& layout() const = 0;
 
   // ---- memory -------------------------------------------------------------------------------------------

@@ -33,8 +33,8 @@ class CpuBackend : public Backend {
   virtual std::size_t matmul_workspace_bytes(MatmulParams p) const = 0;
   virtual void matmul(MatmulParams p, const float* a, const float* b, float* c, void* workspace) const = 0;
 
-  // The same in every variant: the evaluation's ops (kernels/cpu_metrics.cpp, one instance shared by every
-  // variant) and memory (kernels/cpu_backend.cpp).
+  // The same in every variant: the evaluation's ops (kernels/cpu/shared/cpu_metrics.cpp, one instance shared by every
+  // variant) and memory (kernels/cpu/shared/cpu_backend.cpp).
   const MetricOps& metrics() const final;
   void copy(void* dst, const void* src, std::size_t bytes) const final;
   void fill_zero(void* dst, std::size_t bytes) const final;

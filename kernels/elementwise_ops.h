@@ -1,5 +1,5 @@
 // ElementwiseOps: the op family of element-wise arithmetic and activations on f32 buffers, what the Array
-// functions of kernels/array_ops.h run on (the layers use their own fused ops). One CPU implementation per
+// functions of kernels/eager/array_ops.h run on (the layers use their own fused ops). One CPU implementation per
 // ISA variant (kernels/cpu/elementwise.cpp) and one CUDA one (kernels/cuda/elementwise.cu), both computing
 // each element with kernels/elementwise_math.h, so the CUDA kernels run on the host give the CPU's bits (on
 // a GPU, exp, log, tanh and the sigmoid come from CUDA's math library: within 2 ulp of the host's).
@@ -34,7 +34,7 @@ enum class BinaryOp : std::uint8_t {
   minimum,   // the smaller; NaN when either is NaN (numpy.minimum)
 };
 
-const char* to_string(UnaryOp op);   // "negative", "abs", ...: the names of kernels/array_ops.h's functions
+const char* to_string(UnaryOp op);   // "negative", "abs", ...: the names of kernels/eager/array_ops.h's functions
 const char* to_string(BinaryOp op);  // "add", ...
 
 class ElementwiseOps {

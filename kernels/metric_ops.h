@@ -1,7 +1,7 @@
 // MetricOps: the op family of evaluation, what the ensemble's eval and report steps compute from the
 // members' probabilities: their sum and mean over members, hit counts, the running per-member sums of a
 // batch's pieces, the calibration statistics and the per-row predictions. One CPU implementation
-// (kernels/cpu_metrics.cpp, compiled once outside the ISA variants) and one CUDA one
+// (kernels/cpu/shared/cpu_metrics.cpp, compiled once outside the ISA variants) and one CUDA one
 // (kernels/cuda/metrics.cu); both are plain loops in the same order (the calibration rows' arithmetic is
 // kernels/calibration.h), so every CPU variant and the CUDA kernels run on the host give the same bits.
 // Pointers are in the memory of the backend's device, as everywhere in kernels/backend.h; shapes and

@@ -24,7 +24,7 @@ enum class Padding { same, valid, explicit_pads };
 // mixed precision: both operands of each product rounded to bf16 (nearest, ties to even), the products
 // summed in fp32; inputs, outputs, biases and everything else stay fp32 (PyTorch's CPU autocast to
 // bfloat16 does the same for these ops). The CPU runs bf16 on AVX512_BF16 (with AMX where the CPU has it:
-// kernels/bf16_gemm.h) in its avx512 kernels only; a backend that cannot run it throws ValueError.
+// kernels/cpu/shared/bf16_gemm.h) in its avx512 kernels only; a backend that cannot run it throws ValueError.
 enum class Precision { fp32, bf16 };
 
 const char* name(Precision p) noexcept;  // "fp32", "bf16"

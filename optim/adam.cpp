@@ -1,7 +1,7 @@
 // optim::Adam's and optim::AdamW's leaf functions (optim/adam.h), in Keras's order of operations.
 #include <pmapcc/optim/adam.h>
 
-#include <pmapcc/kernels/array_ops_optim.h>
+#include <pmapcc/kernels/eager/array_ops_optim.h>
 #include <pmapcc/kernels/optimizer_ops.h>
 
 namespace pmap::optim {

@@ -5,7 +5,7 @@
 #include <string>
 #include <string_view>
 
-#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/eager/array_ops.h>
 
 namespace pmap::optim::detail {
 

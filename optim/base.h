@@ -8,7 +8,7 @@
 // the state and the params (and on the step count) says so with `static constexpr bool kElementwise = true`:
 // members stacked on a leading axis then step together as each would alone, with one count (the training
 // layer relies on it; clip_by_global_norm is not one). The step's arithmetic runs on the parameters' device,
-// on CPU devices at once and on CUDA devices inside pmap (the rules of pmapcc/kernels/array_ops.h); nothing
+// on CPU devices at once and on CUDA devices inside pmap (the rules of pmapcc/kernels/eager/array_ops.h); nothing
 // reads a value back to the host.
 // update reads the state it is given and returns a new one (optax's pure functions): a const state works,
 // as inside a jitted step.

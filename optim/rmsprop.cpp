@@ -1,7 +1,7 @@
 // optim::RmsProp's leaf functions (optim/rmsprop.h), in Keras's order.
 #include <pmapcc/optim/rmsprop.h>
 
-#include <pmapcc/kernels/array_ops_optim.h>
+#include <pmapcc/kernels/eager/array_ops_optim.h>
 
 namespace pmap::optim {
 

@@ -6,7 +6,7 @@
 
 #include <pmap/error.h>
 
-#include <pmapcc/kernels/array_ops_optim.h>
+#include <pmapcc/kernels/eager/array_ops_optim.h>
 
 namespace pmap::optim {
 namespace {

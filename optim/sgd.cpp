@@ -1,7 +1,7 @@
 // optim::Sgd's leaf functions (optim/sgd.h), in optax.sgd's order of operations.
 #include <pmapcc/optim/sgd.h>
 
-#include <pmapcc/kernels/array_ops_optim.h>
+#include <pmapcc/kernels/eager/array_ops_optim.h>
 
 namespace pmap::optim {
 

@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include <pmapcc/kernels/array_ops_optim.h>
+#include <pmapcc/kernels/eager/array_ops_optim.h>
 
 namespace pmap::optim {
 

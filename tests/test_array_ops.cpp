@@ -1,7 +1,7 @@
-// pmap::ops::eager (kernels/array_ops.h): every function against a loop written here, on the CPU backend and on the
-// CUDA kernels run on the host (pmap::ops::detail::ScopedBackend), the two bitwise equal where the header says so;
-// inside pmap on CPU devices (a data-parallel gradient equal to the one-device one); every error path; and,
-// when a GPU is usable, the same functions on CUDA devices inside pmap against the CPU.
+// pmap::ops::eager (kernels/eager/array_ops.h): every function against a loop written here, on the CPU backend and
+// on the CUDA kernels run on the host (pmap::ops::detail::ScopedBackend), the two bitwise equal where the header
+// says so; inside pmap on CPU devices (a data-parallel gradient equal to the one-device one); every error path;
+// and, when a GPU is usable, the same functions on CUDA devices inside pmap against the CPU.
 #include "cuda_testing.h"
 
 #include <cmath>
@@ -12,7 +12,7 @@
 
 #include <pmap/pmap.h>
 
-#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/eager/array_ops.h>
 #include <pmapcc/kernels/backend.h>
 
 namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)

@@ -1,11 +1,11 @@
-// The bf16 GEMM of mixed precision (kernels/bf16_gemm.h): its rounding against the CPU's own conversion
+// The bf16 GEMM of mixed precision (kernels/cpu/shared/bf16_gemm.h): its rounding against the CPU's own conversion
 // instruction, its products against a float64 product of the rounded operands for every operand layout and
 // shapes that cross each block edge, accumulation, reproducibility and its refusals.
 #include <doctest/doctest.h>
 
 #include <pmap/error.h>
 
-#include <pmapcc/kernels/bf16_gemm.h>
+#include <pmapcc/kernels/cpu/shared/bf16_gemm.h>
 
 #include <immintrin.h>
 

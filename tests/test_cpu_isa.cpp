@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "kernel_checks.h"
-#include <pmapcc/kernels/bf16_gemm.h>
+#include <pmapcc/kernels/cpu/shared/bf16_gemm.h>
 #include <pmapcc/kernels/cpu_backend.h>
-#include <pmapcc/kernels/cpu_threads.h>
+#include <pmapcc/kernels/cpu/shared/cpu_threads.h>
 
 namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
 
@@ -229,7 +229,7 @@ class ThreadsGuard {
   int saved_;
 };
 
-// Products large enough to be split over helper threads (kernels/cpu_threads.h), in the active variant:
+// Products large enough to be split over helper threads (kernels/cpu/shared/cpu_threads.h), in the active variant:
 // matmul in both layouts of b, accumulating into c, at row counts on and off the split's units, then a conv
 // layer (its forward and input gradient split; weight gradient not) and a dense layer, forward and backward.
 std::vector<float> split_outputs(Precision precision) {

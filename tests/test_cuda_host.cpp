@@ -12,7 +12,7 @@
 #include <limits>
 #include <random>
 
-#include <pmapcc/kernels/bf16_gemm.h>
+#include <pmapcc/kernels/cpu/shared/bf16_gemm.h>
 #include <pmapcc/kernels/cuda/exec.h>
 #include <pmapcc/kernels/cuda/linear.h>
 #include "src/device_kernels.h"
@@ -152,7 +152,7 @@ TEST_CASE("cuda bf16: operands rounded as the GPU rounds them (nearest even, sub
     CHECK(gpu::bf16_bits(from_bits(c.in)) == c.out);
     CHECK(to_bits(gpu::bf16_widen(c.out)) == static_cast<std::uint32_t>(c.out) << 16);
   }
-  // On normal numbers, exactly the CPU's rounding (kernels/bf16_gemm.h).
+  // On normal numbers, exactly the CPU's rounding (kernels/cpu/shared/bf16_gemm.h).
   std::mt19937 gen(11);
   std::uniform_int_distribution<std::uint32_t> bits(0x00800000u, 0x7f7fffffu);
   int checked = 0;

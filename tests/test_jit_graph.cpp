@@ -25,7 +25,7 @@
 #include <pmapcc/core/grad.h>
 #include <pmapcc/core/jit.h>
 #include <pmapcc/core/ops.h>
-#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/eager/array_ops.h>
 #include <pmapcc/kernels/backend.h>
 
 namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)

@@ -16,8 +16,8 @@
 
 #include <pmapcc/core/grad.h>
 #include <pmapcc/core/vmap.h>
-#include <pmapcc/kernels/array_ops.h>
-#include <pmapcc/kernels/array_ops_optim.h>
+#include <pmapcc/kernels/eager/array_ops.h>
+#include <pmapcc/kernels/eager/array_ops_optim.h>
 #include <pmapcc/kernels/backend.h>
 #include <pmapcc/optim/optim.h>
 

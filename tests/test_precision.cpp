@@ -9,7 +9,7 @@
 #include <pmap/error.h>
 
 #include <pmapcc/kernels/backend.h>
-#include <pmapcc/kernels/bf16_gemm.h>
+#include <pmapcc/kernels/cpu/shared/bf16_gemm.h>
 #include <pmapcc/kernels/cpu_backend.h>
 #include <pmapcc/optim/optim.h>
 #include <pmapcc/train/trainer.h>

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include <pmap/pmap.h>
-#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/eager/array_ops.h>
 #include <pmapcc/kernels/backend.h>
 #include <pmapcc/optim/optim.h>
 #include <pmapcc/train/model.h>

@@ -13,7 +13,7 @@
 
 #include <pmap/pmap.h>
 #include <pmapcc/io/safetensors.h>
-#include <pmapcc/kernels/array_ops_optim.h>
+#include <pmapcc/kernels/eager/array_ops_optim.h>
 #include <pmapcc/kernels/backend.h>
 #include <pmapcc/nn/parallel.h>
 #include <pmapcc/optim/optim.h>

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include <pmap/pmap.h>
-#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/eager/array_ops.h>
 #include <pmapcc/kernels/backend.h>
 #include <pmapcc/kernels/cpu_backend.h>
 #include <pmapcc/kernels/ops.h>

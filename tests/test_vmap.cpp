@@ -23,7 +23,7 @@
 #include <pmapcc/core/trace.h>
 #include <pmapcc/core/ops.h>
 #include <pmapcc/core/vmap.h>
-#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/eager/array_ops.h>
 #include <pmapcc/kernels/backend.h>
 #include <pmapcc/kernels/cpu_backend.h>
 

@@ -15,8 +15,8 @@
 #include <pmapcc/core/ops.h>
 #include <pmapcc/core/batching.h>
 #include <pmapcc/core/vmap.h>
-#include <pmapcc/kernels/array_ops.h>
-#include <pmapcc/kernels/array_ops_optim.h>
+#include <pmapcc/kernels/eager/array_ops.h>
+#include <pmapcc/kernels/eager/array_ops_optim.h>
 #include <pmapcc/optim/base.h>
 #include <pmapcc/optim/transforms.h>
 

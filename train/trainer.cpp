@@ -16,7 +16,7 @@
 #include <pmap/error.h>
 #include <pmap/pmap.h>
 #include <pmapcc/core/batching.h>
-#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/eager/array_ops.h>
 #include <pmapcc/kernels/backend.h>
 #include <pmapcc/kernels/ops.h>
 

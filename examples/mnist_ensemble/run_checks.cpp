@@ -12,7 +12,7 @@
 #include <pmap/distributed.h>
 #include <pmap/error.h>
 
-#include <pmapcc/kernels/bf16_gemm.h>
+#include <pmapcc/kernels/cpu/shared/bf16_gemm.h>
 #include <pmapcc/kernels/cpu_backend.h>
 
 namespace pmap::ensemble {

@@ -1,4 +1,4 @@
-// This variant's backend, exported as extern "C" pmapcc_cpu_backend_<variant>() for kernels/cpu_backend.cpp,
+// This variant's backend, exported as extern "C" pmapcc_cpu_backend_<variant>() for kernels/cpu/shared/cpu_backend.cpp,
 // which chooses the active one.
 #include <pmapcc/kernels/cpu/ops.h>
 

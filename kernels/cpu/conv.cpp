@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include <pmapcc/kernels/bf16_gemm.h>
+#include <pmapcc/kernels/cpu/shared/bf16_gemm.h>
 #include <pmapcc/kernels/cpu/common.h>
 #include <pmapcc/kernels/cpu/conv_direct.h>
 #include <pmapcc/kernels/cpu/gemm.h>

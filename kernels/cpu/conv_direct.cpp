@@ -7,7 +7,7 @@
 // rounded to bf16 first: their products are exact in fp32, so this is bf16 products summed in fp32.
 #include <pmapcc/kernels/cpu/conv_direct.h>
 
-#include <pmapcc/kernels/bf16_gemm.h>
+#include <pmapcc/kernels/cpu/shared/bf16_gemm.h>
 
 #include <algorithm>
 #include <array>

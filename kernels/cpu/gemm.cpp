@@ -4,8 +4,8 @@
 #include <pmapcc/kernels/cpu/gemm.h>
 
 #include <pmap/error.h>
-#include <pmapcc/kernels/bf16_gemm.h>
-#include <pmapcc/kernels/cpu_threads.h>
+#include <pmapcc/kernels/cpu/shared/bf16_gemm.h>
+#include <pmapcc/kernels/cpu/shared/cpu_threads.h>
 
 #include <algorithm>
 #include <cstdint>

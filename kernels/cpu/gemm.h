@@ -26,7 +26,7 @@ std::size_t gemm_pack_floats(Index rows, Index cols, Index depth, Precision prec
 // gemm_pack_floats(rows, cols, depth, precision) floats (any contents; 64-byte aligned is best). fp32:
 // results are those of Eigen's c.noalias() (+)= a * b, bit for bit (nullptr or too small a pack lets Eigen
 // allocate its own), except where the avx512 variant runs its own GEMM (avx512_gemm_suits, below). bf16:
-// kernels/bf16_gemm.h's product of the rounded operands (call require_precision first; a missing or small
+// kernels/cpu/shared/bf16_gemm.h's product of the rounded operands (call require_precision first; a missing or small
 // pack throws).
 void gemm(Index rows, Index cols, Index depth, GemmOperand a, GemmOperand b, float* c, bool accumulate,
           float* pack, std::size_t pack_floats, Precision precision = Precision::fp32);

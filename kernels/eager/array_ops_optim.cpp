@@ -1,6 +1,6 @@
-// pmap::ops::eager's optimizer scalars (kernels/array_ops_optim.h): each checks its operands and runs the
+// pmap::ops::eager's optimizer scalars (kernels/eager/array_ops_optim.h): each checks its operands and runs the
 // device's OptimizerOps (kernels/optimizer_ops.h) on one member, or on one value per member.
-#include <pmapcc/kernels/array_ops_optim.h>
+#include <pmapcc/kernels/eager/array_ops_optim.h>
 
 #include <cmath>
 #include <cstdint>
@@ -10,7 +10,7 @@
 #include <pmap/collectives.h>
 #include <pmap/error.h>
 
-#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/eager/array_ops.h>
 #include <pmapcc/kernels/backend.h>
 
 #include "array_ops_checks.h"

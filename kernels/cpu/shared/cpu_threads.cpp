@@ -1,7 +1,7 @@
-// The CPU kernels' helper threads (kernels/cpu_threads.h, kernels/cpu_backend.h's cpu::threads): each thread
+// The CPU kernels' helper threads (kernels/cpu/shared/cpu_threads.h, kernels/cpu_backend.h's cpu::threads): each thread
 // that calls a CPU op (a pmap CPU device's worker, or any user thread) gets a team of its own, so devices
 // never wait on each other's helpers.
-#include <pmapcc/kernels/cpu_threads.h>
+#include <pmapcc/kernels/cpu/shared/cpu_threads.h>
 
 #include <pmap/error.h>
 #include <pmapcc/kernels/cpu_backend.h>

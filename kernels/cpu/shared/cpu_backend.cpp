@@ -1,6 +1,6 @@
 // What the CPU backends share (kernels/cpu_backend.h): the choice of the active ISA variant, the memory
 // ops and the loss's workspace size, compiled once outside the variants (kernels/cpu). The evaluation's
-// ops, shared the same way, are kernels/cpu_metrics.cpp.
+// ops, shared the same way, are kernels/cpu/shared/cpu_metrics.cpp.
 #include <pmapcc/kernels/cpu_backend.h>
 
 #include <pmap/error.h>

@@ -1,6 +1,6 @@
-// pmap::ops::eager's axis and layout ops (kernels/array_ops.h): reductions over axes, transpose,
+// pmap::ops::eager's axis and layout ops (kernels/eager/array_ops.h): reductions over axes, transpose,
 // broadcast_to, slice, concatenate, log_softmax and max pooling, each a few calls of the device's LayoutOps.
-#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/eager/array_ops.h>
 
 #include <cstdint>
 #include <string>

@@ -205,7 +205,7 @@ Array sum_members(const Array& x);
 // outside [0, K): ValueError on CPU devices, the row left out on GPUs.
 Array calibration_sums(const Array& probs, const Array& labels);
 
-// ---- axes and layout (kernels/array_ops_layout.cpp, LayoutOps) ----------------------------------------------
+// ---- axes and layout (kernels/eager/array_ops_layout.cpp, LayoutOps) ----------------------------------------------
 // Axes count from the end when negative (numpy's -1: the last); an axis out of range or given twice raises
 // ValueError naming the op and the axis. At most 8 axes (kernels::kMaxLayoutAxes). Every result is a new
 // contiguous array; copies are exact and sums run in double in a fixed order, rounded once, so the results

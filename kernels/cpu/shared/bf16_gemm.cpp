@@ -9,8 +9,8 @@
 // and sums 12 x 32 tiles of c with fp32 FMAs. Only
 // the functions marked with a target attribute use AVX-512, AVX512_BF16 or AMX; gemm() checks the CPU
 // before it calls them.
-#include <pmapcc/kernels/bf16_gemm.h>
-#include <pmapcc/kernels/cpu_threads.h>
+#include <pmapcc/kernels/cpu/shared/bf16_gemm.h>
+#include <pmapcc/kernels/cpu/shared/cpu_threads.h>
 
 #include <pmap/error.h>
 
@@ -744,7 +744,7 @@ void checked_gemm(Path path, I rows, I cols, I depth, const Left& left, const Op
 
 namespace {
 
-// A product over cpu::threads() threads (kernels/cpu_threads.h), by ranges of whole row tiles (kTR rows; the
+// A product over cpu::threads() threads (kernels/cpu/shared/cpu_threads.h), by ranges of whole row tiles (kTR rows; the
 // AMX path's row blocks, kMC, there); each range runs part(first, count, packing space, its bytes): the
 // caller's space on the calling thread, a helper's own on a helper. A pack too small for the whole fails as
 // the whole would, before any range runs.

@@ -1,4 +1,4 @@
-// Internal to kernels/array_ops*.cpp: the operand checks and helpers the eager ops share (not installed
+// Internal to kernels/eager/array_ops*.cpp: the operand checks and helpers the eager ops share (not installed
 // for users: the header-only parts of pmapcc::kernels' API are array_ops.h and the op families).
 #pragma once
 

@@ -1,7 +1,7 @@
-// pmap::ops::eager's image, normalization and dropout ops (kernels/array_ops.h): convolution, average
+// pmap::ops::eager's image, normalization and dropout ops (kernels/eager/array_ops.h): convolution, average
 // pooling, BatchNormalization's steps and Dropout, each checking its operands, allocating its result on
 // their device and calling the device's backend.
-#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/eager/array_ops.h>
 
 #include <string>
 #include <vector>

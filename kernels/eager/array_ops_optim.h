@@ -1,7 +1,7 @@
 // The optimizer family's per-step scalars as functions of Arrays (pmap::ops::eager), for pmapcc/optim: the
 // learning rate from a schedule, Adam's step size, the clipping factor and the next step counter, each
 // computed on the device from the (1) i64 step counter in its memory, so a step never waits for the host.
-// The rules of kernels/array_ops.h hold (results on the operands' device; CUDA arrays only inside pmap).
+// The rules of kernels/eager/array_ops.h hold (results on the operands' device; CUDA arrays only inside pmap).
 // Not differentiable and not primitives: they compute optimizer state, never a value grad follows.
 #pragma once
 

@@ -1,6 +1,6 @@
-// pmap::ops::eager: the kernels as functions of Arrays (kernels/array_ops.h). Each function checks its
+// pmap::ops::eager: the kernels as functions of Arrays (kernels/eager/array_ops.h). Each function checks its
 // operands, allocates its result on their device and calls one op of the device's backend.
-#include <pmapcc/kernels/array_ops.h>
+#include <pmapcc/kernels/eager/array_ops.h>
 
 #include <cstdint>
 #include <limits>
