@@ -27,6 +27,7 @@
 #include <pmapcc/core/vmap.h>
 #include <pmapcc/export/onnx/export.h>
 #include <pmapcc/io/json.h>
+#include <pmapcc/nn/layer_norm.h>
 #include <pmapcc/train/model.h>
 
 #include "synthetic.h"
@@ -134,6 +135,26 @@ Array resnet(const Variables& v, const Array& x) {
   const Array skip = conv(b1, "project", 2, false);                                 // (N, 4, 4, 8)
   const Array b2 = ops::relu(ops::add(conv(conv(b1, "block2_a", 2, true), "block2_b", 1, false), skip));
   return ops::linear(ops::global_avg_pool(b2), v.at("head/kernel"), v.at("head/bias"));
+}
+
+// A layer a user adds, nn::LayerNorm (of ops alone, with no emitter of its own), between two Dense layers, on
+// images (N, 6, 6, 2): logits (N, 10).
+Array normed(const Variables& v, const Array& x) {
+  const Array h = ops::linear(ops::reshape(x, {x.dim(0), 72}), v.at("in/kernel"), v.at("in/bias"), true);  // (N, 16)
+  const pmap::nn::LayerNorm norm{.epsilon = 1e-3f};
+  return ops::linear(norm({v.at("norm/scale").copy(), v.at("norm/bias").copy()}, h), v.at("out/kernel"),
+                     v.at("out/bias"));
+}
+
+Variables normed_variables() {
+  Variables v;
+  v.emplace("in/kernel", uniform_array(300, {72, 16}, -0.3f, 0.3f));
+  v.emplace("in/bias", uniform_array(301, {16}, -0.1f, 0.1f));
+  v.emplace("norm/scale", uniform_array(302, {16}, 0.5f, 1.5f));
+  v.emplace("norm/bias", uniform_array(303, {16}, -0.5f, 0.5f));
+  v.emplace("out/kernel", uniform_array(304, {16, 10}, -0.5f, 0.5f));
+  v.emplace("out/bias", uniform_array(305, {10}, -0.1f, 0.1f));
+  return v;
 }
 
 Variables resnet_variables() {
@@ -309,7 +330,8 @@ TEST_CASE("onnx export: members_of splits stacked tensors into members, refusing
         "onnx export: variable 'extra/x' is neither params/... nor state/...");
 }
 
-TEST_CASE("onnx export: the zoo of every primitive's emitter and a residual network, checker-valid (and in ORT)") {
+TEST_CASE("onnx export: the zoo of every primitive's emitter, a residual network and a LayerNorm one, checker-valid "
+          "(and in ORT)") {
   const Variables v = zoo_variables();
   const px::Network net{"zoo", {6, 6, 2}, zoo};
   const char* where = std::getenv("PMAPCC_ONNX_ZOO_DIR");
@@ -343,8 +365,19 @@ TEST_CASE("onnx export: the zoo of every primitive's emitter and a residual netw
   CHECK(convs == 6);
   CHECK(adds == 3);  // two skips and the Dense layer's bias
   const Array res_images = uniform_array(98, {4, 8, 8, 2}, 0.0f, 1.0f);
+  // So does a layer a user added of ops: nn::LayerNorm, as the ops it is made of.
+  const Variables nv = normed_variables();
+  px::export_member(px::Network{"normed", {6, 6, 2}, normed}, nv, dir / "normed.onnx");
+  std::set<std::string> normed_ops;
+  const onnx::ModelProto normed_model = load(dir / "normed.onnx");
+  for (const auto& n : normed_model.graph().node()) normed_ops.insert(n.op_type());
+  for (const char* op : {"ReduceMean", "Expand", "Sub", "Mul", "Sqrt", "Div"}) {  // LayerNorm's part
+    CAPTURE(op);
+    CHECK(normed_ops.contains(op));
+  }
   if (where != nullptr) {
     write_for_ort(dir, "resnet", res_images, resnet(r, res_images), true);
+    write_for_ort(dir, "normed", images, normed(nv, images), true);
   } else {
     std::filesystem::remove_all(dir);
   }

@@ -23,7 +23,7 @@
 namespace pmap::train {
 namespace {
 
-constexpr const char* kFormat = "pmapcc.train.v1";
+constexpr const char* kFormat = kCheckpointFormat;
 constexpr const char* kRunnerV2 = "pmapcc.ensemble.v2";
 constexpr const char* kRunnerV1 = "pmapcc.ensemble.v1";
 
@@ -79,16 +79,6 @@ std::string list_text(const std::vector<float>& v) {
   return out + "]";
 }
 
-// The file's format: kFormat or one of the runner's (kRunnerV2, kRunnerV1); DataError naming `file` otherwise.
-std::string checked_format(const io::SafetensorsFile& f, const std::string& file) {
-  const auto fmt = f.metadata.find("format");
-  if (fmt == f.metadata.end()) throw DataError(file + ": __metadata__ has no 'format': not a pmapcc checkpoint");
-  if (fmt->second != kFormat && fmt->second != kRunnerV2 && fmt->second != kRunnerV1)
-    throw DataError(file + ": format '" + fmt->second + "' is not " + kFormat + " (nor the runner's " + kRunnerV2 +
-                    " or " + kRunnerV1 + ")");
-  return fmt->second;
-}
-
 // The runner's name for the optimizer state leaf `field` keeps per parameter (SGD's momentum, Adam's moments).
 const char* runner_slot(const std::string& field) {
   if (field == "trace") return "momentum";
@@ -98,6 +88,15 @@ const char* runner_slot(const std::string& field) {
 }
 
 }  // namespace
+
+std::string checkpoint_format(const std::map<std::string, std::string>& metadata, const std::string& file) {
+  const auto fmt = metadata.find("format");
+  if (fmt == metadata.end()) throw DataError(file + ": __metadata__ has no 'format': not a pmapcc checkpoint");
+  if (fmt->second != kFormat && fmt->second != kRunnerV2 && fmt->second != kRunnerV1)
+    throw DataError(file + ": format '" + fmt->second + "' is not " + kFormat + " (nor the runner's " + kRunnerV2 +
+                    " or " + kRunnerV1 + ")");
+  return fmt->second;
+}
 
 void Trainer::save(const std::filesystem::path& path, const std::map<std::string, std::string>& metadata,
                    const Variables& others) const {
@@ -156,7 +155,7 @@ Checkpoint Trainer::load(const std::filesystem::path& path, const std::vector<st
   try {  // reading and checking the file: nothing collective, nothing changed
     const io::SafetensorsFile f = io::load_safetensors(path);
     auto fail = [&](const std::string& what) { throw DataError(file + ": " + what); };
-    const std::string format = checked_format(f, file);
+    const std::string format = checkpoint_format(f.metadata, file);
     const bool runner = format != kFormat, v1 = format == kRunnerV1;
     const int members = options_.members;
     const std::string mode = options_.data_parallel ? "data-parallel" : "ensemble";
@@ -340,7 +339,7 @@ SavedMembers read_members(const std::filesystem::path& path, const Model& model,
   const std::string file = path.string();
   auto fail = [&](const std::string& what) { throw DataError(file + ": " + what); };
   const io::SafetensorsFile f = io::load_safetensors(path);
-  const bool runner = checked_format(f, file) != kFormat;
+  const bool runner = checkpoint_format(f.metadata, file) != kFormat;
   std::string saved_model = "flax-cnn";  // the runner's v1 files: the only model there was
   if (runner) {
     const io::Json config = f.metadata_json("config");

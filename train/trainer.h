@@ -135,6 +135,13 @@ struct SavedMembers {
   int members = 0;                              // the members the file holds
 };
 
+// The __metadata__ "format" Trainer::save writes.
+inline constexpr const char* kCheckpointFormat = "pmapcc.train.v1";
+// A checkpoint's format from its __metadata__, checked: kCheckpointFormat, or the runner's (ensemble::Trainer's
+// "pmapcc.ensemble.v2" and "pmapcc.ensemble.v1", which load too). DataError naming `file` for metadata without a
+// format or with another: a safetensors file that is not a pmapcc checkpoint.
+std::string checkpoint_format(const std::map<std::string, std::string>& metadata, const std::string& file);
+
 // Members `members` (the file's indices, each once; empty: every one) of a checkpoint that Trainer::save or the
 // runner (ensemble::Trainer, formats pmapcc.ensemble.v1 and v2) wrote, for `model`: their parameters and model
 // state, to evaluate or to continue as another ensemble (set_members). DataError naming the file for one that is

@@ -13,6 +13,7 @@
 
 #include <pmapcc/io/safetensors.h>
 #include <pmapcc/train/model.h>
+#include <pmapcc/train/trainer.h>
 
 namespace pmap::ensemble {
 
@@ -462,20 +463,10 @@ void TrainConfig::check(int along, const Dataset& train, const Dataset& test) co
 
 namespace {
 
-// The runner's formats (the training layer before train::Trainer; version 1: SGD only) and train::Trainer's.
-constexpr const char* kFormat = "pmapcc.ensemble.v2";
-constexpr const char* kFormatV1 = "pmapcc.ensemble.v1";
-constexpr const char* kTrainerFormat = "pmapcc.train.v1";  // train/checkpoint.cpp
-
-// The file, checked to be a pmapcc checkpoint (its __metadata__ "format").
+// The file, checked to be a pmapcc checkpoint (its __metadata__ "format", as train::Trainer::load checks it).
 SafetensorsFile load_checkpoint_file(const std::filesystem::path& path) {
   SafetensorsFile f = io::load_safetensors(path);
-  auto it = f.metadata.find("format");
-  if (it == f.metadata.end())
-    throw DataError(path.string() + ": __metadata__ has no 'format': not a pmapcc checkpoint");
-  if (it->second != kFormat && it->second != kFormatV1 && it->second != kTrainerFormat)
-    throw DataError(path.string() + ": format '" + it->second + "' is not " + kTrainerFormat + " (nor the runner's " +
-                    kFormat + " or " + kFormatV1 + ")");
+  train::checkpoint_format(f.metadata, path.string());
   return f;
 }
 
@@ -492,7 +483,7 @@ std::int64_t metadata_count(const SafetensorsFile& f, const char* key) {
 CheckpointSummary summary_of(const SafetensorsFile& f) {
   CheckpointSummary s;
   s.format = f.metadata.at("format");
-  if (f.metadata.at("format") == kTrainerFormat) {  // its own "members" and "model"; the caller's "config", if any
+  if (f.metadata.at("format") == train::kCheckpointFormat) {  // its own "members" and "model"; the caller's "config"
     s.members = static_cast<int>(metadata_count(f, "members"));
     if (s.members < 1 || s.members > 1'000'000)
       throw DataError(f.path.string() + ": __metadata__.members is not a member count");

@@ -30,19 +30,20 @@ command -v node >/dev/null || missing "no node on PATH (scripts/setup.sh install
 py=/usr/bin/python3  # Debian's, which has python3-onnx (a python3 earlier on PATH may not)
 "$py" -c "import onnx" 2>/dev/null || missing "no python3-onnx for $py (scripts/setup.sh)"
 
-# Every primitive's emitter (the zoo) and a residual network, written by pmapcc_tests with pmapcc's logits.
+# Every primitive's emitter (the zoo), a residual network and one with nn::LayerNorm, written by pmapcc_tests
+# with pmapcc's logits.
 if PMAPCC_ONNX_ZOO_DIR="$work" "$tests_bin" -tc="onnx export: the zoo*" >"$work/out" 2>&1; then
-  pass "zoo and resnet: pmapcc_tests writes them"
-  for name in zoo resnet; do
+  pass "zoo, resnet and normed: pmapcc_tests writes them"
+  for name in zoo resnet normed; do
     "$py" - "$work/$name.onnx" <<'PY' && pass "$name: onnx.checker accepts it" || fail "$name: onnx.checker"
 import onnx, sys
 onnx.checker.check_model(onnx.load(sys.argv[1]), full_check=True)
 PY
   done
-  node "$here/ort_zoo.js" "$work" zoo resnet && pass "zoo and resnet: ONNX Runtime = pmapcc" ||
-    fail "zoo and resnet: ONNX Runtime = pmapcc"
+  node "$here/ort_zoo.js" "$work" zoo resnet normed && pass "zoo, resnet and normed: ONNX Runtime = pmapcc" ||
+    fail "zoo, resnet and normed: ONNX Runtime = pmapcc"
 else
-  fail "zoo and resnet: pmapcc_tests: $(tail -c 400 "$work/out")"
+  fail "zoo, resnet and normed: pmapcc_tests: $(tail -c 400 "$work/out")"
 fi
 
 # The program's exports need MNIST (the zoo and the residual network above do not).
