@@ -439,12 +439,14 @@ std::vector<double> mean_of(const std::vector<std::vector<double>>& probs, std::
 }
 
 // A predictor's numbers from its probabilities p (rows x classes) and the labels: each row's class (the first
-// on ties) and its probability, the entropy, and the means of the hits, the NLL (p floored at 1e-30) and the
-// Brier score.
+// on ties) and its probability, the entropy, and the means of the hits, the NLL (p floored at 1e-30), the
+// Brier score and the entropy; the 15 equal-width confidence bins (rows, mean confidence, accuracy) and the
+// expected calibration error, sum over bins of |hits - confidences| / rows (Guo et al.'s top-label ECE).
 struct Scores {
   std::vector<std::int32_t> predicted;
   std::vector<double> probability, entropy;
-  double accuracy = 0, nll = 0, brier = 0;
+  double accuracy = 0, nll = 0, brier = 0, mean_entropy = 0, ece = 0;
+  std::vector<pmap::io::ReliabilityBin> bins = std::vector<pmap::io::ReliabilityBin>(15);
 };
 Scores score(const std::vector<double>& p, const std::vector<std::uint8_t>& labels, std::size_t classes) {
   Scores s;
@@ -463,10 +465,46 @@ Scores score(const std::vector<double>& p, const std::vector<std::uint8_t>& labe
     s.accuracy += best == labels[i] ? 1.0 : 0.0;
     s.nll -= std::log(std::max(row[labels[i]], 1e-30));
   }
+  std::vector<double> hits(15, 0.0), confidences(15, 0.0);
+  for (std::size_t i = 0; i < rows; ++i) {
+    const std::size_t b = std::min<std::size_t>(static_cast<std::size_t>(15 * s.probability[i]), 14);
+    s.bins[b].count += 1;
+    confidences[b] += s.probability[i];
+    hits[b] += s.predicted[i] == labels[i] ? 1.0 : 0.0;
+    s.mean_entropy += s.entropy[i] / static_cast<double>(rows);
+  }
+  for (std::size_t b = 0; b < 15; ++b) {
+    if (s.bins[b].count == 0) {  // an empty bin's means: NaN (io/metrics.h)
+      s.bins[b].confidence = s.bins[b].accuracy = std::nan("");
+      continue;
+    }
+    s.bins[b].confidence = confidences[b] / s.bins[b].count;
+    s.bins[b].accuracy = hits[b] / s.bins[b].count;
+    s.ece += std::abs(hits[b] - confidences[b]) / static_cast<double>(rows);
+  }
   s.accuracy /= static_cast<double>(rows);
   s.nll /= static_cast<double>(rows);
   s.brier /= static_cast<double>(rows);
   return s;
+}
+
+// The calibration numbers beside the NLL and Brier score: the ECE, the mean entropy and every bin, computed from
+// float probabilities by the Trainer and from double ones here (no row is near a bin's edge in these tests).
+void check_calibration(const pmap::io::Calibration& got, const Scores& want) {
+  CHECK(got.ece == doctest::Approx(want.ece).epsilon(1e-5).scale(1e-3));
+  CHECK(got.entropy == doctest::Approx(want.mean_entropy).epsilon(1e-5));
+  REQUIRE(got.bins.size() == want.bins.size());
+  for (std::size_t b = 0; b < want.bins.size(); ++b) {
+    CAPTURE(b);
+    CHECK(got.bins[b].count == want.bins[b].count);
+    if (want.bins[b].count == 0) {
+      CHECK(std::isnan(got.bins[b].confidence));
+      CHECK(std::isnan(got.bins[b].accuracy));
+      continue;
+    }
+    CHECK(got.bins[b].confidence == doctest::Approx(want.bins[b].confidence).epsilon(1e-5));
+    CHECK(got.bins[b].accuracy == doctest::Approx(want.bins[b].accuracy).epsilon(1e-9));
+  }
 }
 
 }  // namespace
@@ -500,6 +538,7 @@ TEST_CASE("trainer: evaluation gives the members' and the ensemble's numbers tha
       CHECK(std::abs(e.member_accuracy[g] - member[g].accuracy) <= image);
       CHECK(e.member_calibration[g].nll == doctest::Approx(member[g].nll).epsilon(1e-5));
       CHECK(e.member_calibration[g].brier == doctest::Approx(member[g].brier).epsilon(1e-5));
+      check_calibration(e.member_calibration[g], member[g]);
       nll += member[g].nll / static_cast<double>(members);
     }
     CHECK(e.loss == doctest::Approx(nll).epsilon(1e-5));  // the members' mean NLL
@@ -508,6 +547,8 @@ TEST_CASE("trainer: evaluation gives the members' and the ensemble's numbers tha
     CHECK(std::abs(e.ensemble_accuracy - ensemble.accuracy) <= image);
     CHECK(e.ensemble_calibration.nll == doctest::Approx(ensemble.nll).epsilon(1e-5));
     CHECK(e.ensemble_calibration.brier == doctest::Approx(ensemble.brier).epsilon(1e-5));
+    check_calibration(e.ensemble_calibration, ensemble);
+    CHECK(ensemble.ece > 0.0);  // the bins and the error are not trivially empty or zero here
     // The ensemble-size curve: the first k members' ensembles, k = 1..members.
     REQUIRE(e.size_curve.size() == members);
     for (std::size_t k = 0; k < members; ++k) {
