@@ -57,9 +57,10 @@ class Backend {
   virtual const DenseOps& dense() const = 0;
   // Softmax cross-entropy and per-member reductions (kernels/loss_ops.h).
   virtual const LossOps& loss() const = 0;
-  // The optimizer updates, schedules and clipping on this backend's device (kernels/optimizer_ops.h).
+  // The optimizer's schedules, Adam's step size, clipping and SGD's update on this backend's device
+  // (kernels/optimizer_ops.h).
   virtual const OptimizerOps& optimizer() const = 0;
-  // BatchNormalization, Dropout, ReLU and Rescaling on this backend's device (kernels/layer_ops.h).
+  // BatchNormalization, Dropout and Rescaling on this backend's device (kernels/layer_ops.h).
   virtual const LayerOps& layers() const = 0;
   // The evaluation's sums, hits, calibration and predictions on this backend's device (kernels/metric_ops.h).
   virtual const MetricOps& metrics() const = 0;

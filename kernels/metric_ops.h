@@ -1,6 +1,5 @@
 // MetricOps: the op family of evaluation, what the ensemble's eval and report steps compute from the
-// members' probabilities: their sum and mean over members, hit counts, the running per-member sums of a
-// batch's pieces, the calibration statistics and the per-row predictions. One CPU implementation
+// members' probabilities: their sum and mean over members, hit counts, the calibration statistics and the per-row predictions. One CPU implementation
 // (kernels/cpu/shared/cpu_metrics.cpp, compiled once outside the ISA variants) and one CUDA one
 // (kernels/cuda/metrics.cu); both are plain loops in the same order (the calibration rows' arithmetic is
 // kernels/calibration.h), so every CPU variant and the CUDA kernels run on the host give the same bits.

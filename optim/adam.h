@@ -45,7 +45,7 @@ struct Adam {
   double beta_2 = 0.999;
   float epsilon = 1e-7f;
   // Keras's Adam(weight_decay=...): decoupled decay as AdamW applies it (with AdamW's rounding), finite and
-  // >= 0; 0 (the default): none, and the updates are the kernel's bits.
+  // >= 0; 0 (the default): none, and the updates are Adam's formula's bits.
   float weight_decay = 0.0f;
   std::shared_ptr<const Array> weight_decays = nullptr;  // per-member values replacing weight_decay; null: none
 

@@ -44,7 +44,7 @@ struct Sgd {
   bool nesterov = false;
   // Keras's SGD(weight_decay=...): each parameter first decayed with the step's rate, p - (p * wd) * lr, then
   // the step taken from it; the updates are that minus p (AdamW's rounding, optim/adam.h). Finite and >= 0;
-  // 0 (the default): none, and the updates are the kernel's bits.
+  // 0 (the default): none, and the updates are the kernel's (OptimizerOps::sgd_trace) bits.
   float weight_decay = 0.0f;
   std::shared_ptr<const Array> weight_decays = nullptr;  // per-member values replacing weight_decay; null: none
 

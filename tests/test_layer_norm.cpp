@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <pmapcc/core/jit.h>
+#include <pmapcc/core/vmap.h>
 #include <pmapcc/nn/layer_norm.h>
 #include <pmapcc/nn/summary.h>
 
@@ -105,6 +107,29 @@ TEST_CASE("nn: LayerNorm's gradients in x, scale and bias follow central differe
   CHECK(recorder.calls()[0].kind == "LayerNormalization");
   CHECK(recorder.calls()[0].tensors.size() == 2);
   CHECK(recorder.calls()[0].output == y.shape());
+}
+
+TEST_CASE("nn: LayerNorm under vmap over stacked members and under jit gives each member's own call, bit for bit") {
+  const nn::LayerNorm norm{.epsilon = 1e-3f};
+  const int members = 3;
+  const Array xs = host(random_floats(members * 4 * 6, 21), {members, 4, 6});
+  const nn::LayerNormParams stacked{host(random_floats(members * 6, 22, 0.5f, 1.5f), {members, 6}),
+                                    host(random_floats(members * 6, 23), {members, 6})};
+  const Array batched = pmap::vmap([&](const nn::LayerNormParams& p, const Array& x) { return norm(p, x); },
+                                   {0, 0}, "layer_norm")(stacked, xs);
+  auto jitted = pmap::jit([&](const nn::LayerNormParams& p, const Array& x) { return norm(p, x); }, "layer_norm");
+  REQUIRE(batched.shape() == xs.shape());
+  const auto all = batched.to_vector<float>();
+  for (int m = 0; m < members; ++m) {
+    CAPTURE(m);
+    const auto row = [&](const Array& a) { return ops::reshape(ops::slice(a, {m, 0}, {m + 1, 6}), {6}); };
+    const nn::LayerNormParams own{row(stacked.scale), row(stacked.bias)};
+    const Array x = ops::reshape(ops::slice(xs, {m, 0, 0}, {m + 1, 4, 6}), {4, 6});
+    const auto want = norm(own, x).to_vector<float>();
+    const auto got = std::vector<float>(all.begin() + m * 24, all.begin() + (m + 1) * 24);
+    CHECK(got == want);
+    for (int replay = 0; replay < 2; ++replay) CHECK(jitted(own, x).to_vector<float>() == want);  // trace, replay
+  }
 }
 
 TEST_CASE("nn: LayerNorm's errors name nn::LayerNorm and what is wrong") {

@@ -87,7 +87,7 @@ TEST_CASE("optimizer ops: sgd_trace keeps the update apart, params + updates is 
 TEST_CASE("optimizer ops: adam_step_size is Keras's bias-corrected step size, per member, at the device's step") {
   // alpha = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t) with t = step + 1 (the step read from memory), in double,
   // rounded to float once: within 2^-24 of the formula computed here in double, relative (the double's own
-  // rounding aside); a step size computed in float, or at another t, would miss it.
+  // rounding aside); a step size computed in float, or at another t, would usually miss it.
   const int members = 3;
   const std::vector<float> lr{1e-3f, 3e-3f, 0.5f};
   for (const k::AdamParams adam : {k::AdamParams{}, k::AdamParams{0.8, 0.99, 1e-8f}}) {

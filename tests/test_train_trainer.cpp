@@ -440,13 +440,16 @@ std::vector<double> mean_of(const std::vector<std::vector<double>>& probs, std::
 
 // A predictor's numbers from its probabilities p (rows x classes) and the labels: each row's class (the first
 // on ties) and its probability, the entropy, and the means of the hits, the NLL (p floored at 1e-30), the
-// Brier score and the entropy; the 15 equal-width confidence bins (rows, mean confidence, accuracy) and the
+// Brier score and the mean entropy; the 15 equal-width confidence bins (rows, mean confidence, accuracy) and the
 // expected calibration error, sum over bins of |hits - confidences| / rows (Guo et al.'s top-label ECE).
+// fragile: a row whose bin or class float rounding could change (a confidence within 1e-5 of a bin's edge, or
+// two top probabilities within 1e-5).
 struct Scores {
   std::vector<std::int32_t> predicted;
   std::vector<double> probability, entropy;
   double accuracy = 0, nll = 0, brier = 0, mean_entropy = 0, ece = 0;
   std::vector<pmap::io::ReliabilityBin> bins = std::vector<pmap::io::ReliabilityBin>(15);
+  bool fragile = false;
 };
 Scores score(const std::vector<double>& p, const std::vector<std::uint8_t>& labels, std::size_t classes) {
   Scores s;
@@ -462,6 +465,8 @@ Scores score(const std::vector<double>& p, const std::vector<std::uint8_t>& labe
       s.brier += (row[c] - (c == labels[i] ? 1.0 : 0.0)) * (row[c] - (c == labels[i] ? 1.0 : 0.0));
     }
     s.entropy.push_back(entropy);
+    for (std::size_t c = 0; c < classes; ++c) s.fragile |= c != best && row[best] - row[c] < 1e-5;
+    s.fragile |= std::abs(15 * row[best] - std::round(15 * row[best])) < 15e-5;
     s.accuracy += best == labels[i] ? 1.0 : 0.0;
     s.nll -= std::log(std::max(row[labels[i]], 1e-30));
   }
@@ -489,11 +494,21 @@ Scores score(const std::vector<double>& p, const std::vector<std::uint8_t>& labe
 }
 
 // The calibration numbers beside the NLL and Brier score: the ECE, the mean entropy and every bin, computed from
-// float probabilities by the Trainer and from double ones here (no row is near a bin's edge in these tests).
-void check_calibration(const pmap::io::Calibration& got, const Scores& want) {
-  CHECK(got.ece == doctest::Approx(want.ece).epsilon(1e-5).scale(1e-3));
+// float probabilities by the Trainer and from double ones here: exactly the same bins where no row is fragile,
+// else within what one row moving to another bin or class can change.
+// Returns whether the exact comparison ran.
+bool check_calibration(const pmap::io::Calibration& got, const Scores& want) {
   CHECK(got.entropy == doctest::Approx(want.mean_entropy).epsilon(1e-5));
   REQUIRE(got.bins.size() == want.bins.size());
+  double rows = 0, nonempty = 0;
+  for (const auto& bin : got.bins) rows += bin.count, nonempty += bin.count > 0 ? 1 : 0;
+  CHECK(rows == static_cast<double>(want.predicted.size()));
+  CHECK(nonempty >= 2);  // the bins are not trivially one
+  if (want.fragile) {
+    CHECK(std::abs(got.ece - want.ece) <= 2.0 / rows);
+    return false;
+  }
+  CHECK(got.ece == doctest::Approx(want.ece).epsilon(1e-5).scale(1e-3));
   for (std::size_t b = 0; b < want.bins.size(); ++b) {
     CAPTURE(b);
     CHECK(got.bins[b].count == want.bins[b].count);
@@ -505,6 +520,7 @@ void check_calibration(const pmap::io::Calibration& got, const Scores& want) {
     CHECK(got.bins[b].confidence == doctest::Approx(want.bins[b].confidence).epsilon(1e-5));
     CHECK(got.bins[b].accuracy == doctest::Approx(want.bins[b].accuracy).epsilon(1e-9));
   }
+  return true;
 }
 
 }  // namespace
@@ -532,13 +548,14 @@ TEST_CASE("trainer: evaluation gives the members' and the ensemble's numbers tha
     REQUIRE(e.member_calibration.size() == members);
     std::vector<Scores> member;
     double nll = 0;
+    int exact = 0;  // predictors whose calibration was compared bin for bin
     for (std::size_t g = 0; g < members; ++g) {
       CAPTURE(g);
       member.push_back(score(probs[g], labels, 10));
       CHECK(std::abs(e.member_accuracy[g] - member[g].accuracy) <= image);
       CHECK(e.member_calibration[g].nll == doctest::Approx(member[g].nll).epsilon(1e-5));
       CHECK(e.member_calibration[g].brier == doctest::Approx(member[g].brier).epsilon(1e-5));
-      check_calibration(e.member_calibration[g], member[g]);
+      exact += check_calibration(e.member_calibration[g], member[g]) ? 1 : 0;
       nll += member[g].nll / static_cast<double>(members);
     }
     CHECK(e.loss == doctest::Approx(nll).epsilon(1e-5));  // the members' mean NLL
@@ -547,8 +564,8 @@ TEST_CASE("trainer: evaluation gives the members' and the ensemble's numbers tha
     CHECK(std::abs(e.ensemble_accuracy - ensemble.accuracy) <= image);
     CHECK(e.ensemble_calibration.nll == doctest::Approx(ensemble.nll).epsilon(1e-5));
     CHECK(e.ensemble_calibration.brier == doctest::Approx(ensemble.brier).epsilon(1e-5));
-    check_calibration(e.ensemble_calibration, ensemble);
-    CHECK(ensemble.ece > 0.0);  // the bins and the error are not trivially empty or zero here
+    exact += check_calibration(e.ensemble_calibration, ensemble) ? 1 : 0;
+    CHECK(exact >= 1);  // the bin-for-bin comparison ran
     // The ensemble-size curve: the first k members' ensembles, k = 1..members.
     REQUIRE(e.size_curve.size() == members);
     for (std::size_t k = 0; k < members; ++k) {

@@ -201,7 +201,7 @@ struct TrainConfig {
   std::int64_t test_limit = -1;
   int eval_batch = 1000;
   bool pin_threads = false;  // pin device worker i to core i (MeshOptions::pin_threads; CPU devices)
-  int member_group = 0;      // members per vmap on a device (0: StepOptions::member_batch's default); speed only
+  int member_group = 0;      // members per vmap on a device (0: StepOptions::member_batch's default); speed, memory
   // Train steps between gathers of the per-step losses (0: 1 on CPU devices, which keeps the processes of
   // a multi-process mesh in step; 16 on GPUs, where each gather waits for the GPU). Changes no result.
   int report_every = 0;

@@ -93,7 +93,7 @@ std::map<std::string, std::string> checkpoint_metadata(const TrainConfig& resolv
 void check_resume(const std::filesystem::path& path, const TrainConfig& resolved) {
   const CheckpointSummary saved = inspect_checkpoint(path);
   // (a program's configuration always records the mode; a Trainer file without one holds only its own)
-  if (saved.format == "pmapcc.train.v1" && !saved.config.contains("mode")) return;
+  if (saved.format == train::kCheckpointFormat && !saved.config.contains("mode")) return;
   check_resumable(path, saved.config, resolved.to_json());
 }
 

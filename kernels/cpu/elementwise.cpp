@@ -1,4 +1,4 @@
-// CPU element-wise ops and reductions: ElementwiseOps, relu forward/backward, per-member sums.
+// CPU element-wise ops and reductions: ElementwiseOps and LossOps' per-member sums.
 #include <pmap/error.h>
 
 #include <cmath>

@@ -1,5 +1,5 @@
 // Runs networks tests/test_onnx_export.cpp exported (the "zoo": every primitive with an ONNX emitter in one
-// network; a residual network) in ONNX Runtime (npm's onnxruntime-node) on the images pmapcc evaluated, and
+// network; a residual network; a network with nn::LayerNorm) in ONNX Runtime (npm's onnxruntime-node) on the images pmapcc evaluated, and
 // compares the logits with pmapcc's: each within TOLERANCE * (1 + |pmapcc's|). Each runs on all its images at
 // once and on the first 2 (the graph takes any number of examples; the 2 are compared too where the network
 // computes each example alone, "per_example"). Prints the largest difference; exits 1 when a check fails, 2 on

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# ONNX export end to end. First the exporter's zoo (every primitive with an emitter in one network) and a
-# residual network, which pmapcc_tests writes with pmapcc's logits, in ONNX Runtime (npm's onnxruntime-node,
+# ONNX export end to end. First the exporter's zoo (every primitive with an emitter in one network), a
+# residual network and a network with nn::LayerNorm, which pmapcc_tests writes with pmapcc's logits, in ONNX Runtime (npm's onnxruntime-node,
 # ort_zoo.js). Then mnist_ensemble --export-onnx after training (ensemble, data-parallel and model-parallel
 # runs) and with --evaluate (--members-subset, --export-member); each file accepted by onnx.checker
 # (Debian's python3-onnx) and run by ONNX Runtime (ort_check.js) on the MNIST test images: the same class as
