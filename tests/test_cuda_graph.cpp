@@ -29,14 +29,14 @@ namespace k = pmap::kernels;
 // A small training step on fixed buffers of one device: conv (+ReLU) -> dense -> loss -> backward -> SGD
 // at a learning rate that a cosine schedule with warmup computes from the step counter on the device, so
 // every replay of a captured step must use another rate. SGD is optax's: sgd_trace's next trace and update,
-// the update added to the weights and the trace copied back (times 1: an element-wise op the capture records),
+// the update added to the weights and the trace copied back (Backend::copy, queued as the capture records it),
 // so each replay reads the state the one before wrote.
 struct TinyStep {
   static constexpr int kMembers = 2, kBatch = 8, kSide = 6, kChannels = 4, kClasses = 3;
   const k::Backend& be;
   k::Conv2dParams conv{};
   k::DenseParams dense{};
-  pmap::Array x, labels, w_conv, w_dense, m_conv, m_dense, next, update, one, act, logits, dlogits, dact, g_conv,
+  pmap::Array x, labels, w_conv, w_dense, m_conv, m_dense, next, update, act, logits, dlogits, dact, g_conv,
       g_dense, loss, correct, ws, xent_ws, step, base_lr, lr;
   k::ScheduleParams schedule{};
 
@@ -53,7 +53,6 @@ struct TinyStep {
     m_dense = zeros(d, static_cast<std::size_t>(w_dense.size()));
     const std::size_t largest = static_cast<std::size_t>(std::max(w_conv.size(), w_dense.size()));
     next = zeros(d, largest), update = zeros(d, largest);
-    one = on(d, std::vector<float>{1.0f});
     act = zeros(d, act_n), dact = zeros(d, act_n);
     logits = zeros(d, kMembers * kBatch * kClasses), dlogits = zeros(d, kMembers * kBatch * kClasses);
     g_conv = zeros(d, static_cast<std::size_t>(w_conv.size()));
@@ -96,7 +95,7 @@ struct TinyStep {
     be.optimizer().sgd_trace(k::SgdParams{0.9f, false}, kMembers, n / kMembers, lr.data<float>(), g.data<float>(),
                              m.data<float>(), next.data<float>(), update.data<float>());
     be.elementwise().binary(k::BinaryOp::add, n, w.data<float>(), n, update.data<float>(), w.data<float>());
-    be.elementwise().binary(k::BinaryOp::multiply, n, next.data<float>(), 1, one.data<float>(), m.data<float>());
+    be.copy(m.data<float>(), next.data<float>(), n * sizeof(float));
   }
 };
 

@@ -17,12 +17,11 @@ namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: un
 namespace {
 
 using cuda_testing::random_floats;
+using grad_checks::host;
 using pmap::Array;
 using pmap::Shape;
 namespace nn = pmap::nn;
 namespace ops = pmap::ops;
-
-Array host(const std::vector<float>& v, Shape shape) { return Array::from_host(v, std::move(shape)); }
 
 // LayerNorm of x (rows, f) in double: (x - mean) / sqrt(var + eps) * scale + bias per row.
 std::vector<double> layer_norm(const std::vector<float>& x, int rows, int f, const std::vector<float>& scale,
