@@ -16,6 +16,14 @@ the tables and writes everything (machine, commit, date, commands, every run) to
 
   python3 bench/run_train_bench.py --data data/mnist [--build build] [--runs 5] [--steps 20] [--quick]
                                    [--isa avx2,avx512] [--precision fp32,bf16] [--no-torch]
+                                   [--model keras-convnet] [--baseline OLD/bench/bench_train] [--no-kernels]
+
+With --baseline (a bench_train built at another commit, e.g. the one before a change), every one of our
+training runs is paired with the same command run by that binary, the two in alternating order from round to
+round, and a further table gives each row's median new / old ratio per round, its range, rows under
+--min-ratio flagged, and whether the two trained to the same final loss in every round (bitwise). With
+--trajectory K as well, each row is trained by both binaries in runs of 1, 2, ..., K steps (no warm-up) and a
+last table compares the two binaries' mean training losses run by run (bench_train reports no per-step loss).
 
 Only the Python standard library is needed; PyTorch runs under --torch-python (Debian's python3-torch).
 """
@@ -64,6 +72,15 @@ def parse_args():
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--paired-rounds", type=int, default=21,
                     help="rounds of the paired 1-member vs most-members comparison on one device (0: skip)")
+    ap.add_argument("--model", default="flax-cnn", choices=["flax-cnn", "keras-convnet"],
+                    help="the model trained (bench_train --model); PyTorch's anchor is the Flax CNN, so it runs "
+                         "with flax-cnn only")
+    ap.add_argument("--baseline", default="",
+                    help="another build's bench_train: each of our training runs is paired with it (see above)")
+    ap.add_argument("--min-ratio", type=float, default=0.95, help="--baseline rows under this new/old are flagged")
+    ap.add_argument("--trajectory", type=int, default=0,
+                    help="with --baseline: compare the two binaries' losses in runs of 1 to this many steps per row")
+    ap.add_argument("--no-kernels", action="store_true", help="skip the sgemm and per-layer timings of each round")
     ap.add_argument("--out", default="", help="JSON path (default bench/results/train-<date>.json)")
     a = ap.parse_args()
     if a.quick:
@@ -84,6 +101,12 @@ def parse_args():
     a.variants = [(isa, p) for isa in a.isas for p in a.precisions if p == "fp32" or isa in ("auto", "avx512")]
     a.autocasts = ["off"] + (["bf16"] if "bf16" in a.precisions else [])
     a.coretypes = [v for v in a.torch_coretype.split(",") if v] or ["unset"]
+    if a.model != "flax-cnn":
+        a.no_torch = True
+    if a.baseline and not (os.path.isfile(a.baseline) and os.access(a.baseline, os.X_OK)):
+        ap.error(f"--baseline: '{a.baseline}' is not an executable file (expected another build's bench_train)")
+    if a.trajectory < 0 or (a.trajectory and not a.baseline):
+        ap.error(f"--trajectory {a.trajectory}: expected a positive step count, with --baseline")
     return a
 
 
@@ -193,6 +216,8 @@ class Bench:
         mode = "data-parallel" if members < devices else "ensemble"
         cmd = [self.exe, "train", "--data", self.a.data, "--members", str(members), "--devices", str(devices),
                "--mode", mode, "--steps", str(self.a.steps), "--warmup", str(self.a.warmup)]
+        if self.a.model != "flax-cnn":
+            cmd += ["--model", self.a.model]
         if isa != "auto":
             cmd += ["--isa", isa]
         if precision != "fp32":
@@ -202,11 +227,15 @@ class Bench:
         threads = cpu_threads(self.a, devices)
         cmd += ["--cpu-threads", str(threads)]
         config = {"members": members, "devices": devices, "mode": mode, "isa": isa, "precision": precision}
-        r = self.record("pmapcc", config, cmd, "", rnd)
-        if r:
-            print(f"  pmapcc  m={members} d={devices} {mode:13s} {r['isa']:7s} {precision} t={threads} "
-                  f"{r['model_images_per_s']:8.1f} img/s  {r['gflops']:5.1f} GFLOP/s  RSS {r['peak_rss_mb']:.0f} MB",
-                  flush=True)
+        # With a baseline the two run back to back, the baseline first in odd rounds: load drifting over a
+        # round falls on both alike.
+        sides = [("pmapcc", self.exe)] + ([("baseline", self.a.baseline)] if self.a.baseline else [])
+        for what, exe in (sides if rnd % 2 == 0 else sides[::-1]):
+            r = self.record(what, config, [exe] + cmd[1:], "", rnd)
+            if r:
+                print(f"  {what:8s} m={members} d={devices} {mode:13s} {r['isa']:7s} {precision} t={threads} "
+                      f"{r['model_images_per_s']:8.1f} img/s  {r['gflops']:5.1f} GFLOP/s  "
+                      f"RSS {r['peak_rss_mb']:.0f} MB", flush=True)
 
     def sgemm(self, threads, isa, rnd):
         cmd = [self.exe, "sgemm", "--threads", str(threads)] + (["--reps", "3"] if self.a.quick else [])
@@ -276,6 +305,40 @@ class Bench:
                   f"{r['median_ratio_b_over_a']:.3f}x the model-images/s of 1 (median of {len(r['ratios_b_over_a'])} "
                   f"rounds; {r['min_ratio']:.2f}..{r['max_ratio']:.2f})", flush=True)
         return r
+
+    def trajectory(self, members, devices, isa, precision):
+        """Both binaries train runs of 1..K steps without warm-up (a run of k steps: one epoch over the first k
+        batches, in the order the seed gives that many examples); each run's mean training loss, old against
+        new. bench_train reports no per-step loss, and an old build's binary cannot be made to."""
+        mode = "data-parallel" if members < devices else "ensemble"
+        means = {}
+        for what, exe in (("pmapcc", self.exe), ("baseline", self.a.baseline)):
+            means[what] = []
+            for k in range(1, self.a.trajectory + 1):
+                cmd = [exe, "train", "--data", self.a.data, "--members", str(members), "--devices", str(devices),
+                       "--mode", mode, "--steps", str(k), "--warmup", "0", "--model", self.a.model,
+                       "--cpu-threads", str(cpu_threads(self.a, devices))]
+                if isa != "auto":
+                    cmd += ["--isa", isa]
+                if precision != "fp32":
+                    cmd += ["--precision", precision]
+                r, _, error = run_child(cmd)
+                if r is None:
+                    print(f"  trajectory {what} m={members} d={devices} k={k}: FAILED {error.strip()[-200:]}",
+                          flush=True)
+                    return None
+                means[what].append(r["final_train_loss"])
+        new, old = means["pmapcc"], means["baseline"]
+        same = [n == o for n, o in zip(new, old)]
+        rel = [abs(n - o) / max(abs(o), 1e-30) for n, o in zip(new, old)]
+        out = {"members": members, "devices": devices, "mode": mode, "isa": isa, "precision": precision,
+               "steps": self.a.trajectory, "mean_losses_new": new, "mean_losses_old": old,
+               "bitwise_runs": sum(same),
+               "first_differing_run": next((k + 1 for k, v in enumerate(same) if not v), None),
+               "max_relative_difference": max(rel)}
+        print(f"  trajectory m={members} d={devices} {mode}: {out['bitwise_runs']}/{len(same)} runs bitwise, "
+              f"largest relative difference {out['max_relative_difference']:.2e}", flush=True)
+        return out
 
     def values(self, what, config, key):
         return [r["result"][key] for r in self.runs
@@ -417,6 +480,61 @@ def layers_table(b, variants, peak):
     return "\n".join(out)
 
 
+def baseline_rows(b, rows):
+    """Per row, ours against --baseline's: the medians, the ratio new / old of each round in which both ran,
+    and whether their final training losses were bitwise equal in every such round."""
+    out = []
+    for r in rows:
+        cfg = {k: r[k] for k in ("members", "devices", "mode", "isa", "precision")}
+        by_round = {}
+        for run in b.runs:
+            if run["config"] == cfg and run["what"] in ("pmapcc", "baseline") and "result" in run:
+                by_round.setdefault(run["round"], {})[run["what"]] = run["result"]
+        pairs = [v for _, v in sorted(by_round.items()) if len(v) == 2]
+        if not pairs:
+            continue
+        ratios = [p["pmapcc"]["model_images_per_s"] / p["baseline"]["model_images_per_s"] for p in pairs]
+        losses = [(p["baseline"]["final_train_loss"], p["pmapcc"]["final_train_loss"]) for p in pairs]
+        out.append(dict(cfg, new_images_per_s=median([p["pmapcc"]["model_images_per_s"] for p in pairs]),
+                        old_images_per_s=median([p["baseline"]["model_images_per_s"] for p in pairs]),
+                        ratios=ratios, median_ratio=median(ratios), min_ratio=min(ratios), max_ratio=max(ratios),
+                        same_final_loss=all(o == n for o, n in losses), final_losses_old_new=losses,
+                        peak_rss_mb_old_new=[median([p["baseline"]["peak_rss_mb"] for p in pairs]),
+                                             median([p["pmapcc"]["peak_rss_mb"] for p in pairs])]))
+    return out
+
+
+def baseline_table(a, rows):
+    out = [f"Paired with --baseline {a.baseline} ({a.model}; model-images/s, medians; new / old per round, its "
+           f"median and range; rows under {a.min_ratio} marked):", "",
+           "| members | devices | mode | precision | old img/s | new img/s | new / old (range) | same final loss |"
+           " peak RSS old / new MB |", "|" + "---|" * 9]
+    for r in rows:
+        flag = " **under**" if r["median_ratio"] < a.min_ratio else ""
+        out.append(f"| {r['members']} | {r['devices']} | {r['mode']} | {r['precision']} | "
+                   f"{r['old_images_per_s']:.0f} | {r['new_images_per_s']:.0f} | {r['median_ratio']:.3f} "
+                   f"({r['min_ratio']:.2f}-{r['max_ratio']:.2f}){flag} | "
+                   f"{'bitwise' if r['same_final_loss'] else 'differs'} | "
+                   f"{r['peak_rss_mb_old_new'][0]:.0f} / {r['peak_rss_mb_old_new'][1]:.0f} |")
+    under = [r for r in rows if r["median_ratio"] < a.min_ratio]
+    out.append("")
+    out.append(f"{len(under)} of {len(rows)} rows under {a.min_ratio}" if under else
+               f"every row at least {a.min_ratio}")
+    return "\n".join(out)
+
+
+def trajectory_table(a, rows):
+    out = [f"Runs of 1 to {a.trajectory} steps, ours against --baseline ({a.model}, no warm-up; each run's mean "
+           "training loss over its steps and members):", "",
+           "| members | devices | mode | runs bitwise | first differing run (steps) | largest relative difference | "
+           f"{a.trajectory}-step run, old / new |", "|" + "---|" * 7]
+    for r in rows:
+        out.append(f"| {r['members']} | {r['devices']} | {r['mode']} | {r['bitwise_runs']} / {r['steps']} | "
+                   f"{r['first_differing_run'] or '-'} | {r['max_relative_difference']:.2e} | "
+                   f"{r['mean_losses_old'][-1]:.9g} / {r['mean_losses_new'][-1]:.9g} |")
+    return "\n".join(out)
+
+
 def torch_table(b, members_list, torch_variants):
     """Every PyTorch configuration's median, so that the anchor's best is seen beside the others (OpenBLAS's
     core type set and unset among them)."""
@@ -455,10 +573,10 @@ def main():
         peak = b.peak()
         for rnd in range(a.runs):
             print(f"round {rnd + 1}/{a.runs} (load average {loadavg()})", flush=True)
-            for isa in a.isas:
+            for isa in a.isas if not a.no_kernels else []:
                 for t in sorted({d * cpu_threads(a, d) for d in devices_list}):  # the cores a row uses
                     b.sgemm(t, isa, rnd)
-            for isa, precision in a.variants:
+            for isa, precision in a.variants if not a.no_kernels else []:
                 b.layers(isa, precision, rnd)
             for m in members_list:
                 for d in devices_list:
@@ -472,10 +590,25 @@ def main():
         if a.paired_rounds > 0 and max(members_list) > 1 and 1 in members_list and 1 in devices_list:
             print(f"paired comparison ({a.paired_rounds} rounds, load average {loadavg()})", flush=True)
             paired = b.paired(max(members_list), a.paired_rounds)
+    trajectories = []
+    if a.trajectory:
+        print(f"trajectories ({a.trajectory} steps per row and binary)", flush=True)
+        for m in members_list:
+            for d in devices_list:
+                if m % d == 0 or m == 1:
+                    t = b.trajectory(m, d, *a.variants[0])
+                    if t:
+                        trajectories.append(t)
     rows, sgemm, sgemm_cpu = summarize(b, flops_info, members_list, devices_list,
                                        torch_variants if have_torch else [], a.isas, a.variants, peak)
     text = table(rows, sgemm, sgemm_cpu, a.isas, a.variants, peak)
-    text += "\n\n" + layers_table(b, a.variants, peak)
+    if not a.no_kernels:
+        text += "\n\n" + layers_table(b, a.variants, peak)
+    baseline = baseline_rows(b, rows) if a.baseline else []
+    if baseline:
+        text += "\n\n" + baseline_table(a, baseline)
+    if trajectories:
+        text += "\n\n" + trajectory_table(a, trajectories)
     if have_torch:
         text += "\n\n" + torch_table(b, members_list, torch_variants)
     if paired:
@@ -500,6 +633,7 @@ def main():
         "sgemm_gflops": {f"{t} thread(s), {isa}": v for (t, isa), v in sgemm.items()},
         "sgemm_gflops_per_cpu_second": sgemm_cpu,
         "rows": rows, "paired": paired, "table_markdown": text, "runs": b.runs,
+        "model": a.model, "baseline": a.baseline or None, "baseline_rows": baseline, "trajectories": trajectories,
     }
     out = a.out or os.path.join(REPO, "bench", "results", f"train-{started.strftime('%Y%m%d-%H%M%S')}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)

@@ -253,14 +253,14 @@ TEST_CASE("program run: early stopping's records before the first epoch and afte
   pe::TrainConfig c = pmap::testing::small_config(2, 2, 0);
   c.validation_split = 0.2;
   c.patience = 1;
-  // --epochs 0: a record of no epoch per member.
+  // --epochs 0: a record of no epoch per member, its best NLL none (not 0, which would read as a perfect model).
   train::EarlyStopping stop(1);
   const auto none = pe::stopping_records(stop, 2);
   REQUIRE(none.size() == 2);
   CHECK(none[1].best_epoch == 0);
   CHECK(pmap::io::dump_json(pe::early_stopping_json(none)) ==
-        "[{\"member\":0,\"best_epoch\":0,\"best_validation_nll\":0.0,\"stopped_epoch\":null},"
-        "{\"member\":1,\"best_epoch\":0,\"best_validation_nll\":0.0,\"stopped_epoch\":null}]");
+        "[{\"member\":0,\"best_epoch\":0,\"best_validation_nll\":null,\"stopped_epoch\":null},"
+        "{\"member\":1,\"best_epoch\":0,\"best_validation_nll\":null,\"stopped_epoch\":null}]");
   // After epochs: the EarlyStopping's own records, a NaN as null and a member that stopped with its epoch.
   std::vector<train::MemberStopping> records{{2, 0.5, 0, 0}, {1, std::nan(""), 1, 2}};
   const pmap::io::Json j = pe::early_stopping_json(records);

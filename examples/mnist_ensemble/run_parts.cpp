@@ -74,7 +74,8 @@ io::Json early_stopping_json(const std::vector<train::MemberStopping>& records) 
     const train::MemberStopping& s = records[g];
     list.push_back({{"member", static_cast<int>(g)},
                     {"best_epoch", s.best_epoch},
-                    {"best_validation_nll", std::isfinite(s.best_nll) ? io::Json(s.best_nll) : nullptr},
+                    {"best_validation_nll",  // none before an epoch was evaluated
+                     s.best_epoch > 0 && std::isfinite(s.best_nll) ? io::Json(s.best_nll) : nullptr},
                     {"stopped_epoch", s.stopped_epoch > 0 ? io::Json(s.stopped_epoch) : nullptr}});
   }
   return list;

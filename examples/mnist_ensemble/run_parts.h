@@ -36,8 +36,8 @@ EpochMetrics epoch_metrics(const train::EpochReport* report, const train::Evalua
 // --epochs 0) a record of no epoch for each member, as the runner's.
 std::vector<train::MemberStopping> stopping_records(const train::EarlyStopping& stopping, int members);
 
-// The metrics JSON's "early_stopping": [{"member", "best_epoch", "best_validation_nll" (null: not a number),
-// "stopped_epoch" (null: trained every epoch)}].
+// The metrics JSON's "early_stopping": [{"member", "best_epoch", "best_validation_nll" (null: no epoch evaluated
+// yet, or not a number), "stopped_epoch" (null: trained every epoch)}].
 io::Json early_stopping_json(const std::vector<train::MemberStopping>& records);
 
 // What the program adds to a Trainer checkpoint's __metadata__: its resolved configuration ("config", as
