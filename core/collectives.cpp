@@ -32,6 +32,18 @@ const char* kind_name(Kind k) {
   return "collective";
 }
 
+// This device's block of a cotangent of all_gather(x, axes, axis, tiled)'s result.
+Array gathered_block(const Array& ct, const Array& x, const AxisNames& axes, int axis, bool tiled) {
+  const auto d = static_cast<std::size_t>(axis);
+  const std::int64_t i = axis_index(axes), n = tiled ? x.dim(axis) : 1;
+  std::vector<std::int64_t> start(ct.shape().size(), 0), stop(ct.shape().begin(), ct.shape().end());
+  start[d] = i * n;
+  stop[d] = (i + 1) * n;
+  Array g = ops::eager::slice(ct, start, stop);
+  if (!tiled) g = ops::eager::reshape(g, x.shape());
+  return g;
+}
+
 class Collective final : public Primitive {
  public:
   explicit Collective(TracedCollective call) : call_(std::move(call)) {}
@@ -89,6 +101,14 @@ class Collective final : public Primitive {
     }
     return g;
   }
+  AxisNames collective_axes() const override { return call_.axes; }
+  bool result_invariant() const override { return elementwise() || call_.kind == Kind::all_gather; }
+  std::vector<Array> invariant_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& wanted) const override {
+    if (call_.kind != Kind::all_gather) return vjp(in, out, cts, wanted);
+    std::vector<Array> g(1);
+    if (wanted[0]) g[0] = gathered_block(*cts[0], *in[0], call_.axes, call_.axis, call_.tiled);
+    return g;
+  }
   // psum, pmean, pmax and pmin combine element by element: each member with the same member of the other
   // devices, all of them in one collective. The others member by member (the same order on every device).
   std::vector<Array> batch(Arrays in, const std::vector<bool>& batched, std::int64_t members) const override {
@@ -122,6 +142,8 @@ class Pvary final : public Primitive {
     if (wanted[0]) g[0] = psum(*cts[0], axes_);
     return g;
   }
+  AxisNames collective_axes() const override { return axes_; }
+  bool sums_over_axes() const override { return true; }
   std::vector<Array> batch(Arrays in, const std::vector<bool>&, std::int64_t) const override { return eval(in); }
   std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& wanted,
                                const std::vector<bool>&, std::int64_t) const override {
@@ -148,17 +170,11 @@ class AllGatherInvariant final : public Primitive {
   }
   std::vector<Array> vjp(Arrays in, Arrays, Arrays cts, const std::vector<bool>& wanted) const override {
     std::vector<Array> g(1);
-    if (!wanted[0]) return g;
-    const Array& ct = *cts[0];
-    const auto d = static_cast<std::size_t>(axis_);
-    const std::int64_t i = axis_index(axes_), n = tiled_ ? in[0]->dim(axis_) : 1;
-    std::vector<std::int64_t> start(ct.shape().size(), 0), stop(ct.shape().begin(), ct.shape().end());
-    start[d] = i * n;
-    stop[d] = (i + 1) * n;
-    g[0] = ops::eager::slice(ct, start, stop);
-    if (!tiled_) g[0] = ops::eager::reshape(g[0], in[0]->shape());
+    if (wanted[0]) g[0] = gathered_block(*cts[0], *in[0], axes_, axis_, tiled_);
     return g;
   }
+  AxisNames collective_axes() const override { return axes_; }
+  bool result_invariant() const override { return true; }
 
  private:
   AxisNames axes_;

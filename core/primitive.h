@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <pmap/array.h>
+#include <pmap/mesh.h>
 
 namespace pmap::core {
 
@@ -72,6 +73,22 @@ class Primitive {
   // nullptr: cannot
   virtual std::shared_ptr<const Primitive> masking_input(bool /*over_input*/) const { return nullptr; }
   virtual std::shared_ptr<const Primitive> premasked() const { return nullptr; }
+
+  // ---- the mesh axes a value varies along (a shard_map differentiated from outside: Trace::track_varying) -----
+  // A collective's axes (none for other primitives): its result varies along its operand's axes and these.
+  virtual AxisNames collective_axes() const { return {}; }
+  // Whether its result is the same on every device along collective_axes() (psum, pmean, pmax, pmin,
+  // all_gather): the result then does not vary along them.
+  virtual bool result_invariant() const { return false; }
+  // The VJP where a result that does not vary along an axis has the whole cotangent on every device along it
+  // (not each device's share): all_gather's is then this device's block of the cotangent. By default vjp.
+  virtual std::vector<Array> invariant_vjp(Arrays inputs, Arrays outputs, Arrays cotangents,
+                                           const std::vector<bool>& wanted) const {
+    return vjp(inputs, outputs, cotangents, wanted);
+  }
+  // Whether vjp itself sums the operand's cotangent over collective_axes() (pvary), so the backward pass must
+  // not sum it again.
+  virtual bool sums_over_axes() const { return false; }
 };
 
 // The attribute `name` of p, or nullptr.

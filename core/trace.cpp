@@ -6,9 +6,12 @@
 #include <pmapcc/core/batching.h>
 #include <pmapcc/core/program.h>
 
+#include <algorithm>
 #include <atomic>
+#include <iterator>
 #include <utility>
 
+#include <pmap/collectives.h>
 #include <pmap/detail/trace.h>
 #include <pmap/error.h>
 
@@ -17,6 +20,7 @@
 namespace pmap::core {
 
 void register_traced_collectives() noexcept;  // core/collectives.cpp
+void register_traced_shard_map() noexcept;    // core/shard_map_grad.cpp
 
 namespace {
 
@@ -51,6 +55,7 @@ struct Trace::Node {
   std::vector<std::size_t> inputs;  // slot, or kConstant
   std::vector<Array> constants;     // copies of the untraced inputs, in input order
   std::vector<std::size_t> outputs;
+  std::vector<std::string> varying;  // with tracking: the operands' axes and the collective's, sorted
   bool over_input = false;  // asked to write input 0's cotangent over input 0 (Primitive::masking_input)
   static constexpr std::size_t kConstant = static_cast<std::size_t>(-1);
 };
@@ -62,6 +67,7 @@ Trace::Trace(std::string function) : function_(std::move(function)), serial_(nex
   }
   if (serial_ >= (std::uint64_t{1} << 31)) throw Error("grad: trace counter exhausted");
   register_traced_collectives();
+  register_traced_shard_map();
   tls_active = this;
 }
 
@@ -92,12 +98,23 @@ Array Trace::input(const Array& leaf, const std::string& where) {
   }
   if (level == nullptr) {
     values_.push_back(untagged(value));
+    varying_.resize(values_.size());
     return view(values_.size() - 1);
   }
   // Inside vmap each member has its own gradient (JAX's per-example gradients): a value every member reads
   // is differentiated as if each member had its own copy.
   values_.push_back(member ? untagged(value) : broadcast_members(value, level->members()));
+  varying_.resize(values_.size());
   return level->wrap(view(values_.size() - 1));
+}
+
+Array Trace::input(const Array& leaf, const std::string& where, const AxisNames& varying) {
+  Array v = input(leaf, where);
+  std::vector<std::string>& axes = varying_[values_.size() - 1];
+  axes = varying.names();
+  std::sort(axes.begin(), axes.end());
+  axes.erase(std::unique(axes.begin(), axes.end()), axes.end());
+  return v;
 }
 
 std::size_t Trace::slot_of(const Array& x) const {
@@ -127,9 +144,24 @@ std::vector<Array> Trace::record(std::shared_ptr<const Primitive> p, const std::
       node.constants.push_back(ops::eager::copy(untagged(*inputs[i])));  // the caller may free it before backward
     }
   }
+  std::vector<std::string> result_axes;
+  if (tracking_) {
+    std::vector<std::string>& all = node.varying;
+    for (std::size_t s : node.inputs)
+      if (s != Node::kConstant) all.insert(all.end(), varying_[s].begin(), varying_[s].end());
+    const AxisNames collective = node.primitive->collective_axes();
+    const std::vector<std::string>& own = collective.names();
+    all.insert(all.end(), own.begin(), own.end());
+    std::sort(all.begin(), all.end());
+    all.erase(std::unique(all.begin(), all.end()), all.end());
+    for (const std::string& a : all)
+      if (!node.primitive->result_invariant() || std::find(own.begin(), own.end(), a) == own.end())
+        result_axes.push_back(a);
+  }
   std::vector<Array> views;
   for (Array& out : outputs) {
     values_.push_back(std::move(out));
+    varying_.push_back(result_axes);
     node.outputs.push_back(values_.size() - 1);
     views.push_back(view(values_.size() - 1));
   }
@@ -209,7 +241,9 @@ void Trace::backward(const Array& result) {
       if (!gradients_[s].valid()) zeros.push_back(ops::eager::zeros_like(values_[s]));
       cts.push_back(gradients_[s].valid() ? &gradients_[s] : &zeros.back());
     }
-    std::vector<Array> in_cts = n->primitive->vjp(ins, outs, cts, wanted);
+    std::vector<Array> in_cts = tracking_ && n->primitive->result_invariant()
+                                    ? n->primitive->invariant_vjp(ins, outs, cts, wanted)
+                                    : n->primitive->vjp(ins, outs, cts, wanted);
     if (n->over_input && !in_cts.empty() && in_cts[0].size() > 0 && in_cts[0].raw_data() == ins[0]->raw_data())
       ++over_input_masks;
     for (std::size_t s : n->outputs) {
@@ -221,6 +255,12 @@ void Trace::backward(const Array& result) {
       if (in_cts[i].shape() != values_[s].shape()) {
         throw Error("grad: the VJP of " + n->primitive->name() + " gave " + in_cts[i].signature() +
                     " for operand " + std::to_string(i) + " of shape " + values_[s].signature());
+      }
+      if (tracking_ && !n->primitive->sums_over_axes()) {  // used with values that vary more: summed over them
+        std::vector<std::string> more;
+        std::set_difference(n->varying.begin(), n->varying.end(), varying_[s].begin(), varying_[s].end(),
+                            std::back_inserter(more));
+        if (!more.empty()) in_cts[i] = psum(in_cts[i], AxisNames(std::move(more)));
       }
       gradients_[s] = gradients_[s].valid() ? ops::eager::add(gradients_[s], in_cts[i]) : std::move(in_cts[i]);
     }

@@ -30,6 +30,17 @@ class Trace {
   // A traced view of a leaf to differentiate with respect to (f32; `where` names it in errors: "argument 0,
   // leaf 'w1'"). The leaf must outlive the trace; its bits are not copied.
   Array input(const Array& leaf, const std::string& where);
+  // Varying-axes tracking, for the VJP of a shard_map differentiated from outside (pmap/shard_map.h), called
+  // before any input: each traced value knows the mesh axes along which it may differ between devices (JAX's
+  // varying manual axes). An input varies along the axes input() names; a primitive's results along its traced
+  // operands' and its collective_axes(), less those when result_invariant(); a value computed from no input, or
+  // captured, along none. The backward pass gives a primitive's operand that varies along fewer axes than the
+  // primitive the sum of its cotangent over the others (JAX's implicit pvary, transposed: psum), and runs
+  // invariant_vjp where the result is invariant. Runs on a device of a mesh with those axes (inside pmap).
+  void track_varying() { tracking_ = true; }
+  // input(), varying along `varying` (with track_varying).
+  Array input(const Array& leaf, const std::string& where, const AxisNames& varying);
+
   // The backward pass from the function's value: a traced scalar f32, or an untraced one (every gradient
   // is then zero). Once per trace. The caller holds no view of a traced value but `value` (release() the
   // others first: grad.h releases the auxiliary result): the pass may write over values it has spent.
@@ -78,6 +89,8 @@ class Trace {
   std::vector<Array> values_;  // slot i: the value tagged serial_ << 32 | (i + 1) (owned, or a leaf's view)
   std::vector<Node> nodes_;
   std::vector<Array> gradients_;  // per slot, after backward
+  std::vector<std::vector<std::string>> varying_;  // per slot, with tracking_: its axes, sorted
+  bool tracking_ = false;
   bool done_ = false;
 };
 

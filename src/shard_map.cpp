@@ -3,6 +3,7 @@
 #include <pmap/shard_map.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -74,12 +75,29 @@ std::string element_str(const Array& host, std::int64_t k) {
 
 }  // namespace
 
-void refuse_traced(std::size_t index, const std::string& path) {
-  throw NotAvailable("shard_map: argument " + std::to_string(index) + (path.empty() ? "" : ", leaf '" + path + "',") +
-                     " is a value that grad or vmap traces: grad or vmap of a function that calls shard_map is not "
-                     "supported (f's blocks would be copies the gradient does not follow); take grad inside f, "
-                     "whose collectives have transposes");
+void refuse_traced(std::size_t index, const std::string& path, bool batched) {
+  const std::string which = "shard_map: argument " + std::to_string(index) +
+                            (path.empty() ? "" : ", leaf '" + path + "',");
+  if (batched)
+    throw NotAvailable(which + " is a value that vmap traces: vmap of a function that calls shard_map is not "
+                       "supported (f's blocks would be copies vmap does not follow); vmap inside f, or stack the "
+                       "members along an axis the specs split");
+  throw NotAvailable(which + " is a value that grad traces, given to sharded(): its blocks would be copies the "
+                     "gradient does not follow; call shard_map(...)(args), whose result is whole and differentiable");
 }
+
+namespace {
+std::atomic<TracedShardMapHandler> traced_shard_map{nullptr};
+}  // namespace
+
+Array leaf_view(const Array& x) {
+  Array v = Array::borrow(const_cast<void*>(x.raw_data()), x.shape(), x.dtype(), x.device());
+  set_trace_tag(v, trace_tag(x));
+  return v;
+}
+
+void set_traced_shard_map_handler(TracedShardMapHandler handler) noexcept { traced_shard_map.store(handler); }
+TracedShardMapHandler traced_shard_map_handler() noexcept { return traced_shard_map.load(); }
 
 void check_in_spec_count(std::size_t specs, std::size_t arguments) {
   if (specs != arguments)

@@ -1,6 +1,7 @@
 // pmap::shard_map (include/pmap/shard_map.h): blocks in by in_specs, assembled by out_specs, the check of the
-// promise an unnamed axis makes, grad inside the body (a Megatron MLP on 1x1 to 2x2 meshes), a training loop on
-// the devices' blocks, and the errors that name the argument, the leaf, the dimension and the axis. On CPU
+// promise an unnamed axis makes, grad inside the body (a Megatron MLP on 1x1 to 2x2 meshes), grad of a function
+// that calls it (the same MLP as the body; values the same along an axis, psum, pmean, all_gather), a training
+// loop on the devices' blocks, and the errors that name the argument, the leaf, the dimension and the axis. On CPU
 // devices and on four virtual CUDA devices (the stand-in's, or a GPU's).
 #include "cuda_testing.h"
 
@@ -13,6 +14,7 @@
 
 #include <pmapcc/core/grad.h>
 #include <pmapcc/core/ops.h>
+#include <pmapcc/core/vmap.h>
 
 namespace PMAPCC_TEST_FILE {  // this file's own names (tests/CMakeLists.txt: unity build)
 
@@ -226,26 +228,150 @@ TEST_CASE("shard_map with grad inside: a Megatron MLP gives the unsplit model's 
   }
 }
 
+// No pmean in the body: the weights replicated over "data" meet each device's rows, so the backward pass sums
+// their cotangents over "data" (JAX's implicit pvary, transposed); b2, replicated over both axes and added after
+// the psum, varies along "data" only.
+void check_grad_of_megatron(const std::vector<pmap::Device>& devices) {
+  const std::int64_t rows = 8, in = 4, hidden = 12, out = 3;
+  auto host = [](std::int64_t n, std::uint32_t seed, pmap::Shape shape) {
+    return Array::from_host(random_floats(static_cast<std::size_t>(n), seed), shape);
+  };
+  const Mlp full{host(in * hidden, 9, {in, hidden}), host(hidden, 10, {hidden}), host(hidden * out, 11, {hidden, out}),
+                 host(out, 12, {out})};
+  const Array x = host(rows * in, 7, {rows, in}), t = host(rows * out, 8, {rows, out});
+  auto [want_loss, want] = pmap::value_and_grad<0, 1>([&](const Mlp& p, const Array& xs) {
+    return mlp_loss(p, xs, t, false);
+  })(full, x);
+  const auto& [g, gx] = want;
+  for (auto mesh_shape : {std::pair{1, 1}, {1, 2}, {2, 2}, {1, 4}, {4, 1}}) {
+    const int data = mesh_shape.first, model = mesh_shape.second;  // not a structured binding: lambdas capture it
+    CAPTURE(data);
+    CAPTURE(model);
+    pmap::Mesh mesh = mesh_of(devices, data, model);
+    auto forward = [](const Mlp& p, const Array& xd) {
+      Array partial = ops::matmul(ops::linear(xd, p.w1, p.b1, true), p.w2);
+      return ops::add(pmap::psum(partial, "model"), p.b2);
+    };
+    auto loss = [&](const Mlp& p, const Array& xs) {
+      const Array y = pmap::shard_map(forward, mesh, {mlp_specs, P("data")}, P("data"))(p, xs);
+      return ops::mean(ops::square(ops::subtract(y, t)));
+    };
+    auto [value, grads] = pmap::value_and_grad<0, 1>(loss)(full, x);
+    const auto& [gs, gxs] = grads;
+    CHECK(std::abs(value.item<float>() - want_loss.item<float>()) <= 1e-6f * std::abs(want_loss.item<float>()));
+    CHECK(relative_error(values(gs.w1), values(g.w1)) <= 1e-5);
+    CHECK(relative_error(values(gs.b1), values(g.b1)) <= 1e-5);
+    CHECK(relative_error(values(gs.w2), values(g.w2)) <= 1e-5);
+    CHECK(relative_error(values(gs.b2), values(g.b2)) <= 1e-5);
+    CHECK(relative_error(values(gxs), values(gx)) <= 1e-5);
+    // The same bits again.
+    auto [again_value, again] = pmap::value_and_grad<0, 1>(loss)(full, x);
+    CHECK(values(std::get<0>(again).w1) == values(gs.w1));
+    CHECK(values(std::get<1>(again)) == values(gxs));
+    // Three SGD steps through the shard_map: the unsplit model's.
+    Mlp p = sgd(full, gs, 0.1f), q = sgd(full, g, 0.1f);
+    for (int s = 1; s < 3; ++s) {
+      p = sgd(p, pmap::grad([&](const Mlp& m) { return loss(m, x); })(p), 0.1f);
+      q = sgd(q, pmap::grad([&](const Mlp& m) { return mlp_loss(m, x, t, false); })(q), 0.1f);
+    }
+    CHECK(relative_error(values(p.w1), values(q.w1)) <= 1e-5);
+    CHECK(relative_error(values(p.w2), values(q.w2)) <= 1e-5);
+  }
+}
+
+TEST_CASE("grad of a function that calls shard_map: the Megatron MLP's forward as the body, the loss outside") {
+  check_grad_of_megatron(cpu_devices());
+}
+
+TEST_CASE("cuda grad of a function that calls shard_map: the Megatron MLP on four virtual CUDA devices") {
+  PMAPCC_REQUIRE_GPU();
+  check_grad_of_megatron(virtual_cuda_devices());
+}
+
+TEST_CASE("grad of a function that calls shard_map: values the same along an axis, psum, all_gather, copies out") {
+  pmap::Mesh mesh = mesh_of(cpu_devices(), 2, 2);
+  const auto xs = random_floats(24, 21), ws = random_floats(24, 22);
+  const Array x = Array::from_host(xs, {4, 6});
+  const Array w = Array::from_host(ws, {4, 6});
+  auto weighted = [&](const Array& y) { return ops::sum(ops::multiply(y, w)); };  // d/dy = w
+  auto grad_of = [&](auto body, const P& in, const P& out) {
+    return pmap::grad([&](const Array& a) { return weighted(pmap::shard_map(body, mesh, {in}, out)(a)); })(x)
+        .template to_vector<float>();
+  };
+  auto times = [](const std::vector<float>& v, float k) {
+    std::vector<float> out;
+    for (float e : v) out.push_back(e * k);
+    return out;
+  };
+  // Replicated in and out, computed alike on every device: the gradient once, not once per device.
+  CHECK(grad_of([](const Array& a) { return ops::scale(a, 2.0f); }, P(), P()) == times(ws, 2.0f));
+  // A psum over "model" of a value the same on its devices is 2 x: its gradient is 2 w.
+  CHECK(grad_of([](const Array& a) { return pmap::psum(a, "model"); }, P(), P()) == times(ws, 2.0f));
+  // Rows over "data", gathered back whole (all_gather's result is the same on every device): x itself.
+  CHECK(grad_of([](const Array& a) { return pmap::all_gather(a, "data", 0, true); }, P("data"), P()) == ws);
+  // pmean over "model" of column blocks: their mean, the same on both; each block's gradient is half of it.
+  auto mean_cols = [](const Array& a) { return pmap::pmean(a, "model"); };
+  const Array y = pmap::shard_map(mean_cols, mesh, {P(pmap::none, "model")}, P())(x);
+  CHECK(y.shape() == pmap::Shape{4, 3});
+  const Array w3 = Array::from_host(random_floats(12, 23), {4, 3});
+  const std::vector<float> g3 =
+      pmap::grad([&](const Array& a) {
+        return ops::sum(ops::multiply(pmap::shard_map(mean_cols, mesh, {P(pmap::none, "model")}, P())(a), w3));
+      })(x).to_vector<float>();
+  const std::vector<float> w3s = w3.to_vector<float>();
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 6; ++c)
+      CHECK(g3[static_cast<std::size_t>(r * 6 + c)] == w3s[static_cast<std::size_t>(r * 3 + c % 3)] / 2.0f);
+  // A value the same on every device, assembled as blocks along "data" (two copies): each copy's cotangent.
+  std::vector<float> both(24);
+  const Array w8 = Array::from_host(random_floats(48, 24), {8, 6});
+  const std::vector<float> w8s = w8.to_vector<float>();
+  for (std::size_t i = 0; i < 24; ++i) both[i] = w8s[i] + w8s[i + 24];
+  CHECK(pmap::grad([&](const Array& a) {
+          return ops::sum(ops::multiply(pmap::shard_map([](const Array& b) { return ops::scale(b, 1.0f); }, mesh, {P()},
+                                                        P("data"))(a), w8));
+        })(x).to_vector<float>() == both);
+  // A tree in and out with a scalar leaf out (the first device's), and a leaf nothing flows to.
+  std::map<std::string, Array> tree;
+  tree.emplace("a", x.copy());
+  tree.emplace("unused", w.copy());
+  auto f = [](const std::map<std::string, Array>& m) {
+    return std::pair{ops::scale(m.at("a"), 3.0f), pmap::axis_size("data")};
+  };
+  const auto g = pmap::grad([&](const std::map<std::string, Array>& m) {
+    auto [y2, index] = pmap::shard_map(f, mesh, {pmap::Specs{{"a", P("data")}}}, P("data"))(m);
+    CHECK(index == 2);
+    return weighted(y2);
+  })(tree);
+  CHECK(g.at("a").to_vector<float>() == times(ws, 3.0f));
+  CHECK(g.at("unused").to_vector<float>() == std::vector<float>(24, 0.0f));
+}
+
 TEST_CASE("shard_map: bad specs and arguments raise naming the argument, the leaf, the dimension and the axis") {
   pmap::Mesh mesh = mesh_of(cpu_devices(), 2, 2);
   const Array x = Array::from_host(random_floats(24, 5), {4, 6});
   auto id = [](const Array& a) { return ops::scale(a, 1.0f); };
   auto two = [](const Array& a, const Array&) { return ops::scale(a, 1.0f); };
-  // grad of a function that calls shard_map: its traced argument is refused, not copied without a gradient.
+  // vmap of a function that calls shard_map, and sharded() of values grad traces: refused, naming the leaf.
   auto w_only = [](const std::map<std::string, Array>& m) { return ops::scale(m.at("w"), 1.0f); };
-  auto total = [&](const std::map<std::string, Array>& p) {
-    return ops::sum(pmap::shard_map(w_only, mesh, {pmap::Specs{{"w", P("data")}}}, P("data"))(p));
-  };
   std::map<std::string, Array> params;
   params.emplace("b", Array::from_host(random_floats(2, 6), {2}));
   params.emplace("w", x.copy());
-  CHECK_THROWS_WITH_AS(pmap::grad([&](const Array& a) { return ops::sum(pmap::shard_map(id, mesh, {P("data")},
-                                                                                        P("data"))(a)); })(x),
-                       "shard_map: argument 0 is a value that grad or vmap traces: grad or vmap of a function that "
-                       "calls shard_map is not supported (f's blocks would be copies the gradient does not follow); "
-                       "take grad inside f, whose collectives have transposes",
+  const Array stacked = Array::from_host(random_floats(48, 5), {2, 4, 6});
+  CHECK_THROWS_WITH_AS(pmap::vmap([&](const Array& a) { return pmap::shard_map(id, mesh, {P("data")}, P("data"))(a); })(
+                           stacked),
+                       "shard_map: argument 0 is a value that vmap traces: vmap of a function that calls shard_map is "
+                       "not supported (f's blocks would be copies vmap does not follow); vmap inside f, or stack the "
+                       "members along an axis the specs split",
                        pmap::NotAvailable);
-  CHECK_THROWS_WITH_AS(pmap::grad(total)(params), doctest::Contains("shard_map: argument 0, leaf 'b', is a value"),
+  auto blocks_of = [&](const std::map<std::string, Array>& p) {
+    auto blocks = pmap::shard_map(w_only, mesh, {pmap::Specs{{"w", P("data")}}}, P("data")).sharded(p);
+    return ops::sum(pmap::unshard(blocks, mesh));
+  };
+  CHECK_THROWS_WITH_AS(pmap::grad(blocks_of)(params),
+                       "shard_map: argument 0, leaf 'b', is a value that grad traces, given to sharded(): its blocks "
+                       "would be copies the gradient does not follow; call shard_map(...)(args), whose result is whole "
+                       "and differentiable",
                        pmap::NotAvailable);
   CHECK_THROWS_WITH_AS(pmap::shard_map(two, mesh, {P("data")}, P("data"))(x, x),
                        "shard_map: in_specs has 1 entries, but f is called with 2 argument(s); give one (a P, or "

@@ -22,13 +22,23 @@
 // On a mesh spanning processes f runs on this process's devices, and operator() needs every block of the result
 // on a local device (sharded() does not); the check compares every device's blocks by a hash gathered onto
 // every process, so each process raises the same error.
-// The gradients of a loss computed inside f (pmap::grad in f's body) come with the collectives' transposes
-// (core/grad.h). grad (or vmap) of a function that calls shard_map is not supported: an argument that grad
-// or vmap traces raises NotAvailable naming it (a value f captures instead is read as a constant).
+// Differentiable both ways (pmapcc/core/grad.h): pmap::grad inside f's body (its collectives have transposes), and
+// grad of a function that calls shard_map(...)(args) on values grad traces. The second is JAX's transpose of
+// shard_map: the backward pass is a shard_map of f's VJP on every device, which knows along which mesh axes each
+// value varies (an argument along the axes its in spec names; a result along its operands', less those a psum,
+// pmean or all_gather makes the same; a value f captures or computes from no argument is taken to be the same
+// on every device), and sums a cotangent over the axes along which a value was used with values that vary more
+// (JAX's implicit pvary, whose transpose is psum). So a weight replicated over "data" and used with each
+// device's rows gets the whole batch's gradient, with no pmean in f. sharded() of traced values and vmap of a
+// function that calls shard_map are not supported: an argument they trace raises NotAvailable naming it.
 #pragma once
 
 #include <cstddef>
 #include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -36,6 +46,7 @@
 #include <variant>
 #include <vector>
 
+#include <pmap/detail/trace.h>
 #include <pmap/pmap.h>
 
 namespace pmap {
@@ -92,15 +103,80 @@ template <class A> struct block_of { using type = A; };
 template <class T> struct block_of<Sharded<T>> { using type = T; };
 template <class A> using block_t = typename block_of<A>::type;
 
-// NotAvailable for argument `index`'s leaf at `path`, a value that grad or vmap traces: the blocks f would see
-// are copies that the transformation does not follow.
-[[noreturn]] void refuse_traced(std::size_t index, const std::string& path);
+// NotAvailable for argument `index`'s leaf at `path`, a value that vmap traces (`batched`), or one grad traces
+// given to sharded(): the blocks f would see are copies that the transformation does not follow.
+[[noreturn]] void refuse_traced(std::size_t index, const std::string& path, bool batched);
 template <class T> void check_untraced(std::size_t index, const T& tree) {
   tree_for_each_with_path(tree, [&](const std::string& path, const auto& leaf) {
     if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>)
-      if (trace_tag(leaf) != 0) refuse_traced(index, path);
+      if (trace_tag(leaf) != 0) refuse_traced(index, path, (trace_tag(leaf) & kBatchedTag) != 0);
   });
 }
+// NotAvailable for a leaf vmap traces.
+template <class T> void check_batched(std::size_t index, const T& tree) {
+  tree_for_each_with_path(tree, [&](const std::string& path, const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>)
+      if ((trace_tag(leaf) & kBatchedTag) != 0) refuse_traced(index, path, true);
+  });
+}
+// Whether a leaf of the tree is a value grad traces (not vmap: check_untraced refuses those).
+template <class T> bool grad_traced(const T& tree) {
+  bool any = false;
+  tree_for_each(tree, [&](const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>)
+      any = any || (trace_tag(leaf) != 0 && (trace_tag(leaf) & kBatchedTag) == 0);
+  });
+  return any;
+}
+// The tree's Array leaves, in order, moved out of it.
+template <class T> std::vector<Array> take_leaves(T& tree) {
+  std::vector<Array> out;
+  tree_for_each(tree, [&](auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) out.push_back(std::move(leaf));
+  });
+  return out;
+}
+// The tree's structure: its scalar leaves, and empty Arrays in place of its Array leaves.
+template <class T> T structure_of(const T& tree) {
+  return tree_map(tree, [](const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+      return Array();
+    } else {
+      return leaf;
+    }
+  });
+}
+// The structure with its Array leaves taken from leaves[k], leaves[k + 1], ... (moved; k advanced past them).
+template <class T> T with_leaves(const T& structure, std::vector<Array>& leaves, std::size_t& k) {
+  return tree_map(structure, [&](const auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) {
+      return std::move(leaves.at(k++));
+    } else {
+      return leaf;
+    }
+  });
+}
+// A view of x's storage with x's trace tag (x outlives it): what f's parameters are built of on the grad path.
+Array leaf_view(const Array& x);
+// The structure of the output of the first device in mesh order that ran f, for the grad path, where f runs on
+// the devices' threads.
+template <class T> class FirstOutput {
+ public:
+  void keep(int index, const T& tree) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (kept_ && kept_->first <= index) return;
+    kept_.emplace(index, structure_of(tree));
+  }
+  T get() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!kept_) throw Error("shard_map: f ran on no device");
+    return structure_of(kept_->second);
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::optional<std::pair<int, T>> kept_;
+};
 
 template <class T> OutputLeaves output_leaves(const T& tree) {
   OutputLeaves out;
@@ -120,10 +196,15 @@ template <class T> OutputLeaves output_leaves(const T& tree) {
 template <class F> class ShardMapped {
  public:
   ShardMapped(F fn, const Mesh& mesh, std::vector<TreeSpec> in_specs, TreeSpec out_specs, ShardMapOptions options)
-      : fn_(std::move(fn)), mesh_(&mesh), in_(std::move(in_specs)), out_(std::move(out_specs)), options_(options) {}
+      : fn_(std::make_shared<F>(std::move(fn))), mesh_(&mesh), in_(std::move(in_specs)), out_(std::move(out_specs)),
+        options_(options) {}
 
-  // f's result, assembled whole in host memory.
+  // f's result, assembled whole in host memory. Differentiable: with arguments grad traces, the call is recorded
+  // and its backward pass is a shard_map of f's VJP (see above).
   template <class... Args> auto operator()(const Args&... args) {
+    if constexpr ((!is_sharded_v<Args> && ...)) {
+      if ((detail::grad_traced(args) || ...)) return traced(std::index_sequence_for<Args...>{}, args...);
+    }
     auto blocks = sharded(args...);
     return unshard(blocks, *mesh_);
   }
@@ -140,7 +221,7 @@ template <class F> class ShardMapped {
     std::tuple<decltype(blocks_of<I>(args))...> blocks{blocks_of<I>(args)...};
     static_assert(!std::is_void_v<std::invoke_result_t<F&, const detail::block_t<Args>&...>>,
                   "shard_map: f must return a tree (its result is assembled by out_specs)");
-    auto out = std::apply([&](const auto&... b) { return pmap(std::ref(fn_), *mesh_)(b...); }, blocks);
+    auto out = std::apply([&](const auto&... b) { return pmap(std::ref(*fn_), *mesh_)(b...); }, blocks);
     using V = std::remove_cvref_t<decltype(out[0])>;
     const std::vector<std::string> paths = detail::array_paths(out[0]);
     const std::vector<P> specs = out_.of_leaves(paths, "shard_map: out_specs");  // checks the paths
@@ -150,6 +231,51 @@ template <class F> class ShardMapped {
     std::vector<LeafSpec> leaf_specs;
     for (std::size_t i = 0; i < paths.size(); ++i) leaf_specs.push_back({paths[i], specs[i]});
     return Sharded<V>(std::move(out.values()), std::move(leaf_specs), detail::mesh_identity(*mesh_));
+  }
+
+  // The call on values grad traces, handed to the core as its Array leaves (each with its in spec) and a body
+  // that rebuilds the arguments' trees from one device's blocks; the result rebuilt from the core's whole
+  // output leaves. f and the argument trees are shared with the body, which the backward pass runs again.
+  template <std::size_t... I, class... Args> auto traced(std::index_sequence<I...>, const Args&... args) {
+    detail::check_in_spec_count(in_.size(), sizeof...(Args));
+    (detail::check_batched(I, args), ...);
+    using Out = std::remove_cvref_t<std::invoke_result_t<F&, const Args&...>>;
+    static_assert(!std::is_void_v<Out>, "shard_map: f must return a tree (its result is assembled by out_specs)");
+    detail::TracedShardMap call;
+    call.mesh = mesh_;
+    call.check = options_.check;
+    std::vector<const Array*> leaves;
+    auto flatten = [&](std::size_t index, const auto& arg) {
+      const std::vector<std::string> paths = detail::array_paths(arg);
+      for (P& p : in_[index].of_leaves(paths, "shard_map: argument " + std::to_string(index)))
+        call.in_specs.push_back(std::move(p));
+      tree_for_each(arg, [&](const auto& leaf) {
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) leaves.push_back(&leaf);
+      });
+    };
+    (flatten(I, args), ...);
+    auto trees = std::make_shared<const std::tuple<Args...>>(detail::structure_of(args)...);
+    auto first = std::make_shared<detail::FirstOutput<Out>>();
+    std::vector<std::string> names;
+    for (const AxisSpec& a : mesh_->axes()) names.push_back(a.name);
+    call.body = [fn = fn_, trees, first, all = AxisNames(std::move(names))](const std::vector<Array>& blocks) {
+      std::vector<Array> views;
+      for (const Array& b : blocks) views.push_back(detail::leaf_view(b));
+      std::size_t k = 0;
+      // Braced: the trees take their blocks left to right.
+      const std::tuple<Args...> mine{detail::with_leaves(std::get<I>(*trees), views, k)...};
+      Out out = std::apply(*fn, mine);
+      first->keep(axis_index(all), out);
+      return detail::take_leaves(out);
+    };
+    call.out_specs = [spec = out_, first] {
+      return spec.of_leaves(detail::array_paths(first->get()), "shard_map: out_specs");
+    };
+    const detail::TracedShardMapHandler handler = detail::traced_shard_map_handler();
+    if (handler == nullptr) detail::refuse_traced(0, "", false);  // (no core linked: nothing is traced)
+    std::vector<Array> whole = handler(call, leaves);
+    std::size_t k = 0;
+    return detail::with_leaves(first->get(), whole, k);
   }
 
   // A whole tree split by in spec I (a new Sharded value); a Sharded argument checked and passed on.
@@ -173,7 +299,7 @@ template <class F> class ShardMapped {
     }
   }
 
-  F fn_;
+  std::shared_ptr<F> fn_;  // shared with a recorded call's body, which outlives a temporary ShardMapped
   const Mesh* mesh_;
   std::vector<TreeSpec> in_;
   TreeSpec out_;

@@ -5,11 +5,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
 #include <pmap/array.h>
 #include <pmap/mesh.h>
+#include <pmap/partition.h>
 
 namespace pmap::detail {
 
@@ -32,5 +34,23 @@ struct TracedCollective {
 using TracedCollectiveHandler = Array (*)(const TracedCollective& call, const Array& x);
 void set_traced_collective_handler(TracedCollectiveHandler handler) noexcept;
 TracedCollectiveHandler traced_collective_handler() noexcept;
+
+// shard_map called on values grad traces (grad of a function that calls shard_map), type-erased over its
+// Array leaves: the core evaluates it, records it, and transposes it with a second shard_map.
+struct TracedShardMap {
+  const Mesh* mesh = nullptr;
+  std::vector<P> in_specs;  // one per input leaf, in order
+  // One device's output leaves from its input blocks, in order (the function's Array leaves).
+  std::function<std::vector<Array>(const std::vector<Array>&)> body;
+  // Once the body has run: each output leaf's out spec.
+  std::function<std::vector<P>()> out_specs;
+  bool check = true;  // ShardMapOptions::check
+};
+// Returns the (tagged) output leaves, assembled whole in host memory. Set once by the core when it is first
+// used; null until then.
+using TracedShardMapHandler = std::vector<Array> (*)(const TracedShardMap& call,
+                                                     const std::vector<const Array*>& leaves);
+void set_traced_shard_map_handler(TracedShardMapHandler handler) noexcept;
+TracedShardMapHandler traced_shard_map_handler() noexcept;
 
 }  // namespace pmap::detail
