@@ -103,7 +103,7 @@ class Collective final : public Primitive {
   }
   AxisNames collective_axes() const override { return call_.axes; }
   bool result_invariant() const override { return elementwise() || call_.kind == Kind::all_gather; }
-  std::vector<Array> invariant_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& wanted) const override {
+  std::vector<Array> tracked_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& wanted) const override {
     if (call_.kind != Kind::all_gather) return vjp(in, out, cts, wanted);
     std::vector<Array> g(1);
     if (wanted[0]) g[0] = gathered_block(*cts[0], *in[0], call_.axes, call_.axis, call_.tiled);
@@ -143,7 +143,11 @@ class Pvary final : public Primitive {
     return g;
   }
   AxisNames collective_axes() const override { return axes_; }
-  bool sums_over_axes() const override { return true; }
+  std::vector<Array> tracked_vjp(Arrays, Arrays, Arrays cts, const std::vector<bool>& wanted) const override {
+    std::vector<Array> g(1);  // (the backward pass sums it over the axes x does not vary along)
+    if (wanted[0]) g[0] = ops::eager::copy(*cts[0]);
+    return g;
+  }
   std::vector<Array> batch(Arrays in, const std::vector<bool>&, std::int64_t) const override { return eval(in); }
   std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& wanted,
                                const std::vector<bool>&, std::int64_t) const override {

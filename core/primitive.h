@@ -78,17 +78,19 @@ class Primitive {
   // A collective's axes (none for other primitives): its result varies along its operand's axes and these.
   virtual AxisNames collective_axes() const { return {}; }
   // Whether its result is the same on every device along collective_axes() (psum, pmean, pmax, pmin,
-  // all_gather): the result then does not vary along them.
+  // all_gather, all_gather_invariant): the result then does not vary along them.
   virtual bool result_invariant() const { return false; }
-  // The VJP where a result that does not vary along an axis has the whole cotangent on every device along it
-  // (not each device's share): all_gather's is then this device's block of the cotangent. By default vjp.
-  virtual std::vector<Array> invariant_vjp(Arrays inputs, Arrays outputs, Arrays cotangents,
-                                           const std::vector<bool>& wanted) const {
+  // The VJP under tracking, where a result that does not vary along an axis has the whole cotangent on every
+  // device along it (not each device's share) and the backward pass itself sums an operand's cotangent over the
+  // axes the primitive varies along and the operand does not: all_gather's is this device's block of the
+  // cotangent, pvary's the cotangent itself. By default vjp.
+  virtual std::vector<Array> tracked_vjp(Arrays inputs, Arrays outputs, Arrays cotangents,
+                                         const std::vector<bool>& wanted) const {
     return vjp(inputs, outputs, cotangents, wanted);
   }
-  // Whether vjp itself sums the operand's cotangent over collective_axes() (pvary), so the backward pass must
-  // not sum it again.
-  virtual bool sums_over_axes() const { return false; }
+  // Whether the backward pass leaves the operands' cotangents as tracked_vjp gives them, not summed over the
+  // axes they do not vary along (a sum of terms each of which stands for itself).
+  virtual bool keeps_cotangents() const { return false; }
 };
 
 // The attribute `name` of p, or nullptr.

@@ -99,22 +99,58 @@ Array Trace::input(const Array& leaf, const std::string& where) {
   if (level == nullptr) {
     values_.push_back(untagged(value));
     varying_.resize(values_.size());
+    fixed_.resize(values_.size());
     return view(values_.size() - 1);
   }
   // Inside vmap each member has its own gradient (JAX's per-example gradients): a value every member reads
   // is differentiated as if each member had its own copy.
   values_.push_back(member ? untagged(value) : broadcast_members(value, level->members()));
   varying_.resize(values_.size());
+  fixed_.resize(values_.size());
   return level->wrap(view(values_.size() - 1));
 }
 
+namespace {
+
+std::vector<std::string> sorted_axes(const AxisNames& axes) {
+  std::vector<std::string> out = axes.names();
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+}  // namespace
+
 Array Trace::input(const Array& leaf, const std::string& where, const AxisNames& varying) {
   Array v = input(leaf, where);
-  std::vector<std::string>& axes = varying_[values_.size() - 1];
-  axes = varying.names();
-  std::sort(axes.begin(), axes.end());
-  axes.erase(std::unique(axes.begin(), axes.end()), axes.end());
+  varying_[values_.size() - 1] = sorted_axes(varying);
   return v;
+}
+
+Array Trace::fixed_input(const Array& leaf, const AxisNames& varying) {
+  if (!leaf.valid()) throw ValueError("grad of '" + function_ + "': an empty Array handle");
+  if (detail::trace_tag(leaf) != 0)
+    throw ValueError("grad of '" + function_ + "': " + leaf.str() + " is a value of another transformation");
+  values_.push_back(untagged(leaf));
+  varying_.push_back(sorted_axes(varying));
+  fixed_.push_back(1);
+  return view(values_.size() - 1);
+}
+
+const std::vector<std::string>& Trace::varying(const Array& x) const {
+  static const std::vector<std::string> none;  // an untraced value: the same on every device
+  return traces(x, "grad of '" + function_ + "'", 0) ? varying_.at(slot_of(x)) : none;
+}
+
+void Trace::suspend() {
+  if (tls_active == this) tls_active = nullptr;
+}
+
+void Trace::resume() {
+  if (tls_active == this) return;
+  if (tls_active != nullptr)
+    throw NotAvailable("grad of '" + function_ + "' resumed inside '" + tls_active->function_ + "'");
+  tls_active = this;
 }
 
 std::size_t Trace::slot_of(const Array& x) const {
@@ -162,6 +198,7 @@ std::vector<Array> Trace::record(std::shared_ptr<const Primitive> p, const std::
   for (Array& out : outputs) {
     values_.push_back(std::move(out));
     varying_.push_back(result_axes);
+    fixed_.push_back(0);
     node.outputs.push_back(values_.size() - 1);
     views.push_back(view(values_.size() - 1));
   }
@@ -233,7 +270,7 @@ void Trace::backward(const Array& result) {
     std::size_t c = 0;
     for (std::size_t s : n->inputs) {
       ins.push_back(s == Node::kConstant ? &n->constants[c++] : &values_[s]);
-      wanted.push_back(s != Node::kConstant);
+      wanted.push_back(s != Node::kConstant && fixed_[s] == 0);
     }
     zeros.reserve(n->outputs.size());
     for (std::size_t s : n->outputs) {
@@ -241,9 +278,8 @@ void Trace::backward(const Array& result) {
       if (!gradients_[s].valid()) zeros.push_back(ops::eager::zeros_like(values_[s]));
       cts.push_back(gradients_[s].valid() ? &gradients_[s] : &zeros.back());
     }
-    std::vector<Array> in_cts = tracking_ && n->primitive->result_invariant()
-                                    ? n->primitive->invariant_vjp(ins, outs, cts, wanted)
-                                    : n->primitive->vjp(ins, outs, cts, wanted);
+    std::vector<Array> in_cts = tracking_ ? n->primitive->tracked_vjp(ins, outs, cts, wanted)
+                                          : n->primitive->vjp(ins, outs, cts, wanted);
     if (n->over_input && !in_cts.empty() && in_cts[0].size() > 0 && in_cts[0].raw_data() == ins[0]->raw_data())
       ++over_input_masks;
     for (std::size_t s : n->outputs) {
@@ -256,7 +292,7 @@ void Trace::backward(const Array& result) {
         throw Error("grad: the VJP of " + n->primitive->name() + " gave " + in_cts[i].signature() +
                     " for operand " + std::to_string(i) + " of shape " + values_[s].signature());
       }
-      if (tracking_ && !n->primitive->sums_over_axes()) {  // used with values that vary more: summed over them
+      if (tracking_ && !n->primitive->keeps_cotangents()) {  // used with values that vary more: summed over them
         std::vector<std::string> more;
         std::set_difference(n->varying.begin(), n->varying.end(), varying_[s].begin(), varying_[s].end(),
                             std::back_inserter(more));

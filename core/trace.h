@@ -30,16 +30,26 @@ class Trace {
   // A traced view of a leaf to differentiate with respect to (f32; `where` names it in errors: "argument 0,
   // leaf 'w1'"). The leaf must outlive the trace; its bits are not copied.
   Array input(const Array& leaf, const std::string& where);
-  // Varying-axes tracking, for the VJP of a shard_map differentiated from outside (pmap/shard_map.h), called
-  // before any input: each traced value knows the mesh axes along which it may differ between devices (JAX's
-  // varying manual axes). An input varies along the axes input() names; a primitive's results along its traced
-  // operands' and its collective_axes(), less those when result_invariant(); a value computed from no input, or
-  // captured, along none. The backward pass gives a primitive's operand that varies along fewer axes than the
-  // primitive the sum of its cotangent over the others (JAX's implicit pvary, transposed: psum), and runs
-  // invariant_vjp where the result is invariant. Runs on a device of a mesh with those axes (inside pmap).
+  // Varying-axes tracking, for a shard_map differentiated from outside (pmap/shard_map.h; JAX's varying manual
+  // axes), called before any input: each traced value knows the mesh axes along which it may differ between
+  // devices. An input varies along the axes input() names; a primitive's results along its traced operands'
+  // and its collective_axes(), less those when result_invariant(); a value computed from no input, or
+  // captured, along none. The backward pass runs each primitive's tracked_vjp and gives an operand that varies
+  // along fewer axes than the primitive the sum of its cotangent over the others (JAX's implicit pvary,
+  // transposed: psum), unless the primitive keeps_cotangents(). Runs on a device of a mesh with those axes.
   void track_varying() { tracking_ = true; }
   // input(), varying along `varying` (with track_varying).
   Array input(const Array& leaf, const std::string& where, const AxisNames& varying);
+  // A traced view of a leaf that is not differentiated (any dtype: integer indices), varying along `varying`:
+  // what is computed from it knows the axes; its gradient is never computed. The leaf must outlive the trace.
+  Array fixed_input(const Array& leaf, const AxisNames& varying);
+  // The axes a value of this trace varies along (with track_varying; sorted).
+  const std::vector<std::string>& varying(const Array& x) const;
+  // Stops recording on the calling thread without ending the trace (its values stay, for a backward pass
+  // later), and starts again on the calling thread (NotAvailable while another trace is active there): each
+  // device's trace of a shard_map's body lives from the forward pass to the backward pass.
+  void suspend();
+  void resume();
 
   // The backward pass from the function's value: a traced scalar f32, or an untraced one (every gradient
   // is then zero). Once per trace. The caller holds no view of a traced value but `value` (release() the
@@ -90,6 +100,7 @@ class Trace {
   std::vector<Node> nodes_;
   std::vector<Array> gradients_;  // per slot, after backward
   std::vector<std::vector<std::string>> varying_;  // per slot, with tracking_: its axes, sorted
+  std::vector<char> fixed_;                         // per slot: fixed_input's (never differentiated)
   bool tracking_ = false;
   bool done_ = false;
 };

@@ -82,8 +82,9 @@ void refuse_traced(std::size_t index, const std::string& path, bool batched) {
     throw NotAvailable(which + " is a value that vmap traces: vmap of a function that calls shard_map is not "
                        "supported (f's blocks would be copies vmap does not follow); vmap inside f, or stack the "
                        "members along an axis the specs split");
-  throw NotAvailable(which + " is a value that grad traces, given to sharded(): its blocks would be copies the "
-                     "gradient does not follow; call shard_map(...)(args), whose result is whole and differentiable");
+  throw NotAvailable(which + " is a value that grad traces, given to sharded() or beside a Sharded argument: its "
+                     "blocks would be copies the gradient does not follow; call shard_map(...)(args) with whole "
+                     "trees, whose result is whole and differentiable");
 }
 
 namespace {

@@ -24,12 +24,16 @@
 // every process, so each process raises the same error.
 // Differentiable both ways (pmapcc/core/grad.h): pmap::grad inside f's body (its collectives have transposes), and
 // grad of a function that calls shard_map(...)(args) on values grad traces. The second is JAX's transpose of
-// shard_map: the backward pass is a shard_map of f's VJP on every device, which knows along which mesh axes each
-// value varies (an argument along the axes its in spec names; a result along its operands', less those a psum,
-// pmean or all_gather makes the same; a value f captures or computes from no argument is taken to be the same
-// on every device), and sums a cotangent over the axes along which a value was used with values that vary more
-// (JAX's implicit pvary, whose transpose is psum). So a weight replicated over "data" and used with each
-// device's rows gets the whole batch's gradient, with no pmean in f. sharded() of traced values and vmap of a
+// shard_map: f runs once on each device under a trace of its own, kept until the backward pass, which is a
+// shard_map of those traces' backward passes. Each trace knows along which mesh axes each value varies (an
+// argument leaf, of any dtype, along the axes its in spec names; a result along its operands', less those a
+// psum, pmean, pmax, pmin or all_gather makes the same; a value f captures or computes from no argument, such
+// as one derived from axis_index, is taken to be the same on every device) and sums a cotangent over the axes
+// along which its value met values that vary more (JAX's implicit pvary, whose transpose is psum). So a weight
+// replicated over "data" and used with each device's rows gets the whole batch's gradient, with no pmean in f.
+// As JAX's check_vma, an output that varies along an axis its out spec does not name raises ValueError (its
+// cotangent would count once per device). The mesh must outlive the backward pass; grad inside f is then
+// higher order (NotAvailable). sharded() of traced values, a traced argument beside a Sharded one, and vmap of a
 // function that calls shard_map are not supported: an argument they trace raises NotAvailable naming it.
 #pragma once
 
@@ -272,7 +276,7 @@ template <class F> class ShardMapped {
       return spec.of_leaves(detail::array_paths(first->get()), "shard_map: out_specs");
     };
     const detail::TracedShardMapHandler handler = detail::traced_shard_map_handler();
-    if (handler == nullptr) detail::refuse_traced(0, "", false);  // (no core linked: nothing is traced)
+    if (handler == nullptr) throw Error("shard_map: a value grad traces, but no grad is linked to differentiate it");
     std::vector<Array> whole = handler(call, leaves);
     std::size_t k = 0;
     return detail::with_leaves(first->get(), whole, k);
