@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -98,10 +100,34 @@ inline float max_abs_diff(const std::vector<float>& a, const std::vector<float>&
   return m;
 }
 
-// A directory of this process's own for a test's files, created: <temp>/<prefix>_<pid>.
+// The directories scratch_dir made, removed with everything in them when the process exits (a test binary
+// run run after run left gigabytes of checkpoints in the temp directory), unless PMAPCC_KEEP_TEST_FILES is
+// set (to look at a failing test's files).
+class ScratchDirs {
+ public:
+  void add(const std::filesystem::path& dir) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (std::find(dirs_.begin(), dirs_.end(), dir) == dirs_.end()) dirs_.push_back(dir);
+  }
+  ~ScratchDirs() {
+    if (std::getenv("PMAPCC_KEEP_TEST_FILES") != nullptr) return;
+    for (const auto& dir : dirs_) {
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::filesystem::path> dirs_;
+};
+
+// A directory of this process's own for a test's files, created: <temp>/<prefix>_<pid>; removed at exit.
 inline std::filesystem::path scratch_dir(const std::string& prefix) {
+  static ScratchDirs made;
   auto dir = std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
+  made.add(dir);
   return dir;
 }
 

@@ -232,8 +232,7 @@ TEST_CASE("tensor parallel on GPUs: split over 'model', as the same run on CPU d
 TEST_CASE("tensor parallel: checkpoints hold whole tensors, and resume split, unsplit or split another way") {
   const train::Model cnn = train::flax_cnn({12, 12, 1});
   const train::Dataset examples = pmap::testing::synthetic_dataset(96, 12, 4);
-  const auto dir = std::filesystem::temp_directory_path() / "pmapcc_tensor_parallel_ckpt";
-  std::filesystem::create_directories(dir);
+  const auto dir = pmap::testing::scratch_dir("pmapcc_tensor_parallel_ckpt");
   const auto file = dir / "split.safetensors";
   const train::TrainerOptions base{.members = 2, .batch_size = 32};
   train::TrainerOptions split_options = base;
