@@ -108,7 +108,8 @@ template <class T> struct block_of<Sharded<T>> { using type = T; };
 template <class A> using block_t = typename block_of<A>::type;
 
 // NotAvailable for argument `index`'s leaf at `path`, a value that vmap traces (`batched`), or one grad traces
-// given to sharded(): the blocks f would see are copies that the transformation does not follow.
+// given to sharded() or beside a Sharded argument: the blocks f would see are copies the transformation does
+// not follow.
 [[noreturn]] void refuse_traced(std::size_t index, const std::string& path, bool batched);
 template <class T> void check_untraced(std::size_t index, const T& tree) {
   tree_for_each_with_path(tree, [&](const std::string& path, const auto& leaf) {
@@ -204,7 +205,7 @@ template <class F> class ShardMapped {
         options_(options) {}
 
   // f's result, assembled whole in host memory. Differentiable: with arguments grad traces, the call is recorded
-  // and its backward pass is a shard_map of f's VJP (see above).
+  // with each device's trace of f, and its backward pass is a shard_map of theirs (see above).
   template <class... Args> auto operator()(const Args&... args) {
     if constexpr ((!is_sharded_v<Args> && ...)) {
       if ((detail::grad_traced(args) || ...)) return traced(std::index_sequence_for<Args...>{}, args...);
@@ -239,7 +240,7 @@ template <class F> class ShardMapped {
 
   // The call on values grad traces, handed to the core as its Array leaves (each with its in spec) and a body
   // that rebuilds the arguments' trees from one device's blocks; the result rebuilt from the core's whole
-  // output leaves. f and the argument trees are shared with the body, which the backward pass runs again.
+  // output leaves. f and the argument trees' structures are shared with the body (the recorded call holds it).
   template <std::size_t... I, class... Args> auto traced(std::index_sequence<I...>, const Args&... args) {
     detail::check_in_spec_count(in_.size(), sizeof...(Args));
     (detail::check_batched(I, args), ...);
