@@ -212,10 +212,11 @@ class Bench:
         self.runs.append(entry)
         return result
 
-    def ours(self, members, devices, isa, precision, rnd):
+    def train_cmd(self, exe, members, devices, isa, precision, steps, warmup):
+        """bench_train train for one row (the mode from the member and device counts)."""
         mode = "data-parallel" if members < devices else "ensemble"
-        cmd = [self.exe, "train", "--data", self.a.data, "--members", str(members), "--devices", str(devices),
-               "--mode", mode, "--steps", str(self.a.steps), "--warmup", str(self.a.warmup)]
+        cmd = [exe, "train", "--data", self.a.data, "--members", str(members), "--devices", str(devices),
+               "--mode", mode, "--steps", str(steps), "--warmup", str(warmup)]
         if self.a.model != "flax-cnn":
             cmd += ["--model", self.a.model]
         if isa != "auto":
@@ -224,8 +225,12 @@ class Bench:
             cmd += ["--precision", precision]
         if self.a.pin:
             cmd += ["--pin"]
+        return cmd + ["--cpu-threads", str(cpu_threads(self.a, devices))]
+
+    def ours(self, members, devices, isa, precision, rnd):
+        mode = "data-parallel" if members < devices else "ensemble"
         threads = cpu_threads(self.a, devices)
-        cmd += ["--cpu-threads", str(threads)]
+        cmd = self.train_cmd(self.exe, members, devices, isa, precision, self.a.steps, self.a.warmup)
         config = {"members": members, "devices": devices, "mode": mode, "isa": isa, "precision": precision}
         # With a baseline the two run back to back, the baseline first in odd rounds: load drifting over a
         # round falls on both alike.
@@ -315,14 +320,7 @@ class Bench:
         for what, exe in (("pmapcc", self.exe), ("baseline", self.a.baseline)):
             means[what] = []
             for k in range(1, self.a.trajectory + 1):
-                cmd = [exe, "train", "--data", self.a.data, "--members", str(members), "--devices", str(devices),
-                       "--mode", mode, "--steps", str(k), "--warmup", "0", "--model", self.a.model,
-                       "--cpu-threads", str(cpu_threads(self.a, devices))]
-                if isa != "auto":
-                    cmd += ["--isa", isa]
-                if precision != "fp32":
-                    cmd += ["--precision", precision]
-                r, _, error = run_child(cmd)
+                r, _, error = run_child(self.train_cmd(exe, members, devices, isa, precision, k, 0))
                 if r is None:
                     print(f"  trajectory {what} m={members} d={devices} k={k}: FAILED {error.strip()[-200:]}",
                           flush=True)

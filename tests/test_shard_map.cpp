@@ -176,14 +176,21 @@ Mlp sgd(const Mlp& p, const Mlp& g, float lr) {
 
 std::vector<float> values(const Array& a) { return a.to_vector<float>(); }
 
-TEST_CASE("shard_map with grad inside: a Megatron MLP gives the unsplit model's gradients on 1x1, 1x2, 2x2, 1x4") {
-  const std::int64_t rows = 8, in = 4, hidden = 12, out = 3;
-  auto host = [](std::int64_t n, std::uint32_t seed, pmap::Shape shape) {
-    return Array::from_host(random_floats(static_cast<std::size_t>(n), seed), shape);
-  };
+// The MLP's parameters (4 inputs, 12 hidden, 3 outputs), 8 rows of inputs x and targets t.
+struct MlpProblem {
+  static Array host(std::int64_t n, std::uint32_t seed, pmap::Shape shape) {
+    return Array::from_host(random_floats(static_cast<std::size_t>(n), seed), std::move(shape));
+  }
+  static constexpr std::int64_t rows = 8, in = 4, hidden = 12, out = 3;
   const Mlp full{host(in * hidden, 9, {in, hidden}), host(hidden, 10, {hidden}), host(hidden * out, 11, {hidden, out}),
                  host(out, 12, {out})};
   const Array x = host(rows * in, 7, {rows, in}), t = host(rows * out, 8, {rows, out});
+};
+
+TEST_CASE("shard_map with grad inside: a Megatron MLP gives the unsplit model's gradients on 1x1, 1x2, 2x2, 1x4") {
+  const MlpProblem problem;
+  const Mlp& full = problem.full;
+  const Array &x = problem.x, &t = problem.t;
   auto unsplit = [&](const Mlp& p) { return pmap::grad([&](const Mlp& q) { return mlp_loss(q, x, t, false); })(p); };
   const Mlp g = unsplit(full);
   // Three SGD steps of the unsplit model.
@@ -232,13 +239,9 @@ TEST_CASE("shard_map with grad inside: a Megatron MLP gives the unsplit model's 
 // their cotangents over "data" (JAX's implicit pvary, transposed); b2, replicated over both axes and added after
 // the psum, varies along "data" only.
 void check_grad_of_megatron(const std::vector<pmap::Device>& devices) {
-  const std::int64_t rows = 8, in = 4, hidden = 12, out = 3;
-  auto host = [](std::int64_t n, std::uint32_t seed, pmap::Shape shape) {
-    return Array::from_host(random_floats(static_cast<std::size_t>(n), seed), shape);
-  };
-  const Mlp full{host(in * hidden, 9, {in, hidden}), host(hidden, 10, {hidden}), host(hidden * out, 11, {hidden, out}),
-                 host(out, 12, {out})};
-  const Array x = host(rows * in, 7, {rows, in}), t = host(rows * out, 8, {rows, out});
+  const MlpProblem problem;
+  const Mlp& full = problem.full;
+  const Array &x = problem.x, &t = problem.t;
   auto [want_loss, want] = pmap::value_and_grad<0, 1>([&](const Mlp& p, const Array& xs) {
     return mlp_loss(p, xs, t, false);
   })(full, x);
