@@ -104,6 +104,17 @@ Array member_view(const Array& stacked, std::int64_t m) {
                        stacked.dtype(), stacked.device());
 }
 
+// One member's result as a stack of one: moved, with a leading axis of 1, when it is an untraced array that owns
+// its storage (no copy); a view (of an input, say) is copied, as stack copies.
+Array stack(std::vector<Array>&& parts) {
+  if (parts.size() == 1 && parts[0].owns_data() && pmap::detail::trace_tag(parts[0]) == 0) {
+    Shape shape = parts[0].shape();
+    shape.insert(shape.begin(), 1);
+    return std::move(parts[0]).reshape(std::move(shape));
+  }
+  return stack(static_cast<const std::vector<Array>&>(parts));
+}
+
 Array stack(const std::vector<Array>& parts) {
   const Array& first = parts.at(0);
   bool one_device = true;
@@ -187,7 +198,7 @@ std::vector<Array> Primitive::batch(Arrays in, const std::vector<bool>& batched,
     for (std::size_t k = 0; k < o.size(); ++k) outs[k].push_back(std::move(o[k]));
   }
   std::vector<Array> result;
-  for (const auto& parts : outs) result.push_back(stack(parts));
+  for (auto& parts : outs) result.push_back(stack(std::move(parts)));
   return result;
 }
 
@@ -219,7 +230,7 @@ std::vector<Array> Primitive::batch_vjp(Arrays in, Arrays out, Arrays cts, const
   }
   std::vector<Array> result(in.size());
   for (std::size_t i = 0; i < in.size(); ++i) {
-    if (wanted[i]) result[i] = batched[i] ? stack(parts[i]) : std::move(sums[i]);
+    if (wanted[i]) result[i] = batched[i] ? stack(std::move(parts[i])) : std::move(sums[i]);
   }
   return result;
 }

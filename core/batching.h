@@ -63,6 +63,8 @@ Array view_as(const Array& x, Shape shape);
 Array member_view(const Array& stacked, std::int64_t m);
 // Arrays of the same shape stacked along a new leading axis, on their device.
 Array stack(const std::vector<Array>& parts);
+// The same, taking the parts: a single part that owns its storage becomes the result without a copy.
+Array stack(std::vector<Array>&& parts);
 // x repeated for each member: (members, x's shape).
 Array broadcast_members(const Array& x, std::int64_t members);
 // A stacked array with its two leading axes merged ((members, N, ...) -> (members * N, ...)), and back.

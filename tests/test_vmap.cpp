@@ -564,6 +564,46 @@ PMAPCC_TREE(Linear, w, b)
 
 }  // namespace
 
+TEST_CASE("core::stack: one part it is given is moved (no copy), a view or several parts are copied") {
+  const std::vector<float> v{1, 2, 3, 4, 5, 6};
+  {
+    Array part = host(v, {3, 2});
+    const void* storage = part.raw_data();
+    std::vector<Array> parts;
+    parts.push_back(std::move(part));
+    const std::uint64_t before = pmap::detail::allocation_count();
+    Array s = pmap::core::stack(std::move(parts));  // a member-by-member rule's result for one member
+    CHECK(pmap::detail::allocation_count() == before);
+    CHECK(s.raw_data() == storage);
+    CHECK(s.shape() == pmap::Shape{1, 3, 2});
+    CHECK(s.to_vector<float>() == v);
+  }
+  {
+    Array owner = host(v, {3, 2});
+    std::vector<Array> parts;
+    parts.push_back(pmap::core::plain_view(owner));  // a view of another array's storage: copied
+    Array s = pmap::core::stack(std::move(parts));
+    CHECK(s.owns_data());
+    CHECK(s.raw_data() != owner.raw_data());
+    CHECK(s.shape() == pmap::Shape{1, 3, 2});
+    CHECK(s.to_vector<float>() == v);
+  }
+  {
+    std::vector<Array> parts;
+    parts.push_back(host(v, {3, 2}));
+    const void* first = parts[0].raw_data();
+    Array kept = pmap::core::stack(parts);  // given as a const reference: the parts stay, the result is a copy
+    CHECK(kept.raw_data() != first);
+    CHECK(parts[0].raw_data() == first);
+    parts.push_back(host(v, {3, 2}));
+    Array two = pmap::core::stack(std::move(parts));
+    CHECK(two.shape() == pmap::Shape{2, 3, 2});
+    std::vector<float> both = v;
+    both.insert(both.end(), v.begin(), v.end());
+    CHECK(two.to_vector<float>() == both);
+  }
+}
+
 TEST_CASE("map: batch by batch gives vmap's results bit for bit, the unmapped and repeated values included") {
   const std::int64_t members = 5, n = 6, in = 4, classes = 3;
   const Linear params{host(cuda_testing::random_floats(members * in * classes, 21), {members, in, classes}),

@@ -253,7 +253,7 @@ Array batch_norm_apply(const Array& x, const Array& stats, const Array& gamma, c
   require_pair(fn, "stats", stats, p.channels, DType::f32);
   if (gamma.valid()) require_channels(fn, "gamma", gamma, p.channels, DType::f32);
   if (beta.valid()) require_channels(fn, "beta", beta, p.channels, DType::f32);
-  Array y = zeros_on(fn, x.shape(), DType::f32, x.device());
+  Array y = Array::uninitialized(x.shape(), DType::f32, x.device());  // written whole
   if (p.rows > 0) {
     backend_of(fn, x.device()).layers().batch_norm_apply(p, x.data<float>(), stats.data<float>(),
                                                          gamma.valid() ? gamma.data<float>() : nullptr,
@@ -288,7 +288,7 @@ Array batch_norm_backward(const Array& x, const Array& dy, const Array& stats, c
   require_pair(fn, "sums", sums, p.channels, DType::f64);
   if (gamma.valid()) require_channels(fn, "gamma", gamma, p.channels, DType::f32);
   if (dy.shape() != x.shape()) throw ShapeError("ops::batch_norm_backward: dy " + dy.signature() + " is not x's shape");
-  Array dx = zeros_on(fn, x.shape(), DType::f32, x.device());
+  Array dx = Array::uninitialized(x.shape(), DType::f32, x.device());  // written whole
   if (p.rows > 0) {
     backend_of(fn, x.device()).layers().batch_norm_backward(p, x.data<float>(), dy.data<float>(), stats.data<float>(),
                                                             sums.data<double>(), count,
