@@ -3,6 +3,7 @@
 // host for the host hub, host arrays (scalars) onto the device for NCCL and the device hub.
 #include <pmap/collectives.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -260,6 +261,66 @@ void pmean_inplace(Array& x, const AxisNames& axes) {
   reduce_into("pmean", x, x, axes, ReduceOp::sum);
   divide_by(x, axis_size(axes));
 }
+
+namespace detail {
+
+void reduce_leaves_inplace(const std::vector<Array*>& leaves, const AxisNames& axes, bool mean) {
+  const char* name = mean ? "pmean" : "psum";
+  for (const Array* x : leaves) {
+    refuse_traced_inplace(name, *x);
+    if (mean) check_floating(name, *x);
+  }
+  auto one = [&](Array& x) { mean ? pmean_inplace(x, axes) : psum_inplace(x, axes); };
+  // Groups of leaves that pack: CPU arrays of one dtype on one device, in tree order.
+  std::vector<std::vector<Array*>> groups;
+  for (Array* x : leaves) {
+    if (!x->device().is_cpu()) {
+      one(*x);
+      continue;
+    }
+    auto fits = [&](const std::vector<Array*>& g) {
+      return g[0]->dtype() == x->dtype() && g[0]->device() == x->device();
+    };
+    auto it = std::find_if(groups.begin(), groups.end(), fits);
+    if (it == groups.end()) groups.push_back({x});
+    else it->push_back(x);
+  }
+  for (const std::vector<Array*>& g : groups) {
+    if (g.size() == 1) {
+      one(*g[0]);
+      continue;
+    }
+    // The leaves' sizes are part of the collective's signature: devices whose trees split the same total
+    // differently are a mismatch (raised on every device), as the leaf-by-leaf calls would be.
+    std::int64_t total = 0;
+    std::uint64_t layout = 14695981039346656037ull;  // FNV-1a over the leaf count and sizes
+    auto mix = [&](std::uint64_t v) {
+      for (int b = 0; b < 8; ++b) layout = (layout ^ ((v >> (8 * b)) & 0xff)) * 1099511628211ull;
+    };
+    mix(g.size());
+    for (const Array* x : g) {
+      total += x->size();
+      mix(static_cast<std::uint64_t>(x->size()));
+    }
+    Array packed = Array::uninitialized({total}, g[0]->dtype(), g[0]->device());  // every leaf copied in
+    char* at = static_cast<char*>(packed.raw_data());
+    for (const Array* x : g) {
+      if (x->nbytes() > 0) std::memcpy(at, x->raw_data(), x->nbytes());
+      at += x->nbytes();
+    }
+    CollectiveOp op = make(CollectiveKind::all_reduce, name, packed, static_cast<std::size_t>(total));
+    op.perm_id = layout;
+    run(target(name, axes), op, packed, packed);
+    if (mean) divide_by(packed, axis_size(axes));
+    const char* from = static_cast<const char*>(packed.raw_data());
+    for (Array* x : g) {
+      if (x->nbytes() > 0) std::memcpy(x->raw_data(), from, x->nbytes());
+      from += x->nbytes();
+    }
+  }
+}
+
+}  // namespace detail
 
 Array all_gather(const Array& x, const AxisNames& axes, bool tiled) {
   if (traced(x)) return hand_over({detail::TracedCollectiveKind::all_gather, axes, 0, tiled, {}}, x);

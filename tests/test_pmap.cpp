@@ -4,7 +4,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
+#include <string>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -301,6 +304,87 @@ TEST_CASE("collectives over trees") {
     CHECK(std::get<0>(t).to_vector<float>() == std::vector<float>(2, 2.0f));
     CHECK(std::get<2>(t) == 2.0);
   }, mesh)(0);
+}
+
+TEST_CASE("a tree's in-place collectives pack its CPU leaves: one collective per dtype, the leaf-by-leaf bits") {
+  // Values whose sums round (thirds, and 1e7 on odd devices), so another order of additions would show.
+  auto leaf = [](std::int64_t n, int device, float scale) {
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (std::size_t k = 0; k < v.size(); ++k)
+      v[k] = scale * (static_cast<float>(k) + 1.0f) / (3.0f + static_cast<float>(device)) +
+             1e7f * static_cast<float>(device % 2);
+    return pmap::Array::from_host(v, {n});
+  };
+  using Floats = std::map<std::string, pmap::Array>;
+  auto floats = [&](int d) {
+    Floats f;
+    f.emplace("a", leaf(5, d, 1.0f));
+    f.emplace("b", leaf(1, d, 7.0f).reshape({1, 1}));
+    f.emplace("c", leaf(0, d, 1.0f));  // empty
+    f.emplace("d", leaf(33, d, -3.5f));
+    return f;
+  };
+  auto values = [](const Floats& f) {
+    std::vector<std::vector<float>> out;
+    for (const auto& [name, a] : f) out.push_back(a.to_vector<float>());
+    return out;
+  };
+  for (const int n : {1, 2, 3}) {
+    CAPTURE(n);
+    const auto out = pmap::pmap([&](int) {
+      const int d = pmap::axis_index("i");
+      // psum: the f32 leaves, an i32 leaf (a group of its own) and a scalar leaf.
+      auto counts = [&] { return pmap::Array::from_host(std::vector<std::int32_t>{d, 10 * d}, {2}); };
+      std::tuple<Floats, pmap::Array, double> packed(floats(d), counts(), 0.1 * (d + 1));
+      Floats alone = floats(d);
+      pmap::Array alone_counts = counts();
+      const auto before = pmap::collectives_entered();
+      pmap::psum_inplace(packed, "i");
+      const auto entered = pmap::collectives_entered() - before;
+      for (auto& [name, a] : alone) pmap::psum_inplace(a, "i");
+      pmap::psum_inplace(alone_counts, "i");
+      bool same = values(std::get<0>(packed)) == values(alone) &&
+                  std::get<1>(packed).to_vector<std::int32_t>() == alone_counts.to_vector<std::int32_t>() &&
+                  std::get<0>(packed).at("b").shape() == pmap::Shape{1, 1};
+      // pmean: the f32 leaves alone.
+      Floats mean_packed = floats(d), mean_alone = floats(d);
+      const auto before_mean = pmap::collectives_entered();
+      pmap::pmean_inplace(mean_packed, "i");
+      const auto entered_mean = pmap::collectives_entered() - before_mean;
+      for (auto& [name, a] : mean_alone) pmap::pmean_inplace(a, "i");
+      same = same && values(mean_packed) == values(mean_alone);
+      return std::tuple(same, entered, entered_mean, std::get<2>(packed), values(mean_packed));
+    }, cpu_mesh(n))(0);
+    for (const auto& [same, entered, entered_mean, scalar, means] : out.values()) {
+      CHECK(same);  // bitwise: packed, each element is the same sum in the same device order
+      CHECK(entered == 3u);       // the f32 leaves, the i32 leaf, the scalar
+      CHECK(entered_mean == 1u);  // every leaf in one
+      CHECK(scalar == doctest::Approx(0.05 * n * (n + 1)));
+      CHECK(means == std::get<4>(out[0]));  // the same on every device
+    }
+  }
+}
+
+TEST_CASE("a packed tree collective: devices whose leaves split the same total differently are a mismatch") {
+  auto mesh = cpu_mesh(2);
+  CHECK_THROWS_AS(pmap::pmap([](int) {
+    const std::int64_t first = pmap::axis_index("i") == 0 ? 2 : 3;  // (2, 3) against (3, 2)
+    std::vector<pmap::Array> t;
+    t.push_back(pmap::Array::from_host(std::vector<float>(static_cast<std::size_t>(first), 1.0f), {first}));
+    t.push_back(pmap::Array::from_host(std::vector<float>(static_cast<std::size_t>(5 - first), 1.0f), {5 - first}));
+    pmap::psum_inplace(t, "i");
+  }, mesh)(0), pmap::CollectiveMismatch);
+}
+
+TEST_CASE("a tree's in-place collectives refuse a leaf before reducing any") {
+  pmap::pmap([](int) {
+    std::map<std::string, pmap::Array> t;
+    t.emplace("a", pmap::Array::from_host(std::vector<float>{1, 2}, {2}));
+    t.emplace("b", pmap::Array::from_host(std::vector<std::int32_t>{3}, {1}));
+    CHECK_THROWS_WITH_AS(pmap::pmean_inplace(t, "i"), doctest::Contains("pmean"), pmap::ValueError);
+    CHECK(t.at("a").to_vector<float>() == std::vector<float>{1, 2});  // untouched
+    CHECK(pmap::collectives_entered() == 0u);
+  }, cpu_mesh(2))(0);
 }
 
 TEST_CASE("shard, unshard, replicate, unreplicate") {

@@ -2,7 +2,6 @@
 
 #include <array>
 #include <cmath>
-#include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -147,37 +146,6 @@ MemberUpdate update_members(const Optimizer& optimizer, const TrainState& s, con
   return stack_trees(parts);
 }
 
-// The gradients' mean over the axis. On CPU devices as one collective: a rendezvous per leaf costs each device a
-// wait for the slowest (eleven a step for keras-convnet), so the leaves are packed into one buffer, averaged and
-// unpacked; each element is the same sum in the same device order, so the bits are pmean_inplace's. Elsewhere
-// leaf by leaf (NCCL's calls queue on the stream).
-void pmean_gradients(Variables& grads, const AxisNames& axis) {
-  if (grads.empty() || !grads.begin()->second.device().is_cpu()) {
-    pmean_inplace(grads, axis);
-    return;
-  }
-  std::int64_t total = 0;
-  for (const auto& entry : grads) {
-    if (entry.second.dtype() != DType::f32) {
-      pmean_inplace(grads, axis);
-      return;
-    }
-    total += entry.second.size();
-  }
-  Array packed = Array::uninitialized({total}, DType::f32, grads.begin()->second.device());
-  float* at = packed.data<float>();
-  for (const auto& entry : grads) {
-    std::memcpy(at, entry.second.data<float>(), entry.second.nbytes());
-    at += entry.second.size();
-  }
-  pmean_inplace(packed, axis);
-  const float* from = packed.data<float>();
-  for (auto& entry : grads) {
-    std::memcpy(entry.second.data<float>(), from, entry.second.nbytes());
-    from += entry.second.size();
-  }
-}
-
 // The members a vmap takes at once: options.member_batch, or by default one on CPU devices and all on GPUs.
 std::int64_t members_per_vmap(const StepOptions& options, const Device& device, std::int64_t members) {
   return options.member_batch > 0 ? options.member_batch : (device.is_cpu() ? 1 : members);
@@ -189,7 +157,8 @@ Next device_step(const StepParts& k, const TrainState& s, const Array& x, const 
   const std::int64_t batch = members_per_vmap(k.options, x.device(), members);
   MemberGrads g = member_grads(k, s, x, y, batch, rows);
   const AxisNames axis{k.options.axis};
-  if (k.options.data_parallel) pmean_gradients(g.grads, axis);  // each replica: the global batch's gradient
+  // Each replica: the global batch's gradient (one collective for every leaf on CPU devices).
+  if (k.options.data_parallel) pmean_inplace(g.grads, axis);
   MemberUpdate u = update_members(k.optimizer, s, g.grads, k.options.sharding);
   StepMetrics m{std::move(g.loss), ops::eager::argmax_hits(g.logits, y)};
   if (k.options.data_parallel) m = {pmean(m.loss, axis), psum(m.correct, axis)};

@@ -124,20 +124,38 @@ T pmean(const T& tree, const AxisNames& axes, double weight) {
   });
 }
 
+namespace detail {
+// psum_inplace (mean false) or pmean_inplace (true) of a tree's Array leaves, in tree order. On CPU devices the
+// leaves of one dtype on one device are packed into one buffer, reduced by one collective and unpacked: one
+// rendezvous for the tree instead of one a leaf, and the bits the leaf-by-leaf calls give (each element is the
+// same sum, in the same device order, divided alike). Elsewhere (GPUs: NCCL's calls queue on the stream) leaf by
+// leaf. A leaf the calls refuse (traced, an integer one under pmean) raises as they do, before any reduction.
+void reduce_leaves_inplace(const std::vector<Array*>& leaves, const AxisNames& axes, bool mean);
+template <class T> std::vector<Array*> array_leaves(T& tree) {
+  std::vector<Array*> out;
+  tree_for_each(tree, [&](auto& leaf) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) out.push_back(&leaf);
+  });
+  return out;
+}
+}  // namespace detail
+
+// A tree's Array leaves in place, packed into one collective on CPU devices (above); its scalar leaves as psum
+// and pmean of scalars.
 template <class T>
   requires(!Leaf<T>)
 void psum_inplace(T& tree, const AxisNames& axes) {
+  detail::reduce_leaves_inplace(detail::array_leaves(tree), axes, false);
   tree_for_each(tree, [&](auto& leaf) {
-    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) psum_inplace(leaf, axes);
-    else leaf = psum(leaf, axes);
+    if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) leaf = psum(leaf, axes);
   });
 }
 template <class T>
   requires(!Leaf<T>)
 void pmean_inplace(T& tree, const AxisNames& axes) {
+  detail::reduce_leaves_inplace(detail::array_leaves(tree), axes, true);
   tree_for_each(tree, [&](auto& leaf) {
-    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) pmean_inplace(leaf, axes);
-    else leaf = pmean(leaf, axes);
+    if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Array>) leaf = pmean(leaf, axes);
   });
 }
 
