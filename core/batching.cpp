@@ -272,13 +272,7 @@ class Batched final : public Primitive {
   bool result_invariant() const override { return p_->result_invariant(); }
   bool keeps_cotangents() const override { return p_->keeps_cotangents(); }
   std::vector<Array> tracked_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& wanted) const override {
-    // The batching rules run each member's vjp: right where tracked_vjp is vjp, or pvary's (element-wise,
-    // whose batch_vjp is its vjp); all_gather's tracked VJP is another.
-    if (p_->name() == "pvary") return p_->tracked_vjp(in, out, cts, wanted);
-    if (p_->name() == "all_gather")
-      throw NotAvailable("grad of a function that calls shard_map: all_gather under vmap in its body is not "
-                         "supported yet (all_gather_invariant is)");
-    return vjp(in, out, cts, wanted);
+    return p_->batch_tracked_vjp(in, out, cts, wanted, batched_, members_);
   }
  private:
   std::shared_ptr<const Primitive> rewrap(std::shared_ptr<const Primitive> p) const {

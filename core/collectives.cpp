@@ -118,6 +118,13 @@ class Collective final : public Primitive {
                                const std::vector<bool>& batched, std::int64_t members) const override {
     return elementwise() ? vjp(in, out, cts, wanted) : Primitive::batch_vjp(in, out, cts, wanted, batched, members);
   }
+  std::vector<Array> batch_tracked_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& wanted,
+                                       const std::vector<bool>& batched, std::int64_t members) const override {
+    if (call_.kind == Kind::all_gather)  // its tracked VJP takes this device's block: not batched yet
+      throw NotAvailable("grad of a function that calls shard_map: all_gather under vmap in its body is not "
+                         "supported yet (all_gather_invariant is)");
+    return batch_vjp(in, out, cts, wanted, batched, members);  // the others' tracked VJP is their VJP
+  }
 
  private:
   bool elementwise() const {
@@ -152,6 +159,10 @@ class Pvary final : public Primitive {
   std::vector<Array> batch_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& wanted,
                                const std::vector<bool>&, std::int64_t) const override {
     return vjp(in, out, cts, wanted);
+  }
+  std::vector<Array> batch_tracked_vjp(Arrays in, Arrays out, Arrays cts, const std::vector<bool>& wanted,
+                                       const std::vector<bool>&, std::int64_t) const override {
+    return tracked_vjp(in, out, cts, wanted);  // element-wise: the members as they are
   }
 
  private:

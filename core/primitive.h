@@ -88,6 +88,13 @@ class Primitive {
                                          const std::vector<bool>& wanted) const {
     return vjp(inputs, outputs, cotangents, wanted);
   }
+  // tracked_vjp of the primitive under vmap (the members stacked along axis 0, as batch_vjp takes them). By
+  // default batch_vjp, right where tracked_vjp is vjp; a primitive with a tracked_vjp of its own batches it too.
+  virtual std::vector<Array> batch_tracked_vjp(Arrays inputs, Arrays outputs, Arrays cotangents,
+                                               const std::vector<bool>& wanted, const std::vector<bool>& batched,
+                                               std::int64_t members) const {
+    return batch_vjp(inputs, outputs, cotangents, wanted, batched, members);
+  }
   // Whether the backward pass leaves the operands' cotangents as tracked_vjp gives them, not summed over the
   // axes they do not vary along (a sum of terms each of which stands for itself).
   virtual bool keeps_cotangents() const { return false; }

@@ -376,6 +376,21 @@ TEST_CASE("grad of a function that calls shard_map: values the same along an axi
                          }, mesh, {P()}, P())(a));
                        })(x),
                        doctest::Contains("shard_map: output leaf 0 f32(4, 6) varies along 'model'"), pmap::ValueError);
+  // vmap inside the body: pvary of each row (its tracked VJP batched element-wise) as pvary of the block;
+  // all_gather of each row, whose tracked VJP is not batched yet, refused naming it.
+  CHECK(pmap::grad([&](const Array& a) {
+          return ops::sum(ops::multiply(pmap::shard_map([](const Array& b) {
+            return pmap::vmap([](const Array& r) { return pmap::pvary(r, "data"); }, {}, "rows")(b);
+          }, mesh, {P()}, P("data"))(a), w8));
+        })(x).to_vector<float>() == both);
+  CHECK_THROWS_WITH_AS(pmap::grad([&](const Array& a) {
+                         return weighted(pmap::shard_map([](const Array& b) {
+                           return pmap::vmap([](const Array& r) { return pmap::all_gather(r, "data", 0, true); },
+                                             {}, "rows")(b);
+                         }, mesh, {P(pmap::none, "data")}, P())(a));
+                       })(x),
+                       doctest::Contains("all_gather under vmap in its body is not supported yet"),
+                       pmap::NotAvailable);
   // A tree in and out with a scalar leaf out (the first device's), and a leaf nothing flows to.
   std::map<std::string, Array> tree;
   tree.emplace("a", x.copy());
