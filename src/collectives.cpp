@@ -270,21 +270,33 @@ void reduce_leaves_inplace(const std::vector<Array*>& leaves, const AxisNames& a
     refuse_traced_inplace(name, *x);
     if (mean) check_floating(name, *x);
   }
+  if (leaves.empty()) return;
   auto one = [&](Array& x) { mean ? pmean_inplace(x, axes) : psum_inplace(x, axes); };
-  // Groups of leaves that pack: CPU arrays of one dtype on one device, in tree order.
+  // Packed only on a mesh of CPU devices, so every device decides alike (a mesh with GPUs goes leaf by leaf,
+  // its CPU devices too). The groups depend on the tree alone: its CPU leaves by dtype, in tree order, whichever
+  // CPU device holds them (Array::from_host puts a leaf on cpu:0 whichever device makes it), each pack at most
+  // kMaxPack bytes (an MPI message's bound, and the copy's extra memory); a larger leaf goes alone.
+  const detail::DeviceContext& ctx = detail::current_context(name);
+  const auto& devices = ctx.mesh->devices();
+  const bool cpu_mesh = std::all_of(devices.begin(), devices.end(), [](const Device& d) { return d.is_cpu(); });
+  constexpr std::size_t kMaxPack = std::size_t{64} << 20;
   std::vector<std::vector<Array*>> groups;
+  std::vector<std::size_t> bytes;  // each open group's
   for (Array* x : leaves) {
-    if (!x->device().is_cpu()) {
+    if (!cpu_mesh || !x->device().is_cpu() || x->nbytes() > kMaxPack) {
       one(*x);
       continue;
     }
-    auto fits = [&](const std::vector<Array*>& g) {
-      return g[0]->dtype() == x->dtype() && g[0]->device() == x->device();
-    };
-    auto it = std::find_if(groups.begin(), groups.end(), fits);
-    if (it == groups.end()) groups.push_back({x});
-    else it->push_back(x);
+    std::size_t g = 0;
+    while (g < groups.size() && (groups[g][0]->dtype() != x->dtype() || bytes[g] + x->nbytes() > kMaxPack)) ++g;
+    if (g == groups.size()) {
+      groups.emplace_back();
+      bytes.push_back(0);
+    }
+    groups[g].push_back(x);
+    bytes[g] += x->nbytes();
   }
+  const Device here = devices[static_cast<std::size_t>(ctx.device)];
   for (const std::vector<Array*>& g : groups) {
     if (g.size() == 1) {
       one(*g[0]);
@@ -295,14 +307,14 @@ void reduce_leaves_inplace(const std::vector<Array*>& leaves, const AxisNames& a
     std::int64_t total = 0;
     std::uint64_t layout = 14695981039346656037ull;  // FNV-1a over the leaf count and sizes
     auto mix = [&](std::uint64_t v) {
-      for (int b = 0; b < 8; ++b) layout = (layout ^ ((v >> (8 * b)) & 0xff)) * 1099511628211ull;
+      for (int k = 0; k < 8; ++k) layout = (layout ^ ((v >> (8 * k)) & 0xff)) * 1099511628211ull;
     };
     mix(g.size());
     for (const Array* x : g) {
       total += x->size();
       mix(static_cast<std::uint64_t>(x->size()));
     }
-    Array packed = Array::uninitialized({total}, g[0]->dtype(), g[0]->device());  // every leaf copied in
+    Array packed = Array::uninitialized({total}, g[0]->dtype(), here);  // every leaf copied in
     char* at = static_cast<char*>(packed.raw_data());
     for (const Array* x : g) {
       if (x->nbytes() > 0) std::memcpy(at, x->raw_data(), x->nbytes());

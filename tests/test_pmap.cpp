@@ -308,17 +308,18 @@ TEST_CASE("collectives over trees") {
 
 TEST_CASE("a tree's in-place collectives pack its CPU leaves: one collective per dtype, the leaf-by-leaf bits") {
   // Values whose sums round (thirds, and 1e7 on odd devices), so another order of additions would show.
-  auto leaf = [](std::int64_t n, int device, float scale) {
+  // On cpu:0 (Array::from_host's default, whichever device makes it) or on the calling device.
+  auto leaf = [](std::int64_t n, int device, float scale, const pmap::Device& on = {}) {
     std::vector<float> v(static_cast<std::size_t>(n));
     for (std::size_t k = 0; k < v.size(); ++k)
       v[k] = scale * (static_cast<float>(k) + 1.0f) / (3.0f + static_cast<float>(device)) +
              1e7f * static_cast<float>(device % 2);
-    return pmap::Array::from_host(v, {n});
+    return pmap::Array::from_host(v, {n}, on);
   };
   using Floats = std::map<std::string, pmap::Array>;
   auto floats = [&](int d) {
     Floats f;
-    f.emplace("a", leaf(5, d, 1.0f));
+    f.emplace("a", leaf(5, d, 1.0f, pmap::current_device()));
     f.emplace("b", leaf(1, d, 7.0f).reshape({1, 1}));
     f.emplace("c", leaf(0, d, 1.0f));  // empty
     f.emplace("d", leaf(33, d, -3.5f));
@@ -358,7 +359,7 @@ TEST_CASE("a tree's in-place collectives pack its CPU leaves: one collective per
     for (const auto& [same, entered, entered_mean, scalar, means] : out.values()) {
       CHECK(same);  // bitwise: packed, each element is the same sum in the same device order
       CHECK(entered == 3u);       // the f32 leaves, the i32 leaf, the scalar
-      CHECK(entered_mean == 1u);  // every leaf in one
+      CHECK(entered_mean == 1u);  // every leaf in one, on cpu:0 or not
       CHECK(scalar == doctest::Approx(0.05 * n * (n + 1)));
       CHECK(means == std::get<4>(out[0]));  // the same on every device
     }

@@ -125,11 +125,13 @@ T pmean(const T& tree, const AxisNames& axes, double weight) {
 }
 
 namespace detail {
-// psum_inplace (mean false) or pmean_inplace (true) of a tree's Array leaves, in tree order. On CPU devices the
-// leaves of one dtype on one device are packed into one buffer, reduced by one collective and unpacked: one
-// rendezvous for the tree instead of one a leaf, and the bits the leaf-by-leaf calls give (each element is the
-// same sum, in the same device order, divided alike). Elsewhere (GPUs: NCCL's calls queue on the stream) leaf by
-// leaf. A leaf the calls refuse (traced, an integer one under pmean) raises as they do, before any reduction.
+// psum_inplace (mean false) or pmean_inplace (true) of a tree's Array leaves, in tree order. On a mesh of CPU
+// devices the leaves of one dtype are packed into one buffer (up to 64 MiB a pack), reduced by one collective
+// and unpacked: one rendezvous for the tree instead of one a leaf, and the bits the leaf-by-leaf calls give
+// (each element is the same sum, in the same device order, divided alike). On a mesh with GPUs leaf by leaf
+// (NCCL's calls queue on the stream). A leaf the calls refuse (traced, an integer one under pmean) raises as
+// they do, before any reduction; a failure during the reductions (a mismatch, a timeout) may leave some leaves
+// reduced, as leaf-by-leaf calls would.
 void reduce_leaves_inplace(const std::vector<Array*>& leaves, const AxisNames& axes, bool mean);
 template <class T> std::vector<Array*> array_leaves(T& tree) {
   std::vector<Array*> out;
@@ -140,8 +142,8 @@ template <class T> std::vector<Array*> array_leaves(T& tree) {
 }
 }  // namespace detail
 
-// A tree's Array leaves in place, packed into one collective on CPU devices (above); its scalar leaves as psum
-// and pmean of scalars.
+// A tree's Array leaves in place, packed into one collective on a mesh of CPU devices (above); its scalar leaves
+// as psum and pmean of scalars.
 template <class T>
   requires(!Leaf<T>)
 void psum_inplace(T& tree, const AxisNames& axes) {
