@@ -305,14 +305,10 @@ void reduce_leaves_inplace(const std::vector<Array*>& leaves, const AxisNames& a
     // The leaves' sizes are part of the collective's signature: devices whose trees split the same total
     // differently are a mismatch (raised on every device), as the leaf-by-leaf calls would be.
     std::int64_t total = 0;
-    std::uint64_t layout = 14695981039346656037ull;  // FNV-1a over the leaf count and sizes
-    auto mix = [&](std::uint64_t v) {
-      for (int k = 0; k < 8; ++k) layout = (layout ^ ((v >> (8 * k)) & 0xff)) * 1099511628211ull;
-    };
-    mix(g.size());
+    std::uint64_t layout = detail::fnv1a_word(detail::kFnvOffsetBasis, g.size());  // the leaf count and sizes
     for (const Array* x : g) {
       total += x->size();
-      mix(static_cast<std::uint64_t>(x->size()));
+      layout = detail::fnv1a_word(layout, static_cast<std::uint64_t>(x->size()));
     }
     Array packed = Array::uninitialized({total}, g[0]->dtype(), here);  // every leaf copied in
     char* at = static_cast<char*>(packed.raw_data());
